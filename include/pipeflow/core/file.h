@@ -1,0 +1,41 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace pipeflow {
+
+// Reads a whole file; throws Error naming the path and the system's reason.
+std::string read_file(const std::filesystem::path& path);
+
+// Writes a file so that readers see either the old content or the whole new
+// content, never a part: the bytes go to a temporary file beside the target,
+// are flushed to disk, and the temporary is renamed over the target.
+void write_file_atomic(const std::filesystem::path& path, std::string_view content);
+
+// The streaming form of write_file_atomic, for files too large to build in
+// memory (checkpoints). Nothing appears at `path` until commit(); a writer
+// destroyed without commit() removes its temporary file.
+//
+// Thread safety: one writer per thread.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::filesystem::path path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(const void* data, std::size_t bytes);
+  void write(std::string_view text) { write(text.data(), text.size()); }
+  void commit();
+
+ private:
+  std::filesystem::path path_;
+  std::filesystem::path temporary_;
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace pipeflow

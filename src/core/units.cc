@@ -1,0 +1,54 @@
+#include "pipeflow/core/units.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cmath>
+
+namespace pipeflow {
+namespace {
+
+std::string three_digits(double value) {
+  const double magnitude = std::fabs(value);
+  if (magnitude >= 100.0 || magnitude == 0.0) return fmt::format("{:.0f}", value);
+  if (magnitude >= 10.0) return fmt::format("{:.1f}", value);
+  return fmt::format("{:.2f}", value);
+}
+
+}  // namespace
+
+std::string format_bytes(double bytes) {
+  static constexpr std::array<const char*, 6> kUnits = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  std::size_t unit = 0;
+  while (std::fabs(bytes) >= 1024.0 && unit + 1 < kUnits.size()) {
+    bytes /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) return fmt::format("{:.0f} B", bytes);
+  return three_digits(bytes) + " " + kUnits[unit];
+}
+
+std::string format_seconds(double seconds) {
+  const double magnitude = std::fabs(seconds);
+  if (magnitude == 0.0) return "0 s";
+  if (magnitude < 1e-6) return three_digits(seconds * 1e9) + " ns";
+  if (magnitude < 1e-3) return three_digits(seconds * 1e6) + " us";
+  if (magnitude < 1.0) return three_digits(seconds * 1e3) + " ms";
+  if (magnitude < 600.0) return three_digits(seconds) + " s";
+  if (magnitude < 3 * 3600.0) return three_digits(seconds / 60.0) + " min";
+  return three_digits(seconds / 3600.0) + " h";
+}
+
+std::string format_si(double value, const std::string& unit) {
+  static constexpr std::array<const char*, 7> kPrefixes = {"", "k", "M", "G", "T", "P", "E"};
+  std::size_t prefix = 0;
+  while (std::fabs(value) >= 1000.0 && prefix + 1 < kPrefixes.size()) {
+    value /= 1000.0;
+    ++prefix;
+  }
+  return three_digits(value) + " " + kPrefixes[prefix] + unit;
+}
+
+std::string format_percent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fraction); }
+
+}  // namespace pipeflow

@@ -1,0 +1,36 @@
+#include "run_pipeflow.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+
+#include "pipeflow/core/file.h"
+
+namespace pipeflow::testing {
+
+CommandResult run_pipeflow(const std::string& arguments, const std::string& working_dir) {
+  const std::string dir = make_temp_dir();
+  const std::string out_path = dir + "/stdout";
+  const std::string err_path = dir + "/stderr";
+  std::string command;
+  if (!working_dir.empty()) command = "cd '" + working_dir + "' && ";
+  command += std::string(PIPEFLOW_BINARY) + " " + arguments + " >" + out_path + " 2>" + err_path;
+  const int status = std::system(command.c_str());
+  CommandResult result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.out = read_file(out_path);
+  result.err = read_file(err_path);
+  std::filesystem::remove_all(dir);
+  return result;
+}
+
+std::string make_temp_dir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "pipeflow-test-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  return pattern;
+}
+
+}  // namespace pipeflow::testing

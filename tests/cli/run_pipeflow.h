@@ -1,0 +1,20 @@
+#pragma once
+
+#include <string>
+
+namespace pipeflow::testing {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // standard output
+  std::string err;  // standard error
+};
+
+// Runs the pipeflow executable with `arguments` (a shell-quoted string) in
+// `working_dir` (empty: the current directory).
+CommandResult run_pipeflow(const std::string& arguments, const std::string& working_dir = "");
+
+// A fresh, empty directory under the system's temporary directory.
+std::string make_temp_dir();
+
+}  // namespace pipeflow::testing

@@ -1,0 +1,54 @@
+#include "pipeflow/core/file.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow {
+namespace {
+
+std::filesystem::path fresh_dir() {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("pipeflow-file-test-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "-" +
+              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::size_t entries_in(const std::filesystem::path& dir) {
+  return static_cast<std::size_t>(std::distance(std::filesystem::directory_iterator(dir), {}));
+}
+
+TEST(File, AtomicWriteReplacesContentAndLeavesNoTemporary) {
+  const auto dir = fresh_dir();
+  write_file_atomic(dir / "a.txt", "first");
+  write_file_atomic(dir / "a.txt", "second");
+  EXPECT_EQ(read_file(dir / "a.txt"), "second");
+  EXPECT_EQ(entries_in(dir), 1u);
+}
+
+TEST(File, UncommittedWriterLeavesTheOldFile) {
+  const auto dir = fresh_dir();
+  write_file_atomic(dir / "ckpt", "old");
+  {
+    AtomicFileWriter writer(dir / "ckpt");
+    writer.write("half of the new");
+  }
+  EXPECT_EQ(read_file(dir / "ckpt"), "old");
+  EXPECT_EQ(entries_in(dir), 1u);
+}
+
+TEST(File, ReadingAMissingFileNamesIt) {
+  try {
+    read_file("/nonexistent/pipeflow.json");
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_STREQ(error.what(), "cannot read /nonexistent/pipeflow.json: No such file or directory");
+  }
+}
+
+}  // namespace
+}  // namespace pipeflow

@@ -1,0 +1,35 @@
+#include "pipeflow/core/units.h"
+
+#include <gtest/gtest.h>
+
+#include "pipeflow/core/table.h"
+
+namespace pipeflow {
+namespace {
+
+TEST(Units, Bytes) {
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(format_bytes(80.0 * kGiB), "80.0 GiB");
+}
+
+TEST(Units, Seconds) {
+  EXPECT_EQ(format_seconds(0.0123), "12.3 ms");
+  EXPECT_EQ(format_seconds(850e-6), "850 us");
+  EXPECT_EQ(format_seconds(4.0), "4.00 s");
+}
+
+TEST(Units, SiAndPercent) {
+  EXPECT_EQ(format_si(1.23e12, "FLOP/s"), "1.23 TFLOP/s");
+  EXPECT_EQ(format_percent(3.0 / 19.0), "15.8%");
+}
+
+TEST(TextTable, AlignsNumericColumnsRight) {
+  TextTable table({"rank", "busy"});
+  table.add_row({"0", "12.5"});
+  table.add_row({"10", "3"});
+  EXPECT_EQ(table.render(), "rank  busy\n----  ----\n   0  12.5\n  10     3\n");
+}
+
+}  // namespace
+}  // namespace pipeflow
