@@ -1,0 +1,27 @@
+#pragma once
+
+namespace pipeflow {
+
+// The affine layer of GPT-2 (Hugging Face's Conv1D): weights in [in, out]
+// layout. Dimension letters: n rows (tokens), in and out features.
+// All pointers are to dense row-major arrays; outputs must not alias inputs.
+
+// y[n, out] = x[n, in] · w[in, out] + b[out] (+ residual[n, out] if not null):
+// the bias and the residual are written first and the sgemm adds onto them.
+template <class T>
+void linear_forward(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out);
+
+// The input part of the backward (I): dx[n, in] = dy[n, out] · wᵀ (overwrites dx).
+template <class T>
+void linear_backward_input(T* dx, const T* dy, const T* w, int n, int in, int out);
+
+// The weight part of the backward (W), accumulating:
+// dw[in, out] += xᵀ · dy, db[out] += Σ_rows dy.
+template <class T>
+void linear_backward_weight(T* dw, T* db, const T* x, const T* dy, int n, int in, int out);
+
+// db[out] += Σ_rows dy[n, out].
+template <class T>
+void add_column_sums(T* db, const T* dy, int n, int out);
+
+}  // namespace pipeflow

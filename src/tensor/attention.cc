@@ -1,0 +1,124 @@
+#include "pipeflow/tensor/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "pipeflow/tensor/gemm.h"
+#include "vector_math.h"
+
+namespace pipeflow {
+namespace {
+
+// Row `row` of a score matrix holds scaled scores for keys 0 … row; turns them
+// into probabilities in place (max-subtracted, so exp never overflows) and
+// zeroes keys row+1 … t−1.
+template <class T>
+void causal_softmax_row(T* __restrict p, int row, int t) {
+  const int keys = row + 1;
+  const T top = detail::max(p, keys);
+  T partial[detail::kLanes] = {};
+  int j = 0;
+  for (; j + detail::kLanes <= keys; j += detail::kLanes) {
+    for (int lane = 0; lane < detail::kLanes; ++lane) {
+      const T e = detail::exp(p[j + lane] - top);
+      p[j + lane] = e;
+      partial[lane] += e;
+    }
+  }
+  T total = 0;
+  for (int lane = 0; lane < detail::kLanes; ++lane) total += partial[lane];
+  for (; j < keys; ++j) {
+    p[j] = detail::exp(p[j] - top);
+    total += p[j];
+  }
+  const T inverse = T(1) / total;
+  for (j = 0; j < keys; ++j) p[j] *= inverse;
+  std::memset(p + keys, 0, sizeof(T) * static_cast<std::size_t>(t - keys));
+}
+
+// ds = p ⊙ (dp − Σ_s p·dp) · scale, in place over dp, for keys 0 … row.
+template <class T>
+void softmax_backward_row(T* __restrict dp, const T* __restrict p, int row, T scale) {
+  const int keys = row + 1;
+  const T inner = detail::dot(p, dp, keys);
+  for (int j = 0; j < keys; ++j) dp[j] = p[j] * (dp[j] - inner) * scale;
+}
+
+}  // namespace
+
+template <class T>
+void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh) {
+  const int hs = c / nh;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  for (int seq = 0; seq < b; ++seq) {
+    for (int head = 0; head < nh; ++head) {
+      const T* q = qkv + static_cast<long>(seq) * t * 3 * c + head * hs;
+      const T* k = q + c;
+      const T* v = q + 2 * c;
+      T* p = probs + (static_cast<long>(seq) * nh + head) * t * t;
+      T* out = y + static_cast<long>(seq) * t * c + head * hs;
+      for (int first = 0; first < t; first += kAttentionBlock) {
+        const int rows = std::min(kAttentionBlock, t - first);
+        const int keys = first + rows;
+        T* p_block = p + static_cast<long>(first) * t;
+        gemm<T>(Transpose::kNo, Transpose::kYes, rows, keys, hs, scale, q + static_cast<long>(first) * 3 * c, 3 * c,
+                k, 3 * c, T(0), p_block, t);
+        for (int row = first; row < keys; ++row) causal_softmax_row(p + static_cast<long>(row) * t, row, t);
+        gemm<T>(Transpose::kNo, Transpose::kNo, rows, hs, keys, T(1), p_block, t, v, 3 * c, T(0),
+                out + static_cast<long>(first) * c, c);
+      }
+    }
+  }
+}
+
+// Per head, row blocks last to first: the last block touches every key, so it
+// initialises dk and dv (beta 0) and the earlier ones add to their prefix.
+template <class T>
+void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const T* qkv, int b, int t, int c,
+                        int nh) {
+  const int hs = c / nh;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  const int last_block_start = (t - 1) / kAttentionBlock * kAttentionBlock;
+  for (int seq = 0; seq < b; ++seq) {
+    for (int head = 0; head < nh; ++head) {
+      const long offset = static_cast<long>(seq) * t * 3 * c + head * hs;
+      const T* q = qkv + offset;
+      const T* k = q + c;
+      const T* v = q + 2 * c;
+      T* dq = dqkv + offset;
+      T* dk = dq + c;
+      T* dv = dq + 2 * c;
+      const T* p = probs + (static_cast<long>(seq) * nh + head) * t * t;
+      const T* d_out = dy + static_cast<long>(seq) * t * c + head * hs;
+      for (int first = last_block_start; first >= 0; first -= kAttentionBlock) {
+        const int rows = std::min(kAttentionBlock, t - first);
+        const int keys = first + rows;
+        const T beta = first == last_block_start ? T(0) : T(1);
+        const T* p_block = p + static_cast<long>(first) * t;
+        const T* dy_block = d_out + static_cast<long>(first) * c;
+        T* ds = scratch;
+        gemm<T>(Transpose::kNo, Transpose::kYes, rows, keys, hs, T(1), dy_block, c, v, 3 * c, T(0), ds, t);
+        gemm<T>(Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1), p_block, t, dy_block, c, beta, dv, 3 * c);
+        for (int row = 0; row < rows; ++row) {
+          softmax_backward_row(ds + static_cast<long>(row) * t, p_block + static_cast<long>(row) * t, first + row,
+                               scale);
+          std::fill(ds + static_cast<long>(row) * t + first + row + 1, ds + static_cast<long>(row) * t + keys, T(0));
+        }
+        gemm<T>(Transpose::kNo, Transpose::kNo, rows, hs, keys, T(1), ds, t, k, 3 * c, T(0),
+                dq + static_cast<long>(first) * 3 * c, 3 * c);
+        gemm<T>(Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1), ds, t, q + static_cast<long>(first) * 3 * c,
+                3 * c, beta, dk, 3 * c);
+      }
+    }
+  }
+}
+
+template void attention_forward<float>(float*, float*, const float*, int, int, int, int);
+template void attention_forward<double>(double*, double*, const double*, int, int, int, int);
+template void attention_backward<float>(float*, float*, const float*, const float*, const float*, int, int, int,
+                                        int);
+template void attention_backward<double>(double*, double*, const double*, const double*, const double*, int, int,
+                                         int, int);
+
+}  // namespace pipeflow

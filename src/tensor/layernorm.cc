@@ -1,0 +1,94 @@
+#include "pipeflow/tensor/layernorm.h"
+
+#include <cmath>
+
+#include "vector_math.h"
+
+namespace pipeflow {
+
+template <class T>
+void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int n, int c) {
+  for (int row = 0; row < n; ++row) {
+    const T* __restrict x_row = x + static_cast<long>(row) * c;
+    T* __restrict y_row = y + static_cast<long>(row) * c;
+    const T mu = detail::sum(x_row, c) / static_cast<T>(c);
+    T partial[detail::kLanes] = {};
+    int j = 0;
+    for (; j + detail::kLanes <= c; j += detail::kLanes) {
+      for (int lane = 0; lane < detail::kLanes; ++lane) {
+        const T centred = x_row[j + lane] - mu;
+        partial[lane] += centred * centred;
+      }
+    }
+    T squares = 0;
+    for (int lane = 0; lane < detail::kLanes; ++lane) squares += partial[lane];
+    for (; j < c; ++j) squares += (x_row[j] - mu) * (x_row[j] - mu);
+    const T inverse = T(1) / std::sqrt(squares / static_cast<T>(c) + static_cast<T>(kLayerNormEpsilon));
+    for (j = 0; j < c; ++j) y_row[j] = (x_row[j] - mu) * inverse * w[j] + b[j];
+    mean[row] = mu;
+    rstd[row] = inverse;
+  }
+}
+
+template <class T>
+void layernorm_backward_input(T* dx, const T* dy, const T* x, const T* mean, const T* rstd, const T* w, int n,
+                              int c) {
+  for (int row = 0; row < n; ++row) {
+    const T* __restrict dy_row = dy + static_cast<long>(row) * c;
+    const T* __restrict x_row = x + static_cast<long>(row) * c;
+    T* __restrict dx_row = dx + static_cast<long>(row) * c;
+    const T mu = mean[row];
+    const T inverse = rstd[row];
+    T g_partial[detail::kLanes] = {};
+    T gx_partial[detail::kLanes] = {};
+    int j = 0;
+    for (; j + detail::kLanes <= c; j += detail::kLanes) {
+      for (int lane = 0; lane < detail::kLanes; ++lane) {
+        const T g = dy_row[j + lane] * w[j + lane];
+        g_partial[lane] += g;
+        gx_partial[lane] += g * ((x_row[j + lane] - mu) * inverse);
+      }
+    }
+    T g_sum = 0;
+    T gx_sum = 0;
+    for (int lane = 0; lane < detail::kLanes; ++lane) {
+      g_sum += g_partial[lane];
+      gx_sum += gx_partial[lane];
+    }
+    for (; j < c; ++j) {
+      const T g = dy_row[j] * w[j];
+      g_sum += g;
+      gx_sum += g * ((x_row[j] - mu) * inverse);
+    }
+    const T g_mean = g_sum / static_cast<T>(c);
+    const T gx_mean = gx_sum / static_cast<T>(c);
+    for (j = 0; j < c; ++j) {
+      const T x_hat = (x_row[j] - mu) * inverse;
+      dx_row[j] += inverse * (dy_row[j] * w[j] - g_mean - x_hat * gx_mean);
+    }
+  }
+}
+
+template <class T>
+void layernorm_backward_weight(T* dw, T* db, const T* dy, const T* x, const T* mean, const T* rstd, int n, int c) {
+  for (int row = 0; row < n; ++row) {
+    const T* __restrict dy_row = dy + static_cast<long>(row) * c;
+    const T* __restrict x_row = x + static_cast<long>(row) * c;
+    const T mu = mean[row];
+    const T inverse = rstd[row];
+    for (int j = 0; j < c; ++j) {
+      dw[j] += dy_row[j] * ((x_row[j] - mu) * inverse);
+      db[j] += dy_row[j];
+    }
+  }
+}
+
+#define PIPEFLOW_INSTANTIATE(T)                                                                           \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);                \
+  template void layernorm_backward_input<T>(T*, const T*, const T*, const T*, const T*, const T*, int, int); \
+  template void layernorm_backward_weight<T>(T*, T*, const T*, const T*, const T*, const T*, int, int);
+PIPEFLOW_INSTANTIATE(float)
+PIPEFLOW_INSTANTIATE(double)
+#undef PIPEFLOW_INSTANTIATE
+
+}  // namespace pipeflow

@@ -1,0 +1,51 @@
+#include "pipeflow/tensor/linear.h"
+
+#include <cstring>
+
+#include "pipeflow/tensor/gemm.h"
+
+namespace pipeflow {
+
+template <class T>
+void linear_forward(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out) {
+  for (int row = 0; row < n; ++row) {
+    T* __restrict y_row = y + static_cast<long>(row) * out;
+    if (residual != nullptr) {
+      const T* __restrict r_row = residual + static_cast<long>(row) * out;
+      for (int j = 0; j < out; ++j) y_row[j] = r_row[j] + b[j];
+    } else {
+      std::memcpy(y_row, b, sizeof(T) * static_cast<std::size_t>(out));
+    }
+  }
+  gemm<T>(Transpose::kNo, Transpose::kNo, n, out, in, T(1), x, in, w, out, T(1), y, out);
+}
+
+template <class T>
+void linear_backward_input(T* dx, const T* dy, const T* w, int n, int in, int out) {
+  gemm<T>(Transpose::kNo, Transpose::kYes, n, in, out, T(1), dy, out, w, out, T(0), dx, in);
+}
+
+template <class T>
+void add_column_sums(T* db, const T* dy, int n, int out) {
+  for (int row = 0; row < n; ++row) {
+    const T* __restrict dy_row = dy + static_cast<long>(row) * out;
+    for (int j = 0; j < out; ++j) db[j] += dy_row[j];
+  }
+}
+
+template <class T>
+void linear_backward_weight(T* dw, T* db, const T* x, const T* dy, int n, int in, int out) {
+  gemm<T>(Transpose::kYes, Transpose::kNo, in, out, n, T(1), x, in, dy, out, T(1), dw, out);
+  add_column_sums(db, dy, n, out);
+}
+
+#define PIPEFLOW_INSTANTIATE(T)                                                                      \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, const T*, int, int, int);       \
+  template void linear_backward_input<T>(T*, const T*, const T*, int, int, int);                    \
+  template void linear_backward_weight<T>(T*, T*, const T*, const T*, int, int, int);               \
+  template void add_column_sums<T>(T*, const T*, int, int);
+PIPEFLOW_INSTANTIATE(float)
+PIPEFLOW_INSTANTIATE(double)
+#undef PIPEFLOW_INSTANTIATE
+
+}  // namespace pipeflow

@@ -1,0 +1,102 @@
+#include "pipeflow/tensor/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow {
+
+template <class T>
+BasicTensor<T>::BasicTensor(const Shape& shape, Allocator allocator) : BasicTensor(shape, allocator, true) {}
+
+template <class T>
+BasicTensor<T> BasicTensor<T>::uninitialized(const Shape& shape, Allocator allocator) {
+  return BasicTensor(shape, allocator, false);
+}
+
+template <class T>
+BasicTensor<T>::BasicTensor(const Shape& shape, Allocator allocator, bool zero)
+    : shape_(shape), pool_(allocator.pool), account_(allocator.account) {
+  if (shape.numel() == 0) {
+    account_ = nullptr;
+    return;
+  }
+  const std::size_t size = block_bytes();
+  void* block = pool_ != nullptr ? pool_->acquire(size) : std::aligned_alloc(BufferPool::kAlignment, size);
+  if (block == nullptr) throw std::bad_alloc();
+  data_ = static_cast<T*>(block);
+  if (zero) std::memset(data_, 0, size);
+  if (account_ != nullptr) account_->charge(bytes());
+}
+
+template <class T>
+BasicTensor<T>& BasicTensor<T>::operator=(BasicTensor&& other) noexcept {
+  if (this != &other) {
+    reset();
+    steal(other);
+  }
+  return *this;
+}
+
+template <class T>
+void BasicTensor<T>::steal(BasicTensor& other) noexcept {
+  shape_ = other.shape_;
+  data_ = std::exchange(other.data_, nullptr);
+  pool_ = std::exchange(other.pool_, nullptr);
+  account_ = std::exchange(other.account_, nullptr);
+  other.shape_ = Shape();
+}
+
+template <class T>
+std::size_t BasicTensor<T>::block_bytes() const {
+  const std::size_t size = static_cast<std::size_t>(shape_.numel()) * sizeof(T);
+  return (size + BufferPool::kAlignment - 1) / BufferPool::kAlignment * BufferPool::kAlignment;
+}
+
+template <class T>
+void BasicTensor<T>::reset() {
+  if (data_ != nullptr) {
+    if (account_ != nullptr) account_->release(bytes());
+    if (pool_ != nullptr) {
+      pool_->give_back(data_, block_bytes());
+    } else {
+      std::free(data_);
+    }
+  }
+  data_ = nullptr;
+  pool_ = nullptr;
+  account_ = nullptr;
+  shape_ = Shape();
+}
+
+template <class T>
+BasicTensor<T> BasicTensor<T>::clone(Allocator allocator) const {
+  BasicTensor copy(shape_, allocator, false);
+  if (!empty()) std::memcpy(copy.data_, data_, static_cast<std::size_t>(bytes()));
+  return copy;
+}
+
+template <class T>
+void BasicTensor<T>::reshape(const Shape& shape) {
+  if (shape.numel() != shape_.numel()) {
+    fail("internal: cannot reshape {} to {}: element counts differ", shape_.to_string(), shape.to_string());
+  }
+  shape_ = shape;
+}
+
+template <class T>
+void BasicTensor<T>::charge_to(MemoryAccount* account) {
+  if (empty() || account == account_) return;
+  if (account_ != nullptr) account_->release(bytes());
+  account_ = account;
+  if (account_ != nullptr) account_->charge(bytes());
+}
+
+template class BasicTensor<float>;
+template class BasicTensor<double>;
+template class BasicTensor<std::int32_t>;
+
+}  // namespace pipeflow

@@ -1,0 +1,185 @@
+// Every kernel's backward against central differences in double precision.
+// The scalar checked is L = Σ out ⊙ R for a fixed random R, so ∂L/∂out = R.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "finite_difference.h"
+#include "pipeflow/tensor/attention.h"
+#include "pipeflow/tensor/cross_entropy.h"
+#include "pipeflow/tensor/embedding.h"
+#include "pipeflow/tensor/gelu.h"
+#include "pipeflow/tensor/layernorm.h"
+#include "pipeflow/tensor/linear.h"
+
+namespace pipeflow {
+namespace {
+
+using testing::dot;
+using testing::normal_vector;
+using testing::relative_gradient_error;
+
+constexpr double kTolerance = 1e-7;
+
+TEST(KernelGradient, LinearWithResidualMatchesFiniteDifferences) {
+  const int n = 5, in = 7, out = 6;
+  auto x = normal_vector(n * in, 1);
+  auto w = normal_vector(in * out, 2);
+  auto b = normal_vector(out, 3);
+  auto residual = normal_vector(n * out, 4);
+  const auto r = normal_vector(n * out, 5);
+  std::vector<double> y(n * out);
+  auto loss = [&] {
+    linear_forward(y.data(), x.data(), w.data(), b.data(), residual.data(), n, in, out);
+    return dot(y, r);
+  };
+  std::vector<double> dx(n * in), dw(in * out), db(out);
+  linear_backward_input(dx.data(), r.data(), w.data(), n, in, out);
+  linear_backward_weight(dw.data(), db.data(), x.data(), r.data(), n, in, out);
+  EXPECT_LT(relative_gradient_error(x, dx, loss), kTolerance);
+  EXPECT_LT(relative_gradient_error(w, dw, loss), kTolerance);
+  EXPECT_LT(relative_gradient_error(b, db, loss), kTolerance);
+  EXPECT_LT(relative_gradient_error(residual, r, loss), kTolerance);
+}
+
+TEST(KernelGradient, LayerNormMatchesFiniteDifferences) {
+  const int n = 4, c = 37;  // c not a multiple of the 16 reduction lanes
+  auto x = normal_vector(n * c, 11, 2.0);
+  auto w = normal_vector(c, 12);
+  auto b = normal_vector(c, 13);
+  const auto r = normal_vector(n * c, 14);
+  std::vector<double> y(n * c), mean(n), rstd(n);
+  auto loss = [&] {
+    layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
+    return dot(y, r);
+  };
+  loss();
+  std::vector<double> dx(n * c, 0.0), dw(c, 0.0), db(c, 0.0);
+  layernorm_backward_input(dx.data(), r.data(), x.data(), mean.data(), rstd.data(), w.data(), n, c);
+  layernorm_backward_weight(dw.data(), db.data(), r.data(), x.data(), mean.data(), rstd.data(), n, c);
+  EXPECT_LT(relative_gradient_error(x, dx, loss), kTolerance);
+  EXPECT_LT(relative_gradient_error(w, dw, loss), kTolerance);
+  EXPECT_LT(relative_gradient_error(b, db, loss), kTolerance);
+}
+
+TEST(KernelGradient, GeluMatchesFiniteDifferences) {
+  const int n = 41;
+  auto x = normal_vector(n, 21, 2.0);
+  const auto r = normal_vector(n, 22);
+  std::vector<double> y(n);
+  auto loss = [&] {
+    gelu_forward(y.data(), x.data(), n);
+    return dot(y, r);
+  };
+  std::vector<double> dx(n);
+  gelu_backward(dx.data(), r.data(), x.data(), n);
+  EXPECT_LT(relative_gradient_error(x, dx, loss), kTolerance);
+}
+
+// t = 70 spans two query blocks of kAttentionBlock = 64, so the blocked
+// causal products and the dk/dv accumulation across blocks are exercised.
+TEST(KernelGradient, CausalAttentionMatchesFiniteDifferences) {
+  const int b = 2, t = 70, c = 8, nh = 2;
+  auto qkv = normal_vector(b * t * 3 * c, 31);
+  const auto r = normal_vector(b * t * c, 32);
+  std::vector<double> y(b * t * c), probs(b * nh * t * t);
+  auto loss = [&] {
+    attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh);
+    return dot(y, r);
+  };
+  loss();
+  std::vector<double> dqkv(qkv.size()), scratch(t * t);
+  attention_backward(dqkv.data(), scratch.data(), r.data(), probs.data(), qkv.data(), b, t, c, nh);
+  EXPECT_LT(relative_gradient_error(qkv, dqkv, loss), kTolerance);
+}
+
+TEST(KernelGradient, AttentionIsCausalAndRowsSumToOne) {
+  const int b = 1, t = 67, c = 4, nh = 1;
+  auto qkv = normal_vector(b * t * 3 * c, 33);
+  std::vector<double> y(b * t * c), probs(b * nh * t * t, -1.0);
+  attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh);
+  for (int row = 0; row < t; ++row) {
+    double total = 0;
+    for (int key = 0; key < t; ++key) {
+      const double p = probs[row * t + key];
+      if (key > row) {
+        EXPECT_EQ(p, 0.0) << "row " << row << " key " << key;
+      }
+      total += p;
+    }
+    EXPECT_NEAR(total, 1.0, 1e-12) << "row " << row;
+  }
+  // The first position attends only to itself: its output is its own value.
+  for (int j = 0; j < c; ++j) EXPECT_DOUBLE_EQ(y[j], qkv[2 * c + j]);
+}
+
+TEST(KernelGradient, EmbeddingMatchesFiniteDifferences) {
+  const int b = 2, t = 3, c = 5, v = 4;
+  const std::vector<std::int32_t> tokens = {0, 3, 3, 1, 0, 2};
+  auto wte = normal_vector(v * c, 41);
+  auto wpe = normal_vector(t * c, 42);
+  const auto r = normal_vector(b * t * c, 43);
+  std::vector<double> x(b * t * c);
+  auto loss = [&] {
+    embedding_forward(x.data(), tokens.data(), wte.data(), wpe.data(), b, t, c);
+    return dot(x, r);
+  };
+  std::vector<double> dwte(v * c, 0.0), dwpe(t * c, 0.0);
+  embedding_backward_weight(dwte.data(), dwpe.data(), r.data(), tokens.data(), b, t, c);
+  EXPECT_LT(relative_gradient_error(wte, dwte, loss), kTolerance);
+  EXPECT_LT(relative_gradient_error(wpe, dwpe, loss), kTolerance);
+}
+
+TEST(KernelGradient, CrossEntropyMatchesFiniteDifferences) {
+  const int n = 3, v = 19;
+  auto logits = normal_vector(n * v, 51, 3.0);
+  const std::vector<std::int32_t> targets = {4, 0, 18};
+  std::vector<double> probs(n * v);
+  auto loss = [&] { return softmax_cross_entropy_forward(probs.data(), logits.data(), targets.data(), n, v) / n; };
+  loss();
+  std::vector<double> dlogits(n * v);
+  softmax_cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), 1.0 / n, n, v);
+  EXPECT_LT(relative_gradient_error(logits, dlogits, loss), kTolerance);
+}
+
+TEST(KernelGradient, CrossEntropyOfUniformLogitsIsLogV) {
+  const int n = 2, v = 256;
+  std::vector<float> logits(n * v, 0.25f), probs(n * v);
+  const std::vector<std::int32_t> targets = {7, 200};
+  const double loss = softmax_cross_entropy_forward(probs.data(), logits.data(), targets.data(), n, v);
+  EXPECT_NEAR(loss / n, std::log(256.0), 1e-6);
+  EXPECT_NEAR(probs[5], 1.0 / 256, 1e-9);
+}
+
+// The float kernels use a polynomial exp (and tanh through it); they must agree
+// with the libm-based double kernels to float accuracy.
+TEST(KernelPrecision, FloatGeluAttentionAndCrossEntropyAgreeWithDouble) {
+  const int b = 1, t = 80, c = 16, nh = 2, v = 256;
+  const auto qkv = normal_vector(b * t * 3 * c, 61, 2.0);
+  std::vector<float> qkv_f(qkv.begin(), qkv.end());
+  std::vector<double> y(b * t * c), probs(b * nh * t * t);
+  std::vector<float> y_f(y.size()), probs_f(probs.size());
+  attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh);
+  attention_forward(y_f.data(), probs_f.data(), qkv_f.data(), b, t, c, nh);
+  for (std::size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y_f[i], y[i], 2e-6 * (1 + std::abs(y[i]))) << i;
+
+  const auto x = normal_vector(4096, 62, 4.0);
+  std::vector<float> x_f(x.begin(), x.end()), g_f(x.size());
+  std::vector<double> g(x.size());
+  gelu_forward(g.data(), x.data(), static_cast<int>(x.size()));
+  gelu_forward(g_f.data(), x_f.data(), static_cast<int>(x.size()));
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(g_f[i], g[i], 2e-6 * (1 + std::abs(x[i]))) << x[i];
+
+  const auto logits = normal_vector(4 * v, 63, 3.0);
+  std::vector<float> logits_f(logits.begin(), logits.end()), p_f(logits.size());
+  std::vector<double> p(logits.size());
+  const std::vector<std::int32_t> targets = {0, 17, 255, 128};
+  const double loss = softmax_cross_entropy_forward(p.data(), logits.data(), targets.data(), 4, v);
+  const double loss_f = softmax_cross_entropy_forward(p_f.data(), logits_f.data(), targets.data(), 4, v);
+  EXPECT_NEAR(loss_f, loss, 1e-5 * loss);
+}
+
+}  // namespace
+}  // namespace pipeflow
