@@ -1,0 +1,70 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pipeflow {
+
+// The two decoder families pipeflow models.
+//   kGpt:   GPT-2/GPT-3. Learned position table (max_positions × hidden),
+//           LayerNorm with weight and bias, biased linear layers, GELU MLP
+//           hidden → ffn → hidden, multi-head attention (kv_heads == heads).
+//   kLlama: Llama 2/3. Rotary positions (no table), RMSNorm (weight only),
+//           linear layers without bias, SwiGLU MLP (gate and up: hidden → ffn,
+//           down: ffn → hidden), grouped-query attention with kv_heads heads
+//           for K and V.
+enum class Architecture { kGpt, kLlama };
+
+std::string_view to_string(Architecture architecture);
+
+// The shape of a decoder-only language model: everything that decides its
+// parameter count, FLOPs and activation memory. A plain value; copy freely.
+//
+// A spec is built from a preset (model_preset), a Hugging Face config.json
+// (model_from_hf_config), or by hand, e.g. the tiny model pipeflow trains:
+//   ModelSpec tiny = gpt_model("tiny", /*layers=*/4, /*hidden=*/128, /*heads=*/4,
+//                              /*vocab=*/256, /*max_positions=*/64);
+// and is checked with validate_model before use.
+struct ModelSpec {
+  std::string name;
+  Architecture architecture = Architecture::kGpt;
+  int layers = 0;         // L: transformer blocks
+  int hidden = 0;         // h: model width
+  int heads = 0;          // a: attention (query) heads
+  int kv_heads = 0;       // key/value heads (GQA); == heads for kGpt
+  int ffn = 0;            // MLP inner width (4h for GPT; Llama's intermediate_size)
+  int vocab = 0;          // V: vocabulary size (not padded)
+  int max_positions = 0;  // context length; the size of kGpt's position table
+  bool tied_embeddings = true;  // LM head shares the token-embedding matrix
+  // Dropout after attention probabilities, attention output, MLP output and
+  // the embeddings (p > 0 during training). It adds the 1-byte masks of
+  // Korthikanti et al. 2022 to activation memory.
+  bool dropout = false;
+};
+
+// A GPT-style spec with ffn = 4·hidden, tied embeddings and no dropout
+// (pipeflow's own GPT-2 trains without dropout; see DESIGN.md).
+ModelSpec gpt_model(std::string name, int layers, int hidden, int heads, int vocab, int max_positions);
+
+// Throws Error naming the field, its value, the rule and the fix when the
+// spec is not a model pipeflow can count (e.g. kv_heads not dividing heads).
+void validate_model(const ModelSpec& spec);
+
+// Parameter count of the whole model, counting a tied matrix once.
+std::int64_t parameter_count(const ModelSpec& spec);
+
+// The built-in presets, in a fixed order: gpt2-124m, gpt2-355m, gpt2-774m,
+// gpt2-1.5b, gpt3-1.3b, gpt3-6.7b, gpt3-13b, gpt3-175b, llama2-7b,
+// llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama3-405b, gpt-tiny.
+const std::vector<ModelSpec>& model_presets();
+
+// A preset by name (case-sensitive); throws Error listing the presets.
+ModelSpec model_preset(std::string_view name);
+
+// A preset name, or a path to a Hugging Face config.json (anything containing
+// '/' or ending in ".json" is a path). Unknown names list the presets.
+ModelSpec resolve_model(std::string_view name_or_path);
+
+}  // namespace pipeflow

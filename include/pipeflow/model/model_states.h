@@ -1,0 +1,36 @@
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace pipeflow {
+
+// ZeRO (Rajbhandari et al. 2020): which model states are sharded across the
+// d data-parallel ranks. 1: optimizer states; 2: and gradients; 3: and weights.
+enum class ZeroStage { kNone = 0, kOne = 1, kTwo = 2, kThree = 3 };
+
+// Bytes per parameter of each model state under mixed-precision Adam.
+//   kMixedPrecisionAdam (ZeRO paper): 2 (bf16/fp16 weights) + 2 (grads) +
+//     12 (fp32 master weights, momentum, variance) = 16 B.
+//   kMegatron (Megatron-LM, fp32 gradient accumulation): 2 + 4 + 12 = 18 B;
+//     its distributed optimizer is ZeRO-1, 6 + 12/d.
+enum class StateAccounting { kMixedPrecisionAdam, kMegatron };
+
+struct ModelStateBytes {
+  double weights = 0;
+  double gradients = 0;
+  double optimizer = 0;
+  double total() const { return weights + gradients + optimizer; }
+};
+
+// Model-state bytes on one device holding `parameters` parameters, with the
+// states sharded per `stage` over `data_parallel` ranks:
+//   none 16Ψ; ZeRO-1 4Ψ + 12Ψ/d; ZeRO-2 2Ψ + 14Ψ/d; ZeRO-3 16Ψ/d.
+// Throws Error when data_parallel < 1.
+ModelStateBytes model_state_bytes(std::int64_t parameters, ZeroStage stage, int data_parallel,
+                                  StateAccounting accounting = StateAccounting::kMixedPrecisionAdam);
+
+// 0..3 (DeepSpeed's zero_optimization.stage); anything else is an Error.
+ZeroStage zero_stage_from_int(int stage);
+
+}  // namespace pipeflow

@@ -1,0 +1,105 @@
+#include "pipeflow/model/hf_config.h"
+
+#include <array>
+
+#include "pipeflow/core/config.h"
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+
+namespace pipeflow {
+namespace {
+
+// Keys of transformers' configs that do not change the shape pipeflow counts.
+constexpr std::array kShapeNeutralKeys = {
+    "_name_or_path", "architectures", "auto_map", "bos_token_id", "eos_token_id", "pad_token_id",
+    "torch_dtype", "transformers_version", "use_cache", "initializer_range", "model_type",
+    // gpt2
+    "activation_function", "layer_norm_epsilon", "n_ctx", "scale_attn_weights", "reorder_and_upcast_attn",
+    "scale_attn_by_inverse_layer_idx", "summary_activation", "summary_first_dropout", "summary_proj_to_labels",
+    "summary_type", "summary_use_proj", "task_specific_params",
+    // llama
+    "hidden_act", "rms_norm_eps", "rope_scaling", "rope_theta", "pretraining_tp"};
+
+int positive(const Config& config, std::string_view key, int value) {
+  if (value < 1) config.fail_value(key, "must be >= 1");
+  return value;
+}
+
+int require_positive(const Config& config, std::string_view key) {
+  return positive(config, key, config.require<int>(key));
+}
+
+double probability(const Config& config, std::string_view key, double fallback) {
+  const double p = config.get(key, fallback);
+  if (p < 0 || p >= 1) config.fail_value(key, "must be a probability in [0, 1)");
+  return p;
+}
+
+ModelSpec gpt2_from(const Config& config, std::string name) {
+  ModelSpec spec;
+  spec.name = std::move(name);
+  spec.architecture = Architecture::kGpt;
+  spec.layers = require_positive(config, "n_layer");
+  spec.hidden = require_positive(config, "n_embd");
+  spec.heads = require_positive(config, "n_head");
+  spec.kv_heads = spec.heads;
+  spec.ffn = positive(config, "n_inner", config.get("n_inner", 4 * spec.hidden));
+  spec.vocab = require_positive(config, "vocab_size");
+  const int context = config.get("n_ctx", 1024);
+  spec.max_positions = positive(config, "n_positions", config.get("n_positions", context));
+  spec.tied_embeddings = config.get("tie_word_embeddings", true);
+  double dropout = 0;
+  for (const char* key : {"attn_pdrop", "resid_pdrop", "embd_pdrop"}) dropout += probability(config, key, 0.1);
+  spec.dropout = dropout > 0;
+  return spec;
+}
+
+ModelSpec llama_from(const Config& config, std::string name) {
+  ModelSpec spec;
+  spec.name = std::move(name);
+  spec.architecture = Architecture::kLlama;
+  spec.layers = require_positive(config, "num_hidden_layers");
+  spec.hidden = require_positive(config, "hidden_size");
+  spec.heads = require_positive(config, "num_attention_heads");
+  spec.kv_heads = positive(config, "num_key_value_heads", config.get("num_key_value_heads", spec.heads));
+  spec.ffn = require_positive(config, "intermediate_size");
+  spec.vocab = require_positive(config, "vocab_size");
+  spec.max_positions = positive(config, "max_position_embeddings", config.get("max_position_embeddings", 2048));
+  spec.tied_embeddings = config.get("tie_word_embeddings", false);
+  spec.dropout = probability(config, "attention_dropout", 0.0) > 0;
+  if (config.has("head_dim") && config.get("head_dim", 0) * spec.heads != spec.hidden) {
+    config.fail_value("head_dim", fmt::format("pipeflow needs head_dim = hidden_size / num_attention_heads = {}",
+                                              spec.hidden / spec.heads));
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (config.get(key, false)) config.fail_value(key, "pipeflow models Llama layers without biases");
+  }
+  return spec;
+}
+
+}  // namespace
+
+ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name) {
+  const Config config = Config::parse(json_text, name);
+  const std::string type =
+      config.get("model_type", config.has("n_layer") ? "gpt2" : config.has("num_hidden_layers") ? "llama" : "");
+  ModelSpec spec;
+  if (type == "gpt2") {
+    spec = gpt2_from(config, name);
+  } else if (type == "llama") {
+    spec = llama_from(config, name);
+  } else {
+    config.fail_value("model_type", "pipeflow reads \"gpt2\" and \"llama\" configs (or, without model_type, "
+                                    "one with n_layer or num_hidden_layers)");
+  }
+  for (const char* key : kShapeNeutralKeys) config.raw(key);
+  config.check_no_unknown_keys();
+  validate_model(spec);
+  return spec;
+}
+
+ModelSpec model_from_hf_config(const std::filesystem::path& path) {
+  return model_from_hf_config_text(read_file(path), path.string());
+}
+
+}  // namespace pipeflow

@@ -1,0 +1,138 @@
+#include "pipeflow/model/model_spec.h"
+
+#include <fmt/format.h>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/model/hf_config.h"
+#include "pipeflow/model/pipeline_layers.h"
+
+namespace pipeflow {
+namespace {
+
+ModelSpec gpt_preset(std::string name, int layers, int hidden, int heads, int max_positions) {
+  ModelSpec spec = gpt_model(std::move(name), layers, hidden, heads, 50257, max_positions);
+  spec.dropout = true;  // GPT-2 and GPT-3 trained with dropout 0.1
+  return spec;
+}
+
+ModelSpec llama_preset(std::string name, int layers, int hidden, int heads, int kv_heads, int ffn, int vocab,
+                       int max_positions) {
+  return ModelSpec{.name = std::move(name),
+                   .architecture = Architecture::kLlama,
+                   .layers = layers,
+                   .hidden = hidden,
+                   .heads = heads,
+                   .kv_heads = kv_heads,
+                   .ffn = ffn,
+                   .vocab = vocab,
+                   .max_positions = max_positions,
+                   .tied_embeddings = false,
+                   .dropout = false};
+}
+
+std::vector<ModelSpec> make_presets() {
+  // GPT-2 (Radford et al. 2019; sizes as OpenAI's released checkpoints name
+  // them: 124M, 355M, 774M, 1558M), context 1024.
+  // GPT-3 (Brown et al. 2020, Table 2.1), context 2048. The table's heads ×
+  // d_head (128) does not always equal d_model (XL: 24 × 128 for 2048; 13B:
+  // 40 × 128 for 5140); pipeflow keeps d_model and n_heads as listed, since
+  // d_model sets the parameter count (13B: 12.95B; 5120 would give 12.85B)
+  // and gpt counts never use the head width.
+  // Llama 2 (Touvron et al. 2023) and Llama 3 / 3.1 405B (Dubey et al. 2024),
+  // shapes as their config.json files.
+  return {
+      gpt_preset("gpt2-124m", 12, 768, 12, 1024),
+      gpt_preset("gpt2-355m", 24, 1024, 16, 1024),
+      gpt_preset("gpt2-774m", 36, 1280, 20, 1024),
+      gpt_preset("gpt2-1.5b", 48, 1600, 25, 1024),
+      gpt_preset("gpt3-1.3b", 24, 2048, 24, 2048),
+      gpt_preset("gpt3-6.7b", 32, 4096, 32, 2048),
+      gpt_preset("gpt3-13b", 40, 5140, 40, 2048),
+      gpt_preset("gpt3-175b", 96, 12288, 96, 2048),
+      llama_preset("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+      llama_preset("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+      llama_preset("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+      llama_preset("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+      llama_preset("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+      llama_preset("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 131072),
+      // The byte-level model pipeflow trains on this machine (DESIGN.md).
+      gpt_model("gpt-tiny", 4, 128, 4, 256, 64),
+  };
+}
+
+std::string preset_names() {
+  std::string names;
+  for (const ModelSpec& spec : model_presets()) names += (names.empty() ? "" : ", ") + spec.name;
+  return names;
+}
+
+void require_positive(const ModelSpec& spec, std::string_view field, int value) {
+  if (value < 1) fail("model {}: {} = {}: must be >= 1", spec.name, field, value);
+}
+
+}  // namespace
+
+std::string_view to_string(Architecture architecture) {
+  return architecture == Architecture::kGpt ? "gpt" : "llama";
+}
+
+ModelSpec gpt_model(std::string name, int layers, int hidden, int heads, int vocab, int max_positions) {
+  return ModelSpec{.name = std::move(name),
+                   .architecture = Architecture::kGpt,
+                   .layers = layers,
+                   .hidden = hidden,
+                   .heads = heads,
+                   .kv_heads = heads,
+                   .ffn = 4 * hidden,
+                   .vocab = vocab,
+                   .max_positions = max_positions,
+                   .tied_embeddings = true,
+                   .dropout = false};
+}
+
+void validate_model(const ModelSpec& spec) {
+  require_positive(spec, "layers", spec.layers);
+  require_positive(spec, "hidden", spec.hidden);
+  require_positive(spec, "heads", spec.heads);
+  require_positive(spec, "kv_heads", spec.kv_heads);
+  require_positive(spec, "ffn", spec.ffn);
+  require_positive(spec, "vocab", spec.vocab);
+  require_positive(spec, "max_positions", spec.max_positions);
+  if (spec.architecture == Architecture::kGpt && spec.kv_heads != spec.heads) {
+    fail("model {}: kv_heads = {}: a gpt model has multi-head attention, kv_heads must equal heads ({}); "
+         "use a llama model for grouped-query attention",
+         spec.name, spec.kv_heads, spec.heads);
+  }
+  if (spec.architecture == Architecture::kLlama && spec.hidden % spec.heads != 0) {
+    fail("model {}: hidden = {}: must be a multiple of heads ({}) so that K/V width = kv_heads · hidden/heads",
+         spec.name, spec.hidden, spec.heads);
+  }
+  if (spec.heads % spec.kv_heads != 0) {
+    fail("model {}: kv_heads = {}: must divide heads ({})", spec.name, spec.kv_heads, spec.heads);
+  }
+}
+
+std::int64_t parameter_count(const ModelSpec& spec) {
+  ParallelConfig config;
+  config.sequence = 1;  // parameters do not depend on the sequence
+  return sum_layers(pipeline_layers(spec, config)).parameters;
+}
+
+const std::vector<ModelSpec>& model_presets() {
+  static const std::vector<ModelSpec> presets = make_presets();
+  return presets;
+}
+
+ModelSpec model_preset(std::string_view name) {
+  for (const ModelSpec& spec : model_presets()) {
+    if (spec.name == name) return spec;
+  }
+  fail("unknown model '{}': use one of {} or the path of a Hugging Face config.json", name, preset_names());
+}
+
+ModelSpec resolve_model(std::string_view name_or_path) {
+  const bool is_path = name_or_path.find('/') != std::string_view::npos || name_or_path.ends_with(".json");
+  return is_path ? model_from_hf_config(std::filesystem::path(name_or_path)) : model_preset(name_or_path);
+}
+
+}  // namespace pipeflow

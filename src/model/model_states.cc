@@ -1,0 +1,26 @@
+#include "pipeflow/model/model_states.h"
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow {
+
+ModelStateBytes model_state_bytes(std::int64_t parameters, ZeroStage stage, int data_parallel,
+                                  StateAccounting accounting) {
+  if (data_parallel < 1) fail("data_parallel = {}: must be >= 1", data_parallel);
+  if (parameters < 0) fail("internal: negative parameter count {}", parameters);
+  const double psi = static_cast<double>(parameters);
+  const double d = data_parallel;
+  const double gradient_bytes = accounting == StateAccounting::kMegatron ? 4 : 2;
+  ModelStateBytes bytes{.weights = 2 * psi, .gradients = gradient_bytes * psi, .optimizer = 12 * psi};
+  if (stage >= ZeroStage::kOne) bytes.optimizer /= d;
+  if (stage >= ZeroStage::kTwo) bytes.gradients /= d;
+  if (stage >= ZeroStage::kThree) bytes.weights /= d;
+  return bytes;
+}
+
+ZeroStage zero_stage_from_int(int stage) {
+  if (stage < 0 || stage > 3) fail("zero stage {}: use 0 (off), 1, 2 or 3", stage);
+  return static_cast<ZeroStage>(stage);
+}
+
+}  // namespace pipeflow

@@ -1,0 +1,256 @@
+#include "pipeflow/model/partition.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <regex>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow {
+namespace {
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+constexpr const char* kMethodHelp =
+    "use uniform, parameters, type:REGEX, balanced, counts:N,N,... or bounds:0,B,...,LAYERS";
+
+void check_stage_count(int layers, int stages) {
+  if (stages < 1) fail("stages = {}: must be >= 1", stages);
+  if (stages > layers) {
+    fail("{} stages for {} pipeline layers: every stage needs at least one layer; use at most {} stages", stages,
+         layers, layers);
+  }
+}
+
+// Prefix sums so that a stage's weight is prefix[end] - prefix[first], the
+// same expression everywhere (the optimum is then compared exactly).
+std::vector<double> prefix_sums(std::span<const double> weights) {
+  std::vector<double> prefix(weights.size() + 1, 0.0);
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    if (!(weights[i] >= 0) || !std::isfinite(weights[i])) {
+      fail("layer weight {} = {}: weights must be finite and >= 0", i, weights[i]);
+    }
+    prefix[i + 1] = prefix[i] + weights[i];
+  }
+  return prefix;
+}
+
+// best[j][i]: the smallest possible heaviest stage when layers [0, i) form j stages.
+double min_bottleneck(const std::vector<double>& prefix, int n, int p) {
+  std::vector<std::vector<double>> best(p + 1, std::vector<double>(n + 1, kInfinity));
+  best[0][0] = 0;
+  for (int j = 1; j <= p; ++j) {
+    for (int i = j; i <= n - (p - j); ++i) {
+      for (int k = j - 1; k < i; ++k) {
+        best[j][i] = std::min(best[j][i], std::max(best[j - 1][k], prefix[i] - prefix[k]));
+      }
+    }
+  }
+  return best[p][n];
+}
+
+// light[j][i]: with every stage <= cap, the heaviest possible lightest stage
+// of j stages over layers [0, i) (-inf when impossible).
+std::vector<std::vector<double>> max_lightest(const std::vector<double>& prefix, int n, int p, double cap) {
+  std::vector<std::vector<double>> light(p + 1, std::vector<double>(n + 1, -kInfinity));
+  light[0][0] = kInfinity;
+  for (int j = 1; j <= p; ++j) {
+    for (int i = j; i <= n; ++i) {
+      for (int k = j - 1; k < i; ++k) {
+        const double stage = prefix[i] - prefix[k];
+        if (stage <= cap) light[j][i] = std::max(light[j][i], std::min(light[j - 1][k], stage));
+      }
+    }
+  }
+  return light;
+}
+
+std::vector<int> parse_list(std::string_view text, std::string_view method) {
+  std::vector<int> values;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string_view item = text.substr(start, comma - start);
+    int value = 0;
+    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (item.empty() || error != std::errc() || end != item.data() + item.size()) {
+      fail("partition '{}{}': '{}' is not an integer; {}", method, text, item, kMethodHelp);
+    }
+    values.push_back(value);
+    start = comma + 1;
+  }
+  return values;
+}
+
+std::vector<int> bounds_from_counts(const std::vector<int>& counts, int layers) {
+  std::vector<int> bounds = {0};
+  for (int count : counts) {
+    if (count < 1) fail("partition counts:{}: every stage needs >= 1 layer (got {})", fmt::join(counts, ","), count);
+    bounds.push_back(bounds.back() + count);
+  }
+  if (bounds.back() != layers) {
+    fail("partition counts:{}: the counts sum to {} but the model has {} pipeline layers (embedding, blocks, head); "
+         "make them sum to {}",
+         fmt::join(counts, ","), bounds.back(), layers, layers);
+  }
+  return bounds;
+}
+
+void check_bounds(const std::vector<int>& bounds, int layers) {
+  const bool well_formed = bounds.size() >= 2 && bounds.front() == 0 && bounds.back() == layers &&
+                           std::adjacent_find(bounds.begin(), bounds.end(), std::greater_equal<>()) == bounds.end();
+  if (!well_formed) {
+    fail("partition bounds:{}: boundaries must rise strictly from 0 to {} (the number of pipeline layers)",
+         fmt::join(bounds, ","), layers);
+  }
+}
+
+std::vector<double> type_weights(const std::vector<PipelineLayer>& layers, const std::string& pattern) {
+  std::regex regex;
+  try {
+    regex = std::regex(pattern, std::regex::ECMAScript | std::regex::icase);
+  } catch (const std::regex_error& error) {
+    fail("partition type:{}: not a valid regular expression ({})", pattern, error.what());
+  }
+  std::vector<double> weights;
+  for (const PipelineLayer& layer : layers) weights.push_back(std::regex_search(layer.name, regex) ? 1.0 : 0.0);
+  if (std::count(weights.begin(), weights.end(), 1.0) == 0) {
+    fail("partition type:{}: matches no layer; layer names are embedding, block.0 ... block.{}, head", pattern,
+         static_cast<int>(layers.size()) - 3);
+  }
+  return weights;
+}
+
+std::vector<double> parameter_weights(const std::vector<PipelineLayer>& layers) {
+  std::vector<double> weights;
+  for (const PipelineLayer& layer : layers) {
+    weights.push_back(static_cast<double>(layer.parameters + layer.tied_parameters));
+  }
+  return weights;
+}
+
+std::vector<int> choose_bounds(const std::vector<PipelineLayer>& layers, int stages, const PartitionMethod& method,
+                               const HardwareProfile& hardware) {
+  const int n = static_cast<int>(layers.size());
+  using Kind = PartitionMethod::Kind;
+  switch (method.kind) {
+    case Kind::kUniform: return partition_uniform(n, stages);
+    case Kind::kParameters: return partition_min_max(parameter_weights(layers), stages);
+    case Kind::kType: return partition_min_max(type_weights(layers, method.pattern), stages);
+    case Kind::kBalanced: return partition_min_max(layer_seconds(layers, hardware), stages);
+    case Kind::kCounts: return bounds_from_counts(method.values, n);
+    case Kind::kBounds: check_bounds(method.values, n); return method.values;
+  }
+  return {};
+}
+
+StagePlan plan_stage(const std::vector<PipelineLayer>& layers, int first, int end, const HardwareProfile& hardware) {
+  const LayerTotals totals = sum_layers(layers, first, end);
+  StagePlan stage;
+  stage.first = first;
+  stage.end = end;
+  for (int i = first; i < end; ++i) stage.layer_names.push_back(layers[i].name);
+  stage.parameters = totals.parameters;
+  stage.model_flops = totals.model_flops();
+  stage.hardware_flops = totals.hardware_flops();
+  stage.seconds = compute_seconds(stage.hardware_flops, hardware);
+  return stage;
+}
+
+}  // namespace
+
+std::vector<int> partition_uniform(int layers, int stages) {
+  check_stage_count(layers, stages);
+  const int chunk = layers / stages;
+  const int extra = layers % stages;
+  std::vector<int> bounds = {0};
+  for (int k = 0; k < stages; ++k) bounds.push_back(bounds.back() + chunk + (k < extra ? 1 : 0));
+  return bounds;
+}
+
+std::vector<int> partition_min_max(std::span<const double> weights, int stages) {
+  const int n = static_cast<int>(weights.size());
+  check_stage_count(n, stages);
+  const std::vector<double> prefix = prefix_sums(weights);
+  const double cap = min_bottleneck(prefix, n, stages);
+  const auto light = max_lightest(prefix, n, stages, cap);
+  const double floor = light[stages][n];
+  // Walk back from the last stage, giving each the most layers that keep it
+  // within [floor, cap] and leave a feasible prefix.
+  std::vector<int> bounds(stages + 1, 0);
+  bounds[stages] = n;
+  for (int j = stages; j >= 1; --j) {
+    const int i = bounds[j];
+    for (int k = j - 1; k < i; ++k) {
+      const double stage = prefix[i] - prefix[k];
+      if (stage <= cap && stage >= floor && light[j - 1][k] >= floor) {
+        bounds[j - 1] = k;
+        break;
+      }
+    }
+  }
+  return bounds;
+}
+
+PartitionMethod parse_partition_method(std::string_view text) {
+  using Kind = PartitionMethod::Kind;
+  if (text == "uniform") return {Kind::kUniform, "", {}};
+  if (text == "parameters") return {Kind::kParameters, "", {}};
+  if (text == "balanced") return {Kind::kBalanced, "", {}};
+  if (text.starts_with("type:") && text.size() > 5) return {Kind::kType, std::string(text.substr(5)), {}};
+  if (text.starts_with("counts:")) return {Kind::kCounts, "", parse_list(text.substr(7), "counts:")};
+  if (text.starts_with("bounds:")) return {Kind::kBounds, "", parse_list(text.substr(7), "bounds:")};
+  fail("unknown partition method '{}': {}", text, kMethodHelp);
+}
+
+std::string to_string(const PartitionMethod& method) {
+  using Kind = PartitionMethod::Kind;
+  switch (method.kind) {
+    case Kind::kUniform: return "uniform";
+    case Kind::kParameters: return "parameters";
+    case Kind::kType: return "type:" + method.pattern;
+    case Kind::kBalanced: return "balanced";
+    case Kind::kCounts: return fmt::format("counts:{}", fmt::join(method.values, ","));
+    case Kind::kBounds: return fmt::format("bounds:{}", fmt::join(method.values, ","));
+  }
+  return "?";
+}
+
+double Partition::max_stage_seconds() const {
+  double slowest = 0;
+  for (const StagePlan& stage : stages) slowest = std::max(slowest, stage.seconds);
+  return slowest;
+}
+
+std::vector<double> layer_seconds(const std::vector<PipelineLayer>& layers, const HardwareProfile& hardware) {
+  std::vector<double> seconds;
+  for (const PipelineLayer& layer : layers) {
+    const double flops =
+        layer.forward_flops + layer.backward_input_flops + layer.backward_weight_flops + layer.recompute_flops;
+    seconds.push_back(compute_seconds(flops, hardware));
+  }
+  return seconds;
+}
+
+Partition partition_layers(const std::vector<PipelineLayer>& layers, int stages, const PartitionMethod& method,
+                           const HardwareProfile& hardware) {
+  check_stage_count(static_cast<int>(layers.size()), stages);
+  Partition partition;
+  partition.boundaries = choose_bounds(layers, stages, method, hardware);
+  const int planned = static_cast<int>(partition.boundaries.size()) - 1;
+  if (planned != stages) {
+    fail("partition {} has {} stages but the pipeline has {}: give {} entries", to_string(method), planned, stages,
+         method.kind == PartitionMethod::Kind::kCounts ? stages : stages + 1);
+  }
+  for (int k = 0; k < stages; ++k) {
+    partition.stages.push_back(plan_stage(layers, partition.boundaries[k], partition.boundaries[k + 1], hardware));
+  }
+  return partition;
+}
+
+}  // namespace pipeflow

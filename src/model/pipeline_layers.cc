@@ -1,0 +1,221 @@
+#include "pipeflow/model/pipeline_layers.h"
+
+#include <fmt/format.h>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow {
+namespace {
+
+// Dimension letters: b micro-batch, s sequence, h hidden, a heads, g kv heads,
+// d = h/a head width, f ffn width, V vocabulary, t tensor parallel, e bytes per
+// activation element. Totals are computed for the whole layer and divided by t
+// (every matmul, and the attention heads, are split t ways).
+
+std::int64_t shard(std::int64_t dimension, int t) { return (dimension + t - 1) / t; }
+
+// Width of K and V together: 2·g·d (== 2h for multi-head attention).
+double kv_width(const ModelSpec& m) { return 2.0 * m.kv_heads * (static_cast<double>(m.hidden) / m.heads); }
+
+// Weights of the block's matrices, i.e. multiply-adds per token of its linear layers.
+//   gpt:   QKV h·3h, out h·h, fc1 h·f, fc2 f·h            = 4h² + 2hf (12h² for f = 4h)
+//   llama: Q h·h, K and V h·gd each, O h·h, gate/up h·f, down f·h = 2h² + 2h·gd + 3hf
+double block_matrix_weights(const ModelSpec& m) {
+  const double h = m.hidden;
+  const double f = m.ffn;
+  if (m.architecture == Architecture::kGpt) return 4 * h * h + 2 * h * f;
+  return 2 * h * h + h * kv_width(m) + 3 * h * f;
+}
+
+std::int64_t block_parameters(const ModelSpec& m, int t) {
+  const std::int64_t h = m.hidden;
+  const std::int64_t f = m.ffn;
+  if (m.architecture == Architecture::kGpt) {
+    // ln_1, ln_2 (weight, bias: replicated); c_attn column-parallel with its
+    // bias; c_proj row-parallel, bias replicated; c_fc column-, mlp.c_proj row-parallel.
+    const std::int64_t qkv = shard(3 * h, t);
+    const std::int64_t inner = shard(f, t);
+    return 4 * h + (h * qkv + qkv) + (shard(h, t) * h + h) + (h * inner + inner) + (inner * h + h);
+  }
+  // Two RMSNorm weights; Q and O split by heads, K and V by kv heads; gate,
+  // up column-parallel, down row-parallel; no biases.
+  const std::int64_t kv = shard(static_cast<std::int64_t>(kv_width(m)), t);
+  return 2 * h + 2 * h * shard(h, t) + h * kv + 3 * h * shard(f, t);
+}
+
+// Activation bytes of one block (Korthikanti et al. 2022 §4.1, generalised):
+// `replicated` is split only by sequence parallelism, `sharded` by tensor
+// parallelism, `core` (the attention core, s² terms) by tensor parallelism
+// and dropped by selective recompute. Dropout masks take 1 byte per element.
+//   gpt:   replicated = (4e + 2·drop)·sbh  — inputs of ln_1, QKV, ln_2, fc1; the
+//                       attention-output and MLP-output dropout masks
+//          sharded    = e·sb·(4h + 2f)     — Q, K, V; out-proj input; GELU input and output
+//          core       = (e + drop·(1 + e))·a·s²·b — softmax output; its dropout mask and output
+//   For e = 2, drop = 1, f = 4h: 10·sbh, 24·sbh, 5·a·s²·b, Korthikanti's 34 + 5as/h.
+//   llama: replicated = 4e·sbh             — inputs of both RMSNorms, of QKV, of gate/up
+//          sharded    = e·sb·(2h + 2gd + 3f) — Q, K, V (GQA: K, V are g·d wide);
+//                       O's input; SwiGLU keeps gate and up (the fused kernel's
+//                       saved input) and its product (down's input)
+//          core       = (e + drop·(1 + e))·a·s²·b — GQA shares K/V, not the scores
+struct BlockActivations {
+  double replicated = 0;
+  double sharded = 0;
+  double core = 0;
+};
+
+BlockActivations block_activations(const ModelSpec& m, const ParallelConfig& c) {
+  const double sb = static_cast<double>(c.sequence) * c.micro_batch;
+  const double h = m.hidden;
+  const double f = m.ffn;
+  const double e = c.bytes_per_element;
+  const double drop = m.dropout ? 1 : 0;
+  BlockActivations act;
+  if (m.architecture == Architecture::kGpt) {
+    act.replicated = (4 * e + 2 * drop) * sb * h;
+    act.sharded = e * sb * (4 * h + 2 * f);
+  } else {
+    act.replicated = 4 * e * sb * h;
+    act.sharded = e * sb * (2 * h + kv_width(m) + 3 * f);
+  }
+  act.core = (e + drop * (1 + e)) * m.heads * static_cast<double>(c.sequence) * sb;
+  return act;
+}
+
+double block_activation_bytes(const ModelSpec& m, const ParallelConfig& c) {
+  const double t = c.tensor_parallel;
+  const double sp = c.sequence_parallel ? t : 1;
+  const double sbh = static_cast<double>(c.sequence) * c.micro_batch * m.hidden;
+  const BlockActivations act = block_activations(m, c);
+  switch (c.recompute) {
+    case Recompute::kNone: return act.replicated / sp + (act.sharded + act.core) / t;
+    case Recompute::kSelective: return act.replicated / sp + act.sharded / t;
+    // Only the block's input is kept; with SP it is the sequence shard (as Megatron stores it).
+    case Recompute::kFull: return c.bytes_per_element * sbh / sp;
+  }
+  return 0;
+}
+
+void validate_config(const ModelSpec& m, const ParallelConfig& c) {
+  if (c.micro_batch < 1) fail("micro_batch = {}: must be >= 1", c.micro_batch);
+  if (c.sequence < 1) fail("sequence = {}: must be >= 1 (tokens per sequence)", c.sequence);
+  if (c.tensor_parallel < 1) fail("tensor_parallel = {}: must be >= 1", c.tensor_parallel);
+  if (c.bytes_per_element < 1) fail("bytes_per_element = {}: must be >= 1 (2 for bf16)", c.bytes_per_element);
+  if (m.architecture == Architecture::kGpt && c.sequence > m.max_positions) {
+    fail("sequence = {}: {} has {} learned positions: use a sequence <= {}", c.sequence, m.name, m.max_positions,
+         m.max_positions);
+  }
+  if (m.heads % c.tensor_parallel != 0 || m.kv_heads % c.tensor_parallel != 0) {
+    fail("tensor_parallel = {}: must divide {}'s heads ({}) and kv heads ({}) so each rank holds whole heads",
+         c.tensor_parallel, m.name, m.heads, m.kv_heads);
+  }
+}
+
+PipelineLayer embedding_layer(const ModelSpec& m, const ParallelConfig& c) {
+  const double sbh = static_cast<double>(c.sequence) * c.micro_batch * m.hidden;
+  const double sp = c.sequence_parallel ? c.tensor_parallel : 1;
+  PipelineLayer layer;
+  layer.name = "embedding";
+  layer.kind = LayerKind::kEmbedding;
+  // Token table vocabulary-parallel; GPT's position table replicated.
+  layer.parameters = shard(m.vocab, c.tensor_parallel) * m.hidden;
+  if (m.architecture == Architecture::kGpt) layer.parameters += static_cast<std::int64_t>(m.max_positions) * m.hidden;
+  layer.activation_bytes = m.dropout ? sbh / sp : 0;  // the embedding dropout mask
+  return layer;
+}
+
+PipelineLayer block_layer(const ModelSpec& m, const ParallelConfig& c, int index) {
+  const double t = c.tensor_parallel;
+  const double bs = static_cast<double>(c.micro_batch) * c.sequence;
+  const double matmul = 2 * bs * block_matrix_weights(m) / t;
+  const double core = 4 * bs * c.sequence * m.hidden / t;  // QKᵀ and probs·V, 2·b·s²·h each
+  PipelineLayer layer;
+  layer.name = fmt::format("block.{}", index);
+  layer.kind = LayerKind::kBlock;
+  layer.parameters = block_parameters(m, c.tensor_parallel);
+  layer.forward_flops = matmul + core;
+  layer.backward_input_flops = matmul + 2 * core;
+  layer.backward_weight_flops = matmul;
+  layer.recompute_flops = c.recompute == Recompute::kFull        ? layer.forward_flops
+                          : c.recompute == Recompute::kSelective ? core
+                                                                 : 0;
+  layer.activation_bytes = block_activation_bytes(m, c);
+  return layer;
+}
+
+PipelineLayer head_layer(const ModelSpec& m, const ParallelConfig& c) {
+  const double t = c.tensor_parallel;
+  const double sp = c.sequence_parallel ? t : 1;
+  const double bs = static_cast<double>(c.micro_batch) * c.sequence;
+  const double logits = 2 * bs * m.hidden * static_cast<double>(m.vocab) / t;
+  const std::int64_t norm = m.architecture == Architecture::kGpt ? 2 * m.hidden : m.hidden;
+  const std::int64_t lm_head = shard(m.vocab, c.tensor_parallel) * m.hidden;
+  PipelineLayer layer;
+  layer.name = "head";
+  layer.kind = LayerKind::kHead;
+  layer.parameters = norm + (m.tied_embeddings ? 0 : lm_head);
+  if (m.tied_embeddings) {
+    layer.tied_parameters = lm_head;
+    layer.tied_owner = 0;
+  }
+  layer.forward_flops = logits;
+  layer.backward_input_flops = logits;
+  layer.backward_weight_flops = logits;
+  // Inputs of the final norm and of the LM head, and the fp32 logits that the
+  // vocabulary-parallel cross entropy keeps for its backward.
+  layer.activation_bytes = 2.0 * c.bytes_per_element * bs * m.hidden / sp + 4.0 * bs * m.vocab / t;
+  return layer;
+}
+
+}  // namespace
+
+std::string_view to_string(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(std::string_view text) {
+  for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    if (text == to_string(mode)) return mode;
+  }
+  fail("recompute '{}': use none, selective or full", text);
+}
+
+std::vector<PipelineLayer> pipeline_layers(const ModelSpec& spec, const ParallelConfig& config) {
+  validate_model(spec);
+  validate_config(spec, config);
+  const bool split_messages = config.sequence_parallel || config.scatter_gather;
+  const double message = static_cast<double>(config.bytes_per_element) * config.micro_batch * config.sequence *
+                         spec.hidden / (split_messages ? config.tensor_parallel : 1);
+  std::vector<PipelineLayer> layers;
+  layers.reserve(spec.layers + 2);
+  layers.push_back(embedding_layer(spec, config));
+  for (int i = 0; i < spec.layers; ++i) layers.push_back(block_layer(spec, config, i));
+  for (PipelineLayer& layer : layers) layer.output_bytes = message;
+  layers.push_back(head_layer(spec, config));
+  return layers;
+}
+
+LayerTotals sum_layers(const std::vector<PipelineLayer>& layers, int first, int end) {
+  if (first < 0 || end > static_cast<int>(layers.size()) || first > end) {
+    fail("internal: layer range [{}, {}) outside 0..{}", first, end, layers.size());
+  }
+  LayerTotals totals;
+  for (int i = first; i < end; ++i) {
+    const PipelineLayer& layer = layers[i];
+    totals.parameters += layer.parameters;
+    const bool owner_outside = layer.tied_owner >= 0 && (layer.tied_owner < first || layer.tied_owner >= end);
+    if (owner_outside) totals.parameters += layer.tied_parameters;
+    totals.forward_flops += layer.forward_flops;
+    totals.backward_input_flops += layer.backward_input_flops;
+    totals.backward_weight_flops += layer.backward_weight_flops;
+    totals.recompute_flops += layer.recompute_flops;
+    totals.activation_bytes += layer.activation_bytes;
+  }
+  return totals;
+}
+
+}  // namespace pipeflow

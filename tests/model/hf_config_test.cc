@@ -1,0 +1,105 @@
+#include "pipeflow/model/hf_config.h"
+
+#include <gtest/gtest.h>
+
+#include "error_of.h"
+#include "pipeflow/core/file.h"
+
+namespace pipeflow {
+namespace {
+
+using testing::error_of;
+
+std::string sample(const std::string& name) {
+  return std::string(PIPEFLOW_SOURCE_DIR) + "/tests/data/hf/" + name + "/config.json";
+}
+
+TEST(HfConfig, Gpt2ConfigGivesTheGpt2Preset) {
+  const ModelSpec spec = model_from_hf_config(sample("gpt2"));
+  EXPECT_EQ(spec.architecture, Architecture::kGpt);
+  EXPECT_EQ(spec.layers, 12);
+  EXPECT_EQ(spec.hidden, 768);
+  EXPECT_EQ(spec.heads, 12);
+  EXPECT_EQ(spec.ffn, 3072);  // n_inner null → 4h
+  EXPECT_EQ(spec.vocab, 50257);
+  EXPECT_EQ(spec.max_positions, 1024);
+  EXPECT_TRUE(spec.tied_embeddings);
+  EXPECT_TRUE(spec.dropout);
+  EXPECT_EQ(parameter_count(spec), 124'439'808);
+  EXPECT_EQ(spec.name, sample("gpt2"));
+}
+
+TEST(HfConfig, LlamaConfigsGiveTheLlamaPresets) {
+  const ModelSpec llama2 = model_from_hf_config(sample("llama-2-7b"));
+  EXPECT_EQ(llama2.architecture, Architecture::kLlama);
+  EXPECT_EQ(llama2.kv_heads, 32);
+  EXPECT_EQ(llama2.ffn, 11008);
+  EXPECT_FALSE(llama2.tied_embeddings);
+  EXPECT_EQ(parameter_count(llama2), 6'738'415'616);
+  const ModelSpec llama3 = model_from_hf_config(sample("llama-3-8b"));
+  EXPECT_EQ(llama3.kv_heads, 8);
+  EXPECT_EQ(llama3.max_positions, 8192);
+  EXPECT_EQ(parameter_count(llama3), 8'030'261'248);
+}
+
+TEST(HfConfig, FamilyIsTakenFromTheKeysWithoutModelType) {
+  const ModelSpec spec = model_from_hf_config_text(
+      R"({"n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 256, "n_positions": 64,
+          "n_inner": 256, "attn_pdrop": 0, "resid_pdrop": 0, "embd_pdrop": 0})",
+      "tiny.json");
+  EXPECT_EQ(spec.architecture, Architecture::kGpt);
+  EXPECT_EQ(spec.ffn, 256);
+  EXPECT_FALSE(spec.dropout);
+  const ModelSpec llama = model_from_hf_config_text(
+      R"({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
+          "vocab_size": 100, "tie_word_embeddings": true})",
+      "l.json");
+  EXPECT_EQ(llama.architecture, Architecture::kLlama);
+  EXPECT_EQ(llama.kv_heads, 4);
+  EXPECT_TRUE(llama.tied_embeddings);
+}
+
+TEST(HfConfig, MisspeltKeyIsAnErrorWithASuggestion) {
+  std::string text = read_file(sample("llama-3-8b"));
+  text.replace(text.find("\"num_key_value_heads\""), 21, "\"num_key_value_head\"");
+  EXPECT_EQ(error_of([&] { model_from_hf_config_text(text, "config.json"); }),
+            "config.json: unknown key 'num_key_value_head' (did you mean 'num_key_value_heads'?): remove it or fix "
+            "its spelling");
+}
+
+TEST(HfConfig, BadValuesNameTheKeyAndTheRule) {
+  EXPECT_EQ(error_of([] {
+              model_from_hf_config_text(R"({"model_type": "gpt2", "n_layer": 0, "n_embd": 8, "n_head": 2,
+                                            "vocab_size": 10})",
+                                        "c.json");
+            }),
+            "c.json: n_layer = 0: must be >= 1");
+  EXPECT_EQ(error_of([] {
+              model_from_hf_config_text(R"({"model_type": "gpt2", "n_layer": "12", "n_embd": 8, "n_head": 2,
+                                            "vocab_size": 10})",
+                                        "c.json");
+            }),
+            "c.json: n_layer must be an integer, got \"12\"");
+  EXPECT_EQ(error_of([] {
+              model_from_hf_config_text(R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                                            "num_attention_heads": 4, "num_key_value_heads": 3,
+                                            "intermediate_size": 128, "vocab_size": 100})",
+                                        "c.json");
+            }),
+            "model c.json: kv_heads = 3: must divide heads (4)");
+  EXPECT_EQ(error_of([] { model_from_hf_config_text(R"({"model_type": "bert"})", "c.json"); }),
+            "c.json: model_type = \"bert\": pipeflow reads \"gpt2\" and \"llama\" configs (or, without model_type, "
+            "one with n_layer or num_hidden_layers)");
+  EXPECT_EQ(error_of([] {
+              model_from_hf_config_text(R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                                            "num_attention_heads": 4, "intermediate_size": 128,
+                                            "vocab_size": 100, "attention_bias": true})",
+                                        "c.json");
+            }),
+            "c.json: attention_bias = true: pipeflow models Llama layers without biases");
+  EXPECT_EQ(error_of([] { model_from_hf_config_text(R"({"model_type": "gpt2", "n_embd": 8})", "c.json"); }),
+            "c.json: n_layer is required but missing");
+}
+
+}  // namespace
+}  // namespace pipeflow
