@@ -9,4 +9,7 @@ namespace pipeflow::cli {
 // of its own. Errors are thrown as pipeflow::Error and reported by main.
 // (Declarations are added here as subcommands arrive.)
 
+void add_model_command(CLI::App& app);      // model_command.cc
+void add_partition_command(CLI::App& app);  // partition_command.cc
+
 }  // namespace pipeflow::cli

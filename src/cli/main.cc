@@ -21,6 +21,9 @@ int main(int argc, char** argv) {
     if (verbose) pipeflow::set_log_level(pipeflow::LogLevel::kDebug);
   });
 
+  pipeflow::cli::add_model_command(app);
+  pipeflow::cli::add_partition_command(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

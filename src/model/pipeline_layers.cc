@@ -177,6 +177,15 @@ std::string_view to_string(Recompute recompute) {
   return "?";
 }
 
+std::string_view to_string(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kEmbedding: return "embedding";
+    case LayerKind::kBlock: return "block";
+    case LayerKind::kHead: return "head";
+  }
+  return "?";
+}
+
 Recompute parse_recompute(std::string_view text) {
   for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     if (text == to_string(mode)) return mode;

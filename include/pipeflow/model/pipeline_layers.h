@@ -35,6 +35,8 @@ struct ParallelConfig {
 
 enum class LayerKind { kEmbedding, kBlock, kHead };
 
+std::string_view to_string(LayerKind kind);  // "embedding", "block", "head"
+
 // One pipeline layer: the unit a partition cuts between. A model of L blocks
 // is L + 2 layers: "embedding", "block.0" … "block.{L-1}", "head" (final
 // norm, LM head and loss), the same sequence as the model in `nn`.
