@@ -21,8 +21,8 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;  // "80GB" HBM is 80 GiB (8192
 // = 25 GB/s, NDR 400 Gb/s = 50 GB/s per direction. Latencies are not on any
 // datasheet: 3 µs within a node and 8 µs across nodes are typical NCCL
 // point-to-point small-message figures, marked as estimates.
-HardwareProfile nvidia(std::string name, double tflops, double memory_gib, double hbm_gb_per_s, double nvlink_total,
-                       double ib_gbit, double efficiency, std::string note) {
+HardwareProfile eight_device_node(std::string name, double tflops, double memory_gib, double hbm_gb_per_s,
+                                  double nvlink_total, double ib_gbit, double efficiency, std::string note) {
   return HardwareProfile{.name = std::move(name),
                          .peak_flop_per_s = tflops * 1e12,
                          .memory_bytes = memory_gib * kGiB,
@@ -39,20 +39,21 @@ HardwareProfile nvidia(std::string name, double tflops, double memory_gib, doubl
 
 std::vector<HardwareProfile> make_presets() {
   std::vector<HardwareProfile> presets = {
-      nvidia("a100-40g", 312, 40, 1555, 600, 200, 0.5,
+      eight_device_node("a100-40g", 312, 40, 1555, 600, 200, 0.5,
              "A100 SXM 40GB datasheet; NVLink3, one HDR InfiniBand HCA per GPU (DGX A100)"),
-      nvidia("a100-80g", 312, 80, 2039, 600, 200, 0.5,
+      eight_device_node("a100-80g", 312, 80, 2039, 600, 200, 0.5,
              "A100 SXM 80GB datasheet; NVLink3, one HDR InfiniBand HCA per GPU (DGX A100)"),
-      nvidia("h100", 989, 80, 3350, 900, 400, 0.4,
+      eight_device_node("h100", 989, 80, 3350, 900, 400, 0.4,
              "H100 SXM datasheet (dense bf16); NVLink4, one NDR InfiniBand HCA per GPU (DGX H100)"),
-      nvidia("h200", 989, 141, 4800, 900, 400, 0.4,
+      eight_device_node("h200", 989, 141, 4800, 900, 400, 0.4,
              "H200 SXM datasheet (dense bf16); NVLink4, one NDR InfiniBand HCA per GPU"),
   };
   // Ascend 910B (B2): no official dense figures. Peak = 24 AI cores × 4096
   // fp16 MAC × 2 × 1.8 GHz; HBM and HCCS as reported by third parties; HCCS
   // total 392 GB/s halved for one direction like NVLink.
-  HardwareProfile ascend = nvidia("ascend-910b", 24 * 4096 * 2 * 1.8e9 / 1e12, 64, 1600, 392, 200, 0.4,
-                                  "Ascend 910B (B2): unofficial figures; 8 × 200 Gb/s RoCE per node");
+  HardwareProfile ascend =
+      eight_device_node("ascend-910b", 24 * 4096 * 2 * 1.8e9 / 1e12, 64, 1600, 392, 200, 0.4,
+                        "Ascend 910B (B2): unofficial figures; 8 × 200 Gb/s RoCE per node");
   ascend.estimated = {"peak_flop_per_s", "memory_bandwidth_bytes_per_s", "intra_node_bandwidth_bytes_per_s",
                       "intra_node_latency_s", "inter_node_latency_s", "efficiency"};
   presets.push_back(ascend);
@@ -149,7 +150,9 @@ HardwareProfile hardware_from_json(std::string_view json_text, std::string sourc
   }
   profile.estimated = config.get("estimated", std::vector<std::string>{});
   for (const std::string& key : profile.estimated) {
-    if (!is_figure_key(key)) config.fail_value("estimated", fmt::format("'{}' is not a figure of a hardware profile", key));
+    if (!is_figure_key(key)) {
+      config.fail_value("estimated", fmt::format("'{}' is not a figure of a hardware profile", key));
+    }
   }
   profile.note = config.get("note", "");
   config.check_no_unknown_keys();

@@ -177,9 +177,13 @@ std::vector<int> partition_min_max(std::span<const double> weights, int stages) 
   const int n = static_cast<int>(weights.size());
   check_stage_count(n, stages);
   const std::vector<double> prefix = prefix_sums(weights);
-  const double cap = min_bottleneck(prefix, n, stages);
+  // Stage sums equal up to rounding (the same layers summed from different
+  // prefixes) count as equal, so that ties break by the rule below and not
+  // by the last bits.
+  const double slack = 1e-12 * prefix[n];
+  const double cap = min_bottleneck(prefix, n, stages) + slack;
   const auto light = max_lightest(prefix, n, stages, cap);
-  const double floor = light[stages][n];
+  const double floor = light[stages][n] - slack;
   // Walk back from the last stage, giving each the most layers that keep it
   // within [floor, cap] and leave a feasible prefix.
   std::vector<int> bounds(stages + 1, 0);

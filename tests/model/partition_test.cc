@@ -112,6 +112,24 @@ TEST(Partition, BalancedStrictlyImprovesTheSlowestStageOverUniformForTheSeedsCas
   EXPECT_DOUBLE_EQ(balanced.stages[3].seconds, head / (312e12 * 0.5));
 }
 
+// A real model: llama3-8b (34 layers, untied 128K-vocabulary head) in 4
+// stages; brute force tries all C(33, 3) = 5456 cuts. The head weighs 1.7
+// blocks, so stages of 8, 8, 9 and 7 blocks + head.
+TEST(Partition, BalancedLlamaEqualsBruteForce) {
+  ParallelConfig config;
+  config.sequence = 8192;
+  config.recompute = Recompute::kSelective;
+  const auto layers = pipeline_layers(model_preset("llama3-8b"), config);
+  const HardwareProfile h100 = hardware_preset("h100");
+  const std::vector<double> seconds = layer_seconds(layers, h100);
+  const Partition balanced = partition_layers(layers, 4, parse_partition_method("balanced"), h100);
+  const auto [best_heaviest, best_lightest] = brute_force(seconds, 4);
+  EXPECT_NEAR(balanced.max_stage_seconds(), best_heaviest, 1e-12 * best_heaviest);
+  EXPECT_NEAR(extremes(seconds, balanced.boundaries).second, best_lightest, 1e-12 * best_heaviest);
+  EXPECT_EQ(layers.back().tied_owner, -1);  // untied: no copy to count
+  EXPECT_EQ(balanced.boundaries, (std::vector<int>{0, 9, 17, 26, 34}));
+}
+
 // Per layer: embedding 39.4M, blocks 7.09M, head 38.6M with its tied copy:
 // the embedding alone, 6 + 6 blocks, the head alone (heaviest 42.5M).
 TEST(Partition, ParametersBalancesParameterCountsWithTheTiedCopy) {

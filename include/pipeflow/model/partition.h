@@ -24,9 +24,11 @@ std::vector<int> partition_uniform(int layers, int stages);
 // The exact contiguous partition minimising the heaviest stage's summed
 // weight (the linear partition problem), by dynamic programming over prefix
 // sums, O(p·n²). Among partitions with that heaviest stage it picks one
-// whose lightest stage is heaviest (the least spread); remaining ties go to
-// the earliest cuts. Weights must be finite and >= 0. Throws Error when
-// p > n or p < 1.
+// whose lightest stage is heaviest (the least spread); remaining ties give
+// later stages as many layers as they can take (later stages hold fewer
+// micro-batches under 1F1B). Sums within 1e-12 of the total weight count as
+// equal, so rounding does not break ties. Weights must be finite and >= 0.
+// Throws Error when p > n or p < 1.
 std::vector<int> partition_min_max(std::span<const double> weights, int stages);
 
 // How to choose the cuts of a model's pipeline layers.
