@@ -1,0 +1,57 @@
+#pragma once
+
+#include "pipeflow/nn/layer_shape.h"
+#include "pipeflow/tensor/tensor.h"
+
+namespace pipeflow::nn {
+
+// The last pipeline layer: final LayerNorm, logits = ln_f(x) · wteᵀ (the LM
+// head tied to the token embedding), mean softmax cross-entropy over the B·T
+// positions of the micro-batch.
+template <class P>  // const T* for weights, T* for their gradients
+struct HeadParams {
+  P ln_f_weight, ln_f_bias;  // [C], [C]
+  P wte;                     // [V, C]
+};
+
+// What one micro-batch keeps. After forward: x, ln_f (+ mean, rstd), probs.
+// After I: probs has become ∂L/∂logits (in place) and d_ln_f is added; W needs
+// all of them. After W: nothing.
+template <class T>
+struct HeadSaved {
+  BasicTensor<T> x;                          // [B, T, C]
+  BasicTensor<T> ln_f, ln_f_mean, ln_f_rstd;  // [B, T, C], [B·T], [B·T]
+  BasicTensor<T> probs;                      // [B, T, V] softmax, then ∂L/∂logits
+  BasicTensor<T> d_ln_f;                     // [B, T, C]
+};
+
+// Forward / I / W of the head. Targets must lie in [0, V) (the stage checks).
+//
+// Thread safety: const methods; concurrent use needs distinct gradient buffers.
+template <class T>
+class LmHead {
+ public:
+  LmHead(HeadParams<const T*> weights, HeadParams<T*> grads) : weights_(weights), grads_(grads) {}
+
+  // Returns the mean cross-entropy of the micro-batch.
+  double forward(HeadSaved<T>& saved, BasicTensor<T> x, const IntTensor& targets, const LayerShape& shape,
+                 Allocator allocator) const;
+  // The gradient starts at loss_scale · (mean loss): returns ∂(loss_scale · loss)/∂x.
+  BasicTensor<T> backward_input(HeadSaved<T>& saved, const IntTensor& targets, double loss_scale,
+                                const LayerShape& shape, Allocator allocator) const;
+  void backward_weight(HeadSaved<T>& saved, const LayerShape& shape) const;
+
+  // Inference: logits [B, T, V] of x, nothing saved.
+  BasicTensor<T> logits(const BasicTensor<T>& x, const LayerShape& shape, Allocator allocator) const;
+
+ private:
+  void normalise(HeadSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
+
+  HeadParams<const T*> weights_;
+  HeadParams<T*> grads_;
+};
+
+extern template class LmHead<float>;
+extern template class LmHead<double>;
+
+}  // namespace pipeflow::nn

@@ -1,0 +1,224 @@
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pipeflow/nn/embedding_layer.h"
+#include "pipeflow/nn/gpt_config.h"
+#include "pipeflow/nn/lm_head.h"
+#include "pipeflow/nn/parameter_layout.h"
+#include "pipeflow/nn/transformer_block.h"
+#include "pipeflow/tensor/buffer_pool.h"
+#include "pipeflow/tensor/memory_account.h"
+#include "pipeflow/tensor/tensor.h"
+
+namespace pipeflow::nn {
+
+template <class T>
+class BasicStage;
+
+struct StageOptions {
+  // DeepSpeed's activation_checkpoint_interval: 0 keeps every layer's
+  // activations from forward to backward; k > 0 keeps only the input of the
+  // first of every k consecutive layers of the stage and recomputes the k
+  // layers' forward in backward_input (bit-identical results, less memory).
+  int checkpoint_interval = 0;
+  // Names the stage in errors and its memory accounts ("<name> activations",
+  // "<name> weights").
+  std::string name = "stage";
+};
+
+// What a stage's forward consumes; move the tensors in.
+template <class T>
+struct BasicStageInput {
+  IntTensor tokens = {};           // [B, T] int32 in [0, V): the stage holding the embedding
+  BasicTensor<T> activation = {};  // [B, T, C]: every other stage (the previous stage's output)
+  IntTensor targets = {};          // [B, T] int32 in [0, V): the stage holding the head
+};
+
+// Everything one micro-batch keeps on one stage between its passes: forward
+// fills it, backward_input reduces it to what the weight pass needs,
+// backward_weight empties it. One object per in-flight micro-batch; any number
+// may be alive at once, and their weight passes may run in any order.
+// Its tensors come from the stage's pool and are charged to the stage's
+// activation account. Move-only; destroy it before its stage.
+template <class T>
+class BasicMicrobatchState {
+ public:
+  enum class Phase { kEmpty, kForward, kInputGrad };
+
+  BasicMicrobatchState() = default;
+  BasicMicrobatchState(BasicMicrobatchState&&) noexcept = default;
+  BasicMicrobatchState& operator=(BasicMicrobatchState&&) noexcept = default;
+
+  Phase phase() const { return phase_; }
+  // The micro-batch's mean cross-entropy over its B·T positions: set by the
+  // forward of the stage holding the head (NaN elsewhere), readable until the
+  // state's next forward.
+  double loss() const { return loss_; }
+
+ private:
+  friend class BasicStage<T>;
+  struct Checkpoint {
+    IntTensor tokens;
+    BasicTensor<T> x;
+  };
+
+  Phase phase_ = Phase::kEmpty;
+  LayerShape shape_;
+  double loss_ = std::numeric_limits<double>::quiet_NaN();
+  IntTensor targets_;
+  EmbeddingSaved<T> embedding_;
+  std::vector<BlockSaved<T>> blocks_;
+  HeadSaved<T> head_;
+  std::vector<Checkpoint> checkpoints_;
+};
+
+// One pipeline stage: a contiguous range of the pipeline layers (embedding,
+// block.0 … block.{L−1}, head) with its own parameters and gradients (one
+// contiguous buffer each, laid out by ParameterLayout, HF GPT-2 names), a
+// buffer pool, and two memory accounts: activations (micro-batch states,
+// outputs, temporaries) and weights (parameters and gradients; the optimizer
+// adds its moments).
+//
+// Per micro-batch: forward → backward_input (I) → backward_weight (W), or
+// forward → backward (B = I then W). Gradients accumulate over micro-batches
+// until zero_gradients(). For the gradient of the mean loss over a global
+// batch of m equal micro-batches on d data-parallel replicas, the head stage
+// starts each backward with loss_scale = 1 / (m·d).
+//
+// Tied embedding: wte is both the token embedding and the LM head. When the
+// embedding and the head are on different stages each holds a copy; before
+// the optimizer step the runtime makes both gradients their sum (DeepSpeed's
+// ReduceTiedGrads): exchange copies of tied_gradient(), then add_tied_gradient
+// the other's on each side (float addition commutes: both copies end equal).
+//
+// The tensors forward and backward_input return come from this stage's pool
+// and stay charged to its activation account until the receiving stage takes
+// them (it re-charges them to its own). Micro-batch states and returned
+// tensors must be destroyed before the stage.
+//
+// Thread safety: a stage is used by one thread at a time. Different stages
+// may be used concurrently from different threads: they share nothing (BLAS
+// runs on the calling thread, see gemm.h).
+template <class T>
+class BasicStage {
+ public:
+  using State = BasicMicrobatchState<T>;
+  using Input = BasicStageInput<T>;
+
+  // Parameters start at zero: init_gpt2, copy_parameters_from or
+  // load_parameters (checkpoint.h) fill them.
+  BasicStage(const GptConfig& config, LayerRange layers, StageOptions options = {});
+  BasicStage(const BasicStage&) = delete;
+  BasicStage& operator=(const BasicStage&) = delete;
+
+  const GptConfig& config() const { return config_; }
+  LayerRange layers() const { return range_; }
+  const StageOptions& options() const { return options_; }
+  bool has_embedding() const { return range_.first == 0; }
+  bool has_head() const { return range_.last == config_.pipeline_layers(); }
+
+  // --- Parameters and gradients ---
+  const ParameterLayout& layout() const { return layout_; }
+  std::span<T> parameters() { return values_.span(); }
+  std::span<const T> parameters() const { return values_.span(); }
+  std::span<T> gradients() { return grads_.span(); }
+  std::span<const T> gradients() const { return grads_.span(); }
+  // One tensor by name (Error if this stage does not hold it).
+  std::span<T> parameter(std::string_view name);
+  std::span<const T> parameter(std::string_view name) const;
+  std::span<T> gradient(std::string_view name);
+  std::span<const T> gradient(std::string_view name) const;
+  // GPT-2 initialisation (init_gpt2 in parameter_layout.h): the same values
+  // for a tensor whatever range holds it.
+  void init_gpt2(std::uint64_t seed);
+  // Copies every tensor of this stage from `source` by name (e.g. from a whole
+  // model); source must hold them all with the same shapes.
+  void copy_parameters_from(const BasicStage& source);
+
+  // --- One micro-batch ---
+  // Returns the output activation [B, T, C] for the next stage, or an empty
+  // tensor on the stage holding the head (the loss is in state.loss()).
+  BasicTensor<T> forward(State& state, Input input);
+  // I on a stage without the head: takes ∂L/∂output [B, T, C], returns
+  // ∂L/∂input [B, T, C] (empty on the stage holding the embedding).
+  BasicTensor<T> backward_input(State& state, BasicTensor<T> grad_output);
+  // I on the stage holding the head: the gradient of loss_scale · loss.
+  BasicTensor<T> backward_input_from_loss(State& state, double loss_scale);
+  // W: adds this micro-batch's weight gradients and empties the state.
+  void backward_weight(State& state);
+  // B = I then W.
+  BasicTensor<T> backward(State& state, BasicTensor<T> grad_output);
+  BasicTensor<T> backward_from_loss(State& state, double loss_scale);
+
+  // Inference on a stage holding the whole model: logits [B, T, V].
+  BasicTensor<T> logits(const IntTensor& tokens);
+
+  // --- Between the last micro-batch and the optimizer step ---
+  void zero_gradients();
+  // Σ g² over this stage's gradients, in double, counting each model
+  // parameter once across a pipeline: a head stage's copy of the tied wte is
+  // left out (the embedding stage counts it). Sum over stages, then √.
+  double gradient_square_sum() const;
+  void scale_gradients(double factor);
+  // Whether this stage holds wte.weight, and whether its gradient must be
+  // summed with another stage's copy (embedding and head on different stages).
+  bool holds_tied_embedding() const { return has_embedding() || has_head(); }
+  bool needs_tied_reduction() const { return has_embedding() != has_head(); }
+  std::span<T> tied_gradient() { return gradient("wte.weight"); }
+  void add_tied_gradient(std::span<const T> other);
+
+  // --- Memory ---
+  MemoryAccount& activation_memory() { return activation_memory_; }
+  MemoryAccount& weight_memory() { return weight_memory_; }
+  BufferPool& buffer_pool() { return pool_; }
+  Allocator allocator() { return {&pool_, &activation_memory_}; }
+
+ private:
+  struct Flow {
+    IntTensor tokens;
+    BasicTensor<T> x;
+  };
+  enum class Kind { kEmbedding, kBlock, kHead };
+
+  std::string where() const;
+  Kind kind(int local) const;
+  int block_index(int local) const;
+  LayerShape check_input(const Input& input, bool with_targets) const;
+  void check_tokens(const IntTensor& tokens, const char* what, const LayerShape& shape) const;
+  void require_phase(const State& state, typename State::Phase phase, const char* pass) const;
+  bool checkpointing() const { return options_.checkpoint_interval > 0; }
+
+  Flow forward_layer(State& state, int local, Flow flow);
+  void checkpoint_layer(State& state, int local);
+  void recompute_segment(State& state, int segment);
+  BasicTensor<T> input_pass(State& state, BasicTensor<T> grad, double loss_scale);
+
+  GptConfig config_;
+  LayerRange range_;
+  StageOptions options_;
+  ParameterLayout layout_;
+  MemoryAccount weight_memory_;
+  MemoryAccount activation_memory_;
+  BufferPool pool_;
+  BasicTensor<T> values_;
+  BasicTensor<T> grads_;
+  std::optional<EmbeddingLayer<T>> embedding_;
+  std::vector<TransformerBlock<T>> blocks_;
+  std::optional<LmHead<T>> head_;
+};
+
+using Stage = BasicStage<float>;
+using MicrobatchState = BasicMicrobatchState<float>;
+using StageInput = BasicStageInput<float>;
+
+extern template class BasicStage<float>;
+extern template class BasicStage<double>;
+
+}  // namespace pipeflow::nn

@@ -1,0 +1,385 @@
+#include "pipeflow/nn/stage.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow::nn {
+namespace {
+
+template <class P, class Buffer>
+BlockParams<P> block_params(const ParameterLayout& layout, int block, Buffer* base) {
+  const std::string p = fmt::format("h.{}.", block);
+  auto at = [&](const char* name) { return base + layout.at(p + name).offset; };
+  return {at("ln_1.weight"),     at("ln_1.bias"),       at("attn.c_attn.weight"), at("attn.c_attn.bias"),
+          at("attn.c_proj.weight"), at("attn.c_proj.bias"), at("ln_2.weight"),        at("ln_2.bias"),
+          at("mlp.c_fc.weight"), at("mlp.c_fc.bias"),   at("mlp.c_proj.weight"),  at("mlp.c_proj.bias")};
+}
+
+std::string shape_text(const Shape& shape) { return shape.to_string(); }
+
+}  // namespace
+
+template <class T>
+BasicStage<T>::BasicStage(const GptConfig& config, LayerRange layers, StageOptions options)
+    : config_(config),
+      range_(layers),
+      options_(std::move(options)),
+      layout_(config, layers),
+      weight_memory_(options_.name + " weights"),
+      activation_memory_(options_.name + " activations"),
+      values_({layout_.total()}, {nullptr, &weight_memory_}),
+      grads_({layout_.total()}, {nullptr, &weight_memory_}) {
+  if (options_.checkpoint_interval < 0) {
+    fail("{}: activation_checkpoint_interval = {}: must be 0 (off) or a number of layers", where(),
+         options_.checkpoint_interval);
+  }
+  const T* v = values_.data();
+  T* g = grads_.data();
+  auto offset = [&](const char* name) { return layout_.at(name).offset; };
+  if (has_embedding()) {
+    embedding_.emplace(EmbeddingParams<const T*>{v + offset("wte.weight"), v + offset("wpe.weight")},
+                       EmbeddingParams<T*>{g + offset("wte.weight"), g + offset("wpe.weight")});
+  }
+  for (int layer = std::max(range_.first, 1); layer < std::min(range_.last, config_.n_layer + 1); ++layer) {
+    blocks_.emplace_back(block_params<const T*>(layout_, layer - 1, v), block_params<T*>(layout_, layer - 1, g));
+  }
+  if (has_head()) {
+    head_.emplace(HeadParams<const T*>{v + offset("ln_f.weight"), v + offset("ln_f.bias"), v + offset("wte.weight")},
+                  HeadParams<T*>{g + offset("ln_f.weight"), g + offset("ln_f.bias"), g + offset("wte.weight")});
+  }
+}
+
+template <class T>
+std::string BasicStage<T>::where() const {
+  return fmt::format("{} ({}..{})", options_.name, pipeline_layer_name(config_, range_.first),
+                     pipeline_layer_name(config_, range_.last - 1));
+}
+
+// --- Parameters ---
+
+template <class T>
+std::span<T> BasicStage<T>::parameter(std::string_view name) {
+  const ParameterInfo& info = layout_.at(name);
+  return values_.span().subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+}
+
+template <class T>
+std::span<const T> BasicStage<T>::parameter(std::string_view name) const {
+  const ParameterInfo& info = layout_.at(name);
+  return values_.span().subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+}
+
+template <class T>
+std::span<T> BasicStage<T>::gradient(std::string_view name) {
+  const ParameterInfo& info = layout_.at(name);
+  return grads_.span().subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+}
+
+template <class T>
+std::span<const T> BasicStage<T>::gradient(std::string_view name) const {
+  const ParameterInfo& info = layout_.at(name);
+  return grads_.span().subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+}
+
+template <class T>
+void BasicStage<T>::init_gpt2(std::uint64_t seed) {
+  nn::init_gpt2(layout_, config_.n_layer, seed, values_.span());
+}
+
+template <class T>
+void BasicStage<T>::copy_parameters_from(const BasicStage& source) {
+  if (!(source.config_ == config_)) fail("{}: cannot copy parameters from a model of another shape", where());
+  for (const ParameterInfo& info : layout_.entries()) {
+    const auto from = source.parameter(info.name);
+    std::copy(from.begin(), from.end(), parameter(info.name).begin());
+  }
+}
+
+// --- Checks ---
+
+template <class T>
+void BasicStage<T>::check_tokens(const IntTensor& tokens, const char* what, const LayerShape& shape) const {
+  if (tokens.empty() || tokens.shape().rank() != 2) {
+    fail("{}: needs {} as an int32 tensor [B, T], got {}", where(), what, shape_text(tokens.shape()));
+  }
+  if (tokens.dim(0) != shape.b || tokens.dim(1) != shape.t) {
+    fail("{}: {} have shape {}, expected [{}, {}]", where(), what, shape_text(tokens.shape()), shape.b, shape.t);
+  }
+  for (std::int64_t i = 0; i < tokens.numel(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size) {
+      fail("{}: {} [{}, {}] = {} is outside the vocabulary [0, {})", where(), what, i / shape.t, i % shape.t,
+           tokens[i], config_.vocab_size);
+    }
+  }
+}
+
+template <class T>
+LayerShape BasicStage<T>::check_input(const Input& input, bool with_targets) const {
+  LayerShape shape{0, 0, config_.n_embd, config_.n_head, config_.vocab_size};
+  if (has_embedding()) {
+    if (!input.activation.empty()) fail("{}: holds the embedding and takes tokens, not an activation", where());
+    if (input.tokens.shape().rank() != 2) {
+      fail("{}: needs tokens as an int32 tensor [B, T], got {}", where(), shape_text(input.tokens.shape()));
+    }
+    shape.b = static_cast<int>(input.tokens.dim(0));
+    shape.t = static_cast<int>(input.tokens.dim(1));
+    check_tokens(input.tokens, "tokens", shape);
+  } else {
+    const Shape& s = input.activation.shape();
+    if (!input.tokens.empty()) fail("{}: takes the previous stage's activation, not tokens", where());
+    if (input.activation.empty() || s.rank() != 3 || s[2] != config_.n_embd) {
+      fail("{}: needs an activation [B, T, {}] from the previous stage, got {}", where(), config_.n_embd,
+           shape_text(s));
+    }
+    shape.b = static_cast<int>(s[0]);
+    shape.t = static_cast<int>(s[1]);
+  }
+  if (shape.t > config_.context) {
+    fail("{}: sequence length {} exceeds the model's context of {}", where(), shape.t, config_.context);
+  }
+  if (has_head() && with_targets) {
+    check_tokens(input.targets, "targets", shape);
+  } else if (!input.targets.empty()) {
+    fail("{}: does not hold the head and takes no targets", where());
+  }
+  return shape;
+}
+
+template <class T>
+void BasicStage<T>::require_phase(const State& state, typename State::Phase phase, const char* pass) const {
+  if (state.phase_ == phase) return;
+  static constexpr const char* kNeeds[] = {"a fresh (or fully backpropagated) state", "a completed forward",
+                                           "a completed backward_input"};
+  fail("{}: {} needs {} for this micro-batch", where(), pass, kNeeds[static_cast<int>(phase)]);
+}
+
+// --- Layers, local index 0 … size − 1 ---
+
+template <class T>
+typename BasicStage<T>::Kind BasicStage<T>::kind(int local) const {
+  const int layer = range_.first + local;
+  if (layer == 0) return Kind::kEmbedding;
+  if (layer == config_.n_layer + 1) return Kind::kHead;
+  return Kind::kBlock;
+}
+
+template <class T>
+int BasicStage<T>::block_index(int local) const {
+  return range_.first + local - std::max(range_.first, 1);
+}
+
+template <class T>
+typename BasicStage<T>::Flow BasicStage<T>::forward_layer(State& state, int local, Flow flow) {
+  switch (kind(local)) {
+    case Kind::kEmbedding:
+      return {{}, embedding_->forward(state.embedding_, std::move(flow.tokens), state.shape_, allocator())};
+    case Kind::kBlock: {
+      const int i = block_index(local);
+      return {{}, blocks_[static_cast<std::size_t>(i)].forward(state.blocks_[static_cast<std::size_t>(i)],
+                                                               std::move(flow.x), state.shape_, allocator())};
+    }
+    case Kind::kHead:
+      state.loss_ = head_->forward(state.head_, std::move(flow.x), state.targets_, state.shape_, allocator());
+      return {};
+  }
+  return {};
+}
+
+// Keeps the layer's input if it starts a segment of checkpoint_interval
+// layers, and drops everything else the layer saved.
+template <class T>
+void BasicStage<T>::checkpoint_layer(State& state, int local) {
+  const bool starts_segment = local % options_.checkpoint_interval == 0;
+  switch (kind(local)) {
+    case Kind::kEmbedding:
+      if (starts_segment) state.checkpoints_.push_back({std::move(state.embedding_.tokens), {}});
+      state.embedding_ = {};
+      break;
+    case Kind::kBlock: {
+      auto& saved = state.blocks_[static_cast<std::size_t>(block_index(local))];
+      if (starts_segment) state.checkpoints_.push_back({{}, std::move(saved.x)});
+      saved = {};
+      break;
+    }
+    case Kind::kHead:
+      if (starts_segment) state.checkpoints_.push_back({{}, std::move(state.head_.x)});
+      state.head_ = {};
+      break;
+  }
+}
+
+template <class T>
+void BasicStage<T>::recompute_segment(State& state, int segment) {
+  auto& checkpoint = state.checkpoints_[static_cast<std::size_t>(segment)];
+  Flow flow{std::move(checkpoint.tokens), std::move(checkpoint.x)};
+  const int first = segment * options_.checkpoint_interval;
+  const int last = std::min(first + options_.checkpoint_interval, range_.size());
+  for (int local = first; local < last; ++local) flow = forward_layer(state, local, std::move(flow));
+}
+
+// --- Passes ---
+
+template <class T>
+BasicTensor<T> BasicStage<T>::forward(State& state, Input input) {
+  require_phase(state, State::Phase::kEmpty, "forward");
+  state.shape_ = check_input(input, true);
+  input.tokens.charge_to(&activation_memory_);
+  input.activation.charge_to(&activation_memory_);
+  input.targets.charge_to(&activation_memory_);
+  state.targets_ = std::move(input.targets);
+  state.blocks_.resize(blocks_.size());
+  Flow flow{std::move(input.tokens), std::move(input.activation)};
+  for (int local = 0; local < range_.size(); ++local) {
+    flow = forward_layer(state, local, std::move(flow));
+    if (checkpointing()) checkpoint_layer(state, local);
+  }
+  state.phase_ = State::Phase::kForward;
+  return std::move(flow.x);
+}
+
+template <class T>
+BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, double loss_scale) {
+  for (int local = range_.size() - 1; local >= 0; --local) {
+    const int k = options_.checkpoint_interval;
+    if (checkpointing() && (local % k == k - 1 || local == range_.size() - 1)) recompute_segment(state, local / k);
+    switch (kind(local)) {
+      case Kind::kHead:
+        grad = head_->backward_input(state.head_, state.targets_, loss_scale, state.shape_, allocator());
+        break;
+      case Kind::kBlock: {
+        const auto i = static_cast<std::size_t>(block_index(local));
+        grad = blocks_[i].backward_input(state.blocks_[i], std::move(grad), state.shape_, allocator());
+        break;
+      }
+      case Kind::kEmbedding:
+        embedding_->backward_input(state.embedding_, std::move(grad));
+        break;
+    }
+  }
+  state.checkpoints_.clear();
+  state.targets_.reset();  // W does not need them
+  state.phase_ = State::Phase::kInputGrad;
+  return grad;
+}
+
+template <class T>
+BasicTensor<T> BasicStage<T>::backward_input(State& state, BasicTensor<T> grad_output) {
+  require_phase(state, State::Phase::kForward, "backward_input");
+  if (has_head()) fail("{}: holds the head: its backward starts at the loss (backward_input_from_loss)", where());
+  const LayerShape& s = state.shape_;
+  if (!(grad_output.shape() == Shape{s.b, s.t, s.c})) {
+    fail("{}: gradient of the output has shape {}, expected [{}, {}, {}]", where(), shape_text(grad_output.shape()),
+         s.b, s.t, s.c);
+  }
+  grad_output.charge_to(&activation_memory_);
+  return input_pass(state, std::move(grad_output), 1.0);
+}
+
+template <class T>
+BasicTensor<T> BasicStage<T>::backward_input_from_loss(State& state, double loss_scale) {
+  require_phase(state, State::Phase::kForward, "backward_input_from_loss");
+  if (!has_head()) fail("{}: does not hold the head: its backward takes the next stage's gradient", where());
+  return input_pass(state, {}, loss_scale);
+}
+
+template <class T>
+void BasicStage<T>::backward_weight(State& state) {
+  require_phase(state, State::Phase::kInputGrad, "backward_weight");
+  for (int local = range_.size() - 1; local >= 0; --local) {
+    switch (kind(local)) {
+      case Kind::kHead:
+        head_->backward_weight(state.head_, state.shape_);
+        break;
+      case Kind::kBlock: {
+        const auto i = static_cast<std::size_t>(block_index(local));
+        blocks_[i].backward_weight(state.blocks_[i], state.shape_);
+        break;
+      }
+      case Kind::kEmbedding:
+        embedding_->backward_weight(state.embedding_, state.shape_);
+        break;
+    }
+  }
+  const double loss = state.loss_;
+  state = State();
+  state.loss_ = loss;
+}
+
+template <class T>
+BasicTensor<T> BasicStage<T>::backward(State& state, BasicTensor<T> grad_output) {
+  auto grad_input = backward_input(state, std::move(grad_output));
+  backward_weight(state);
+  return grad_input;
+}
+
+template <class T>
+BasicTensor<T> BasicStage<T>::backward_from_loss(State& state, double loss_scale) {
+  auto grad_input = backward_input_from_loss(state, loss_scale);
+  backward_weight(state);
+  return grad_input;
+}
+
+template <class T>
+BasicTensor<T> BasicStage<T>::logits(const IntTensor& tokens) {
+  if (!has_embedding() || !has_head()) fail("{}: logits need a stage holding the whole model", where());
+  State state;
+  Input input;
+  input.tokens = tokens.clone();
+  state.shape_ = check_input(input, false);
+  state.blocks_.resize(blocks_.size());
+  Flow flow{std::move(input.tokens), {}};
+  for (int local = 0; local + 1 < range_.size(); ++local) {
+    flow = forward_layer(state, local, std::move(flow));
+    state.embedding_ = {};  // inference keeps nothing
+    for (auto& saved : state.blocks_) saved = {};
+  }
+  return head_->logits(flow.x, state.shape_, allocator());
+}
+
+// --- Gradients ---
+
+template <class T>
+void BasicStage<T>::zero_gradients() {
+  std::memset(grads_.data(), 0, static_cast<std::size_t>(grads_.bytes()));
+}
+
+template <class T>
+double BasicStage<T>::gradient_square_sum() const {
+  double total = 0;
+  for (const ParameterInfo& info : layout_.entries()) {
+    if (info.name == "wte.weight" && !has_embedding()) continue;
+    const T* g = grads_.data() + info.offset;
+    double partial[16] = {};
+    std::int64_t i = 0;
+    for (; i + 16 <= info.numel(); i += 16) {
+      for (int lane = 0; lane < 16; ++lane) partial[lane] += static_cast<double>(g[i + lane]) * g[i + lane];
+    }
+    for (; i < info.numel(); ++i) partial[0] += static_cast<double>(g[i]) * g[i];
+    for (const double p : partial) total += p;
+  }
+  return total;
+}
+
+template <class T>
+void BasicStage<T>::scale_gradients(double factor) {
+  const T f = static_cast<T>(factor);
+  for (T& g : grads_.span()) g *= f;
+}
+
+template <class T>
+void BasicStage<T>::add_tied_gradient(std::span<const T> other) {
+  auto mine = tied_gradient();
+  if (other.size() != mine.size()) {
+    fail("{}: tied wte gradient has {} elements, expected {}", where(), other.size(), mine.size());
+  }
+  for (std::size_t i = 0; i < mine.size(); ++i) mine[i] += other[i];
+}
+
+template class BasicStage<float>;
+template class BasicStage<double>;
+
+}  // namespace pipeflow::nn
