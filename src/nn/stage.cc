@@ -21,6 +21,11 @@ BlockParams<P> block_params(const ParameterLayout& layout, int block, Buffer* ba
 
 std::string shape_text(const Shape& shape) { return shape.to_string(); }
 
+template <class Span>
+Span slice(Span buffer, const ParameterInfo& info) {
+  return buffer.subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+}
+
 }  // namespace
 
 template <class T>
@@ -63,26 +68,22 @@ std::string BasicStage<T>::where() const {
 
 template <class T>
 std::span<T> BasicStage<T>::parameter(std::string_view name) {
-  const ParameterInfo& info = layout_.at(name);
-  return values_.span().subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+  return slice(values_.span(), layout_.at(name));
 }
 
 template <class T>
 std::span<const T> BasicStage<T>::parameter(std::string_view name) const {
-  const ParameterInfo& info = layout_.at(name);
-  return values_.span().subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+  return slice(values_.span(), layout_.at(name));
 }
 
 template <class T>
 std::span<T> BasicStage<T>::gradient(std::string_view name) {
-  const ParameterInfo& info = layout_.at(name);
-  return grads_.span().subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+  return slice(grads_.span(), layout_.at(name));
 }
 
 template <class T>
 std::span<const T> BasicStage<T>::gradient(std::string_view name) const {
-  const ParameterInfo& info = layout_.at(name);
-  return grads_.span().subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+  return slice(grads_.span(), layout_.at(name));
 }
 
 template <class T>
