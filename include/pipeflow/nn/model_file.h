@@ -1,0 +1,33 @@
+#pragma once
+
+#include <filesystem>
+
+#include "pipeflow/nn/gpt_config.h"
+#include "pipeflow/nn/safetensors.h"
+#include "pipeflow/nn/stage.h"
+
+namespace pipeflow::nn {
+
+// GPT-2 weights in safetensors with Hugging Face GPT-2 names (wte.weight,
+// h.{i}.attn.c_attn.weight in Conv1D layout [in, out], ...; see
+// parameter_layout.h), and the model's shape in __metadata__ as n_layer,
+// n_head, n_embd, n_ctx and vocab_size, so that weights move between pipeflow
+// and other implementations by name.
+
+void write_config(SafetensorsWriter& writer, const GptConfig& config);
+// Error naming the file and the missing or malformed key.
+GptConfig read_config(const SafetensorsFile& file);
+
+// Adds every parameter (or gradient) tensor of the stage under its name.
+void add_parameters(SafetensorsWriter& writer, const Stage& stage);
+void add_gradients(SafetensorsWriter& writer, const Stage& stage);
+
+// Fills every parameter of the stage from the tensor of the same name (shape
+// checked). Tensors the stage does not hold are ignored (other stages' layers,
+// HF's attention-mask buffers); a missing one is an Error naming it.
+void load_parameters(Stage& stage, const SafetensorsFile& file);
+
+// A whole-model weights file: config in the metadata plus every parameter.
+void write_weights(const std::filesystem::path& path, const Stage& stage);
+
+}  // namespace pipeflow::nn

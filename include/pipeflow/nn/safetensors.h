@@ -1,0 +1,98 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pipeflow/tensor/tensor.h"
+
+namespace pipeflow::nn {
+
+// The safetensors format (Hugging Face): an 8-byte little-endian header
+// length N, N bytes of JSON
+//   {"<name>": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]},
+//    "__metadata__": {"<key>": "<string>", ...}}
+// (padded with spaces to a multiple of 8 bytes), then the tensors' raw
+// little-endian bytes, offsets relative to the start of that data section.
+// pipeflow reads and writes F32 and I32 tensors of rank <= 4.
+enum class Dtype { kF32, kI32 };
+
+struct SafetensorsEntry {
+  Dtype dtype = Dtype::kF32;
+  Shape shape;
+  std::size_t begin = 0;  // byte offsets in the data section
+  std::size_t end = 0;
+};
+
+// A whole safetensors file in memory, validated on parse: every error names
+// the file and what is wrong (truncated, header not JSON, a tensor whose
+// bytes do not match its shape, gaps or overlaps between tensors, ...).
+//
+// Thread safety: immutable after construction; const methods may run concurrently.
+class SafetensorsFile {
+ public:
+  static SafetensorsFile read(const std::filesystem::path& path);
+  // `source` names the bytes in errors (a path).
+  static SafetensorsFile parse(std::string bytes, std::string source);
+
+  const std::string& source() const { return source_; }
+  const std::map<std::string, std::string, std::less<>>& metadata() const { return metadata_; }
+  // A metadata value; Error naming the file and the key when absent.
+  const std::string& metadata(std::string_view key) const;
+  bool contains(std::string_view name) const { return entries_.find(name) != entries_.end(); }
+  // Tensor names in data order.
+  std::vector<std::string> names() const;
+  const SafetensorsEntry& entry(std::string_view name) const;
+
+  // A copy of an F32 / I32 tensor (Error if absent or of another dtype).
+  Tensor floats(std::string_view name, Allocator allocator = {}) const;
+  IntTensor ints(std::string_view name, Allocator allocator = {}) const;
+  // Copies an F32 tensor that must have exactly `shape` into `out`.
+  void read_floats(std::string_view name, const Shape& shape, std::span<float> out) const;
+
+ private:
+  SafetensorsFile() = default;
+  void parse_header(std::size_t header_length);
+  const SafetensorsEntry& typed_entry(std::string_view name, Dtype dtype) const;
+  const std::byte* data(const SafetensorsEntry& entry) const;
+
+  std::string source_;
+  std::string bytes_;
+  std::size_t data_start_ = 0;
+  std::map<std::string, SafetensorsEntry, std::less<>> entries_;
+  std::map<std::string, std::string, std::less<>> metadata_;
+};
+
+// Collects tensors (copied) and metadata, then writes one safetensors file
+// atomically (core/file.h): readers never see half a file. Tensors are laid
+// out in the order added.
+class SafetensorsWriter {
+ public:
+  void add(std::string name, std::span<const float> values, const Shape& shape);
+  void add(std::string name, std::span<const std::int32_t> values, const Shape& shape);
+  void set_metadata(std::string key, std::string value);
+
+  std::string serialize() const;
+  void write(const std::filesystem::path& path) const;
+
+ private:
+  struct Pending {
+    std::string name;
+    Dtype dtype;
+    Shape shape;
+    std::size_t begin;
+    std::size_t end;
+  };
+  void add_bytes(std::string name, Dtype dtype, const Shape& shape, const void* data, std::size_t bytes);
+
+  std::vector<Pending> tensors_;
+  std::string data_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace pipeflow::nn

@@ -1,0 +1,66 @@
+#include "pipeflow/nn/model_file.h"
+
+#include <charconv>
+#include <string>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow::nn {
+namespace {
+
+int metadata_int(const SafetensorsFile& file, const char* key) {
+  const std::string& text = file.metadata(key);
+  int value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) {
+    fail("{}: __metadata__ {} = \"{}\" is not an integer", file.source(), key, text);
+  }
+  return value;
+}
+
+}  // namespace
+
+void write_config(SafetensorsWriter& writer, const GptConfig& config) {
+  writer.set_metadata("n_layer", std::to_string(config.n_layer));
+  writer.set_metadata("n_head", std::to_string(config.n_head));
+  writer.set_metadata("n_embd", std::to_string(config.n_embd));
+  writer.set_metadata("n_ctx", std::to_string(config.context));
+  writer.set_metadata("vocab_size", std::to_string(config.vocab_size));
+}
+
+GptConfig read_config(const SafetensorsFile& file) {
+  GptConfig config{.vocab_size = metadata_int(file, "vocab_size"),
+                   .context = metadata_int(file, "n_ctx"),
+                   .n_layer = metadata_int(file, "n_layer"),
+                   .n_head = metadata_int(file, "n_head"),
+                   .n_embd = metadata_int(file, "n_embd")};
+  try {
+    config.validate();
+  } catch (const Error& error) {
+    fail("{}: {}", file.source(), error.what());
+  }
+  return config;
+}
+
+void add_parameters(SafetensorsWriter& writer, const Stage& stage) {
+  for (const ParameterInfo& info : stage.layout().entries()) writer.add(info.name, stage.parameter(info.name), info.shape);
+}
+
+void add_gradients(SafetensorsWriter& writer, const Stage& stage) {
+  for (const ParameterInfo& info : stage.layout().entries()) writer.add(info.name, stage.gradient(info.name), info.shape);
+}
+
+void load_parameters(Stage& stage, const SafetensorsFile& file) {
+  for (const ParameterInfo& info : stage.layout().entries()) {
+    file.read_floats(info.name, info.shape, stage.parameter(info.name));
+  }
+}
+
+void write_weights(const std::filesystem::path& path, const Stage& stage) {
+  SafetensorsWriter writer;
+  write_config(writer, stage.config());
+  add_parameters(writer, stage);
+  writer.write(path);
+}
+
+}  // namespace pipeflow::nn

@@ -1,0 +1,226 @@
+#include "pipeflow/nn/safetensors.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+
+namespace pipeflow::nn {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+
+constexpr std::size_t kLengthBytes = 8;
+constexpr std::uint64_t kMaxHeaderBytes = 100 * 1000 * 1000;  // the reference implementation's limit
+
+const char* dtype_name(Dtype dtype) { return dtype == Dtype::kF32 ? "F32" : "I32"; }
+
+std::size_t element_bytes(Dtype) { return 4; }
+
+}  // namespace
+
+SafetensorsFile SafetensorsFile::read(const std::filesystem::path& path) {
+  return parse(read_file(path), path.string());
+}
+
+SafetensorsFile SafetensorsFile::parse(std::string bytes, std::string source) {
+  SafetensorsFile file;
+  file.source_ = std::move(source);
+  file.bytes_ = std::move(bytes);
+  if (file.bytes_.size() < kLengthBytes) {
+    fail("{}: truncated safetensors file: {} bytes, shorter than the 8-byte header length", file.source_,
+         file.bytes_.size());
+  }
+  std::uint64_t header_length = 0;
+  std::memcpy(&header_length, file.bytes_.data(), kLengthBytes);
+  const std::uint64_t available = file.bytes_.size() - kLengthBytes;
+  if (header_length > available || header_length > kMaxHeaderBytes) {
+    fail("{}: header length {} runs past the end of the file ({} bytes): truncated or not a safetensors file",
+         file.source_, header_length, file.bytes_.size());
+  }
+  file.parse_header(static_cast<std::size_t>(header_length));
+  return file;
+}
+
+void SafetensorsFile::parse_header(std::size_t header_length) {
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes_.substr(kLengthBytes, header_length));
+  } catch (const nlohmann::json::parse_error& error) {
+    fail("{}: header is not valid JSON ({}): corrupt or not a safetensors file", source_, error.what());
+  }
+  if (!header.is_object()) fail("{}: header must be a JSON object", source_);
+  data_start_ = kLengthBytes + header_length;
+  const std::size_t data_bytes = bytes_.size() - data_start_;
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      if (!value.is_object()) fail("{}: __metadata__ must be an object of strings", source_);
+      for (const auto& [key, text] : value.items()) {
+        if (!text.is_string()) fail("{}: __metadata__.{} must be a string, got {}", source_, key, text.dump());
+        metadata_[key] = text.get<std::string>();
+      }
+      continue;
+    }
+    auto bad = [&](const std::string& what) { fail("{}: tensor {}: {}", source_, name, what); };
+    if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
+        !value.contains("data_offsets")) {
+      bad("needs dtype, shape and data_offsets");
+    }
+    SafetensorsEntry entry;
+    const std::string dtype = value["dtype"].is_string() ? value["dtype"].get<std::string>() : value["dtype"].dump();
+    if (dtype == "F32") {
+      entry.dtype = Dtype::kF32;
+    } else if (dtype == "I32") {
+      entry.dtype = Dtype::kI32;
+    } else {
+      bad(fmt::format("dtype {} is not supported (pipeflow reads F32 and I32)", dtype));
+    }
+    const auto& shape = value["shape"];
+    if (!shape.is_array() || shape.size() > static_cast<std::size_t>(Shape::kMaxRank)) {
+      bad(fmt::format("shape {} must be a list of at most {} dimensions", shape.dump(), Shape::kMaxRank));
+    }
+    std::int64_t dims[Shape::kMaxRank] = {};
+    for (std::size_t i = 0; i < shape.size(); ++i) {
+      if (!shape[i].is_number_unsigned()) bad(fmt::format("shape {} has a non-integer dimension", shape.dump()));
+      dims[i] = shape[i].get<std::int64_t>();
+    }
+    switch (shape.size()) {
+      case 0: entry.shape = Shape{}; break;
+      case 1: entry.shape = Shape{dims[0]}; break;
+      case 2: entry.shape = Shape{dims[0], dims[1]}; break;
+      case 3: entry.shape = Shape{dims[0], dims[1], dims[2]}; break;
+      default: entry.shape = Shape{dims[0], dims[1], dims[2], dims[3]}; break;
+    }
+    const auto& offsets = value["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned() || offsets[0].get<std::uint64_t>() > offsets[1].get<std::uint64_t>()) {
+      bad(fmt::format("data_offsets {} must be [begin, end] with begin <= end", offsets.dump()));
+    }
+    entry.begin = offsets[0].get<std::size_t>();
+    entry.end = offsets[1].get<std::size_t>();
+    const std::size_t needed = static_cast<std::size_t>(entry.shape.numel()) * element_bytes(entry.dtype);
+    if (entry.end - entry.begin != needed) {
+      bad(fmt::format("{} {} needs {} bytes but data_offsets [{}, {}] span {}", dtype, entry.shape.to_string(),
+                      needed, entry.begin, entry.end, entry.end - entry.begin));
+    }
+    if (entry.end > data_bytes) {
+      bad(fmt::format("ends at data byte {} but the file holds only {} data bytes: the file is truncated",
+                      entry.end, data_bytes));
+    }
+    entries_.emplace(name, entry);
+  }
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& [name, entry] : entries_) by_offset.push_back(&entry);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  std::size_t expected = 0;
+  for (const SafetensorsEntry* entry : by_offset) {
+    if (entry->begin != expected) {
+      fail("{}: tensor data is not contiguous (a gap or overlap at data byte {}): corrupt file", source_, expected);
+    }
+    expected = entry->end;
+  }
+  if (expected != data_bytes) {
+    fail("{}: {} bytes after the last tensor: corrupt file or a wrong header", source_, data_bytes - expected);
+  }
+}
+
+const std::string& SafetensorsFile::metadata(std::string_view key) const {
+  const auto found = metadata_.find(key);
+  if (found == metadata_.end()) fail("{}: no {} in the __metadata__ of the file", source_, key);
+  return found->second;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, entry] : entries_) names.push_back(name);
+  std::sort(names.begin(), names.end(),
+            [&](const auto& a, const auto& b) { return entries_.find(a)->second.begin < entries_.find(b)->second.begin; });
+  return names;
+}
+
+const SafetensorsEntry& SafetensorsFile::entry(std::string_view name) const {
+  const auto found = entries_.find(name);
+  if (found == entries_.end()) fail("{}: no tensor {} in the file ({} tensors)", source_, name, entries_.size());
+  return found->second;
+}
+
+const SafetensorsEntry& SafetensorsFile::typed_entry(std::string_view name, Dtype dtype) const {
+  const SafetensorsEntry& found = entry(name);
+  if (found.dtype != dtype) {
+    fail("{}: tensor {} is {}, expected {}", source_, name, dtype_name(found.dtype), dtype_name(dtype));
+  }
+  return found;
+}
+
+const std::byte* SafetensorsFile::data(const SafetensorsEntry& entry) const {
+  return reinterpret_cast<const std::byte*>(bytes_.data()) + data_start_ + entry.begin;
+}
+
+Tensor SafetensorsFile::floats(std::string_view name, Allocator allocator) const {
+  const SafetensorsEntry& found = typed_entry(name, Dtype::kF32);
+  auto tensor = Tensor::uninitialized(found.shape, allocator);
+  if (!tensor.empty()) std::memcpy(tensor.data(), data(found), found.end - found.begin);
+  return tensor;
+}
+
+IntTensor SafetensorsFile::ints(std::string_view name, Allocator allocator) const {
+  const SafetensorsEntry& found = typed_entry(name, Dtype::kI32);
+  auto tensor = IntTensor::uninitialized(found.shape, allocator);
+  if (!tensor.empty()) std::memcpy(tensor.data(), data(found), found.end - found.begin);
+  return tensor;
+}
+
+void SafetensorsFile::read_floats(std::string_view name, const Shape& shape, std::span<float> out) const {
+  const SafetensorsEntry& found = typed_entry(name, Dtype::kF32);
+  if (!(found.shape == shape)) {
+    fail("{}: tensor {} has shape {}, expected {}", source_, name, found.shape.to_string(), shape.to_string());
+  }
+  std::memcpy(out.data(), data(found), found.end - found.begin);
+}
+
+void SafetensorsWriter::add_bytes(std::string name, Dtype dtype, const Shape& shape, const void* data,
+                                  std::size_t bytes) {
+  if (static_cast<std::size_t>(shape.numel()) * element_bytes(dtype) != bytes) {
+    fail("internal: tensor {} of shape {} given {} bytes", name, shape.to_string(), bytes);
+  }
+  const std::size_t begin = data_.size();
+  data_.append(static_cast<const char*>(data), bytes);
+  tensors_.push_back({std::move(name), dtype, shape, begin, data_.size()});
+}
+
+void SafetensorsWriter::add(std::string name, std::span<const float> values, const Shape& shape) {
+  add_bytes(std::move(name), Dtype::kF32, shape, values.data(), values.size_bytes());
+}
+
+void SafetensorsWriter::add(std::string name, std::span<const std::int32_t> values, const Shape& shape) {
+  add_bytes(std::move(name), Dtype::kI32, shape, values.data(), values.size_bytes());
+}
+
+void SafetensorsWriter::set_metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
+
+std::string SafetensorsWriter::serialize() const {
+  nlohmann::json header = nlohmann::json::object();
+  for (const Pending& tensor : tensors_) {
+    nlohmann::json dims = nlohmann::json::array();
+    for (int axis = 0; axis < tensor.shape.rank(); ++axis) dims.push_back(tensor.shape[axis]);
+    header[tensor.name] = {{"dtype", dtype_name(tensor.dtype)}, {"shape", dims},
+                           {"data_offsets", {tensor.begin, tensor.end}}};
+  }
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const std::uint64_t length = text.size();
+  std::string out(reinterpret_cast<const char*>(&length), kLengthBytes);
+  out += text;
+  out += data_;
+  return out;
+}
+
+void SafetensorsWriter::write(const std::filesystem::path& path) const { write_file_atomic(path, serialize()); }
+
+}  // namespace pipeflow::nn

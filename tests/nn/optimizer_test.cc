@@ -1,0 +1,143 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/nn/adamw.h"
+#include "pipeflow/nn/gradient_clipping.h"
+#include "pipeflow/nn/lr_schedule.h"
+#include "pipeflow/nn/model_file.h"
+#include "test_batches.h"
+
+namespace pipeflow::nn {
+namespace {
+
+const GptConfig kConfig{.vocab_size = 32, .context = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+void train_step(Stage& stage, AdamW& optimizer, std::uint64_t seed) {
+  stage.zero_gradients();
+  MicrobatchState state;
+  stage.forward(state, {.tokens = testing::random_tokens(2, 8, 32, seed), .targets = testing::random_tokens(2, 8, 32, seed + 1)});
+  stage.backward_from_loss(state, 1.0);
+  optimizer.step(optimizer.options().lr);
+}
+
+TEST(AdamW, DecaysTwoDimensionalWeightsOnlyAndStepsBySignAtFirst) {
+  Stage stage(kConfig, all_layers(kConfig));
+  stage.init_gpt2(1);
+  const AdamWOptions options{.lr = 0.01, .weight_decay = 0.1};
+  AdamW optimizer(stage, options);
+  const float weight = stage.parameter("h.0.mlp.c_fc.weight")[3];
+  stage.gradient("h.0.ln_1.bias")[2] = 0.5f;
+  optimizer.step(options.lr);
+  // Zero gradient: only the decoupled decay moves a weight, exactly ×(1 − lr·wd).
+  EXPECT_EQ(stage.parameter("h.0.mlp.c_fc.weight")[3], weight * static_cast<float>(1 - 0.01 * 0.1));
+  // A bias does not decay; its first step is lr · g/(|g| + ε) after bias correction.
+  EXPECT_NEAR(stage.parameter("h.0.ln_1.bias")[2], -0.01, 1e-9);
+  EXPECT_EQ(stage.parameter("h.0.ln_1.bias")[3], 0.0f);
+  EXPECT_EQ(stage.parameter("h.0.ln_1.weight")[3], 1.0f);
+  EXPECT_EQ(optimizer.steps(), 1);
+}
+
+TEST(AdamW, TrainingResumedFromSavedStateIsBitIdentical) {
+  Stage straight(kConfig, all_layers(kConfig));
+  straight.init_gpt2(5);
+  AdamW straight_optimizer(straight, {.lr = 3e-3});
+  for (int step = 0; step < 2; ++step) train_step(straight, straight_optimizer, 10 + step);
+  SafetensorsWriter writer;
+  add_parameters(writer, straight);
+  straight_optimizer.add_state(writer);
+  const SafetensorsFile saved = SafetensorsFile::parse(writer.serialize(), "checkpoint");
+  EXPECT_EQ(saved.metadata("adamw_step"), "2");
+
+  Stage resumed(kConfig, all_layers(kConfig));
+  load_parameters(resumed, saved);
+  AdamW resumed_optimizer(resumed, {.lr = 3e-3});
+  resumed_optimizer.load_state(saved);
+  train_step(straight, straight_optimizer, 12);
+  train_step(resumed, resumed_optimizer, 12);
+  EXPECT_EQ(std::memcmp(straight.parameters().data(), resumed.parameters().data(), straight.parameters().size_bytes()),
+            0);
+  EXPECT_EQ(resumed_optimizer.steps(), 3);
+}
+
+TEST(AdamW, OptionsComeFromDeepSpeedsOptimizerSection) {
+  const Config config = Config::parse(
+      R"({"optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}}})",
+      "ds.json");
+  const AdamWOptions options = AdamWOptions::from_config(config.object("optimizer"));
+  EXPECT_EQ(options.lr, 6e-4);
+  EXPECT_EQ(options.beta2, 0.95);
+  EXPECT_EQ(options.eps, 1e-8);
+  EXPECT_EQ(options.weight_decay, 0.1);
+  config.check_no_unknown_keys();
+  const Config sgd = Config::parse(R"({"optimizer": {"type": "SGD"}})", "ds.json");
+  EXPECT_EQ(error_of([&] { AdamWOptions::from_config(sgd.object("optimizer")); }),
+            "ds.json: optimizer.type = \"SGD\": pipeflow's optimizer is AdamW (decoupled weight decay): set "
+            "\"type\": \"AdamW\"");
+}
+
+TEST(GradientClipping, ScalesToTheMaximumNormOnlyWhenAbove) {
+  EXPECT_DOUBLE_EQ(clip_coefficient(4.0, 1.0), 1.0 / (4.0 + 1e-6));
+  EXPECT_EQ(clip_coefficient(0.5, 1.0), 1.0);
+  EXPECT_EQ(clip_coefficient(100.0, 0.0), 1.0);
+}
+
+LrSchedule schedule(const std::string& json, double optimizer_lr = 1e-3) {
+  return LrSchedule::from_config(Config::parse(json, "ds.json").object("scheduler"), optimizer_lr);
+}
+
+TEST(LrSchedule, WarmupLRFollowsDeepSpeedsLogAndLinearWarmup) {
+  const auto log = schedule(
+      R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.001, "warmup_num_steps": 100}}})");
+  EXPECT_EQ(log.lr(0), 0.0);
+  EXPECT_NEAR(log.lr(9), 0.0005, 1e-15);  // ln 10 / ln 100 = 1/2
+  EXPECT_EQ(log.lr(100), 0.001);
+  EXPECT_EQ(log.lr(5000), 0.001);
+  const auto linear = schedule(
+      R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.002, "warmup_num_steps": 100, "warmup_type": "linear"}}})");
+  EXPECT_NEAR(linear.lr(25), 0.0005, 1e-15);
+}
+
+TEST(LrSchedule, WarmupDecayLRDecaysLinearlyAfterWarmup) {
+  const auto s = schedule(
+      R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 1000, "warmup_max_lr": 0.001, "warmup_num_steps": 100}}})");
+  EXPECT_EQ(s.lr(100), 0.001);
+  EXPECT_NEAR(s.lr(550), 0.0005, 1e-15);
+  EXPECT_EQ(s.lr(1000), 0.0);
+  EXPECT_EQ(s.lr(1500), 0.0);
+}
+
+TEST(LrSchedule, WarmupCosineLRIsARatioOfTheOptimizersLr) {
+  const auto s = schedule(
+      R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 1100, "warmup_num_steps": 100, "warmup_type": "linear", "warmup_min_ratio": 0.1, "cos_min_ratio": 0.0}}})",
+      6e-4);
+  EXPECT_NEAR(s.lr(0), 6e-5, 1e-18);
+  EXPECT_NEAR(s.lr(50), 6e-4 * (0.1 + 0.9 * 0.5), 1e-18);
+  EXPECT_NEAR(s.lr(599), 3e-4, 1e-15);  // halfway through the cosine: (1 + cos π/2)/2
+  EXPECT_NEAR(s.lr(1099), 0.0, 1e-18);
+  EXPECT_EQ(schedule(R"({"scheduler": {}})", 6e-4).lr(7), 6e-4);
+}
+
+TEST(LrSchedule, UnknownTypesAndMissingStepsAreErrorsNamingTheKey) {
+  EXPECT_EQ(error_of([] { schedule(R"({"scheduler": {"type": "OneCycle"}})"); }),
+            "ds.json: scheduler.type = \"OneCycle\": pipeflow runs DeepSpeed's WarmupLR, WarmupDecayLR and "
+            "WarmupCosineLR");
+  EXPECT_NE(error_of([] { schedule(R"({"scheduler": {"type": "WarmupDecayLR", "params": {}}})"); })
+                .find("scheduler.params.total_num_steps"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace pipeflow::nn

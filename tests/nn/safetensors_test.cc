@@ -1,0 +1,134 @@
+#include "pipeflow/nn/safetensors.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+#include "pipeflow/nn/model_file.h"
+
+namespace pipeflow::nn {
+namespace {
+
+std::string serialized_pair() {
+  SafetensorsWriter writer;
+  const std::vector<float> weights = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -0.5f};
+  const std::vector<std::int32_t> tokens = {72, 105, 33};
+  writer.add("h.0.attn.c_attn.weight", weights, {2, 3});
+  writer.add("tokens", tokens, {1, 3});
+  writer.set_metadata("n_layer", "1");
+  return writer.serialize();
+}
+
+std::string error_of(const std::string& bytes) {
+  try {
+    SafetensorsFile::parse(bytes, "w.safetensors");
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+TEST(Safetensors, HeaderIsALittleEndianLengthThenJsonThenData) {
+  const std::string bytes = serialized_pair();
+  std::uint64_t length = 0;
+  std::memcpy(&length, bytes.data(), 8);
+  EXPECT_EQ(length % 8, 0u);
+  ASSERT_EQ(bytes.size(), 8 + length + 6 * 4 + 3 * 4);
+  const auto header = nlohmann::json::parse(bytes.substr(8, length));
+  EXPECT_EQ(header["h.0.attn.c_attn.weight"]["dtype"], "F32");
+  EXPECT_EQ(header["h.0.attn.c_attn.weight"]["shape"], nlohmann::json::array({2, 3}));
+  EXPECT_EQ(header["h.0.attn.c_attn.weight"]["data_offsets"], nlohmann::json::array({0, 24}));
+  EXPECT_EQ(header["tokens"]["dtype"], "I32");
+  EXPECT_EQ(header["tokens"]["data_offsets"], nlohmann::json::array({24, 36}));
+  EXPECT_EQ(header["__metadata__"]["n_layer"], "1");
+  float first = 0;
+  std::memcpy(&first, bytes.data() + 8 + length, 4);
+  EXPECT_EQ(first, 1.5f);
+}
+
+TEST(Safetensors, RoundTripsTensorsAndMetadataThroughAFile) {
+  const auto path = std::filesystem::temp_directory_path() / "pipeflow-safetensors-roundtrip.safetensors";
+  write_file_atomic(path, serialized_pair());
+  const SafetensorsFile file = SafetensorsFile::read(path);
+  EXPECT_EQ(file.names(), (std::vector<std::string>{"h.0.attn.c_attn.weight", "tokens"}));
+  const Tensor weights = file.floats("h.0.attn.c_attn.weight");
+  EXPECT_EQ(weights.shape(), Shape({2, 3}));
+  EXPECT_EQ(weights[2], 3.25f);
+  EXPECT_EQ(file.ints("tokens")[1], 105);
+  EXPECT_EQ(file.metadata("n_layer"), "1");
+  std::filesystem::remove(path);
+}
+
+TEST(Safetensors, TruncatedAndCorruptFilesAreErrorsNamingTheFileAndTheProblem) {
+  const std::string good = serialized_pair();
+  EXPECT_EQ(error_of(good.substr(0, 5)),
+            "w.safetensors: truncated safetensors file: 5 bytes, shorter than the 8-byte header length");
+  EXPECT_EQ(error_of(good.substr(0, 40)),
+            "w.safetensors: header length 176 runs past the end of the file (40 bytes): truncated or not a "
+            "safetensors file");
+  EXPECT_EQ(error_of(good.substr(0, good.size() - 4)),
+            "w.safetensors: tensor tokens: ends at data byte 36 but the file holds only 32 data bytes: the file "
+            "is truncated");
+  EXPECT_EQ(error_of(good + "xxxx"),
+            "w.safetensors: 4 bytes after the last tensor: corrupt file or a wrong header");
+  std::string corrupt = good;
+  corrupt[8] = '[';
+  EXPECT_NE(error_of(corrupt).find("w.safetensors: header is not valid JSON"), std::string::npos);
+  auto with_header = [](const std::string& json, std::size_t data_bytes) {
+    std::string text = json;
+    const std::uint64_t length = text.size();
+    return std::string(reinterpret_cast<const char*>(&length), 8) + text + std::string(data_bytes, '\0');
+  };
+  EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)),
+            "w.safetensors: tensor a: F32 [3] needs 12 bytes but data_offsets [0, 8] span 8");
+  EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", 4)),
+            "w.safetensors: tensor a: dtype BF16 is not supported (pipeflow reads F32 and I32)");
+  EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)),
+            "w.safetensors: tensor data is not contiguous (a gap or overlap at data byte 0): corrupt file");
+}
+
+TEST(Safetensors, WrongShapeOrDtypeOrMissingTensorNameTheTensor) {
+  const SafetensorsFile file = SafetensorsFile::parse(serialized_pair(), "w.safetensors");
+  std::vector<float> out(6);
+  auto error = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(error([&] { file.read_floats("h.0.attn.c_attn.weight", {3, 2}, out); }),
+            "w.safetensors: tensor h.0.attn.c_attn.weight has shape [2, 3], expected [3, 2]");
+  EXPECT_EQ(error([&] { file.floats("tokens"); }), "w.safetensors: tensor tokens is I32, expected F32");
+  EXPECT_EQ(error([&] { file.floats("wte.weight"); }), "w.safetensors: no tensor wte.weight in the file (2 tensors)");
+  EXPECT_EQ(error([&] { read_config(file); }), "w.safetensors: no vocab_size in the __metadata__ of the file");
+}
+
+TEST(ModelFile, WeightsRoundTripWithTheShapeInTheMetadata) {
+  const GptConfig config{.vocab_size = 256, .context = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
+  Stage model(config, all_layers(config));
+  model.init_gpt2(3);
+  const auto path = std::filesystem::temp_directory_path() / "pipeflow-model-file.safetensors";
+  write_weights(path, model);
+  const SafetensorsFile file = SafetensorsFile::read(path);
+  EXPECT_EQ(read_config(file), config);
+  EXPECT_EQ(file.metadata("n_ctx"), "8");
+  EXPECT_EQ(file.entry("h.1.mlp.c_fc.weight").shape, Shape({16, 64}));  // Conv1D [in, out]
+  Stage tail(config, {2, 4});
+  load_parameters(tail, file);  // a stage takes its own tensors from a whole-model file
+  const auto expected = model.parameter("h.1.mlp.c_proj.weight");
+  const auto loaded = tail.parameter("h.1.mlp.c_proj.weight");
+  EXPECT_TRUE(std::equal(expected.begin(), expected.end(), loaded.begin()));
+  EXPECT_TRUE(std::equal(model.parameter("wte.weight").begin(), model.parameter("wte.weight").end(),
+                         tail.parameter("wte.weight").begin()));
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace pipeflow::nn
