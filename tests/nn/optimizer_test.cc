@@ -8,22 +8,14 @@
 #include "pipeflow/nn/gradient_clipping.h"
 #include "pipeflow/nn/lr_schedule.h"
 #include "pipeflow/nn/model_file.h"
-#include "test_batches.h"
+#include "test_support.h"
 
 namespace pipeflow::nn {
 namespace {
 
-const GptConfig kConfig{.vocab_size = 32, .context = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
+using testing::error_of;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
+const GptConfig kConfig{.vocab_size = 32, .context = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
 
 void train_step(Stage& stage, AdamW& optimizer, std::uint64_t seed) {
   stage.zero_gradients();

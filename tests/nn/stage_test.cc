@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "pipeflow/core/error.h"
-#include "test_batches.h"
+#include "test_support.h"
 
 namespace pipeflow::nn {
 namespace {
+
+using testing::error_of;
 
 using testing::random_activation;
 using testing::random_tokens;
@@ -271,16 +273,6 @@ TEST(Stage, StagesOnTwoThreadsComputeExactlyWhatTheyComputeAlone) {
   second.join();
   EXPECT_TRUE(same_bits(together_a->gradients(), alone_a->gradients()));
   EXPECT_TRUE(same_bits(together_b->gradients(), alone_b->gradients()));
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
 }
 
 TEST(Stage, WrongInputsAndOrderAreErrorsThatSayWhatToDo) {

@@ -1,9 +1,11 @@
 #pragma once
 
-// Small deterministic inputs for the nn tests.
+// Small deterministic inputs and helpers for the nn tests.
 
 #include <cstdint>
+#include <string>
 
+#include "pipeflow/core/error.h"
 #include "pipeflow/nn/random.h"
 #include "pipeflow/tensor/tensor.h"
 
@@ -23,6 +25,17 @@ inline Tensor random_activation(int b, int t, int c, std::uint64_t seed) {
   Rng rng(seed);
   for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(rng.normal());
   return x;
+}
+
+// The message of the pipeflow::Error that f throws, or "(no error)".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace pipeflow::nn::testing
