@@ -1,0 +1,28 @@
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "pipeflow/core/ids.h"
+#include "pipeflow/schedule/schedule.h"
+
+namespace pipeflow {
+
+// A cell of the grid to mark: the action at `index` of `rank`'s list.
+struct GridMark {
+  RankId rank;
+  std::size_t index = 0;
+  int label = 0;  // shown at the end of the row as [label]; 0 for none
+};
+
+// The schedule as a terminal grid: a row per rank, a column per position in
+// the rank's list (PyTorch's validator grid, transposed). Marked cells are
+// shown as *2F3* and their rows end with "<-- ERROR HERE" and the labels.
+//
+//   step     0    1    2    3
+//   rank 0   0F0  0F1  0B0  0B1
+//   rank 1   1F0 *1B1* 1F1  1B0   <-- ERROR HERE [1]
+std::string render_grid(const Schedule& schedule, const std::vector<GridMark>& marks = {});
+
+}  // namespace pipeflow

@@ -1,0 +1,41 @@
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "pipeflow/schedule/schedule.h"
+
+namespace pipeflow {
+
+// Schedule files.
+//
+// CSV is PyTorch torch.distributed.pipelining's format (_dump_csv/_load_csv,
+// Python's csv module): no header, one row per rank in rank order, one cell
+// per action in its text form (2F0, 1SEND_F4), rows ended by "\r\n".
+// write_csv writes exactly that. read_csv also accepts what PyTorch writes
+// beside it: empty cells (its idle steps, None; `""` for a row of one None),
+// "\n" line ends, spaces around cells, an OVERLAP_F_B cell "(2F3;5B1)OVERLAP_F_B"
+// (read as its sub-actions in order: the F, then the B), and the per-stage
+// UNSHARD, RESHARD and REDUCE_GRAD actions of FSDP and data parallelism, which
+// are no pipeline actions and are dropped (counted in `ignored_actions`).
+//
+// A CSV carries no header, so read_csv infers the shape: ranks = rows,
+// stages = 1 + the largest stage, micro-batches = 1 + the largest
+// micro-batch, placement from which stages sit on which row (loop if stage s
+// is on row s % ranks; otherwise V if there are 2 * ranks stages with rank r
+// holding r and 2 * ranks - 1 - r). Malformed input throws Error naming the
+// source, the row (1-based; row r + 1 is rank r), the column and the token.
+std::string write_csv(const Schedule& schedule);
+Schedule read_csv(std::string_view text, const std::string& source, int* ignored_actions = nullptr);
+
+// JSON: {"name", "ranks", "stages", "placement": "loop"|"v", "microbatches",
+// "actions": [[text per action] per rank]}. read_json rejects unknown keys
+// and names the key path of any bad value.
+std::string write_json(const Schedule& schedule);
+Schedule read_json(std::string_view text, const std::string& source);
+
+// Reads a .json file as JSON and anything else as CSV.
+Schedule load_schedule_file(const std::filesystem::path& path, int* ignored_actions = nullptr);
+
+}  // namespace pipeflow

@@ -1,0 +1,75 @@
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pipeflow/core/ids.h"
+#include "pipeflow/schedule/action.h"
+
+namespace pipeflow {
+
+// How the (virtual) stages sit on the ranks.
+//   kLoop: stage s on rank s % ranks (Megatron's interleaving, PyTorch's "loop"):
+//          rank r holds stages r, r + p, r + 2p, ...
+//   kV:    exactly two stages per rank, rank r holds stages r and 2p - 1 - r
+//          (PyTorch's "v" style, ZB-V, DualPipeV): the last stage is on rank 0
+//          and the turn from stage p - 1 to stage p stays on rank p - 1.
+enum class Placement { kLoop, kV };
+
+std::string_view to_string(Placement placement);  // "loop", "v"
+
+// A pipeline schedule: for each rank, the ordered list of actions it runs in
+// one optimizer step. The schedule owns its lists; generators build them,
+// lowering passes rewrite copies, and the validator, the executor, the
+// simulator and the runtime only read them.
+//
+// A schedule is "compute-only" while it holds only F/B/I/W actions and
+// "lowered" once it holds SEND/RECV actions (has_communication()).
+//
+// Thread safety: const member functions may be called from several threads;
+// mutation needs exclusive access.
+class Schedule {
+ public:
+  // `name` names the generator ("1f1b") or the source ("run.csv"). Throws
+  // Error unless ranks >= 1, microbatches >= 1, stages a positive multiple of
+  // ranks, and (for kV) stages == 2 * ranks.
+  Schedule(std::string name, int num_ranks, int num_stages, int num_microbatches, Placement placement);
+
+  const std::string& name() const { return name_; }
+  int num_ranks() const { return num_ranks_; }
+  int num_stages() const { return num_stages_; }
+  int num_microbatches() const { return num_microbatches_; }
+  Placement placement() const { return placement_; }
+  // Model chunks per rank (v): num_stages / num_ranks.
+  int stages_per_rank() const { return num_stages_ / num_ranks_; }
+
+  // The rank holding `stage` (which must be in [0, num_stages)).
+  RankId rank_of(StageId stage) const;
+  // The stages of `rank`, in increasing order.
+  std::vector<StageId> stages_of(RankId rank) const;
+  // Which of its rank's chunks `stage` is: stage / num_ranks (0 for the first
+  // chunk of a rank, 1 for the second, ... under both placements).
+  int chunk_of(StageId stage) const { return stage.value() / num_ranks_; }
+  bool is_last_stage(StageId stage) const { return stage.value() == num_stages_ - 1; }
+
+  const std::vector<Action>& actions(RankId rank) const;
+  std::vector<Action>& mutable_actions(RankId rank);
+  void add(RankId rank, Action action) { mutable_actions(rank).push_back(action); }
+
+  bool has_communication() const;
+  std::size_t total_actions() const;
+
+ private:
+  void check_rank(RankId rank) const;
+
+  std::string name_;
+  int num_ranks_;
+  int num_stages_;
+  int num_microbatches_;
+  Placement placement_;
+  std::vector<std::vector<Action>> actions_;
+};
+
+}  // namespace pipeflow

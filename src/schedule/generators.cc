@@ -1,0 +1,382 @@
+#include "pipeflow/schedule/generators.h"
+
+#include <algorithm>
+#include <cctype>
+#include <deque>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow {
+namespace {
+
+// The small verbs every generator is written in: one rank's list, with a
+// forward and a backward counter per stage (micro-batches run in increasing
+// order per stage unless a generator says otherwise) and the queue of W's
+// whose I has run.
+class RankPlan {
+ public:
+  RankPlan(Schedule& schedule, int rank)
+      : schedule_(schedule), rank_(rank), forwards_(static_cast<std::size_t>(schedule.num_stages()), 0),
+        backwards_(static_cast<std::size_t>(schedule.num_stages()), 0) {}
+
+  void push(int stage, ActionKind kind, int microbatch) {
+    schedule_.add(RankId(rank_), Action{StageId(stage), kind, MicrobatchId(microbatch)});
+  }
+  void forward(int stage) { push(stage, ActionKind::kForward, forwards_[index(stage)]++); }
+  void backward(int stage) { push(stage, ActionKind::kBackward, backwards_[index(stage)]++); }
+  // I now, its W queued for weight().
+  void backward_input(int stage) {
+    const int microbatch = backwards_[index(stage)]++;
+    push(stage, ActionKind::kBackwardInput, microbatch);
+    pending_weights_.push_back(microbatch * schedule_.num_stages() + stage);
+  }
+  void backward_maybe_split(int stage, bool split) { split ? backward_input(stage) : backward(stage); }
+  // The oldest pending W (of `stage`, if given); false if none is pending.
+  bool weight(int stage = -1) {
+    const int stages = schedule_.num_stages();
+    const auto it = std::find_if(pending_weights_.begin(), pending_weights_.end(),
+                                 [&](int w) { return stage < 0 || w % stages == stage; });
+    if (it == pending_weights_.end()) return false;
+    push(*it % stages, ActionKind::kBackwardWeight, *it / stages);
+    pending_weights_.erase(it);
+    return true;
+  }
+  void all_weights(int stage = -1) {
+    while (weight(stage)) {
+    }
+  }
+  int forwards(int stage) const { return forwards_[index(stage)]; }
+
+ private:
+  static std::size_t index(int stage) { return static_cast<std::size_t>(stage); }
+
+  Schedule& schedule_;
+  int rank_;
+  std::vector<int> forwards_;
+  std::vector<int> backwards_;
+  std::deque<int> pending_weights_;  // microbatch * stages + stage, oldest first
+};
+
+void require_basics(std::string_view name, int ranks, int microbatches) {
+  if (ranks < 1) fail("{} needs stages >= 1 (got {}): stages counts pipeline ranks", name, ranks);
+  if (microbatches < 1) fail("{} needs microbatches >= 1 (got {})", name, microbatches);
+}
+
+void require_microbatches_at_least_stages(std::string_view name, int ranks, int microbatches) {
+  require_basics(name, ranks, microbatches);
+  if (microbatches < ranks) {
+    fail("{} needs microbatches >= stages (got {} < {}): raise gradient_accumulation_steps or use gpipe", name,
+         microbatches, ranks);
+  }
+}
+
+void require_v_shape(std::string_view name, int ranks, int microbatches) {
+  require_basics(name, ranks, microbatches);
+  if (microbatches < 2 * ranks) {
+    fail("{} needs microbatches >= 2 * stages (got {} < {}): it holds 2 chunks per rank; raise "
+         "gradient_accumulation_steps or use zb-h1",
+         name, microbatches, 2 * ranks);
+  }
+}
+
+void require_virtual(std::string_view name, int virtual_per_rank) {
+  if (virtual_per_rank < 1) fail("{} needs virtual stages per rank >= 1 (got {})", name, virtual_per_rank);
+}
+
+// Megatron-core: p <= g <= m, and the last group m % g is 0 or >= p (a
+// shorter last group would stall the pipeline on dependencies).
+bool valid_microbatch_group(int ranks, int microbatches, int group) {
+  return group >= ranks && group <= microbatches &&
+         (microbatches % group == 0 || microbatches % group >= ranks);
+}
+
+// Megatron-core's get_schedule_table, chunk column: micro-batch groups of g,
+// each group through chunk 0, then chunk 1, ...; the last group takes the rest.
+std::vector<int> forward_chunk_order(int microbatches, int chunks, int group) {
+  std::vector<int> order;
+  for (int low = 0; low < microbatches; low += group) {
+    const int size = low + group >= microbatches ? microbatches - low : group;
+    for (int chunk = 0; chunk < chunks; ++chunk) order.insert(order.end(), static_cast<std::size_t>(size), chunk);
+    if (size != group) break;
+  }
+  return order;
+}
+
+}  // namespace
+
+Schedule make_gpipe(int ranks, int microbatches) {
+  require_basics("gpipe", ranks, microbatches);
+  Schedule schedule("gpipe", ranks, ranks, microbatches, Placement::kLoop);
+  for (int r = 0; r < ranks; ++r) {
+    RankPlan plan(schedule, r);
+    for (int k = 0; k < microbatches; ++k) plan.forward(r);
+    for (int k = 0; k < microbatches; ++k) plan.backward(r);
+  }
+  return schedule;
+}
+
+Schedule make_1f1b(int ranks, int microbatches) {
+  require_microbatches_at_least_stages("1f1b", ranks, microbatches);
+  Schedule schedule("1f1b", ranks, ranks, microbatches, Placement::kLoop);
+  for (int r = 0; r < ranks; ++r) {
+    RankPlan plan(schedule, r);
+    const int warmup = std::min(ranks - r - 1, microbatches);
+    for (int k = 0; k < warmup; ++k) plan.forward(r);
+    for (int k = 0; k < microbatches - warmup; ++k) {
+      plan.forward(r);
+      plan.backward(r);
+    }
+    for (int k = 0; k < warmup; ++k) plan.backward(r);
+  }
+  return schedule;
+}
+
+int interleaved_microbatch_group(int ranks, int microbatches) {
+  require_basics("interleaved-1f1b", ranks, microbatches);
+  if (microbatches < ranks) {
+    fail("interleaved-1f1b needs microbatches >= stages (got {} < {}): Megatron-core's micro-batch group lies "
+         "in [stages, microbatches]; raise gradient_accumulation_steps or use looped-bfs",
+         microbatches, ranks);
+  }
+  int group = ranks;
+  while (!valid_microbatch_group(ranks, microbatches, group)) ++group;
+  return group;
+}
+
+Schedule make_interleaved_1f1b(int ranks, int microbatches, int virtual_per_rank, int microbatch_group) {
+  require_virtual("interleaved-1f1b", virtual_per_rank);
+  const int auto_group = interleaved_microbatch_group(ranks, microbatches);
+  const int group = microbatch_group == 0 ? auto_group : microbatch_group;
+  if (!valid_microbatch_group(ranks, microbatches, group)) {
+    fail("interleaved-1f1b micro-batch group {} is invalid for {} stages and {} microbatches: Megatron-core "
+         "needs stages <= group <= microbatches and microbatches % group == 0 or >= stages; use {}",
+         group, ranks, microbatches, auto_group);
+  }
+  const int chunks = virtual_per_rank;
+  Schedule schedule("interleaved-1f1b", ranks, ranks * chunks, microbatches, Placement::kLoop);
+  const std::vector<int> order = forward_chunk_order(microbatches, chunks, group);
+  const int total = microbatches * chunks;
+  for (int r = 0; r < ranks; ++r) {
+    RankPlan plan(schedule, r);
+    const int warmup = chunks == 1 ? std::min(ranks - r - 1, total)
+                                   : std::min((ranks - r - 1) * 2 + (chunks - 1) * group, total);
+    auto forward = [&](int k) { plan.forward(order[static_cast<std::size_t>(k)] * ranks + r); };
+    auto backward = [&](int k) { plan.backward((chunks - 1 - order[static_cast<std::size_t>(k)]) * ranks + r); };
+    for (int k = 0; k < warmup; ++k) forward(k);
+    for (int k = 0; k < total - warmup; ++k) {
+      forward(k + warmup);
+      backward(k);
+    }
+    for (int k = total - warmup; k < total; ++k) backward(k);
+  }
+  return schedule;
+}
+
+Schedule make_looped_bfs(int ranks, int microbatches, int virtual_per_rank) {
+  require_basics("looped-bfs", ranks, microbatches);
+  require_virtual("looped-bfs", virtual_per_rank);
+  Schedule schedule("looped-bfs", ranks, ranks * virtual_per_rank, microbatches, Placement::kLoop);
+  for (int r = 0; r < ranks; ++r) {
+    RankPlan plan(schedule, r);
+    for (int chunk = 0; chunk < virtual_per_rank; ++chunk) {
+      for (int k = 0; k < microbatches; ++k) plan.forward(chunk * ranks + r);
+    }
+    for (int chunk = virtual_per_rank - 1; chunk >= 0; --chunk) {
+      for (int k = microbatches - 1; k >= 0; --k) plan.push(chunk * ranks + r, ActionKind::kBackward, k);
+    }
+  }
+  return schedule;
+}
+
+Schedule make_zb_h1(int ranks, int microbatches) {
+  require_microbatches_at_least_stages("zb-h1", ranks, microbatches);
+  Schedule schedule("zb-h1", ranks, ranks, microbatches, Placement::kLoop);
+  for (int r = 0; r < ranks; ++r) {
+    RankPlan plan(schedule, r);
+    for (int k = 0; k < ranks - r - 1; ++k) plan.forward(r);
+    for (int k = 0; k < microbatches; ++k) {
+      if (plan.forwards(r) < microbatches) plan.forward(r);
+      plan.backward_input(r);
+      if (k >= r) plan.weight();
+    }
+    plan.all_weights();
+  }
+  return schedule;
+}
+
+Schedule make_zb_h2(int ranks, int microbatches) {
+  require_microbatches_at_least_stages("zb-h2", ranks, microbatches);
+  Schedule schedule("zb-h2", ranks, ranks, microbatches, Placement::kLoop);
+  for (int r = 0; r < ranks; ++r) {
+    RankPlan plan(schedule, r);
+    const int warmup = std::min(2 * (ranks - r) - 1, microbatches);
+    const int deferred = std::max(0, 2 * r - std::max(0, 2 * ranks - 1 - microbatches));
+    for (int k = 0; k < warmup; ++k) plan.forward(r);
+    for (int k = 0; k < microbatches; ++k) {
+      plan.backward_input(r);
+      if (k >= deferred) plan.weight();
+      if (plan.forwards(r) < microbatches) plan.forward(r);
+    }
+    plan.all_weights();
+  }
+  return schedule;
+}
+
+Schedule make_zbv(int ranks, int microbatches) {
+  require_v_shape("zbv", ranks, microbatches);
+  Schedule schedule("zbv", ranks, 2 * ranks, microbatches, Placement::kV);
+  const int p = ranks;
+  const int m = microbatches;
+  for (int r = 0; r < p; ++r) {
+    RankPlan plan(schedule, r);
+    const int c0 = r;
+    const int c1 = 2 * p - 1 - r;
+    for (int k = 0; k < 2 * (p - r) - 1; ++k) plan.forward(c0);  // warm-up: F0 ...
+    for (int k = 0; k < r; ++k) {                                 // F1 F0
+      plan.forward(c1);
+      plan.forward(c0);
+    }
+    for (int k = 0; k < p - r; ++k) {  // F1 I1 W1
+      plan.forward(c1);
+      plan.backward_input(c1);
+      plan.weight(c1);
+    }
+    while (plan.forwards(c1) < plan.forwards(c0) || plan.forwards(c0) < m) {  // steady: F0 I0 W0 F1 I1 W1
+      if (plan.forwards(c0) < m) plan.forward(c0);
+      plan.backward_input(c0);
+      plan.weight(c0);
+      plan.forward(c1);
+      plan.backward_input(c1);
+      plan.weight(c1);
+    }
+    for (int k = 0; k < r; ++k) {  // cool-down: I0 I1
+      plan.backward_input(c0);
+      plan.backward_input(c1);
+    }
+    for (int k = 0; k < p - r; ++k) {  // I0 W0
+      plan.backward_input(c0);
+      plan.weight(c0);
+    }
+    plan.all_weights(c1);  // the pending W1's, then W0's
+    plan.all_weights(c0);
+  }
+  return schedule;
+}
+
+Schedule make_dualpipev(int ranks, int microbatches) {
+  require_v_shape("dualpipev", ranks, microbatches);
+  Schedule schedule("dualpipev", ranks, 2 * ranks, microbatches, Placement::kV);
+  const int p = ranks;
+  const int m = microbatches;
+  for (int r = 0; r < p; ++r) {
+    RankPlan plan(schedule, r);
+    const int c0 = r;
+    const int c1 = 2 * p - 1 - r;
+    // An overlapped F&B: F of one chunk, then B of the other (see the header).
+    auto forward_and_backward = [&](int forward_chunk, int backward_chunk) {
+      plan.forward(forward_chunk);
+      plan.backward(backward_chunk);
+    };
+    // Phase 1: nF0.
+    for (int k = 0; k < (p - r - 1) * 2; ++k) plan.forward(c0);
+    // Phase 2: nF0F1.
+    for (int k = 0; k < r + 1; ++k) {
+      plan.forward(c0);
+      plan.forward(c1);
+    }
+    // Phase 3: nI1W1F1 (zero bubble: the W fills the wait for the next F).
+    for (int k = 0; k < p - r - 1; ++k) {
+      plan.backward_input(c1);
+      plan.weight();
+      plan.forward(c1);
+    }
+    // Phase 4 (main): n(F0&B1)(F1&B0).
+    for (int k = 0; k < m - 2 * p + r + 1; ++k) {
+      forward_and_backward(c0, c1);
+      forward_and_backward(c1, c0);
+    }
+    // Phase 5: nB1(F1&B0).
+    for (int k = 0; k < p - r - 1; ++k) {
+      plan.backward(c1);
+      forward_and_backward(c1, c0);
+    }
+    // Phase 6: nB1B0; from the middle on, the backwards split off their W.
+    bool split = false;
+    for (int k = 0; k < r + 1; ++k) {
+      if (k == (r + 1) / 2 && r % 2 == 1) split = true;
+      plan.backward_maybe_split(c1, split);
+      if (k == (r + 1) / 2 && r % 2 == 0) split = true;
+      plan.backward_maybe_split(c0, split);
+    }
+    // Phase 7: nWI0.
+    for (int k = 0; k < p - r - 1; ++k) {
+      plan.weight();
+      plan.backward_maybe_split(c0, split);
+    }
+    // Phase 8: nW.
+    plan.all_weights();
+  }
+  return schedule;
+}
+
+const std::vector<ScheduleInfo>& list_schedules() {
+  static const std::vector<ScheduleInfo> kSchedules = {
+      {"gpipe", "all forwards, then all backwards (fill-drain)", "any stages, microbatches >= 1",
+       "Huang et al. 2019, GPipe; PyTorch ScheduleGPipe", false},
+      {"1f1b", "PipeDream-Flush: warm-up forwards, then one forward and one backward",
+       "microbatches >= stages", "Narayanan et al. 2021 (PipeDream-Flush); Megatron-LM; PyTorch Schedule1F1B",
+       false},
+      {"interleaved-1f1b", "Megatron interleaved 1F1B: v chunks per rank, micro-batch groups depth-first",
+       "virtual >= 1, microbatches >= stages (micro-batch group g in [stages, microbatches] with "
+       "microbatches % g == 0 or >= stages; the smallest such g)",
+       "Narayanan et al. 2021 §2.2.2; Megatron-core forward_backward_pipelining_with_interleaving", true},
+      {"looped-bfs", "breadth-first: every micro-batch through one chunk before the next", "virtual >= 1",
+       "Lamy-Poirier 2023, Breadth-First Pipeline Parallelism; PyTorch ScheduleLoopedBFS", true},
+      {"zb-h1", "zero bubble H1: 1F1B with W deferred into the bubbles, 1F1B's memory",
+       "microbatches >= stages", "Qi et al. 2023, Zero Bubble Pipeline Parallelism (ZB-H1)", false},
+      {"zb-h2", "zero bubble H2: extra warm-up forwards, W's reordered into a parallelogram",
+       "microbatches >= stages (no bubble from 2 * stages - 1)",
+       "Qi et al. 2023, Zero Bubble Pipeline Parallelism (ZB-H2)", false},
+      {"zbv", "zero bubble V: 2 chunks per rank in V placement, 1F1B's memory",
+       "microbatches >= 2 * stages; 2 chunks per rank",
+       "Qi et al. 2023 §6; sail-sg/zero-bubble-pipeline-parallelism; PyTorch ScheduleZBVZeroBubble", false},
+      {"dualpipev", "DualPipeV: V placement, forward of one chunk overlapped with backward of the other",
+       "microbatches >= 2 * stages; 2 chunks per rank",
+       "deepseek-ai/DualPipe (DualPipeV), DeepSeek-V3 report; PyTorch ScheduleDualPipeV", false},
+  };
+  return kSchedules;
+}
+
+Schedule make_schedule(std::string_view name, int ranks, int microbatches, int virtual_per_rank) {
+  std::string lower(name);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  const auto& known = list_schedules();
+  const auto it = std::find_if(known.begin(), known.end(), [&](const ScheduleInfo& i) { return i.name == lower; });
+  if (it == known.end()) {
+    std::string names;
+    for (const ScheduleInfo& info : known) {
+      if (!names.empty()) names += ", ";
+      names += info.name;
+    }
+    fail("unknown schedule \"{}\": known schedules are {}", name, names);
+  }
+  const bool v_shaped = lower == "zbv" || lower == "dualpipev";
+  if (v_shaped && virtual_per_rank != 1 && virtual_per_rank != 2) {
+    fail("{} always holds 2 chunks per rank (got virtual {}): leave virtual at 1 or 2", lower, virtual_per_rank);
+  }
+  if (!it->takes_virtual && !v_shaped && virtual_per_rank != 1) {
+    fail("{} holds one stage per rank (got virtual {}): use interleaved-1f1b or looped-bfs for several chunks "
+         "per rank",
+         lower, virtual_per_rank);
+  }
+  if (lower == "gpipe") return make_gpipe(ranks, microbatches);
+  if (lower == "1f1b") return make_1f1b(ranks, microbatches);
+  if (lower == "interleaved-1f1b") return make_interleaved_1f1b(ranks, microbatches, virtual_per_rank);
+  if (lower == "looped-bfs") return make_looped_bfs(ranks, microbatches, virtual_per_rank);
+  if (lower == "zb-h1") return make_zb_h1(ranks, microbatches);
+  if (lower == "zb-h2") return make_zb_h2(ranks, microbatches);
+  if (lower == "zbv") return make_zbv(ranks, microbatches);
+  return make_dualpipev(ranks, microbatches);
+}
+
+}  // namespace pipeflow

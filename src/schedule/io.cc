@@ -1,0 +1,275 @@
+#include "pipeflow/schedule/io.h"
+
+#include <algorithm>
+#include <cctype>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "pipeflow/core/config.h"
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+
+namespace pipeflow {
+namespace {
+
+// Bounds on what a file may ask for, so that a typo cannot demand gigabytes.
+constexpr int kMaxStage = 1 << 16;
+constexpr int kMaxMicrobatch = 1 << 20;
+
+std::string_view trim(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  return text;
+}
+
+// The lines of `text`; the final line end closes the last line.
+std::vector<std::string_view> split_lines(std::string_view text) {
+  std::vector<std::string_view> lines;
+  while (!text.empty()) {
+    const std::size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    lines.push_back(line);
+    if (end == std::string_view::npos) break;
+    text.remove_prefix(end + 1);
+  }
+  return lines;
+}
+
+// The cells of one CSV line, unquoting "..." cells as Python's csv module writes them.
+std::vector<std::string> split_cells(std::string_view line, const std::string& where) {
+  std::vector<std::string> cells(1);
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        cells.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        cells.back() += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      cells.emplace_back();
+    } else {
+      cells.back() += c;
+    }
+  }
+  if (quoted) fail("{}: unterminated quoted cell", where);
+  return cells;
+}
+
+bool is_ignored_pytorch_action(std::string_view token) {
+  std::size_t digits = 0;
+  while (digits < token.size() && std::isdigit(static_cast<unsigned char>(token[digits]))) ++digits;
+  if (digits == 0) return false;
+  std::string_view rest = token.substr(digits);
+  for (std::string_view kind : {"UNSHARD", "RESHARD", "REDUCE_GRAD"}) {
+    if (rest.starts_with(kind)) {
+      const std::string_view tail = rest.substr(kind.size());
+      return std::all_of(tail.begin(), tail.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    }
+  }
+  return false;
+}
+
+Action checked(Action action, std::string_view token) {
+  if (action.stage.value() >= kMaxStage) fail("stage {} in \"{}\" exceeds the limit {}", action.stage.value(), token, kMaxStage);
+  if (action.microbatch.value() >= kMaxMicrobatch) {
+    fail("micro-batch {} in \"{}\" exceeds the limit {}", action.microbatch.value(), token, kMaxMicrobatch);
+  }
+  return action;
+}
+
+// One CSV cell: nothing (an idle step or an ignored action), one action, or
+// the sub-actions of an OVERLAP_F_B.
+void parse_cell(std::string_view cell, std::vector<Action>& out, int& ignored) {
+  const std::string_view token = trim(cell);
+  if (token.empty()) return;
+  if (token.front() == '(') {
+    const std::size_t close = token.find(')');
+    if (close == std::string_view::npos || token.substr(close + 1) != "OVERLAP_F_B") {
+      fail("invalid action \"{}\": a parenthesised cell must be (a;b)OVERLAP_F_B", token);
+    }
+    std::string_view inner = token.substr(1, close - 1);
+    while (!inner.empty()) {
+      const std::size_t semicolon = inner.find(';');
+      parse_cell(inner.substr(0, semicolon), out, ignored);
+      if (semicolon == std::string_view::npos) break;
+      inner.remove_prefix(semicolon + 1);
+    }
+    return;
+  }
+  if (is_ignored_pytorch_action(token)) {
+    ++ignored;
+    return;
+  }
+  out.push_back(checked(parse_action(token), token));
+}
+
+struct Shape {
+  int stages = 0;
+  int microbatches = 0;
+  Placement placement = Placement::kLoop;
+};
+
+// Which row each stage is on; every stage on exactly one row.
+std::vector<int> stage_rows(const std::vector<std::vector<Action>>& rows, int stages, const std::string& source) {
+  std::vector<int> row_of(static_cast<std::size_t>(stages), -1);
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    for (const Action& a : rows[r]) {
+      int& row = row_of[static_cast<std::size_t>(a.stage.value())];
+      if (row < 0) row = static_cast<int>(r);
+      if (row != static_cast<int>(r)) {
+        fail("{}: stage {} appears on rows {} and {} (ranks {} and {}): a stage lives on one rank", source,
+             a.stage.value(), row + 1, r + 1, row, r);
+      }
+    }
+  }
+  for (int s = 0; s < stages; ++s) {
+    if (row_of[static_cast<std::size_t>(s)] < 0) {
+      fail("{}: stage {} appears in no row, but stages go up to {}: is a rank's row missing?", source, s,
+           stages - 1);
+    }
+  }
+  return row_of;
+}
+
+Shape infer_shape(const std::vector<std::vector<Action>>& rows, const std::string& source) {
+  Shape shape;
+  const int ranks = static_cast<int>(rows.size());
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    if (rows[r].empty()) {
+      fail("{}: row {} (rank {}) has no actions: every rank runs some (is a rank's row missing?)", source, r + 1, r);
+    }
+    for (const Action& a : rows[r]) {
+      shape.stages = std::max(shape.stages, a.stage.value() + 1);
+      shape.microbatches = std::max(shape.microbatches, a.microbatch.value() + 1);
+    }
+  }
+  const std::vector<int> row_of = stage_rows(rows, shape.stages, source);
+  if (shape.stages % ranks != 0) {
+    fail("{}: {} stages on {} ranks: every rank must hold the same number of stages", source, shape.stages, ranks);
+  }
+  auto fits = [&](auto rank_of) {
+    for (int s = 0; s < shape.stages; ++s) {
+      if (row_of[static_cast<std::size_t>(s)] != rank_of(s)) return false;
+    }
+    return true;
+  };
+  if (fits([&](int s) { return s % ranks; })) return shape;
+  if (shape.stages == 2 * ranks && fits([&](int s) { return s < ranks ? s : 2 * ranks - 1 - s; })) {
+    shape.placement = Placement::kV;
+    return shape;
+  }
+  for (int s = 0; s < shape.stages; ++s) {
+    if (row_of[static_cast<std::size_t>(s)] != s % ranks) {
+      fail("{}: stage {} is on rank {}, which fits neither loop placement (stage s on rank s % {}) nor V "
+           "placement (rank r holds stages r and {} - r)",
+           source, s, row_of[static_cast<std::size_t>(s)], ranks, 2 * ranks - 1);
+    }
+  }
+  fail("internal: placement of {} undecided", source);
+}
+
+std::string quoted(const std::string& text) { return nlohmann::json(text).dump(); }
+
+}  // namespace
+
+std::string write_csv(const Schedule& schedule) {
+  std::string out;
+  for (int r = 0; r < schedule.num_ranks(); ++r) {
+    const auto& actions = schedule.actions(RankId(r));
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      if (i > 0) out += ',';
+      out += to_string(actions[i]);
+    }
+    out += "\r\n";
+  }
+  return out;
+}
+
+Schedule read_csv(std::string_view text, const std::string& source, int* ignored_actions) {
+  std::vector<std::vector<Action>> rows;
+  int ignored = 0;
+  const std::vector<std::string_view> lines = split_lines(text);
+  for (std::size_t row = 0; row < lines.size(); ++row) {
+    const std::string where = fmt::format("{} row {}", source, row + 1);
+    const std::vector<std::string> cells = split_cells(lines[row], where);
+    rows.emplace_back();
+    for (std::size_t column = 0; column < cells.size(); ++column) {
+      try {
+        parse_cell(cells[column], rows.back(), ignored);
+      } catch (const Error& error) {
+        fail("{}, column {}: {}", where, column + 1, error.what());
+      }
+    }
+  }
+  if (rows.empty()) fail("{}: no rows: a schedule CSV has one row per rank", source);
+  const Shape shape = infer_shape(rows, source);
+  Schedule schedule(source, static_cast<int>(rows.size()), shape.stages, shape.microbatches, shape.placement);
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    schedule.mutable_actions(RankId(static_cast<int>(r))) = std::move(rows[r]);
+  }
+  if (ignored_actions != nullptr) *ignored_actions = ignored;
+  return schedule;
+}
+
+std::string write_json(const Schedule& schedule) {
+  std::string out = "{\n";
+  out += fmt::format("  \"name\": {},\n", quoted(schedule.name()));
+  out += fmt::format("  \"ranks\": {},\n", schedule.num_ranks());
+  out += fmt::format("  \"stages\": {},\n", schedule.num_stages());
+  out += fmt::format("  \"placement\": \"{}\",\n", to_string(schedule.placement()));
+  out += fmt::format("  \"microbatches\": {},\n", schedule.num_microbatches());
+  out += "  \"actions\": [\n";
+  for (int r = 0; r < schedule.num_ranks(); ++r) {
+    std::string row;
+    for (const Action& a : schedule.actions(RankId(r))) {
+      if (!row.empty()) row += ", ";
+      row += fmt::format("\"{}\"", to_string(a));
+    }
+    out += fmt::format("    [{}]{}\n", row, r + 1 < schedule.num_ranks() ? "," : "");
+  }
+  return out + "  ]\n}\n";
+}
+
+Schedule read_json(std::string_view text, const std::string& source) {
+  const Config config = Config::parse(text, source);
+  const std::string placement_text = config.require<std::string>("placement");
+  if (placement_text != "loop" && placement_text != "v") config.fail_value("placement", "must be \"loop\" or \"v\"");
+  const nlohmann::json& actions = config.raw("actions");
+  Schedule schedule(config.require<std::string>("name"), config.require<int>("ranks"), config.require<int>("stages"),
+                    config.require<int>("microbatches"), placement_text == "v" ? Placement::kV : Placement::kLoop);
+  config.check_no_unknown_keys();
+  if (!actions.is_array() || static_cast<int>(actions.size()) != schedule.num_ranks()) {
+    config.fail_value("actions", fmt::format("must be a list of {} lists of actions, one per rank", schedule.num_ranks()));
+  }
+  for (int r = 0; r < schedule.num_ranks(); ++r) {
+    const nlohmann::json& row = actions[static_cast<std::size_t>(r)];
+    if (!row.is_array()) config.fail_value("actions", fmt::format("rank {} is not a list of actions", r));
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      if (!row[i].is_string()) fail("{}: actions[{}][{}] = {}: must be an action string like \"2F0\"", source, r, i, row[i].dump());
+      try {
+        const std::string token = row[i].get<std::string>();
+        schedule.add(RankId(r), checked(parse_action(token), token));
+      } catch (const Error& error) {
+        fail("{}: actions[{}][{}]: {}", source, r, i, error.what());
+      }
+    }
+  }
+  return schedule;
+}
+
+Schedule load_schedule_file(const std::filesystem::path& path, int* ignored_actions) {
+  const std::string text = read_file(path);
+  if (ignored_actions != nullptr) *ignored_actions = 0;
+  if (path.extension() == ".json") return read_json(text, path.filename().string());
+  return read_csv(text, path.filename().string(), ignored_actions);
+}
+
+}  // namespace pipeflow

@@ -1,0 +1,339 @@
+#include "pipeflow/schedule/validate.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/units.h"
+#include "pipeflow/schedule/grid.h"
+
+namespace pipeflow {
+namespace {
+
+struct Position {
+  int rank = -1;
+  std::size_t index = 0;
+  bool exists() const { return rank >= 0; }
+};
+
+class Validator {
+ public:
+  explicit Validator(const Schedule& schedule)
+      : s_(schedule), stages_(schedule.num_stages()), microbatches_(schedule.num_microbatches()) {
+    const std::size_t keys = static_cast<std::size_t>(kNumActionKinds) * static_cast<std::size_t>(stages_) *
+                             static_cast<std::size_t>(microbatches_);
+    first_.assign(keys, Position{});
+    count_.assign(keys, 0);
+  }
+
+  ValidationReport run() {
+    const bool in_range = index_actions();
+    check_counts();
+    check_stage_order();
+    check_same_rank_dependencies();
+    if (s_.has_communication()) {
+      check_messages();
+      check_cross_rank_edges();
+    }
+    if (in_range) run_dry_run();
+    measure_inflight();
+    return std::move(report_);
+  }
+
+ private:
+  std::size_t key(const Action& a) const {
+    return (static_cast<std::size_t>(a.kind) * static_cast<std::size_t>(stages_) +
+            static_cast<std::size_t>(a.stage.value())) *
+               static_cast<std::size_t>(microbatches_) +
+           static_cast<std::size_t>(a.microbatch.value());
+  }
+  Position at(const Action& a) const { return first_[key(a)]; }
+  Position at(int stage, ActionKind kind, int microbatch) const {
+    return at(Action{StageId(stage), kind, MicrobatchId(microbatch)});
+  }
+  const Action& action_at(Position p) const { return s_.actions(RankId(p.rank))[p.index]; }
+  // Where the B or I of (stage, microbatch) is, if either exists.
+  Position gradient_at(int stage, int microbatch) const {
+    const Position full = at(stage, ActionKind::kBackward, microbatch);
+    return full.exists() ? full : at(stage, ActionKind::kBackwardInput, microbatch);
+  }
+
+  void add(std::string rule, Position cell, std::string message) {
+    Violation v{std::move(rule), std::move(message), std::nullopt, 0};
+    if (cell.exists()) {
+      v.message = fmt::format("rank {} step {}: {}", cell.rank, cell.index, v.message);
+      v.rank = RankId(cell.rank);
+      v.index = cell.index;
+    }
+    report_.violations.push_back(std::move(v));
+  }
+
+  bool in_range(const Action& a) const {
+    return a.stage.value() >= 0 && a.stage.value() < stages_ && a.microbatch.value() >= 0 &&
+           a.microbatch.value() < microbatches_;
+  }
+
+  // Range, placement and duplicates; returns whether every action is in range.
+  bool index_actions() {
+    bool all_in_range = true;
+    for (int r = 0; r < s_.num_ranks(); ++r) {
+      const auto& actions = s_.actions(RankId(r));
+      for (std::size_t i = 0; i < actions.size(); ++i) {
+        const Action& a = actions[i];
+        const Position here{r, i};
+        if (a.kind == ActionKind::kBackwardInput || a.kind == ActionKind::kBackwardWeight) {
+          report_.split_backward = true;
+        }
+        if (!in_range(a)) {
+          all_in_range = false;
+          add("range", here,
+              fmt::format("{} lies outside the schedule's stages 0..{} and micro-batches 0..{}", to_string(a),
+                          stages_ - 1, microbatches_ - 1));
+          continue;
+        }
+        const RankId home = s_.rank_of(a.stage);
+        if (home.value() != r) {
+          add("placement", here,
+              fmt::format("{} is on rank {}, but stage {} sits on rank {} ({} placement)", to_string(a), r,
+                          a.stage.value(), home.value(), to_string(s_.placement())));
+        }
+        const std::size_t k = key(a);
+        if (count_[k]++ == 0) {
+          first_[k] = here;
+        } else {
+          add("count", here,
+              fmt::format("{} appears twice (first at rank {} step {}): each action runs once", to_string(a),
+                          first_[k].rank, first_[k].index));
+        }
+      }
+    }
+    return all_in_range;
+  }
+
+  int count(int stage, ActionKind kind, int microbatch) const {
+    return count_[key(Action{StageId(stage), kind, MicrobatchId(microbatch)})];
+  }
+
+  void check_counts() {
+    for (int s = 0; s < stages_; ++s) {
+      for (int k = 0; k < microbatches_; ++k) {
+        const int f = count(s, ActionKind::kForward, k);
+        const int b = count(s, ActionKind::kBackward, k);
+        const int i = count(s, ActionKind::kBackwardInput, k);
+        const int w = count(s, ActionKind::kBackwardWeight, k);
+        const std::string what = fmt::format("stage {} micro-batch {}", s, k);
+        if (f == 0) add("count", gradient_at(s, k), fmt::format("{} has no forward ({}F{})", what, s, k));
+        if (b == 0 && i == 0 && w == 0) {
+          add("count", at(s, ActionKind::kForward, k),
+              fmt::format("{} has no backward: it needs {}B{}, or {}I{} and {}W{}", what, s, k, s, k, s, k));
+        } else if (b > 0 && (i > 0 || w > 0)) {
+          add("count", at(s, i > 0 ? ActionKind::kBackwardInput : ActionKind::kBackwardWeight, k),
+              fmt::format("{} has both a full backward B and a split one (I/W): use one or the other", what));
+        } else if (i > 0 && w == 0) {
+          add("count", at(s, ActionKind::kBackwardInput, k),
+              fmt::format("{} has {}I{} but no {}W{}: a split backward needs both", what, s, k, s, k));
+        } else if (w > 0 && i == 0) {
+          add("count", at(s, ActionKind::kBackwardWeight, k),
+              fmt::format("{} has {}W{} but no {}I{}: a split backward needs both", what, s, k, s, k));
+        }
+      }
+    }
+  }
+
+  // `later` must come after `earlier` on the same rank.
+  void require_before(const char* rule, Position earlier, Position later, const std::string& why) {
+    if (!earlier.exists() || !later.exists() || earlier.rank != later.rank || earlier.index < later.index) return;
+    add(rule, later,
+        fmt::format("{} runs before {} (step {}): {}", to_string(action_at(later)), to_string(action_at(earlier)),
+                    earlier.index, why));
+  }
+
+  void check_stage_order() {
+    for (int s = 0; s < stages_; ++s) {
+      for (int k = 0; k < microbatches_; ++k) {
+        const Position f = at(s, ActionKind::kForward, k);
+        require_before("order", f, at(s, ActionKind::kBackward, k), "a stage's backward needs its forward first");
+        require_before("order", f, at(s, ActionKind::kBackwardInput, k),
+                       "a stage's backward needs its forward first");
+        require_before("order", at(s, ActionKind::kBackwardInput, k), at(s, ActionKind::kBackwardWeight, k),
+                       "W needs the I of its micro-batch first");
+      }
+    }
+  }
+
+  void check_same_rank_dependencies() {
+    for (int s = 0; s < stages_; ++s) {
+      for (int k = 0; k < microbatches_; ++k) {
+        if (s > 0) {
+          require_before("dependency", at(s - 1, ActionKind::kForward, k), at(s, ActionKind::kForward, k),
+                         fmt::format("stage {}'s forward needs stage {}'s output", s, s - 1));
+        }
+        if (s + 1 < stages_) {
+          const std::string why = fmt::format("stage {}'s backward needs stage {}'s input gradient", s, s + 1);
+          require_before("dependency", gradient_at(s + 1, k), at(s, ActionKind::kBackward, k), why);
+          require_before("dependency", gradient_at(s + 1, k), at(s, ActionKind::kBackwardInput, k), why);
+        }
+      }
+    }
+  }
+
+  // Every SEND/RECV: a neighbour stage on another rank, and its partner present.
+  void check_messages() {
+    for (int r = 0; r < s_.num_ranks(); ++r) {
+      const auto& actions = s_.actions(RankId(r));
+      for (std::size_t i = 0; i < actions.size(); ++i) {
+        const Action& a = actions[i];
+        if (is_compute(a.kind) || !in_range(a)) continue;
+        check_message(Position{r, i}, a);
+      }
+    }
+  }
+
+  void check_message(Position here, const Action& a) {
+    const int s = a.stage.value();
+    const int other = (a.kind == ActionKind::kSendForward || a.kind == ActionKind::kRecvBackward) ? s + 1 : s - 1;
+    if (other < 0 || other >= stages_) {
+      add("comm", here,
+          fmt::format("{} has no partner: stage {} is the {} stage", to_string(a), s, other < 0 ? "first" : "last"));
+      return;
+    }
+    if (s_.rank_of(StageId(other)) == s_.rank_of(a.stage)) {
+      add("comm", here,
+          fmt::format("{} carries no cross-rank dependency: stages {} and {} share rank {}; remove it", to_string(a),
+                      s, other, s_.rank_of(a.stage).value()));
+      return;
+    }
+    ActionKind partner_kind = ActionKind::kRecvForward;
+    if (a.kind == ActionKind::kRecvForward) partner_kind = ActionKind::kSendForward;
+    if (a.kind == ActionKind::kSendBackward) partner_kind = ActionKind::kRecvBackward;
+    if (a.kind == ActionKind::kRecvBackward) partner_kind = ActionKind::kSendBackward;
+    const Action partner{StageId(other), partner_kind, a.microbatch};
+    if (!at(partner).exists()) {
+      add("comm", here,
+          fmt::format("{} has no partner {} on rank {}: every {} pairs with one {}", to_string(a),
+                      to_string(partner), s_.rank_of(StageId(other)).value(), kind_token(a.kind),
+                      kind_token(partner_kind)));
+    }
+  }
+
+  // A cross-rank dependency producer -> consumer needs a SEND after the
+  // producer and a RECV before the consumer, each on its own rank.
+  void check_edge(Position producer, const Action& send, Position consumer, const Action& recv) {
+    const Position sent = at(send);
+    const Position received = at(recv);
+    if (producer.exists()) {
+      if (!sent.exists()) {
+        add("comm", producer,
+            fmt::format("{} feeds stage {} on another rank but no {} follows it", to_string(action_at(producer)),
+                        recv.stage.value(), to_string(send)));
+      } else {
+        require_before("comm", producer, sent, "a SEND needs its producer first");
+      }
+    }
+    if (consumer.exists()) {
+      if (!received.exists()) {
+        add("comm", consumer,
+            fmt::format("{} needs stage {}'s result from another rank but no {} precedes it",
+                        to_string(action_at(consumer)), send.stage.value(), to_string(recv)));
+      } else if (received.rank == consumer.rank && received.index > consumer.index) {
+        add("comm", received,
+            fmt::format("{} comes after its consumer {} (step {}): receive before use", to_string(recv),
+                        to_string(action_at(consumer)), consumer.index));
+      }
+    }
+  }
+
+  void check_cross_rank_edges() {
+    for (int s = 0; s + 1 < stages_; ++s) {
+      if (s_.rank_of(StageId(s)) == s_.rank_of(StageId(s + 1))) continue;
+      for (int k = 0; k < microbatches_; ++k) {
+        const MicrobatchId mb(k);
+        check_edge(at(s, ActionKind::kForward, k), Action{StageId(s), ActionKind::kSendForward, mb},
+                   at(s + 1, ActionKind::kForward, k), Action{StageId(s + 1), ActionKind::kRecvForward, mb});
+        check_edge(gradient_at(s + 1, k), Action{StageId(s + 1), ActionKind::kSendBackward, mb}, gradient_at(s, k),
+                   Action{StageId(s), ActionKind::kRecvBackward, mb});
+      }
+    }
+  }
+
+  void run_dry_run() {
+    report_.dry_run = dry_run(s_);
+    for (const StuckRank& stuck : report_.dry_run->stuck) {
+      Violation v{"deadlock", stuck.message, stuck.rank, stuck.index};
+      report_.violations.push_back(std::move(v));
+    }
+  }
+
+  void measure_inflight() {
+    for (int r = 0; r < s_.num_ranks(); ++r) {
+      int until_input = 0;
+      int until_weight = 0;
+      int peak_input = 0;
+      int peak_weight = 0;
+      for (const Action& a : s_.actions(RankId(r))) {
+        if (a.kind == ActionKind::kForward) {
+          peak_input = std::max(peak_input, ++until_input);
+          peak_weight = std::max(peak_weight, ++until_weight);
+        }
+        if (is_input_backward(a.kind)) --until_input;
+        if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) --until_weight;
+      }
+      report_.peak_inflight.push_back(peak_input);
+      report_.peak_inflight_until_weight.push_back(peak_weight);
+    }
+  }
+
+  const Schedule& s_;
+  const int stages_;
+  const int microbatches_;
+  std::vector<Position> first_;  // per action key: its first occurrence
+  std::vector<int> count_;       // per action key: occurrences
+  ValidationReport report_;
+};
+
+std::string join_ints(const std::vector<int>& values) {
+  std::string out;
+  for (int v : values) {
+    if (!out.empty()) out += ' ';
+    out += std::to_string(v);
+  }
+  return out;
+}
+
+std::string describe(const Schedule& schedule) {
+  return fmt::format("{}: {} ranks, {} stages ({} placement), {} micro-batches, {}, {} actions", schedule.name(),
+                     schedule.num_ranks(), schedule.num_stages(), to_string(schedule.placement()),
+                     schedule.num_microbatches(), schedule.has_communication() ? "lowered" : "compute-only",
+                     schedule.total_actions());
+}
+
+}  // namespace
+
+ValidationReport validate(const Schedule& schedule) { return Validator(schedule).run(); }
+
+std::string ValidationReport::render(const Schedule& schedule) const {
+  std::string out = fmt::format("{}\n{} violation{}:\n", describe(schedule), violations.size(),
+                                violations.size() == 1 ? "" : "s");
+  std::vector<GridMark> marks;
+  for (std::size_t i = 0; i < violations.size(); ++i) {
+    const Violation& v = violations[i];
+    out += fmt::format("[{}] {}: {}\n", i + 1, v.rule, v.message);
+    if (v.rank) marks.push_back({*v.rank, v.index, static_cast<int>(i + 1)});
+  }
+  return out + "\n" + render_grid(schedule, marks);
+}
+
+std::string ValidationReport::summary(const Schedule& schedule) const {
+  std::string out = describe(schedule) + "\n";
+  if (dry_run && !dry_run->deadlocked) {
+    out += fmt::format("unit-cost makespan {:g} (F=1, B=2, I=W=1, no transfer time), bubble {}\n",
+                       dry_run->makespan, format_percent(bubble_fraction(*dry_run)));
+  }
+  out += fmt::format("peak in-flight micro-batch chunks per rank: {}\n", join_ints(peak_inflight));
+  if (split_backward) {
+    out += fmt::format("peak in-flight until W per rank: {}\n", join_ints(peak_inflight_until_weight));
+  }
+  return out;
+}
+
+}  // namespace pipeflow
