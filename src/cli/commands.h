@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 namespace pipeflow::cli {
 
 // Each subcommand lives in its own file and adds itself to the application.
@@ -11,5 +13,10 @@ namespace pipeflow::cli {
 
 void add_model_command(CLI::App& app);      // model_command.cc
 void add_partition_command(CLI::App& app);  // partition_command.cc
+void add_schedule_command(CLI::App& app);   // schedule_command.cc
+void add_validate_command(CLI::App& app);   // validate_command.cc
+
+// Writes `text` to `path` atomically, or to standard output if `path` is empty.
+void write_output(const std::string& text, const std::string& path);
 
 }  // namespace pipeflow::cli

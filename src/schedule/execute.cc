@@ -303,8 +303,10 @@ class Executor {
 
   std::string describe(int r, const Need& need) const {
     const std::string what = to_string(need.action);
-    const std::string waits =
-        need.rendezvous ? fmt::format("waits for {} to rendezvous", what) : fmt::format("waits for {}", what);
+    // A RECV always waits for its SEND; under rendezvous a SEND also waits for its RECV.
+    const std::string waits = need.rendezvous && is_recv(need.action.kind)
+                                  ? fmt::format("waits for {} to rendezvous", what)
+                                  : fmt::format("waits for {}", what);
     const int holder = need.rendezvous ? partner_rank(need.action) : rank_holding(need.action);
     if (rank_holding(need.action) == kNobody) {
       return fmt::format("{}, which is in no rank's list", waits);
@@ -316,6 +318,7 @@ class Executor {
     if (head >= list(holder).size()) {
       return fmt::format("{}, but rank {} has finished its list", waits, holder);
     }
+    if (list(holder)[head] == need.action) return fmt::format("{}, at which rank {} is blocked", waits, holder);
     return fmt::format("{}, which rank {} has not reached (rank {} is blocked at {})", waits, holder, holder,
                        to_string(list(holder)[head]));
   }

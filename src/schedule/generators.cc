@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <deque>
+#include <utility>
 
 #include "pipeflow/core/error.h"
 
@@ -102,33 +103,38 @@ std::vector<int> forward_chunk_order(int microbatches, int chunks, int group) {
   return order;
 }
 
-}  // namespace
-
-Schedule make_gpipe(int ranks, int microbatches) {
-  require_basics("gpipe", ranks, microbatches);
-  Schedule schedule("gpipe", ranks, ranks, microbatches, Placement::kLoop);
+// Builds a schedule rank by rank: fill(plan, r) writes rank r's list.
+template <class Fill>
+Schedule build(std::string name, int ranks, int stages, int microbatches, Placement placement, Fill fill) {
+  Schedule schedule(std::move(name), ranks, stages, microbatches, placement);
   for (int r = 0; r < ranks; ++r) {
     RankPlan plan(schedule, r);
-    for (int k = 0; k < microbatches; ++k) plan.forward(r);
-    for (int k = 0; k < microbatches; ++k) plan.backward(r);
+    fill(plan, r);
   }
   return schedule;
 }
 
+}  // namespace
+
+Schedule make_gpipe(int ranks, int microbatches) {
+  require_basics("gpipe", ranks, microbatches);
+  return build("gpipe", ranks, ranks, microbatches, Placement::kLoop, [&](RankPlan& plan, int r) {
+    for (int k = 0; k < microbatches; ++k) plan.forward(r);
+    for (int k = 0; k < microbatches; ++k) plan.backward(r);
+  });
+}
+
 Schedule make_1f1b(int ranks, int microbatches) {
   require_microbatches_at_least_stages("1f1b", ranks, microbatches);
-  Schedule schedule("1f1b", ranks, ranks, microbatches, Placement::kLoop);
-  for (int r = 0; r < ranks; ++r) {
-    RankPlan plan(schedule, r);
-    const int warmup = std::min(ranks - r - 1, microbatches);
+  return build("1f1b", ranks, ranks, microbatches, Placement::kLoop, [&](RankPlan& plan, int r) {
+    const int warmup = ranks - r - 1;
     for (int k = 0; k < warmup; ++k) plan.forward(r);
     for (int k = 0; k < microbatches - warmup; ++k) {
       plan.forward(r);
       plan.backward(r);
     }
     for (int k = 0; k < warmup; ++k) plan.backward(r);
-  }
-  return schedule;
+  });
 }
 
 int interleaved_microbatch_group(int ranks, int microbatches) {
@@ -153,11 +159,9 @@ Schedule make_interleaved_1f1b(int ranks, int microbatches, int virtual_per_rank
          group, ranks, microbatches, auto_group);
   }
   const int chunks = virtual_per_rank;
-  Schedule schedule("interleaved-1f1b", ranks, ranks * chunks, microbatches, Placement::kLoop);
   const std::vector<int> order = forward_chunk_order(microbatches, chunks, group);
   const int total = microbatches * chunks;
-  for (int r = 0; r < ranks; ++r) {
-    RankPlan plan(schedule, r);
+  return build("interleaved-1f1b", ranks, ranks * chunks, microbatches, Placement::kLoop, [&](RankPlan& plan, int r) {
     const int warmup = chunks == 1 ? std::min(ranks - r - 1, total)
                                    : std::min((ranks - r - 1) * 2 + (chunks - 1) * group, total);
     auto forward = [&](int k) { plan.forward(order[static_cast<std::size_t>(k)] * ranks + r); };
@@ -168,31 +172,26 @@ Schedule make_interleaved_1f1b(int ranks, int microbatches, int virtual_per_rank
       backward(k);
     }
     for (int k = total - warmup; k < total; ++k) backward(k);
-  }
-  return schedule;
+  });
 }
 
 Schedule make_looped_bfs(int ranks, int microbatches, int virtual_per_rank) {
   require_basics("looped-bfs", ranks, microbatches);
   require_virtual("looped-bfs", virtual_per_rank);
-  Schedule schedule("looped-bfs", ranks, ranks * virtual_per_rank, microbatches, Placement::kLoop);
-  for (int r = 0; r < ranks; ++r) {
-    RankPlan plan(schedule, r);
-    for (int chunk = 0; chunk < virtual_per_rank; ++chunk) {
+  const int chunks = virtual_per_rank;
+  return build("looped-bfs", ranks, ranks * chunks, microbatches, Placement::kLoop, [&](RankPlan& plan, int r) {
+    for (int chunk = 0; chunk < chunks; ++chunk) {
       for (int k = 0; k < microbatches; ++k) plan.forward(chunk * ranks + r);
     }
-    for (int chunk = virtual_per_rank - 1; chunk >= 0; --chunk) {
+    for (int chunk = chunks - 1; chunk >= 0; --chunk) {
       for (int k = microbatches - 1; k >= 0; --k) plan.push(chunk * ranks + r, ActionKind::kBackward, k);
     }
-  }
-  return schedule;
+  });
 }
 
 Schedule make_zb_h1(int ranks, int microbatches) {
   require_microbatches_at_least_stages("zb-h1", ranks, microbatches);
-  Schedule schedule("zb-h1", ranks, ranks, microbatches, Placement::kLoop);
-  for (int r = 0; r < ranks; ++r) {
-    RankPlan plan(schedule, r);
+  return build("zb-h1", ranks, ranks, microbatches, Placement::kLoop, [&](RankPlan& plan, int r) {
     for (int k = 0; k < ranks - r - 1; ++k) plan.forward(r);
     for (int k = 0; k < microbatches; ++k) {
       if (plan.forwards(r) < microbatches) plan.forward(r);
@@ -200,15 +199,12 @@ Schedule make_zb_h1(int ranks, int microbatches) {
       if (k >= r) plan.weight();
     }
     plan.all_weights();
-  }
-  return schedule;
+  });
 }
 
 Schedule make_zb_h2(int ranks, int microbatches) {
   require_microbatches_at_least_stages("zb-h2", ranks, microbatches);
-  Schedule schedule("zb-h2", ranks, ranks, microbatches, Placement::kLoop);
-  for (int r = 0; r < ranks; ++r) {
-    RankPlan plan(schedule, r);
+  return build("zb-h2", ranks, ranks, microbatches, Placement::kLoop, [&](RankPlan& plan, int r) {
     const int warmup = std::min(2 * (ranks - r) - 1, microbatches);
     const int deferred = std::max(0, 2 * r - std::max(0, 2 * ranks - 1 - microbatches));
     for (int k = 0; k < warmup; ++k) plan.forward(r);
@@ -218,19 +214,16 @@ Schedule make_zb_h2(int ranks, int microbatches) {
       if (plan.forwards(r) < microbatches) plan.forward(r);
     }
     plan.all_weights();
-  }
-  return schedule;
+  });
 }
 
 Schedule make_zbv(int ranks, int microbatches) {
   require_v_shape("zbv", ranks, microbatches);
-  Schedule schedule("zbv", ranks, 2 * ranks, microbatches, Placement::kV);
   const int p = ranks;
   const int m = microbatches;
-  for (int r = 0; r < p; ++r) {
-    RankPlan plan(schedule, r);
-    const int c0 = r;
-    const int c1 = 2 * p - 1 - r;
+  return build("zbv", p, 2 * p, m, Placement::kV, [&](RankPlan& plan, int r) {
+    const int c0 = r;               // chunk 0: stage r
+    const int c1 = 2 * p - 1 - r;  // chunk 1: stage 2p - 1 - r
     for (int k = 0; k < 2 * (p - r) - 1; ++k) plan.forward(c0);  // warm-up: F0 ...
     for (int k = 0; k < r; ++k) {                                 // F1 F0
       plan.forward(c1);
@@ -259,19 +252,16 @@ Schedule make_zbv(int ranks, int microbatches) {
     }
     plan.all_weights(c1);  // the pending W1's, then W0's
     plan.all_weights(c0);
-  }
-  return schedule;
+  });
 }
 
 Schedule make_dualpipev(int ranks, int microbatches) {
   require_v_shape("dualpipev", ranks, microbatches);
-  Schedule schedule("dualpipev", ranks, 2 * ranks, microbatches, Placement::kV);
   const int p = ranks;
   const int m = microbatches;
-  for (int r = 0; r < p; ++r) {
-    RankPlan plan(schedule, r);
-    const int c0 = r;
-    const int c1 = 2 * p - 1 - r;
+  return build("dualpipev", p, 2 * p, m, Placement::kV, [&](RankPlan& plan, int r) {
+    const int c0 = r;               // chunk 0: stage r
+    const int c1 = 2 * p - 1 - r;  // chunk 1: stage 2p - 1 - r
     // An overlapped F&B: F of one chunk, then B of the other (see the header).
     auto forward_and_backward = [&](int forward_chunk, int backward_chunk) {
       plan.forward(forward_chunk);
@@ -315,8 +305,7 @@ Schedule make_dualpipev(int ranks, int microbatches) {
     }
     // Phase 8: nW.
     plan.all_weights();
-  }
-  return schedule;
+  });
 }
 
 const std::vector<ScheduleInfo>& list_schedules() {

@@ -200,7 +200,7 @@ class Validator {
     if (s_.rank_of(StageId(other)) == s_.rank_of(a.stage)) {
       add("comm", here,
           fmt::format("{} carries no cross-rank dependency: stages {} and {} share rank {}; remove it", to_string(a),
-                      s, other, s_.rank_of(a.stage).value()));
+                      std::min(s, other), std::max(s, other), s_.rank_of(a.stage).value()));
       return;
     }
     ActionKind partner_kind = ActionKind::kRecvForward;
@@ -301,10 +301,13 @@ std::string join_ints(const std::vector<int>& values) {
 }
 
 std::string describe(const Schedule& schedule) {
-  return fmt::format("{}: {} ranks, {} stages ({} placement), {} micro-batches, {}, {} actions", schedule.name(),
-                     schedule.num_ranks(), schedule.num_stages(), to_string(schedule.placement()),
-                     schedule.num_microbatches(), schedule.has_communication() ? "lowered" : "compute-only",
-                     schedule.total_actions());
+  auto count = [](std::size_t n, const char* one, const char* many) { return fmt::format("{} {}", n, n == 1 ? one : many); };
+  return fmt::format("{}: {}, {} ({} placement), {}, {}, {}", schedule.name(),
+                     count(static_cast<std::size_t>(schedule.num_ranks()), "rank", "ranks"),
+                     count(static_cast<std::size_t>(schedule.num_stages()), "stage", "stages"), to_string(schedule.placement()),
+                     count(static_cast<std::size_t>(schedule.num_microbatches()), "micro-batch", "micro-batches"),
+                     schedule.has_communication() ? "lowered" : "compute-only",
+                     count(schedule.total_actions(), "action", "actions"));
 }
 
 }  // namespace
@@ -326,8 +329,9 @@ std::string ValidationReport::render(const Schedule& schedule) const {
 std::string ValidationReport::summary(const Schedule& schedule) const {
   std::string out = describe(schedule) + "\n";
   if (dry_run && !dry_run->deadlocked) {
-    out += fmt::format("unit-cost makespan {:g} (F=1, B=2, I=W=1, no transfer time), bubble {}\n",
-                       dry_run->makespan, format_percent(bubble_fraction(*dry_run)));
+    out += fmt::format("unit-cost makespan {:g} (F=1, B=2, I=W=1, no transfer time{}), bubble {}\n",
+                       dry_run->makespan, schedule.has_communication() ? ", rendezvous send/recv" : "",
+                       format_percent(bubble_fraction(*dry_run)));
   }
   out += fmt::format("peak in-flight micro-batch chunks per rank: {}\n", join_ints(peak_inflight));
   if (split_backward) {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "error_of.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/schedule/execute.h"
 #include "pipeflow/schedule/passes.h"
@@ -147,6 +148,152 @@ TEST(Generators, ZbH1Sweep) { sweep("zb-h1"); }
 TEST(Generators, ZbH2Sweep) { sweep("zb-h2"); }
 TEST(Generators, ZbvSweep) { sweep("zbv"); }
 TEST(Generators, DualPipeVSweep) { sweep("dualpipev"); }
+
+}  // namespace
+}  // namespace pipeflow
+
+namespace pipeflow {
+namespace {
+
+using testing::error_of;
+
+// Time a rank is idle between its first start and its last end.
+double gaps(const Execution& e, int r) {
+  const auto& timed = e.ranks[static_cast<std::size_t>(r)];
+  return timed.back().end - timed.front().start - busy_time(e, RankId(r));
+}
+
+TEST(ClosedForms, ZbH1IdlesPMinusOneOnEveryRank) {
+  // (p - 1)(F + I - W) with F = I = W = 1.
+  for (int p = 2; p <= 8; ++p) {
+    const Execution e = dry_run(make_zb_h1(p, 2 * p));
+    for (int r = 0; r < p; ++r) EXPECT_EQ(e.makespan - busy_time(e, RankId(r)), p - 1) << "p=" << p << " r=" << r;
+  }
+}
+
+TEST(ClosedForms, ZbH2HasNoGapFromM2PMinus1) {
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 2 * p - 1; m <= 4 * p; ++m) {
+      if (m < p) continue;
+      const Execution e = dry_run(make_zb_h2(p, m));
+      EXPECT_EQ(e.makespan, 3 * m + p - 1);
+      for (int r = 0; r < p; ++r) {
+        EXPECT_EQ(gaps(e, r), 0) << "p=" << p << " m=" << m << " r=" << r;
+        EXPECT_EQ(e.ranks[static_cast<std::size_t>(r)].front().start, r);
+        EXPECT_EQ(e.ranks[static_cast<std::size_t>(r)].back().end, r + 3 * m);
+      }
+    }
+  }
+  // Below 2p - 1 the warm-up cannot fill: p = 4, m = 4 leaves gaps.
+  EXPECT_GT(gaps(dry_run(make_zb_h2(4, 4)), 0), 0);
+}
+
+TEST(ClosedForms, ZbvHasNoGapOnAnyRank) {
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 2 * p; m <= 4 * p; ++m) {
+      const Execution e = dry_run(make_zbv(p, m));
+      for (int r = 0; r < p; ++r) {
+        EXPECT_EQ(gaps(e, r), 0) << "p=" << p << " m=" << m << " r=" << r;
+        EXPECT_EQ(e.ranks[static_cast<std::size_t>(r)].front().start, r);
+        EXPECT_EQ(e.ranks[static_cast<std::size_t>(r)].back().end, 6 * m + r);
+      }
+    }
+  }
+}
+
+TEST(ClosedForms, DualPipeVStaysWithinItsReadmeBubble) {
+  // README: bubble (PP/2 - 1)(F&B + B - 3W) with PP = 2p stages; the IR runs
+  // the overlapped pair as F then B, so F&B = F + B.
+  struct Costs {
+    double f, i, w;
+  };
+  for (const Costs c : {Costs{1, 1, 1}, Costs{2, 1, 1}, Costs{1, 2, 1}, Costs{1, 1, 2}, Costs{3, 2, 1}}) {
+    ExecutionCosts costs = unit_costs(CommMode::kOverlapped);
+    costs.duration = [c](const Action& a, RankId) {
+      switch (a.kind) {
+        case ActionKind::kForward: return c.f;
+        case ActionKind::kBackwardInput: return c.i;
+        case ActionKind::kBackwardWeight: return c.w;
+        default: return c.i + c.w;
+      }
+    };
+    for (int p = 2; p <= 6; ++p) {
+      const int m = 3 * p;
+      const Execution e = execute(make_dualpipev(p, m), costs);
+      const double b = c.i + c.w;
+      const double readme = (p - 1) * ((c.f + b) + b - 3 * c.w);
+      for (int r = 0; r < p; ++r) {
+        const double idle = e.makespan - busy_time(e, RankId(r));
+        EXPECT_LE(idle, readme) << "p=" << p << " r=" << r;
+        if (c.f == 1 && c.i == 1 && c.w == 2) {
+          EXPECT_EQ(idle, readme);
+        }
+        if (c.f == 1 && c.i == 1 && c.w == 1) {
+          EXPECT_EQ(idle, p - 1);
+        }
+      }
+    }
+  }
+}
+
+TEST(ClosedForms, InterleavedUsesMegatronsMicrobatchGroup) {
+  EXPECT_EQ(interleaved_microbatch_group(4, 8), 4);  // Megatron-core's default g = p
+  EXPECT_EQ(interleaved_microbatch_group(4, 6), 6);  // 6 % 4 = 2 < 4, 6 % 5 = 1 < 4
+  EXPECT_EQ(interleaved_microbatch_group(4, 9), 5);  // 9 % 5 = 4 >= 4
+  EXPECT_EQ(interleaved_microbatch_group(4, 13), 7);
+  EXPECT_EQ(dry_run(make_interleaved_1f1b(4, 6, 2)).makespan, 3 * (12 + 3));
+  EXPECT_EQ(dry_run(make_interleaved_1f1b(4, 8, 2, 8)).makespan, 3 * (16 + 3));
+  // The interleaved bubble is 1/v of 1F1B's: (p - 1)/(v m + p - 1).
+  EXPECT_DOUBLE_EQ(bubble_fraction(dry_run(make_interleaved_1f1b(4, 16, 2))), 3.0 / 35.0);
+}
+
+TEST(Constraints, ViolationsRaiseTheDocumentedMessages) {
+  EXPECT_EQ(error_of([] { make_1f1b(4, 3); }),
+            "1f1b needs microbatches >= stages (got 3 < 4): raise gradient_accumulation_steps or use gpipe");
+  EXPECT_EQ(error_of([] { make_zb_h1(4, 3); }),
+            "zb-h1 needs microbatches >= stages (got 3 < 4): raise gradient_accumulation_steps or use gpipe");
+  EXPECT_EQ(error_of([] { make_zb_h2(5, 2); }),
+            "zb-h2 needs microbatches >= stages (got 2 < 5): raise gradient_accumulation_steps or use gpipe");
+  EXPECT_EQ(error_of([] { make_zbv(4, 7); }),
+            "zbv needs microbatches >= 2 * stages (got 7 < 8): it holds 2 chunks per rank; raise "
+            "gradient_accumulation_steps or use zb-h1");
+  EXPECT_EQ(error_of([] { make_dualpipev(3, 5); }),
+            "dualpipev needs microbatches >= 2 * stages (got 5 < 6): it holds 2 chunks per rank; raise "
+            "gradient_accumulation_steps or use zb-h1");
+  EXPECT_EQ(error_of([] { make_interleaved_1f1b(4, 3, 2); }),
+            "interleaved-1f1b needs microbatches >= stages (got 3 < 4): Megatron-core's micro-batch group lies in "
+            "[stages, microbatches]; raise gradient_accumulation_steps or use looped-bfs");
+  EXPECT_EQ(error_of([] { make_interleaved_1f1b(4, 10, 2, 4); }),
+            "interleaved-1f1b micro-batch group 4 is invalid for 4 stages and 10 microbatches: Megatron-core needs "
+            "stages <= group <= microbatches and microbatches % group == 0 or >= stages; use 5");
+  EXPECT_EQ(error_of([] { make_interleaved_1f1b(2, 4, 0); }),
+            "interleaved-1f1b needs virtual stages per rank >= 1 (got 0)");
+  EXPECT_EQ(error_of([] { make_looped_bfs(2, 4, 0); }), "looped-bfs needs virtual stages per rank >= 1 (got 0)");
+  EXPECT_EQ(error_of([] { make_gpipe(0, 4); }), "gpipe needs stages >= 1 (got 0): stages counts pipeline ranks");
+  EXPECT_EQ(error_of([] { make_gpipe(2, 0); }), "gpipe needs microbatches >= 1 (got 0)");
+}
+
+TEST(Registry, ListsEveryGeneratorAndDispatches) {
+  std::vector<std::string> names;
+  for (const ScheduleInfo& info : list_schedules()) {
+    names.push_back(info.name);
+    EXPECT_FALSE(info.description.empty());
+    EXPECT_FALSE(info.constraints.empty());
+    EXPECT_FALSE(info.source.empty());
+    EXPECT_EQ(make_schedule(info.name, 2, 8, info.takes_virtual ? 2 : 1).name(), info.name);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2",
+                                              "zbv", "dualpipev"}));
+  EXPECT_EQ(make_schedule("ZBV", 2, 4, 2).num_stages(), 4);
+  EXPECT_EQ(error_of([] { make_schedule("pipedream", 2, 4, 1); }),
+            "unknown schedule \"pipedream\": known schedules are gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, "
+            "zb-h2, zbv, dualpipev");
+  EXPECT_EQ(error_of([] { make_schedule("gpipe", 2, 4, 2); }),
+            "gpipe holds one stage per rank (got virtual 2): use interleaved-1f1b or looped-bfs for several chunks "
+            "per rank");
+  EXPECT_EQ(error_of([] { make_schedule("zbv", 2, 4, 3); }),
+            "zbv always holds 2 chunks per rank (got virtual 3): leave virtual at 1 or 2");
+}
 
 }  // namespace
 }  // namespace pipeflow

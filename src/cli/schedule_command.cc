@@ -1,0 +1,91 @@
+// `pipeflow schedule`: builds a schedule with a generator and prints it.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "commands.h"
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+#include "pipeflow/schedule/generators.h"
+#include "pipeflow/schedule/grid.h"
+#include "pipeflow/schedule/io.h"
+#include "pipeflow/schedule/passes.h"
+#include "pipeflow/schedule/validate.h"
+
+namespace pipeflow::cli {
+namespace {
+
+struct ScheduleOptions {
+  std::string name;
+  int stages = 0;
+  int microbatches = 0;
+  int virtual_per_rank = 1;
+  std::string format = "grid";
+  std::string output;
+  bool lowered = false;
+  bool list = false;
+};
+
+std::string list_text() {
+  std::string out;
+  for (const ScheduleInfo& info : list_schedules()) {
+    out += fmt::format("{:<17} {}\n", info.name, info.description);
+    out += fmt::format("{:<17} constraints: {}{}\n", "", info.constraints,
+                       info.takes_virtual ? " (takes --virtual)" : "");
+    out += fmt::format("{:<17} source: {}\n", "", info.source);
+  }
+  return out;
+}
+
+std::string render(const Schedule& schedule, const std::string& format) {
+  if (format == "csv") return write_csv(schedule);
+  if (format == "json") return write_json(schedule);
+  const ValidationReport report = validate(schedule);
+  if (!report.ok()) fail("internal: generated schedule is invalid:\n{}", report.render(schedule));
+  return render_grid(schedule) + "\n" + report.summary(schedule);
+}
+
+void run(const ScheduleOptions& options) {
+  std::string text;
+  if (options.list) {
+    text = list_text();
+  } else {
+    if (options.name.empty() || options.stages == 0 || options.microbatches == 0) {
+      fail("schedule needs --schedule NAME, --stages P and --microbatches M (or --list to see the schedules)");
+    }
+    Schedule schedule = make_schedule(options.name, options.stages, options.microbatches, options.virtual_per_rank);
+    if (options.lowered) schedule = insert_send_recv(schedule);
+    text = render(schedule, options.format);
+  }
+  write_output(text, options.output);
+}
+
+}  // namespace
+
+void write_output(const std::string& text, const std::string& path) {
+  if (!path.empty()) {
+    write_file_atomic(path, text);
+  } else if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size()) {
+    fail("cannot write to standard output");
+  }
+}
+
+void add_schedule_command(CLI::App& app) {
+  auto options = std::make_shared<ScheduleOptions>();
+  CLI::App* command = app.add_subcommand("schedule", "Generate a pipeline schedule and print it");
+  command->add_option("--schedule", options->name, "Schedule name (see --list)");
+  command->add_option("--stages", options->stages, "Pipeline ranks (devices), as DeepSpeed's num_stages");
+  command->add_option("--microbatches", options->microbatches, "Micro-batches per step (gradient accumulation)");
+  command->add_option("--virtual", options->virtual_per_rank,
+                      "Model chunks per rank (interleaved-1f1b, looped-bfs; zbv and dualpipev always hold 2)")
+      ->capture_default_str();
+  command->add_option("--format", options->format, "Output format")
+      ->check(CLI::IsMember({"grid", "csv", "json"}))
+      ->capture_default_str();
+  command->add_option("-o,--output", options->output, "Write to FILE (atomically) instead of standard output");
+  command->add_flag("--lowered", options->lowered, "Add the SEND/RECV actions (insert_send_recv)");
+  command->add_flag("--list", options->list, "List the schedules with their constraints");
+  command->callback([options] { run(*options); });
+}
+
+}  // namespace pipeflow::cli

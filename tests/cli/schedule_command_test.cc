@@ -1,0 +1,114 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "pipeflow/core/file.h"
+#include "pipeflow/schedule/io.h"
+#include "pipeflow/schedule/validate.h"
+#include "run_pipeflow.h"
+
+namespace pipeflow::testing {
+namespace {
+
+int count_lines_starting(const std::string& text, const std::string& prefix) {
+  int n = 0;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t end = text.find('\n', at);
+    if (text.compare(at, prefix.size(), prefix) == 0) ++n;
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return n;
+}
+
+TEST(ScheduleCommand, ZbvGridIsPrintedWithItsSummary) {
+  const CommandResult result = run_pipeflow("schedule --schedule zbv --stages 4 --microbatches 8");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(count_lines_starting(result.out, "rank "), 4);
+  EXPECT_EQ(result.out.rfind("step     0      1      2", 0), 0u) << result.out;
+  EXPECT_NE(result.out.find("rank 0   0F0    0F1    0F2    0F3    0F4    0F5    0F6    7F0    7I0    7W0"),
+            std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("zbv: 4 ranks, 8 stages (v placement), 8 micro-batches, compute-only, 192 actions\n"
+                            "unit-cost makespan 51 (F=1, B=2, I=W=1, no transfer time), bubble 5.9%\n"
+                            "peak in-flight micro-batch chunks per rank: 8 8 8 8\n"
+                            "peak in-flight until W per rank: 8 8 8 8\n"),
+            std::string::npos)
+      << result.out;
+}
+
+TEST(ScheduleCommand, CsvOutputValidatesAndLoweredAddsMessages) {
+  const CommandResult result =
+      run_pipeflow("schedule --schedule interleaved-1f1b --stages 4 --microbatches 8 --virtual 2 --format csv --lowered");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const Schedule schedule = read_csv(result.out, "out.csv");
+  EXPECT_EQ(schedule.num_stages(), 8);
+  EXPECT_TRUE(schedule.has_communication());
+  EXPECT_TRUE(validate(schedule).ok());
+}
+
+TEST(ScheduleCommand, OutputFileIsWrittenAtomically) {
+  const std::string dir = make_temp_dir();
+  const CommandResult result =
+      run_pipeflow("schedule --schedule 1f1b --stages 2 --microbatches 2 --format csv -o " + dir + "/s.csv");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out, "");
+  EXPECT_EQ(read_file(dir + "/s.csv"), "0F0,0F1,0B0,0B1\r\n1F0,1B0,1F1,1B1\r\n");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ScheduleCommand, ListShowsEveryScheduleWithItsConstraints) {
+  const CommandResult result = run_pipeflow("schedule --list");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  for (const char* name : {"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zbv", "dualpipev"}) {
+    EXPECT_EQ(count_lines_starting(result.out, std::string(name) + " "), 1) << name;
+  }
+  EXPECT_NE(result.out.find("constraints: microbatches >= 2 * stages; 2 chunks per rank"), std::string::npos);
+}
+
+TEST(ScheduleCommand, ConstraintViolationIsOneLineAndExitsOne) {
+  const CommandResult result = run_pipeflow("schedule --schedule 1f1b --stages 4 --microbatches 3");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.err,
+            "pipeflow: error: 1f1b needs microbatches >= stages (got 3 < 4): raise gradient_accumulation_steps or "
+            "use gpipe\n");
+  const CommandResult missing = run_pipeflow("schedule --schedule 1f1b");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("--stages P and --microbatches M"), std::string::npos) << missing.err;
+}
+
+TEST(ValidateCommand, GoodCsvPrintsOkAndTheSummary) {
+  const CommandResult result =
+      run_pipeflow("validate " + std::string(PIPEFLOW_SOURCE_DIR) + "/examples/schedules/pytorch_1f1b_4x8.csv");
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out,
+            "OK pytorch_1f1b_4x8.csv: 4 ranks, 4 stages (loop placement), 8 micro-batches, compute-only, 64 actions\n"
+            "unit-cost makespan 33 (F=1, B=2, I=W=1, no transfer time), bubble 27.3%\n"
+            "peak in-flight micro-batch chunks per rank: 4 3 2 1\n");
+}
+
+TEST(ValidateCommand, BadCsvPrintsEveryViolationWithTheGridAndExitsOne) {
+  const std::string path = std::string(PIPEFLOW_SOURCE_DIR) + "/examples/schedules/deadlock_2x1.csv";
+  const CommandResult result = run_pipeflow("validate " + path);
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.out.find("[1] deadlock: rank 0 blocked at 0RECV_B0: waits for 1SEND_B0"), std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("rank 1  *1RECV_F0*  1F0        1B0        1SEND_B0   <-- ERROR HERE [2]"),
+            std::string::npos)
+      << result.out;
+  EXPECT_EQ(result.err, "pipeflow: error: " + path + ": 2 violations (listed above)\n");
+}
+
+TEST(ValidateCommand, MalformedCsvNamesRowColumnAndToken) {
+  const std::string dir = make_temp_dir();
+  write_file_atomic(dir + "/bad.csv", "0F0,0B0\n1F0,1Z0,1B0\n");
+  const CommandResult result = run_pipeflow("validate " + dir + "/bad.csv");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.err.rfind("pipeflow: error: bad.csv row 2, column 2: invalid action \"1Z0\"", 0), 0u) << result.err;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pipeflow::testing

@@ -1,0 +1,20 @@
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow::testing {
+
+// The message of the pipeflow::Error that `f` throws, or "no error".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "no error";
+}
+
+}  // namespace pipeflow::testing

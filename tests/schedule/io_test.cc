@@ -1,0 +1,191 @@
+#include "pipeflow/schedule/io.h"
+
+#include <gtest/gtest.h>
+
+#include "error_of.h"
+#include "pipeflow/core/error.h"
+#include "pipeflow/schedule/generators.h"
+#include "pipeflow/schedule/passes.h"
+#include "pipeflow/schedule/validate.h"
+
+namespace pipeflow {
+namespace {
+
+std::string read_error(std::string_view csv) {
+  return testing::error_of([&] { read_csv(csv, "bad.csv"); });
+}
+
+std::string json_error(std::string_view json) {
+  return testing::error_of([&] { read_json(json, "bad.json"); });
+}
+
+// Same shape, same stage -> rank map, same lists. (With one rank, loop and V
+// place every stage alike, so the placement itself may differ.)
+void expect_same(const Schedule& a, const Schedule& b) {
+  ASSERT_EQ(a.num_ranks(), b.num_ranks());
+  ASSERT_EQ(a.num_stages(), b.num_stages());
+  EXPECT_EQ(a.num_microbatches(), b.num_microbatches());
+  if (a.num_ranks() > 1) {
+    EXPECT_EQ(a.placement(), b.placement());
+  }
+  for (int s = 0; s < a.num_stages(); ++s) EXPECT_EQ(a.rank_of(StageId(s)), b.rank_of(StageId(s)));
+  for (int r = 0; r < a.num_ranks(); ++r) EXPECT_EQ(a.actions(RankId(r)), b.actions(RankId(r))) << "rank " << r;
+}
+
+std::vector<Schedule> examples() {
+  std::vector<Schedule> out;
+  for (int p : {1, 2, 3, 4}) {
+    out.push_back(make_gpipe(p, 3));
+    out.push_back(make_1f1b(p, 2 * p));
+    out.push_back(make_interleaved_1f1b(p, 2 * p, 2));
+    out.push_back(make_looped_bfs(p, 3, 3));
+    out.push_back(make_zb_h1(p, p + 1));
+    out.push_back(make_zb_h2(p, 2 * p));
+    out.push_back(make_zbv(p, 2 * p));
+    out.push_back(make_dualpipev(p, 2 * p + 1));
+  }
+  return out;
+}
+
+TEST(Csv, WritesPyTorchsRowsExactly) {
+  EXPECT_EQ(write_csv(make_1f1b(2, 2)), "0F0,0F1,0B0,0B1\r\n1F0,1B0,1F1,1B1\r\n");
+  EXPECT_EQ(write_csv(insert_send_recv(make_gpipe(2, 1))),
+            "0F0,0SEND_F0,0RECV_B0,0B0\r\n1RECV_F0,1F0,1B0,1SEND_B0\r\n");
+}
+
+TEST(Csv, RoundTripsEveryGeneratorComputeOnlyAndLowered) {
+  for (const Schedule& schedule : examples()) {
+    SCOPED_TRACE(fmt::format("{} p={}", schedule.name(), schedule.num_ranks()));
+    expect_same(read_csv(write_csv(schedule), "x.csv"), schedule);
+    const Schedule lowered = insert_send_recv(schedule);
+    expect_same(read_csv(write_csv(lowered), "x.csv"), lowered);
+  }
+}
+
+TEST(Csv, InfersVPlacementAndTheShape) {
+  const Schedule read = read_csv(write_csv(make_zbv(3, 6)), "zbv.csv");
+  EXPECT_EQ(read.placement(), Placement::kV);
+  EXPECT_EQ(read.num_stages(), 6);
+  EXPECT_EQ(read.num_microbatches(), 6);
+  EXPECT_EQ(read.name(), "zbv.csv");
+  const Schedule interleaved = read_csv(write_csv(make_interleaved_1f1b(3, 6, 2)), "i.csv");
+  EXPECT_EQ(interleaved.placement(), Placement::kLoop);
+  EXPECT_EQ(interleaved.stages_per_rank(), 2);
+}
+
+TEST(Csv, EmptyRowMeansAMissingRank) {
+  EXPECT_EQ(read_error("0F0,0B0\r\n\"\"\r\n"),
+            "bad.csv: row 2 (rank 1) has no actions: every rank runs some (is a rank's row missing?)");
+}
+
+TEST(Csv, OverlapCellsExpandToTheirSubActionsAndFsdpActionsAreDropped) {
+  int ignored = -1;
+  const Schedule schedule = read_csv(
+      ",0F0, 0F1 ,,(0B0;0UNSHARD)OVERLAP_F_B,0B1,0REDUCE_GRAD\n"
+      "1F0,(1F1;1B0)OVERLAP_F_B,1RESHARD,1B1\n",
+      "torch.csv", &ignored);
+  EXPECT_EQ(ignored, 3);
+  EXPECT_EQ(write_csv(schedule), "0F0,0F1,0B0,0B1\r\n1F0,1F1,1B0,1B1\r\n");
+  EXPECT_TRUE(validate(schedule).ok());
+}
+
+TEST(Csv, TheCommittedPyTorchStyleExampleValidates) {
+  const Schedule schedule =
+      load_schedule_file(std::string(PIPEFLOW_SOURCE_DIR) + "/examples/schedules/pytorch_1f1b_4x8.csv");
+  expect_same(schedule, make_1f1b(4, 8));
+  EXPECT_TRUE(validate(schedule).ok());
+}
+
+TEST(Csv, MalformedInputNamesRowColumnAndToken) {
+  EXPECT_EQ(read_error("0F0,0B0\n1F0,1X0,1B0\n"),
+            "bad.csv row 2, column 2: invalid action \"1X0\": unknown action type in \"X0\"; expected "
+            "[stage][F|I|B|W|SEND_F|RECV_F|SEND_B|RECV_B][micro-batch], e.g. 2F0 or 1SEND_F4");
+  EXPECT_EQ(read_error("0F0,(0B0;0F1\n"),
+            "bad.csv row 1, column 2: invalid action \"(0B0;0F1\": a parenthesised cell must be (a;b)OVERLAP_F_B");
+  EXPECT_EQ(read_error("0F0,\"0B0\n"), "bad.csv row 1: unterminated quoted cell");
+  EXPECT_EQ(read_error(""), "bad.csv: no rows: a schedule CSV has one row per rank");
+  EXPECT_EQ(read_error("0F0,0B2000000\n"),
+            "bad.csv row 1, column 2: micro-batch 2000000 in \"0B2000000\" exceeds the limit 1048576");
+}
+
+TEST(Csv, MissingRankRowIsNamed) {
+  // 1F1B on 3 ranks with rank 1's row deleted: stage 1 is on no row.
+  const std::string csv = write_csv(make_1f1b(3, 3));
+  const std::size_t first = csv.find('\n');
+  const std::size_t second = csv.find('\n', first + 1);
+  EXPECT_EQ(read_error(csv.substr(0, first + 1) + csv.substr(second + 1)),
+            "bad.csv: stage 1 appears in no row, but stages go up to 2: is a rank's row missing?");
+}
+
+TEST(Csv, StagesMustSitOnOneRankInALoopOrVPlacement) {
+  EXPECT_EQ(read_error("0F0,0B0\n0F1,0B1\n"),
+            "bad.csv: stage 0 appears on rows 1 and 2 (ranks 0 and 1): a stage lives on one rank");
+  EXPECT_EQ(read_error("0F0,2F0,2B0,0B0\n1F0,3F0,3B0,1B0\n"), "no error");
+  EXPECT_EQ(read_error("0F0,1F0,1B0,0B0\n2F0,3F0,3B0,2B0\n"),
+            "bad.csv: stage 1 is on rank 0, which fits neither loop placement (stage s on rank s % 2) nor V "
+            "placement (rank r holds stages r and 3 - r)");
+  EXPECT_EQ(read_error("0F0,0B0\n1F0,1B0\n2F0,2B0,3F0,3B0\n"),
+            "bad.csv: 4 stages on 3 ranks: every rank must hold the same number of stages");
+}
+
+TEST(Csv, DuplicateActionBackwardBeforeForwardAndDeadlockAreViolations) {
+  const Schedule duplicate = read_csv("0F0,0F0,0B0\n", "dup.csv");
+  EXPECT_EQ(validate(duplicate).violations.at(0).message,
+            "rank 0 step 1: 0F0 appears twice (first at rank 0 step 0): each action runs once");
+  const Schedule backward_first = read_csv("0F0,0B0\n1B0,1F0\n", "order.csv");
+  EXPECT_EQ(validate(backward_first).violations.at(0).message,
+            "rank 1 step 0: 1B0 runs before 1F0 (step 1): a stage's backward needs its forward first");
+  const Schedule deadlock =
+      load_schedule_file(std::string(PIPEFLOW_SOURCE_DIR) + "/examples/schedules/deadlock_2x1.csv");
+  const ValidationReport report = validate(deadlock);
+  ASSERT_EQ(report.violations.size(), 2u);
+  EXPECT_EQ(report.violations[1].rule, "deadlock");
+  EXPECT_EQ(report.violations[1].message,
+            "rank 1 blocked at 1RECV_F0: waits for 0SEND_F0, which rank 0 has not reached (rank 0 is blocked at "
+            "0RECV_B0)");
+}
+
+TEST(Json, RoundTripsEveryGenerator) {
+  for (const Schedule& schedule : examples()) {
+    SCOPED_TRACE(fmt::format("{} p={}", schedule.name(), schedule.num_ranks()));
+    const Schedule read = read_json(write_json(schedule), "x.json");
+    expect_same(read, schedule);
+    EXPECT_EQ(read.placement(), schedule.placement());
+    EXPECT_EQ(read.name(), schedule.name());
+    const Schedule lowered = insert_send_recv(schedule);
+    expect_same(read_json(write_json(lowered), "x.json"), lowered);
+  }
+}
+
+TEST(Json, WritesTheDocumentedLayout) {
+  EXPECT_EQ(write_json(make_1f1b(2, 2)),
+            "{\n"
+            "  \"name\": \"1f1b\",\n"
+            "  \"ranks\": 2,\n"
+            "  \"stages\": 2,\n"
+            "  \"placement\": \"loop\",\n"
+            "  \"microbatches\": 2,\n"
+            "  \"actions\": [\n"
+            "    [\"0F0\", \"0F1\", \"0B0\", \"0B1\"],\n"
+            "    [\"1F0\", \"1B0\", \"1F1\", \"1B1\"]\n"
+            "  ]\n"
+            "}\n");
+}
+
+TEST(Json, ErrorsNameTheKeyPath) {
+  const std::string good = write_json(make_1f1b(2, 2));
+  std::string unknown = good;
+  unknown.replace(unknown.find("\"ranks\""), 7, "\"rank\"");
+  EXPECT_NE(json_error(unknown).find("rank"), std::string::npos);
+  std::string placement = good;
+  placement.replace(placement.find("\"loop\""), 6, "\"ring\"");
+  EXPECT_EQ(json_error(placement), "bad.json: placement = \"ring\": must be \"loop\" or \"v\"");
+  std::string token = good;
+  token.replace(token.find("\"1B0\""), 5, "\"1Q0\"");
+  EXPECT_EQ(json_error(token),
+            "bad.json: actions[1][1]: invalid action \"1Q0\": unknown action type in \"Q0\"; expected "
+            "[stage][F|I|B|W|SEND_F|RECV_F|SEND_B|RECV_B][micro-batch], e.g. 2F0 or 1SEND_F4");
+}
+
+}  // namespace
+}  // namespace pipeflow
