@@ -15,6 +15,8 @@ void add_model_command(CLI::App& app);      // model_command.cc
 void add_partition_command(CLI::App& app);  // partition_command.cc
 void add_schedule_command(CLI::App& app);   // schedule_command.cc
 void add_validate_command(CLI::App& app);   // validate_command.cc
+void add_init_command(CLI::App& app);       // init_command.cc
+void add_grad_command(CLI::App& app);       // grad_command.cc
 
 // Writes `text` to `path` atomically, or to standard output if `path` is empty.
 void write_output(const std::string& text, const std::string& path);

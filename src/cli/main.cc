@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
   pipeflow::cli::add_partition_command(app);
   pipeflow::cli::add_schedule_command(app);
   pipeflow::cli::add_validate_command(app);
+  pipeflow::cli::add_init_command(app);
+  pipeflow::cli::add_grad_command(app);
 
   try {
     app.parse(argc, argv);

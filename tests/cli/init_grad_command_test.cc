@@ -1,0 +1,110 @@
+// pipeflow init and pipeflow grad, end to end: files a user would exchange
+// with another implementation, checked against the PyTorch reference file.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "pipeflow/core/file.h"
+#include "pipeflow/nn/model_file.h"
+#include "run_pipeflow.h"
+
+namespace pipeflow::testing {
+namespace {
+
+const std::string kReference = std::string(PIPEFLOW_SOURCE_DIR) + "/tests/data/gpt2_reference.safetensors";
+
+TEST(InitCommand, WritesGpt2InitialWeightsWithTheShapeInTheMetadata) {
+  const std::string dir = make_temp_dir();
+  const CommandResult result =
+      run_pipeflow("init --layers 2 --heads 4 --width 32 --context 16 --seed 7 --out " + dir + "/w.safetensors");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out, "wrote " + dir +
+                            "/w.safetensors: GPT-2 with 2 layers, 4 heads, width 32, context 16, vocab 256: 34176 "
+                            "parameters (seed 7)\n");
+  const auto file = nn::SafetensorsFile::read(dir + "/w.safetensors");
+  const nn::GptConfig config = nn::read_config(file);
+  EXPECT_EQ(config, (nn::GptConfig{.vocab_size = 256, .context = 16, .n_layer = 2, .n_head = 4, .n_embd = 32}));
+  EXPECT_EQ(file.names().size(), 28u);
+  EXPECT_EQ(file.entry("h.1.attn.c_attn.weight").shape, Shape({32, 96}));
+  // The same values the library initialises, and the same bytes for the same seed.
+  nn::Stage model(config, nn::all_layers(config));
+  model.init_gpt2(7);
+  const Tensor wte = file.floats("wte.weight");
+  EXPECT_TRUE(std::equal(wte.span().begin(), wte.span().end(), model.parameter("wte.weight").begin()));
+  ASSERT_EQ(run_pipeflow("init --layers 2 --heads 4 --width 32 --context 16 --seed 7 --out " + dir + "/again.safetensors")
+                .exit_code,
+            0);
+  EXPECT_EQ(read_file(dir + "/w.safetensors"), read_file(dir + "/again.safetensors"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(InitCommand, AnImpossibleShapeIsAOneLineError) {
+  const std::string dir = make_temp_dir();
+  const CommandResult result =
+      run_pipeflow("init --layers 2 --heads 3 --width 32 --context 16 --out " + dir + "/w.safetensors");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.err,
+            "pipeflow: error: model n_embd = 32 is not a multiple of n_head = 3: every head needs n_embd / n_head "
+            "features\n");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/w.safetensors"));
+  std::filesystem::remove_all(dir);
+}
+
+// The reference file holds weights, tokens [B, T+1] and PyTorch's gradients
+// (grad.<name>), so it serves as both --weights and --batch.
+TEST(GradCommand, ComputesPyTorchsLossAndGradientsOfTheReferenceBatch) {
+  const std::string dir = make_temp_dir();
+  const CommandResult result =
+      run_pipeflow("grad --weights " + kReference + " --batch " + kReference + " --out " + dir + "/g.safetensors");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const auto reference = nn::SafetensorsFile::read(kReference);
+  const double expected_loss = std::stod(reference.metadata("loss"));
+  ASSERT_EQ(result.out.rfind("loss ", 0), 0u) << result.out;
+  EXPECT_NEAR(std::stod(result.out.substr(5)), expected_loss, 1e-5 * expected_loss);
+  EXPECT_NE(result.out.find("over 4 sequences of 16 tokens"), std::string::npos) << result.out;
+
+  const auto grads = nn::SafetensorsFile::read(dir + "/g.safetensors");
+  EXPECT_NEAR(std::stod(grads.metadata("loss")), expected_loss, 1e-5 * expected_loss);
+  EXPECT_EQ(grads.names().size(), 28u);
+  for (const std::string& name : grads.names()) {
+    const Tensor mine = grads.floats(name);
+    const Tensor theirs = reference.floats("grad." + name);
+    double diff = 0;
+    double norm = 0;
+    for (std::int64_t i = 0; i < mine.numel(); ++i) {
+      diff += (static_cast<double>(mine[i]) - theirs[i]) * (static_cast<double>(mine[i]) - theirs[i]);
+      norm += static_cast<double>(theirs[i]) * theirs[i];
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << name;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GradCommand, ABatchWithoutTokensNamesTheFile) {
+  const std::string dir = make_temp_dir();
+  ASSERT_EQ(run_pipeflow("init --layers 1 --heads 1 --width 8 --context 4 --out " + dir + "/w.safetensors").exit_code,
+            0);
+  const CommandResult result = run_pipeflow("grad --weights " + dir + "/w.safetensors --batch " + dir +
+                                            "/w.safetensors --out " + dir + "/g.safetensors");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.err, "pipeflow: error: " + dir + "/w.safetensors: no tensor tokens in the file (16 tensors)\n");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GradCommand, SequencesLongerThanTheContextAreRejected) {
+  const std::string dir = make_temp_dir();
+  ASSERT_EQ(run_pipeflow("init --layers 1 --heads 1 --width 8 --context 4 --out " + dir + "/w.safetensors").exit_code,
+            0);
+  const CommandResult result = run_pipeflow("grad --weights " + dir + "/w.safetensors --batch " + kReference +
+                                            " --out " + dir + "/g.safetensors");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.err,
+            "pipeflow: error: model (embedding..head): sequence length 16 exceeds the model's context of 4\n");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pipeflow::testing
