@@ -83,23 +83,27 @@ TEST(GradCommand, ComputesPyTorchsLossAndGradientsOfTheReferenceBatch) {
   std::filesystem::remove_all(dir);
 }
 
+// Runs grad on a fresh 1-layer model (context 4) with the given batch file
+// (empty: the weights file itself); returns the result and the directory.
+CommandResult grad_on_tiny_model(const std::string& batch, std::string& dir) {
+  dir = make_temp_dir();
+  const std::string weights = dir + "/w.safetensors";
+  EXPECT_EQ(run_pipeflow("init --layers 1 --heads 1 --width 8 --context 4 --out " + weights).exit_code, 0);
+  return run_pipeflow("grad --weights " + weights + " --batch " + (batch.empty() ? weights : batch) + " --out " + dir +
+                      "/g.safetensors");
+}
+
 TEST(GradCommand, ABatchWithoutTokensNamesTheFile) {
-  const std::string dir = make_temp_dir();
-  ASSERT_EQ(run_pipeflow("init --layers 1 --heads 1 --width 8 --context 4 --out " + dir + "/w.safetensors").exit_code,
-            0);
-  const CommandResult result = run_pipeflow("grad --weights " + dir + "/w.safetensors --batch " + dir +
-                                            "/w.safetensors --out " + dir + "/g.safetensors");
+  std::string dir;
+  const CommandResult result = grad_on_tiny_model("", dir);
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_EQ(result.err, "pipeflow: error: " + dir + "/w.safetensors: no tensor tokens in the file (16 tensors)\n");
   std::filesystem::remove_all(dir);
 }
 
 TEST(GradCommand, SequencesLongerThanTheContextAreRejected) {
-  const std::string dir = make_temp_dir();
-  ASSERT_EQ(run_pipeflow("init --layers 1 --heads 1 --width 8 --context 4 --out " + dir + "/w.safetensors").exit_code,
-            0);
-  const CommandResult result = run_pipeflow("grad --weights " + dir + "/w.safetensors --batch " + kReference +
-                                            " --out " + dir + "/g.safetensors");
+  std::string dir;
+  const CommandResult result = grad_on_tiny_model(kReference, dir);
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_EQ(result.err,
             "pipeflow: error: model (embedding..head): sequence length 16 exceeds the model's context of 4\n");
