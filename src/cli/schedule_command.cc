@@ -11,6 +11,8 @@
 #include "pipeflow/schedule/io.h"
 #include "pipeflow/schedule/passes.h"
 #include "pipeflow/schedule/validate.h"
+#include "pipeflow/trace/event.h"
+#include "pipeflow/trace/svg.h"
 
 namespace pipeflow::cli {
 namespace {
@@ -37,11 +39,24 @@ std::string list_text() {
   return out;
 }
 
+std::string svg_title(const Schedule& schedule) {
+  std::string title = fmt::format("{}: {} ranks, {} micro-batches", schedule.name(), schedule.num_ranks(),
+                                  schedule.num_microbatches());
+  if (schedule.stages_per_rank() > 1) title += fmt::format(", {} chunks per rank", schedule.stages_per_rank());
+  if (schedule.has_communication()) title += ", lowered (rendezvous)";
+  return title + ", unit costs F=1 B=2 I=W=1";
+}
+
 std::string render(const Schedule& schedule, const std::string& format) {
   if (format == "csv") return write_csv(schedule);
   if (format == "json") return write_json(schedule);
   const ValidationReport report = validate(schedule);
   if (!report.ok()) fail("internal: generated schedule is invalid:\n{}", report.render(schedule));
+  if (format == "svg") {
+    Timeline timeline = timeline_from_execution(schedule, *report.dry_run, svg_title(schedule));
+    timeline.time_unit = "unit";
+    return render_svg(timeline);
+  }
   return render_grid(schedule) + "\n" + report.summary(schedule);
 }
 
@@ -80,7 +95,7 @@ void add_schedule_command(CLI::App& app) {
                       "Model chunks per rank (interleaved-1f1b, looped-bfs; zbv and dualpipev always hold 2)")
       ->capture_default_str();
   command->add_option("--format", options->format, "Output format")
-      ->check(CLI::IsMember({"grid", "csv", "json"}))
+      ->check(CLI::IsMember({"grid", "csv", "json", "svg"}))
       ->capture_default_str();
   command->add_option("-o,--output", options->output, "Write to FILE (atomically) instead of standard output");
   command->add_flag("--lowered", options->lowered, "Add the SEND/RECV actions (insert_send_recv)");

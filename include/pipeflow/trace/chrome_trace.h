@@ -1,0 +1,24 @@
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "pipeflow/trace/event.h"
+
+namespace pipeflow {
+
+// Chrome trace JSON (the Trace Event Format that chrome://tracing and
+// Perfetto open): {"traceEvents": [{"name", "cat", "ph": "X", "pid", "tid",
+// "ts", "dur", "args"}], "displayTimeUnit", "otherData"}. Times are in
+// microseconds; one process (pid 0) with one track per rank (tid = rank,
+// named "rank r" by a thread_name metadata event); "cat" is the event
+// category's name and args.action the action's text when there is one. The
+// title and the number of ranks travel in otherData, so that
+// read_chrome_trace(write_chrome_trace(t)) gives t back.
+std::string write_chrome_trace(const Timeline& timeline);
+
+// Reads the "X" events of a Chrome trace (other phases are skipped). Throws
+// Error naming the source and the event index for a malformed event.
+Timeline read_chrome_trace(std::string_view text, const std::string& source);
+
+}  // namespace pipeflow

@@ -1,0 +1,20 @@
+#pragma once
+
+#include <string>
+
+#include "pipeflow/trace/event.h"
+
+namespace pipeflow {
+
+// A standalone SVG timeline of one step: a row per rank (labelled, with its
+// idle share at the right), one box per compute event coloured by kind (F
+// blue, B green, I orange, W purple), the micro-batch number inside when it
+// fits, later model chunks of a rank in lighter shades of the same hue;
+// send/recv as thin dark bars at the bottom of the row, waits hatched, idle
+// time as the light-grey row background; a time axis, a legend, and the
+// title with the overall bubble (bubble_stats). Every rank row is a
+// <g class="rank" data-rank="r"> and every compute box a <rect> with a
+// data-action attribute, so tools and tests can find them.
+std::string render_svg(const Timeline& timeline);
+
+}  // namespace pipeflow

@@ -1,0 +1,86 @@
+#include "pipeflow/trace/chrome_trace.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow {
+namespace {
+
+constexpr double kMicroseconds = 1e6;
+
+nlohmann::json metadata(std::string_view name, int tid, const std::string& value) {
+  return {{"name", name}, {"ph", "M"}, {"pid", 0}, {"tid", tid}, {"args", {{"name", value}}}};
+}
+
+TraceEvent read_event(const nlohmann::json& e, std::size_t index, const std::string& source) {
+  try {
+    TraceEvent event;
+    event.rank = RankId(e.at("tid").get<int>());
+    event.name = e.at("name").get<std::string>();
+    event.category = parse_event_category(e.value("cat", std::string("other")));
+    event.start_s = e.at("ts").get<double>() / kMicroseconds;
+    event.duration_s = e.value("dur", 0.0) / kMicroseconds;
+    if (e.contains("args") && e["args"].contains("action")) {
+      event.action = parse_action(e["args"]["action"].get<std::string>());
+    }
+    if (event.rank.value() < 0) fail("tid {} is not a rank", event.rank.value());
+    return event;
+  } catch (const nlohmann::json::exception& error) {
+    fail("{}: traceEvents[{}]: {}", source, index, error.what());
+  } catch (const Error& error) {
+    fail("{}: traceEvents[{}]: {}", source, index, error.what());
+  }
+}
+
+}  // namespace
+
+std::string write_chrome_trace(const Timeline& timeline) {
+  nlohmann::json events = nlohmann::json::array();
+  events.push_back(metadata("process_name", 0, timeline.title));
+  for (int r = 0; r < timeline.num_ranks; ++r) events.push_back(metadata("thread_name", r, "rank " + std::to_string(r)));
+  for (const TraceEvent& e : timeline.events) {
+    nlohmann::json event = {{"name", e.name},
+                            {"cat", to_string(e.category)},
+                            {"ph", "X"},
+                            {"pid", 0},
+                            {"tid", e.rank.value()},
+                            {"ts", e.start_s * kMicroseconds},
+                            {"dur", e.duration_s * kMicroseconds}};
+    if (e.action) event["args"] = {{"action", to_string(*e.action)}};
+    events.push_back(std::move(event));
+  }
+  const nlohmann::json trace = {
+      {"traceEvents", std::move(events)},
+      {"displayTimeUnit", "ms"},
+      {"otherData", {{"title", timeline.title}, {"num_ranks", timeline.num_ranks}, {"time_unit", timeline.time_unit}}}};
+  return trace.dump() + "\n";
+}
+
+Timeline read_chrome_trace(std::string_view text, const std::string& source) {
+  nlohmann::json trace;
+  try {
+    trace = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& error) {
+    fail("{}: not valid JSON: {}", source, error.what());
+  }
+  if (!trace.is_object() || !trace.contains("traceEvents") || !trace["traceEvents"].is_array()) {
+    fail("{}: a Chrome trace is an object with a \"traceEvents\" list", source);
+  }
+  Timeline timeline;
+  const nlohmann::json other = trace.value("otherData", nlohmann::json::object());
+  timeline.title = other.value("title", std::string());
+  timeline.time_unit = other.value("time_unit", std::string("s"));
+  int ranks = other.value("num_ranks", 0);
+  const nlohmann::json& events = trace["traceEvents"];
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    if (events[i].value("ph", std::string()) != "X") continue;
+    timeline.events.push_back(read_event(events[i], i, source));
+    ranks = std::max(ranks, timeline.events.back().rank.value() + 1);
+  }
+  timeline.num_ranks = ranks;
+  return timeline;
+}
+
+}  // namespace pipeflow

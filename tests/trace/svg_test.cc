@@ -1,0 +1,86 @@
+#include "pipeflow/trace/svg.h"
+
+#include <gtest/gtest.h>
+
+#include "pipeflow/core/units.h"
+#include "pipeflow/schedule/generators.h"
+#include "pipeflow/schedule/passes.h"
+#include "xml_check.h"
+
+namespace pipeflow {
+namespace {
+
+int occurrences(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (std::size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + needle.size())) ++n;
+  return n;
+}
+
+std::size_t compute_actions(const Schedule& schedule) {
+  std::size_t n = 0;
+  for (int r = 0; r < schedule.num_ranks(); ++r) {
+    for (const Action& a : schedule.actions(RankId(r))) n += is_compute(a.kind) ? 1 : 0;
+  }
+  return n;
+}
+
+TEST(Svg, EveryScheduleRendersAWellFormedTimelineWithARowPerRankAndABoxPerComputeAction) {
+  for (const ScheduleInfo& info : list_schedules()) {
+    for (bool lowered : {false, true}) {
+      SCOPED_TRACE(info.name + (lowered ? " lowered" : ""));
+      Schedule schedule = make_schedule(info.name, 3, 6, info.takes_virtual ? 2 : 1);
+      if (lowered) schedule = insert_send_recv(schedule);
+      const Execution execution = dry_run(schedule);
+      const std::string svg = render_svg(timeline_from_execution(schedule, execution, info.name));
+      EXPECT_EQ(testing::xml_problem(svg), "");
+      EXPECT_EQ(svg.rfind("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\"", 0),
+                0u);
+      EXPECT_EQ(occurrences(svg, "<g class=\"rank\""), 3);
+      EXPECT_EQ(static_cast<std::size_t>(occurrences(svg, " data-action=\"")), compute_actions(schedule));
+      EXPECT_NE(svg.find(info.name + " — bubble " + format_percent(bubble_fraction(execution)) + "</text>"),
+                std::string::npos);
+      EXPECT_NE(svg.find("<g class=\"legend\">"), std::string::npos);
+      EXPECT_NE(svg.find("<g class=\"axis\">"), std::string::npos);
+    }
+  }
+}
+
+TEST(Svg, LaterChunksAreLighterAndMicrobatchNumbersShowWhenTheyFit) {
+  const Schedule schedule = make_interleaved_1f1b(2, 2, 2);
+  const std::string svg = render_svg(timeline_from_execution(schedule, dry_run(schedule), "i"));
+  // Stage 0 (chunk 0) in the forward blue, stage 2 (chunk 1) mixed 55% with white.
+  EXPECT_NE(svg.find("data-action=\"0F0\" x=\"70.00\" y=\"49.00\" width=\"42.67\" height=\"24.00\" fill=\"#4e79a7\""),
+            std::string::npos)
+      << svg;
+  EXPECT_NE(svg.find("data-action=\"2F0\""), std::string::npos);
+  EXPECT_NE(svg.find("fill=\"#afc3d7\""), std::string::npos);
+  EXPECT_NE(svg.find("later chunk (lighter)"), std::string::npos);
+  EXPECT_NE(svg.find("fill=\"#ffffff\">0</text>"), std::string::npos);
+}
+
+TEST(Svg, WaitsAreHatchedAndTextIsEscaped) {
+  Timeline timeline;
+  timeline.title = "a <b> & \"c\"";
+  timeline.num_ranks = 1;
+  timeline.events.push_back({RankId(0), "0RECV_F0", EventCategory::kWait, std::nullopt, 0, 1});
+  timeline.events.push_back({RankId(0), "0F0", EventCategory::kForward,
+                             Action{StageId(0), ActionKind::kForward, MicrobatchId(0)}, 1, 1});
+  const std::string svg = render_svg(timeline);
+  EXPECT_EQ(testing::xml_problem(svg), "");
+  EXPECT_NE(svg.find("a &lt;b&gt; &amp; &quot;c&quot; — bubble 50.0%"), std::string::npos);
+  EXPECT_NE(svg.find("class=\"wait\" x=\"70.00\" y=\"49.00\" width=\"320.00\" height=\"24.00\" fill=\"url(#hatch)\""),
+            std::string::npos)
+      << svg;
+}
+
+TEST(XmlCheck, RejectsWhatABrowserWouldReject) {
+  EXPECT_EQ(testing::xml_problem("<a><b></a>"), "</a> closes <b> at offset 9");
+  EXPECT_EQ(testing::xml_problem("<a x=1/>"), "unquoted attribute x at offset 5");
+  EXPECT_EQ(testing::xml_problem("<a>&nope;</a>"), "unknown entity &nope; at offset 3");
+  EXPECT_EQ(testing::xml_problem("<a x=\"1\" x=\"2\"/>"), "duplicate attribute x at offset 10");
+  EXPECT_EQ(testing::xml_problem("<a/><b/>"), "a second root element at offset 4");
+  EXPECT_EQ(testing::xml_problem("<?xml version=\"1.0\"?>\n<a><!-- c --><b x=\"&amp;\"/>t&#38;</a>\n"), "");
+}
+
+}  // namespace
+}  // namespace pipeflow
