@@ -44,15 +44,19 @@ class Executor {
     const std::size_t keys = static_cast<std::size_t>(kNumActionKinds) * static_cast<std::size_t>(stages_) *
                              static_cast<std::size_t>(microbatches_);
     end_.assign(keys, kNotDone);
-    where_.assign(keys, -1);
     waiter_head_.assign(keys, kNobody);
+    split_backward_.assign(keys / kNumActionKinds, false);
     next_waiter_.assign(static_cast<std::size_t>(ranks_), kNobody);
     next_.assign(static_cast<std::size_t>(ranks_), 0);
     free_.assign(static_cast<std::size_t>(ranks_), 0.0);
     at_rendezvous_.assign(static_cast<std::size_t>(ranks_), false);
     queued_.assign(static_cast<std::size_t>(ranks_), false);
     result_.ranks.resize(static_cast<std::size_t>(ranks_));
-    index_positions();
+    for (int r = 0; r < ranks_; ++r) {
+      lists_.push_back(&schedule.actions(RankId(r)));
+      result_.ranks[static_cast<std::size_t>(r)].reserve(list(r).size());
+    }
+    check_and_classify();
   }
 
   Execution run() {
@@ -72,13 +76,18 @@ class Executor {
   }
 
  private:
-  const std::vector<Action>& list(int r) const { return schedule_.actions(RankId(r)); }
+  const std::vector<Action>& list(int r) const { return *lists_[static_cast<std::size_t>(r)]; }
 
+  // All kinds of one (stage, micro-batch) share a cache line.
   std::size_t key(const Action& a) const {
-    return (static_cast<std::size_t>(a.kind) * static_cast<std::size_t>(stages_) +
-            static_cast<std::size_t>(a.stage.value())) *
-               static_cast<std::size_t>(microbatches_) +
-           static_cast<std::size_t>(a.microbatch.value());
+    return (static_cast<std::size_t>(a.stage.value()) * static_cast<std::size_t>(microbatches_) +
+            static_cast<std::size_t>(a.microbatch.value())) *
+               kNumActionKinds +
+           static_cast<std::size_t>(a.kind);
+  }
+  std::size_t cell(int stage, MicrobatchId microbatch) const {
+    return static_cast<std::size_t>(stage) * static_cast<std::size_t>(microbatches_) +
+           static_cast<std::size_t>(microbatch.value());
   }
   bool done(const Action& a) const { return end_[key(a)] != kNotDone; }
   // The rank whose list holds `a` (its first occurrence), or kNobody.
@@ -90,7 +99,8 @@ class Executor {
     return static_cast<std::size_t>(where_[key(a)] & 0xffffffff);
   }
 
-  void index_positions() {
+  // Rejects actions outside the schedule; notes which (stage, micro-batch) split their backward.
+  void check_and_classify() {
     for (int r = 0; r < ranks_; ++r) {
       const auto& actions = list(r);
       for (std::size_t i = 0; i < actions.size(); ++i) {
@@ -101,19 +111,27 @@ class Executor {
                "(run validate first)",
                schedule_.name(), to_string(a), r, i, stages_, microbatches_);
         }
-        std::int64_t& w = where_[key(a)];
+        if (a.kind == ActionKind::kBackwardInput) split_backward_[cell(a.stage.value(), a.microbatch)] = true;
+      }
+    }
+  }
+
+  // Where every action first occurs; needed only to describe a deadlock.
+  void index_positions() {
+    where_.assign(end_.size(), -1);
+    for (int r = 0; r < ranks_; ++r) {
+      const auto& actions = list(r);
+      for (std::size_t i = 0; i < actions.size(); ++i) {
+        std::int64_t& w = where_[key(actions[i])];
         if (w < 0) w = (static_cast<std::int64_t>(r) << 32) | static_cast<std::int64_t>(i);
       }
     }
   }
 
-  // The B or I of `stage` for `microbatch`, whichever the schedule holds.
+  // The B or I of `stage` for `microbatch`: I if the schedule holds one, else B.
   Action gradient_of(int stage, MicrobatchId microbatch) const {
-    const Action full{StageId(stage), ActionKind::kBackward, microbatch};
-    const Action input{StageId(stage), ActionKind::kBackwardInput, microbatch};
-    if (done(full) || rank_holding(full) != kNobody) return full;
-    if (done(input) || rank_holding(input) != kNobody) return input;
-    return full;
+    const bool split = split_backward_[cell(stage, microbatch)];
+    return {StageId(stage), split ? ActionKind::kBackwardInput : ActionKind::kBackward, microbatch};
   }
 
   bool crosses(int stage, int other_stage) const {
@@ -186,12 +204,8 @@ class Executor {
     return std::nullopt;
   }
 
-  // The rank a message goes to or comes from: where the partner sits in the
-  // lists, else where its stage is placed.
-  int partner_rank(const Action& partner) const {
-    const int holder = rank_holding(partner);
-    return holder != kNobody ? holder : schedule_.rank_of(partner.stage).value();
-  }
+  // The rank a message goes to or comes from: where the partner's stage is placed.
+  int partner_rank(const Action& partner) const { return schedule_.rank_of(partner.stage).value(); }
 
   // The first thing the head action of rank r lacks, if any.
   std::optional<Need> missing(int r) const {
@@ -254,7 +268,7 @@ class Executor {
         return false;
       }
       double at = end_[key(input.producer)];
-      if (input.cross_rank) at += transfer(input.producer, rank_holding(input.producer), r);
+      if (input.cross_rank) at += transfer(input.producer, schedule_.rank_of(input.producer.stage).value(), r);
       ready = std::max(ready, at);
     }
     if (is_compute(a.kind)) {
@@ -325,6 +339,9 @@ class Executor {
 
   void describe_stuck_ranks() {
     for (int r = 0; r < ranks_; ++r) {
+      if (next_[static_cast<std::size_t>(r)] < list(r).size() && where_.empty()) index_positions();
+    }
+    for (int r = 0; r < ranks_; ++r) {
       const std::size_t i = next_[static_cast<std::size_t>(r)];
       if (i >= list(r).size()) continue;
       const Action& a = list(r)[i];
@@ -348,7 +365,9 @@ class Executor {
   const int stages_;
   const int microbatches_;
   const int ranks_;
+  std::vector<const std::vector<Action>*> lists_;  // per rank: its actions
   std::vector<double> end_;           // per action key: end of its first run, or kNotDone
+  std::vector<bool> split_backward_;  // per (stage, micro-batch): the schedule holds an I
   std::vector<std::int64_t> where_;   // per action key: (rank << 32 | index) of its first occurrence
   std::vector<int> waiter_head_;      // per action key: first rank waiting for it
   std::vector<int> next_waiter_;      // per rank: next rank waiting for the same key
