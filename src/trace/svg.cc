@@ -93,8 +93,8 @@ class SvgTimeline {
     const std::string title = fmt::format("{} — bubble {}", escape(t_.title), format_percent(bubble.overall));
     const double axis_y = kTop + t_.num_ranks * (kRowHeight + kRowGap);
     const double height = axis_y + 72;
-    // Bold 15px text: about 8 px per character.
-    const double width = std::max(kLeft + chart_ + kRight, kLeft + 8.0 * static_cast<double>(title.size()) + 20);
+    // Bold 15px text: up to about 10 px per character.
+    const double width = std::max(kLeft + chart_ + kRight, kLeft + 10.5 * static_cast<double>(title.size()) + 20);
     std::string out = fmt::format(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
