@@ -25,7 +25,7 @@ double LmHead<T>::forward(HeadSaved<T>& s, BasicTensor<T> x, const IntTensor& ta
   s.probs = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.v}, allocator);
   gemm<T>(Transpose::kNo, Transpose::kYes, n, shape.v, shape.c, T(1), s.ln_f.data(), shape.c, weights_.wte,
           shape.c, T(0), s.probs.data(), shape.v);
-  const double total = softmax_cross_entropy_forward(s.probs.data(), s.probs.data(), targets.data(), n, shape.v);
+  const double total = softmax_cross_entropy_forward(s.probs.data(), targets.data(), n, shape.v);
   return total / n;
 }
 
@@ -33,14 +33,13 @@ template <class T>
 BasicTensor<T> LmHead<T>::backward_input(HeadSaved<T>& s, const IntTensor& targets, double loss_scale,
                                          const LayerShape& shape, Allocator allocator) const {
   const int n = shape.rows();
-  softmax_cross_entropy_backward(s.probs.data(), s.probs.data(), targets.data(), static_cast<T>(loss_scale / n), n,
-                                 shape.v);
+  softmax_cross_entropy_backward(s.probs.data(), targets.data(), static_cast<T>(loss_scale / n), n, shape.v);
   s.d_ln_f = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
   gemm<T>(Transpose::kNo, Transpose::kNo, n, shape.c, shape.v, T(1), s.probs.data(), shape.v, weights_.wte,
           shape.c, T(0), s.d_ln_f.data(), shape.c);
-  BasicTensor<T> dx({shape.b, shape.t, shape.c}, allocator);
-  layernorm_backward_input(dx.data(), s.d_ln_f.data(), s.x.data(), s.ln_f_mean.data(), s.ln_f_rstd.data(),
-                           weights_.ln_f_weight, n, shape.c);
+  auto dx = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
+  layernorm_backward_input(dx.data(), static_cast<const T*>(nullptr), s.d_ln_f.data(), s.x.data(),
+                           s.ln_f_mean.data(), s.ln_f_rstd.data(), weights_.ln_f_weight, n, shape.c);
   return dx;
 }
 

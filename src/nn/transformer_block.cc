@@ -52,13 +52,13 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
   s.dy = std::move(dy);
   s.dh = make({shape.b, shape.t, 4 * c});
   linear_backward_input(s.dh.data(), s.dy.data(), w.fc_proj_weight, n, 4 * c, c);
-  gelu_backward(s.dh.data(), s.dh.data(), s.h.data(), n * 4 * c);
+  gelu_backward(s.dh.data(), s.h.data(), n * 4 * c);
   s.h.reset();
   s.d_ln_2 = make({shape.b, shape.t, c});
   linear_backward_input(s.d_ln_2.data(), s.dh.data(), w.fc_weight, n, c, 4 * c);
-  s.dx2 = s.dy.clone(allocator);
-  layernorm_backward_input(s.dx2.data(), s.d_ln_2.data(), s.x2.data(), s.ln_2_mean.data(), s.ln_2_rstd.data(),
-                           w.ln_2_weight, n, c);
+  s.dx2 = make({shape.b, shape.t, c});
+  layernorm_backward_input(s.dx2.data(), s.dy.data(), s.d_ln_2.data(), s.x2.data(), s.ln_2_mean.data(),
+                           s.ln_2_rstd.data(), w.ln_2_weight, n, c);
   {
     auto d_attn_y = make({shape.b, shape.t, c});
     linear_backward_input(d_attn_y.data(), s.dx2.data(), w.attn_proj_weight, n, c, c);
@@ -71,9 +71,9 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
   s.qkv.reset();
   s.d_ln_1 = make({shape.b, shape.t, c});
   linear_backward_input(s.d_ln_1.data(), s.dqkv.data(), w.attn_weight, n, c, 3 * c);
-  auto dx = s.dx2.clone(allocator);
-  layernorm_backward_input(dx.data(), s.d_ln_1.data(), s.x.data(), s.ln_1_mean.data(), s.ln_1_rstd.data(),
-                           w.ln_1_weight, n, c);
+  auto dx = make({shape.b, shape.t, c});
+  layernorm_backward_input(dx.data(), s.dx2.data(), s.d_ln_1.data(), s.x.data(), s.ln_1_mean.data(),
+                           s.ln_1_rstd.data(), w.ln_1_weight, n, c);
   return dx;
 }
 

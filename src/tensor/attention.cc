@@ -14,7 +14,7 @@ namespace {
 // into probabilities in place (max-subtracted, so exp never overflows) and
 // zeroes keys row+1 … t−1.
 template <class T>
-void causal_softmax_row(T* __restrict p, int row, int t) {
+PIPEFLOW_WIDE_VECTORS void causal_softmax_row(T* __restrict p, int row, int t) {
   const int keys = row + 1;
   const T top = detail::max(p, keys);
   T partial[detail::kLanes] = {};
@@ -39,7 +39,7 @@ void causal_softmax_row(T* __restrict p, int row, int t) {
 
 // ds = p ⊙ (dp − Σ_s p·dp) · scale, in place over dp, for keys 0 … row.
 template <class T>
-void softmax_backward_row(T* __restrict dp, const T* __restrict p, int row, T scale) {
+PIPEFLOW_WIDE_VECTORS void softmax_backward_row(T* __restrict dp, const T* __restrict p, int row, T scale) {
   const int keys = row + 1;
   const T inner = detail::dot(p, dp, keys);
   for (int j = 0; j < keys; ++j) dp[j] = p[j] * (dp[j] - inner) * scale;

@@ -5,9 +5,10 @@
 #include "vector_math.h"
 
 namespace pipeflow {
+namespace {
 
 template <class T>
-void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int n, int c) {
+PIPEFLOW_WIDE_VECTORS void forward_rows(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int n, int c) {
   for (int row = 0; row < n; ++row) {
     const T* __restrict x_row = x + static_cast<long>(row) * c;
     T* __restrict y_row = y + static_cast<long>(row) * c;
@@ -31,12 +32,13 @@ void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* 
 }
 
 template <class T>
-void layernorm_backward_input(T* dx, const T* dy, const T* x, const T* mean, const T* rstd, const T* w, int n,
-                              int c) {
+PIPEFLOW_WIDE_VECTORS void backward_input_rows(T* dx, const T* residual, const T* dy, const T* x, const T* mean,
+                                               const T* rstd, const T* w, int n, int c) {
   for (int row = 0; row < n; ++row) {
     const T* __restrict dy_row = dy + static_cast<long>(row) * c;
     const T* __restrict x_row = x + static_cast<long>(row) * c;
-    T* __restrict dx_row = dx + static_cast<long>(row) * c;
+    T* dx_row = dx + static_cast<long>(row) * c;
+    const T* r_row = residual == nullptr ? nullptr : residual + static_cast<long>(row) * c;
     const T mu = mean[row];
     const T inverse = rstd[row];
     T g_partial[detail::kLanes] = {};
@@ -64,13 +66,15 @@ void layernorm_backward_input(T* dx, const T* dy, const T* x, const T* mean, con
     const T gx_mean = gx_sum / static_cast<T>(c);
     for (j = 0; j < c; ++j) {
       const T x_hat = (x_row[j] - mu) * inverse;
-      dx_row[j] += inverse * (dy_row[j] * w[j] - g_mean - x_hat * gx_mean);
+      const T base = r_row == nullptr ? T(0) : r_row[j];
+      dx_row[j] = base + inverse * (dy_row[j] * w[j] - g_mean - x_hat * gx_mean);
     }
   }
 }
 
 template <class T>
-void layernorm_backward_weight(T* dw, T* db, const T* dy, const T* x, const T* mean, const T* rstd, int n, int c) {
+PIPEFLOW_WIDE_VECTORS void backward_weight_rows(T* __restrict dw, T* __restrict db, const T* dy, const T* x,
+                                                const T* mean, const T* rstd, int n, int c) {
   for (int row = 0; row < n; ++row) {
     const T* __restrict dy_row = dy + static_cast<long>(row) * c;
     const T* __restrict x_row = x + static_cast<long>(row) * c;
@@ -83,9 +87,28 @@ void layernorm_backward_weight(T* dw, T* db, const T* dy, const T* x, const T* m
   }
 }
 
+}  // namespace
+
+template <class T>
+void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int n, int c) {
+  forward_rows(y, mean, rstd, x, w, b, n, c);
+}
+
+template <class T>
+void layernorm_backward_input(T* dx, const T* residual, const T* dy, const T* x, const T* mean, const T* rstd,
+                              const T* w, int n, int c) {
+  backward_input_rows(dx, residual, dy, x, mean, rstd, w, n, c);
+}
+
+template <class T>
+void layernorm_backward_weight(T* dw, T* db, const T* dy, const T* x, const T* mean, const T* rstd, int n, int c) {
+  backward_weight_rows(dw, db, dy, x, mean, rstd, n, c);
+}
+
 #define PIPEFLOW_INSTANTIATE(T)                                                                           \
   template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);                \
-  template void layernorm_backward_input<T>(T*, const T*, const T*, const T*, const T*, const T*, int, int); \
+  template void layernorm_backward_input<T>(T*, const T*, const T*, const T*, const T*, const T*, const T*, int, \
+                                            int);                                                            \
   template void layernorm_backward_weight<T>(T*, T*, const T*, const T*, const T*, const T*, int, int);
 PIPEFLOW_INSTANTIATE(float)
 PIPEFLOW_INSTANTIATE(double)

@@ -56,12 +56,19 @@ TEST(KernelGradient, LayerNormMatchesFiniteDifferences) {
     return dot(y, r);
   };
   loss();
-  std::vector<double> dx(n * c, 0.0), dw(c, 0.0), db(c, 0.0);
-  layernorm_backward_input(dx.data(), r.data(), x.data(), mean.data(), rstd.data(), w.data(), n, c);
+  std::vector<double> dx(n * c), dw(c, 0.0), db(c, 0.0);
+  layernorm_backward_input(dx.data(), static_cast<const double*>(nullptr), r.data(), x.data(), mean.data(),
+                           rstd.data(), w.data(), n, c);
   layernorm_backward_weight(dw.data(), db.data(), r.data(), x.data(), mean.data(), rstd.data(), n, c);
   EXPECT_LT(relative_gradient_error(x, dx, loss), kTolerance);
   EXPECT_LT(relative_gradient_error(w, dw, loss), kTolerance);
   EXPECT_LT(relative_gradient_error(b, db, loss), kTolerance);
+  // With a residual gradient: dx = residual + ∂L/∂x (to rounding: one fused multiply-add).
+  const auto residual = normal_vector(n * c, 15);
+  std::vector<double> dx_fused(n * c);
+  layernorm_backward_input(dx_fused.data(), residual.data(), r.data(), x.data(), mean.data(), rstd.data(), w.data(), n,
+                           c);
+  for (int i = 0; i < n * c; ++i) EXPECT_NEAR(dx_fused[i], residual[i] + dx[i], 1e-14) << i;
 }
 
 TEST(KernelGradient, GeluMatchesFiniteDifferences) {
@@ -73,8 +80,8 @@ TEST(KernelGradient, GeluMatchesFiniteDifferences) {
     gelu_forward(y.data(), x.data(), n);
     return dot(y, r);
   };
-  std::vector<double> dx(n);
-  gelu_backward(dx.data(), r.data(), x.data(), n);
+  std::vector<double> dx = r;
+  gelu_backward(dx.data(), x.data(), n);
   EXPECT_LT(relative_gradient_error(x, dx, loss), kTolerance);
 }
 
@@ -136,19 +143,22 @@ TEST(KernelGradient, CrossEntropyMatchesFiniteDifferences) {
   const int n = 3, v = 19;
   auto logits = normal_vector(n * v, 51, 3.0);
   const std::vector<std::int32_t> targets = {4, 0, 18};
-  std::vector<double> probs(n * v);
-  auto loss = [&] { return softmax_cross_entropy_forward(probs.data(), logits.data(), targets.data(), n, v) / n; };
+  std::vector<double> probs;
+  auto loss = [&] {
+    probs = logits;
+    return softmax_cross_entropy_forward(probs.data(), targets.data(), n, v) / n;
+  };
   loss();
-  std::vector<double> dlogits(n * v);
-  softmax_cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), 1.0 / n, n, v);
+  std::vector<double> dlogits = probs;
+  softmax_cross_entropy_backward(dlogits.data(), targets.data(), 1.0 / n, n, v);
   EXPECT_LT(relative_gradient_error(logits, dlogits, loss), kTolerance);
 }
 
 TEST(KernelGradient, CrossEntropyOfUniformLogitsIsLogV) {
   const int n = 2, v = 256;
-  std::vector<float> logits(n * v, 0.25f), probs(n * v);
+  std::vector<float> probs(n * v, 0.25f);
   const std::vector<std::int32_t> targets = {7, 200};
-  const double loss = softmax_cross_entropy_forward(probs.data(), logits.data(), targets.data(), n, v);
+  const double loss = softmax_cross_entropy_forward(probs.data(), targets.data(), n, v);
   EXPECT_NEAR(loss / n, std::log(256.0), 1e-6);
   EXPECT_NEAR(probs[5], 1.0 / 256, 1e-9);
 }
@@ -173,11 +183,11 @@ TEST(KernelPrecision, FloatGeluAttentionAndCrossEntropyAgreeWithDouble) {
   for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(g_f[i], g[i], 2e-6 * (1 + std::abs(x[i]))) << x[i];
 
   const auto logits = normal_vector(4 * v, 63, 3.0);
-  std::vector<float> logits_f(logits.begin(), logits.end()), p_f(logits.size());
-  std::vector<double> p(logits.size());
+  std::vector<float> p_f(logits.begin(), logits.end());
+  std::vector<double> p = logits;
   const std::vector<std::int32_t> targets = {0, 17, 255, 128};
-  const double loss = softmax_cross_entropy_forward(p.data(), logits.data(), targets.data(), 4, v);
-  const double loss_f = softmax_cross_entropy_forward(p_f.data(), logits_f.data(), targets.data(), 4, v);
+  const double loss = softmax_cross_entropy_forward(p.data(), targets.data(), 4, v);
+  const double loss_f = softmax_cross_entropy_forward(p_f.data(), targets.data(), 4, v);
   EXPECT_NEAR(loss_f, loss, 1e-5 * loss);
 }
 

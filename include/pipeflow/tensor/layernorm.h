@@ -11,11 +11,13 @@ inline constexpr double kLayerNormEpsilon = 1e-5;
 template <class T>
 void layernorm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int n, int c);
 
-// I, accumulating: dx += ∂L/∂x. With x̂ = (x − μ)·rstd and g = dy ⊙ w:
+// I: dx = residual + ∂L/∂x, which fuses the gradient arriving around a
+// pre-LN residual connection into the same pass (residual may be dx itself
+// to accumulate, or null for dx = ∂L/∂x). With x̂ = (x − μ)·rstd, g = dy ⊙ w:
 // ∂L/∂x = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)).
 template <class T>
-void layernorm_backward_input(T* dx, const T* dy, const T* x, const T* mean, const T* rstd, const T* w, int n,
-                              int c);
+void layernorm_backward_input(T* dx, const T* residual, const T* dy, const T* x, const T* mean, const T* rstd,
+                              const T* w, int n, int c);
 
 // W, accumulating: dw += Σ_rows dy ⊙ x̂, db += Σ_rows dy.
 template <class T>

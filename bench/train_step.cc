@@ -1,0 +1,116 @@
+// One training step (forward + backward + AdamW) of a GPT-2 on one thread,
+// timed, with the single-thread sgemm ceiling measured in the same run.
+// bench/train_step.sh runs it beside the same step in PyTorch.
+//
+//   bench_train_step [--layers L --heads H --width C --context T --batch B --steps N]
+//
+// FLOPs per step are the model FLOPs of Narayanan et al. 2021 (eq. 3 without
+// recompute; docs/PERFORMANCE.md): 72·B·L·T·C²·(1 + T/(6C) + V/(12·C·L)),
+// i.e. 3× the forward matmul FLOPs with the full T×T attention counted.
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "pipeflow/nn/adamw.h"
+#include "pipeflow/nn/random.h"
+#include "pipeflow/nn/stage.h"
+#include "pipeflow/tensor/gemm.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Best of several 1024³ sgemms (and the model's largest shape), GFLOP/s.
+double sgemm_ceiling() {
+  const int n = 1024;
+  std::vector<float> a(n * n, 0.001f), b(n * n, 0.002f), c(n * n);
+  double best = 0;
+  for (int round = 0; round < 5; ++round) {
+    const auto start = Clock::now();
+    pipeflow::gemm<float>(pipeflow::Transpose::kNo, pipeflow::Transpose::kNo, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                          0.0f, c.data(), n);
+    best = std::max(best, 2.0 * n * n * n / seconds_since(start) / 1e9);
+  }
+  return best;
+}
+
+struct Options {
+  int layers = 4, heads = 4, width = 128, context = 64, batch = 16, steps = 10, vocab = 256;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string key = argv[i];
+    const int value = std::atoi(argv[i + 1]);
+    if (key == "--layers") o.layers = value;
+    else if (key == "--heads") o.heads = value;
+    else if (key == "--width") o.width = value;
+    else if (key == "--context") o.context = value;
+    else if (key == "--batch") o.batch = value;
+    else if (key == "--steps") o.steps = value;
+    else if (key == "--vocab") o.vocab = value;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", key.c_str());
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace pipeflow;
+  const Options o = parse(argc, argv);
+  const nn::GptConfig config{.vocab_size = o.vocab, .context = o.context, .n_layer = o.layers, .n_head = o.heads,
+                             .n_embd = o.width};
+  nn::Stage model(config, nn::all_layers(config));
+  model.init_gpt2(1);
+  nn::AdamW optimizer(model, {.lr = 1e-4, .weight_decay = 0.1});
+  IntTensor tokens({o.batch, o.context});
+  IntTensor targets({o.batch, o.context});
+  nn::Rng rng(7);
+  for (std::int64_t i = 0; i < tokens.numel(); ++i) {
+    tokens[i] = static_cast<std::int32_t>(rng.below(o.vocab));
+    targets[i] = static_cast<std::int32_t>(rng.below(o.vocab));
+  }
+  auto step = [&] {
+    model.zero_gradients();
+    nn::MicrobatchState state;
+    model.forward(state, {.tokens = tokens.clone(), .targets = targets.clone()});
+    model.backward_from_loss(state, 1.0);
+    optimizer.step(1e-4);
+    return state.loss();
+  };
+  const double ceiling = sgemm_ceiling();
+  step();  // warm the pool and the caches
+  std::vector<double> times;
+  double loss = 0;
+  for (int i = 0; i < o.steps; ++i) {
+    const auto start = Clock::now();
+    loss = step();
+    times.push_back(seconds_since(start));
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  const double b = o.batch, l = o.layers, t = o.context, c = o.width, v = o.vocab;
+  const double flops = 72 * b * l * t * c * c * (1 + t / (6 * c) + v / (12 * c * l));
+  std::printf("pipeflow: %.2f ms/step (median of %d, min %.2f), %.1f GFLOP/s = %.0f%% of sgemm %.1f GFLOP/s, "
+              "%.3f GFLOP/step, loss %.4f, blas threads %d, peak activations %.1f MiB\n",
+              median * 1e3, o.steps, times.front() * 1e3, flops / median / 1e9, 100 * flops / median / 1e9 / ceiling,
+              ceiling, flops / 1e9, loss, blas_threads(),
+              static_cast<double>(model.activation_memory().peak_bytes()) / (1024.0 * 1024.0));
+  return 0;
+}

@@ -1,0 +1,60 @@
+"""The PyTorch side of bench/train_step.sh: one training step (forward + backward + AdamW) of the same GPT-2
+(tools/gpt2_torch.py) on one thread, timed like bench_train_step, with the same FLOP count.
+
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 bench/train_step_torch.py \
+        --layers L --heads H --width C --context T --batch B --steps N
+
+One thread means OPENBLAS_NUM_THREADS=1 too: Debian's torch multiplies through OpenBLAS, whose own thread
+pool torch.set_num_threads does not limit.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from gpt2_torch import Gpt2, decay_groups  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    for name, default in [("layers", 4), ("heads", 4), ("width", 128), ("context", 64), ("batch", 16),
+                          ("steps", 10), ("vocab", 256)]:
+        parser.add_argument("--" + name, type=int, default=default)
+    o = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(1)
+    model = Gpt2(o.vocab, o.context, o.layers, o.heads, o.width)
+    decay, no_decay = decay_groups(model)
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=1e-4)
+    tokens = torch.randint(0, o.vocab, (o.batch, o.context))
+    targets = torch.randint(0, o.vocab, (o.batch, o.context))
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(tokens, targets)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    step()
+    times = []
+    for _ in range(o.steps):
+        start = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    median, best = times[len(times) // 2], times[0]
+    b, l, t, c, v = o.batch, o.layers, o.context, o.width, o.vocab
+    flops = 72 * b * l * t * c * c * (1 + t / (6 * c) + v / (12 * c * l))
+    print(f"torch: {median * 1e3:.2f} ms/step (median of {o.steps}, min {best * 1e3:.2f}), "
+          f"{flops / median / 1e9:.1f} GFLOP/s, {flops / 1e9:.3f} GFLOP/step, loss {loss:.4f}, "
+          f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+
+
+if __name__ == "__main__":
+    main()
