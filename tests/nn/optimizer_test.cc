@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/nn/adamw.h"
@@ -17,12 +19,29 @@ using testing::error_of;
 
 const GptConfig kConfig{.vocab_size = 32, .context = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
 
-void train_step(Stage& stage, AdamW& optimizer, std::uint64_t seed) {
+double train_step(Stage& stage, AdamW& optimizer, std::uint64_t seed) {
   stage.zero_gradients();
   MicrobatchState state;
-  stage.forward(state, {.tokens = testing::random_tokens(2, 8, 32, seed), .targets = testing::random_tokens(2, 8, 32, seed + 1)});
+  stage.forward(state,
+                {.tokens = testing::random_tokens(2, 8, 32, seed), .targets = testing::random_tokens(2, 8, 32, seed + 1)});
   stage.backward_from_loss(state, 1.0);
   optimizer.step(optimizer.options().lr);
+  return state.loss();
+}
+
+TEST(AdamW, SameSeedGivesBitIdenticalLossesAndWeights) {
+  auto run = [] {
+    Stage stage(kConfig, all_layers(kConfig));
+    stage.init_gpt2(9);
+    AdamW optimizer(stage, {.lr = 1e-2});
+    std::vector<double> losses;
+    for (int step = 0; step < 4; ++step) losses.push_back(train_step(stage, optimizer, 100 + 2 * step));
+    return std::pair(losses, std::vector<float>(stage.parameters().begin(), stage.parameters().end()));
+  };
+  const auto [losses, weights] = run();
+  const auto [losses_again, weights_again] = run();
+  EXPECT_EQ(losses, losses_again);
+  EXPECT_EQ(weights, weights_again);
 }
 
 TEST(AdamW, DecaysTwoDimensionalWeightsOnlyAndStepsBySignAtFirst) {
