@@ -17,23 +17,9 @@ template <class T>
 PIPEFLOW_WIDE_VECTORS void causal_softmax_row(T* __restrict p, int row, int t) {
   const int keys = row + 1;
   const T top = detail::max(p, keys);
-  T partial[detail::kLanes] = {};
-  int j = 0;
-  for (; j + detail::kLanes <= keys; j += detail::kLanes) {
-    for (int lane = 0; lane < detail::kLanes; ++lane) {
-      const T e = detail::exp(p[j + lane] - top);
-      p[j + lane] = e;
-      partial[lane] += e;
-    }
-  }
-  T total = 0;
-  for (int lane = 0; lane < detail::kLanes; ++lane) total += partial[lane];
-  for (; j < keys; ++j) {
-    p[j] = detail::exp(p[j] - top);
-    total += p[j];
-  }
+  const T total = detail::exponentiate(p, top, keys);
   const T inverse = T(1) / total;
-  for (j = 0; j < keys; ++j) p[j] *= inverse;
+  for (int j = 0; j < keys; ++j) p[j] *= inverse;
   std::memset(p + keys, 0, sizeof(T) * static_cast<std::size_t>(t - keys));
 }
 

@@ -5,31 +5,6 @@
 #include "vector_math.h"
 
 namespace pipeflow {
-namespace {
-
-// Returns Σ exp(l − top) and leaves exp(l − top) in l.
-template <class T>
-PIPEFLOW_WIDE_VECTORS T exponentiate(T* __restrict l, T top, int v) {
-  T partial[detail::kLanes] = {};
-  int j = 0;
-  for (; j + detail::kLanes <= v; j += detail::kLanes) {
-    for (int lane = 0; lane < detail::kLanes; ++lane) {
-      const T e = detail::exp(l[j + lane] - top);
-      l[j + lane] = e;
-      partial[lane] += e;
-    }
-  }
-  T total = 0;
-  for (int lane = 0; lane < detail::kLanes; ++lane) total += partial[lane];
-  for (; j < v; ++j) {
-    l[j] = detail::exp(l[j] - top);
-    total += l[j];
-  }
-  return total;
-}
-
-}  // namespace
-
 template <class T>
 double softmax_cross_entropy_forward(T* logits, const std::int32_t* targets, int n, int v) {
   double loss = 0;
@@ -37,7 +12,7 @@ double softmax_cross_entropy_forward(T* logits, const std::int32_t* targets, int
     T* __restrict l = logits + static_cast<long>(row) * v;
     const T top = detail::max(l, v);
     const T target_logit = l[targets[row]];
-    const T total = exponentiate(l, top, v);
+    const T total = detail::exponentiate(l, top, v);
     const T inverse = T(1) / total;
     for (int j = 0; j < v; ++j) l[j] *= inverse;
     loss += std::log(static_cast<double>(total)) - static_cast<double>(target_logit - top);

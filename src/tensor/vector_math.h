@@ -105,4 +105,25 @@ inline T max(const T* x, int n) {
   return best;
 }
 
+// x ← exp(x − shift), returning Σ exp(x − shift): the middle of a softmax.
+template <class T>
+PIPEFLOW_WIDE_VECTORS T exponentiate(T* __restrict x, T shift, int n) {
+  T partial[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const T e = exp(x[i + j] - shift);
+      x[i + j] = e;
+      partial[j] += e;
+    }
+  }
+  T total = 0;
+  for (int j = 0; j < kLanes; ++j) total += partial[j];
+  for (; i < n; ++i) {
+    x[i] = exp(x[i] - shift);
+    total += x[i];
+  }
+  return total;
+}
+
 }  // namespace pipeflow::detail
