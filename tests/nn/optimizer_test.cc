@@ -83,6 +83,69 @@ TEST(AdamW, TrainingResumedFromSavedStateIsBitIdentical) {
   EXPECT_EQ(resumed_optimizer.steps(), 3);
 }
 
+// What the runtime does (docs/NN.md): two stages, two micro-batches with
+// their weight passes deferred, the tied-gradient sum, global clipping and
+// AdamW, against the whole model accumulating the same micro-batches.
+TEST(AdamW, APipelinedStepMatchesTheWholeModelsStep) {
+  Stage whole(kConfig, all_layers(kConfig));
+  whole.init_gpt2(21);
+  Stage first(kConfig, {0, 2}, {.name = "stage 0"});
+  Stage last(kConfig, {2, 4}, {.name = "stage 1"});
+  first.copy_parameters_from(whole);
+  last.copy_parameters_from(whole);
+  const AdamWOptions options{.lr = 1e-2, .weight_decay = 0.1};
+  AdamW whole_optimizer(whole, options), first_optimizer(first, options), last_optimizer(last, options);
+  const double max_norm = 0.5;
+  auto tokens = [](int mb) { return testing::random_tokens(2, 8, 32, 50 + mb); };
+  auto targets = [](int mb) { return testing::random_tokens(2, 8, 32, 60 + mb); };
+
+  for (int mb = 0; mb < 2; ++mb) {
+    MicrobatchState state;
+    whole.forward(state, {.tokens = tokens(mb), .targets = targets(mb)});
+    whole.backward_from_loss(state, 0.5);
+  }
+  const double whole_coefficient = clip_coefficient(std::sqrt(whole.gradient_square_sum()), max_norm);
+  ASSERT_LT(whole_coefficient, 1.0);
+  whole.scale_gradients(whole_coefficient);
+  whole_optimizer.step(options.lr);
+
+  MicrobatchState s0[2], s1[2];
+  for (int mb = 0; mb < 2; ++mb) {
+    Tensor activation = first.forward(s0[mb], {.tokens = tokens(mb)});
+    last.forward(s1[mb], {.activation = std::move(activation), .targets = targets(mb)});
+  }
+  for (int mb = 0; mb < 2; ++mb) first.backward_input(s0[mb], last.backward_input_from_loss(s1[mb], 0.5));
+  for (int mb = 0; mb < 2; ++mb) {
+    last.backward_weight(s1[mb]);
+    first.backward_weight(s0[mb]);
+  }
+  const std::vector<float> a(first.tied_gradient().begin(), first.tied_gradient().end());
+  const std::vector<float> b(last.tied_gradient().begin(), last.tied_gradient().end());
+  first.add_tied_gradient(b);
+  last.add_tied_gradient(a);
+  const double squares = first.gradient_square_sum() + last.gradient_square_sum();
+  const double coefficient = clip_coefficient(std::sqrt(squares), max_norm);
+  EXPECT_NEAR(coefficient, whole_coefficient, 1e-6 * whole_coefficient);
+  first.scale_gradients(coefficient);
+  last.scale_gradients(coefficient);
+  first_optimizer.step(options.lr);
+  last_optimizer.step(options.lr);
+
+  for (const Stage* stage : {&first, &last}) {
+    for (const ParameterInfo& info : stage->layout().entries()) {
+      const auto mine = stage->parameter(info.name);
+      const auto expected = whole.parameter(info.name);
+      for (std::size_t i = 0; i < mine.size(); ++i) {
+        ASSERT_NEAR(mine[i], expected[i], 1e-6) << info.name << "[" << i << "]";
+      }
+    }
+  }
+  EXPECT_EQ(std::memcmp(first.parameter("wte.weight").data(), last.parameter("wte.weight").data(),
+                        first.parameter("wte.weight").size_bytes()),
+            0)
+      << "the two copies of the tied wte stay identical";
+}
+
 TEST(AdamW, OptionsComeFromDeepSpeedsOptimizerSection) {
   const Config config = Config::parse(
       R"({"optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}}})",
