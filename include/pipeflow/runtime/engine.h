@@ -1,0 +1,129 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "pipeflow/nn/adamw.h"
+#include "pipeflow/nn/gpt_config.h"
+#include "pipeflow/nn/safetensors.h"
+#include "pipeflow/nn/stage.h"
+#include "pipeflow/runtime/batch_source.h"
+#include "pipeflow/runtime/engine_options.h"
+#include "pipeflow/runtime/in_process_transport.h"
+#include "pipeflow/runtime/rank_worker.h"
+#include "pipeflow/runtime/step_record.h"
+#include "pipeflow/schedule/schedule.h"
+
+namespace pipeflow::runtime {
+
+// What a step does after the pipeline flush.
+//   kTrain:          tied gradients summed, global norm, clipping, AdamW.
+//   kGradientsOnly:  tied gradients summed and the norm measured; no clipping,
+//                    no update (what `pipeflow grad` reports).
+enum class StepMode { kTrain, kGradientsOnly };
+
+// How the ranks run.
+//   kThreaded: one worker thread per rank, all at once: the real pipeline.
+//   kSerial:   every rank's actions on the calling thread, one at a time, in
+//              a valid order (each pass over the ranks runs every rank as far
+//              as its messages allow); each action timed alone, for the
+//              emulated timeline of a machine with one core per rank.
+// Both compute exactly the same numbers.
+enum class RunMode { kThreaded, kSerial };
+
+struct StepResult {
+  std::int64_t step = 0;
+  double loss = 0;              // mean over the global batch (of the m micro-batch means)
+  std::vector<double> microbatch_losses;
+  double grad_norm = 0;         // global, over all stages, tied wte once, before clipping
+  double clip_coefficient = 1;  // applied to every gradient (1: not clipped)
+  double lr = 0;                // the learning rate of this step's update
+  double wall_s = 0;            // from the step's start until every rank had finished
+  RunMode mode = RunMode::kThreaded;
+  std::vector<RankRecord> ranks;
+};
+
+// The pipeline engine: p·v nn stages cut from a GPT-2 by layer boundaries,
+// placed on the ranks of a schedule, one RankWorker per rank over an
+// in-process transport, and an AdamW per stage.
+//
+// A step runs the lowered schedule: gradients accumulate over the m
+// micro-batches (loss scale 1/m), then the flush of RankWorker, so that the
+// loss, every gradient and the weights after the update equal those of one
+// unpipelined step on the same global batch (up to float rounding), whatever
+// the schedule, stage count or recompute setting. Reruns with the same seed
+// and layout give the same bits, threaded or serial.
+//
+// Errors: a worker that fails (an exception in an action, a timeout) aborts
+// the transport, every other worker stops at its next action or wait, all
+// threads are joined, and step() throws the first failure's error. The next
+// step starts clean (states and messages of the failed step are dropped),
+// unless the failure came after an optimizer update had begun on some rank:
+// then the weights are inconsistent and every later step throws.
+//
+// BLAS: each worker's matrix products run on its own thread (tensor/gemm.h
+// pins OpenBLAS to one thread), so p workers use p cores.
+//
+// Thread safety: one thread drives the engine; stages may be read between steps.
+class PipelineEngine {
+ public:
+  // `schedule`: compute-only (then lowered with insert_send_recv) or already
+  // lowered; it must pass validate(). `boundaries`: num_stages + 1 pipeline
+  // layer indices 0 = b0 < … < b_S = L + 2 (see model/partition.h); stage s
+  // holds layers [b_s, b_{s+1}). Parameters start zero: init_gpt2 or
+  // load_parameters fill them. Throws Error naming what does not fit.
+  PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+                 EngineOptions options);
+  ~PipelineEngine();
+  PipelineEngine(const PipelineEngine&) = delete;
+  PipelineEngine& operator=(const PipelineEngine&) = delete;
+
+  void init_gpt2(std::uint64_t seed);
+  void load_parameters(const nn::SafetensorsFile& file);
+
+  StepResult step(std::int64_t step, const BatchSource& source, StepMode mode = StepMode::kTrain,
+                  RunMode run = RunMode::kThreaded);
+
+  const nn::GptConfig& config() const { return config_; }
+  const Schedule& schedule() const { return schedule_; }  // lowered
+  const std::vector<int>& boundaries() const { return boundaries_; }
+  const EngineOptions& options() const { return options_; }
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  nn::Stage& stage(StageId s) { return *stages_.at(static_cast<std::size_t>(s.value())); }
+  const nn::Stage& stage(StageId s) const { return *stages_.at(static_cast<std::size_t>(s.value())); }
+  // Tokens per step: m · b · T (T = the sequence length of the source's samples).
+  std::int64_t global_batch() const { return static_cast<std::int64_t>(schedule_.num_microbatches()) * options_.micro_batch; }
+
+  // A tensor by name from the stage holding it (the embedding's copy for wte).
+  std::span<const float> parameter(std::string_view name) const;
+  std::span<const float> gradient(std::string_view name) const;
+  // The whole model in one stage (for sampling, evaluation and saving).
+  std::unique_ptr<nn::Stage> assemble_model() const;
+
+ private:
+  const nn::Stage& holder(std::string_view name) const;
+  void run_threaded(StepMode mode, StepResult& result);
+  void run_serial(StepMode mode, StepResult& result);
+  void finish(StepMode mode, StepResult& result);
+
+  nn::GptConfig config_;
+  Schedule schedule_;
+  std::vector<int> boundaries_;
+  EngineOptions options_;
+  // Destroyed last: the workers' and the transport's tensors come from their pools.
+  std::vector<std::unique_ptr<nn::Stage>> stages_;
+  std::vector<std::unique_ptr<nn::AdamW>> optimizers_;
+  std::unique_ptr<InProcessTransport> transport_;
+  Progress progress_;
+  std::vector<std::unique_ptr<RankWorker>> workers_;
+  std::int64_t current_step_ = 0;
+  bool update_failed_ = false;
+};
+
+// The in-process inbox capacity for each rank: every message a step of
+// `schedule` (lowered) sends it, plus the tied-gradient copy.
+std::vector<int> inbox_capacities(const Schedule& schedule);
+
+}  // namespace pipeflow::runtime

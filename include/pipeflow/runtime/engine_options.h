@@ -1,0 +1,36 @@
+#pragma once
+
+#include <chrono>
+#include <functional>
+
+#include "pipeflow/core/ids.h"
+#include "pipeflow/nn/adamw.h"
+#include "pipeflow/nn/lr_schedule.h"
+#include "pipeflow/schedule/action.h"
+
+namespace pipeflow::runtime {
+
+// How the pipeline engine trains: the settings of a run that are not the
+// model's shape, the schedule or the partition.
+struct EngineOptions {
+  int micro_batch = 1;  // b: sequences per micro-batch
+  // T: tokens per sample, the shape of every message [b, T, C] (a transport
+  // that allocates receive buffers needs it); 0: the model's context.
+  int sequence_length = 0;
+  // DeepSpeed's activation_checkpoint_interval, for every stage (see
+  // nn::StageOptions): 0 keeps all activations; k keeps only the input of
+  // every k-th layer and recomputes in the backward.
+  int checkpoint_interval = 0;
+  // Longest any blocking wait (a message, an inbox slot, the all-reduce) may
+  // last before the step fails with the rank, the action and the grid.
+  std::chrono::duration<double> timeout = std::chrono::seconds(60);
+  nn::AdamWOptions optimizer;
+  nn::LrSchedule lr_schedule = nn::LrSchedule::constant(1e-3);
+  // DeepSpeed's gradient_clipping: the largest global gradient norm; <= 0 disables it.
+  double gradient_clipping = 0;
+  // For tests: called on the worker's thread before each of its actions
+  // (an exception or a delay there acts as a failing or a slow worker).
+  std::function<void(RankId, const Action&)> before_action;
+};
+
+}  // namespace pipeflow::runtime

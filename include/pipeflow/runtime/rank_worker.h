@@ -1,0 +1,153 @@
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pipeflow/core/ids.h"
+#include "pipeflow/nn/adamw.h"
+#include "pipeflow/nn/stage.h"
+#include "pipeflow/runtime/batch_source.h"
+#include "pipeflow/runtime/engine_options.h"
+#include "pipeflow/runtime/step_record.h"
+#include "pipeflow/runtime/transport.h"
+#include "pipeflow/schedule/schedule.h"
+
+namespace pipeflow::runtime {
+
+// Where every rank of a step is: the index of the action it runs or waits at
+// (its list's size once done), for the timeout message. One atomic per rank.
+using Progress = std::vector<std::atomic<std::size_t>>;
+
+// One pipeline rank: executes its action list of a lowered schedule on the
+// nn stages it holds, one action at a time, and then does its part of the
+// flush (tied gradients, global norm, optimizer step). The engine drives
+// workers from one thread each (PipelineEngine::step) or all from one thread
+// in a valid order (the emulated run); the arithmetic is the same.
+//
+// Per action (stage s, micro-batch j, b = micro_batch):
+//   F  the first stage loads samples j·b … (j+1)·b − 1 of the step from the
+//      source; other stages take the activation received (or handed over on
+//      the rank); the last stage also loads the targets, and its forward
+//      gives micro-batch j's loss.
+//   B/I the last stage starts from loss_scale · loss with loss_scale = 1/m
+//      (the mean over the global batch of m equal micro-batches); the others
+//      from the gradient received.
+//   W  adds micro-batch j's weight gradients.
+//   SEND/RECV move the output / gradient through the transport, keyed
+//      (source, destination, stage, micro-batch, direction).
+// An output whose consumer stage is on the same rank (V turn, one rank) is
+// handed over directly, as the lowered schedule has no SEND/RECV for it.
+//
+// Memory: every tensor is charged to the activation account of the stage
+// that holds it; a message in flight is charged to nobody (the sender
+// uncharges it, the receiver charges it on arrival), so only a rank's own
+// thread changes its stages' accounts and each action's bytes can be measured.
+//
+// Ownership: the worker borrows the stages, optimizers, transport and source;
+// it owns the micro-batch states and the tensors in flight on its side, which
+// must be destroyed (release() or the destructor) before the stages.
+//
+// Thread safety: one thread at a time per worker. Stages are not shared
+// between workers.
+class RankWorker {
+ public:
+  enum class Outcome { kDone, kNotReady, kAborted };
+
+  // `stages` and `optimizers` are indexed by global stage; only this rank's
+  // entries are used. `progress` has one entry per rank.
+  RankWorker(const Schedule& schedule, RankId rank, std::span<nn::Stage* const> stages,
+             std::span<nn::AdamW* const> optimizers, Transport& transport, const EngineOptions& options,
+             Progress& progress);
+
+  RankId rank() const { return rank_; }
+  std::size_t size() const { return actions_->size(); }
+
+  // Clears what an earlier (possibly failed) step left, zeroes the
+  // gradients, and starts the step's records at `epoch`.
+  void begin_step(std::int64_t step, const BatchSource& source, Clock::time_point epoch);
+
+  // Runs action `index` of the list. A RECV whose message has not arrived
+  // returns kNotReady at once unless `block` (then it waits up to the
+  // timeout). kAborted: the transport was aborted. Throws Error on a timeout
+  // (naming the rank, the action, the message it waited for and where every
+  // rank is, with the schedule grid and the cell marked) and on any failure
+  // of the action itself.
+  Outcome run(std::size_t index, bool block);
+
+  // The flush, in this order on every rank (each returns kAborted if the
+  // transport was aborted):
+  //   post_tied_gradients: a stage holding only one side of the tied wte
+  //     sends a copy of its gradient to the stage holding the other side;
+  //   reduce_tied_gradients: adds the other side's copy (received, or on
+  //     this rank), so both copies hold the sum;
+  //   gradient_square_sum: Σ g² over the rank's stages, tied counted once,
+  //     then (threaded) all_reduce_sum over the ranks, in rank order;
+  //   apply_update: scales the gradients by `clip` (if < 1) and runs AdamW
+  //     with `lr` on every stage.
+  Outcome post_tied_gradients();
+  Outcome reduce_tied_gradients(bool block);
+  double gradient_square_sum() const;
+  Outcome all_reduce_sum(double& value);
+  void apply_update(double clip, double lr);
+  // Records a flush phase that ran from `start` to now.
+  void record_phase(FlushPhase phase, Clock::time_point start);
+
+  // Micro-batch j's loss (the rank holding the last stage; NaN elsewhere).
+  double microbatch_loss(int j) const { return losses_[static_cast<std::size_t>(j)]; }
+  bool holds_last_stage() const;
+  const RankRecord& record() const { return record_; }
+  double seconds_since_epoch(Clock::time_point t) const;
+
+  // Destroys every micro-batch state and tensor the worker holds.
+  void release();
+
+ private:
+  struct Slot {
+    nn::MicrobatchState state;
+    Tensor activation_in;   // the stage's input, received or handed over
+    Tensor gradient_in;     // ∂L/∂output, received or handed over
+    Tensor activation_out;  // the output, until its SEND_F
+    Tensor gradient_out;    // ∂L/∂input, until its SEND_B
+    std::int64_t held_bytes = 0;  // what its F left held (ActionTiming::held_bytes)
+  };
+
+  nn::Stage& stage(StageId s) const;
+  Slot& slot(StageId s, MicrobatchId j);
+  Deadline deadline() const;
+  std::int64_t live_bytes() const;
+  void note_memory(std::int64_t others, nn::Stage& active);
+
+  void forward(const Action& a, ActionTiming& timing);
+  void backward_input(const Action& a, bool with_weight, ActionTiming& timing);
+  Outcome send(std::size_t index, const Action& a, ActionTiming& timing);
+  Outcome receive(std::size_t index, const Action& a, bool block, ActionTiming& timing);
+  void hand_over(Tensor tensor, StageId to, MicrobatchId j, bool gradient);
+  MessageKey message_of(const Action& a) const;
+  StageId tied_partner(StageId s) const;
+  std::string where_others_are() const;
+  [[noreturn]] void fail_timeout(std::size_t index, const std::string& waited_for) const;
+  [[noreturn]] void fail_flush_timeout(const char* phase, const std::string& waited_for) const;
+
+  const Schedule* schedule_;
+  RankId rank_;
+  const std::vector<Action>* actions_;
+  std::vector<nn::Stage*> stages_;  // global stage -> stage (nullptr: another rank's)
+  std::vector<nn::AdamW*> optimizers_;
+  std::vector<StageId> own_;        // this rank's stages
+  Transport* transport_;
+  const EngineOptions* options_;
+  Progress* progress_;
+  std::vector<Slot> slots_;  // [chunk * m + j]
+  std::vector<double> losses_;
+  std::vector<Tensor> tied_out_;  // per own stage: the copy to send
+  const BatchSource* source_ = nullptr;
+  std::int64_t step_ = 0;
+  Clock::time_point epoch_;
+  RankRecord record_;
+};
+
+}  // namespace pipeflow::runtime

@@ -1,0 +1,51 @@
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "pipeflow/schedule/action.h"
+
+namespace pipeflow::runtime {
+
+// What one rank did in one step, as the steady clock saw it. Times are
+// seconds since the step's common start (the same epoch on every rank).
+
+// One action of the rank's lowered list.
+struct ActionTiming {
+  Action action;
+  double start_s = 0;
+  double end_s = 0;
+  // The part of [start_s, end_s), at its beginning, spent blocked waiting
+  // for a message (RECV) or for room in a full inbox (SEND); 0 for compute.
+  double wait_s = 0;
+  // Activation bytes the action leaves held on its stage for later passes:
+  // an F, what its micro-batch keeps until its B or I; an I, what it keeps
+  // until its W (measured on the stage's account, without the tensor sent
+  // on); 0 for other actions.
+  std::int64_t held_bytes = 0;
+
+  double duration_s() const { return end_s - start_s; }
+};
+
+// The work after the pipeline flush.
+enum class FlushPhase {
+  kTiedGradients,  // ReduceTiedGrads: exchange and sum the wte copies
+  kGradientNorm,   // the global norm: all-reduce of the square sums
+  kOptimizer,      // clipping and the AdamW step of the rank's stages
+};
+
+struct PhaseTiming {
+  FlushPhase phase = FlushPhase::kOptimizer;
+  double start_s = 0;
+  double end_s = 0;
+};
+
+struct RankRecord {
+  std::vector<ActionTiming> actions;  // in list order
+  std::vector<PhaseTiming> phases;    // in the order they ran
+  // The most activation bytes the rank's stages held together at any moment
+  // of the step (each action's own temporaries included).
+  std::int64_t peak_activation_bytes = 0;
+};
+
+}  // namespace pipeflow::runtime

@@ -1,0 +1,84 @@
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "pipeflow/core/ids.h"
+#include "pipeflow/tensor/tensor.h"
+
+namespace pipeflow::runtime {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+// What a message carries between two pipeline ranks.
+//   kActivation:   a stage's forward output, to the next stage (SEND_F/RECV_F);
+//   kGradient:     a stage's input gradient, to the previous stage (SEND_B/RECV_B);
+//   kTiedGradient: a copy of the tied wte gradient, between the stage holding
+//                  the embedding and the one holding the LM head, after the
+//                  flush (DeepSpeed's ReduceTiedGrads).
+enum class Direction { kActivation, kGradient, kTiedGradient };
+
+const char* to_string(Direction direction);  // "activation", "gradient", "tied gradient"
+
+// Names one message of a step: who sends it to whom, and what it is. `stage`
+// is the sending stage. A key is sent at most once per step.
+struct MessageKey {
+  RankId source;
+  RankId destination;
+  StageId stage;
+  MicrobatchId microbatch;
+  Direction direction = Direction::kActivation;
+
+  bool operator==(const MessageKey&) const = default;
+};
+
+// "activation of micro-batch 3 from stage 0 (rank 0 -> rank 1)".
+std::string describe(const MessageKey& key);
+
+// How a blocking transport call ended. kAborted: abort() was called (another
+// worker failed); the caller stops without an error of its own.
+enum class WaitStatus { kOk, kTimedOut, kAborted };
+
+// Moves tensors between pipeline ranks, with the semantics of MPI's
+// non-blocking point-to-point calls so that both the in-process transport
+// and an MPI one fit behind it:
+//   send    ~ MPI_Isend: returns as soon as the message is posted; the
+//             transport owns the payload until the receiver has it. It waits
+//             (until `deadline`) only when the destination's buffer of
+//             posted messages is full.
+//   receive ~ MPI_Irecv + MPI_Wait: blocks until the message with exactly
+//             this key has arrived. `shape` and `allocator` say what the
+//             receiver expects, for a transport that must allocate the
+//             receive buffer; the in-process transport hands over the
+//             sender's tensor itself (no copy) and ignores them.
+//   try_receive ~ MPI_Test: the message if it has arrived, else nothing.
+//   all_reduce_sum ~ MPI_Allreduce(MPI_SUM) of one double over all ranks,
+//             summed in rank order (0 + v0 + v1 + ...) so every layout and
+//             every rerun gets the same bits.
+// Messages may arrive in any order; receives match by key.
+//
+// Every blocking call takes a deadline and returns kTimedOut when it passes,
+// so no wait is unbounded; abort() makes every blocked and every later call
+// return kAborted until reset().
+//
+// Thread safety: every method may be called from any thread; each rank calls
+// with its own RankId from one thread at a time.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual WaitStatus send(const MessageKey& key, Tensor payload, Deadline deadline) = 0;
+  virtual WaitStatus receive(const MessageKey& key, const Shape& shape, Allocator allocator, Deadline deadline,
+                             Tensor& out) = 0;
+  virtual bool try_receive(const MessageKey& key, Tensor& out) = 0;
+  virtual WaitStatus all_reduce_sum(RankId rank, double& value, Deadline deadline) = 0;
+
+  // Wakes every waiter with kAborted; later calls return kAborted at once.
+  virtual void abort() = 0;
+  virtual bool aborted() const = 0;
+  // Drops every undelivered message and clears the aborted state (between steps).
+  virtual void reset() = 0;
+};
+
+}  // namespace pipeflow::runtime

@@ -1,0 +1,142 @@
+#include "pipeflow/runtime/in_process_transport.h"
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow::runtime {
+
+InProcessTransport::InProcessTransport(std::vector<int> inbox_capacity) {
+  if (inbox_capacity.empty()) fail("in-process transport: needs at least one rank");
+  for (std::size_t r = 0; r < inbox_capacity.size(); ++r) {
+    if (inbox_capacity[r] < 1) fail("in-process transport: rank {} inbox capacity {} must be >= 1", r, inbox_capacity[r]);
+    auto box = std::make_unique<Inbox>();
+    box->slots.resize(static_cast<std::size_t>(inbox_capacity[r]));
+    inboxes_.push_back(std::move(box));
+  }
+  reduction_.values.assign(inbox_capacity.size(), 0.0);
+}
+
+InProcessTransport::~InProcessTransport() = default;
+
+InProcessTransport::Inbox& InProcessTransport::inbox(RankId rank) {
+  if (rank.value() < 0 || rank.value() >= num_ranks()) {
+    fail("in-process transport: rank {} outside [0, {})", rank, num_ranks());
+  }
+  return *inboxes_[static_cast<std::size_t>(rank.value())];
+}
+
+InProcessTransport::Slot* InProcessTransport::find(Inbox& box, const MessageKey& key) {
+  for (Slot& slot : box.slots) {
+    if (slot.used && slot.key == key) return &slot;
+  }
+  return nullptr;
+}
+
+WaitStatus InProcessTransport::send(const MessageKey& key, Tensor payload, Deadline deadline) {
+  Inbox& box = inbox(key.destination);
+  std::unique_lock lock(box.mutex);
+  const auto has_room = [&] { return aborted() || box.used < static_cast<int>(box.slots.size()); };
+  if (!box.changed.wait_until(lock, deadline, has_room)) return WaitStatus::kTimedOut;
+  if (aborted()) return WaitStatus::kAborted;
+  for (Slot& slot : box.slots) {
+    if (slot.used) continue;
+    slot.used = true;
+    slot.key = key;
+    slot.payload = std::move(payload);
+    break;
+  }
+  ++box.used;
+  lock.unlock();
+  box.changed.notify_all();
+  return WaitStatus::kOk;
+}
+
+WaitStatus InProcessTransport::receive(const MessageKey& key, const Shape& /*shape*/, Allocator /*allocator*/,
+                                       Deadline deadline, Tensor& out) {
+  Inbox& box = inbox(key.destination);
+  std::unique_lock lock(box.mutex);
+  Slot* slot = nullptr;
+  const auto arrived = [&] { return aborted() || (slot = find(box, key)) != nullptr; };
+  if (!box.changed.wait_until(lock, deadline, arrived)) return WaitStatus::kTimedOut;
+  if (aborted()) return WaitStatus::kAborted;
+  out = std::move(slot->payload);
+  slot->used = false;
+  --box.used;
+  lock.unlock();
+  box.changed.notify_all();
+  return WaitStatus::kOk;
+}
+
+bool InProcessTransport::try_receive(const MessageKey& key, Tensor& out) {
+  Inbox& box = inbox(key.destination);
+  std::unique_lock lock(box.mutex);
+  Slot* slot = find(box, key);
+  if (slot == nullptr || aborted()) return false;
+  out = std::move(slot->payload);
+  slot->used = false;
+  --box.used;
+  lock.unlock();
+  box.changed.notify_all();
+  return true;
+}
+
+WaitStatus InProcessTransport::all_reduce_sum(RankId rank, double& value, Deadline deadline) {
+  Reduction& r = reduction_;
+  std::unique_lock lock(r.mutex);
+  if (aborted()) return WaitStatus::kAborted;
+  r.values[static_cast<std::size_t>(rank.value())] = value;
+  const std::int64_t generation = r.generation;
+  if (++r.arrived == num_ranks()) {
+    double sum = 0;
+    for (const double v : r.values) sum += v;
+    r.result = sum;
+    r.arrived = 0;
+    ++r.generation;
+    lock.unlock();
+    r.done.notify_all();
+    value = sum;
+    return WaitStatus::kOk;
+  }
+  const auto finished = [&] { return aborted() || r.generation != generation; };
+  if (!r.done.wait_until(lock, deadline, finished)) {
+    --r.arrived;
+    return WaitStatus::kTimedOut;
+  }
+  if (r.generation == generation) return WaitStatus::kAborted;
+  value = r.result;
+  return WaitStatus::kOk;
+}
+
+void InProcessTransport::abort() {
+  aborted_.store(true, std::memory_order_release);
+  for (auto& box : inboxes_) {
+    // Taking the lock orders the flag against a waiter's predicate check.
+    { std::lock_guard lock(box->mutex); }
+    box->changed.notify_all();
+  }
+  { std::lock_guard lock(reduction_.mutex); }
+  reduction_.done.notify_all();
+}
+
+void InProcessTransport::reset() {
+  for (auto& box : inboxes_) {
+    std::lock_guard lock(box->mutex);
+    for (Slot& slot : box->slots) {
+      slot.used = false;
+      slot.payload.reset();
+    }
+    box->used = 0;
+  }
+  {
+    std::lock_guard lock(reduction_.mutex);
+    reduction_.arrived = 0;
+  }
+  aborted_.store(false, std::memory_order_release);
+}
+
+int InProcessTransport::pending(RankId rank) const {
+  const Inbox& box = *inboxes_.at(static_cast<std::size_t>(rank.value()));
+  std::lock_guard lock(box.mutex);
+  return box.used;
+}
+
+}  // namespace pipeflow::runtime

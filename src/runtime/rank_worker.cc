@@ -1,0 +1,372 @@
+#include "pipeflow/runtime/rank_worker.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/units.h"
+#include "pipeflow/schedule/grid.h"
+
+namespace pipeflow::runtime {
+
+RankWorker::RankWorker(const Schedule& schedule, RankId rank, std::span<nn::Stage* const> stages,
+                       std::span<nn::AdamW* const> optimizers, Transport& transport, const EngineOptions& options,
+                       Progress& progress)
+    : schedule_(&schedule),
+      rank_(rank),
+      actions_(&schedule.actions(rank)),
+      stages_(stages.begin(), stages.end()),
+      optimizers_(optimizers.begin(), optimizers.end()),
+      own_(schedule.stages_of(rank)),
+      transport_(&transport),
+      options_(&options),
+      progress_(&progress) {
+  const auto m = static_cast<std::size_t>(schedule.num_microbatches());
+  slots_.resize(static_cast<std::size_t>(schedule.stages_per_rank()) * m);
+  losses_.assign(m, std::numeric_limits<double>::quiet_NaN());
+  tied_out_.resize(own_.size());
+  record_.actions.reserve(actions_->size());
+}
+
+nn::Stage& RankWorker::stage(StageId s) const { return *stages_[static_cast<std::size_t>(s.value())]; }
+
+RankWorker::Slot& RankWorker::slot(StageId s, MicrobatchId j) {
+  const auto chunk = static_cast<std::size_t>(schedule_->chunk_of(s));
+  return slots_[chunk * static_cast<std::size_t>(schedule_->num_microbatches()) + static_cast<std::size_t>(j.value())];
+}
+
+Deadline RankWorker::deadline() const {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(options_->timeout);
+}
+
+double RankWorker::seconds_since_epoch(Clock::time_point t) const {
+  return std::chrono::duration<double>(t - epoch_).count();
+}
+
+std::int64_t RankWorker::live_bytes() const {
+  std::int64_t total = 0;
+  for (const StageId s : own_) total += stage(s).activation_memory().live_bytes();
+  return total;
+}
+
+bool RankWorker::holds_last_stage() const {
+  return std::any_of(own_.begin(), own_.end(), [&](StageId s) { return schedule_->is_last_stage(s); });
+}
+
+void RankWorker::release() {
+  for (Slot& s : slots_) s = Slot();
+  for (Tensor& t : tied_out_) t.reset();
+}
+
+void RankWorker::begin_step(std::int64_t step, const BatchSource& source, Clock::time_point epoch) {
+  release();
+  source_ = &source;
+  step_ = step;
+  epoch_ = epoch;
+  std::fill(losses_.begin(), losses_.end(), std::numeric_limits<double>::quiet_NaN());
+  for (const StageId s : own_) {
+    stage(s).zero_gradients();
+    stage(s).activation_memory().reset_peak();
+  }
+  record_.actions.clear();
+  record_.phases.clear();
+  record_.peak_activation_bytes = live_bytes();
+  (*progress_)[static_cast<std::size_t>(rank_.value())].store(0, std::memory_order_relaxed);
+}
+
+void RankWorker::note_memory(std::int64_t others, nn::Stage& active) {
+  record_.peak_activation_bytes =
+      std::max(record_.peak_activation_bytes, others + active.activation_memory().peak_bytes());
+}
+
+RankWorker::Outcome RankWorker::run(std::size_t index, bool block) {
+  if (transport_->aborted()) return Outcome::kAborted;
+  const Action& a = (*actions_)[index];
+  (*progress_)[static_cast<std::size_t>(rank_.value())].store(index, std::memory_order_relaxed);
+  if (options_->before_action) options_->before_action(rank_, a);
+  nn::Stage& st = stage(a.stage);
+  const std::int64_t others = live_bytes() - st.activation_memory().live_bytes();
+  st.activation_memory().reset_peak();
+  ActionTiming timing{.action = a};
+  const Clock::time_point start = Clock::now();
+  Outcome outcome = Outcome::kDone;
+  switch (a.kind) {
+    case ActionKind::kForward:
+      forward(a, timing);
+      break;
+    case ActionKind::kBackward:
+      backward_input(a, true, timing);
+      break;
+    case ActionKind::kBackwardInput:
+      backward_input(a, false, timing);
+      break;
+    case ActionKind::kBackwardWeight:
+      st.backward_weight(slot(a.stage, a.microbatch).state);
+      break;
+    case ActionKind::kSendForward:
+    case ActionKind::kSendBackward:
+      outcome = send(index, a, timing);
+      break;
+    case ActionKind::kRecvForward:
+    case ActionKind::kRecvBackward:
+      outcome = receive(index, a, block, timing);
+      break;
+  }
+  if (outcome != Outcome::kDone) return outcome;
+  timing.start_s = seconds_since_epoch(start);
+  timing.end_s = seconds_since_epoch(Clock::now());
+  record_.actions.push_back(timing);
+  note_memory(others, st);
+  if (index + 1 == actions_->size()) {
+    (*progress_)[static_cast<std::size_t>(rank_.value())].store(actions_->size(), std::memory_order_relaxed);
+  }
+  return Outcome::kDone;
+}
+
+void RankWorker::forward(const Action& a, ActionTiming& timing) {
+  Slot& sl = slot(a.stage, a.microbatch);
+  nn::Stage& st = stage(a.stage);
+  const std::int64_t before = st.activation_memory().live_bytes();
+  std::int64_t input_bytes = 0;
+  nn::StageInput input;
+  if (st.has_embedding() || st.has_head()) {
+    const int b = options_->micro_batch;
+    nn::Batch batch = source_->batch(step_, static_cast<std::int64_t>(a.microbatch.value()) * b, b, st.allocator());
+    if (st.has_embedding()) input.tokens = std::move(batch.inputs);
+    if (st.has_head()) input.targets = std::move(batch.targets);
+  }
+  if (!st.has_embedding()) {
+    if (sl.activation_in.empty()) fail("rank {}: {} has no input activation (its RECV_F did not run)", rank_, a);
+    input_bytes = sl.activation_in.bytes();
+    input.activation = std::move(sl.activation_in);
+  }
+  Tensor out = st.forward(sl.state, std::move(input));
+  timing.held_bytes = st.activation_memory().live_bytes() - before + input_bytes - out.bytes();
+  sl.held_bytes = timing.held_bytes;
+  if (st.has_head()) {
+    losses_[static_cast<std::size_t>(a.microbatch.value())] = sl.state.loss();
+    return;
+  }
+  const StageId next(a.stage.value() + 1);
+  if (schedule_->rank_of(next) == rank_) {
+    hand_over(std::move(out), next, a.microbatch, false);
+  } else {
+    sl.activation_out = std::move(out);
+  }
+}
+
+void RankWorker::backward_input(const Action& a, bool with_weight, ActionTiming& timing) {
+  Slot& sl = slot(a.stage, a.microbatch);
+  nn::Stage& st = stage(a.stage);
+  const std::int64_t before = st.activation_memory().live_bytes();
+  std::int64_t input_bytes = 0;
+  Tensor grad;
+  if (st.has_head()) {
+    // The mean loss over the global batch of m equal micro-batches (dp = 1).
+    const double loss_scale = 1.0 / schedule_->num_microbatches();
+    grad = with_weight ? st.backward_from_loss(sl.state, loss_scale)
+                       : st.backward_input_from_loss(sl.state, loss_scale);
+  } else {
+    if (sl.gradient_in.empty()) fail("rank {}: {} has no output gradient (its RECV_B did not run)", rank_, a);
+    input_bytes = sl.gradient_in.bytes();
+    grad = with_weight ? st.backward(sl.state, std::move(sl.gradient_in))
+                       : st.backward_input(sl.state, std::move(sl.gradient_in));
+  }
+  if (!with_weight) {
+    timing.held_bytes = sl.held_bytes + st.activation_memory().live_bytes() - before + input_bytes - grad.bytes();
+  }
+  if (st.has_embedding()) return;
+  const StageId previous(a.stage.value() - 1);
+  if (schedule_->rank_of(previous) == rank_) {
+    hand_over(std::move(grad), previous, a.microbatch, true);
+  } else {
+    sl.gradient_out = std::move(grad);
+  }
+}
+
+void RankWorker::hand_over(Tensor tensor, StageId to, MicrobatchId j, bool gradient) {
+  tensor.charge_to(&stage(to).activation_memory());
+  Slot& target = slot(to, j);
+  (gradient ? target.gradient_in : target.activation_in) = std::move(tensor);
+}
+
+MessageKey RankWorker::message_of(const Action& a) const {
+  const int s = a.stage.value();
+  switch (a.kind) {
+    case ActionKind::kSendForward:
+      return {rank_, schedule_->rank_of(StageId(s + 1)), a.stage, a.microbatch, Direction::kActivation};
+    case ActionKind::kRecvForward:
+      return {schedule_->rank_of(StageId(s - 1)), rank_, StageId(s - 1), a.microbatch, Direction::kActivation};
+    case ActionKind::kSendBackward:
+      return {rank_, schedule_->rank_of(StageId(s - 1)), a.stage, a.microbatch, Direction::kGradient};
+    case ActionKind::kRecvBackward:
+      return {schedule_->rank_of(StageId(s + 1)), rank_, StageId(s + 1), a.microbatch, Direction::kGradient};
+    default:
+      fail("rank {}: {} is not a communication action", rank_, a);
+  }
+}
+
+RankWorker::Outcome RankWorker::send(std::size_t index, const Action& a, ActionTiming& /*timing*/) {
+  Slot& sl = slot(a.stage, a.microbatch);
+  Tensor& payload = a.kind == ActionKind::kSendForward ? sl.activation_out : sl.gradient_out;
+  if (payload.empty()) fail("rank {}: {} has nothing to send (its producer did not run)", rank_, a);
+  const MessageKey key = message_of(a);
+  payload.charge_to(nullptr);  // in flight: charged to nobody until the receiver takes it
+  switch (transport_->send(key, std::move(payload), deadline())) {
+    case WaitStatus::kOk:
+      return Outcome::kDone;
+    case WaitStatus::kAborted:
+      return Outcome::kAborted;
+    case WaitStatus::kTimedOut:
+      break;
+  }
+  fail_timeout(index, fmt::format("room in rank {}'s inbox to post the {}", key.destination, describe(key)));
+}
+
+RankWorker::Outcome RankWorker::receive(std::size_t index, const Action& a, bool block, ActionTiming& timing) {
+  Slot& sl = slot(a.stage, a.microbatch);
+  nn::Stage& st = stage(a.stage);
+  Tensor& into = a.kind == ActionKind::kRecvForward ? sl.activation_in : sl.gradient_in;
+  const MessageKey key = message_of(a);
+  if (!block) {
+    if (!transport_->try_receive(key, into)) return transport_->aborted() ? Outcome::kAborted : Outcome::kNotReady;
+  } else {
+    const int t = options_->sequence_length > 0 ? options_->sequence_length : st.config().context;
+    const Shape shape{options_->micro_batch, t, st.config().n_embd};
+    const Clock::time_point start = Clock::now();
+    const WaitStatus status = transport_->receive(key, shape, st.allocator(), deadline(), into);
+    timing.wait_s = std::chrono::duration<double>(Clock::now() - start).count();
+    if (status == WaitStatus::kAborted) return Outcome::kAborted;
+    if (status == WaitStatus::kTimedOut) fail_timeout(index, describe(key));
+  }
+  into.charge_to(&st.activation_memory());
+  return Outcome::kDone;
+}
+
+std::string RankWorker::where_others_are() const {
+  std::vector<std::string> where;
+  for (int r = 0; r < schedule_->num_ranks(); ++r) {
+    if (r == rank_.value()) continue;
+    const auto& list = schedule_->actions(RankId(r));
+    const std::size_t at = (*progress_)[static_cast<std::size_t>(r)].load(std::memory_order_relaxed);
+    where.push_back(at >= list.size() ? fmt::format("rank {} has finished its actions", r)
+                                      : fmt::format("rank {} is at {} (position {})", r, list[at], at));
+  }
+  return where.empty() ? "it is the only rank" : fmt::format("{}", fmt::join(where, "; "));
+}
+
+void RankWorker::fail_timeout(std::size_t index, const std::string& waited_for) const {
+  const Action& a = (*actions_)[index];
+  fail("rank {} timed out after {} at {} (step {}, position {} of {}): waited for the {}; {}. "
+       "If a stage is only slow, raise the timeout.\n{}",
+       rank_, format_seconds(options_->timeout.count()), a, step_, index, actions_->size(), waited_for,
+       where_others_are(), render_grid(*schedule_, {GridMark{rank_, index, 1}}));
+}
+
+void RankWorker::fail_flush_timeout(const char* phase, const std::string& waited_for) const {
+  fail("rank {} timed out after {} in {} (step {}, after its last action): waited for {}; {}.\n{}", rank_,
+       format_seconds(options_->timeout.count()), phase, step_, waited_for, where_others_are(),
+       render_grid(*schedule_));
+}
+
+// --- The flush ---
+
+StageId RankWorker::tied_partner(StageId s) const {
+  return s.value() == 0 ? StageId(schedule_->num_stages() - 1) : StageId(0);
+}
+
+RankWorker::Outcome RankWorker::post_tied_gradients() {
+  for (std::size_t i = 0; i < own_.size(); ++i) {
+    nn::Stage& st = stage(own_[i]);
+    if (!st.needs_tied_reduction()) continue;
+    const StageId partner = tied_partner(own_[i]);
+    const RankId to = schedule_->rank_of(partner);
+    if (to == rank_) continue;
+    const auto gradient = st.tied_gradient();
+    Tensor copy = Tensor::uninitialized({st.config().vocab_size, st.config().n_embd}, st.allocator());
+    std::copy(gradient.begin(), gradient.end(), copy.data());
+    const MessageKey key{rank_, to, own_[i], MicrobatchId(0), Direction::kTiedGradient};
+    copy.charge_to(nullptr);
+    switch (transport_->send(key, std::move(copy), deadline())) {
+      case WaitStatus::kOk:
+        break;
+      case WaitStatus::kAborted:
+        return Outcome::kAborted;
+      case WaitStatus::kTimedOut:
+        fail_flush_timeout("the tied-gradient reduction", fmt::format("room to post the {}", describe(key)));
+    }
+  }
+  return Outcome::kDone;
+}
+
+RankWorker::Outcome RankWorker::reduce_tied_gradients(bool block) {
+  for (const StageId s : own_) {
+    nn::Stage& st = stage(s);
+    if (!st.needs_tied_reduction()) continue;
+    const StageId partner = tied_partner(s);
+    const RankId from = schedule_->rank_of(partner);
+    if (from == rank_) {
+      // Both copies on this rank (V placement, one rank): sum once, from the embedding's side.
+      if (!st.has_embedding()) continue;
+      nn::Stage& head = stage(partner);
+      const auto mine = st.tied_gradient();
+      Tensor copy = Tensor::uninitialized({st.config().vocab_size, st.config().n_embd}, st.allocator());
+      std::copy(mine.begin(), mine.end(), copy.data());
+      st.add_tied_gradient(head.tied_gradient());
+      head.add_tied_gradient(copy.span());
+      continue;
+    }
+    const MessageKey key{from, rank_, partner, MicrobatchId(0), Direction::kTiedGradient};
+    Tensor other;
+    if (!block) {
+      if (!transport_->try_receive(key, other)) return transport_->aborted() ? Outcome::kAborted : Outcome::kNotReady;
+    } else {
+      const Shape shape{st.config().vocab_size, st.config().n_embd};
+      switch (transport_->receive(key, shape, st.allocator(), deadline(), other)) {
+        case WaitStatus::kOk:
+          break;
+        case WaitStatus::kAborted:
+          return Outcome::kAborted;
+        case WaitStatus::kTimedOut:
+          fail_flush_timeout("the tied-gradient reduction", "the " + describe(key));
+      }
+    }
+    st.add_tied_gradient(other.span());
+  }
+  return Outcome::kDone;
+}
+
+double RankWorker::gradient_square_sum() const {
+  double total = 0;
+  for (const StageId s : own_) total += stage(s).gradient_square_sum();
+  return total;
+}
+
+RankWorker::Outcome RankWorker::all_reduce_sum(double& value) {
+  switch (transport_->all_reduce_sum(rank_, value, deadline())) {
+    case WaitStatus::kOk:
+      return Outcome::kDone;
+    case WaitStatus::kAborted:
+      return Outcome::kAborted;
+    case WaitStatus::kTimedOut:
+      break;
+  }
+  fail_flush_timeout("the gradient-norm all-reduce", "every rank's gradient square sum");
+}
+
+void RankWorker::apply_update(double clip, double lr) {
+  for (const StageId s : own_) {
+    if (clip < 1) stage(s).scale_gradients(clip);
+    optimizers_[static_cast<std::size_t>(s.value())]->step(lr);
+  }
+}
+
+void RankWorker::record_phase(FlushPhase phase, Clock::time_point start) {
+  record_.phases.push_back({phase, seconds_since_epoch(start), seconds_since_epoch(Clock::now())});
+}
+
+}  // namespace pipeflow::runtime

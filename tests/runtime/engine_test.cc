@@ -1,0 +1,158 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "pipeflow/schedule/generators.h"
+#include "pipeflow/schedule/grid.h"
+#include "pipeflow/schedule/passes.h"
+#include "test_support.h"
+
+namespace pipeflow::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::error_of;
+using testing::kTiny;
+
+int thread_count() {
+  int count = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) ++count;
+  return count;
+}
+
+const DatasetSource& train_source() {
+  static const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
+  return source;
+}
+
+TEST(PipelineEngine, RerunsWithTheSameSeedAreBitIdenticalThreadedOrSerial) {
+  const Schedule schedule = make_schedule("1f1b", 4, 8);
+  auto a = testing::tiny_engine(schedule);
+  auto b = testing::tiny_engine(schedule);
+  auto serial = testing::tiny_engine(schedule);
+  for (int step = 0; step < 3; ++step) {
+    const StepResult ra = a->step(step, train_source());
+    const StepResult rb = b->step(step, train_source());
+    const StepResult rs = serial->step(step, train_source(), StepMode::kTrain, RunMode::kSerial);
+    EXPECT_EQ(ra.loss, rb.loss);
+    EXPECT_EQ(ra.loss, rs.loss);
+    EXPECT_EQ(ra.microbatch_losses, rs.microbatch_losses);
+    EXPECT_EQ(ra.grad_norm, rs.grad_norm);
+  }
+  for (int s = 0; s < a->num_stages(); ++s) {
+    const auto pa = a->stage(StageId(s)).parameters();
+    const auto ps = serial->stage(StageId(s)).parameters();
+    EXPECT_EQ(std::memcmp(pa.data(), ps.data(), pa.size_bytes()), 0) << "stage " << s;
+  }
+}
+
+TEST(PipelineEngine, TheLossIsTheMeanOfTheMicrobatchLosses) {
+  auto engine = testing::tiny_engine(make_schedule("gpipe", 2, 3));
+  const StepResult result = engine->step(0, train_source(), StepMode::kGradientsOnly);
+  ASSERT_EQ(result.microbatch_losses.size(), 3u);
+  EXPECT_EQ(result.loss, (result.microbatch_losses[0] + result.microbatch_losses[1] + result.microbatch_losses[2]) / 3);
+  EXPECT_EQ(result.clip_coefficient, 1.0);  // gradients only: nothing clipped
+  // Untrained, the loss is about ln 256 = 5.55 (GPT-2 initialisation).
+  EXPECT_NEAR(result.loss, std::log(256.0), 0.05);
+}
+
+TEST(PipelineEngine, ClipsToTheConfiguredNormAndFollowsTheLrSchedule) {
+  auto engine = testing::tiny_engine(make_schedule("zb-h1", 2, 2));
+  const StepResult result = engine->step(0, train_source());
+  ASSERT_GT(result.grad_norm, 0.5);
+  EXPECT_DOUBLE_EQ(result.clip_coefficient, 0.5 / (result.grad_norm + 1e-6));
+  EXPECT_EQ(result.lr, 1e-2);
+}
+
+// A source whose micro-batch 2 holds a token outside the vocabulary: the
+// first stage fails in the middle of the step while the others wait.
+class BadSource final : public BatchSource {
+ public:
+  nn::Batch batch(std::int64_t step, std::int64_t first, int count, Allocator allocator) const override {
+    nn::Batch batch = train_source().batch(step, first, count, allocator);
+    if (first == 2 * testing::kMicroBatch) batch.inputs[3] = 300;
+    return batch;
+  }
+};
+
+TEST(PipelineEngine, AFailingWorkerStopsEveryWorkerWithTheOriginalError) {
+  auto engine = testing::tiny_engine(make_schedule("1f1b", 4, 4));
+  const int threads = thread_count();
+  EXPECT_EQ(error_of([&] { engine->step(0, BadSource()); }),
+            "stage 0 (embedding..block.0): tokens [0, 3] = 300 is outside the vocabulary [0, 256)");
+  EXPECT_EQ(thread_count(), threads);
+  // The next step starts clean and computes what a fresh engine computes.
+  const double loss = engine->step(0, train_source()).loss;
+  EXPECT_EQ(loss, testing::tiny_engine(make_schedule("1f1b", 4, 4))->step(0, train_source()).loss);
+}
+
+TEST(PipelineEngine, AWorkerFailingWhileOthersWaitStopsThemAll) {
+  EngineOptions options = testing::tiny_options();
+  options.before_action = [](RankId rank, const Action& action) {
+    if (rank.value() == 3 && action == Action{StageId(3), ActionKind::kBackward, MicrobatchId(1)}) {
+      throw Error("injected failure at 3B1");
+    }
+  };
+  PipelineEngine engine(kTiny, make_schedule("1f1b", 4, 6), partition_uniform(kTiny.pipeline_layers(), 4), options);
+  const int threads = thread_count();
+  EXPECT_EQ(error_of([&] { engine.step(0, train_source()); }), "injected failure at 3B1");
+  EXPECT_EQ(thread_count(), threads);
+}
+
+TEST(PipelineEngine, ATimeoutNamesTheRankTheActionAndTheMessageAndMarksTheGrid) {
+  EngineOptions options = testing::tiny_options();
+  options.timeout = 50ms;
+  options.before_action = [](RankId rank, const Action& action) {
+    if (rank.value() == 0 && action.kind == ActionKind::kForward && action.microbatch.value() == 1) {
+      std::this_thread::sleep_for(400ms);
+    }
+  };
+  const Schedule schedule = insert_send_recv(make_schedule("1f1b", 2, 2));
+  PipelineEngine engine(kTiny, schedule, partition_uniform(kTiny.pipeline_layers(), 2), options);
+  const std::size_t at = 2;  // rank 1: 1RECV_F0 1F0 1RECV_F1 ...
+  ASSERT_EQ(to_string(schedule.actions(RankId(1))[at]), "1RECV_F1");
+  EXPECT_EQ(error_of([&] { engine.step(0, train_source()); }),
+            "rank 1 timed out after 50.0 ms at 1RECV_F1 (step 0, position 2 of 8): waited for the activation of "
+            "micro-batch 1 from stage 0 (rank 0 -> rank 1); rank 0 is at 0F1 (position 2). If a stage is only "
+            "slow, raise the timeout.\n" +
+                render_grid(schedule, {GridMark{RankId(1), at, 1}}));
+}
+
+TEST(PipelineEngine, SteadyStateStepsAllocateNoBuffers) {
+  auto engine = testing::tiny_engine(make_schedule("zbv", 2, 4));
+  auto blocks = [&] {
+    std::int64_t total = 0;
+    for (int s = 0; s < engine->num_stages(); ++s) total += engine->stage(StageId(s)).buffer_pool().system_allocations();
+    return total;
+  };
+  engine->step(0, train_source(), StepMode::kTrain, RunMode::kSerial);
+  const std::int64_t after_first = blocks();
+  EXPECT_GT(after_first, 0);
+  engine->step(1, train_source(), StepMode::kTrain, RunMode::kSerial);
+  engine->step(2, train_source(), StepMode::kTrain, RunMode::kSerial);
+  EXPECT_EQ(blocks(), after_first);
+}
+
+TEST(PipelineEngine, RejectsPartitionsThatDoNotFitTheSchedule) {
+  const Schedule schedule = make_schedule("1f1b", 2, 2);
+  EXPECT_EQ(error_of([&] { PipelineEngine(kTiny, schedule, {0, 8}, testing::tiny_options()); }),
+            "partition has 2 boundaries for 2 stages: needs stages + 1 = 3 (0 … 8)");
+  EXPECT_EQ(error_of([&] { PipelineEngine(kTiny, schedule, {0, 4, 7}, testing::tiny_options()); }),
+            "partition boundaries [0, 4, 7] must run from 0 to the model's 8 pipeline layers");
+  EXPECT_EQ(error_of([&] { PipelineEngine(kTiny, schedule, {0, 0, 8}, testing::tiny_options()); }),
+            "partition boundaries [0, 0, 8] must increase: stage 0 would hold no layer (a schedule of 2 stages needs "
+            "at least 2 pipeline layers)");
+}
+
+TEST(PipelineEngine, AssemblesTheWholeModelFromItsStages) {
+  auto engine = testing::tiny_engine(make_schedule("interleaved-1f1b", 2, 2, 2));
+  const auto model = engine->assemble_model();
+  nn::Stage fresh(kTiny, nn::all_layers(kTiny));
+  fresh.init_gpt2(11);
+  ASSERT_EQ(model->parameters().size(), fresh.parameters().size());
+  EXPECT_EQ(std::memcmp(model->parameters().data(), fresh.parameters().data(), fresh.parameters().size_bytes()), 0);
+}
+
+}  // namespace
+}  // namespace pipeflow::runtime
