@@ -12,6 +12,14 @@
 #include "pipeflow/schedule/grid.h"
 
 namespace pipeflow::runtime {
+namespace {
+
+// After a wait that did not time out.
+RankWorker::Outcome outcome_of(WaitStatus status) {
+  return status == WaitStatus::kOk ? RankWorker::Outcome::kDone : RankWorker::Outcome::kAborted;
+}
+
+}  // namespace
 
 RankWorker::RankWorker(const Schedule& schedule, RankId rank, std::span<nn::Stage* const> stages,
                        std::span<nn::AdamW* const> optimizers, Transport& transport, const EngineOptions& options,
@@ -216,15 +224,11 @@ RankWorker::Outcome RankWorker::send(std::size_t index, const Action& a, ActionT
   if (payload.empty()) fail("rank {}: {} has nothing to send (its producer did not run)", rank_, a);
   const MessageKey key = message_of(a);
   payload.charge_to(nullptr);  // in flight: charged to nobody until the receiver takes it
-  switch (transport_->send(key, std::move(payload), deadline())) {
-    case WaitStatus::kOk:
-      return Outcome::kDone;
-    case WaitStatus::kAborted:
-      return Outcome::kAborted;
-    case WaitStatus::kTimedOut:
-      break;
+  const WaitStatus status = transport_->send(key, std::move(payload), deadline());
+  if (status == WaitStatus::kTimedOut) {
+    fail_timeout(index, fmt::format("room in rank {}'s inbox to post the {}", key.destination, describe(key)));
   }
-  fail_timeout(index, fmt::format("room in rank {}'s inbox to post the {}", key.destination, describe(key)));
+  return outcome_of(status);
 }
 
 RankWorker::Outcome RankWorker::receive(std::size_t index, const Action& a, bool block, ActionTiming& timing) {
@@ -240,8 +244,8 @@ RankWorker::Outcome RankWorker::receive(std::size_t index, const Action& a, bool
     const Clock::time_point start = Clock::now();
     const WaitStatus status = transport_->receive(key, shape, st.allocator(), deadline(), into);
     timing.wait_s = std::chrono::duration<double>(Clock::now() - start).count();
-    if (status == WaitStatus::kAborted) return Outcome::kAborted;
     if (status == WaitStatus::kTimedOut) fail_timeout(index, describe(key));
+    if (status == WaitStatus::kAborted) return Outcome::kAborted;
   }
   into.charge_to(&st.activation_memory());
   return Outcome::kDone;
@@ -291,14 +295,11 @@ RankWorker::Outcome RankWorker::post_tied_gradients() {
     std::copy(gradient.begin(), gradient.end(), copy.data());
     const MessageKey key{rank_, to, own_[i], MicrobatchId(0), Direction::kTiedGradient};
     copy.charge_to(nullptr);
-    switch (transport_->send(key, std::move(copy), deadline())) {
-      case WaitStatus::kOk:
-        break;
-      case WaitStatus::kAborted:
-        return Outcome::kAborted;
-      case WaitStatus::kTimedOut:
-        fail_flush_timeout("the tied-gradient reduction", fmt::format("room to post the {}", describe(key)));
+    const WaitStatus status = transport_->send(key, std::move(copy), deadline());
+    if (status == WaitStatus::kTimedOut) {
+      fail_flush_timeout("the tied-gradient reduction", fmt::format("room to post the {}", describe(key)));
     }
+    if (status == WaitStatus::kAborted) return Outcome::kAborted;
   }
   return Outcome::kDone;
 }
@@ -326,14 +327,9 @@ RankWorker::Outcome RankWorker::reduce_tied_gradients(bool block) {
       if (!transport_->try_receive(key, other)) return transport_->aborted() ? Outcome::kAborted : Outcome::kNotReady;
     } else {
       const Shape shape{st.config().vocab_size, st.config().n_embd};
-      switch (transport_->receive(key, shape, st.allocator(), deadline(), other)) {
-        case WaitStatus::kOk:
-          break;
-        case WaitStatus::kAborted:
-          return Outcome::kAborted;
-        case WaitStatus::kTimedOut:
-          fail_flush_timeout("the tied-gradient reduction", "the " + describe(key));
-      }
+      const WaitStatus status = transport_->receive(key, shape, st.allocator(), deadline(), other);
+      if (status == WaitStatus::kTimedOut) fail_flush_timeout("the tied-gradient reduction", "the " + describe(key));
+      if (status == WaitStatus::kAborted) return Outcome::kAborted;
     }
     st.add_tied_gradient(other.span());
   }
@@ -347,15 +343,9 @@ double RankWorker::gradient_square_sum() const {
 }
 
 RankWorker::Outcome RankWorker::all_reduce_sum(double& value) {
-  switch (transport_->all_reduce_sum(rank_, value, deadline())) {
-    case WaitStatus::kOk:
-      return Outcome::kDone;
-    case WaitStatus::kAborted:
-      return Outcome::kAborted;
-    case WaitStatus::kTimedOut:
-      break;
-  }
-  fail_flush_timeout("the gradient-norm all-reduce", "every rank's gradient square sum");
+  const WaitStatus status = transport_->all_reduce_sum(rank_, value, deadline());
+  if (status == WaitStatus::kTimedOut) fail_flush_timeout("the gradient-norm all-reduce", "every rank's square sum");
+  return outcome_of(status);
 }
 
 void RankWorker::apply_update(double clip, double lr) {

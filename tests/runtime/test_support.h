@@ -13,6 +13,7 @@
 #include "pipeflow/nn/gradient_clipping.h"
 #include "pipeflow/nn/stage.h"
 #include "pipeflow/runtime/engine.h"
+#include "../nn/test_support.h"
 
 namespace pipeflow::runtime::testing {
 
@@ -111,15 +112,6 @@ double relative_error(const A& a, const B& b) {
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
-// The message of the pipeflow::Error that f throws, or "(no error)".
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
+using nn::testing::error_of;
 
 }  // namespace pipeflow::runtime::testing
