@@ -11,10 +11,14 @@ namespace pipeflow::nn {
 
 AdamWOptions AdamWOptions::from_config(const Config& optimizer) {
   const std::string type = optimizer.get("type", "AdamW");
-  if (type != "AdamW") {
+  if (type != "AdamW" && type != "Adam") {
     optimizer.fail_value("type", "pipeflow's optimizer is AdamW (decoupled weight decay): set \"type\": \"AdamW\"");
   }
   const Config params = optimizer.object("params");
+  // DeepSpeed's "Adam" is AdamW unless adam_w_mode is false (its default is true).
+  if (type == "Adam" && !params.get("adam_w_mode", true)) {
+    params.fail_value("adam_w_mode", "pipeflow implements decoupled weight decay (AdamW) only: remove it or set true");
+  }
   AdamWOptions options;
   options.lr = params.get("lr", options.lr);
   const auto betas = params.get<std::vector<double>>("betas", {options.beta1, options.beta2});

@@ -156,6 +156,10 @@ TEST(AdamW, OptionsComeFromDeepSpeedsOptimizerSection) {
   EXPECT_EQ(options.eps, 1e-8);
   EXPECT_EQ(options.weight_decay, 0.1);
   config.check_no_unknown_keys();
+  const Config adam = Config::parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})", "ds.json");
+  EXPECT_EQ(error_of([&] { AdamWOptions::from_config(adam.object("optimizer")); }),
+            "ds.json: optimizer.params.adam_w_mode = false: pipeflow implements decoupled weight decay (AdamW) only: "
+            "remove it or set true");
   const Config sgd = Config::parse(R"({"optimizer": {"type": "SGD"}})", "ds.json");
   EXPECT_EQ(error_of([&] { AdamWOptions::from_config(sgd.object("optimizer")); }),
             "ds.json: optimizer.type = \"SGD\": pipeflow's optimizer is AdamW (decoupled weight decay): set "

@@ -17,7 +17,8 @@ struct AdamWOptions {
 
   // DeepSpeed's "optimizer" section: {"type": "AdamW", "params": {"lr",
   // "betas": [b1, b2], "eps", "weight_decay"}}; absent params keep the
-  // defaults above (DeepSpeed's and torch's). Other types are an Error.
+  // defaults above (DeepSpeed's and torch's). "Adam" is accepted as DeepSpeed
+  // means it (adam_w_mode defaults to true: AdamW); other types are an Error.
   static AdamWOptions from_config(const Config& optimizer);
 };
 
