@@ -1,5 +1,6 @@
 """The PyTorch side of bench/train_step.sh: one training step (forward + backward + AdamW) of the same GPT-2
-(tools/gpt2_torch.py) on one thread, timed like bench_train_step, with the same FLOP count.
+(tools/gpt2_torch.py) on one thread, timed like bench_train_step (wall clock and process CPU time per
+step), with the same FLOP count.
 
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 bench/train_step_torch.py \
         --layers L --heads H --width C --context T --batch B --steps N
@@ -42,18 +43,19 @@ def main():
         return loss.item()
 
     step()
-    times = []
+    wall, cpu = [], []
     for _ in range(o.steps):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         loss = step()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    median, best = times[len(times) // 2], times[0]
+        cpu.append(time.process_time() - cpu_start)
+        wall.append(time.perf_counter() - start)
+    median = sorted(wall)[len(wall) // 2]
+    cpu_median = sorted(cpu)[len(cpu) // 2]
     b, l, t, c, v = o.batch, o.layers, o.context, o.width, o.vocab
     flops = 72 * b * l * t * c * c * (1 + t / (6 * c) + v / (12 * c * l))
-    print(f"torch: {median * 1e3:.2f} ms/step (median of {o.steps}, min {best * 1e3:.2f}), "
-          f"{flops / median / 1e9:.1f} GFLOP/s, {flops / 1e9:.3f} GFLOP/step, loss {loss:.4f}, "
-          f"torch {torch.__version__}, threads {torch.get_num_threads()}")
+    print(f"torch: {median * 1e3:.2f} ms/step (median of {o.steps}, min {min(wall) * 1e3:.2f}), "
+          f"cpu {cpu_median * 1e3:.2f} ms/step, {flops / cpu_median / 1e9:.1f} GFLOP/s, {flops / 1e9:.3f} GFLOP/step, "
+          f"loss {loss:.4f}, torch {torch.__version__}, threads {torch.get_num_threads()}")
 
 
 if __name__ == "__main__":
