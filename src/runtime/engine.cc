@@ -66,6 +66,10 @@ PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& sche
   config_.validate();
   check_boundaries(config_, schedule_, boundaries_);
   if (options_.micro_batch < 1) fail("train_micro_batch_size_per_gpu = {}: must be >= 1", options_.micro_batch);
+  if (options_.sequence_length < 0 || options_.sequence_length > config_.context) {
+    fail("sequence length {} must lie in [1, {}] (the model's context), or 0 for the context", options_.sequence_length,
+         config_.context);
+  }
   if (options_.timeout.count() <= 0) fail("timeout = {} s: must be > 0", options_.timeout.count());
   std::vector<nn::Stage*> stages;
   std::vector<nn::AdamW*> optimizers;
@@ -123,6 +127,14 @@ std::unique_ptr<nn::Stage> PipelineEngine::assemble_model() const {
   return model;
 }
 
+std::int64_t PipelineEngine::global_batch() const {
+  return static_cast<std::int64_t>(schedule_.num_microbatches()) * options_.micro_batch;
+}
+
+std::int64_t PipelineEngine::tokens_per_step() const {
+  return global_batch() * (options_.sequence_length > 0 ? options_.sequence_length : config_.context);
+}
+
 StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, StepMode mode, RunMode run) {
   if (update_failed_) {
     fail("the pipeline failed during an optimizer update in step {}: its weights are no longer consistent; start "
@@ -136,6 +148,7 @@ StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, St
   StepResult result;
   result.step = step;
   result.mode = run;
+  result.tokens = tokens_per_step();
   result.lr = options_.lr_schedule.lr(step);
   if (run == RunMode::kThreaded) {
     run_threaded(mode, result);
@@ -170,10 +183,8 @@ void PipelineEngine::run_threaded(StepMode mode, StepResult& result) {
       w.record_phase(FlushPhase::kGradientNorm, start);
       if (w.rank().value() == 0) square_sum = sum;
       if (mode == StepMode::kTrain) {
-        start = Clock::now();
         updating.store(true);
         w.apply_update(nn::clip_coefficient(std::sqrt(sum), options_.gradient_clipping), result.lr);
-        w.record_phase(FlushPhase::kOptimizer, start);
       }
     } catch (...) {
       {
@@ -241,10 +252,8 @@ void PipelineEngine::run_serial(StepMode mode, StepResult& result) {
     if (mode == StepMode::kTrain) {
       const double clip = nn::clip_coefficient(result.grad_norm, options_.gradient_clipping);
       for (auto& worker : workers_) {
-        const Clock::time_point begin = Clock::now();
         update_failed_ = true;  // until every rank's update has finished
         worker->apply_update(clip, result.lr);
-        worker->record_phase(FlushPhase::kOptimizer, begin);
       }
       update_failed_ = false;
     }

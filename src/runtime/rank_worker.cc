@@ -350,13 +350,15 @@ RankWorker::Outcome RankWorker::all_reduce_sum(double& value) {
 
 void RankWorker::apply_update(double clip, double lr) {
   for (const StageId s : own_) {
+    const Clock::time_point start = Clock::now();
     if (clip < 1) stage(s).scale_gradients(clip);
     optimizers_[static_cast<std::size_t>(s.value())]->step(lr);
+    record_.phases.push_back({FlushPhase::kOptimizer, s, seconds_since_epoch(start), seconds_since_epoch(Clock::now())});
   }
 }
 
 void RankWorker::record_phase(FlushPhase phase, Clock::time_point start) {
-  record_.phases.push_back({phase, seconds_since_epoch(start), seconds_since_epoch(Clock::now())});
+  record_.phases.push_back({phase, own_.front(), seconds_since_epoch(start), seconds_since_epoch(Clock::now())});
 }
 
 }  // namespace pipeflow::runtime

@@ -40,6 +40,7 @@ struct StepResult {
   double grad_norm = 0;         // global, over all stages, tied wte once, before clipping
   double clip_coefficient = 1;  // applied to every gradient (1: not clipped)
   double lr = 0;                // the learning rate of this step's update
+  std::int64_t tokens = 0;      // m · b · T
   double wall_s = 0;            // from the step's start until every rank had finished
   RunMode mode = RunMode::kThreaded;
   std::vector<RankRecord> ranks;
@@ -93,8 +94,9 @@ class PipelineEngine {
   int num_stages() const { return static_cast<int>(stages_.size()); }
   nn::Stage& stage(StageId s) { return *stages_.at(static_cast<std::size_t>(s.value())); }
   const nn::Stage& stage(StageId s) const { return *stages_.at(static_cast<std::size_t>(s.value())); }
-  // Tokens per step: m · b · T (T = the sequence length of the source's samples).
-  std::int64_t global_batch() const { return static_cast<std::int64_t>(schedule_.num_microbatches()) * options_.micro_batch; }
+  // Sequences per step (m · b) and tokens per step (m · b · T).
+  std::int64_t global_batch() const;
+  std::int64_t tokens_per_step() const;
 
   // A tensor by name from the stage holding it (the embedding's copy for wte).
   std::span<const float> parameter(std::string_view name) const;

@@ -87,13 +87,13 @@ class RankWorker {
   //   gradient_square_sum: Σ g² over the rank's stages, tied counted once,
   //     then (threaded) all_reduce_sum over the ranks, in rank order;
   //   apply_update: scales the gradients by `clip` (if < 1) and runs AdamW
-  //     with `lr` on every stage.
+  //     with `lr` on every stage (each recorded as a kOptimizer phase).
   Outcome post_tied_gradients();
   Outcome reduce_tied_gradients(bool block);
   double gradient_square_sum() const;
   Outcome all_reduce_sum(double& value);
   void apply_update(double clip, double lr);
-  // Records a flush phase that ran from `start` to now.
+  // Records a flush phase of the rank that ran from `start` to now.
   void record_phase(FlushPhase phase, Clock::time_point start);
 
   // Micro-batch j's loss (the rank holding the last stage; NaN elsewhere).

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "pipeflow/core/ids.h"
 #include "pipeflow/schedule/action.h"
 
 namespace pipeflow::runtime {
@@ -36,6 +37,7 @@ enum class FlushPhase {
 
 struct PhaseTiming {
   FlushPhase phase = FlushPhase::kOptimizer;
+  StageId stage;  // kOptimizer: the stage updated; otherwise the rank's first stage
   double start_s = 0;
   double end_s = 0;
 };

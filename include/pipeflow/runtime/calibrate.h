@@ -1,0 +1,36 @@
+#pragma once
+
+#include "pipeflow/model/hardware.h"
+
+namespace pipeflow::runtime {
+
+// What `pipeflow calibrate` measures on this machine, each the best of
+// repeated runs over about `seconds_per_measurement`:
+struct Calibration {
+  double sgemm_flop_per_s = 0;    // one thread, 512³ float matrix products through tensor/gemm.h
+  double memcpy_bytes_per_s = 0;  // bytes copied per second, 64 MiB buffers, one thread
+  double handoff_latency_s = 0;   // one message between two threads through the in-process transport
+  // Model FLOP/s of one training micro-batch (forward + backward) of a small
+  // GPT-2 (4 layers, width 128, context 64, 8 sequences) on one thread: what
+  // the cost model's efficiency turns peak into.
+  double model_flop_per_s = 0;
+  int cores = 0;                  // std::thread::hardware_concurrency
+  double memory_bytes = 0;        // physical memory
+};
+
+struct CalibrationOptions {
+  double seconds_per_measurement = 0.5;
+};
+
+Calibration calibrate(const CalibrationOptions& options = {});
+
+// The profile the model module reads (hardware_to_json / load_hardware):
+// peak = single-thread sgemm (a core is a pipeline device), efficiency =
+// model / sgemm FLOP/s, memory bandwidth and the link between devices = the
+// memcpy rate (what a copying transport achieves; the in-process one moves
+// pointers), latency = the hand-off, devices per node = cores. There is no
+// network: the inter-node figures repeat the intra-node ones and are marked
+// estimated.
+HardwareProfile calibrated_profile(const Calibration& calibration, std::string name = "calibrated");
+
+}  // namespace pipeflow::runtime

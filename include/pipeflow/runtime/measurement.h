@@ -1,0 +1,108 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipeflow/runtime/engine.h"
+#include "pipeflow/schedule/execute.h"
+#include "pipeflow/schedule/schedule.h"
+#include "pipeflow/trace/event.h"
+
+namespace pipeflow::runtime {
+
+// What the engine's records of a step say, in the trace module's terms and
+// as the figures a report shows beside the simulator's prediction.
+
+// The step as a timeline, one track per rank: every action as an event of
+// its kind (a SEND or RECV that blocked: a wait event for the blocked part,
+// then its own event), and with `with_flush` the flush after the pipeline
+// (tied gradients and the norm as allreduce events, each stage's update as
+// an optimizer event). Times are seconds since the step's start.
+Timeline measured_timeline(const StepResult& step, int num_ranks, std::string title, bool with_flush);
+
+// One rank's share of a step. compute + comm + wait + other = pipeline_end_s.
+struct RankFigures {
+  double compute_s = 0;       // F, B, I, W
+  double comm_s = 0;          // SEND and RECV outside their waits (the hand-offs)
+  double wait_s = 0;          // blocked in a RECV (or a SEND to a full inbox)
+  double other_s = 0;         // the rest: thread start, bookkeeping between actions
+  double pipeline_end_s = 0;  // end of the rank's last action
+  double flush_s = 0;         // tied gradients + norm + optimizer
+  double optimizer_s = 0;
+  double bubble = 0;          // 1 − compute_s / pipeline_s (bubble_stats per rank)
+  std::int64_t peak_activation_bytes = 0;
+};
+
+struct StepFigures {
+  double wall_s = 0;        // the whole step, flush included
+  double pipeline_s = 0;    // the pipeline's makespan: earliest action start to latest action end
+  double tokens_per_s = 0;  // step.tokens / wall_s
+  // The idle share of the pipeline part, bubble_stats of measured_timeline
+  // without the flush: 1 − Σ compute / (ranks · pipeline_s), exactly the
+  // definition of the simulator's pipeline bubble.
+  double bubble = 0;
+  std::vector<RankFigures> ranks;
+};
+
+StepFigures step_figures(const StepResult& step, int num_ranks);
+
+// Per-action costs measured over some steps: for every (stage, compute kind)
+// the median duration over all its micro-batches of those steps, the median
+// bytes an F (an I) left held, and the median optimizer time per stage.
+// The median, not the mean: a step on a shared machine has outliers.
+struct StageCost {
+  double forward_s = 0;
+  double backward_s = 0;        // 0 if the schedule had no B on this stage
+  double backward_input_s = 0;  // 0 if it had no I
+  double backward_weight_s = 0;
+  double optimizer_s = 0;
+  double activation_bytes = 0;       // held from F to B/I, per micro-batch
+  double weight_gradient_bytes = 0;  // held from I to W, per micro-batch
+};
+
+class CostProfile {
+ public:
+  explicit CostProfile(int num_stages);
+
+  void add(const StepResult& step);
+  int steps() const { return steps_; }
+  int num_stages() const { return static_cast<int>(samples_.size()); }
+  StageCost stage(StageId s) const;
+  // The median of `action`'s (stage, kind); 0 for communication actions.
+  double duration(const Action& action) const;
+
+ private:
+  struct Samples {
+    std::vector<double> seconds[4];  // F, B, I, W
+    std::vector<double> optimizer;
+    std::vector<double> activation_bytes;
+    std::vector<double> weight_gradient_bytes;
+  };
+  std::vector<Samples> samples_;
+  std::vector<StageCost> medians_;
+  int steps_ = 0;
+};
+
+// The step the measured costs predict for a lowered schedule: execute() (the
+// simulator's semantics) with each compute action's median and the in-process
+// hand-off costing nothing (overlapped), then each rank's optimizer after its
+// last action.
+struct Prediction {
+  Execution execution;
+  double pipeline_s = 0;  // execution.makespan
+  double step_s = 0;      // latest end of a rank's optimizer
+  double bubble = 0;      // bubble_fraction(execution)
+  std::vector<double> busy_s;  // per rank, compute
+  std::vector<double> idle_s;  // per rank, pipeline_s − busy_s
+};
+
+Prediction predict(const Schedule& schedule, const CostProfile& costs);
+
+// The emulated pipeline: a step run serially (RunMode::kSerial, every
+// action timed alone) replayed through execute() with each action's own
+// measured duration -- the timeline a machine with one core per rank would
+// have had.
+Execution replay(const Schedule& schedule, const StepResult& serial_step);
+
+}  // namespace pipeflow::runtime

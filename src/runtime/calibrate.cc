@@ -1,0 +1,132 @@
+#include "pipeflow/runtime/calibrate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "pipeflow/model/pipeline_layers.h"
+#include "pipeflow/nn/random.h"
+#include "pipeflow/nn/stage.h"
+#include "pipeflow/runtime/in_process_transport.h"
+#include "pipeflow/tensor/gemm.h"
+
+namespace pipeflow::runtime {
+namespace {
+
+// Runs `work` (which reports how many units it did) repeatedly for about
+// `seconds` and returns the best rate, units per second.
+template <class Work>
+double best_rate(double seconds, Work&& work) {
+  double best = 0;
+  const Clock::time_point stop = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double>(seconds));
+  do {
+    const Clock::time_point start = Clock::now();
+    const double units = work();
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    if (elapsed > 0) best = std::max(best, units / elapsed);
+  } while (Clock::now() < stop);
+  return best;
+}
+
+double measure_sgemm(double seconds) {
+  constexpr int n = 512;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+  return best_rate(seconds, [&] {
+    gemm<float>(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    return 2.0 * n * n * n;
+  });
+}
+
+double measure_memcpy(double seconds) {
+  const std::size_t bytes = std::size_t{64} << 20;
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  return best_rate(seconds, [&] {
+    std::memcpy(to.data(), from.data(), bytes);
+    return static_cast<double>(bytes);
+  });
+}
+
+double measure_handoff(double seconds) {
+  InProcessTransport transport({2, 2});
+  constexpr int kRounds = 2000;
+  const auto key = [](int from, int round) {
+    return MessageKey{RankId(from), RankId(1 - from), StageId(from), MicrobatchId(round), Direction::kActivation};
+  };
+  const auto deadline = [] { return Clock::now() + std::chrono::seconds(10); };
+  const double round_trips = best_rate(seconds, [&] {
+    std::thread peer([&] {
+      for (int round = 0; round < kRounds; ++round) {
+        Tensor message;
+        transport.receive(key(0, round), {1}, {}, deadline(), message);
+        transport.send(key(1, round), std::move(message), deadline());
+      }
+    });
+    Tensor message{Shape{1}};
+    for (int round = 0; round < kRounds; ++round) {
+      transport.send(key(0, round), std::move(message), deadline());
+      transport.receive(key(1, round), {1}, {}, deadline(), message);
+    }
+    peer.join();
+    return static_cast<double>(kRounds);
+  });
+  return 1.0 / (2.0 * round_trips);  // two hand-offs per round trip
+}
+
+double measure_model(double seconds) {
+  const nn::GptConfig config{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 4, .n_embd = 128};
+  constexpr int kBatch = 8;
+  nn::Stage model(config, nn::all_layers(config), {.name = "calibration model"});
+  model.init_gpt2(1);
+  IntTensor tokens({kBatch, config.context});
+  nn::Rng rng(2);
+  for (std::int64_t i = 0; i < tokens.numel(); ++i) tokens[i] = static_cast<std::int32_t>(rng.below(256));
+  const ModelSpec spec = gpt_model("calibration", config.n_layer, config.n_embd, config.n_head, config.vocab_size,
+                                   config.context);
+  const double flops =
+      sum_layers(pipeline_layers(spec, {.micro_batch = kBatch, .sequence = config.context, .bytes_per_element = 4}))
+          .model_flops();
+  return best_rate(seconds, [&] {
+    nn::MicrobatchState state;
+    model.forward(state, {.tokens = tokens.clone(), .targets = tokens.clone()});
+    model.backward_from_loss(state, 1.0);
+    return flops;
+  });
+}
+
+}  // namespace
+
+Calibration calibrate(const CalibrationOptions& options) {
+  const double seconds = options.seconds_per_measurement;
+  Calibration c;
+  c.sgemm_flop_per_s = measure_sgemm(seconds);
+  c.memcpy_bytes_per_s = measure_memcpy(seconds);
+  c.handoff_latency_s = measure_handoff(seconds);
+  c.model_flop_per_s = measure_model(seconds);
+  c.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  c.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  return c;
+}
+
+HardwareProfile calibrated_profile(const Calibration& c, std::string name) {
+  HardwareProfile profile;
+  profile.name = std::move(name);
+  profile.peak_flop_per_s = c.sgemm_flop_per_s;
+  profile.memory_bytes = c.memory_bytes;
+  profile.memory_bandwidth_bytes_per_s = c.memcpy_bytes_per_s;
+  profile.devices_per_node = c.cores;
+  profile.intra_node_bandwidth_bytes_per_s = c.memcpy_bytes_per_s;
+  profile.intra_node_latency_s = c.handoff_latency_s;
+  profile.inter_node_bandwidth_bytes_per_s = c.memcpy_bytes_per_s;
+  profile.inter_node_latency_s = c.handoff_latency_s;
+  profile.efficiency = std::clamp(c.model_flop_per_s / c.sgemm_flop_per_s, 0.01, 1.0);
+  profile.estimated = {"inter_node_bandwidth_bytes_per_s", "inter_node_latency_s"};
+  profile.note = "measured by pipeflow calibrate: one core is one device; no network (inter-node = intra-node)";
+  validate_hardware(profile);
+  return profile;
+}
+
+}  // namespace pipeflow::runtime

@@ -1,0 +1,194 @@
+#include "pipeflow/runtime/measurement.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow::runtime {
+namespace {
+
+const char* phase_name(FlushPhase phase) {
+  switch (phase) {
+    case FlushPhase::kTiedGradients:
+      return "tied gradients";
+    case FlushPhase::kGradientNorm:
+      return "gradient norm";
+    case FlushPhase::kOptimizer:
+      return "optimizer";
+  }
+  return "?";
+}
+
+int compute_index(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kForward:
+      return 0;
+    case ActionKind::kBackward:
+      return 1;
+    case ActionKind::kBackwardInput:
+      return 2;
+    case ActionKind::kBackwardWeight:
+      return 3;
+    default:
+      return -1;
+  }
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), middle, values.end());
+  if (values.size() % 2 == 1) return *middle;
+  return (*middle + *std::max_element(values.begin(), middle)) / 2;
+}
+
+}  // namespace
+
+Timeline measured_timeline(const StepResult& step, int num_ranks, std::string title, bool with_flush) {
+  Timeline timeline;
+  timeline.title = std::move(title);
+  timeline.num_ranks = num_ranks;
+  for (std::size_t r = 0; r < step.ranks.size(); ++r) {
+    const RankId rank(static_cast<int>(r));
+    for (const ActionTiming& t : step.ranks[r].actions) {
+      const std::string name = to_string(t.action);
+      if (t.wait_s > 0) timeline.events.push_back({rank, name, EventCategory::kWait, t.action, t.start_s, t.wait_s});
+      timeline.events.push_back({rank, name, category_of(t.action.kind), t.action, t.start_s + t.wait_s,
+                                 t.duration_s() - t.wait_s});
+    }
+    if (!with_flush) continue;
+    for (const PhaseTiming& p : step.ranks[r].phases) {
+      const EventCategory category =
+          p.phase == FlushPhase::kOptimizer ? EventCategory::kOptimizer : EventCategory::kAllreduce;
+      const std::string name = p.phase == FlushPhase::kOptimizer ? fmt::format("optimizer stage {}", p.stage)
+                                                                  : phase_name(p.phase);
+      timeline.events.push_back({rank, name, category, std::nullopt, p.start_s, p.end_s - p.start_s});
+    }
+  }
+  return timeline;
+}
+
+StepFigures step_figures(const StepResult& step, int num_ranks) {
+  StepFigures figures;
+  figures.wall_s = step.wall_s;
+  figures.tokens_per_s = step.wall_s > 0 ? static_cast<double>(step.tokens) / step.wall_s : 0;
+  const Timeline pipeline = measured_timeline(step, num_ranks, "", false);
+  figures.pipeline_s = pipeline.makespan_s();
+  const BubbleStats bubble = bubble_stats(pipeline);
+  figures.bubble = bubble.overall;
+  for (std::size_t r = 0; r < step.ranks.size(); ++r) {
+    const RankRecord& record = step.ranks[r];
+    RankFigures rank;
+    for (const ActionTiming& t : record.actions) {
+      if (is_compute(t.action.kind)) {
+        rank.compute_s += t.duration_s();
+      } else {
+        rank.wait_s += t.wait_s;
+        rank.comm_s += t.duration_s() - t.wait_s;
+      }
+      rank.pipeline_end_s = std::max(rank.pipeline_end_s, t.end_s);
+    }
+    rank.other_s = rank.pipeline_end_s - rank.compute_s - rank.comm_s - rank.wait_s;
+    for (const PhaseTiming& p : record.phases) {
+      rank.flush_s += p.end_s - p.start_s;
+      if (p.phase == FlushPhase::kOptimizer) rank.optimizer_s += p.end_s - p.start_s;
+    }
+    rank.bubble = bubble.per_rank[r];
+    rank.peak_activation_bytes = record.peak_activation_bytes;
+    figures.ranks.push_back(rank);
+  }
+  return figures;
+}
+
+CostProfile::CostProfile(int num_stages)
+    : samples_(static_cast<std::size_t>(num_stages)), medians_(static_cast<std::size_t>(num_stages)) {}
+
+void CostProfile::add(const StepResult& step) {
+  for (const RankRecord& record : step.ranks) {
+    for (const ActionTiming& t : record.actions) {
+      const int kind = compute_index(t.action.kind);
+      if (kind < 0) continue;
+      Samples& s = samples_.at(static_cast<std::size_t>(t.action.stage.value()));
+      s.seconds[kind].push_back(t.duration_s());
+      if (t.action.kind == ActionKind::kForward) s.activation_bytes.push_back(static_cast<double>(t.held_bytes));
+      if (t.action.kind == ActionKind::kBackwardInput) {
+        s.weight_gradient_bytes.push_back(static_cast<double>(t.held_bytes));
+      }
+    }
+    for (const PhaseTiming& p : record.phases) {
+      if (p.phase != FlushPhase::kOptimizer) continue;
+      samples_.at(static_cast<std::size_t>(p.stage.value())).optimizer.push_back(p.end_s - p.start_s);
+    }
+  }
+  ++steps_;
+  for (std::size_t s = 0; s < samples_.size(); ++s) {
+    const Samples& in = samples_[s];
+    medians_[s] = {median(in.seconds[0]), median(in.seconds[1]),          median(in.seconds[2]),
+                   median(in.seconds[3]), median(in.optimizer),           median(in.activation_bytes),
+                   median(in.weight_gradient_bytes)};
+  }
+}
+
+StageCost CostProfile::stage(StageId s) const { return medians_.at(static_cast<std::size_t>(s.value())); }
+
+double CostProfile::duration(const Action& action) const {
+  const StageCost& c = medians_.at(static_cast<std::size_t>(action.stage.value()));
+  switch (action.kind) {
+    case ActionKind::kForward:
+      return c.forward_s;
+    case ActionKind::kBackward:
+      return c.backward_s;
+    case ActionKind::kBackwardInput:
+      return c.backward_input_s;
+    case ActionKind::kBackwardWeight:
+      return c.backward_weight_s;
+    default:
+      return 0;
+  }
+}
+
+Prediction predict(const Schedule& schedule, const CostProfile& costs) {
+  if (costs.num_stages() != schedule.num_stages()) {
+    fail("measured costs have {} stages, the schedule {}", costs.num_stages(), schedule.num_stages());
+  }
+  ExecutionCosts execution_costs{
+      .duration = [&](const Action& a, RankId) { return costs.duration(a); },
+      .transfer = [](const Action&, RankId, RankId) { return 0.0; },
+      .mode = CommMode::kOverlapped,
+  };
+  Prediction prediction;
+  prediction.execution = execute(schedule, execution_costs);
+  if (prediction.execution.deadlocked) fail("{}", prediction.execution.deadlock_message());
+  prediction.pipeline_s = prediction.execution.makespan;
+  prediction.bubble = bubble_fraction(prediction.execution);
+  prediction.step_s = prediction.pipeline_s;
+  for (int r = 0; r < schedule.num_ranks(); ++r) {
+    const double busy = busy_time(prediction.execution, RankId(r));
+    prediction.busy_s.push_back(busy);
+    prediction.idle_s.push_back(prediction.pipeline_s - busy);
+    double optimizer = 0;
+    for (const StageId s : schedule.stages_of(RankId(r))) optimizer += costs.stage(s).optimizer_s;
+    prediction.step_s = std::max(prediction.step_s, prediction.pipeline_s + optimizer);
+  }
+  return prediction;
+}
+
+Execution replay(const Schedule& schedule, const StepResult& serial_step) {
+  std::unordered_map<Action, double> measured;
+  for (const RankRecord& record : serial_step.ranks) {
+    for (const ActionTiming& t : record.actions) measured[t.action] = t.duration_s();
+  }
+  ExecutionCosts costs{
+      .duration = [&](const Action& a, RankId) { return measured.at(a); },
+      .transfer = [](const Action&, RankId, RankId) { return 0.0; },
+      .mode = CommMode::kOverlapped,
+  };
+  Execution execution = execute(schedule, costs);
+  if (execution.deadlocked) fail("{}", execution.deadlock_message());
+  return execution;
+}
+
+}  // namespace pipeflow::runtime

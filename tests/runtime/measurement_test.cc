@@ -1,0 +1,117 @@
+#include <gtest/gtest.h>
+
+#include "pipeflow/runtime/measurement.h"
+#include "pipeflow/schedule/generators.h"
+#include "pipeflow/schedule/passes.h"
+#include "test_support.h"
+
+namespace pipeflow::runtime {
+namespace {
+
+Action act(int stage, ActionKind kind, int microbatch) { return {StageId(stage), kind, MicrobatchId(microbatch)}; }
+
+// A step as the engine would record it: every action of the lowered schedule
+// at the times of execute() with F = f(stage), B = 2 f(stage), and a RECV
+// that waited 0.5 s on rank 1.
+StepResult synthetic_step(const Schedule& lowered, double f0, double f1) {
+  const ExecutionCosts costs{
+      .duration = [&](const Action& a, RankId) {
+        const double f = a.stage.value() == 0 ? f0 : f1;
+        return a.kind == ActionKind::kForward ? f : 2 * f;
+      },
+      .transfer = [](const Action&, RankId, RankId) { return 0.0; },
+      .mode = CommMode::kOverlapped,
+  };
+  const Execution execution = execute(lowered, costs);
+  StepResult step;
+  step.tokens = 1000;
+  for (const auto& rank : execution.ranks) {
+    RankRecord record;
+    for (const TimedAction& t : rank) {
+      record.actions.push_back({t.action, t.start, t.end, t.wait, t.action.kind == ActionKind::kForward ? 100 : 0});
+    }
+    record.phases.push_back({FlushPhase::kOptimizer, lowered.stages_of(RankId(static_cast<int>(step.ranks.size())))[0],
+                             execution.makespan, execution.makespan + 0.25});
+    step.ranks.push_back(record);
+  }
+  step.wall_s = execution.makespan + 0.25;
+  return step;
+}
+
+TEST(Measurement, FiguresOfAStepAddUpAndTheBubbleIsTheClosedForm) {
+  // 1F1B, p = 2, m = 4, equal stages (F = 1, B = 2): bubble (p − 1)/(m + p − 1) = 1/5.
+  const Schedule lowered = insert_send_recv(make_schedule("1f1b", 2, 4));
+  const StepResult step = synthetic_step(lowered, 1, 1);
+  const StepFigures figures = step_figures(step, 2);
+  EXPECT_DOUBLE_EQ(figures.pipeline_s, 15);
+  EXPECT_DOUBLE_EQ(figures.bubble, 0.2);
+  EXPECT_DOUBLE_EQ(figures.wall_s, 15.25);
+  EXPECT_DOUBLE_EQ(figures.tokens_per_s, 1000 / 15.25);
+  for (const RankFigures& rank : figures.ranks) {
+    EXPECT_DOUBLE_EQ(rank.compute_s, 12);
+    EXPECT_DOUBLE_EQ(rank.optimizer_s, 0.25);
+    EXPECT_DOUBLE_EQ(rank.compute_s + rank.comm_s + rank.wait_s + rank.other_s, rank.pipeline_end_s);
+    EXPECT_DOUBLE_EQ(rank.bubble, 0.2);
+  }
+  // Rank 1 waits only for its first input; the later ones arrive while it computes.
+  EXPECT_DOUBLE_EQ(figures.ranks[1].wait_s, 1);
+}
+
+TEST(Measurement, TheTimelineSplitsWaitsAndAddsTheFlush) {
+  const Schedule lowered = insert_send_recv(make_schedule("gpipe", 2, 1));
+  const StepResult step = synthetic_step(lowered, 1, 3);
+  const Timeline timeline = measured_timeline(step, 2, "measured", true);
+  EXPECT_EQ(timeline.num_ranks, 2);
+  std::vector<std::string> rank1;
+  for (const TraceEvent& e : timeline.events) {
+    if (e.rank.value() == 1) rank1.push_back(std::string(to_string(e.category)) + " " + e.name);
+  }
+  EXPECT_EQ(rank1, (std::vector<std::string>{"wait 1RECV_F0", "recv 1RECV_F0", "forward 1F0", "backward 1B0",
+                                             "send 1SEND_B0", "optimizer optimizer stage 1"}));
+  EXPECT_DOUBLE_EQ(measured_timeline(step, 2, "", false).makespan_s(), 1 + 3 + 6 + 2);
+}
+
+TEST(Measurement, CostsAreMediansPerStageAndKindAndPredictTheStep) {
+  // Unequal stages, F0 = 1, F1 = 3: the slow stage sets the period, 1F1B
+  // p = 2, m = 4 takes F0 + 4·(F1 + B1) + B0 = 1 + 36 + 2 = 39.
+  const Schedule lowered = insert_send_recv(make_schedule("1f1b", 2, 4));
+  CostProfile costs(2);
+  costs.add(synthetic_step(lowered, 1, 3));
+  costs.add(synthetic_step(lowered, 1, 3));
+  costs.add(synthetic_step(lowered, 5, 5));  // an outlier step: the medians ignore it
+  EXPECT_EQ(costs.steps(), 3);
+  EXPECT_EQ(costs.stage(StageId(0)).forward_s, 1);
+  EXPECT_EQ(costs.stage(StageId(1)).backward_s, 6);
+  EXPECT_EQ(costs.stage(StageId(1)).backward_input_s, 0);
+  EXPECT_EQ(costs.stage(StageId(0)).activation_bytes, 100);
+  EXPECT_EQ(costs.stage(StageId(1)).optimizer_s, 0.25);
+  EXPECT_EQ(costs.duration(act(1, ActionKind::kSendBackward, 0)), 0);
+  const Prediction prediction = predict(lowered, costs);
+  EXPECT_DOUBLE_EQ(prediction.pipeline_s, 39);
+  EXPECT_DOUBLE_EQ(prediction.step_s, 39.25);
+  EXPECT_DOUBLE_EQ(prediction.busy_s[1], 36);
+  EXPECT_DOUBLE_EQ(prediction.idle_s[0], 39 - 12);
+  EXPECT_DOUBLE_EQ(prediction.bubble, 1 - (12.0 + 36) / (2 * 39));
+}
+
+TEST(Measurement, ReplayingASerialStepGivesTheTimelineOfOneCorePerRank) {
+  const Schedule lowered = insert_send_recv(make_schedule("zb-h1", 2, 3));
+  auto engine = testing::tiny_engine(lowered);
+  const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
+  const StepResult serial = engine->step(0, source, StepMode::kTrain, RunMode::kSerial);
+  const Execution emulated = replay(engine->schedule(), serial);
+  // Each action keeps its own measured duration, placed where a pipeline
+  // with one core per rank would run it.
+  double serial_compute = 0;
+  for (const RankRecord& r : serial.ranks) {
+    for (const ActionTiming& t : r.actions) serial_compute += is_compute(t.action.kind) ? t.duration_s() : 0;
+  }
+  double emulated_compute = 0;
+  for (int r = 0; r < 2; ++r) emulated_compute += busy_time(emulated, RankId(r));
+  EXPECT_DOUBLE_EQ(emulated_compute, serial_compute);
+  EXPECT_LT(emulated.makespan, serial_compute);  // the ranks overlap
+  EXPECT_FALSE(emulated.deadlocked);
+}
+
+}  // namespace
+}  // namespace pipeflow::runtime
