@@ -118,11 +118,15 @@ const nn::Stage& PipelineEngine::holder(std::string_view name) const {
 std::span<const float> PipelineEngine::parameter(std::string_view name) const { return holder(name).parameter(name); }
 std::span<const float> PipelineEngine::gradient(std::string_view name) const { return holder(name).gradient(name); }
 
-std::unique_ptr<nn::Stage> PipelineEngine::assemble_model() const {
+std::unique_ptr<nn::Stage> PipelineEngine::assemble_model(bool with_gradients) const {
   auto model = std::make_unique<nn::Stage>(config_, nn::all_layers(config_), nn::StageOptions{0, "model"});
   for (const nn::ParameterInfo& info : model->layout().entries()) {
-    const auto from = parameter(info.name);
-    std::copy(from.begin(), from.end(), model->parameter(info.name).begin());
+    const nn::Stage& from = holder(info.name);
+    std::copy(from.parameter(info.name).begin(), from.parameter(info.name).end(),
+              model->parameter(info.name).begin());
+    if (with_gradients) {
+      std::copy(from.gradient(info.name).begin(), from.gradient(info.name).end(), model->gradient(info.name).begin());
+    }
   }
   return model;
 }

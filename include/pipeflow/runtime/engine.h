@@ -101,8 +101,9 @@ class PipelineEngine {
   // A tensor by name from the stage holding it (the embedding's copy for wte).
   std::span<const float> parameter(std::string_view name) const;
   std::span<const float> gradient(std::string_view name) const;
-  // The whole model in one stage (for sampling, evaluation and saving).
-  std::unique_ptr<nn::Stage> assemble_model() const;
+  // The whole model in one stage (for sampling, evaluation and saving), with
+  // the gradients too if `with_gradients` (the tied wte's from the embedding's stage).
+  std::unique_ptr<nn::Stage> assemble_model(bool with_gradients = false) const;
 
  private:
   const nn::Stage& holder(std::string_view name) const;

@@ -1,0 +1,17 @@
+#include "pipeflow/runtime/stage_partition.h"
+
+#include "pipeflow/model/pipeline_layers.h"
+
+namespace pipeflow::runtime {
+
+ModelSpec model_spec(const nn::GptConfig& config) {
+  return gpt_model("gpt2", config.n_layer, config.n_embd, config.n_head, config.vocab_size, config.context);
+}
+
+std::vector<int> partition_model(const nn::GptConfig& config, int stages, const PartitionMethod& method,
+                                 int micro_batch, int sequence, const HardwareProfile& hardware) {
+  const ParallelConfig parallel{.micro_batch = micro_batch, .sequence = sequence, .bytes_per_element = 4};
+  return partition_layers(pipeline_layers(model_spec(config), parallel), stages, method, hardware).boundaries;
+}
+
+}  // namespace pipeflow::runtime

@@ -1,0 +1,73 @@
+// pipeflow grad --schedule: the reference batch through the pipeline runtime
+// gives PyTorch's (and the unpipelined run's) loss and every gradient.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "pipeflow/nn/safetensors.h"
+#include "run_pipeflow.h"
+
+namespace pipeflow::testing {
+namespace {
+
+const std::string kReference = std::string(PIPEFLOW_SOURCE_DIR) + "/tests/data/gpt2_reference.safetensors";
+
+double relative_error(const Tensor& mine, const Tensor& theirs) {
+  double diff = 0;
+  double norm = 0;
+  for (std::int64_t i = 0; i < mine.numel(); ++i) {
+    diff += (static_cast<double>(mine[i]) - theirs[i]) * (static_cast<double>(mine[i]) - theirs[i]);
+    norm += static_cast<double>(theirs[i]) * theirs[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+void expect_reference_gradients(const std::string& layout, const std::string& described) {
+  SCOPED_TRACE(layout);
+  const std::string dir = make_temp_dir();
+  const CommandResult result = run_pipeflow("grad --weights " + kReference + " --batch " + kReference + " --out " +
+                                            dir + "/g.safetensors " + layout);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find("over 4 sequences of 16 tokens, " + described + ")"), std::string::npos) << result.out;
+  const auto reference = nn::SafetensorsFile::read(kReference);
+  const auto grads = nn::SafetensorsFile::read(dir + "/g.safetensors");
+  const double expected_loss = std::stod(reference.metadata("loss"));
+  EXPECT_NEAR(std::stod(grads.metadata("loss")), expected_loss, 1e-5 * expected_loss);
+  EXPECT_EQ(grads.names().size(), 28u);
+  for (const std::string& name : grads.names()) {
+    EXPECT_LT(relative_error(grads.floats(name), reference.floats("grad." + name)), 1e-5) << name;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GradCommand, ThroughThePipelineEverySchedulesGradientsAreTheReferences) {
+  expect_reference_gradients("--schedule 1f1b --stages 2 --microbatches 2",
+                             "1f1b on 2 ranks (2 stages), 2 micro-batches of 2");
+  expect_reference_gradients("--schedule gpipe --stages 4 --microbatches 4 --partition uniform",
+                             "gpipe on 4 ranks (4 stages), 4 micro-batches of 1");
+  expect_reference_gradients("--schedule interleaved-1f1b --stages 2 --microbatches 2 --virtual 2",
+                             "interleaved-1f1b on 2 ranks (4 stages), 2 micro-batches of 2");
+  expect_reference_gradients("--schedule zbv --stages 2 --microbatches 4",
+                             "zbv on 2 ranks (4 stages), 4 micro-batches of 1");
+}
+
+TEST(GradCommand, MicrobatchesMustCutTheBatchEvenly) {
+  const std::string dir = make_temp_dir();
+  const CommandResult result = run_pipeflow("grad --weights " + kReference + " --batch " + kReference + " --out " +
+                                            dir + "/g.safetensors --schedule gpipe --stages 2 --microbatches 3");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.err,
+            "pipeflow: error: --microbatches 3 does not divide the batch of 4 sequences: micro-batches must be equal\n");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/g.safetensors"));
+  const CommandResult no_schedule = run_pipeflow("grad --weights " + kReference + " --batch " + kReference +
+                                                 " --out " + dir + "/g.safetensors --stages 2");
+  EXPECT_EQ(no_schedule.err,
+            "pipeflow: error: --stages and --microbatches cut the batch for a pipeline: give --schedule too\n");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pipeflow::testing
