@@ -1,0 +1,161 @@
+#pragma once
+
+#include <limits>
+#include <vector>
+
+#include "pipeflow/core/ids.h"
+#include "pipeflow/schedule/execute.h"
+#include "pipeflow/schedule/schedule.h"
+
+namespace pipeflow {
+
+// The simulator's core: a lowered (or compute-only) schedule plus per-stage
+// costs in, a predicted step out. It knows nothing of models or hardware: the
+// cost model (cost_model.h) fills SimulationCosts from a layout, and the
+// runtime fills it from the per-action times it measured (profile.h), so a
+// prediction can stand beside each measurement. The timing itself is the
+// schedule module's execute() -- one execution semantics shared with the
+// validator's dry run and the SVG -- and this file adds what a step has
+// beyond the pipeline: the data-parallel gradient all-reduce, the optimizer
+// step, and memory.
+
+// One link between two ranks: a message of n bytes takes latency + n / bandwidth.
+struct LinkCost {
+  double latency_s = 0;
+  double bandwidth_bytes_per_s = std::numeric_limits<double>::infinity();
+
+  double seconds(double bytes) const { return bytes > 0 ? latency_s + bytes / bandwidth_bytes_per_s : 0.0; }
+};
+
+// Ring all-reduce of `bytes` over `members` ranks on `link` (Patarasuk and
+// Yuan 2009; NCCL's ring): a reduce-scatter and an all-gather, each moving
+// (n−1)/n of the buffer through every rank in n−1 steps:
+//   2(n−1)/n · bytes / bandwidth + 2(n−1) · latency;  0 for n = 1.
+double ring_all_reduce_seconds(double bytes, int members, const LinkCost& link);
+
+// What one (virtual) stage costs, per micro-batch, on one device.
+struct StageCosts {
+  // Durations of the compute actions: F, the full backward B, and its
+  // zero-bubble halves I (input gradient, including any recomputation) and W
+  // (weight gradient). A schedule uses either B or I and W for a stage.
+  double forward_s = 0;
+  double backward_s = 0;
+  double backward_input_s = 0;
+  double backward_weight_s = 0;
+  // DualPipe's overlapped F&B: a B that directly follows, among its rank's
+  // compute actions, an F of another of the rank's stages (how the schedule
+  // module writes an F&B pair) takes backward_s − this. 0: no overlap, the
+  // pair costs F + B.
+  double forward_backward_overlap_s = 0;
+  // Bytes of this stage's output, sent to the next stage per micro-batch; the
+  // gradient that returns in the backward has the same size.
+  double output_bytes = 0;
+
+  // Memory on the device, in bytes.
+  double model_state_bytes = 0;      // weights, gradients, optimizer states
+  double activation_bytes = 0;       // held per micro-batch from its F until its B (or I) ends
+  double weight_gradient_bytes = 0;  // held per micro-batch from its I until its W ends
+  double comm_buffer_bytes = 0;      // send and receive buffers, held for the whole step
+
+  // After the pipeline: this stage's gradient bytes all-reduced across the
+  // data-parallel replicas, and the optimizer step over its parameters.
+  double gradient_bytes = 0;
+  double optimizer_s = 0;
+};
+
+// Point-to-point links between pipeline ranks: one cost for every pair, and
+// any pair set apart (Megatron's layout puts some neighbours on one node and
+// others across nodes).
+class LinkTable {
+ public:
+  LinkTable() = default;  // every message free
+  explicit LinkTable(LinkCost every_pair) : default_(every_pair) {}
+
+  // The link used by messages from `from` to `to`.
+  void set(RankId from, RankId to, LinkCost link);
+  LinkCost at(RankId from, RankId to) const;
+
+ private:
+  struct Entry {
+    int from = 0;
+    int to = 0;
+    LinkCost link;
+  };
+  LinkCost default_{0, std::numeric_limits<double>::infinity()};
+  std::vector<Entry> pairs_;
+};
+
+struct SimulationCosts {
+  std::vector<StageCosts> stages;  // one per stage of the schedule, in stage order
+  LinkTable links;
+  CommMode comm_mode = CommMode::kOverlapped;
+  // Data parallelism: the replicas of pipeline rank r all-reduce their
+  // gradients (the sum of its stages' gradient_bytes) over
+  // data_parallel_links[r] once r has finished its actions; 1: no all-reduce.
+  int data_parallel = 1;
+  std::vector<LinkCost> data_parallel_links;  // per rank; empty: free links
+};
+
+// One rank's share of the step. The step [0, step_time_s] of every rank
+// splits exactly into busy_s + comm_s + idle_s.
+struct RankResult {
+  double busy_s = 0;       // compute: F, B, I, W and the optimizer step
+  double comm_s = 0;       // the rank held by communication: blocking P2P transfers
+                           // (their waits are idle) and the data-parallel all-reduce
+  double idle_s = 0;       // everything else: fill, drain, waiting for inputs and partners
+  double bubble_ratio = 0;  // 1 − busy_s / step_time_s
+  // Transfer time of the messages this rank sends, on a separate
+  // communication stream (kOverlapped; not rank time, so in no sum above).
+  double overlapped_comm_s = 0;
+  double pipeline_end_s = 0;   // end of the rank's last action
+  double all_reduce_s = 0;     // the data-parallel all-reduce (part of comm_s)
+  double optimizer_s = 0;      // the optimizer step (part of busy_s)
+
+  // Peak memory = model states + activations at the worst moment + buffers.
+  double model_states_bytes = 0;
+  double activation_bytes = 0;   // activation_bytes and weight_gradient_bytes held at the peak
+  double comm_buffer_bytes = 0;
+  double peak_memory_bytes = 0;
+  int peak_inflight = 0;         // micro-batch chunks holding activations at that moment
+};
+
+// What simulate() predicts.
+//
+// Bubble: the idle share of the step with compute as busy, the definition of
+// the schedule module's bubble_fraction():
+//   bubble_ratio = 1 − Σ_r busy_s(r) / (ranks · step_time_s);
+// without data parallelism and optimizer time the step is the pipeline's
+// makespan and this equals bubble_fraction(execution) exactly.
+// pipeline_bubble_ratio is bubble_fraction(execution): the pipeline alone,
+// what the closed forms of the schedules (GPipe's (p−1)/(m+p−1), ...) give.
+struct SimulationResult {
+  Execution execution;  // the pipeline part, as execute() timed it
+  double pipeline_time_s = 0;  // execution.makespan
+  double step_time_s = 0;      // latest end of any rank's optimizer step
+  double bubble_ratio = 0;
+  double pipeline_bubble_ratio = 0;
+  std::vector<RankResult> ranks;
+};
+
+// Simulates one step: executes `schedule` with `costs` (durations per
+// (stage, kind), transfers latency + bytes / bandwidth on the rank pair's
+// link, the comm mode), then per rank appends the data-parallel all-reduce
+// and the optimizer step, and walks the rank's actions for its peak memory.
+// Memory walk, per rank in list order: an F adds its stage's
+// activation_bytes; a B removes them; an I replaces them by
+// weight_gradient_bytes, which its W removes. The peak is the largest sum
+// reached.
+//
+// Throws Error if costs.stages does not have one entry per stage, a cost is
+// negative or not finite, or the schedule deadlocks (with the executor's
+// description of every stuck rank).
+//
+// Thread safety: a pure function of its arguments.
+SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs);
+
+// The ExecutionCosts simulate() hands to execute(): exposed so the runtime and
+// the trace can time a schedule with exactly the simulator's costs. The
+// result refers to `schedule` and `costs`, which must outlive it.
+ExecutionCosts execution_costs(const Schedule& schedule, const SimulationCosts& costs);
+
+}  // namespace pipeflow

@@ -1,0 +1,272 @@
+#include "pipeflow/sim/simulation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow {
+namespace {
+
+void check_cost(double value, std::string_view what, int stage) {
+  if (!std::isfinite(value) || value < 0) {
+    fail("simulation cost {} of stage {} is {}: costs must be finite and >= 0", what, stage, value);
+  }
+}
+
+void check_link(const LinkCost& link, std::string_view what) {
+  if (!std::isfinite(link.latency_s) || link.latency_s < 0 || !(link.bandwidth_bytes_per_s > 0)) {
+    fail("{} has latency {} s and bandwidth {} B/s: latency must be finite and >= 0, bandwidth > 0", what,
+         link.latency_s, link.bandwidth_bytes_per_s);
+  }
+}
+
+void check_costs(const Schedule& schedule, const SimulationCosts& costs) {
+  if (static_cast<int>(costs.stages.size()) != schedule.num_stages()) {
+    fail("simulation costs give {} stages but schedule {} has {}: give one StageCosts per stage",
+         costs.stages.size(), schedule.name(), schedule.num_stages());
+  }
+  for (int s = 0; s < schedule.num_stages(); ++s) {
+    const StageCosts& c = costs.stages[static_cast<std::size_t>(s)];
+    check_cost(c.forward_s, "forward_s", s);
+    check_cost(c.backward_s, "backward_s", s);
+    check_cost(c.backward_input_s, "backward_input_s", s);
+    check_cost(c.backward_weight_s, "backward_weight_s", s);
+    check_cost(c.forward_backward_overlap_s, "forward_backward_overlap_s", s);
+    if (c.forward_backward_overlap_s > c.backward_s) {
+      fail("simulation cost forward_backward_overlap_s of stage {} is {} > backward_s {}: an overlap cannot "
+           "save more than the backward takes",
+           s, c.forward_backward_overlap_s, c.backward_s);
+    }
+    check_cost(c.output_bytes, "output_bytes", s);
+    check_cost(c.model_state_bytes, "model_state_bytes", s);
+    check_cost(c.activation_bytes, "activation_bytes", s);
+    check_cost(c.weight_gradient_bytes, "weight_gradient_bytes", s);
+    check_cost(c.comm_buffer_bytes, "comm_buffer_bytes", s);
+    check_cost(c.gradient_bytes, "gradient_bytes", s);
+    check_cost(c.optimizer_s, "optimizer_s", s);
+  }
+  if (costs.data_parallel < 1) {
+    fail("simulation data_parallel is {}: it must be >= 1 (1 for no data parallelism)", costs.data_parallel);
+  }
+  if (!costs.data_parallel_links.empty() &&
+      static_cast<int>(costs.data_parallel_links.size()) != schedule.num_ranks()) {
+    fail("simulation costs give {} data-parallel links for {} ranks: give one per rank or none",
+         costs.data_parallel_links.size(), schedule.num_ranks());
+  }
+  for (const LinkCost& link : costs.data_parallel_links) check_link(link, "a data-parallel link");
+}
+
+// Which B actions are the second half of an F&B pair: per rank, a B whose
+// previous compute action is an F of another stage.
+std::vector<bool> overlapped_backwards(const Schedule& schedule) {
+  const int m = schedule.num_microbatches();
+  std::vector<bool> overlapped(static_cast<std::size_t>(schedule.num_stages() * m), false);
+  for (int r = 0; r < schedule.num_ranks(); ++r) {
+    const Action* previous = nullptr;
+    for (const Action& a : schedule.actions(RankId(r))) {
+      if (!is_compute(a.kind)) continue;
+      if (a.kind == ActionKind::kBackward && previous != nullptr && previous->kind == ActionKind::kForward &&
+          previous->stage != a.stage && a.stage.value() < schedule.num_stages() &&
+          a.microbatch.value() < m) {
+        overlapped[static_cast<std::size_t>(a.stage.value() * m + a.microbatch.value())] = true;
+      }
+      previous = &a;
+    }
+  }
+  return overlapped;
+}
+
+// Bytes of the message a sending action (SEND, or the producing compute
+// action of a compute-only schedule) carries: a forward message is the
+// stage's output, a backward one the gradient of the stage's input, which is
+// the previous stage's output.
+double message_bytes(const Action& sender, const SimulationCosts& costs) {
+  const int s = sender.stage.value();
+  const bool forward = sender.kind == ActionKind::kForward || sender.kind == ActionKind::kSendForward;
+  const int producer_stage = forward ? s : s - 1;
+  if (producer_stage < 0 || producer_stage >= static_cast<int>(costs.stages.size())) return 0;
+  return costs.stages[static_cast<std::size_t>(producer_stage)].output_bytes;
+}
+
+double compute_duration(const Action& a, const StageCosts& c, bool overlapped) {
+  switch (a.kind) {
+    case ActionKind::kForward:
+      return c.forward_s;
+    case ActionKind::kBackward:
+      return overlapped ? c.backward_s - c.forward_backward_overlap_s : c.backward_s;
+    case ActionKind::kBackwardInput:
+      return c.backward_input_s;
+    case ActionKind::kBackwardWeight:
+      return c.backward_weight_s;
+    default:
+      return 0;
+  }
+}
+
+// The rank a compute action of a compute-only schedule sends its result to,
+// if that is another rank: F(s) feeds s + 1, B/I(s) feeds s − 1.
+std::optional<RankId> cross_rank_consumer(const Schedule& schedule, const Action& a, RankId rank) {
+  int target = -1;
+  if (a.kind == ActionKind::kForward) target = a.stage.value() + 1;
+  if (is_input_backward(a.kind)) target = a.stage.value() - 1;
+  if (target < 0 || target >= schedule.num_stages()) return std::nullopt;
+  const RankId to = schedule.rank_of(StageId(target));
+  if (to == rank) return std::nullopt;
+  return to;
+}
+
+// A SEND's partner rank: where the neighbouring stage is placed.
+RankId send_target(const Schedule& schedule, const Action& send) {
+  const int target = send.kind == ActionKind::kSendForward ? send.stage.value() + 1 : send.stage.value() - 1;
+  return schedule.rank_of(StageId(target));
+}
+
+struct MemoryPeak {
+  double bytes = 0;
+  int inflight = 0;
+};
+
+MemoryPeak walk_memory(const std::vector<TimedAction>& timed, const SimulationCosts& costs) {
+  MemoryPeak peak;
+  double held = 0;
+  int inflight = 0;
+  for (const TimedAction& t : timed) {
+    const StageCosts& c = costs.stages[static_cast<std::size_t>(t.action.stage.value())];
+    switch (t.action.kind) {
+      case ActionKind::kForward:
+        held += c.activation_bytes;
+        ++inflight;
+        break;
+      case ActionKind::kBackward:
+        held -= c.activation_bytes;
+        --inflight;
+        break;
+      case ActionKind::kBackwardInput:
+        held += c.weight_gradient_bytes - c.activation_bytes;
+        break;
+      case ActionKind::kBackwardWeight:
+        held -= c.weight_gradient_bytes;
+        --inflight;
+        break;
+      default:
+        continue;
+    }
+    if (held > peak.bytes) peak = {held, inflight};
+  }
+  return peak;
+}
+
+}  // namespace
+
+double ring_all_reduce_seconds(double bytes, int members, const LinkCost& link) {
+  if (members <= 1 || bytes <= 0) return 0;
+  const double n = members;
+  return 2 * (n - 1) / n * bytes / link.bandwidth_bytes_per_s + 2 * (n - 1) * link.latency_s;
+}
+
+void LinkTable::set(RankId from, RankId to, LinkCost link) {
+  check_link(link, fmt::format("the link from rank {} to rank {}", from, to));
+  for (Entry& e : pairs_) {
+    if (e.from == from.value() && e.to == to.value()) {
+      e.link = link;
+      return;
+    }
+  }
+  pairs_.push_back({from.value(), to.value(), link});
+}
+
+LinkCost LinkTable::at(RankId from, RankId to) const {
+  for (const Entry& e : pairs_) {
+    if (e.from == from.value() && e.to == to.value()) return e.link;
+  }
+  return default_;
+}
+
+ExecutionCosts execution_costs(const Schedule& schedule, const SimulationCosts& costs) {
+  auto overlapped = std::make_shared<const std::vector<bool>>(overlapped_backwards(schedule));
+  const int m = schedule.num_microbatches();
+  ExecutionCosts execution;
+  execution.duration = [&costs, overlapped, m](const Action& a, RankId) {
+    const std::size_t key = static_cast<std::size_t>(a.stage.value() * m + a.microbatch.value());
+    return compute_duration(a, costs.stages[static_cast<std::size_t>(a.stage.value())],
+                            a.kind == ActionKind::kBackward && (*overlapped)[key]);
+  };
+  execution.transfer = [&costs](const Action& sender, RankId from, RankId to) {
+    return costs.links.at(from, to).seconds(message_bytes(sender, costs));
+  };
+  execution.mode = costs.comm_mode;
+  return execution;
+}
+
+SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs) {
+  check_costs(schedule, costs);
+  const ExecutionCosts execution = execution_costs(schedule, costs);
+  SimulationResult result;
+  result.execution = execute(schedule, execution);
+  if (result.execution.deadlocked) {
+    fail("schedule {} deadlocks under the simulated costs:\n{}\nrun `pipeflow validate` on it", schedule.name(),
+         result.execution.deadlock_message());
+  }
+  result.pipeline_time_s = result.execution.makespan;
+  result.pipeline_bubble_ratio = bubble_fraction(result.execution);
+
+  const bool lowered = schedule.has_communication();
+  for (int r = 0; r < schedule.num_ranks(); ++r) {
+    const RankId rank(r);
+    const auto& timed = result.execution.ranks[static_cast<std::size_t>(r)];
+    RankResult out;
+    for (const TimedAction& t : timed) {
+      const Action& a = t.action;
+      if (is_compute(a.kind)) {
+        out.busy_s += t.end - t.start;
+        const std::optional<RankId> to = lowered ? std::nullopt : cross_rank_consumer(schedule, a, rank);
+        if (to) out.overlapped_comm_s += execution.transfer(a, rank, *to);
+      } else {
+        out.comm_s += t.end - t.start - t.wait;
+        if (is_send(a.kind) && costs.comm_mode == CommMode::kOverlapped) {
+          out.overlapped_comm_s += execution.transfer(a, rank, send_target(schedule, a));
+        }
+      }
+    }
+    out.pipeline_end_s = timed.empty() ? 0.0 : timed.back().end;
+    double gradient_bytes = 0;
+    for (StageId s : schedule.stages_of(rank)) {
+      const StageCosts& c = costs.stages[static_cast<std::size_t>(s.value())];
+      gradient_bytes += c.gradient_bytes;
+      out.optimizer_s += c.optimizer_s;
+      out.model_states_bytes += c.model_state_bytes;
+      out.comm_buffer_bytes += c.comm_buffer_bytes;
+    }
+    const LinkCost dp_link = costs.data_parallel_links.empty()
+                                 ? LinkCost{}
+                                 : costs.data_parallel_links[static_cast<std::size_t>(r)];
+    out.all_reduce_s = ring_all_reduce_seconds(gradient_bytes, costs.data_parallel, dp_link);
+    out.busy_s += out.optimizer_s;
+    out.comm_s += out.all_reduce_s;
+
+    const MemoryPeak peak = walk_memory(timed, costs);
+    out.activation_bytes = peak.bytes;
+    out.peak_inflight = peak.inflight;
+    out.peak_memory_bytes = out.model_states_bytes + out.activation_bytes + out.comm_buffer_bytes;
+
+    result.step_time_s = std::max(result.step_time_s, out.pipeline_end_s + out.all_reduce_s + out.optimizer_s);
+    result.ranks.push_back(out);
+  }
+  result.step_time_s = std::max(result.step_time_s, result.pipeline_time_s);
+
+  double busy = 0;
+  for (RankResult& out : result.ranks) {
+    out.idle_s = result.step_time_s - out.busy_s - out.comm_s;
+    out.bubble_ratio = result.step_time_s > 0 ? 1 - out.busy_s / result.step_time_s : 0;
+    busy += out.busy_s;
+  }
+  const double capacity = result.step_time_s * schedule.num_ranks();
+  result.bubble_ratio = capacity > 0 ? 1 - busy / capacity : 0;
+  return result;
+}
+
+}  // namespace pipeflow
