@@ -76,6 +76,8 @@ Config Config::parse(std::string_view text, std::string source) {
 
 Config Config::load(const std::filesystem::path& path) { return parse(read_file(path), path.string()); }
 
+const std::string& Config::source() const { return tree_->source; }
+
 std::string Config::path(std::string_view key) const {
   return prefix_.empty() ? std::string(key) : prefix_ + "." + std::string(key);
 }
@@ -87,6 +89,11 @@ const nlohmann::json* Config::find(std::string_view key) const {
 }
 
 bool Config::has(std::string_view key) const { return find(key) != nullptr; }
+
+bool Config::is_object(std::string_view key) const {
+  const nlohmann::json* value = find(key);
+  return value != nullptr && value->is_object();
+}
 
 Config Config::object(std::string_view key) const {
   const nlohmann::json* value = find(key);

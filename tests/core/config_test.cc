@@ -26,6 +26,7 @@ TEST(Config, ReadsNestedValuesAndFallbacks) {
   EXPECT_EQ(pipeline.get("schedule", "gpipe"), "1f1b");
   EXPECT_EQ(pipeline.get("virtual_stages", 1), 1);
   EXPECT_EQ(pipeline.path("stages"), "pipeline.stages");
+  EXPECT_EQ(pipeline.source(), "c.json");
   config.check_no_unknown_keys();
 }
 
@@ -53,6 +54,17 @@ TEST(Config, UnknownKeysAreListedWithSuggestions) {
   EXPECT_EQ(error_of([&] { config.check_no_unknown_keys(); }),
             "c.json: unknown keys 'pipeline.stagse' (did you mean 'pipeline.stages'?), 'zzz': "
             "remove it or fix its spelling");
+}
+
+TEST(Config, IsObjectTellsAnObjectFromAPlainValueAndKeepsCheckingBelowIt) {
+  const Config config = Config::parse(R"({"model": {"n_layer": 2, "n_lyer": 3}, "name": "gpt2"})", "c.json");
+  EXPECT_TRUE(config.is_object("model"));
+  EXPECT_FALSE(config.is_object("name"));
+  EXPECT_FALSE(config.is_object("absent"));
+  EXPECT_EQ(config.get("name", ""), "gpt2");
+  EXPECT_EQ(config.object("model").get("n_layer", 0), 2);
+  EXPECT_EQ(error_of([&] { config.check_no_unknown_keys(); }),
+            "c.json: unknown key 'model.n_lyer' (did you mean 'model.n_layer'?): remove it or fix its spelling");
 }
 
 TEST(Config, RawTakesAWholeSubtree) {

@@ -34,6 +34,9 @@ class Config {
   static Config from_json(nlohmann::json json, std::string source);
 
   bool has(std::string_view key) const;
+  // Whether `key` holds an object, for keys that take either an object or a
+  // plain value; like has(), it counts the key as asked for.
+  bool is_object(std::string_view key) const;
   template <class T>
   T get(std::string_view key, const T& fallback) const;
   std::string get(std::string_view key, const char* fallback) const {
@@ -46,6 +49,9 @@ class Config {
   Config object(std::string_view key) const;
   // The raw JSON at `key` (null if absent); the key and all below it count as known.
   const nlohmann::json& raw(std::string_view key) const;
+
+  // The origin given to parse/load/from_json, as messages name it.
+  const std::string& source() const;
 
   // "pipeline.stages" for key "stages" of the object at "pipeline".
   std::string path(std::string_view key) const;
