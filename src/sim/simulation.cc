@@ -245,7 +245,6 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
                                  ? LinkCost{}
                                  : costs.data_parallel_links[static_cast<std::size_t>(r)];
     out.all_reduce_s = ring_all_reduce_seconds(gradient_bytes, costs.data_parallel, dp_link);
-    out.busy_s += out.optimizer_s;
     out.comm_s += out.all_reduce_s;
 
     const MemoryPeak peak = walk_memory(timed, costs);
@@ -260,13 +259,30 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
 
   double busy = 0;
   for (RankResult& out : result.ranks) {
-    out.idle_s = result.step_time_s - out.busy_s - out.comm_s;
+    out.idle_s = result.step_time_s - out.busy_s - out.comm_s - out.optimizer_s;
     out.bubble_ratio = result.step_time_s > 0 ? 1 - out.busy_s / result.step_time_s : 0;
     busy += out.busy_s;
   }
   const double capacity = result.step_time_s * schedule.num_ranks();
   result.bubble_ratio = capacity > 0 ? 1 - busy / capacity : 0;
   return result;
+}
+
+Timeline simulation_timeline(const Schedule& schedule, const SimulationResult& result, std::string title) {
+  Timeline timeline = timeline_from_execution(schedule, result.execution, std::move(title));
+  for (std::size_t r = 0; r < result.ranks.size(); ++r) {
+    const RankResult& rank = result.ranks[r];
+    const RankId id(static_cast<int>(r));
+    if (rank.all_reduce_s > 0) {
+      timeline.events.push_back(
+          {id, "all-reduce", EventCategory::kAllreduce, std::nullopt, rank.pipeline_end_s, rank.all_reduce_s});
+    }
+    if (rank.optimizer_s > 0) {
+      timeline.events.push_back({id, "optimizer step", EventCategory::kOptimizer, std::nullopt,
+                                 rank.pipeline_end_s + rank.all_reduce_s, rank.optimizer_s});
+    }
+  }
+  return timeline;
 }
 
 }  // namespace pipeflow

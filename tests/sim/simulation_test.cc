@@ -309,12 +309,18 @@ TEST(Simulate, DataParallelAllReduceAndOptimizerFollowEachRanksLastAction) {
   EXPECT_DOUBLE_EQ(r.pipeline_time_s, 15);
   EXPECT_DOUBLE_EQ(r.step_time_s, 15 + 1.5 + 0.5);
   for (const RankResult& rank : r.ranks) {
-    EXPECT_DOUBLE_EQ(rank.busy_s, 12.5);
+    EXPECT_DOUBLE_EQ(rank.busy_s, 12);
     EXPECT_DOUBLE_EQ(rank.comm_s, 1.5);
+    EXPECT_DOUBLE_EQ(rank.optimizer_s, 0.5);
     EXPECT_DOUBLE_EQ(rank.idle_s, 3);
   }
-  EXPECT_DOUBLE_EQ(r.bubble_ratio, 1 - 25.0 / 34.0);
+  EXPECT_DOUBLE_EQ(r.bubble_ratio, 1 - 24.0 / 34.0);
   EXPECT_DOUBLE_EQ(r.pipeline_bubble_ratio, 3.0 / 15.0);
+  // The trace of the step counts the same way.
+  const Timeline timeline = simulation_timeline(schedule, r, "dp");
+  EXPECT_DOUBLE_EQ(timeline.end_s(), 17);
+  EXPECT_DOUBLE_EQ(bubble_stats(timeline).overall, r.bubble_ratio);
+  EXPECT_DOUBLE_EQ(bubble_stats(timeline).per_rank[1], r.ranks[1].bubble_ratio);
 }
 
 TEST(Simulate, WithoutDataParallelismTheBubbleIsTheScheduleEnginesBubble) {

@@ -1,11 +1,13 @@
 #pragma once
 
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "pipeflow/core/ids.h"
 #include "pipeflow/schedule/execute.h"
 #include "pipeflow/schedule/schedule.h"
+#include "pipeflow/trace/event.h"
 
 namespace pipeflow {
 
@@ -97,19 +99,19 @@ struct SimulationCosts {
 };
 
 // One rank's share of the step. The step [0, step_time_s] of every rank
-// splits exactly into busy_s + comm_s + idle_s.
+// splits exactly into busy_s + comm_s + optimizer_s + idle_s.
 struct RankResult {
-  double busy_s = 0;       // compute: F, B, I, W and the optimizer step
+  double busy_s = 0;       // compute: the F, B, I and W actions
   double comm_s = 0;       // the rank held by communication: blocking P2P transfers
                            // (their waits are idle) and the data-parallel all-reduce
+  double optimizer_s = 0;  // the optimizer step
   double idle_s = 0;       // everything else: fill, drain, waiting for inputs and partners
   double bubble_ratio = 0;  // 1 − busy_s / step_time_s
-  // Transfer time of the messages this rank sends, on a separate
-  // communication stream (kOverlapped; not rank time, so in no sum above).
+  // Transfer time of the messages this rank sends that take no rank time (a
+  // separate communication stream); in no sum above.
   double overlapped_comm_s = 0;
   double pipeline_end_s = 0;   // end of the rank's last action
   double all_reduce_s = 0;     // the data-parallel all-reduce (part of comm_s)
-  double optimizer_s = 0;      // the optimizer step (part of busy_s)
 
   // Peak memory = model states + activations at the worst moment + buffers.
   double model_states_bytes = 0;
@@ -121,13 +123,15 @@ struct RankResult {
 
 // What simulate() predicts.
 //
-// Bubble: the idle share of the step with compute as busy, the definition of
-// the schedule module's bubble_fraction():
-//   bubble_ratio = 1 − Σ_r busy_s(r) / (ranks · step_time_s);
-// without data parallelism and optimizer time the step is the pipeline's
-// makespan and this equals bubble_fraction(execution) exactly.
-// pipeline_bubble_ratio is bubble_fraction(execution): the pipeline alone,
-// what the closed forms of the schedules (GPipe's (p−1)/(m+p−1), ...) give.
+// Bubble: the idle share of the step with compute (F, B, I, W) as busy, the
+// definition of the schedule module's bubble_fraction() and the trace's
+// bubble_stats():
+//   bubble_ratio = 1 − Σ_r busy_s(r) / (ranks · step_time_s),
+// so the all-reduce and the optimizer step count as bubble; without data
+// parallelism and optimizer time the step is the pipeline's makespan and this
+// equals bubble_fraction(execution) exactly. pipeline_bubble_ratio is
+// bubble_fraction(execution): the pipeline alone, what the closed forms of the
+// schedules (GPipe's (p−1)/(m+p−1), ...) give.
 struct SimulationResult {
   Execution execution;  // the pipeline part, as execute() timed it
   double pipeline_time_s = 0;  // execution.makespan
@@ -157,5 +161,11 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
 // the trace can time a schedule with exactly the simulator's costs. The
 // result refers to `schedule` and `costs`, which must outlive it.
 ExecutionCosts execution_costs(const Schedule& schedule, const SimulationCosts& costs);
+
+// The simulated step as a trace timeline (Chrome trace, SVG): the executed
+// actions (timeline_from_execution), then on every rank its all-reduce and
+// optimizer step as allreduce and optimizer events. bubble_stats() of it
+// equals the result's bubble figures.
+Timeline simulation_timeline(const Schedule& schedule, const SimulationResult& result, std::string title);
 
 }  // namespace pipeflow

@@ -1,0 +1,80 @@
+#pragma once
+
+#include "pipeflow/model/hardware.h"
+#include "pipeflow/model/model_spec.h"
+#include "pipeflow/model/partition.h"
+#include "pipeflow/model/pipeline_layers.h"
+#include "pipeflow/schedule/schedule.h"
+#include "pipeflow/sim/layout.h"
+#include "pipeflow/sim/simulation.h"
+
+namespace pipeflow {
+
+// The cost model: a layout becomes per-stage durations, messages, links and
+// memory for simulate(). Every figure and its source is in docs/SIMULATOR.md;
+// in short:
+//   compute      FLOPs / (peak × efficiency) (model's compute_seconds; no
+//                memory-bound term), I carrying any recomputation;
+//   tensor par.  ring all-reduces of the b·s·h activation on the tensor-parallel
+//                group's link: 2 per block in the forward, 2 in I (4 with full
+//                recompute, which repeats the forward's), 1 in the embedding's
+//                forward, 1 in the head's I; fully exposed;
+//   messages     the stage's last layer's output_bytes on the link between the
+//                two ranks' first devices;
+//   data par.    a ring all-reduce of kGradientBytesPerParameter per parameter
+//                of the rank, over its d replicas (ZeRO's reduce-scatter plus
+//                all-gather moves the same volume);
+//   optimizer    memory-bound: kOptimizerBytesPerParameter per local
+//                parameter (÷d under ZeRO >= 1) at the HBM bandwidth;
+//   memory       model_state_bytes (16 B/param, ZeRO), the stage's activation
+//                bytes, weight_gradient_bytes between I and W, and one send and
+//                one receive buffer for each message the stage exchanges.
+
+// bf16 gradients all-reduced across data-parallel replicas.
+inline constexpr double kGradientBytesPerParameter = 2;
+// Mixed-precision Adam step per parameter: reads the bf16 gradient (2) and the
+// fp32 master weight, momentum and variance (12); writes those three (12) and
+// the bf16 weight (2).
+inline constexpr double kOptimizerBytesPerParameter = 28;
+
+// The bytes of one layer, per micro-batch and device, that a split backward
+// keeps from I until W: each weight matrix's input and its output's
+// gradient (dW = Xᵀ·dY). Column-parallel matrices take the full input (÷t
+// with sequence parallelism, which stores the shard) and give a t-th of the
+// output; row-parallel ones the reverse:
+//   gpt block   e·b·s·(4h/sp + (4h + 2f)/t)   QKV, out-proj, fc1, fc2
+//   llama block e·b·s·(4h/sp + (2h + 2gd + 3f)/t)   QKV, O, gate/up, down
+//   head        e·b·s·(h/sp + V/t)            the LM head's input and logits' gradient
+//   embedding   e·b·s·h/sp                    the gradient of its output (token ids not counted)
+// with sp = t under sequence parallelism, else 1. Recomputation does not
+// change it: W needs the recomputed tensors as much as stored ones.
+double weight_gradient_bytes(const ModelSpec& model, const ParallelConfig& config, LayerKind kind);
+
+// The tensor-parallel collectives of one layer, per micro-batch: see above.
+struct TensorParallelSeconds {
+  double forward_s = 0;
+  double backward_input_s = 0;
+};
+TensorParallelSeconds tensor_parallel_seconds(const ModelSpec& model, const ParallelConfig& config, LayerKind kind,
+                                              const LinkCost& link);
+
+LinkCost link_cost(const Link& link);
+
+struct LayoutCosts {
+  Partition partition;  // one stage per schedule stage, on the layout's hardware
+  SimulationCosts costs;
+  double model_flops_per_step = 0;     // forward + backward, whole model, all replicas (what MFU counts)
+  double hardware_flops_per_step = 0;  // plus recomputation (HFU)
+  double tokens_per_step = 0;          // B · s
+};
+
+// Cuts the model into schedule.num_stages() stages (p · v) with the layout's
+// partition method and prices every stage, link and replica. `schedule` must
+// be the layout's (layout_schedule) or have its ranks and stages.
+LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule);
+
+// The compute-only schedule of the layout: its generator with p ranks, m
+// micro-batches and v chunks per rank.
+Schedule layout_schedule(const Layout& layout);
+
+}  // namespace pipeflow

@@ -1,0 +1,59 @@
+#pragma once
+
+#include <string>
+
+#include "pipeflow/model/hardware.h"
+#include "pipeflow/model/model_spec.h"
+#include "pipeflow/model/model_states.h"
+#include "pipeflow/model/partition.h"
+#include "pipeflow/model/pipeline_layers.h"
+#include "pipeflow/schedule/execute.h"
+
+namespace pipeflow {
+
+// How a model is trained on a cluster: what `pipeflow simulate` predicts and
+// `pipeflow plan` searches over. A plain value.
+//
+// Devices are numbered as Megatron-LM orders its ranks: tensor parallelism
+// innermost, then data parallelism, then pipeline parallelism, i.e. device
+//   pp_rank · (tp · dp) + dp_rank · tp + tp_rank,
+// with devices_per_node consecutive devices per node. A tensor-parallel group
+// is tp neighbours (one node when tp <= devices_per_node); pipeline neighbours
+// are tp · dp devices apart.
+struct Layout {
+  ModelSpec model;
+  HardwareProfile hardware;
+  int devices = 1;             // must equal tp · pp · dp
+  int tensor_parallel = 1;     // t
+  int pipeline_parallel = 1;   // p: pipeline ranks
+  int data_parallel = 1;       // d: replicas of the pipeline
+  int micro_batch = 1;         // b: sequences per micro-batch
+  int global_batch = 1;        // B: sequences per optimizer step over all replicas
+  int sequence = 0;            // s: tokens per sequence; 0: the model's max_positions
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;      // v: model chunks per rank (zbv and dualpipev always hold 2)
+  Recompute recompute = Recompute::kNone;
+  bool sequence_parallel = false;
+  PartitionMethod partition{PartitionMethod::Kind::kBalanced, {}, {}};
+  ZeroStage zero = ZeroStage::kNone;
+  CommMode comm_mode = CommMode::kOverlapped;
+};
+
+// Throws Error, naming both sides of the broken rule and the fix, unless
+// every count is positive, devices = tp · pp · dp, and the global batch is a
+// whole number of micro-batches on every replica: B = b · m · d.
+void validate_layout(const Layout& layout);
+
+// m: micro-batches per step on each pipeline (DeepSpeed's
+// gradient_accumulation_steps) = B / (b · d). Validates the layout.
+int microbatches_per_step(const Layout& layout);
+
+// The sequence length the layout runs: `sequence`, or the model's context.
+int sequence_length(const Layout& layout);
+
+// The per-micro-batch, per-device configuration of the model's layers.
+// Megatron's scatter/gather of P2P messages (Narayanan et al. 2021 §4.1) is on
+// whenever t > 1, as in Megatron-LM.
+ParallelConfig parallel_config(const Layout& layout);
+
+}  // namespace pipeflow

@@ -1,0 +1,42 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "pipeflow/schedule/schedule.h"
+#include "pipeflow/sim/cost_model.h"
+#include "pipeflow/sim/layout.h"
+#include "pipeflow/sim/profile.h"
+#include "pipeflow/sim/simulation.h"
+
+namespace pipeflow {
+
+// A layout's predicted step: the simulated schedule, the costs it ran with,
+// the result, and the throughput figures derived from them.
+struct Prediction {
+  Layout layout;
+  int microbatches = 0;  // m per replica
+  // The schedule simulated: the compute-only one for overlapped
+  // communication (each message arrives latency + bytes / bandwidth after its
+  // producer ends, without rank time: a communication stream with receives
+  // posted early), its insert_send_recv lowering for blocking communication.
+  Schedule schedule;
+  LayoutCosts costs;
+  SimulationResult result;
+
+  double tokens_per_s = 0;                // B · s / step time
+  double mfu = 0;                         // model FLOPs / (step · devices · peak)
+  double hfu = 0;                         // the same with recomputation counted
+  double tflops_per_device = 0;           // model FLOPs / (step · devices), in TFLOP/s
+  double hardware_tflops_per_device = 0;  // with recomputation, as Megatron-LM reports
+  // One line per rank whose peak memory exceeds the device's, naming the fix.
+  std::vector<std::string> warnings;
+};
+
+// Builds the layout's schedule and costs and simulates one step. With a
+// measured profile, its durations, messages and link replace the cost
+// model's (apply_profile). Throws Error for an invalid layout, a schedule
+// whose constraints the layout breaks, or a profile of another shape.
+Prediction predict(const Layout& layout, const MeasuredProfile* profile = nullptr);
+
+}  // namespace pipeflow

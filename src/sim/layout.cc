@@ -1,0 +1,70 @@
+#include "pipeflow/sim/layout.h"
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow {
+namespace {
+
+void require_positive(int value, std::string_view what, std::string_view fix) {
+  if (value < 1) fail("{} = {}: must be >= 1: {}", what, value, fix);
+}
+
+// The nearest multiples of `unit` around `value`, for a message's fix.
+std::string nearest_multiples(int value, int unit) {
+  const int below = value / unit * unit;
+  if (below == 0) return fmt::format("{}", unit);
+  return fmt::format("{} or {}", below, below + unit);
+}
+
+}  // namespace
+
+void validate_layout(const Layout& layout) {
+  require_positive(layout.tensor_parallel, "tensor parallel", "use 1 for no tensor parallelism");
+  require_positive(layout.pipeline_parallel, "pipeline parallel", "use 1 for a single stage");
+  require_positive(layout.data_parallel, "data parallel", "use 1 for a single replica");
+  require_positive(layout.devices, "devices", "give the number of devices");
+  require_positive(layout.micro_batch, "micro-batch", "give the sequences per micro-batch");
+  require_positive(layout.global_batch, "global batch", "give the sequences per step");
+  require_positive(layout.virtual_stages, "virtual stages", "use 1 for one chunk per rank");
+  if (layout.sequence < 0) fail("sequence = {}: must be >= 1 (0 takes the model's context)", layout.sequence);
+
+  const int t = layout.tensor_parallel;
+  const int p = layout.pipeline_parallel;
+  const int d = layout.data_parallel;
+  if (layout.devices != t * p * d) {
+    const int model_parallel = t * p;
+    const std::string fix = layout.devices % model_parallel == 0
+                                ? fmt::format("use data parallel {} or devices {}", layout.devices / model_parallel,
+                                              t * p * d)
+                                : fmt::format("use devices {}", t * p * d);
+    fail("devices = {} but tensor × pipeline × data parallel = {} × {} × {} = {}: {}", layout.devices, t, p, d,
+         t * p * d, fix);
+  }
+  const int per_step = layout.micro_batch * d;
+  if (layout.global_batch % per_step != 0) {
+    fail("global batch {} is not a multiple of micro-batch × data parallel = {} × {} = {}: use a global batch of {}",
+         layout.global_batch, layout.micro_batch, d, per_step, nearest_multiples(layout.global_batch, per_step));
+  }
+}
+
+int microbatches_per_step(const Layout& layout) {
+  validate_layout(layout);
+  return layout.global_batch / (layout.micro_batch * layout.data_parallel);
+}
+
+int sequence_length(const Layout& layout) {
+  return layout.sequence > 0 ? layout.sequence : layout.model.max_positions;
+}
+
+ParallelConfig parallel_config(const Layout& layout) {
+  ParallelConfig config;
+  config.micro_batch = layout.micro_batch;
+  config.sequence = sequence_length(layout);
+  config.tensor_parallel = layout.tensor_parallel;
+  config.sequence_parallel = layout.sequence_parallel;
+  config.recompute = layout.recompute;
+  config.scatter_gather = layout.tensor_parallel > 1;
+  return config;
+}
+
+}  // namespace pipeflow

@@ -1,0 +1,52 @@
+#include "pipeflow/sim/prediction.h"
+
+#include "pipeflow/core/units.h"
+#include "pipeflow/schedule/passes.h"
+
+namespace pipeflow {
+namespace {
+
+std::vector<std::string> memory_warnings(const Layout& layout, const SimulationResult& result) {
+  std::vector<std::string> warnings;
+  const double capacity = layout.hardware.memory_bytes;
+  for (std::size_t r = 0; r < result.ranks.size(); ++r) {
+    const RankResult& rank = result.ranks[r];
+    if (rank.peak_memory_bytes <= capacity) continue;
+    warnings.push_back(fmt::format(
+        "rank {} needs {} at its peak ({} model states + {} activations + {} buffers) but {} has {} per device: "
+        "use --recompute selective or full, more pipeline stages (--pp), a smaller --micro-batch, or ZeRO",
+        r, format_bytes(rank.peak_memory_bytes), format_bytes(rank.model_states_bytes),
+        format_bytes(rank.activation_bytes), format_bytes(rank.comm_buffer_bytes), layout.hardware.name,
+        format_bytes(capacity)));
+  }
+  return warnings;
+}
+
+}  // namespace
+
+Prediction predict(const Layout& layout, const MeasuredProfile* profile) {
+  const Schedule compute_only = layout_schedule(layout);
+  LayoutCosts costs = layout_costs(layout, compute_only);
+  if (profile != nullptr) apply_profile(*profile, costs.costs);
+  Schedule schedule = layout.comm_mode == CommMode::kBlocking ? insert_send_recv(compute_only) : compute_only;
+  SimulationResult result = simulate(schedule, costs.costs);
+
+  const double step = result.step_time_s;
+  const double devices = layout.devices;
+  const double peak = layout.hardware.peak_flop_per_s;
+  const double per_device = step > 0 ? 1 / (step * devices) : 0;
+  std::vector<std::string> warnings = memory_warnings(layout, result);
+  return Prediction{layout,
+                    microbatches_per_step(layout),
+                    std::move(schedule),
+                    costs,
+                    std::move(result),
+                    step > 0 ? costs.tokens_per_step / step : 0,
+                    costs.model_flops_per_step * per_device / peak,
+                    costs.hardware_flops_per_step * per_device / peak,
+                    costs.model_flops_per_step * per_device / 1e12,
+                    costs.hardware_flops_per_step * per_device / 1e12,
+                    std::move(warnings)};
+}
+
+}  // namespace pipeflow

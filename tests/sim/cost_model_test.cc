@@ -1,0 +1,265 @@
+#include "pipeflow/sim/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/schedule/generators.h"
+#include "pipeflow/sim/prediction.h"
+
+namespace pipeflow {
+namespace {
+
+std::string error_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+// GPT-3 175B in 4 pipeline stages cut so that stage 1 is block.0 alone and
+// stage 2 block.1 alone: per-stage figures are per-layer figures.
+Layout single_block_stages(int tensor_parallel, bool sequence_parallel, Recompute recompute) {
+  Layout layout;
+  layout.model = model_preset("gpt3-175b");
+  layout.hardware = hardware_preset("a100-80g");
+  layout.tensor_parallel = tensor_parallel;
+  layout.pipeline_parallel = 4;
+  layout.devices = 4 * tensor_parallel;
+  layout.micro_batch = 1;
+  layout.global_batch = 8;
+  layout.sequence = 2048;
+  layout.recompute = recompute;
+  layout.sequence_parallel = sequence_parallel;
+  layout.partition = parse_partition_method("bounds:0,1,2,3,98");
+  return layout;
+}
+
+const StageCosts& block_stage(const LayoutCosts& costs) { return costs.costs.stages[1]; }
+
+LayoutCosts costs_of(const Layout& layout) { return layout_costs(layout, layout_schedule(layout)); }
+
+// Korthikanti et al. 2022 eq. 1-6 per layer (GPT-3 175B, b = 1, s = 2048,
+// h = 12288, a = 96, t = 8), through the cost model's per-stage figure.
+TEST(CostModel, StageActivationsReproduceKorthikantisPerLayerExpressions) {
+  const double s = 2048, h = 12288, a = 96, t = 8;
+  const double sbh = s * h;
+  using R = Recompute;
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(single_block_stages(1, false, R::kNone))).activation_bytes,
+                   sbh * (34 + 5 * a * s / h));
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(single_block_stages(8, false, R::kNone))).activation_bytes,
+                   sbh * (10 + 24 / t + 5 * a * s / (h * t)));
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(single_block_stages(8, true, R::kNone))).activation_bytes,
+                   sbh * (34 / t + 5 * a * s / (h * t)));
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(single_block_stages(8, false, R::kSelective))).activation_bytes,
+                   sbh * (10 + 24 / t));
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(single_block_stages(8, true, R::kSelective))).activation_bytes,
+                   sbh * 34 / t);
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(single_block_stages(8, false, R::kFull))).activation_bytes, 2 * sbh);
+}
+
+// W keeps each matrix's input and output gradient: 2·sbh·(4 + (4h + 2f)/(h·t))
+// = sbh·(8 + 24/t) for GPT (f = 4h), whatever the recomputation.
+TEST(CostModel, WeightGradientShareIsTheMatrixInputsAndOutputGradients) {
+  const double sbh = 2048.0 * 12288;
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    EXPECT_DOUBLE_EQ(block_stage(costs_of(single_block_stages(1, false, r))).weight_gradient_bytes, sbh * 32);
+    EXPECT_DOUBLE_EQ(block_stage(costs_of(single_block_stages(8, false, r))).weight_gradient_bytes,
+                     sbh * (8 + 24.0 / 8));
+    EXPECT_DOUBLE_EQ(block_stage(costs_of(single_block_stages(8, true, r))).weight_gradient_bytes, sbh * 32 / 8);
+  }
+  ParallelConfig config;
+  config.sequence = 8;
+  const ModelSpec llama = model_preset("llama3-8b");  // h 4096, 8 kv heads of 128, f 14336
+  EXPECT_DOUBLE_EQ(weight_gradient_bytes(llama, config, LayerKind::kBlock), 2.0 * 8 * (4 * 4096 + 2 * 4096 + 2048 + 3 * 14336));
+  EXPECT_DOUBLE_EQ(weight_gradient_bytes(llama, config, LayerKind::kHead), 2.0 * 8 * (4096 + 128256));
+  EXPECT_DOUBLE_EQ(weight_gradient_bytes(llama, config, LayerKind::kEmbedding), 2.0 * 8 * 4096);
+}
+
+// F = forward FLOPs / (312 TFLOP/s × 0.5) plus 2 ring all-reduces of the
+// b·s·h bf16 activation over the 8 NVLink devices (300 GB/s, 3 us); I adds
+// the attention core's double backward and 2 all-reduces; W only FLOPs.
+TEST(CostModel, BlockDurationsAreFlopsAtTheAchievedRatePlusTensorParallelAllReduces) {
+  const Layout layout = single_block_stages(8, false, Recompute::kNone);
+  const StageCosts& stage = block_stage(costs_of(layout));
+  const double s = 2048, h = 12288, t = 8;
+  const double rate = 312e12 * 0.5;
+  const double matmul = 2 * s * 12 * h * h / t;  // 2·b·s·(12h²)/t
+  const double core = 4 * s * s * h / t;
+  const double all_reduce = 2 * (t - 1) / t * (2 * s * h) / 300e9 + 2 * (t - 1) * 3e-6;
+  EXPECT_DOUBLE_EQ(stage.forward_s, (matmul + core) / rate + 2 * all_reduce);
+  EXPECT_DOUBLE_EQ(stage.backward_input_s, (matmul + 2 * core) / rate + 2 * all_reduce);
+  EXPECT_DOUBLE_EQ(stage.backward_weight_s, matmul / rate);
+  EXPECT_DOUBLE_EQ(stage.backward_s, stage.backward_input_s + stage.backward_weight_s);
+  // Full recompute repeats the forward, its all-reduces included, inside I.
+  const StageCosts& full = block_stage(costs_of(single_block_stages(8, false, Recompute::kFull)));
+  EXPECT_DOUBLE_EQ(full.backward_input_s, (2 * matmul + 3 * core) / rate + 4 * all_reduce);
+  // Scatter/gather: each of the t ranks sends b·s·h/t bf16 elements.
+  EXPECT_DOUBLE_EQ(stage.output_bytes, 2 * s * h / t);
+}
+
+TEST(CostModel, ModelStatesAre16BytesPerParameterAndZeroOneShardsTheOptimizer) {
+  Layout layout = single_block_stages(1, false, Recompute::kNone);
+  const double block = 12.0 * 12288 * 12288 + 13.0 * 12288;  // Narayanan eq. 2, per block
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(layout)).model_state_bytes, 16 * block);
+  layout.data_parallel = 4;
+  layout.devices = 16;
+  layout.global_batch = 32;
+  layout.zero = ZeroStage::kOne;
+  const StageCosts& sharded = block_stage(costs_of(layout));
+  EXPECT_DOUBLE_EQ(sharded.model_state_bytes, 4 * block + 12 * block / 4);
+  // The optimizer touches 28 B per local parameter at the HBM bandwidth.
+  EXPECT_DOUBLE_EQ(sharded.optimizer_s, 28 * (block / 4) / 2039e9);
+  EXPECT_DOUBLE_EQ(sharded.gradient_bytes, 2 * block);
+}
+
+// Devices pp_rank·(t·d) + dp_rank·t + tp_rank, 8 per node: with t = 2, d = 2
+// pipeline neighbours are 4 devices apart (two per node), with t = 8 they
+// are on different nodes.
+TEST(CostModel, LinksFollowMegatronsDeviceOrder) {
+  Layout layout = single_block_stages(2, false, Recompute::kNone);
+  layout.data_parallel = 2;
+  layout.devices = 16;
+  LayoutCosts costs = costs_of(layout);
+  const LinkCost intra = costs.costs.links.at(RankId(0), RankId(1));
+  EXPECT_DOUBLE_EQ(intra.bandwidth_bytes_per_s, 300e9);
+  EXPECT_DOUBLE_EQ(intra.latency_s, 3e-6);
+  const LinkCost across = costs.costs.links.at(RankId(1), RankId(2));  // devices 4 and 8
+  EXPECT_DOUBLE_EQ(across.bandwidth_bytes_per_s, 25e9);
+  EXPECT_DOUBLE_EQ(across.latency_s, 8e-6);
+  // The data-parallel pair of rank 0 (devices 0, 2) shares a node.
+  EXPECT_DOUBLE_EQ(costs.costs.data_parallel_links[0].bandwidth_bytes_per_s, 300e9);
+  EXPECT_EQ(costs.costs.data_parallel, 2);
+
+  layout = single_block_stages(8, false, Recompute::kNone);
+  costs = costs_of(layout);
+  EXPECT_DOUBLE_EQ(costs.costs.links.at(RankId(0), RankId(1)).bandwidth_bytes_per_s, 25e9);
+}
+
+Layout gpt3_175b_example() {
+  Layout layout;
+  layout.model = model_preset("gpt3-175b");
+  layout.hardware = hardware_preset("a100-80g");
+  layout.devices = 1536;
+  layout.tensor_parallel = 8;
+  layout.pipeline_parallel = 8;
+  layout.data_parallel = 24;
+  layout.micro_batch = 1;
+  layout.global_batch = 1536;
+  layout.sequence = 2048;
+  layout.schedule = "interleaved-1f1b";
+  layout.virtual_stages = 3;
+  layout.recompute = Recompute::kSelective;
+  return layout;
+}
+
+// MFU counts Narayanan eq. 3 without recomputation:
+// 72·B·L·s·h²·(1 + s/(6h) + V/(12hL)).
+TEST(Predict, ThroughputFiguresFollowTheirDefinitions) {
+  const Layout layout = gpt3_175b_example();
+  const Prediction p = predict(layout);
+  const double B = 1536, L = 96, s = 2048, h = 12288, V = 50257;
+  const double model_flops = 72 * B * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L));
+  EXPECT_NEAR(p.costs.model_flops_per_step / model_flops, 1, 1e-12);
+  EXPECT_EQ(p.microbatches, 64);
+  EXPECT_EQ(p.schedule.num_stages(), 24);
+  const double step = p.result.step_time_s;
+  EXPECT_NEAR(p.tokens_per_s / (B * s / step), 1, 1e-12);
+  EXPECT_NEAR(p.mfu / (model_flops / (step * 1536 * 312e12)), 1, 1e-12);
+  EXPECT_NEAR(p.tflops_per_device / (model_flops / (step * 1536) / 1e12), 1, 1e-12);
+  EXPECT_GT(p.hfu, p.mfu);  // selective recompute repeats the attention core
+  // Interleaving: rank 0 holds L·(1 + (p − 1)/(p·v)) blocks' worth at its peak.
+  EXPECT_EQ(p.result.ranks[0].peak_inflight, 31);
+}
+
+TEST(Predict, WarnsWhenARankOutgrowsTheDeviceAndNamesTheFix) {
+  const Prediction p = predict(gpt3_175b_example());
+  ASSERT_EQ(p.warnings.size(), 1u);
+  EXPECT_EQ(p.warnings[0].substr(0, 28), "rank 0 needs 80.3 GiB at its");
+  EXPECT_NE(p.warnings[0].find("but a100-80g has 80.0 GiB per device: use --recompute selective or full, more "
+                               "pipeline stages (--pp), a smaller --micro-batch, or ZeRO"),
+            std::string::npos);
+  Layout sp = gpt3_175b_example();
+  sp.sequence_parallel = true;
+  EXPECT_TRUE(predict(sp).warnings.empty());
+}
+
+// 1F1B's first stage holds p micro-batches, GPipe's all m (gpt2-124m, 4 stages).
+TEST(Predict, FirstStageHoldsPMicrobatchesUnder1f1bAndMUnderGpipe) {
+  Layout layout;
+  layout.model = model_preset("gpt2-124m");
+  layout.hardware = hardware_preset("a100-80g");
+  layout.pipeline_parallel = 4;
+  layout.devices = 4;
+  layout.global_batch = 12;
+  layout.sequence = 1024;
+  for (const char* name : {"1f1b", "gpipe"}) {
+    layout.schedule = name;
+    const Prediction p = predict(layout);
+    const StageCosts& first = p.costs.costs.stages[0];
+    const double expected = std::string(name) == "1f1b" ? 4 : 12;
+    EXPECT_DOUBLE_EQ(p.result.ranks[0].activation_bytes, expected * first.activation_bytes) << name;
+    EXPECT_DOUBLE_EQ(p.result.ranks[0].peak_memory_bytes,
+                     first.model_state_bytes + expected * first.activation_bytes + first.comm_buffer_bytes);
+  }
+}
+
+TEST(Predict, BlockingCommunicationSimulatesTheLoweredScheduleAndCostsMore) {
+  Layout layout = gpt3_175b_example();
+  const Prediction overlapped = predict(layout);
+  layout.comm_mode = CommMode::kBlocking;
+  const Prediction blocking = predict(layout);
+  EXPECT_FALSE(overlapped.schedule.has_communication());
+  EXPECT_TRUE(blocking.schedule.has_communication());
+  EXPECT_GT(blocking.result.step_time_s, overlapped.result.step_time_s);
+  EXPECT_GT(blocking.result.ranks[0].comm_s, blocking.result.ranks[0].all_reduce_s);
+}
+
+TEST(Predict, AMeasuredProfileReplacesTheComputedDurations) {
+  Layout layout;
+  layout.model = model_preset("gpt-tiny");
+  layout.hardware = hardware_preset("cpu");
+  layout.pipeline_parallel = 2;
+  layout.devices = 2;
+  layout.global_batch = 4;
+  MeasuredProfile profile;
+  profile.stages = {{0.01, 0.02, 0, 0, 1000, 5e5, std::nullopt, std::nullopt, 0.005},
+                    {0.02, 0.04, 0, 0, 0, std::nullopt, std::nullopt, std::nullopt, 0.005}};
+  profile.link = {1e-6, 1e9};
+  const Prediction p = predict(layout, &profile);
+  // 1F1B, the second stage the slowest: 0.01 + 1 us + 1 us (1000 B at 1 GB/s) to
+  // fill, 4 × 0.06 on stage 1, the last gradient back and its backward; then
+  // rank 0's optimizer step.
+  EXPECT_NEAR(p.result.pipeline_time_s, 0.01 + 2e-6 + 4 * 0.06 + 2e-6 + 0.02, 1e-12);
+  EXPECT_NEAR(p.result.step_time_s, p.result.pipeline_time_s + 0.005, 1e-12);
+  EXPECT_DOUBLE_EQ(p.costs.costs.stages[0].activation_bytes, 5e5);
+  EXPECT_DOUBLE_EQ(p.result.ranks[0].activation_bytes, 2 * 5e5);
+
+  profile.stages.pop_back();
+  EXPECT_EQ(error_of([&] { predict(layout, &profile); }),
+            "profile has 1 stages but the simulated layout has 2: measure the same pipeline stages × virtual stages");
+}
+
+TEST(Layout, RulesNameBothSidesAndTheFix) {
+  Layout layout = gpt3_175b_example();
+  layout.data_parallel = 16;
+  EXPECT_EQ(error_of([&] { validate_layout(layout); }),
+            "devices = 1536 but tensor × pipeline × data parallel = 8 × 8 × 16 = 1024: use data parallel 24 or "
+            "devices 1024");
+  layout = gpt3_175b_example();
+  layout.global_batch = 1000;
+  EXPECT_EQ(error_of([&] { validate_layout(layout); }),
+            "global batch 1000 is not a multiple of micro-batch × data parallel = 1 × 24 = 24: use a global batch "
+            "of 984 or 1008");
+  layout = gpt3_175b_example();
+  layout.tensor_parallel = 0;
+  EXPECT_EQ(error_of([&] { validate_layout(layout); }),
+            "tensor parallel = 0: must be >= 1: use 1 for no tensor parallelism");
+}
+
+}  // namespace
+}  // namespace pipeflow

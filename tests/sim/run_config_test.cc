@@ -1,0 +1,319 @@
+#include "pipeflow/sim/run_config.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow {
+namespace {
+
+std::string error_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+RunConfig parse(const std::string& json) { return parse_run_config(Config::parse(json, "run.json")); }
+
+std::string parse_error(const std::string& json) {
+  return error_of([&] { parse(json); });
+}
+
+const char* const kEveryKey = R"({
+  "train_batch_size": 48,
+  "train_micro_batch_size_per_gpu": 2,
+  "gradient_accumulation_steps": 8,
+  "gradient_clipping": 1.0,
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-6, "weight_decay": 0.1}},
+  "scheduler": {"type": "WarmupCosineLR",
+                "params": {"total_num_steps": 500, "warmup_min_ratio": 0.1, "warmup_num_steps": 20,
+                           "cos_min_ratio": 0.05, "warmup_type": "linear"}},
+  "zero_optimization": {"stage": 1},
+  "pipeline": {"stages": 4, "partition_method": "uniform", "activation_checkpoint_interval": 1,
+               "schedule": "interleaved-1f1b", "virtual_stages": 2},
+  "model": {"n_layer": 8, "n_head": 4, "n_embd": 128, "n_ctx": 64, "vocab_size": 256},
+  "data": {"paths": ["a.txt", "b.txt"], "validation_fraction": 0.2},
+  "steps": 300,
+  "seed": 7,
+  "eval_interval": 25,
+  "out_dir": "runs/x",
+  "checkpoint": {"interval": 100, "dir": "ckpt", "load": "ckpt/step-100"},
+  "hardware": "a100-80g",
+  "devices": 24,
+  "tensor_parallel": 2,
+  "data_parallel": 3,
+  "sequence_parallel": true,
+  "recompute": "full",
+  "seq_length": 32,
+  "comm_mode": "blocking"
+})";
+
+TEST(RunConfig, ReadsEveryKey) {
+  const RunConfig run = parse(kEveryKey);
+  EXPECT_EQ(run.batch.global, 48);
+  EXPECT_EQ(run.batch.micro, 2);
+  EXPECT_EQ(run.batch.accumulation, 8);
+  EXPECT_DOUBLE_EQ(run.gradient_clipping, 1.0);
+  EXPECT_EQ(run.optimizer.type, "AdamW");
+  EXPECT_DOUBLE_EQ(run.optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(run.optimizer.betas[1], 0.95);
+  EXPECT_DOUBLE_EQ(run.optimizer.eps, 1e-6);
+  EXPECT_DOUBLE_EQ(run.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(run.scheduler.type, "WarmupCosineLR");
+  EXPECT_EQ(run.scheduler.total_num_steps, 500);
+  EXPECT_DOUBLE_EQ(run.scheduler.warmup_min_ratio, 0.1);
+  EXPECT_EQ(run.scheduler.warmup_num_steps, 20);
+  EXPECT_DOUBLE_EQ(run.scheduler.cos_min_ratio, 0.05);
+  EXPECT_EQ(run.scheduler.warmup_type, "linear");
+  EXPECT_EQ(run.zero, ZeroStage::kOne);
+  EXPECT_EQ(run.pipeline.stages, 4);
+  EXPECT_EQ(to_string(run.pipeline.partition_method), "uniform");
+  EXPECT_EQ(run.pipeline.activation_checkpoint_interval, 1);
+  EXPECT_EQ(run.pipeline.schedule, "interleaved-1f1b");
+  EXPECT_EQ(run.pipeline.virtual_stages, 2);
+  EXPECT_EQ(run.model_source, "inline");
+  EXPECT_EQ(run.model.layers, 8);
+  EXPECT_EQ(run.model.heads, 4);
+  EXPECT_EQ(run.model.hidden, 128);
+  EXPECT_EQ(run.model.max_positions, 64);
+  EXPECT_EQ(run.model.vocab, 256);
+  EXPECT_EQ(run.data.paths, (std::vector<std::string>{"a.txt", "b.txt"}));
+  EXPECT_DOUBLE_EQ(run.data.validation_fraction, 0.2);
+  EXPECT_EQ(run.steps, 300);
+  EXPECT_EQ(run.seed, 7u);
+  EXPECT_EQ(run.eval_interval, 25);
+  EXPECT_EQ(run.out_dir, "runs/x");
+  EXPECT_EQ(run.checkpoint.interval, 100);
+  EXPECT_EQ(run.checkpoint.dir, "ckpt");
+  EXPECT_EQ(run.checkpoint.load, "ckpt/step-100");
+  EXPECT_EQ(run.hardware.name, "a100-80g");
+  EXPECT_EQ(run.devices, 24);
+  EXPECT_EQ(run.tensor_parallel, 2);
+  EXPECT_EQ(run.data_parallel, 3);
+  EXPECT_TRUE(run.sequence_parallel);
+  EXPECT_EQ(run.effective_recompute(), Recompute::kFull);
+  EXPECT_EQ(run.sequence(), 32);
+  EXPECT_EQ(run.comm_mode, CommMode::kBlocking);
+}
+
+TEST(RunConfig, DefaultsAreDeepSpeedsAndPipeflows) {
+  const RunConfig run = default_run_config();
+  EXPECT_EQ(run.source, "the command line");
+  EXPECT_EQ(run.batch.global, 1);
+  EXPECT_EQ(run.batch.micro, 1);
+  EXPECT_EQ(run.batch.accumulation, 1);
+  EXPECT_DOUBLE_EQ(run.gradient_clipping, 0);
+  EXPECT_DOUBLE_EQ(run.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(run.optimizer.betas[0], 0.9);
+  EXPECT_DOUBLE_EQ(run.optimizer.betas[1], 0.999);
+  EXPECT_DOUBLE_EQ(run.optimizer.weight_decay, 0.01);
+  EXPECT_TRUE(run.scheduler.type.empty());
+  EXPECT_EQ(run.zero, ZeroStage::kNone);
+  EXPECT_EQ(run.pipeline.stages, 1);
+  EXPECT_EQ(to_string(run.pipeline.partition_method), "parameters");
+  EXPECT_EQ(run.pipeline.schedule, "1f1b");
+  EXPECT_TRUE(run.model_source.empty());
+  EXPECT_TRUE(run.data.paths.empty());
+  EXPECT_DOUBLE_EQ(run.data.validation_fraction, 0.1);
+  EXPECT_EQ(run.steps, 100);
+  EXPECT_EQ(run.seed, 1234u);
+  EXPECT_EQ(run.hardware.name, "cpu");
+  EXPECT_FALSE(run.devices.has_value());
+  EXPECT_EQ(run.effective_recompute(), Recompute::kNone);
+  EXPECT_EQ(run.comm_mode, CommMode::kOverlapped);
+}
+
+TEST(RunConfig, SchedulersReadTheirOwnParams) {
+  const RunConfig warmup = parse(R"({"scheduler": {"type": "WarmupLR",
+      "params": {"warmup_min_lr": 1e-5, "warmup_max_lr": 1e-3, "warmup_num_steps": 50}}})");
+  EXPECT_DOUBLE_EQ(warmup.scheduler.warmup_min_lr, 1e-5);
+  EXPECT_DOUBLE_EQ(warmup.scheduler.warmup_max_lr, 1e-3);
+  EXPECT_EQ(warmup.scheduler.warmup_num_steps, 50);
+  EXPECT_EQ(warmup.scheduler.warmup_type, "log");
+  const RunConfig decay = parse(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 900}}})");
+  EXPECT_EQ(decay.scheduler.total_num_steps, 900);
+  EXPECT_DOUBLE_EQ(decay.scheduler.warmup_max_lr, 1e-3);
+  EXPECT_EQ(parse_error(R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}})"),
+            "run.json: unknown key 'scheduler.params.cos_min_ratio': remove it or fix its spelling");
+  EXPECT_EQ(parse_error(R"({"scheduler": {"type": "WarmupDecayLR"}})"),
+            "run.json: scheduler.params.total_num_steps is required but missing");
+  EXPECT_EQ(parse_error(R"({"scheduler": {"type": "OneCycle"}})"),
+            "run.json: scheduler.type = \"OneCycle\": pipeflow runs DeepSpeed's WarmupLR, WarmupDecayLR and "
+            "WarmupCosineLR");
+  EXPECT_EQ(parse_error(R"({"scheduler": {"type": "WarmupCosineLR",
+      "params": {"total_num_steps": 100, "warmup_num_steps": 100}}})"),
+            "run.json: scheduler.params.total_num_steps = 100: must exceed warmup_num_steps (the cosine phase "
+            "needs steps)");
+}
+
+TEST(RunConfig, DeepSpeedsAdamReadsAsAdamW) {
+  EXPECT_EQ(parse(R"({"optimizer": {"type": "Adam"}})").optimizer.type, "AdamW");
+  EXPECT_EQ(parse_error(R"({"optimizer": {"type": "SGD"}})"),
+            "run.json: optimizer.type = \"SGD\": pipeflow's optimizer is AdamW (DeepSpeed's Adam, adam_w_mode on by "
+            "default, reads as AdamW): set \"type\": \"AdamW\"");
+  EXPECT_EQ(parse_error(R"({"optimizer": {"params": {"betas": [0.9]}}})"),
+            "run.json: optimizer.params.betas = [0.9]: must be [beta1, beta2]");
+}
+
+TEST(RunConfigBatch, AnyTwoKeysDetermineTheThird) {
+  const auto sizes = [](std::optional<int> total, std::optional<int> micro, std::optional<int> accumulation,
+                        int dp) {
+    const BatchSizes b = resolve_batch_sizes({total, micro, accumulation}, dp, "run.json");
+    return std::vector<int>{b.global, b.micro, b.accumulation};
+  };
+  EXPECT_EQ(sizes(64, 4, std::nullopt, 2), (std::vector<int>{64, 4, 8}));
+  EXPECT_EQ(sizes(64, std::nullopt, 8, 2), (std::vector<int>{64, 4, 8}));
+  EXPECT_EQ(sizes(std::nullopt, 4, 8, 2), (std::vector<int>{64, 4, 8}));
+  EXPECT_EQ(sizes(64, 4, 8, 2), (std::vector<int>{64, 4, 8}));
+  EXPECT_EQ(sizes(64, std::nullopt, std::nullopt, 2), (std::vector<int>{64, 32, 1}));
+  EXPECT_EQ(sizes(std::nullopt, 4, std::nullopt, 2), (std::vector<int>{8, 4, 1}));
+  EXPECT_EQ(sizes(std::nullopt, std::nullopt, std::nullopt, 2), (std::vector<int>{2, 1, 1}));
+}
+
+TEST(RunConfigBatch, BrokenRulesNameBothSidesAndTheFix) {
+  EXPECT_EQ(parse_error(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4,
+                            "gradient_accumulation_steps": 8})"),
+            "run.json: train_batch_size = 64 but train_micro_batch_size_per_gpu × gradient_accumulation_steps × "
+            "data_parallel = 4 × 8 × 1 = 32: give two of the three and let the third follow, or make them agree");
+  EXPECT_EQ(parse_error(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4})"),
+            "run.json: train_batch_size = 30 is not a multiple of train_micro_batch_size_per_gpu × data_parallel = "
+            "4 × 1 = 4: use train_batch_size 28 or 32");
+  EXPECT_EQ(parse_error(R"({"train_batch_size": 30, "gradient_accumulation_steps": 4, "data_parallel": 2})"),
+            "run.json: train_batch_size = 30 is not a multiple of gradient_accumulation_steps × data_parallel = "
+            "4 × 2 = 8: use train_batch_size 24 or 32");
+  EXPECT_EQ(parse_error(R"({"train_batch_size": 5, "data_parallel": 2})"),
+            "run.json: train_batch_size = 5 is not a multiple of data_parallel = 2: use train_batch_size 4 or 6");
+  EXPECT_EQ(parse_error(R"({"train_micro_batch_size_per_gpu": 0})"),
+            "run.json: train_micro_batch_size_per_gpu = 0: must be a positive integer: sequences per micro-batch");
+}
+
+TEST(RunConfig, UnknownKeysAreErrorsNamingThePath) {
+  EXPECT_EQ(parse_error(R"({"pipeline": {"stagse": 2}, "fp16": {"enabled": true}})"),
+            "run.json: unknown keys 'fp16', 'pipeline.stagse' (did you mean 'pipeline.stages'?): remove it or fix "
+            "its spelling");
+  EXPECT_EQ(parse_error(R"({"model": {"n_layer": 2, "n_head": 2, "n_embd": 8, "n_ctx": 8, "n_lyer": 2}})"),
+            "run.json: unknown key 'model.n_lyer' (did you mean 'model.n_layer'?): remove it or fix its spelling");
+  EXPECT_EQ(parse_error(R"({"optimizer": {"params": {"lrr": 1}}})"),
+            "run.json: unknown key 'optimizer.params.lrr' (did you mean 'optimizer.params.lr'?): remove it or fix "
+            "its spelling");
+}
+
+TEST(RunConfig, BadValuesNameThePathTheValueTheRuleAndTheFix) {
+  EXPECT_EQ(parse_error(R"({"pipeline": {"stages": 0}})"),
+            "run.json: pipeline.stages = 0: must be a positive integer: the number of pipeline ranks");
+  EXPECT_EQ(parse_error(R"({"pipeline": {"schedule": "2f2b"}})"),
+            "run.json: pipeline.schedule = \"2f2b\": known schedules are gpipe, 1f1b, interleaved-1f1b, looped-bfs, "
+            "zb-h1, zb-h2, zbv, dualpipev");
+  EXPECT_EQ(parse_error(R"({"pipeline": {"partition_method": "bogus"}})"),
+            "run.json: pipeline.partition_method = \"bogus\": unknown partition method 'bogus': use uniform, "
+            "parameters, type:REGEX, balanced, counts:N,N,... or bounds:0,B,...,LAYERS");
+  EXPECT_EQ(parse_error(R"({"pipeline": {"stages": 4}, "gradient_accumulation_steps": 2})"),
+            "run.json: pipeline.schedule = \"1f1b\" (stages = 4, micro-batches per step = 2, virtual_stages = 1): "
+            "1f1b needs microbatches >= stages (got 2 < 4): raise gradient_accumulation_steps or use gpipe");
+  EXPECT_EQ(parse_error(R"({"recompute": "some"})"),
+            "run.json: recompute = \"some\": recompute 'some': use none, selective or full");
+  EXPECT_EQ(parse_error(R"({"recompute": "selective", "pipeline": {"activation_checkpoint_interval": 1}})"),
+            "run.json: recompute = \"selective\": pipeline.activation_checkpoint_interval = 1 recomputes whole "
+            "blocks: drop recompute or set it to \"full\"");
+  EXPECT_EQ(parse_error(R"({"comm_mode": "eager"})"),
+            "run.json: comm_mode = \"eager\": must be \"overlapped\" or \"blocking\"");
+  EXPECT_EQ(parse_error(R"({"zero_optimization": {"stage": 4}})"),
+            "run.json: zero_optimization.stage = 4: must be 0, 1, 2 or 3");
+  EXPECT_EQ(parse_error(R"({"data": {"validation_fraction": 1}})"),
+            "run.json: data.validation_fraction = 1: must lie in [0, 1): the share of the text held out");
+  EXPECT_EQ(parse_error(R"({"data": {"path": "a", "paths": ["b"]}})"),
+            "run.json: data.paths = [\"b\"]: give either path or paths, not both");
+  EXPECT_EQ(parse_error(R"({"gradient_clipping": -1})"),
+            "run.json: gradient_clipping = -1: must be >= 0: the largest global gradient norm, 0 for none");
+  EXPECT_EQ(parse_error(R"({"devices": 8, "tensor_parallel": 2})"),
+            "run.json: devices = 8: tensor_parallel × pipeline.stages × data_parallel = 2 × 1 × 1 = 2: drop "
+            "devices or make them agree");
+  EXPECT_EQ(parse_error(R"({"hardware": "tpu"})"),
+            "run.json: hardware = \"tpu\": unknown hardware 'tpu': use one of a100-40g, a100-80g, h100, h200, "
+            "ascend-910b, cpu or the path of a hardware JSON file");
+  EXPECT_EQ(parse_error(R"({"model": "gpt-tiny", "seq_length": 100})"),
+            "run.json: seq_length = 100: gpt-tiny has 64 positions: use seq_length <= 64");
+  EXPECT_EQ(parse_error(R"({"model": {"n_layer": 2, "n_head": 3, "n_embd": 64, "n_ctx": 16}})"),
+            "run.json: model.n_embd = 64: must be a multiple of n_head (3): pipeflow's GPT splits the width into "
+            "equal heads");
+  EXPECT_EQ(parse_error(R"({"model": {"n_layer": 2, "n_head": 2, "n_embd": 64}})"),
+            "run.json: model.n_ctx = (absent): is required: the most positions a sequence may have");
+  EXPECT_EQ(parse_error(R"({"steps": "many"})"), "run.json: steps must be an integer, got \"many\"");
+}
+
+TEST(RunConfig, ModelIsAPresetAConfigJsonOrTheSmallGpt) {
+  EXPECT_EQ(parse(R"({"model": "gpt2-124m"})").model.hidden, 768);
+  const RunConfig hf =
+      parse(std::string(R"({"model": ")") + PIPEFLOW_SOURCE_DIR + R"(/tests/data/hf/llama-3-8b/config.json"})");
+  EXPECT_EQ(hf.model.architecture, Architecture::kLlama);
+  EXPECT_EQ(hf.model.kv_heads, 8);
+  EXPECT_EQ(parse_error(R"({"model": "gpt9"})"),
+            "run.json: model = \"gpt9\": unknown model 'gpt9': use one of gpt2-124m, gpt2-355m, gpt2-774m, gpt2-1.5b, "
+            "gpt3-1.3b, gpt3-6.7b, gpt3-13b, gpt3-175b, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, "
+            "llama3-405b, gpt-tiny or the path of a Hugging Face config.json");
+}
+
+TEST(RunConfig, WritesWhatItReadsBack) {
+  const RunConfig run = parse(kEveryKey);
+  const std::string json = run_config_to_json(run);
+  const RunConfig again = parse_run_config(Config::parse(json, "again.json"));
+  EXPECT_EQ(run_config_to_json(again), json);
+  EXPECT_EQ(again.batch.accumulation, 8);
+  EXPECT_EQ(again.model.layers, 8);
+}
+
+TEST(RunConfig, CommandLineOverridesTheFileAndIsCheckedTheSameWay) {
+  RunConfig run = parse(R"({"model": "gpt2-124m", "train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
+                            "gradient_accumulation_steps": 16, "pipeline": {"stages": 2}})");
+  RunOverrides flags;
+  flags.pipeline_stages = 4;
+  flags.global_batch = 64;
+  flags.schedule = "zb-h1";
+  apply_overrides(run, flags);
+  EXPECT_EQ(run.pipeline.stages, 4);
+  EXPECT_EQ(run.pipeline.schedule, "zb-h1");
+  EXPECT_EQ(run.batch.global, 64);
+  EXPECT_EQ(run.batch.micro, 2);
+  EXPECT_EQ(run.batch.accumulation, 32);
+  EXPECT_EQ(run.source, "run.json with the command line");
+
+  RunOverrides bad;
+  bad.pipeline_stages = 0;
+  EXPECT_EQ(error_of([&] { apply_overrides(run, bad); }),
+            "run.json with the command line: pipeline.stages = 0: must be a positive integer: the number of "
+            "pipeline ranks");
+
+  RunOverrides dp;
+  dp.data_parallel = 2;
+  apply_overrides(run, dp);  // keys B = 64, b = 2: m follows
+  EXPECT_EQ(run.batch.accumulation, 16);
+}
+
+TEST(RunConfig, LayoutNeedsAModelAndFollowsTheKeys) {
+  EXPECT_EQ(error_of([] { layout_from_run_config(default_run_config()); }),
+            "the command line: no model: set \"model\" (a preset such as gpt2-124m, a config.json path, or "
+            "{n_layer, n_head, n_embd, n_ctx}) or pass --model");
+  const Layout layout = layout_from_run_config(parse(kEveryKey));
+  EXPECT_EQ(layout.devices, 24);
+  EXPECT_EQ(layout.tensor_parallel, 2);
+  EXPECT_EQ(layout.pipeline_parallel, 4);
+  EXPECT_EQ(layout.data_parallel, 3);
+  EXPECT_EQ(layout.micro_batch, 2);
+  EXPECT_EQ(layout.global_batch, 48);
+  EXPECT_EQ(layout.sequence, 32);
+  EXPECT_EQ(layout.virtual_stages, 2);
+  EXPECT_EQ(layout.recompute, Recompute::kFull);
+  EXPECT_TRUE(layout.sequence_parallel);
+  EXPECT_EQ(layout.zero, ZeroStage::kOne);
+  EXPECT_EQ(layout.comm_mode, CommMode::kBlocking);
+  EXPECT_EQ(microbatches_per_step(layout), 8);
+}
+
+}  // namespace
+}  // namespace pipeflow
