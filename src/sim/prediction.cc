@@ -6,6 +6,19 @@
 namespace pipeflow {
 namespace {
 
+// What can shrink a rank's memory, strongest first, given what the layout
+// already does.
+std::string memory_fixes(const Layout& layout) {
+  std::string fixes;
+  if (layout.recompute == Recompute::kNone) fixes += "--recompute selective or full, ";
+  if (layout.recompute == Recompute::kSelective) fixes += "--recompute full, ";
+  if (layout.tensor_parallel > 1 && !layout.sequence_parallel) fixes += "--sequence-parallel, ";
+  if (layout.zero == ZeroStage::kNone && layout.data_parallel > 1) fixes += "--zero 1, ";
+  fixes += "more pipeline stages (--pp)";
+  if (layout.micro_batch > 1) fixes += " or a smaller --micro-batch";
+  return fixes;
+}
+
 std::vector<std::string> memory_warnings(const Layout& layout, const SimulationResult& result) {
   std::vector<std::string> warnings;
   const double capacity = layout.hardware.memory_bytes;
@@ -14,10 +27,10 @@ std::vector<std::string> memory_warnings(const Layout& layout, const SimulationR
     if (rank.peak_memory_bytes <= capacity) continue;
     warnings.push_back(fmt::format(
         "rank {} needs {} at its peak ({} model states + {} activations + {} buffers) but {} has {} per device: "
-        "use --recompute selective or full, more pipeline stages (--pp), a smaller --micro-batch, or ZeRO",
+        "use {}",
         r, format_bytes(rank.peak_memory_bytes), format_bytes(rank.model_states_bytes),
         format_bytes(rank.activation_bytes), format_bytes(rank.comm_buffer_bytes), layout.hardware.name,
-        format_bytes(capacity)));
+        format_bytes(capacity), memory_fixes(layout)));
   }
   return warnings;
 }

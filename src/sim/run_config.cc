@@ -134,7 +134,7 @@ ModelSpec read_inline_model(const Config& section) {
                                              "into equal heads",
                                              heads));
   }
-  return gpt_model("inline", layers, hidden, heads, vocab, context);
+  return gpt_model(fmt::format("gpt-{}x{}", layers, hidden), layers, hidden, heads, vocab, context);
 }
 
 void read_model(const Config& config, RunConfig& run) {

@@ -1,0 +1,165 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "../trace/xml_check.h"
+#include "pipeflow/core/file.h"
+#include "pipeflow/trace/chrome_trace.h"
+#include "run_pipeflow.h"
+
+namespace pipeflow::testing {
+namespace {
+
+const std::string kExample =
+    "simulate --model gpt3-175b --hardware a100-80g --devices 1536 --tp 8 --pp 8 --dp 24 --micro-batch 1 "
+    "--global-batch 1536 --seq 2048 --schedule interleaved-1f1b --virtual 3 --recompute selective";
+
+std::string source_path(const std::string& relative) { return std::string(PIPEFLOW_SOURCE_DIR) + "/" + relative; }
+
+int count_lines_starting(const std::string& text, const std::string& prefix) {
+  int n = 0;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    if (text.compare(at, prefix.size(), prefix) == 0) ++n;
+    const std::size_t end = text.find('\n', at);
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return n;
+}
+
+TEST(SimulateCommand, TheIssuesExamplePrintsTablesAndWarnsAboutRankZerosMemory) {
+  const CommandResult r = run_pipeflow(kExample);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("gpt3-175b on 1536 × a100-80g: tp 8 × pp 8 × dp 24, interleaved-1f1b (v=3), 64 "
+                        "micro-batches of 1 × 2048 tokens per replica, recompute selective, overlapped communication\n",
+                        0),
+            0u)
+      << r.out;
+  EXPECT_NE(r.out.find("step time  bubble  pipeline bubble  tokens/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank   stages    busy    comm  optimizer    idle  bubble  peak memory  model states  "
+                       "activations"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("   0   0,8,16  "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("partition (parameters):\n"), std::string::npos);
+  EXPECT_NE(r.out.find("   23     7  block.92..head"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.rfind("warning: rank 0 needs 80.3 GiB at its peak", 0), 0u) << r.err;
+  EXPECT_EQ(count_lines_starting(r.err, "warning: "), 1) << r.err;
+}
+
+TEST(SimulateCommand, JsonHasTheKeysAndEveryRanksTimeAddsUpToTheStep) {
+  const CommandResult r = run_pipeflow(kExample + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);
+  for (const char* key : {"step_time_s", "bubble_ratio", "tokens_per_s", "mfu", "tflops_per_device", "ranks"}) {
+    EXPECT_TRUE(json.contains(key)) << key;
+  }
+  const double step = json["step_time_s"];
+  EXPECT_NEAR(json["tokens_per_s"].get<double>(), 1536.0 * 2048 / step, 1e-6);
+  ASSERT_EQ(json["ranks"].size(), 8u);
+  for (const auto& rank : json["ranks"]) {
+    for (const char* key : {"busy_s", "idle_s", "comm_s", "peak_memory_bytes", "model_states_bytes",
+                            "activation_bytes"}) {
+      EXPECT_TRUE(rank.contains(key)) << key;
+    }
+    EXPECT_NEAR(rank["busy_s"].get<double>() + rank["comm_s"].get<double>() + rank["optimizer_s"].get<double>() +
+                    rank["idle_s"].get<double>(),
+                step, 1e-9);
+    EXPECT_DOUBLE_EQ(rank["peak_memory_bytes"].get<double>(),
+                     rank["model_states_bytes"].get<double>() + rank["activation_bytes"].get<double>() +
+                         rank["comm_buffer_bytes"].get<double>());
+  }
+  EXPECT_EQ(json["stages"].size(), 24u);
+  EXPECT_EQ(json["layout"]["microbatches"], 64);
+  EXPECT_EQ(json["warnings"].size(), 1u);
+}
+
+TEST(SimulateCommand, ConfigFileFromExamplesRunsAndFlagsOverrideIt) {
+  const std::string config = source_path("examples/simulate/gpt3-175b-megatron.json");
+  const CommandResult r = run_pipeflow("simulate --json --config " + config);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json["layout"]["sequence_parallel"], true);
+  EXPECT_EQ(json["layout"]["zero_stage"], 1);
+  EXPECT_EQ(json["layout"]["partition"], "balanced");
+  EXPECT_TRUE(json["warnings"].empty());
+
+  const CommandResult more = run_pipeflow("simulate --json --pp 16 --global-batch 3072 --config " + config);
+  ASSERT_EQ(more.exit_code, 0) << more.err;
+  const nlohmann::json again = nlohmann::json::parse(more.out);
+  EXPECT_EQ(again["layout"]["pipeline_parallel"], 16);
+  EXPECT_EQ(again["layout"]["devices"], 8 * 16 * 24);
+  EXPECT_EQ(again["layout"]["microbatches"], 128);
+  EXPECT_EQ(again["ranks"].size(), 16u);
+
+  for (const char* name : {"examples/simulate/llama3-8b-zbv-h100.json", "examples/simulate/gpt-tiny-1f1b-cpu.json"}) {
+    const CommandResult example = run_pipeflow(std::string("simulate --config ") + source_path(name));
+    EXPECT_EQ(example.exit_code, 0) << name << ": " << example.err;
+  }
+}
+
+TEST(SimulateCommand, TraceIsChromeTraceJsonAndSvgIsWellFormed) {
+  const std::string dir = make_temp_dir();
+  const CommandResult r = run_pipeflow("simulate --config " + source_path("examples/simulate/gpt-tiny-1f1b-cpu.json") +
+                                       " --trace " + dir + "/t.json --svg " + dir + "/t.svg");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string trace = read_file(dir + "/t.json");
+  const nlohmann::json json = nlohmann::json::parse(trace);
+  ASSERT_TRUE(json.contains("traceEvents"));
+  const Timeline timeline = read_chrome_trace(trace, "t.json");
+  EXPECT_EQ(timeline.num_ranks, 2);
+  // 2 stages × 8 micro-batches × (F + B), and one optimizer step per rank.
+  int compute = 0;
+  int optimizer = 0;
+  for (const TraceEvent& e : timeline.events) {
+    compute += is_compute(e.category) ? 1 : 0;
+    optimizer += e.category == EventCategory::kOptimizer ? 1 : 0;
+  }
+  EXPECT_EQ(compute, 32);
+  EXPECT_EQ(optimizer, 2);
+  const std::string svg = read_file(dir + "/t.svg");
+  EXPECT_EQ(xml_problem(svg), "");
+  EXPECT_NE(svg.find("gpt-4x128 1f1b: 2 ranks, 8 micro-batches, simulated"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SimulateCommand, ModelAndHardwareMayBeFilesAndAProfileReplacesTheCostModel) {
+  const std::string dir = make_temp_dir();
+  write_file_atomic(dir + "/profile.json", R"({"pipeflow_profile": 1, "stages": [
+      {"forward_s": 0.01, "backward_s": 0.02, "output_bytes": 1000},
+      {"forward_s": 0.02, "backward_s": 0.04, "output_bytes": 0}],
+      "link": {"latency_s": 1e-6, "bandwidth_bytes_per_s": 1e9}})");
+  const CommandResult r = run_pipeflow("simulate --json --model " + source_path("tests/data/hf/gpt2/config.json") +
+                                       " --hardware " + source_path("examples/hardware/cpu.json") +
+                                       " --pp 2 --global-batch 4 --micro-batch 1 --seq 128 --profile " + dir + "/profile.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);
+  EXPECT_NEAR(json["pipeline_time_s"].get<double>(), 0.01 + 2e-6 + 4 * 0.06 + 2e-6 + 0.02, 1e-12);
+  EXPECT_DOUBLE_EQ(json["stages"][1]["forward_s"].get<double>(), 0.02);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SimulateCommand, BrokenLayoutsFailWithOneLineNamingTheFix) {
+  const CommandResult devices = run_pipeflow("simulate --model gpt2-124m --devices 6 --pp 2 --global-batch 4");
+  EXPECT_EQ(devices.exit_code, 1);
+  EXPECT_EQ(devices.err,
+            "pipeflow: error: the command line: devices = 6: tensor_parallel × pipeline.stages × data_parallel = 1 × "
+            "2 × 1 = 2: drop devices or make them agree\n");
+  // DeepSpeed's rule: a global batch alone means one micro-batch of B / dp.
+  const CommandResult batch = run_pipeflow("simulate --model gpt2-124m --pp 4 --global-batch 8");
+  EXPECT_EQ(batch.exit_code, 1);
+  EXPECT_EQ(batch.err,
+            "pipeflow: error: the command line: pipeline.schedule = \"1f1b\" (stages = 4, micro-batches per step = "
+            "1, virtual_stages = 1): 1f1b needs microbatches >= stages (got 1 < 4): raise "
+            "gradient_accumulation_steps or use gpipe\n");
+  const CommandResult fixed = run_pipeflow("simulate --model gpt2-124m --pp 4 --global-batch 8 --micro-batch 2");
+  EXPECT_EQ(fixed.exit_code, 0) << fixed.err;
+  const CommandResult model = run_pipeflow("simulate --hardware h100");
+  EXPECT_EQ(model.exit_code, 1);
+  EXPECT_EQ(model.err.rfind("pipeflow: error: the command line: no model:", 0), 0u) << model.err;
+}
+
+}  // namespace
+}  // namespace pipeflow::testing
