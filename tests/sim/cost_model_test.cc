@@ -2,37 +2,35 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 
-#include "pipeflow/core/error.h"
+#include "../model/error_of.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/sim/prediction.h"
 
 namespace pipeflow {
 namespace {
 
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
+using testing::error_of;
+
+// A layout with one device per (tp, pp, dp) rank and micro-batches of 1.
+Layout make_layout(const char* model, const char* hardware, int tp, int pp, int dp, int global_batch, int sequence) {
+  Layout layout;
+  layout.model = model_preset(model);
+  layout.hardware = hardware_preset(hardware);
+  layout.tensor_parallel = tp;
+  layout.pipeline_parallel = pp;
+  layout.data_parallel = dp;
+  layout.devices = tp * pp * dp;
+  layout.global_batch = global_batch;
+  layout.sequence = sequence;
+  return layout;
 }
 
 // GPT-3 175B in 4 pipeline stages cut so that stage 1 is block.0 alone and
 // stage 2 block.1 alone: per-stage figures are per-layer figures.
 Layout single_block_stages(int tensor_parallel, bool sequence_parallel, Recompute recompute) {
-  Layout layout;
-  layout.model = model_preset("gpt3-175b");
-  layout.hardware = hardware_preset("a100-80g");
-  layout.tensor_parallel = tensor_parallel;
-  layout.pipeline_parallel = 4;
-  layout.devices = 4 * tensor_parallel;
-  layout.micro_batch = 1;
-  layout.global_batch = 8;
-  layout.sequence = 2048;
+  Layout layout = make_layout("gpt3-175b", "a100-80g", tensor_parallel, 4, 1, 8, 2048);
   layout.recompute = recompute;
   layout.sequence_parallel = sequence_parallel;
   layout.partition = parse_partition_method("bounds:0,1,2,3,98");
@@ -141,16 +139,7 @@ TEST(CostModel, LinksFollowMegatronsDeviceOrder) {
 }
 
 Layout gpt3_175b_example() {
-  Layout layout;
-  layout.model = model_preset("gpt3-175b");
-  layout.hardware = hardware_preset("a100-80g");
-  layout.devices = 1536;
-  layout.tensor_parallel = 8;
-  layout.pipeline_parallel = 8;
-  layout.data_parallel = 24;
-  layout.micro_batch = 1;
-  layout.global_batch = 1536;
-  layout.sequence = 2048;
+  Layout layout = make_layout("gpt3-175b", "a100-80g", 8, 8, 24, 1536, 2048);
   layout.schedule = "interleaved-1f1b";
   layout.virtual_stages = 3;
   layout.recompute = Recompute::kSelective;
@@ -191,13 +180,7 @@ TEST(Predict, WarnsWhenARankOutgrowsTheDeviceAndNamesTheFix) {
 
 // 1F1B's first stage holds p micro-batches, GPipe's all m (gpt2-124m, 4 stages).
 TEST(Predict, FirstStageHoldsPMicrobatchesUnder1f1bAndMUnderGpipe) {
-  Layout layout;
-  layout.model = model_preset("gpt2-124m");
-  layout.hardware = hardware_preset("a100-80g");
-  layout.pipeline_parallel = 4;
-  layout.devices = 4;
-  layout.global_batch = 12;
-  layout.sequence = 1024;
+  Layout layout = make_layout("gpt2-124m", "a100-80g", 1, 4, 1, 12, 1024);
   for (const char* name : {"1f1b", "gpipe"}) {
     layout.schedule = name;
     const Prediction p = predict(layout);
@@ -221,12 +204,7 @@ TEST(Predict, BlockingCommunicationSimulatesTheLoweredScheduleAndCostsMore) {
 }
 
 TEST(Predict, AMeasuredProfileReplacesTheComputedDurations) {
-  Layout layout;
-  layout.model = model_preset("gpt-tiny");
-  layout.hardware = hardware_preset("cpu");
-  layout.pipeline_parallel = 2;
-  layout.devices = 2;
-  layout.global_batch = 4;
+  const Layout layout = make_layout("gpt-tiny", "cpu", 1, 2, 1, 4, 64);
   MeasuredProfile profile;
   profile.stages = {{0.01, 0.02, 0, 0, 1000, 5e5, std::nullopt, std::nullopt, 0.005},
                     {0.02, 0.04, 0, 0, 0, std::nullopt, std::nullopt, std::nullopt, 0.005}};

@@ -2,23 +2,15 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 
-#include "pipeflow/core/error.h"
+#include "../model/error_of.h"
 #include "pipeflow/schedule/generators.h"
 
 namespace pipeflow {
 namespace {
 
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 const char* const kProfile = R"({
   "pipeflow_profile": 1,

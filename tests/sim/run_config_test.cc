@@ -2,22 +2,14 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 
-#include "pipeflow/core/error.h"
+#include "../model/error_of.h"
 
 namespace pipeflow {
 namespace {
 
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 RunConfig parse(const std::string& json) { return parse_run_config(Config::parse(json, "run.json")); }
 

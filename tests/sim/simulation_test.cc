@@ -3,11 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
 #include <limits>
 #include <string>
 
-#include "pipeflow/core/error.h"
+#include "../model/error_of.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/passes.h"
 
@@ -16,14 +15,7 @@ namespace {
 
 constexpr double kTight = 1e-12;
 
-std::string testing_error(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 struct Unit {
   double forward = 1;
@@ -390,11 +382,11 @@ TEST(SimulateErrors, StageCountNegativeCostsAndDeadlocksAreNamed) {
   const Schedule schedule = make_1f1b(2, 2);
   SimulationCosts costs = uniform_costs(schedule);
   costs.stages.pop_back();
-  EXPECT_EQ(testing_error([&] { simulate(schedule, costs); }),
+  EXPECT_EQ(error_of([&] { simulate(schedule, costs); }),
             "simulation costs give 1 stages but schedule 1f1b has 2: give one StageCosts per stage");
   costs = uniform_costs(schedule);
   costs.stages[1].backward_s = -1;
-  EXPECT_EQ(testing_error([&] { simulate(schedule, costs); }),
+  EXPECT_EQ(error_of([&] { simulate(schedule, costs); }),
             "simulation cost backward_s of stage 1 is -1: costs must be finite and >= 0");
 
   Schedule stuck("stuck", 2, 2, 1, Placement::kLoop);
@@ -402,7 +394,7 @@ TEST(SimulateErrors, StageCountNegativeCostsAndDeadlocksAreNamed) {
   stuck.add(RankId(0), parse_action("0F0"));
   stuck.add(RankId(1), parse_action("1F0"));
   stuck.add(RankId(1), parse_action("1B0"));
-  EXPECT_EQ(testing_error([&] { simulate(stuck, uniform_costs(stuck)); }),
+  EXPECT_EQ(error_of([&] { simulate(stuck, uniform_costs(stuck)); }),
             "schedule stuck deadlocks under the simulated costs:\n"
             "rank 0 blocked at 0B0: waits for 0F0, which comes later in its own list (step 1)\n"
             "rank 1 blocked at 1F0: waits for 0F0, which rank 0 has not reached (rank 0 is blocked at 0B0)\n"
