@@ -168,22 +168,19 @@ double ring_all_reduce_seconds(double bytes, int members, const LinkCost& link) 
   return 2 * (n - 1) / n * bytes / link.bandwidth_bytes_per_s + 2 * (n - 1) * link.latency_s;
 }
 
+std::uint64_t LinkTable::key(RankId from, RankId to) {
+  return static_cast<std::uint64_t>(static_cast<std::uint32_t>(from.value())) << 32 |
+         static_cast<std::uint32_t>(to.value());
+}
+
 void LinkTable::set(RankId from, RankId to, LinkCost link) {
   check_link(link, fmt::format("the link from rank {} to rank {}", from, to));
-  for (Entry& e : pairs_) {
-    if (e.from == from.value() && e.to == to.value()) {
-      e.link = link;
-      return;
-    }
-  }
-  pairs_.push_back({from.value(), to.value(), link});
+  pairs_[key(from, to)] = link;
 }
 
 LinkCost LinkTable::at(RankId from, RankId to) const {
-  for (const Entry& e : pairs_) {
-    if (e.from == from.value() && e.to == to.value()) return e.link;
-  }
-  return default_;
+  const auto it = pairs_.find(key(from, to));
+  return it == pairs_.end() ? default_ : it->second;
 }
 
 ExecutionCosts execution_costs(const Schedule& schedule, const SimulationCosts& costs) {

@@ -1,7 +1,9 @@
 #pragma once
 
+#include <cstdint>
 #include <limits>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "pipeflow/core/ids.h"
@@ -78,13 +80,10 @@ class LinkTable {
   LinkCost at(RankId from, RankId to) const;
 
  private:
-  struct Entry {
-    int from = 0;
-    int to = 0;
-    LinkCost link;
-  };
+  static std::uint64_t key(RankId from, RankId to);
+
   LinkCost default_{0, std::numeric_limits<double>::infinity()};
-  std::vector<Entry> pairs_;
+  std::unordered_map<std::uint64_t, LinkCost> pairs_;  // looked up once per message
 };
 
 struct SimulationCosts {
