@@ -83,7 +83,7 @@ TEST(CostModel, WeightGradientShareIsTheMatrixInputsAndOutputGradients) {
 // the attention core's double backward and 2 all-reduces; W only FLOPs.
 TEST(CostModel, BlockDurationsAreFlopsAtTheAchievedRatePlusTensorParallelAllReduces) {
   const Layout layout = single_block_stages(8, false, Recompute::kNone);
-  const StageCosts& stage = block_stage(costs_of(layout));
+  const StageCosts stage = block_stage(costs_of(layout));
   const double s = 2048, h = 12288, t = 8;
   const double rate = 312e12 * 0.5;
   const double matmul = 2 * s * 12 * h * h / t;  // 2·b·s·(12h²)/t
@@ -94,7 +94,7 @@ TEST(CostModel, BlockDurationsAreFlopsAtTheAchievedRatePlusTensorParallelAllRedu
   EXPECT_DOUBLE_EQ(stage.backward_weight_s, matmul / rate);
   EXPECT_DOUBLE_EQ(stage.backward_s, stage.backward_input_s + stage.backward_weight_s);
   // Full recompute repeats the forward, its all-reduces included, inside I.
-  const StageCosts& full = block_stage(costs_of(single_block_stages(8, false, Recompute::kFull)));
+  const StageCosts full = block_stage(costs_of(single_block_stages(8, false, Recompute::kFull)));
   EXPECT_DOUBLE_EQ(full.backward_input_s, (2 * matmul + 3 * core) / rate + 4 * all_reduce);
   // Scatter/gather: each of the t ranks sends b·s·h/t bf16 elements.
   EXPECT_DOUBLE_EQ(stage.output_bytes, 2 * s * h / t);
@@ -108,7 +108,7 @@ TEST(CostModel, ModelStatesAre16BytesPerParameterAndZeroOneShardsTheOptimizer) {
   layout.devices = 16;
   layout.global_batch = 32;
   layout.zero = ZeroStage::kOne;
-  const StageCosts& sharded = block_stage(costs_of(layout));
+  const StageCosts sharded = block_stage(costs_of(layout));
   EXPECT_DOUBLE_EQ(sharded.model_state_bytes, 4 * block + 12 * block / 4);
   // The optimizer touches 28 B per local parameter at the HBM bandwidth.
   EXPECT_DOUBLE_EQ(sharded.optimizer_s, 28 * (block / 4) / 2039e9);
