@@ -1,0 +1,81 @@
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipeflow/model/hardware.h"
+#include "pipeflow/model/partition.h"
+#include "pipeflow/nn/gpt_config.h"
+#include "pipeflow/runtime/engine_options.h"
+
+namespace pipeflow::runtime {
+
+class ProgressPrinter;
+
+// Everything a training run needs, as plain values (`pipeflow train` fills
+// them from the run configuration and the command line).
+struct TrainSettings {
+  nn::GptConfig model;
+  std::string schedule = "1f1b";
+  int stages = 1;          // pipeline ranks p
+  int virtual_stages = 1;  // v
+  int microbatches = 1;    // m = gradient_accumulation_steps
+  PartitionMethod partition;
+  HardwareProfile hardware;  // prices the layers for the "balanced" partition
+  // micro_batch, sequence_length (T), checkpoint interval, optimizer, LR
+  // schedule, clipping, timeout.
+  EngineOptions engine;
+  std::vector<std::filesystem::path> data;  // empty: the fortunes corpus
+  double validation_fraction = 0.1;
+  int steps = 100;
+  std::uint64_t seed = 1234;  // weights (unless `weights`) and data
+  int eval_interval = 10;     // steps between validation losses; 0: only at the end
+  std::filesystem::path out_dir = "runs/pipeflow";
+  std::filesystem::path weights;  // start from this whole-model file (pipeflow init); empty: GPT-2 init
+  bool emulate = false;           // run serially and replay (RunMode::kSerial)
+  int cost_steps = 3;             // steps after the first whose action costs feed the prediction
+  std::string config_text;        // the run configuration, for the report
+  std::string config_source;      // where it came from
+  int sample_tokens = 200;        // the text sample at the end
+};
+
+// One line of metrics.jsonl.
+struct StepLog {
+  std::int64_t step = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double step_time_s = 0;  // measured (emulated: the replayed step)
+  double step_time_predicted_s = 0;
+  double tokens_per_s = 0;
+  double tokens_per_s_predicted = 0;
+  double bubble_measured = 0;
+  double bubble_predicted = 0;
+  std::vector<std::int64_t> peak_activation_bytes;  // per rank
+  std::optional<double> val_loss;
+};
+
+struct TrainOutcome {
+  std::vector<StepLog> log;
+  std::string sample;  // generated text at the end
+  std::vector<std::filesystem::path> files;  // what was written to out_dir
+};
+
+// Trains: builds the data, the schedule, the partition and the pipeline
+// engine, runs `steps` steps, validates every eval_interval steps and after
+// the last, and writes into out_dir:
+//   metrics.jsonl       one JSON object per step (StepLog; rewritten
+//                       atomically at each validation and at the end)
+//   report.md           configuration, partition, per-rank measured vs predicted,
+//                       bubble, memory, tokens/s, loss curve, the sample
+//   timeline.svg, trace.json   the last step, measured (emulated with --emulate)
+//   predicted.svg       the same step as the measured costs predict it
+//   weights.safetensors the final weights (whole model, pipeflow init's format)
+// Progress goes to `progress`. Throws Error for a bad setting (naming it)
+// and for any failure of the pipeline.
+TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress);
+
+}  // namespace pipeflow::runtime

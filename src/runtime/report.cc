@@ -1,0 +1,200 @@
+#include "pipeflow/runtime/report.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "pipeflow/core/units.h"
+#include "pipeflow/nn/gpt_config.h"
+
+namespace pipeflow::runtime {
+namespace {
+
+// The steps a report summarises: all but the warm-up step 0 when there are more.
+std::vector<const StepFigures*> steady_steps(const RunRecord& run) {
+  std::vector<const StepFigures*> steps;
+  for (std::size_t i = run.figures.size() > 1 ? 1 : 0; i < run.figures.size(); ++i) steps.push_back(&run.figures[i]);
+  return steps;
+}
+
+double median_of(const std::vector<const StepFigures*>& steps, const std::function<double(const StepFigures&)>& f) {
+  std::vector<double> values;
+  for (const StepFigures* s : steps) values.push_back(f(*s));
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+std::string seconds_or_dash(double seconds) { return seconds > 0 ? format_seconds(seconds) : "-"; }
+
+std::string signed_percent(double measured, double predicted) {
+  if (predicted <= 0) return "-";
+  return fmt::format("{:+.1f}%", 100.0 * (measured - predicted) / predicted);
+}
+
+std::string run_section(const RunRecord& run) {
+  const TrainSettings& s = *run.settings;
+  const Schedule& schedule = *run.schedule;
+  const nn::GptConfig& m = s.model;
+  const int b = s.engine.micro_batch;
+  const int t = s.engine.sequence_length > 0 ? s.engine.sequence_length : m.context;
+  std::string out = "## Run\n\n";
+  out += fmt::format("- configuration: `{}`\n", s.config_source.empty() ? "(command line)" : s.config_source);
+  out += fmt::format("- model: GPT-2, {} layers, width {}, {} heads, context {}, vocabulary {}: {} parameters{}\n",
+                     m.n_layer, m.n_embd, m.n_head, m.context, m.vocab_size, m.parameter_count(),
+                     s.weights.empty() ? fmt::format(" (GPT-2 initialisation, seed {})", s.seed)
+                                       : fmt::format(" (from {})", s.weights.string()));
+  out += fmt::format("- data: {}\n", run.data);
+  out += fmt::format(
+      "- schedule: {} on {} ranks, {} stages ({} per rank, {} placement); {} micro-batches of {} sequences x {} "
+      "tokens = {} tokens per step\n",
+      schedule.name(), schedule.num_ranks(), schedule.num_stages(), schedule.stages_per_rank(),
+      to_string(schedule.placement()), schedule.num_microbatches(), b, t,
+      static_cast<std::int64_t>(schedule.num_microbatches()) * b * t);
+  out += fmt::format("- activation checkpoint interval: {}\n", s.engine.checkpoint_interval);
+  out += fmt::format("- optimizer: AdamW lr {:g}, betas ({:g}, {:g}), eps {:g}, weight decay {:g}; {}; gradient clipping {}\n",
+                     s.engine.optimizer.lr, s.engine.optimizer.beta1, s.engine.optimizer.beta2, s.engine.optimizer.eps,
+                     s.engine.optimizer.weight_decay, s.engine.lr_schedule.describe(),
+                     s.engine.gradient_clipping > 0 ? fmt::format("{:g}", s.engine.gradient_clipping) : "off");
+  out += fmt::format("- steps: {}, {}\n", run.log.size(),
+                     s.emulate ? "emulated: every action run alone on one thread, the timeline replayed with one "
+                                 "core per rank"
+                               : fmt::format("one worker thread per rank on a machine with {} cores", run.cores));
+  const std::string note = oversubscription_note(schedule.num_ranks(), run.cores, s.emulate);
+  if (!note.empty()) out += "\n> " + note + "\n";
+  return out;
+}
+
+std::string partition_section(const RunRecord& run) {
+  const Schedule& schedule = *run.schedule;
+  std::string out = fmt::format(
+      "\n## Partition ({})\n\nPer micro-batch, medians of the measured actions of steps 1 … {} (step 0 warms up).\n\n",
+      to_string(run.settings->partition), run.costs->steps());
+  out += "| stage | rank | layers | F | B | I | W | optimizer | activations held |\n";
+  out += "|---|---|---|---|---|---|---|---|---|\n";
+  for (int s = 0; s < schedule.num_stages(); ++s) {
+    const StageCost c = run.costs->stage(StageId(s));
+    const int first = run.boundaries[static_cast<std::size_t>(s)];
+    const int last = run.boundaries[static_cast<std::size_t>(s) + 1] - 1;
+    const std::string layers = first == last ? nn::pipeline_layer_name(run.settings->model, first)
+                                             : fmt::format("{} .. {}", nn::pipeline_layer_name(run.settings->model, first),
+                                                           nn::pipeline_layer_name(run.settings->model, last));
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", s, schedule.rank_of(StageId(s)), layers,
+                       seconds_or_dash(c.forward_s), seconds_or_dash(c.backward_s), seconds_or_dash(c.backward_input_s),
+                       seconds_or_dash(c.backward_weight_s), seconds_or_dash(c.optimizer_s),
+                       format_bytes(c.activation_bytes));
+  }
+  return out;
+}
+
+std::string comparison_section(const RunRecord& run) {
+  const auto steps = steady_steps(run);
+  const Prediction& p = *run.prediction;
+  const char* measured = run.settings->emulate ? "emulated" : "measured";
+  std::string out = fmt::format(
+      "\n## {} vs predicted\n\nMedians over steps {} … {}; the prediction replays the schedule with the median cost "
+      "of each (stage, kind) through the simulator's execution semantics.\n\n",
+      run.settings->emulate ? "Emulated" : "Measured", steps.size() == run.figures.size() ? 0 : 1, run.figures.size() - 1);
+  out += fmt::format("| | {} | predicted | difference |\n|---|---|---|---|\n", measured);
+  const double step = median_of(steps, [](const StepFigures& f) { return f.wall_s; });
+  const double pipeline = median_of(steps, [](const StepFigures& f) { return f.pipeline_s; });
+  const double tokens = median_of(steps, [](const StepFigures& f) { return f.tokens_per_s; });
+  const double bubble = median_of(steps, [](const StepFigures& f) { return f.bubble; });
+  const double predicted_tokens = run.log.empty() ? 0 : run.log.back().tokens_per_s_predicted;
+  out += fmt::format("| step time | {} | {} | {} |\n", format_seconds(step), format_seconds(p.step_s),
+                     signed_percent(step, p.step_s));
+  out += fmt::format("| pipeline (flush excluded) | {} | {} | {} |\n", format_seconds(pipeline),
+                     format_seconds(p.pipeline_s), signed_percent(pipeline, p.pipeline_s));
+  out += fmt::format("| tokens/s | {:.0f} | {:.0f} | {} |\n", tokens, predicted_tokens,
+                     signed_percent(tokens, predicted_tokens));
+  out += fmt::format("| bubble | {} | {} | {:+.1f} pp |\n", format_percent(bubble), format_percent(p.bubble),
+                     100 * (bubble - p.bubble));
+  out += fmt::format(
+      "\nPer rank (compute: F/B/I/W; idle: the pipeline's makespan less compute; overhead: hand-offs and "
+      "bookkeeping between actions, part of idle):\n\n"
+      "| rank | compute {0} | compute predicted | idle {0} | idle predicted | overhead | bubble {0} | bubble "
+      "predicted | flush | peak activations |\n|---|---|---|---|---|---|---|---|---|---|\n",
+      measured);
+  for (std::size_t r = 0; r < p.busy_s.size(); ++r) {
+    const auto rank = [&](const std::function<double(const RankFigures&)>& f) {
+      return median_of(steps, [&](const StepFigures& s) { return f(s.ranks[r]); });
+    };
+    const double compute = rank([](const RankFigures& f) { return f.compute_s; });
+    const double idle = pipeline - compute;
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", r, format_seconds(compute),
+                       format_seconds(p.busy_s[r]), format_seconds(idle), format_seconds(p.idle_s[r]),
+                       format_seconds(rank([](const RankFigures& f) { return f.comm_s + f.other_s; })),
+                       format_percent(rank([](const RankFigures& f) { return f.bubble; })),
+                       format_percent(1 - p.busy_s[r] / p.pipeline_s),
+                       format_seconds(rank([](const RankFigures& f) { return f.flush_s; })),
+                       format_bytes(rank([](const RankFigures& f) { return static_cast<double>(f.peak_activation_bytes); })));
+  }
+  return out;
+}
+
+std::string loss_section(const RunRecord& run) {
+  std::string out = "\n## Loss\n\n| step | loss | validation loss |\n|---|---|---|\n";
+  const std::size_t n = run.log.size();
+  std::vector<std::size_t> rows = {0};
+  for (const double at : {0.25, 0.5, 0.75}) rows.push_back(static_cast<std::size_t>(at * static_cast<double>(n - 1)));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (run.log[i].val_loss) rows.push_back(i);
+  }
+  rows.push_back(n - 1);
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  for (const std::size_t i : rows) {
+    const StepLog& l = run.log[i];
+    out += fmt::format("| {} | {:.4f} | {} |\n", l.step, l.loss, l.val_loss ? fmt::format("{:.4f}", *l.val_loss) : "");
+  }
+  const auto lowest = std::min_element(run.log.begin(), run.log.end(),
+                                       [](const StepLog& a, const StepLog& b) { return a.loss < b.loss; });
+  out += fmt::format("\nFirst loss {:.4f}, last {:.4f}, lowest {:.4f} (step {}); ln {} = {:.4f} is a uniform guess.\n",
+                     run.log.front().loss, run.log.back().loss, lowest->loss, lowest->step,
+                     run.settings->model.vocab_size, std::log(static_cast<double>(run.settings->model.vocab_size)));
+  return out;
+}
+
+}  // namespace
+
+std::string printable(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    const auto byte = static_cast<unsigned char>(c);
+    if ((byte < 0x20 && c != '\n' && c != '\t') || byte >= 0x7f) c = '?';
+  }
+  return out;
+}
+
+std::string oversubscription_note(int ranks, int cores, bool emulated) {
+  if (cores <= 0 || ranks <= cores) return "";
+  return fmt::format(
+      "{} ranks share {} cores: the workers are time-sliced, so the measured step time, tokens/s and bubble{} are "
+      "not those of a pipeline with one device per rank; --emulate runs each action alone and replays the measured "
+      "durations with one core per rank.",
+      ranks, cores, emulated ? " of a threaded run would be" : "");
+}
+
+std::string training_report(const RunRecord& run) {
+  std::string out = fmt::format("# Training report: {}\n\n", run.settings->out_dir.string());
+  out += run_section(run);
+  out += partition_section(run);
+  out += comparison_section(run);
+  out += loss_section(run);
+  out += fmt::format(
+      "\n## Sample\n\n{} bytes generated from the final weights (temperature 0.8; bytes that are not printable ASCII "
+      "shown as ?):\n\n```text\n{}\n```\n",
+      run.sample.size(), printable(run.sample));
+  out += fmt::format(
+      "\n## Files\n\n- `metrics.jsonl`: one JSON object per step\n- `timeline.svg`, `trace.json`: the last step, {} "
+      "(open the trace in Perfetto or chrome://tracing)\n- `predicted.svg`: the same step as predicted\n- "
+      "`weights.safetensors`: the final weights (Hugging Face GPT-2 names)\n",
+      run.settings->emulate ? "emulated" : "measured");
+  return out;
+}
+
+}  // namespace pipeflow::runtime

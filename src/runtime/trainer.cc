@@ -1,0 +1,251 @@
+#include "pipeflow/runtime/trainer.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <thread>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+#include "pipeflow/core/units.h"
+#include "pipeflow/nn/byte_dataset.h"
+#include "pipeflow/nn/model_file.h"
+#include "pipeflow/nn/sampling.h"
+#include "pipeflow/runtime/engine.h"
+#include "pipeflow/runtime/measurement.h"
+#include "pipeflow/runtime/progress.h"
+#include "pipeflow/runtime/report.h"
+#include "pipeflow/runtime/stage_partition.h"
+#include "pipeflow/schedule/generators.h"
+#include "pipeflow/trace/chrome_trace.h"
+#include "pipeflow/trace/svg.h"
+
+namespace pipeflow::runtime {
+namespace {
+
+nlohmann::ordered_json to_json(const StepLog& log) {
+  nlohmann::ordered_json json;
+  json["step"] = log.step;
+  json["loss"] = log.loss;
+  json["lr"] = log.lr;
+  json["grad_norm"] = log.grad_norm;
+  json["step_time_s"] = log.step_time_s;
+  json["step_time_predicted_s"] = log.step_time_predicted_s;
+  json["tokens_per_s"] = log.tokens_per_s;
+  json["tokens_per_s_predicted"] = log.tokens_per_s_predicted;
+  json["bubble_measured"] = log.bubble_measured;
+  json["bubble_predicted"] = log.bubble_predicted;
+  json["peak_activation_bytes"] = log.peak_activation_bytes;
+  if (log.val_loss) json["val_loss"] = *log.val_loss;
+  return json;
+}
+
+std::string metrics_jsonl(const std::vector<StepLog>& log) {
+  std::string text;
+  for (const StepLog& line : log) text += to_json(line).dump() + "\n";
+  return text;
+}
+
+// The figures of an emulated step: the serial run replayed with one core per
+// rank, then each rank's measured flush after its last action.
+StepFigures emulated_figures(const Schedule& schedule, const StepResult& serial, StepFigures measured) {
+  const Execution replayed = replay(schedule, serial);
+  const Timeline timeline = timeline_from_execution(schedule, replayed, "");
+  const BubbleStats bubble = bubble_stats(timeline);
+  measured.pipeline_s = replayed.makespan;
+  measured.bubble = bubble.overall;
+  measured.wall_s = replayed.makespan;
+  for (std::size_t r = 0; r < measured.ranks.size(); ++r) {
+    RankFigures& rank = measured.ranks[r];
+    rank.bubble = bubble.per_rank[r];
+    rank.pipeline_end_s = replayed.ranks[r].empty() ? 0 : replayed.ranks[r].back().end;
+    rank.wait_s = rank.pipeline_end_s - rank.compute_s;  // the replay's idle time is all waiting for inputs
+    rank.comm_s = 0;
+    rank.other_s = 0;
+    measured.wall_s = std::max(measured.wall_s, replayed.makespan + rank.flush_s);
+  }
+  measured.tokens_per_s = static_cast<double>(serial.tokens) / measured.wall_s;
+  return measured;
+}
+
+class Run {
+ public:
+  Run(const TrainSettings& settings, ProgressPrinter& progress)
+      : settings_(settings),
+        progress_(progress),
+        dataset_(settings.data.empty() ? nn::ByteDataset::default_corpus() : settings.data,
+                 {.sequence_length = sequence(), .seed = settings.seed,
+                  .validation_fraction = settings.validation_fraction}),
+        source_(dataset_, nn::Split::kTrain),
+        engine_(make_engine()),
+        first_costs_(engine_->num_stages()),
+        costs_(engine_->num_stages()) {}
+
+  TrainOutcome run();
+
+ private:
+  int sequence() const {
+    return settings_.engine.sequence_length > 0 ? settings_.engine.sequence_length : settings_.model.context;
+  }
+  std::unique_ptr<PipelineEngine> make_engine() const;
+  void announce() const;
+  StepLog train_step(std::int64_t step);
+  double validation_loss() const;
+  void write_outputs(TrainOutcome& outcome, const StepResult& last);
+
+  const TrainSettings& settings_;
+  ProgressPrinter& progress_;
+  nn::ByteDataset dataset_;
+  DatasetSource source_;
+  std::unique_ptr<PipelineEngine> engine_;
+  CostProfile first_costs_;  // step 0 (warm-up), until later steps are measured
+  CostProfile costs_;        // steps 1 … cost_steps
+  Prediction prediction_;
+  std::vector<StepFigures> figures_;
+  std::optional<StepResult> last_;
+};
+
+std::unique_ptr<PipelineEngine> Run::make_engine() const {
+  const Schedule schedule =
+      make_schedule(settings_.schedule, settings_.stages, settings_.microbatches, settings_.virtual_stages);
+  EngineOptions options = settings_.engine;
+  options.sequence_length = sequence();
+  const std::vector<int> boundaries = partition_model(settings_.model, schedule.num_stages(), settings_.partition,
+                                                      options.micro_batch, sequence(), settings_.hardware);
+  auto engine = std::make_unique<PipelineEngine>(settings_.model, schedule, boundaries, options);
+  if (settings_.weights.empty()) {
+    engine->init_gpt2(settings_.seed);
+  } else {
+    engine->load_parameters(nn::SafetensorsFile::read(settings_.weights));
+  }
+  return engine;
+}
+
+void Run::announce() const {
+  const Schedule& s = engine_->schedule();
+  progress_.message(fmt::format(
+      "pipeflow train: GPT-2 {} layers, width {}, {} heads, context {} ({} parameters); {} on {} ranks ({} stages), "
+      "{} micro-batches of {} x {} tokens; {} steps{}",
+      settings_.model.n_layer, settings_.model.n_embd, settings_.model.n_head, settings_.model.context,
+      settings_.model.parameter_count(), s.name(), s.num_ranks(), s.num_stages(), s.num_microbatches(),
+      settings_.engine.micro_batch, sequence(), settings_.steps, settings_.emulate ? ", emulated" : ""));
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const std::string note = oversubscription_note(s.num_ranks(), cores, settings_.emulate);
+  if (!note.empty()) progress_.message(note);
+}
+
+StepLog Run::train_step(std::int64_t step) {
+  const RunMode mode = settings_.emulate ? RunMode::kSerial : RunMode::kThreaded;
+  StepResult result = engine_->step(step, source_, StepMode::kTrain, mode);
+  const Schedule& schedule = engine_->schedule();
+  StepFigures figures = step_figures(result, schedule.num_ranks());
+  if (settings_.emulate) figures = emulated_figures(schedule, result, figures);
+  if (step == 0) {
+    first_costs_.add(result);
+    prediction_ = predict(schedule, first_costs_);
+  } else if (step <= settings_.cost_steps) {
+    costs_.add(result);
+    prediction_ = predict(schedule, costs_);
+  }
+  StepLog log{.step = step,
+              .loss = result.loss,
+              .lr = result.lr,
+              .grad_norm = result.grad_norm,
+              .step_time_s = figures.wall_s,
+              .step_time_predicted_s = prediction_.step_s,
+              .tokens_per_s = figures.tokens_per_s,
+              .tokens_per_s_predicted = static_cast<double>(result.tokens) / prediction_.step_s,
+              .bubble_measured = figures.bubble,
+              .bubble_predicted = prediction_.bubble,
+              .peak_activation_bytes = {},
+              .val_loss = std::nullopt};
+  for (const RankFigures& rank : figures.ranks) log.peak_activation_bytes.push_back(rank.peak_activation_bytes);
+  figures_.push_back(std::move(figures));
+  last_ = std::move(result);
+  return log;
+}
+
+// The mean loss over one global batch of the validation split (the same
+// samples at every evaluation, so the losses are comparable).
+double Run::validation_loss() const {
+  const auto model = engine_->assemble_model();
+  const int b = settings_.engine.micro_batch;
+  double total = 0;
+  for (int j = 0; j < settings_.microbatches; ++j) {
+    nn::Batch batch = dataset_.batch(nn::Split::kValidation, 0, static_cast<std::int64_t>(j) * b, b,
+                                     model->allocator());
+    nn::MicrobatchState state;
+    model->forward(state, {.tokens = std::move(batch.inputs), .targets = std::move(batch.targets)});
+    total += state.loss();
+  }
+  return total / settings_.microbatches;
+}
+
+TrainOutcome Run::run() {
+  if (settings_.steps < 1) fail("steps = {}: must be >= 1", settings_.steps);
+  std::filesystem::create_directories(settings_.out_dir);
+  announce();
+  TrainOutcome outcome;
+  const Clock::time_point start = Clock::now();
+  for (std::int64_t step = 0; step < settings_.steps; ++step) {
+    StepLog log = train_step(step);
+    const bool last = step + 1 == settings_.steps;
+    if (last || (settings_.eval_interval > 0 && (step + 1) % settings_.eval_interval == 0)) {
+      log.val_loss = validation_loss();
+    }
+    outcome.log.push_back(std::move(log));
+    progress_.step(outcome.log.back(), std::chrono::duration<double>(Clock::now() - start).count());
+    if (outcome.log.back().val_loss) write_file_atomic(settings_.out_dir / "metrics.jsonl", metrics_jsonl(outcome.log));
+  }
+  progress_.finish();
+  const auto model = engine_->assemble_model();
+  outcome.sample = nn::sample_text(*model, "", {.new_tokens = settings_.sample_tokens, .temperature = 0.8,
+                                                .seed = settings_.seed});
+  write_outputs(outcome, *last_);
+  return outcome;
+}
+
+void Run::write_outputs(TrainOutcome& outcome, const StepResult& last) {
+  const Schedule& schedule = engine_->schedule();
+  const std::filesystem::path& dir = settings_.out_dir;
+  const std::string step_name = fmt::format("step {}", last.step);
+  Timeline measured = settings_.emulate
+                          ? timeline_from_execution(schedule, replay(schedule, last),
+                                                    fmt::format("{} emulated (one core per rank), {}", schedule.name(), step_name))
+                          : measured_timeline(last, schedule.num_ranks(),
+                                              fmt::format("{} measured, {}", schedule.name(), step_name), true);
+  const Timeline predicted = timeline_from_execution(
+      schedule, prediction_.execution, fmt::format("{} predicted from measured action costs", schedule.name()));
+  auto write = [&](const std::string& name, const std::string& content) {
+    write_file_atomic(dir / name, content);
+    outcome.files.push_back(dir / name);
+  };
+  write("metrics.jsonl", metrics_jsonl(outcome.log));
+  write("timeline.svg", render_svg(measured));
+  write("trace.json", write_chrome_trace(measured));
+  write("predicted.svg", render_svg(predicted));
+  nn::write_weights(dir / "weights.safetensors", *engine_->assemble_model());
+  outcome.files.push_back(dir / "weights.safetensors");
+  RunRecord record{.settings = &settings_,
+                   .schedule = &schedule,
+                   .boundaries = engine_->boundaries(),
+                   .data = fmt::format("{} ({} training bytes)", dataset_.source(), dataset_.bytes(nn::Split::kTrain)),
+                   .cores = static_cast<int>(std::thread::hardware_concurrency()),
+                   .log = outcome.log,
+                   .figures = figures_,
+                   .costs = costs_.steps() > 0 ? &costs_ : &first_costs_,
+                   .prediction = &prediction_,
+                   .sample = outcome.sample};
+  write("report.md", training_report(record));
+}
+
+}  // namespace
+
+TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress) {
+  Run run(settings, progress);
+  return run.run();
+}
+
+}  // namespace pipeflow::runtime
