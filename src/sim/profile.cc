@@ -1,8 +1,8 @@
 #include "pipeflow/sim/profile.h"
 
-#include <cmath>
-
 #include <nlohmann/json.hpp>
+
+#include <cmath>
 
 #include "pipeflow/core/config.h"
 #include "pipeflow/core/error.h"
@@ -53,10 +53,12 @@ MeasuredProfile profile_from_json(std::string_view json_text, const std::string&
   for (std::size_t i = 0; i < stages.size(); ++i) {
     profile.stages.push_back(read_stage(stages[i], fmt::format("{} stages[{}]", source, i)));
   }
-  const Config link = config.object("link");
-  profile.link.latency_s = non_negative(link, "latency_s", true);
-  profile.link.bandwidth_bytes_per_s = link.require<double>("bandwidth_bytes_per_s");
-  if (!(profile.link.bandwidth_bytes_per_s > 0)) link.fail_value("bandwidth_bytes_per_s", "must be > 0");
+  if (config.has("link")) {
+    const Config link = config.object("link");
+    profile.link.latency_s = non_negative(link, "latency_s", true);
+    profile.link.bandwidth_bytes_per_s = link.require<double>("bandwidth_bytes_per_s");
+    if (!(profile.link.bandwidth_bytes_per_s > 0)) link.fail_value("bandwidth_bytes_per_s", "must be > 0");
+  }
   config.check_no_unknown_keys();
   return profile;
 }
@@ -83,8 +85,10 @@ std::string profile_to_json(const MeasuredProfile& profile) {
     if (s.optimizer_s) stage["optimizer_s"] = *s.optimizer_s;
     json["stages"].push_back(stage);
   }
-  json["link"] = {{"latency_s", profile.link.latency_s},
-                  {"bandwidth_bytes_per_s", profile.link.bandwidth_bytes_per_s}};
+  if (std::isfinite(profile.link.bandwidth_bytes_per_s) || profile.link.latency_s > 0) {
+    json["link"] = {{"latency_s", profile.link.latency_s},
+                    {"bandwidth_bytes_per_s", profile.link.bandwidth_bytes_per_s}};
+  }
   return json.dump(2) + "\n";
 }
 

@@ -49,6 +49,16 @@ TEST(Profile, CostsFromAProfileSimulateTheMeasuredStep) {
   EXPECT_NEAR(r.ranks[0].overlapped_comm_s, 2 * 0.002, 1e-15);
 }
 
+TEST(Profile, WithoutALinkMessagesAreFreeAndStayFreeWrittenBack) {
+  MeasuredProfile profile = profile_from_json(R"({"pipeflow_profile": 1, "stages": [{"forward_s": 1,
+      "backward_s": 2, "output_bytes": 64}]})", "free.json");
+  EXPECT_EQ(profile.link.latency_s, 0);
+  EXPECT_EQ(profile.link.seconds(64), 0);
+  const std::string json = profile_to_json(profile);
+  EXPECT_EQ(json.find("link"), std::string::npos) << json;
+  EXPECT_EQ(profile_from_json(json, "again.json").link.seconds(1e9), 0);
+}
+
 TEST(Profile, MalformedProfilesNameTheKey) {
   EXPECT_EQ(error_of([] { profile_from_json(R"({"pipeflow_profile": 2})", "m.json"); }),
             "m.json: pipeflow_profile = 2: this pipeflow reads version 1");
@@ -69,7 +79,7 @@ TEST(Profile, MalformedProfilesNameTheKey) {
             "m.json stages[0]: unknown key 'forwrd_s' (did you mean 'forward_s'?): remove it or fix its spelling");
   EXPECT_EQ(error_of([] {
               profile_from_json(R"({"pipeflow_profile": 1, "stages": [{"forward_s": 1, "backward_s": 2,
-                                   "output_bytes": 0}]})",
+                                   "output_bytes": 0}], "link": {"bandwidth_bytes_per_s": 1}})",
                                 "m.json");
             }),
             "m.json: link.latency_s is required but missing");

@@ -25,7 +25,8 @@ namespace pipeflow {
 //       "weight_gradient_bytes": 4e6,          optional
 //       "model_state_bytes": 3.2e7,            optional
 //       "optimizer_s": 0.004}],                optional: the stage's optimizer step
-//    "link": {"latency_s": 2e-6, "bandwidth_bytes_per_s": 7e9}}   every rank pair
+//    "link": {"latency_s": 2e-6, "bandwidth_bytes_per_s": 7e9}}   every rank pair; optional:
+//                                              absent, messages are free (an in-process hand-off)
 // Seconds are per micro-batch (the mean over the measured steps); a key left
 // out of a stage means "not measured".
 struct StageMeasurement {
