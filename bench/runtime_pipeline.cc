@@ -111,7 +111,7 @@ Measured run(const Options& o, const std::string& schedule_name, int stages, con
     }
     m.overhead.push_back(overhead / f.wall_s);
   }
-  m.predicted_bubble = predict(engine.schedule(), costs).bubble;
+  m.predicted_bubble = predict_step(engine, costs).pipeline_bubble_ratio;
   return m;
 }
 

@@ -150,30 +150,37 @@ double CostProfile::duration(const Action& action) const {
   }
 }
 
-Prediction predict(const Schedule& schedule, const CostProfile& costs) {
-  if (costs.num_stages() != schedule.num_stages()) {
-    fail("measured costs have {} stages, the schedule {}", costs.num_stages(), schedule.num_stages());
+MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine& engine, std::string source) {
+  if (costs.num_stages() != engine.num_stages()) {
+    fail("measured costs have {} stages, the engine {}", costs.num_stages(), engine.num_stages());
   }
-  ExecutionCosts execution_costs{
-      .duration = [&](const Action& a, RankId) { return costs.duration(a); },
-      .transfer = [](const Action&, RankId, RankId) { return 0.0; },
-      .mode = CommMode::kOverlapped,
-  };
-  Prediction prediction;
-  prediction.execution = execute(schedule, execution_costs);
-  if (prediction.execution.deadlocked) fail("{}", prediction.execution.deadlock_message());
-  prediction.pipeline_s = prediction.execution.makespan;
-  prediction.bubble = bubble_fraction(prediction.execution);
-  prediction.step_s = prediction.pipeline_s;
-  for (int r = 0; r < schedule.num_ranks(); ++r) {
-    const double busy = busy_time(prediction.execution, RankId(r));
-    prediction.busy_s.push_back(busy);
-    prediction.idle_s.push_back(prediction.pipeline_s - busy);
-    double optimizer = 0;
-    for (const StageId s : schedule.stages_of(RankId(r))) optimizer += costs.stage(s).optimizer_s;
-    prediction.step_s = std::max(prediction.step_s, prediction.pipeline_s + optimizer);
+  const nn::GptConfig& config = engine.config();
+  const EngineOptions& options = engine.options();
+  const int t = options.sequence_length > 0 ? options.sequence_length : config.context;
+  const double message = static_cast<double>(options.micro_batch) * t * config.n_embd * sizeof(float);
+  MeasuredProfile profile;
+  profile.source = std::move(source);
+  for (int s = 0; s < engine.num_stages(); ++s) {
+    const StageCost c = costs.stage(StageId(s));
+    const nn::Stage& stage = engine.stage(StageId(s));
+    profile.stages.push_back({.forward_s = c.forward_s,
+                              .backward_s = c.backward_s,
+                              .backward_input_s = c.backward_input_s,
+                              .backward_weight_s = c.backward_weight_s,
+                              .output_bytes = stage.has_head() ? 0.0 : message,
+                              .activation_bytes = c.activation_bytes,
+                              .weight_gradient_bytes = c.weight_gradient_bytes,
+                              // parameters, gradients and AdamW's two moments, float each
+                              .model_state_bytes = 4.0 * sizeof(float) * static_cast<double>(stage.layout().total()),
+                              .optimizer_s = c.optimizer_s});
   }
-  return prediction;
+  return profile;
+}
+
+SimulationResult predict_step(const PipelineEngine& engine, const CostProfile& costs) {
+  SimulationCosts simulation = costs_from_profile(measured_profile(costs, engine, "measured"));
+  simulation.comm_mode = CommMode::kOverlapped;
+  return simulate(engine.schedule(), simulation);
 }
 
 Execution replay(const Schedule& schedule, const StepResult& serial_step) {

@@ -38,6 +38,7 @@ nlohmann::ordered_json to_json(const StepLog& log) {
   json["bubble_measured"] = log.bubble_measured;
   json["bubble_predicted"] = log.bubble_predicted;
   json["peak_activation_bytes"] = log.peak_activation_bytes;
+  json["peak_activation_bytes_predicted"] = log.peak_activation_bytes_predicted;
   if (log.val_loss) json["val_loss"] = *log.val_loss;
   return json;
 }
@@ -94,6 +95,8 @@ class Run {
   StepLog train_step(std::int64_t step);
   double validation_loss() const;
   void write_outputs(TrainOutcome& outcome, const StepResult& last);
+  // The costs the final prediction used.
+  const CostProfile* record_costs() const { return costs_.steps() > 0 ? &costs_ : &first_costs_; }
 
   const TrainSettings& settings_;
   ProgressPrinter& progress_;
@@ -102,7 +105,7 @@ class Run {
   std::unique_ptr<PipelineEngine> engine_;
   CostProfile first_costs_;  // step 0 (warm-up), until later steps are measured
   CostProfile costs_;        // steps 1 … cost_steps
-  Prediction prediction_;
+  SimulationResult prediction_;
   std::vector<StepFigures> figures_;
   std::optional<StepResult> last_;
 };
@@ -144,24 +147,28 @@ StepLog Run::train_step(std::int64_t step) {
   if (settings_.emulate) figures = emulated_figures(schedule, result, figures);
   if (step == 0) {
     first_costs_.add(result);
-    prediction_ = predict(schedule, first_costs_);
+    prediction_ = predict_step(*engine_, first_costs_);
   } else if (step <= settings_.cost_steps) {
     costs_.add(result);
-    prediction_ = predict(schedule, costs_);
+    prediction_ = predict_step(*engine_, costs_);
   }
   StepLog log{.step = step,
               .loss = result.loss,
               .lr = result.lr,
               .grad_norm = result.grad_norm,
               .step_time_s = figures.wall_s,
-              .step_time_predicted_s = prediction_.step_s,
+              .step_time_predicted_s = prediction_.step_time_s,
               .tokens_per_s = figures.tokens_per_s,
-              .tokens_per_s_predicted = static_cast<double>(result.tokens) / prediction_.step_s,
+              .tokens_per_s_predicted = static_cast<double>(result.tokens) / prediction_.step_time_s,
               .bubble_measured = figures.bubble,
-              .bubble_predicted = prediction_.bubble,
+              .bubble_predicted = prediction_.pipeline_bubble_ratio,
               .peak_activation_bytes = {},
+              .peak_activation_bytes_predicted = {},
               .val_loss = std::nullopt};
   for (const RankFigures& rank : figures.ranks) log.peak_activation_bytes.push_back(rank.peak_activation_bytes);
+  for (const RankResult& rank : prediction_.ranks) {
+    log.peak_activation_bytes_predicted.push_back(static_cast<std::int64_t>(rank.activation_bytes));
+  }
   figures_.push_back(std::move(figures));
   last_ = std::move(result);
   return log;
@@ -226,6 +233,10 @@ void Run::write_outputs(TrainOutcome& outcome, const StepResult& last) {
   write("timeline.svg", render_svg(measured));
   write("trace.json", write_chrome_trace(measured));
   write("predicted.svg", render_svg(predicted));
+  write("profile.json",
+        profile_to_json(measured_profile(*record_costs(), *engine_,
+                                         fmt::format("pipeflow train {}, median action costs of steps 1-{}",
+                                                     settings_.config_source, record_costs()->steps()))));
   nn::write_weights(dir / "weights.safetensors", *engine_->assemble_model());
   outcome.files.push_back(dir / "weights.safetensors");
   RunRecord record{.settings = &settings_,
@@ -235,7 +246,7 @@ void Run::write_outputs(TrainOutcome& outcome, const StepResult& last) {
                    .cores = static_cast<int>(std::thread::hardware_concurrency()),
                    .log = outcome.log,
                    .figures = figures_,
-                   .costs = costs_.steps() > 0 ? &costs_ : &first_costs_,
+                   .costs = record_costs(),
                    .prediction = &prediction_,
                    .sample = outcome.sample};
   write("report.md", training_report(record));

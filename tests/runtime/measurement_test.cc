@@ -86,12 +86,32 @@ TEST(Measurement, CostsAreMediansPerStageAndKindAndPredictTheStep) {
   EXPECT_EQ(costs.stage(StageId(0)).activation_bytes, 100);
   EXPECT_EQ(costs.stage(StageId(1)).optimizer_s, 0.25);
   EXPECT_EQ(costs.duration(act(1, ActionKind::kSendBackward, 0)), 0);
-  const Prediction prediction = predict(lowered, costs);
-  EXPECT_DOUBLE_EQ(prediction.pipeline_s, 39);
-  EXPECT_DOUBLE_EQ(prediction.step_s, 39.25);
-  EXPECT_DOUBLE_EQ(prediction.busy_s[1], 36);
-  EXPECT_DOUBLE_EQ(prediction.idle_s[0], 39 - 12);
-  EXPECT_DOUBLE_EQ(prediction.bubble, 1 - (12.0 + 36) / (2 * 39));
+  const auto engine = testing::tiny_engine(lowered);
+  const SimulationResult prediction = predict_step(*engine, costs);
+  EXPECT_DOUBLE_EQ(prediction.pipeline_time_s, 39);
+  EXPECT_DOUBLE_EQ(prediction.step_time_s, 39.25);  // + the optimizer of the last rank to finish
+  EXPECT_DOUBLE_EQ(prediction.ranks[1].busy_s, 36);
+  EXPECT_DOUBLE_EQ(prediction.ranks[1].optimizer_s, 0.25);
+  EXPECT_DOUBLE_EQ(prediction.pipeline_bubble_ratio, 1 - (12.0 + 36) / (2 * 39));
+  // 1F1B's first rank holds p = 2 micro-batches at its peak, the last one 1.
+  EXPECT_DOUBLE_EQ(prediction.ranks[0].activation_bytes, 2 * 100);
+  EXPECT_DOUBLE_EQ(prediction.ranks[1].activation_bytes, 100);
+}
+
+TEST(Measurement, TheMeasuredProfileHasTheEnginesMessagesAndModelStates) {
+  const Schedule lowered = insert_send_recv(make_schedule("gpipe", 2, 1));
+  const auto engine = testing::tiny_engine(lowered);
+  CostProfile costs(2);
+  costs.add(synthetic_step(lowered, 1, 3));
+  const MeasuredProfile profile = measured_profile(costs, *engine, "test");
+  ASSERT_EQ(profile.stages.size(), 2u);
+  EXPECT_EQ(profile.source, "test");
+  EXPECT_EQ(profile.stages[0].output_bytes, testing::kMicroBatch * 16 * 32 * 4);  // [b, T, C] floats
+  EXPECT_EQ(profile.stages[1].output_bytes, 0);
+  EXPECT_EQ(profile.stages[1].backward_s, 6);
+  EXPECT_EQ(*profile.stages[0].model_state_bytes,
+            16.0 * static_cast<double>(engine->stage(StageId(0)).layout().total()));
+  EXPECT_EQ(profile_from_json(profile_to_json(profile), "round trip").stages[1].forward_s, 3);
 }
 
 TEST(Measurement, ReplayingASerialStepGivesTheTimelineOfOneCorePerRank) {

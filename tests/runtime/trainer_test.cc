@@ -9,6 +9,7 @@
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/trainer.h"
+#include "pipeflow/sim/profile.h"
 #include "test_support.h"
 
 namespace pipeflow::runtime {
@@ -76,6 +77,9 @@ TEST(Trainer, TrainsWritesMetricsReportTimelineAndWeights) {
   }
   EXPECT_NE(read_file(settings.out_dir / "timeline.svg").find("<svg"), std::string::npos);
   EXPECT_NE(read_file(settings.out_dir / "trace.json").find("\"traceEvents\""), std::string::npos);
+  const MeasuredProfile profile = load_profile(settings.out_dir / "profile.json");  // what simulate --profile reads
+  ASSERT_EQ(profile.stages.size(), 2u);
+  EXPECT_GT(profile.stages[1].backward_s, 0);
   const auto weights = nn::SafetensorsFile::read(settings.out_dir / "weights.safetensors");
   EXPECT_EQ(nn::read_config(weights), testing::kTiny);
   std::fclose(log);
@@ -106,7 +110,8 @@ TEST(Trainer, EmulatedAndThreadedRunsTrainTheSameWeights) {
 TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
   StepLog log{.step = 35, .loss = 2.314, .lr = 1e-3, .grad_norm = 0.84, .step_time_s = 0.0521,
               .step_time_predicted_s = 0.05, .tokens_per_s = 12345, .tokens_per_s_predicted = 13000,
-              .bubble_measured = 0.112, .bubble_predicted = 0.109, .peak_activation_bytes = {}, .val_loss = {}};
+              .bubble_measured = 0.112, .bubble_predicted = 0.109, .peak_activation_bytes = {},
+              .peak_activation_bytes_predicted = {}, .val_loss = {}};
   char buffer[1024] = {};
   std::FILE* out = fmemopen(buffer, sizeof buffer, "w");
   ProgressPrinter plain(out, false, 200, false);

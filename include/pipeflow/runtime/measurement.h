@@ -7,6 +7,8 @@
 #include "pipeflow/runtime/engine.h"
 #include "pipeflow/schedule/execute.h"
 #include "pipeflow/schedule/schedule.h"
+#include "pipeflow/sim/profile.h"
+#include "pipeflow/sim/simulation.h"
 #include "pipeflow/trace/event.h"
 
 namespace pipeflow::runtime {
@@ -84,20 +86,17 @@ class CostProfile {
   int steps_ = 0;
 };
 
-// The step the measured costs predict for a lowered schedule: execute() (the
-// simulator's semantics) with each compute action's median and the in-process
-// hand-off costing nothing (overlapped), then each rank's optimizer after its
-// last action.
-struct Prediction {
-  Execution execution;
-  double pipeline_s = 0;  // execution.makespan
-  double step_s = 0;      // latest end of a rank's optimizer
-  double bubble = 0;      // bubble_fraction(execution)
-  std::vector<double> busy_s;  // per rank, compute
-  std::vector<double> idle_s;  // per rank, pipeline_s − busy_s
-};
+// The measured costs in the simulator's profile format (sim/profile.h), for
+// the engine they were measured on: durations, the bytes each stage sends
+// per micro-batch (b·T·C floats; 0 from the last stage), activation and
+// weight-gradient bytes held per micro-batch, model-state bytes (parameters,
+// gradients, AdamW moments) and optimizer time per stage. The link is free:
+// the in-process transport hands over a pointer.
+MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine& engine, std::string source);
 
-Prediction predict(const Schedule& schedule, const CostProfile& costs);
+// The step the measured costs predict: the simulator run on the engine's
+// lowered schedule with measured_profile's costs, communication overlapped.
+SimulationResult predict_step(const PipelineEngine& engine, const CostProfile& costs);
 
 // The emulated pipeline: a step run serially (RunMode::kSerial, every
 // action timed alone) replayed through execute() with each action's own

@@ -21,7 +21,7 @@ struct RunRecord {
   // The measured figures of every step (emulated: of the replayed steps).
   std::vector<StepFigures> figures;
   const CostProfile* costs = nullptr;
-  const Prediction* prediction = nullptr;
+  const SimulationResult* prediction = nullptr;  // from `costs`
   std::string sample;
 };
 

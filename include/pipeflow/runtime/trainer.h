@@ -54,7 +54,8 @@ struct StepLog {
   double tokens_per_s_predicted = 0;
   double bubble_measured = 0;
   double bubble_predicted = 0;
-  std::vector<std::int64_t> peak_activation_bytes;  // per rank
+  std::vector<std::int64_t> peak_activation_bytes;  // per rank, measured
+  std::vector<std::int64_t> peak_activation_bytes_predicted;  // per rank, the simulator's memory walk
   std::optional<double> val_loss;
 };
 
@@ -73,6 +74,7 @@ struct TrainOutcome {
 //                       bubble, memory, tokens/s, loss curve, the sample
 //   timeline.svg, trace.json   the last step, measured (emulated with --emulate)
 //   predicted.svg       the same step as the measured costs predict it
+//   profile.json        those costs (sim/profile.h): pipeflow simulate --profile reads it
 //   weights.safetensors the final weights (whole model, pipeflow init's format)
 // Progress goes to `progress`. Throws Error for a bad setting (naming it)
 // and for any failure of the pipeline.
