@@ -18,6 +18,7 @@ void add_validate_command(CLI::App& app);   // validate_command.cc
 void add_init_command(CLI::App& app);       // init_command.cc
 void add_grad_command(CLI::App& app);       // grad_command.cc
 void add_calibrate_command(CLI::App& app);  // calibrate_command.cc
+void add_train_command(CLI::App& app);      // train_command.cc
 void add_simulate_command(CLI::App& app);   // simulate_command.cc
 
 // Writes `text` to `path` atomically, or to standard output if `path` is empty.

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   pipeflow::cli::add_init_command(app);
   pipeflow::cli::add_grad_command(app);
   pipeflow::cli::add_calibrate_command(app);
+  pipeflow::cli::add_train_command(app);
   pipeflow::cli::add_simulate_command(app);
 
   try {

@@ -222,7 +222,7 @@ void Run::write_outputs(TrainOutcome& outcome, const StepResult& last) {
                           ? timeline_from_execution(schedule, replay(schedule, last),
                                                     fmt::format("{} emulated (one core per rank), {}", schedule.name(), step_name))
                           : measured_timeline(last, schedule.num_ranks(),
-                                              fmt::format("{} measured, {}", schedule.name(), step_name), true);
+                                              fmt::format("{} measured, {}", schedule.name(), step_name), false);
   const Timeline predicted = timeline_from_execution(
       schedule, prediction_.execution, fmt::format("{} predicted from measured action costs", schedule.name()));
   auto write = [&](const std::string& name, const std::string& content) {
@@ -230,7 +230,10 @@ void Run::write_outputs(TrainOutcome& outcome, const StepResult& last) {
     outcome.files.push_back(dir / name);
   };
   write("metrics.jsonl", metrics_jsonl(outcome.log));
-  write("timeline.svg", render_svg(measured));
+  write("timeline.svg", render_svg(measured));  // the pipeline: its title's bubble is bubble_measured
+  if (!settings_.emulate) {
+    measured = measured_timeline(last, schedule.num_ranks(), measured.title + ", with the flush", true);
+  }
   write("trace.json", write_chrome_trace(measured));
   write("predicted.svg", render_svg(predicted));
   write("profile.json",

@@ -72,7 +72,8 @@ struct TrainOutcome {
 //                       atomically at each validation and at the end)
 //   report.md           configuration, partition, per-rank measured vs predicted,
 //                       bubble, memory, tokens/s, loss curve, the sample
-//   timeline.svg, trace.json   the last step, measured (emulated with --emulate)
+//   timeline.svg        the last step's pipeline, measured (emulated with --emulate)
+//   trace.json          the same step with the flush after it (Chrome trace)
 //   predicted.svg       the same step as the measured costs predict it
 //   profile.json        those costs (sim/profile.h): pipeflow simulate --profile reads it
 //   weights.safetensors the final weights (whole model, pipeflow init's format)

@@ -1,0 +1,102 @@
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "commands.h"
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/units.h"
+#include "pipeflow/runtime/progress.h"
+#include "pipeflow/runtime/report.h"
+#include "pipeflow/runtime/run_settings.h"
+#include "pipeflow/runtime/trainer.h"
+#include "pipeflow/sim/run_config.h"
+
+namespace pipeflow::cli {
+namespace {
+
+struct TrainCommand {
+  CLI::App* app = nullptr;
+  std::string config;
+  std::string weights;
+  int steps = 0;
+  std::string out_dir;
+  bool emulate = false;
+  double timeout_s = 60;
+  std::string schedule;
+  int stages = 0;
+  int virtual_stages = 0;
+  int micro_batch = 0;
+
+  template <class T>
+  std::optional<T> given(const char* flag, const T& value) const {
+    return app->count(flag) > 0 ? std::optional<T>(value) : std::nullopt;
+  }
+};
+
+void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSettings& settings) {
+  const runtime::StepLog& first = outcome.log.front();
+  const runtime::StepLog& last = outcome.log.back();
+  const char* label = settings.emulate ? " (emulated)" : "";
+  fmt::print("trained {} steps: loss {:.4f} -> {:.4f}, validation loss {:.4f}\n", outcome.log.size(), first.loss,
+             last.loss, last.val_loss.value_or(last.loss));
+  fmt::print("last step{}: {}, {:.0f} tokens/s; bubble {} (predicted {})\n", label, format_seconds(last.step_time_s),
+             last.tokens_per_s, format_percent(last.bubble_measured), format_percent(last.bubble_predicted));
+  fmt::print("sample:\n{}\n", runtime::printable(outcome.sample));
+  fmt::print("wrote {}/report.md, metrics.jsonl, timeline.svg, trace.json, predicted.svg, profile.json, "
+             "weights.safetensors\n",
+             settings.out_dir.string());
+}
+
+void run(const TrainCommand& c) {
+  RunConfig config = load_run_config(c.config);
+  RunOverrides overrides;
+  overrides.schedule = c.given("--schedule", c.schedule);
+  overrides.pipeline_stages = c.given("--stages", c.stages);
+  overrides.virtual_stages = c.given("--virtual", c.virtual_stages);
+  overrides.micro_batch = c.given("--micro-batch", c.micro_batch);
+  if (overrides.schedule || overrides.pipeline_stages || overrides.virtual_stages || overrides.micro_batch) {
+    apply_overrides(config, overrides);
+  }
+  runtime::TrainSettings settings = runtime::train_settings(config);
+  if (c.app->count("--steps") > 0) {
+    if (c.steps < 1) fail("--steps {}: must be >= 1", c.steps);
+    settings.steps = c.steps;
+  }
+  if (!c.out_dir.empty()) settings.out_dir = c.out_dir;
+  settings.weights = c.weights;
+  settings.emulate = c.emulate;
+  if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
+  settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);
+  runtime::ProgressPrinter progress(stderr, isatty(fileno(stderr)) == 1, settings.steps, settings.emulate);
+  print_summary(runtime::train(settings, progress), settings);
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto c = std::make_shared<TrainCommand>();
+  CLI::App* sub = app.add_subcommand(
+      "train", "Train a GPT-2 with a pipeline schedule on one worker thread per rank; report measured vs predicted");
+  c->app = sub;
+  sub->add_option("--config", c->config, "Run configuration JSON (DeepSpeed's keys and pipeflow's; see examples/)")
+      ->required();
+  sub->add_option("--weights", c->weights, "Start from this weights file (pipeflow init) instead of GPT-2 init");
+  sub->add_option("--steps", c->steps, "Optimizer steps (key: steps)");
+  sub->add_option("--out-dir", c->out_dir, "Where the report, metrics, timelines and weights go (key: out_dir)");
+  sub->add_flag("--emulate", c->emulate,
+                "Run the actions one at a time and replay their measured durations with one core per rank "
+                "(for more ranks than cores)");
+  sub->add_option("--timeout", c->timeout_s, "Longest any wait for a peer may take, in seconds")->capture_default_str();
+  sub->add_option("--schedule", c->schedule, "Schedule name (key: pipeline.schedule)");
+  sub->add_option("--stages", c->stages, "Pipeline ranks (key: pipeline.stages)");
+  sub->add_option("--virtual", c->virtual_stages, "Model chunks per rank (key: pipeline.virtual_stages)");
+  sub->add_option("--micro-batch", c->micro_batch, "Sequences per micro-batch (key: train_micro_batch_size_per_gpu)");
+  sub->callback([c] { run(*c); });
+}
+
+}  // namespace pipeflow::cli

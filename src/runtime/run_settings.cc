@@ -1,0 +1,100 @@
+#include "pipeflow/runtime/run_settings.h"
+
+#include <nlohmann/json.hpp>
+
+#include "pipeflow/core/config.h"
+#include "pipeflow/core/error.h"
+
+namespace pipeflow::runtime {
+
+nn::GptConfig gpt_config(const ModelSpec& spec, const std::string& source) {
+  if (spec.architecture != Architecture::kGpt || spec.ffn != 4 * spec.hidden || !spec.tied_embeddings ||
+      spec.dropout || spec.kv_heads != spec.heads) {
+    fail("{}: model {} is not a GPT-2 (pipeflow train runs GPT-2: a GELU MLP of 4 x n_embd, the LM head tied to wte, "
+         "no dropout): give the model as {{\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", \"vocab_size\"}} or a "
+         "gpt2-* preset",
+         source, spec.name);
+  }
+  nn::GptConfig config{.vocab_size = spec.vocab,
+                       .context = spec.max_positions,
+                       .n_layer = spec.layers,
+                       .n_head = spec.heads,
+                       .n_embd = spec.hidden};
+  config.validate();
+  return config;
+}
+
+nn::LrSchedule lr_schedule(const SchedulerConfig& s, double lr) {
+  if (s.type.empty()) return nn::LrSchedule::constant(lr);
+  nlohmann::json params = {{"warmup_num_steps", s.warmup_num_steps}, {"warmup_type", s.warmup_type}};
+  if (s.type == "WarmupCosineLR") {
+    params["warmup_min_ratio"] = s.warmup_min_ratio;
+    params["cos_min_ratio"] = s.cos_min_ratio;
+  } else {
+    params["warmup_min_lr"] = s.warmup_min_lr;
+    params["warmup_max_lr"] = s.warmup_max_lr;
+  }
+  if (s.type != "WarmupLR") params["total_num_steps"] = s.total_num_steps;
+  const Config section = Config::from_json({{"type", s.type}, {"params", params}}, "scheduler");
+  return nn::LrSchedule::from_config(section, lr);
+}
+
+TrainSettings train_settings(const RunConfig& run) {
+  const std::string& source = run.source;
+  if (run.model_source.empty()) {
+    fail("{}: model is required: a gpt2-* preset or {{\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", "
+         "\"vocab_size\"}}",
+         source);
+  }
+  if (run.tensor_parallel != 1) {
+    fail("{}: tensor_parallel = {}: pipeflow train runs no tensor parallelism; set it to 1", source,
+         run.tensor_parallel);
+  }
+  if (run.data_parallel != 1) {
+    fail("{}: data_parallel = {}: pipeflow train runs one pipeline replica (data parallelism is not there yet); "
+         "set it to 1 and raise gradient_accumulation_steps for a larger batch",
+         source, run.data_parallel);
+  }
+  if (run.recompute == Recompute::kSelective) {
+    fail("{}: recompute = \"selective\": pipeflow train recomputes whole layers; use "
+         "pipeline.activation_checkpoint_interval",
+         source);
+  }
+  if (run.recompute == Recompute::kFull && run.pipeline.activation_checkpoint_interval == 0) {
+    fail("{}: recompute = \"full\" needs pipeline.activation_checkpoint_interval >= 1 (how many layers each "
+         "checkpoint covers)",
+         source);
+  }
+  if (run.checkpoint.interval > 0 || !run.checkpoint.load.empty()) {
+    fail("{}: checkpoint: pipeflow train writes only the final weights so far; remove the checkpoint section", source);
+  }
+  TrainSettings s;
+  s.model = gpt_config(run.model, source);
+  s.schedule = run.pipeline.schedule;
+  s.stages = run.pipeline.stages;
+  s.virtual_stages = run.pipeline.virtual_stages;
+  s.microbatches = run.batch.accumulation;
+  s.partition = run.pipeline.partition_method;
+  s.hardware = run.hardware;
+  s.engine.micro_batch = run.batch.micro;
+  s.engine.sequence_length = run.seq_length;
+  s.engine.checkpoint_interval = run.pipeline.activation_checkpoint_interval;
+  s.engine.optimizer = {.lr = run.optimizer.lr,
+                        .beta1 = run.optimizer.betas[0],
+                        .beta2 = run.optimizer.betas[1],
+                        .eps = run.optimizer.eps,
+                        .weight_decay = run.optimizer.weight_decay};
+  s.engine.lr_schedule = lr_schedule(run.scheduler, run.optimizer.lr);
+  s.engine.gradient_clipping = run.gradient_clipping;
+  s.data.assign(run.data.paths.begin(), run.data.paths.end());
+  s.validation_fraction = run.data.validation_fraction;
+  s.steps = run.steps;
+  s.seed = run.seed;
+  s.eval_interval = run.eval_interval;
+  s.out_dir = run.out_dir;
+  s.config_text = run_config_to_json(run);
+  s.config_source = source;
+  return s;
+}
+
+}  // namespace pipeflow::runtime

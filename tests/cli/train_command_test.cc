@@ -1,0 +1,144 @@
+// pipeflow train end to end: a tiny configuration, a few steps, the files a
+// user reads afterwards, and the errors a bad configuration gets.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include "pipeflow/core/file.h"
+#include "pipeflow/nn/model_file.h"
+#include "run_pipeflow.h"
+
+namespace pipeflow::testing {
+namespace {
+
+// 2 blocks of width 32 on the fortunes corpus; 1F1B on 2 ranks, 4
+// micro-batches of 2 sequences of 32 bytes.
+std::string tiny_config(const std::string& out_dir, const std::string& extra = "") {
+  return R"({
+  "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_ctx": 32, "vocab_size": 256},
+  "train_batch_size": 8,
+  "train_micro_batch_size_per_gpu": 2,
+  "gradient_accumulation_steps": 4,
+  "gradient_clipping": 1.0,
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+  "pipeline": {"stages": 2, "schedule": "1f1b", "partition_method": "uniform"},
+  "steps": 25,
+  "eval_interval": 10,
+  "seed": 7,)" + extra + R"(
+  "out_dir": ")" + out_dir + R"("
+})";
+}
+
+std::string write_config(const std::string& dir, const std::string& text) {
+  const std::string path = dir + "/run.json";
+  write_file_atomic(path, text);
+  return path;
+}
+
+TEST(TrainCommand, TrainsATinyModelAndWritesTheReportMetricsTimelinesAndWeights) {
+  const std::string dir = make_temp_dir();
+  const std::string out = dir + "/out";
+  const CommandResult result = run_pipeflow("train --config " + write_config(dir, tiny_config(out)));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  // Not a terminal: plain progress lines on standard error, a summary on standard output.
+  EXPECT_NE(result.err.find("pipeflow train: GPT-2 2 layers, width 32, 2 heads, context 32"), std::string::npos)
+      << result.err;
+  EXPECT_NE(result.err.find("step 1/25 loss "), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("step 10: validation loss "), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find('\r'), std::string::npos);
+  EXPECT_NE(result.out.find("trained 25 steps: loss "), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("\nsample:\n"), std::string::npos) << result.out;
+
+  std::istringstream lines(read_file(out + "/metrics.jsonl"));
+  std::vector<nlohmann::json> steps;
+  for (std::string line; std::getline(lines, line);) steps.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(steps.size(), 25u);
+  for (const nlohmann::json& step : steps) {
+    for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "bubble_measured", "bubble_predicted",
+                            "peak_activation_bytes"}) {
+      EXPECT_TRUE(step.contains(key)) << key << " missing in " << step.dump();
+    }
+    EXPECT_EQ(step["peak_activation_bytes"].size(), 2u);
+    EXPECT_GT(step["peak_activation_bytes"][0].get<double>(), 0);
+    const int n = step["step"];
+    EXPECT_EQ(step.contains("val_loss"), n == 9 || n == 19 || n == 24) << step.dump();
+  }
+  // The loss falls: the mean of the last five steps is well below the first.
+  double last_five = 0;
+  for (std::size_t i = 20; i < 25; ++i) last_five += steps[i]["loss"].get<double>() / 5;
+  EXPECT_LT(last_five, steps[0]["loss"].get<double>() - 1.0);
+  EXPECT_LT(steps[24]["val_loss"].get<double>(), steps[9]["val_loss"].get<double>());
+
+  const std::string report = read_file(out + "/report.md");
+  for (const char* part : {"## Run", "## Partition (uniform)", "## Measured vs predicted", "| bubble |",
+                           "peak activations measured", "## Loss", "## Sample", "- configuration: `" }) {
+    EXPECT_NE(report.find(part), std::string::npos) << part;
+  }
+  EXPECT_NE(read_file(out + "/timeline.svg").find("1f1b measured, step 24"), std::string::npos);
+  EXPECT_NE(read_file(out + "/predicted.svg").find("<svg"), std::string::npos);
+  EXPECT_NE(read_file(out + "/trace.json").find("\"optimizer\""), std::string::npos);
+  EXPECT_NE(read_file(out + "/profile.json").find("\"pipeflow_profile\": 1"), std::string::npos);
+  const auto weights = nn::SafetensorsFile::read(out + "/weights.safetensors");
+  EXPECT_EQ(nn::read_config(weights).n_layer, 2);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainCommand, StartsFromInitWeightsAndItsProfileFeedsTheSimulator) {
+  const std::string dir = make_temp_dir();
+  ASSERT_EQ(run_pipeflow("init --layers 2 --heads 2 --width 32 --context 32 --seed 3 --out " + dir + "/w.safetensors")
+                .exit_code,
+            0);
+  const std::string config = write_config(dir, tiny_config(dir + "/out"));
+  const CommandResult result =
+      run_pipeflow("train --config " + config + " --weights " + dir + "/w.safetensors --steps 3 --emulate");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("emulated"), std::string::npos) << result.err;
+  EXPECT_NE(read_file(dir + "/out/report.md").find("(from " + dir + "/w.safetensors)"), std::string::npos);
+  const CommandResult simulated =
+      run_pipeflow("simulate --config " + config + " --profile " + dir + "/out/profile.json --json");
+  ASSERT_EQ(simulated.exit_code, 0) << simulated.err;
+  EXPECT_GT(nlohmann::json::parse(simulated.out)["step_time_s"].get<double>(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
+  const std::string dir = make_temp_dir();
+  const auto error_of = [&](const std::string& text) {
+    return run_pipeflow("train --config " + write_config(dir, text)).err;
+  };
+  EXPECT_EQ(error_of(tiny_config(dir, "\n  \"stepz\": 3,")),
+            "pipeflow: error: " + dir + "/run.json: unknown key 'stepz' (did you mean 'steps'?): remove it or fix its "
+                                        "spelling\n");
+  const std::string bad_batch = R"({"model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_ctx": 32},
+    "train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})";
+  EXPECT_NE(error_of(bad_batch).find("train_batch_size"), std::string::npos) << error_of(bad_batch);
+  EXPECT_EQ(error_of(R"({"model": "llama3-8b", "steps": 1})"),
+            "pipeflow: error: " + dir + "/run.json: model llama3-8b is not a GPT-2 (pipeflow train runs GPT-2: a GELU "
+                                        "MLP of 4 x n_embd, the LM head tied to wte, no dropout): give the model as "
+                                        "{\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", \"vocab_size\"} or a gpt2-* "
+                                        "preset\n");
+  EXPECT_EQ(error_of(R"({"steps": 1})"), "pipeflow: error: " + dir +
+                                             "/run.json: model is required: a gpt2-* preset or {\"n_layer\", "
+                                             "\"n_head\", \"n_embd\", \"n_ctx\", \"vocab_size\"}\n");
+  EXPECT_EQ(error_of(R"({"model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_ctx": 32},
+    "gradient_accumulation_steps": 2, "pipeline": {"stages": 4, "schedule": "1f1b"}})"),
+            "pipeflow: error: " + dir +
+                "/run.json: pipeline.schedule = \"1f1b\" (stages = 4, micro-batches per step = 2, virtual_stages = "
+                "1): 1f1b needs microbatches >= stages (got 2 < 4): raise gradient_accumulation_steps or use gpipe\n");
+  // Flags are checked as the keys they replace.
+  const std::string config = write_config(dir, tiny_config(dir + "/out"));
+  EXPECT_EQ(run_pipeflow("train --config " + config + " --schedule zbv --stages 3").err,
+            "pipeflow: error: " + config +
+                " with the command line: pipeline.schedule = \"zbv\" (stages = 3, micro-batches per step = 4, "
+                "virtual_stages = 1): zbv needs microbatches >= 2 * stages (got 4 < 6): it holds 2 chunks per rank; "
+                "raise gradient_accumulation_steps or use zb-h1\n");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pipeflow::testing
