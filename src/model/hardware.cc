@@ -33,19 +33,19 @@ HardwareProfile eight_device_node(std::string name, double tflops, double memory
                          .inter_node_bandwidth_bytes_per_s = ib_gbit / 8 * kGB,
                          .inter_node_latency_s = 8e-6,
                          .efficiency = efficiency,
-                         .estimated = {"intra_node_latency_s", "inter_node_latency_s"},
+                         .estimated = {"intra_node_latency_s", "inter_node_latency_s", "efficiency"},
                          .note = std::move(note)};
 }
 
 std::vector<HardwareProfile> make_presets() {
   std::vector<HardwareProfile> presets = {
-      eight_device_node("a100-40g", 312, 40, 1555, 600, 200, 0.5,
+      eight_device_node("a100-40g", 312, 40, 1555, 600, 200, 0.65,
              "A100 SXM 40GB datasheet; NVLink3, one HDR InfiniBand HCA per GPU (DGX A100)"),
-      eight_device_node("a100-80g", 312, 80, 2039, 600, 200, 0.5,
+      eight_device_node("a100-80g", 312, 80, 2039, 600, 200, 0.65,
              "A100 SXM 80GB datasheet; NVLink3, one HDR InfiniBand HCA per GPU (DGX A100)"),
-      eight_device_node("h100", 989, 80, 3350, 900, 400, 0.4,
+      eight_device_node("h100", 989, 80, 3350, 900, 400, 0.5,
              "H100 SXM datasheet (dense bf16); NVLink4, one NDR InfiniBand HCA per GPU (DGX H100)"),
-      eight_device_node("h200", 989, 141, 4800, 900, 400, 0.4,
+      eight_device_node("h200", 989, 141, 4800, 900, 400, 0.5,
              "H200 SXM datasheet (dense bf16); NVLink4, one NDR InfiniBand HCA per GPU"),
   };
   // Ascend 910B (B2): no official dense figures. Peak = 24 AI cores × 4096

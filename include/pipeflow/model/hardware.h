@@ -21,16 +21,20 @@ namespace pipeflow {
 //    "intra_node_latency_s": 3e-6,
 //    "inter_node_bandwidth_bytes_per_s": 25e9,  one direction, per device
 //    "inter_node_latency_s": 8e-6,
-//    "efficiency": 0.5,                         achieved / peak FLOP/s
+//    "efficiency": 0.5,                         matmul FLOP/s achieved / peak
 //    "estimated": ["intra_node_latency_s"],     keys that are not datasheet figures
 //    "note": "free text"}
 //
-// efficiency: the share of peak a large training run sustains on matmul
-// work, i.e. MFU. kDefaultEfficiency = 0.5 sits in the published range:
-// Narayanan et al. 2021 (Megatron-LM, A100) 44-52% of peak for 175B-1T
-// models; Korthikanti et al. 2022 (A100, selective recompute) ≈ 54-56% MFU;
-// Chowdhery et al. 2022 (PaLM, TPU v4) 46.2% MFU; Dubey et al. 2024 (Llama 3
-// 405B, H100) 38-43% MFU — hence 0.4 for the H100/H200 built-ins.
+// efficiency: the share of peak the layers' matrix multiplications sustain
+// while a stage computes (kernel efficiency). It is not the end-to-end MFU:
+// the simulator adds the pipeline bubble, communication and the optimizer on
+// top, so MFU comes out lower. The GPU figures are fitted, not measured:
+// a100 0.65 reproduces Megatron-LM's 1T run (Narayanan et al. 2021: 163
+// TFLOP/s per GPU, 52% of peak) and Korthikanti et al. 2022's 530B run (54.2%
+// MFU) within a few percent once the simulated bubble and communication are
+// added (docs/SIMULATOR.md); h100/h200 0.5 and ascend-910b 0.4 scale that by
+// the lower end-to-end MFU published for them (Llama 3 405B on H100: 38-43%,
+// Dubey et al. 2024). kDefaultEfficiency = 0.5 fills a profile without one.
 struct HardwareProfile {
   std::string name;
   double peak_flop_per_s = 0;
@@ -45,7 +49,7 @@ struct HardwareProfile {
   std::vector<std::string> estimated;  // JSON keys whose values are estimates, not datasheet figures
   std::string note;
 
-  // FLOP/s sustained on model FLOPs: peak × efficiency.
+  // FLOP/s a layer sustains while computing: peak × efficiency.
   double achieved_flop_per_s() const { return peak_flop_per_s * efficiency; }
 };
 
