@@ -21,6 +21,7 @@ struct ScheduleOptions {
   std::string name;
   int stages = 0;
   int microbatches = 0;
+  bool sized = false;  // both --stages and --microbatches were given
   int virtual_per_rank = 1;
   std::string format = "grid";
   std::string output;
@@ -39,9 +40,11 @@ std::string list_text() {
   return out;
 }
 
+std::string counted(int n, const char* one, const char* many) { return fmt::format("{} {}", n, n == 1 ? one : many); }
+
 std::string svg_title(const Schedule& schedule) {
-  std::string title = fmt::format("{}: {} ranks, {} micro-batches", schedule.name(), schedule.num_ranks(),
-                                  schedule.num_microbatches());
+  std::string title = fmt::format("{}: {}, {}", schedule.name(), counted(schedule.num_ranks(), "rank", "ranks"),
+                                  counted(schedule.num_microbatches(), "micro-batch", "micro-batches"));
   if (schedule.stages_per_rank() > 1) title += fmt::format(", {} chunks per rank", schedule.stages_per_rank());
   if (schedule.has_communication()) title += ", lowered (rendezvous)";
   return title + ", unit costs F=1 B=2 I=W=1";
@@ -65,7 +68,7 @@ void run(const ScheduleOptions& options) {
   if (options.list) {
     text = list_text();
   } else {
-    if (options.name.empty() || options.stages == 0 || options.microbatches == 0) {
+    if (options.name.empty() || !options.sized) {
       fail("schedule needs --schedule NAME, --stages P and --microbatches M (or --list to see the schedules)");
     }
     Schedule schedule = make_schedule(options.name, options.stages, options.microbatches, options.virtual_per_rank);
@@ -100,7 +103,10 @@ void add_schedule_command(CLI::App& app) {
   command->add_option("-o,--output", options->output, "Write to FILE (atomically) instead of standard output");
   command->add_flag("--lowered", options->lowered, "Add the SEND/RECV actions (insert_send_recv)");
   command->add_flag("--list", options->list, "List the schedules with their constraints");
-  command->callback([options] { run(*options); });
+  command->callback([options, command] {
+    options->sized = command->count("--stages") > 0 && command->count("--microbatches") > 0;
+    run(*options);
+  });
 }
 
 }  // namespace pipeflow::cli

@@ -24,6 +24,12 @@ Schedule::Schedule(std::string name, int num_ranks, int num_stages, int num_micr
     fail("schedule {}: V placement holds exactly 2 stages per rank (got {} stages on {} ranks)", name_,
          num_stages, num_ranks);
   }
+  const std::int64_t pairs = std::int64_t{num_stages} * num_microbatches;
+  if (pairs > kMaxStageMicrobatches) {
+    fail("schedule {} is too large: {} stages x {} microbatches = {} (stage, micro-batch) pairs, more than the "
+         "limit of {}: use fewer stages or microbatches",
+         name_, num_stages, num_microbatches, pairs, kMaxStageMicrobatches);
+  }
   actions_.resize(static_cast<std::size_t>(num_ranks));
 }
 

@@ -77,6 +77,18 @@ TEST(ScheduleCommand, ConstraintViolationIsOneLineAndExitsOne) {
   const CommandResult missing = run_pipeflow("schedule --schedule 1f1b");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.err.find("--stages P and --microbatches M"), std::string::npos) << missing.err;
+  // A given but impossible value is named by the generator's rule.
+  const CommandResult zero = run_pipeflow("schedule --schedule 1f1b --stages 0 --microbatches 4");
+  EXPECT_EQ(zero.exit_code, 1);
+  EXPECT_EQ(zero.err, "pipeflow: error: 1f1b needs stages >= 1 (got 0): stages counts pipeline ranks\n");
+}
+
+TEST(ScheduleCommand, AHugeSizeFailsAtOnceInsteadOfRunningOutOfMemory) {
+  const CommandResult result = run_pipeflow("schedule --schedule 1f1b --stages 99999999 --microbatches 99999999");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.err,
+            "pipeflow: error: schedule 1f1b is too large: 99999999 stages x 99999999 microbatches = 9999999800000001 "
+            "(stage, micro-batch) pairs, more than the limit of 4194304: use fewer stages or microbatches\n");
 }
 
 TEST(ValidateCommand, GoodCsvPrintsOkAndTheSummary) {

@@ -36,5 +36,13 @@ TEST(ScheduleSvg, EveryScheduleWritesAWellFormedSvgFile) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(ScheduleSvg, TheTitleCountsInTheSingularForOne) {
+  const CommandResult result = run_pipeflow("schedule --schedule gpipe --stages 1 --microbatches 1 --format svg");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.out.find(">gpipe: 1 rank, 1 micro-batch, unit costs F=1 B=2 I=W=1 — bubble 0.0%</text>"),
+            std::string::npos)
+      << result.out;
+}
+
 }  // namespace
 }  // namespace pipeflow::testing

@@ -289,6 +289,17 @@ TEST(Constraints, ViolationsRaiseTheDocumentedMessages) {
   EXPECT_EQ(error_of([] { make_gpipe(2, 0); }), "gpipe needs microbatches >= 1 (got 0)");
 }
 
+TEST(Constraints, ASizeBeyondTheTableLimitFailsAtOnce) {
+  // 2^22 (stage, micro-batch) pairs are accepted, more are not.
+  EXPECT_EQ(Schedule("edge", 2, 4, 1 << 20, Placement::kLoop).num_microbatches(), 1 << 20);
+  EXPECT_EQ(error_of([] { make_looped_bfs(2, 1 << 20, 3); }),
+            "schedule looped-bfs is too large: 6 stages x 1048576 microbatches = 6291456 (stage, micro-batch) pairs, "
+            "more than the limit of 4194304: use fewer stages or microbatches");
+  EXPECT_EQ(error_of([] { make_1f1b(99999999, 99999999); }),
+            "schedule 1f1b is too large: 99999999 stages x 99999999 microbatches = 9999999800000001 (stage, "
+            "micro-batch) pairs, more than the limit of 4194304: use fewer stages or microbatches");
+}
+
 TEST(Registry, ListsEveryGeneratorAndDispatches) {
   std::vector<std::string> names;
   for (const ScheduleInfo& info : list_schedules()) {

@@ -172,6 +172,13 @@ TEST(Json, WritesTheDocumentedLayout) {
             "}\n");
 }
 
+TEST(Json, AnImpossibleSizeIsAnErrorNotAnAllocation) {
+  EXPECT_EQ(json_error(R"({"name": "x", "ranks": 1000000000, "stages": 1000000000, "microbatches": 1, )"
+                       R"("placement": "loop", "actions": []})"),
+            "schedule x is too large: 1000000000 stages x 1 microbatches = 1000000000 (stage, micro-batch) pairs, "
+            "more than the limit of 4194304: use fewer stages or microbatches");
+}
+
 TEST(Json, ErrorsNameTheKeyPath) {
   const std::string good = write_json(make_1f1b(2, 2));
   std::string unknown = good;

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,9 +33,17 @@ std::string_view to_string(Placement placement);  // "loop", "v"
 // mutation needs exclusive access.
 class Schedule {
  public:
+  // At most this many (stage, micro-batch) pairs. The validator and the
+  // executor keep a table entry per pair and action kind (the validator's
+  // reach 0.7 GB at the limit), so a mistyped size must fail at once instead
+  // of exhausting memory or running for hours. p = 128 ranks with v = 4
+  // chunks and m = 4096 micro-batches is half the limit.
+  static constexpr std::int64_t kMaxStageMicrobatches = std::int64_t{1} << 22;
+
   // `name` names the generator ("1f1b") or the source ("run.csv"). Throws
   // Error unless ranks >= 1, microbatches >= 1, stages a positive multiple of
-  // ranks, and (for kV) stages == 2 * ranks.
+  // ranks, (for kV) stages == 2 * ranks, and stages * microbatches <=
+  // kMaxStageMicrobatches.
   Schedule(std::string name, int num_ranks, int num_stages, int num_microbatches, Placement placement);
 
   const std::string& name() const { return name_; }
