@@ -99,6 +99,21 @@ TEST(Execute, BackwardBeforeItsForwardOnTheSameRankIsStuck) {
   EXPECT_EQ(e.deadlock_message(), "rank 0 blocked at 0B0: waits for 0F0, which comes later in its own list (step 1)");
 }
 
+TEST(Execute, WeightPassWaitsForItsInputPass) {
+  const Execution e = execute(two_ranks("0F0,0W0,0I0\n"), unit_costs(CommMode::kOverlapped));
+  ASSERT_TRUE(e.deadlocked);
+  EXPECT_EQ(e.deadlock_message(), "rank 0 blocked at 0W0: waits for 0I0, which comes later in its own list (step 2)");
+}
+
+TEST(Execute, ASendBeforeItsProducerIsStuckEvenWhenItsRecvIsWaiting) {
+  const Schedule lowered = two_ranks("0SEND_F0,0F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n");
+  const Execution e = execute(lowered, unit_costs(CommMode::kBlocking));
+  ASSERT_TRUE(e.deadlocked);
+  EXPECT_EQ(e.deadlock_message(),
+            "rank 0 blocked at 0SEND_F0: waits for 0F0, which comes later in its own list (step 1)\n"
+            "rank 1 blocked at 1RECV_F0: waits for 0SEND_F0, at which rank 0 is blocked");
+}
+
 TEST(Execute, AMissingProducerIsNamed) {
   Schedule schedule("hand", 2, 2, 1, Placement::kLoop);
   schedule.add(RankId(1), Action{StageId(1), ActionKind::kForward, MicrobatchId(0)});

@@ -41,6 +41,15 @@ TEST(InsertSendRecv, AddsExactlyOnePairPerCrossRankDependency) {
   EXPECT_EQ(insert_send_recv(make_zbv(3, 6)).total_actions(), 3u * 2u * 6u * 3u + 4u * 6u * 2u * 2u);
 }
 
+TEST(InsertSendRecv, MessagesWaitForAMomentBothRanksAreBetweenActions) {
+  // Where no such moment exists (interleaved 1F1B, DualPipeV) a rendezvous
+  // stalls one side; placing each message at the earliest common gap keeps
+  // the stall to these makespans (ideal: 72 and 51). Placing every message at
+  // its producer's end instead gives 83 and 59.
+  EXPECT_EQ(dry_run(insert_send_recv(make_interleaved_1f1b(5, 10, 2))).makespan, 77);
+  EXPECT_EQ(dry_run(insert_send_recv(make_dualpipev(4, 8))).makespan, 54);
+}
+
 TEST(InsertSendRecv, StrippingTheMessagesGivesTheScheduleBack) {
   for (const Schedule& s : {make_dualpipev(3, 7), make_interleaved_1f1b(3, 5, 3), make_zb_h2(4, 9)}) {
     const Schedule back = strip_communication(insert_send_recv(s));
