@@ -19,9 +19,21 @@ constexpr double kCommHeight = 5;   // send/recv bars at the bottom of a row
 constexpr double kMinChart = 640;
 constexpr double kMaxChart = 1800;
 constexpr double kPixelsPerBox = 18;  // target width of the busiest rank's boxes
+constexpr double kLegendTop = 46;       // below the axis line
+constexpr double kLegendRowHeight = 18;
 
 struct Rgb {
   int r, g, b;
+};
+
+struct LegendEntry {
+  std::string label;
+  std::string fill;
+};
+
+struct Point {
+  double x = 0;
+  double y = 0;
 };
 
 Rgb base_colour(EventCategory category) {
@@ -92,9 +104,11 @@ class SvgTimeline {
     const BubbleStats bubble = bubble_stats(t_);
     const std::string title = fmt::format("{} — bubble {}", escape(t_.title), format_percent(bubble.overall));
     const double axis_y = kTop + t_.num_ranks * (kRowHeight + kRowGap);
-    const double height = axis_y + 72;
     // Bold 15px text: up to about 10 px per character.
     const double width = std::max(kLeft + chart_ + kRight, kLeft + 10.5 * static_cast<double>(title.size()) + 20);
+    const std::vector<LegendEntry> entries = legend_entries();
+    const std::vector<Point> places = place_legend(entries, width);
+    const double height = axis_y + kLegendTop + places.back().y + kLegendRowHeight + 8;
     std::string out = fmt::format(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
@@ -109,7 +123,7 @@ class SvgTimeline {
                        title);
     for (int r = 0; r < t_.num_ranks; ++r) out += row(r, bubble.per_rank[static_cast<std::size_t>(r)]);
     out += axis(axis_y);
-    out += legend(axis_y + 46);
+    out += legend(entries, places, axis_y + kLegendTop);
     return out + "</svg>\n";
   }
 
@@ -180,16 +194,14 @@ class SvgTimeline {
     return out + "</g>\n";
   }
 
-  std::string legend(double y) const {
+  // What the legend explains: the categories present, the lighter later
+  // chunks, idle.
+  std::vector<LegendEntry> legend_entries() const {
     std::set<EventCategory> present;
     for (const TraceEvent& e : t_.events) {
       if (e.duration_s > 0) present.insert(e.category);
     }
-    struct Entry {
-      std::string label;
-      std::string fill;
-    };
-    std::vector<Entry> entries;
+    std::vector<LegendEntry> entries;
     const std::pair<EventCategory, const char*> kinds[] = {
         {EventCategory::kForward, "F forward"},          {EventCategory::kBackward, "B backward"},
         {EventCategory::kBackwardInput, "I input grad"}, {EventCategory::kBackwardWeight, "W weight grad"},
@@ -202,13 +214,33 @@ class SvgTimeline {
     }
     if (chunks_ > 1) entries.push_back({"later chunk (lighter)", hex(base_colour(EventCategory::kForward), 0.55)});
     entries.push_back({"idle", "#eeeeee"});
+    return entries;
+  }
+
+  // Where each entry's swatch goes, relative to the legend's top left: rows
+  // filled from the left, wrapped before an entry would pass `width` (swatch,
+  // gap, label at about 6.5 px per character of 11px text, spacing).
+  static std::vector<Point> place_legend(const std::vector<LegendEntry>& entries, double width) {
+    std::vector<Point> places;
+    Point at{0, 0};
+    for (const LegendEntry& entry : entries) {
+      const double entry_width = 24 + 6.5 * static_cast<double>(entry.label.size());
+      if (at.x > 0 && kLeft + at.x + entry_width > width) at = {0, at.y + kLegendRowHeight};
+      places.push_back(at);
+      at.x += entry_width;
+    }
+    return places;
+  }
+
+  static std::string legend(const std::vector<LegendEntry>& entries, const std::vector<Point>& places, double y) {
     std::string out = "<g class=\"legend\">\n";
-    double at = kLeft;
-    for (const Entry& entry : entries) {
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const double left = kLeft + places[i].x;
+      const double top = y + places[i].y;
       out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\" stroke=\"#999999\"/>\n",
-                         number(at), number(y), entry.fill);
-      out += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>\n", number(at + 16), number(y + 10), escape(entry.label));
-      at += 24 + 6.5 * static_cast<double>(entry.label.size());
+                         number(left), number(top), entries[i].fill);
+      out += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>\n", number(left + 16), number(top + 10),
+                         escape(entries[i].label));
     }
     return out + "</g>\n";
   }

@@ -40,6 +40,9 @@ TEST(Svg, EveryScheduleRendersAWellFormedTimelineWithARowPerRankAndABoxPerComput
       EXPECT_NE(svg.find(info.name + " — bubble " + format_percent(bubble_fraction(execution)) + "</text>"),
                 std::string::npos);
       EXPECT_NE(svg.find("<g class=\"legend\">"), std::string::npos);
+      EXPECT_NE(svg.find(">F forward</text>"), std::string::npos);
+      EXPECT_NE(svg.find(">idle</text>"), std::string::npos);
+      EXPECT_EQ(occurrences(svg, "<rect class=\"idle\""), 3);  // each row's background
       EXPECT_NE(svg.find("<g class=\"axis\">"), std::string::npos);
     }
   }
@@ -71,6 +74,32 @@ TEST(Svg, WaitsAreHatchedAndTextIsEscaped) {
   EXPECT_NE(svg.find("class=\"wait\" x=\"70.00\" y=\"49.00\" width=\"320.00\" height=\"24.00\" fill=\"url(#hatch)\""),
             std::string::npos)
       << svg;
+}
+
+TEST(Svg, ALegendWiderThanTheCanvasWrapsOntoAnotherRow) {
+  // One rank, one event of each category: ten legend entries, about 793 px,
+  // on an 800 px canvas whose legend starts at x = 70.
+  Timeline timeline;
+  timeline.title = "all";
+  timeline.num_ranks = 1;
+  const EventCategory categories[] = {EventCategory::kForward,   EventCategory::kBackward,
+                                      EventCategory::kBackwardInput, EventCategory::kBackwardWeight,
+                                      EventCategory::kSend,      EventCategory::kWait,
+                                      EventCategory::kAllreduce, EventCategory::kOptimizer,
+                                      EventCategory::kOther};
+  double at = 0;
+  for (const EventCategory category : categories) {
+    timeline.events.push_back({RankId(0), std::string(to_string(category)), category, std::nullopt, at, 1});
+    at += 1;
+  }
+  const std::string svg = render_svg(timeline);
+  EXPECT_EQ(testing::xml_problem(svg), "");
+  EXPECT_NE(svg.find("width=\"800.00\" height=\"172.00\""), std::string::npos) << svg;
+  // The first row ends with "optimizer"; "other" and "idle" start the second, 18 px lower.
+  EXPECT_NE(svg.find("<text x=\"689.50\" y=\"138.00\">optimizer</text>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("<rect x=\"70.00\" y=\"146.00\" width=\"12\" height=\"12\""), std::string::npos) << svg;
+  EXPECT_NE(svg.find("<text x=\"86.00\" y=\"156.00\">other</text>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("<text x=\"142.50\" y=\"156.00\">idle</text>"), std::string::npos) << svg;
 }
 
 TEST(XmlCheck, RejectsWhatABrowserWouldReject) {
