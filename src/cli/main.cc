@@ -34,7 +34,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    return app.exit(error);
+    // --help and --version arrive as ParseErrors with exit code 0; CLI11 prints them.
+    if (error.get_exit_code() == 0) return app.exit(error);
+    std::fprintf(stderr, "pipeflow: error: %s (run with --help for the options)\n", error.what());
+    return error.get_exit_code();
   } catch (const pipeflow::Error& error) {
     std::fprintf(stderr, "pipeflow: error: %s\n", error.what());
     return 1;
