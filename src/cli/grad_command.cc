@@ -48,12 +48,14 @@ Gradients unpipelined(const nn::GptConfig& config, const nn::SafetensorsFile& we
 // runtime: the tied wte gradient summed, nothing clipped, no update.
 Gradients pipelined(const GradCommand& c, const nn::GptConfig& config, const nn::SafetensorsFile& weights,
                     IntTensor tokens) {
+  // The schedule first: it rejects microbatches < 1 before they divide anything.
+  const Schedule schedule = make_schedule(c.schedule, c.stages, c.microbatches, c.virtual_stages);
   const auto sequences = static_cast<int>(tokens.dim(0));
   if (sequences % c.microbatches != 0) {
-    fail("--microbatches {} does not divide the batch of {} sequences: micro-batches must be equal", c.microbatches,
-         sequences);
+    fail("--microbatches {} does not divide the batch of {} sequences: micro-batches must be equal; use a divisor "
+         "of {}",
+         c.microbatches, sequences, sequences);
   }
-  const Schedule schedule = make_schedule(c.schedule, c.stages, c.microbatches, c.virtual_stages);
   runtime::EngineOptions options;
   options.micro_batch = sequences / c.microbatches;
   options.sequence_length = static_cast<int>(tokens.dim(1)) - 1;

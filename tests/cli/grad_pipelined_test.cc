@@ -3,10 +3,10 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <filesystem>
 #include <string>
 
+#include "../nn/test_support.h"
 #include "pipeflow/nn/safetensors.h"
 #include "run_pipeflow.h"
 
@@ -15,15 +15,7 @@ namespace {
 
 const std::string kReference = std::string(PIPEFLOW_SOURCE_DIR) + "/tests/data/gpt2_reference.safetensors";
 
-double relative_error(const Tensor& mine, const Tensor& theirs) {
-  double diff = 0;
-  double norm = 0;
-  for (std::int64_t i = 0; i < mine.numel(); ++i) {
-    diff += (static_cast<double>(mine[i]) - theirs[i]) * (static_cast<double>(mine[i]) - theirs[i]);
-    norm += static_cast<double>(theirs[i]) * theirs[i];
-  }
-  return std::sqrt(diff / norm);
-}
+using nn::testing::relative_error;
 
 void expect_reference_gradients(const std::string& layout, const std::string& described) {
   SCOPED_TRACE(layout);
@@ -38,7 +30,7 @@ void expect_reference_gradients(const std::string& layout, const std::string& de
   EXPECT_NEAR(std::stod(grads.metadata("loss")), expected_loss, 1e-5 * expected_loss);
   EXPECT_EQ(grads.names().size(), 28u);
   for (const std::string& name : grads.names()) {
-    EXPECT_LT(relative_error(grads.floats(name), reference.floats("grad." + name)), 1e-5) << name;
+    EXPECT_LT(relative_error(grads.floats(name).span(), reference.floats("grad." + name).span()), 1e-5) << name;
   }
   std::filesystem::remove_all(dir);
 }
@@ -60,8 +52,14 @@ TEST(GradCommand, MicrobatchesMustCutTheBatchEvenly) {
                                             dir + "/g.safetensors --schedule gpipe --stages 2 --microbatches 3");
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_EQ(result.err,
-            "pipeflow: error: --microbatches 3 does not divide the batch of 4 sequences: micro-batches must be equal\n");
+            "pipeflow: error: --microbatches 3 does not divide the batch of 4 sequences: micro-batches must be equal; "
+            "use a divisor of 4\n");
   EXPECT_FALSE(std::filesystem::exists(dir + "/g.safetensors"));
+  // Zero micro-batches is the schedule's rule, not a division by zero.
+  const CommandResult zero = run_pipeflow("grad --weights " + kReference + " --batch " + kReference + " --out " +
+                                          dir + "/g.safetensors --schedule gpipe --stages 2 --microbatches 0");
+  EXPECT_EQ(zero.exit_code, 1);
+  EXPECT_EQ(zero.err, "pipeflow: error: gpipe needs microbatches >= 1 (got 0)\n");
   const CommandResult no_schedule = run_pipeflow("grad --weights " + kReference + " --batch " + kReference +
                                                  " --out " + dir + "/g.safetensors --stages 2");
   EXPECT_EQ(no_schedule.err,

@@ -2,6 +2,8 @@
 
 // Small deterministic inputs and helpers for the nn tests.
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -25,6 +27,20 @@ inline Tensor random_activation(int b, int t, int c, std::uint64_t seed) {
   Rng rng(seed);
   for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(rng.normal());
   return x;
+}
+
+// ‖a − b‖₂ / ‖b‖₂ in double (‖a − b‖₂ when b is zero): how the PyTorch
+// reference comparisons measure a tensor's error. a and b index like arrays
+// and b has size().
+template <class A, class B>
+double relative_error(const A& a, const B& b) {
+  double diff = 0;
+  double norm = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
 // The message of the pipeflow::Error that f throws, or "(no error)".

@@ -12,6 +12,7 @@
 #include "pipeflow/nn/gradient_clipping.h"
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/nn/stage.h"
+#include "test_support.h"
 
 namespace pipeflow::nn {
 namespace {
@@ -24,16 +25,7 @@ const SafetensorsFile& reference() {
 
 double metadata_number(const char* key) { return std::stod(reference().metadata(key)); }
 
-// ‖a − b‖₂ / ‖b‖₂.
-double relative_error(std::span<const float> a, std::span<const float> b) {
-  double diff = 0;
-  double norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / norm);
-}
+using testing::relative_error;
 
 struct Model {
   Stage stage;
