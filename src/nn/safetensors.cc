@@ -17,6 +17,7 @@ static_assert(std::endian::native == std::endian::little, "safetensors data is l
 
 constexpr std::size_t kLengthBytes = 8;
 constexpr std::uint64_t kMaxHeaderBytes = 100 * 1000 * 1000;  // the reference implementation's limit
+constexpr std::uint64_t kMaxElements = std::uint64_t{1} << 60;  // so that bytes (x 4) fit in 63 bits
 
 const char* dtype_name(Dtype dtype) { return dtype == Dtype::kF32 ? "F32" : "I32"; }
 
@@ -85,9 +86,16 @@ void SafetensorsFile::parse_header(std::size_t header_length) {
       bad(fmt::format("shape {} must be a list of at most {} dimensions", shape.dump(), Shape::kMaxRank));
     }
     std::int64_t dims[Shape::kMaxRank] = {};
+    std::uint64_t elements = 1;
     for (std::size_t i = 0; i < shape.size(); ++i) {
       if (!shape[i].is_number_unsigned()) bad(fmt::format("shape {} has a non-integer dimension", shape.dump()));
-      dims[i] = shape[i].get<std::int64_t>();
+      const std::uint64_t dim = shape[i].get<std::uint64_t>();
+      // Checked before multiplying: an overflowing product could match a small data_offsets span.
+      if (dim > kMaxElements || (dim > 0 && elements > kMaxElements / dim)) {
+        bad(fmt::format("shape {} has more than 2^60 elements: a corrupt header", shape.dump()));
+      }
+      elements *= dim;
+      dims[i] = static_cast<std::int64_t>(dim);
     }
     switch (shape.size()) {
       case 0: entry.shape = Shape{}; break;

@@ -90,6 +90,13 @@ TEST(Safetensors, TruncatedAndCorruptFilesAreErrorsNamingTheFileAndTheProblem) {
             "w.safetensors: tensor a: dtype BF16 is not supported (pipeflow reads F32 and I32)");
   EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)),
             "w.safetensors: tensor data is not contiguous (a gap or overlap at data byte 0): corrupt file");
+  // 2^62 · 4 elements of 4 bytes wrap to 0 bytes in 64 bits, 2^64 − 1 is no int64: neither may pass.
+  EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"I32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", 0)),
+            "w.safetensors: tensor a: shape [4611686018427387904,4] has more than 2^60 elements: a corrupt header");
+  EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"I32","shape":[1073741824,2147483648],"data_offsets":[0,0]}})", 0)),
+            "w.safetensors: tensor a: shape [1073741824,2147483648] has more than 2^60 elements: a corrupt header");
+  EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,0]}})", 0)),
+            "w.safetensors: tensor a: shape [18446744073709551615] has more than 2^60 elements: a corrupt header");
 }
 
 TEST(Safetensors, WrongShapeOrDtypeOrMissingTensorNameTheTensor) {
