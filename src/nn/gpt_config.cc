@@ -7,14 +7,15 @@
 namespace pipeflow::nn {
 
 void GptConfig::validate() const {
-  auto require_positive = [](const char* field, int value) {
+  auto require_in_range = [](const char* field, int value, int most) {
     if (value <= 0) fail("model {} = {}: must be positive", field, value);
+    if (value > most) fail("model {} = {}: must be at most {}", field, value, most);
   };
-  require_positive("vocab_size", vocab_size);
-  require_positive("context", context);
-  require_positive("n_layer", n_layer);
-  require_positive("n_head", n_head);
-  require_positive("n_embd", n_embd);
+  require_in_range("vocab_size", vocab_size, kMaxVocab);
+  require_in_range("context", context, kMaxContext);
+  require_in_range("n_layer", n_layer, kMaxLayers);
+  require_in_range("n_head", n_head, kMaxWidth);
+  require_in_range("n_embd", n_embd, kMaxWidth);
   if (n_embd % n_head != 0) {
     fail("model n_embd = {} is not a multiple of n_head = {}: every head needs n_embd / n_head features", n_embd,
          n_head);

@@ -299,5 +299,19 @@ TEST(Stage, WrongInputsAndOrderAreErrorsThatSayWhatToDo) {
             "stage 0 (embedding..block.0): does not hold the head: its backward takes the next stage's gradient");
 }
 
+TEST(GptConfig, ShapesOutsideTheirRangeNameTheFieldAndTheBound) {
+  auto error = [](GptConfig config) { return error_of([&] { config.validate(); }); };
+  EXPECT_EQ(error({.n_layer = 0}), "model n_layer = 0: must be positive");
+  EXPECT_EQ(error({.n_embd = 2000000000}), "model n_embd = 2000000000: must be at most 65536");
+  EXPECT_EQ(error({.n_layer = 100000}), "model n_layer = 100000: must be at most 4096");
+  EXPECT_EQ(error({.n_head = 8, .n_embd = 36}),
+            "model n_embd = 36 is not a multiple of n_head = 8: every head needs n_embd / n_head features");
+  // The largest accepted shape counts its parameters without overflow.
+  const GptConfig largest{.vocab_size = GptConfig::kMaxVocab, .context = GptConfig::kMaxContext,
+                          .n_layer = GptConfig::kMaxLayers, .n_head = 1, .n_embd = GptConfig::kMaxWidth};
+  EXPECT_EQ(error(largest), "(no error)");
+  EXPECT_EQ(largest.parameter_count(), 212277953429504);  // V·C + T·C + L·(12C² + 13C) + 2C
+}
+
 }  // namespace
 }  // namespace pipeflow::nn

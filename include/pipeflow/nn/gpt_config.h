@@ -15,7 +15,15 @@ struct GptConfig {
   int n_head = 4;
   int n_embd = 128;
 
-  // Throws Error naming the field, its value and the rule.
+  // Upper bounds that keep every parameter count and tensor size within 64
+  // bits (GPT-3 175B has n_embd 12288, 96 layers, context 2048, vocabulary 50257).
+  static constexpr int kMaxVocab = 1 << 24;
+  static constexpr int kMaxContext = 1 << 20;
+  static constexpr int kMaxLayers = 1 << 12;
+  static constexpr int kMaxWidth = 1 << 16;
+
+  // Throws Error naming the field, its value and the rule: each field in
+  // [1, its kMax], n_embd a multiple of n_head.
   void validate() const;
   int head_size() const { return n_embd / n_head; }
   // The pipeline layers: embedding, block.0 … block.{L−1}, head.
