@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <new>
 
 #include "pipeflow/core/error.h"
 
@@ -32,8 +31,20 @@ void* BufferPool::acquire(std::size_t bytes) {
     ++system_allocations_;
   }
   void* block = std::aligned_alloc(kAlignment, bytes);
-  if (block == nullptr) throw std::bad_alloc();
+  if (block == nullptr) {
+    {
+      const std::lock_guard lock(mutex_);
+      --outstanding_;  // nothing was handed out: the pool may still be destroyed
+      --system_allocations_;
+    }
+    fail_allocation(bytes);
+  }
   return block;
+}
+
+void fail_allocation(std::size_t bytes) {
+  fail("out of memory: cannot allocate {} bytes ({:.1f} GiB) for a tensor: use a smaller model, batch or sequence",
+       bytes, static_cast<double>(bytes) / static_cast<double>(std::size_t{1} << 30));
 }
 
 void BufferPool::give_back(void* block, std::size_t bytes) {

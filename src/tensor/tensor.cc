@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <utility>
 
 #include "pipeflow/core/error.h"
@@ -26,7 +25,7 @@ BasicTensor<T>::BasicTensor(const Shape& shape, Allocator allocator, bool zero)
   }
   const std::size_t size = block_bytes();
   void* block = pool_ != nullptr ? pool_->acquire(size) : std::aligned_alloc(BufferPool::kAlignment, size);
-  if (block == nullptr) throw std::bad_alloc();
+  if (block == nullptr) fail_allocation(size);
   data_ = static_cast<T*>(block);
   if (zero) std::memset(data_, 0, size);
   if (account_ != nullptr) account_->charge(bytes());

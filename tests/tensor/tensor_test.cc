@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -116,6 +117,35 @@ TEST(BufferPool, TakesBackBlocksFreedOnAnotherThread) {
   EXPECT_EQ(pool.cached_bytes(), 4 * 1024u);
   const Tensor again({256}, {&pool, nullptr});
   EXPECT_EQ(pool.system_allocations(), 4);
+}
+
+TEST(Tensor, AnImpossibleAllocationIsAnErrorAndLeavesThePoolClean) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer aborts on an oversized allocation instead of returning null";
+#endif
+  // 2^60 floats: 4 EiB, beyond any address space.
+  const Shape huge{std::int64_t{1} << 40, std::int64_t{1} << 20};
+  const std::string expected =
+      "out of memory: cannot allocate 4611686018427387904 bytes (4294967296.0 GiB) for a tensor: use a smaller "
+      "model, batch or sequence";
+  try {
+    const Tensor t(huge);
+    FAIL() << "allocated";
+  } catch (const Error& error) {
+    EXPECT_EQ(std::string(error.what()), expected);
+  }
+  MemoryAccount account;
+  {
+    BufferPool pool;
+    try {
+      const Tensor t(huge, {&pool, &account});
+      FAIL() << "allocated";
+    } catch (const Error& error) {
+      EXPECT_EQ(std::string(error.what()), expected);
+    }
+    EXPECT_EQ(pool.system_allocations(), 0);
+  }  // the pool is destroyed with nothing outstanding (it aborts otherwise)
+  EXPECT_EQ(account.live_bytes(), 0);
 }
 
 }  // namespace

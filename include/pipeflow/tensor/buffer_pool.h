@@ -27,7 +27,8 @@ class BufferPool {
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
-  // A block of `bytes` (a positive multiple of kAlignment), aligned to kAlignment.
+  // A block of `bytes` (a positive multiple of kAlignment), aligned to
+  // kAlignment; fail_allocation when the system has none.
   void* acquire(std::size_t bytes);
   // Returns a block acquired with the same `bytes`.
   void give_back(void* block, std::size_t bytes);
@@ -46,5 +47,8 @@ class BufferPool {
   std::int64_t outstanding_ = 0;
   std::size_t cached_bytes_ = 0;
 };
+
+// Throws Error: out of memory for a block of `bytes`, what to make smaller.
+[[noreturn]] void fail_allocation(std::size_t bytes);
 
 }  // namespace pipeflow
