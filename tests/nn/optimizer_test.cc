@@ -186,6 +186,15 @@ TEST(LrSchedule, WarmupLRFollowsDeepSpeedsLogAndLinearWarmup) {
   const auto linear = schedule(
       R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.002, "warmup_num_steps": 100, "warmup_type": "linear"}}})");
   EXPECT_NEAR(linear.lr(25), 0.0005, 1e-15);
+  // DeepSpeed floors warmup_num_steps at 2 (ln W must be positive): 0 and 1 warm up over steps 0 and 1.
+  for (const char* steps : {"0", "1"}) {
+    const auto short_warmup = schedule(std::string(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": )"
+                                                   R"(0.0001, "warmup_max_lr": 0.001, "warmup_num_steps": )") +
+                                       steps + "}}}");
+    EXPECT_EQ(short_warmup.lr(0), 0.0001) << steps;
+    EXPECT_DOUBLE_EQ(short_warmup.lr(1), 0.001) << steps;
+    EXPECT_DOUBLE_EQ(short_warmup.lr(2), 0.001) << steps;
+  }
 }
 
 TEST(LrSchedule, WarmupDecayLRDecaysLinearlyAfterWarmup) {

@@ -113,7 +113,7 @@ class BasicStage {
   using Input = BasicStageInput<T>;
 
   // Parameters start at zero: init_gpt2, copy_parameters_from or
-  // load_parameters (checkpoint.h) fill them.
+  // load_parameters (model_file.h) fill them.
   BasicStage(const GptConfig& config, LayerRange layers, StageOptions options = {});
   BasicStage(const BasicStage&) = delete;
   BasicStage& operator=(const BasicStage&) = delete;
