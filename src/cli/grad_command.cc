@@ -92,6 +92,7 @@ void add_grad_command(CLI::App& app) {
     const nn::SafetensorsFile weights = nn::SafetensorsFile::read(command->weights);
     const nn::GptConfig config = nn::read_config(weights);
     IntTensor tokens = nn::SafetensorsFile::read(command->batch).ints("tokens");
+    nn::check_sequences(tokens);
     const auto b = tokens.dim(0);
     const auto t = tokens.dim(1) - 1;
     if (command->schedule.empty() && (command->stages != 1 || command->microbatches != 1)) {

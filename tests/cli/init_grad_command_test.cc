@@ -3,10 +3,11 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <filesystem>
 #include <string>
+#include <vector>
 
+#include "../nn/test_support.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/nn/model_file.h"
 #include "run_pipeflow.h"
@@ -70,15 +71,8 @@ TEST(GradCommand, ComputesPyTorchsLossAndGradientsOfTheReferenceBatch) {
   EXPECT_NEAR(std::stod(grads.metadata("loss")), expected_loss, 1e-5 * expected_loss);
   EXPECT_EQ(grads.names().size(), 28u);
   for (const std::string& name : grads.names()) {
-    const Tensor mine = grads.floats(name);
-    const Tensor theirs = reference.floats("grad." + name);
-    double diff = 0;
-    double norm = 0;
-    for (std::int64_t i = 0; i < mine.numel(); ++i) {
-      diff += (static_cast<double>(mine[i]) - theirs[i]) * (static_cast<double>(mine[i]) - theirs[i]);
-      norm += static_cast<double>(theirs[i]) * theirs[i];
-    }
-    EXPECT_LT(std::sqrt(diff / norm), 1e-5) << name;
+    EXPECT_LT(nn::testing::relative_error(grads.floats(name).span(), reference.floats("grad." + name).span()), 1e-5)
+        << name;
   }
   std::filesystem::remove_all(dir);
 }
@@ -107,6 +101,26 @@ TEST(GradCommand, SequencesLongerThanTheContextAreRejected) {
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_EQ(result.err,
             "pipeflow: error: model (embedding..head): sequence length 16 exceeds the model's context of 4\n");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GradCommand, TokensThatAreNotSequencesAreRejectedWithOrWithoutASchedule) {
+  const std::string dir = make_temp_dir();
+  ASSERT_EQ(run_pipeflow("init --layers 1 --heads 1 --width 8 --context 4 --out " + dir + "/w.safetensors").exit_code,
+            0);
+  nn::SafetensorsWriter batch;
+  const std::vector<std::int32_t> flat(36, 1);
+  batch.add("tokens", flat, {36});
+  batch.write(dir + "/flat.safetensors");
+  for (const std::string layout : {"", " --schedule 1f1b --stages 2 --microbatches 2"}) {
+    const CommandResult result = run_pipeflow("grad --weights " + dir + "/w.safetensors --batch " + dir +
+                                              "/flat.safetensors --out " + dir + "/g.safetensors" + layout);
+    EXPECT_EQ(result.exit_code, 1) << layout;
+    EXPECT_EQ(result.err,
+              "pipeflow: error: token sequences must be an int32 tensor [B, T+1] with B >= 1 and T >= 1, got "
+              "[36]\n")
+        << layout;
+  }
   std::filesystem::remove_all(dir);
 }
 
