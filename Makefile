@@ -28,7 +28,7 @@ test: build
 	@ctest --preset $(PRESET)
 
 run: build
-	$(PIPEFLOW) schedule --schedule 1f1b --stages 2 --microbatches 8
+	$(PIPEFLOW) train --config examples/train_1f1b_2stage.json
 
 bench: build
 	@bash bench/run_all.sh $(BUILD_DIR)

@@ -178,11 +178,17 @@ std::string printable(std::string_view text) {
 
 std::string oversubscription_note(int ranks, int cores, bool emulated) {
   if (cores <= 0 || ranks <= cores) return "";
+  if (emulated) {
+    return fmt::format(
+        "{} ranks, {} cores: threads would time-slice, so this run is emulated: each action ran alone and the "
+        "timeline replays the measured durations with one core per rank.",
+        ranks, cores);
+  }
   return fmt::format(
-      "{} ranks share {} cores: the workers are time-sliced, so the measured step time, tokens/s and bubble{} are "
+      "{} ranks share {} cores: the workers are time-sliced, so the measured step time, tokens/s and bubble are "
       "not those of a pipeline with one device per rank; --emulate runs each action alone and replays the measured "
       "durations with one core per rank.",
-      ranks, cores, emulated ? " of a threaded run would be" : "");
+      ranks, cores);
 }
 
 std::string training_report(const RunRecord& run) {

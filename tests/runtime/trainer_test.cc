@@ -8,6 +8,7 @@
 #include "pipeflow/core/file.h"
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/runtime/progress.h"
+#include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/trainer.h"
 #include "pipeflow/sim/profile.h"
 #include "test_support.h"
@@ -136,6 +137,18 @@ TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
                "step 100: validation loss 2.5000\n\r\033[Kstep 100/200 [==========>         ] loss 2.3140  12.3k tok/s "
                "emulated  bubble 11.2% (pred 10.9%)  ETA 50s\n");
   std::fclose(out);
+}
+
+TEST(Report, SaysWhenRanksOutnumberCores) {
+  EXPECT_EQ(oversubscription_note(2, 2, false), "");
+  EXPECT_EQ(oversubscription_note(4, 2, false),
+            "4 ranks share 2 cores: the workers are time-sliced, so the measured step time, tokens/s and bubble are "
+            "not those of a pipeline with one device per rank; --emulate runs each action alone and replays the "
+            "measured durations with one core per rank.");
+  EXPECT_EQ(oversubscription_note(8, 2, true),
+            "8 ranks, 2 cores: threads would time-slice, so this run is emulated: each action ran alone and the "
+            "timeline replays the measured durations with one core per rank.");
+  EXPECT_EQ(printable("ok\n\tfine\x01\xff"), "ok\n\tfine??");
 }
 
 TEST(Progress, EtaIsReadable) {
