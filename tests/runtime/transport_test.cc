@@ -14,13 +14,15 @@ std::atomic<bool> counting{false};
 std::atomic<long> allocations{0};
 }  // namespace
 
-void* operator new(std::size_t bytes) {
+// Out of line, so that the compiler does not pair an inlined delete's free()
+// with a new it cannot see is malloc (-Wmismatched-new-delete).
+[[gnu::noinline]] void* operator new(std::size_t bytes) {
   if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
   throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace pipeflow::runtime {
 namespace {
