@@ -6,7 +6,7 @@
 // medians, and the runtime's overhead; then the throughput ratio against the
 // ideal P × (1 − predicted bubble).
 //
-//   bench_runtime_pipeline [--schedule 1f1b --stages 2 --microbatches 8 --micro-batch 4
+//   bench_runtime_pipeline [--schedule 1f1b --stages 2 --microbatches 8 --micro-batch 8
 //                           --layers 4 --heads 4 --width 128 --context 64
 //                           --partition balanced --steps 12 --rounds 3]
 //
@@ -40,7 +40,7 @@ struct Options {
   std::string schedule = "1f1b";
   int stages = 2;
   int microbatches = 8;
-  int micro_batch = 4;
+  int micro_batch = 8;
   nn::GptConfig model{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 4, .n_embd = 128};
   std::string partition = "balanced";
   int steps = 12;
