@@ -37,6 +37,11 @@ nlohmann::ordered_json to_json(const StepLog& log) {
   json["tokens_per_s_predicted"] = log.tokens_per_s_predicted;
   json["bubble_measured"] = log.bubble_measured;
   json["bubble_predicted"] = log.bubble_predicted;
+  json["busy_s"] = log.busy_s;
+  json["busy_predicted_s"] = log.busy_predicted_s;
+  json["idle_s"] = log.idle_s;
+  json["idle_predicted_s"] = log.idle_predicted_s;
+  json["comm_s"] = log.comm_s;
   json["peak_activation_bytes"] = log.peak_activation_bytes;
   json["peak_activation_bytes_predicted"] = log.peak_activation_bytes_predicted;
   if (log.val_loss) json["val_loss"] = *log.val_loss;
@@ -162,11 +167,23 @@ StepLog Run::train_step(std::int64_t step) {
               .tokens_per_s_predicted = static_cast<double>(result.tokens) / prediction_.step_time_s,
               .bubble_measured = figures.bubble,
               .bubble_predicted = prediction_.pipeline_bubble_ratio,
+              .busy_s = {},
+              .busy_predicted_s = {},
+              .idle_s = {},
+              .idle_predicted_s = {},
+              .comm_s = {},
               .peak_activation_bytes = {},
               .peak_activation_bytes_predicted = {},
               .val_loss = std::nullopt};
-  for (const RankFigures& rank : figures.ranks) log.peak_activation_bytes.push_back(rank.peak_activation_bytes);
+  for (const RankFigures& rank : figures.ranks) {
+    log.busy_s.push_back(rank.compute_s);
+    log.idle_s.push_back(figures.pipeline_s - rank.compute_s);
+    log.comm_s.push_back(rank.comm_s);
+    log.peak_activation_bytes.push_back(rank.peak_activation_bytes);
+  }
   for (const RankResult& rank : prediction_.ranks) {
+    log.busy_predicted_s.push_back(rank.busy_s);
+    log.idle_predicted_s.push_back(prediction_.pipeline_time_s - rank.busy_s);
     log.peak_activation_bytes_predicted.push_back(static_cast<std::int64_t>(rank.activation_bytes));
   }
   figures_.push_back(std::move(figures));

@@ -67,6 +67,12 @@ TEST(Trainer, TrainsWritesMetricsReportTimelineAndWeights) {
     }
     EXPECT_EQ(json["step"], count);
     EXPECT_EQ(json["peak_activation_bytes"].size(), 2u);
+    for (const char* key : {"busy_s", "busy_predicted_s", "idle_s", "idle_predicted_s", "comm_s"}) {
+      ASSERT_EQ(json[key].size(), 2u) << key;
+    }
+    // Measured and predicted split the same pipeline time, per rank.
+    EXPECT_NEAR(json["busy_predicted_s"][0].get<double>() + json["idle_predicted_s"][0].get<double>(),
+                json["busy_predicted_s"][1].get<double>() + json["idle_predicted_s"][1].get<double>(), 1e-12);
     EXPECT_EQ(json.contains("val_loss"), count == 4 || count == 9 || count == 11) << line;
     ++count;
   }
@@ -111,7 +117,8 @@ TEST(Trainer, EmulatedAndThreadedRunsTrainTheSameWeights) {
 TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
   StepLog log{.step = 35, .loss = 2.314, .lr = 1e-3, .grad_norm = 0.84, .step_time_s = 0.0521,
               .step_time_predicted_s = 0.05, .tokens_per_s = 12345, .tokens_per_s_predicted = 13000,
-              .bubble_measured = 0.112, .bubble_predicted = 0.109, .peak_activation_bytes = {},
+              .bubble_measured = 0.112, .bubble_predicted = 0.109, .busy_s = {}, .busy_predicted_s = {},
+              .idle_s = {}, .idle_predicted_s = {}, .comm_s = {}, .peak_activation_bytes = {},
               .peak_activation_bytes_predicted = {}, .val_loss = {}};
   char buffer[1024] = {};
   std::FILE* out = fmemopen(buffer, sizeof buffer, "w");

@@ -54,6 +54,10 @@ struct StepLog {
   double tokens_per_s_predicted = 0;
   double bubble_measured = 0;
   double bubble_predicted = 0;
+  // Per rank, in the pipeline part of the step: compute (F/B/I/W), idle
+  // (makespan − compute) and communication (SEND/RECV outside their waits),
+  // measured and predicted (the prediction's hand-offs are free).
+  std::vector<double> busy_s, busy_predicted_s, idle_s, idle_predicted_s, comm_s;
   std::vector<std::int64_t> peak_activation_bytes;  // per rank, measured
   std::vector<std::int64_t> peak_activation_bytes_predicted;  // per rank, the simulator's memory walk
   std::optional<double> val_loss;
