@@ -266,7 +266,7 @@ std::string RankWorker::where_others_are() const {
 void RankWorker::fail_timeout(std::size_t index, const std::string& waited_for) const {
   const Action& a = (*actions_)[index];
   fail("rank {} timed out after {} at {} (step {}, position {} of {}): waited for the {}; {}. "
-       "If a stage is only slow, raise the timeout.\n{}",
+       "If a stage is only slow, raise the timeout (pipeflow train --timeout SECONDS).\n{}",
        rank_, format_seconds(options_->timeout.count()), a, step_, index, actions_->size(), waited_for,
        where_others_are(), render_grid(*schedule_, {GridMark{rank_, index, 1}}));
 }

@@ -72,8 +72,9 @@ std::string run_section(const RunRecord& run) {
 std::string partition_section(const RunRecord& run) {
   const Schedule& schedule = *run.schedule;
   std::string out = fmt::format(
-      "\n## Partition ({})\n\nPer micro-batch, medians of the measured actions of steps 1 … {} (step 0 warms up).\n\n",
-      to_string(run.settings->partition), run.costs->steps());
+      "\n## Partition ({})\n\nPer micro-batch, medians of the measured actions of {} (step 0 warms the buffer pools "
+      "up; it is used alone only when the run has no other step).\n\n",
+      to_string(run.settings->partition), run.cost_steps);
   out += "| stage | rank | layers | F | B | I | W | optimizer | activations held |\n";
   out += "|---|---|---|---|---|---|---|---|---|\n";
   for (int s = 0; s < schedule.num_stages(); ++s) {
@@ -197,6 +198,8 @@ std::string training_report(const RunRecord& run) {
   out += partition_section(run);
   out += comparison_section(run);
   out += loss_section(run);
+  out += fmt::format("\n## Configuration\n\nAs read (defaults written out; flags applied):\n\n```json\n{}```\n",
+                     run.settings->config_text);
   out += fmt::format(
       "\n## Sample\n\n{} bytes generated from the final weights (temperature 0.8; bytes that are not printable ASCII "
       "shown as ?):\n\n```text\n{}\n```\n",

@@ -100,8 +100,11 @@ class Run {
   StepLog train_step(std::int64_t step);
   double validation_loss() const;
   void write_outputs(TrainOutcome& outcome, const StepResult& last);
-  // The costs the final prediction used.
+  // The costs the final prediction used, and which steps they were measured in.
   const CostProfile* record_costs() const { return costs_.steps() > 0 ? &costs_ : &first_costs_; }
+  std::string cost_steps() const {
+    return costs_.steps() > 0 ? fmt::format("steps 1-{}", costs_.steps()) : "step 0";
+  }
 
   const TrainSettings& settings_;
   ProgressPrinter& progress_;
@@ -255,8 +258,8 @@ void Run::write_outputs(TrainOutcome& outcome, const StepResult& last) {
   write("predicted.svg", render_svg(predicted));
   write("profile.json",
         profile_to_json(measured_profile(*record_costs(), *engine_,
-                                         fmt::format("pipeflow train {}, median action costs of steps 1-{}",
-                                                     settings_.config_source, record_costs()->steps()))));
+                                         fmt::format("pipeflow train {}, median action costs of {}",
+                                                     settings_.config_source, cost_steps()))));
   nn::write_weights(dir / "weights.safetensors", *engine_->assemble_model());
   outcome.files.push_back(dir / "weights.safetensors");
   RunRecord record{.settings = &settings_,
@@ -267,6 +270,7 @@ void Run::write_outputs(TrainOutcome& outcome, const StepResult& last) {
                    .log = outcome.log,
                    .figures = figures_,
                    .costs = record_costs(),
+                   .cost_steps = cost_steps(),
                    .prediction = &prediction_,
                    .sample = outcome.sample};
   write("report.md", training_report(record));

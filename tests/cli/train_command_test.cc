@@ -76,7 +76,8 @@ TEST(TrainCommand, TrainsATinyModelAndWritesTheReportMetricsTimelinesAndWeights)
 
   const std::string report = read_file(out + "/report.md");
   for (const char* part : {"## Run", "## Partition (uniform)", "## Measured vs predicted", "| bubble |",
-                           "peak activations measured", "## Loss", "## Sample", "- configuration: `" }) {
+                           "peak activations measured", "## Loss", "## Sample", "- configuration: `",
+                           "## Configuration", "\"train_micro_batch_size_per_gpu\": 2"}) {
     EXPECT_NE(report.find(part), std::string::npos) << part;
   }
   EXPECT_NE(read_file(out + "/timeline.svg").find("1f1b measured, step 24"), std::string::npos);

@@ -122,7 +122,7 @@ TEST(PipelineEngine, ATimeoutNamesTheRankTheActionAndTheMessageAndMarksTheGrid) 
   EXPECT_EQ(error_of([&] { engine.step(0, train_source()); }),
             "rank 1 timed out after 50.0 ms at 1RECV_F1 (step 0, position 2 of 8): waited for the activation of "
             "micro-batch 1 from stage 0 (rank 0 -> rank 1); rank 0 is at 0F1 (position 2). If a stage is only "
-            "slow, raise the timeout.\n" +
+            "slow, raise the timeout (pipeflow train --timeout SECONDS).\n" +
                 render_grid(schedule, {GridMark{RankId(1), at, 1}}));
 }
 

@@ -21,6 +21,8 @@ struct RunRecord {
   // The measured figures of every step (emulated: of the replayed steps).
   std::vector<StepFigures> figures;
   const CostProfile* costs = nullptr;
+  std::string cost_steps;  // the steps `costs` were measured in, e.g. "steps 1-3"
+
   const SimulationResult* prediction = nullptr;  // from `costs`
   std::string sample;
 };
