@@ -62,12 +62,12 @@ void run(const TrainCommand& c) {
   if (overrides.schedule || overrides.pipeline_stages || overrides.virtual_stages || overrides.micro_batch) {
     apply_overrides(config, overrides);
   }
-  runtime::TrainSettings settings = runtime::train_settings(config);
   if (c.app->count("--steps") > 0) {
     if (c.steps < 1) fail("--steps {}: must be >= 1", c.steps);
-    settings.steps = c.steps;
+    config.steps = c.steps;
   }
-  if (!c.out_dir.empty()) settings.out_dir = c.out_dir;
+  if (!c.out_dir.empty()) config.out_dir = c.out_dir;
+  runtime::TrainSettings settings = runtime::train_settings(config);
   settings.weights = c.weights;
   settings.emulate = c.emulate;
   if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
