@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <thread>
 
 #include "pipeflow/model/hardware.h"
@@ -25,6 +26,11 @@ TEST(CalibrateCommand, WritesAProfileTheSimulatorLoadsWithPositiveFigures) {
   EXPECT_LE(profile.efficiency, 1);
   EXPECT_EQ(profile.devices_per_node, static_cast<int>(std::thread::hardware_concurrency()));
   EXPECT_EQ(profile.estimated, (std::vector<std::string>{"inter_node_bandwidth_bytes_per_s", "inter_node_latency_s"}));
+  const CommandResult simulated = run_pipeflow("simulate --model gpt-tiny --hardware " + dir +
+                                               "/here.json --pp 2 --global-batch 16 --micro-batch 2 --json");
+  ASSERT_EQ(simulated.exit_code, 0) << simulated.err;
+  EXPECT_NE(simulated.out.find("\"hardware\": \"here\""), std::string::npos) << simulated.out;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CalibrateCommand, WithoutAFileItPrintsTheProfile) {
