@@ -80,6 +80,7 @@ bool InProcessTransport::try_receive(const MessageKey& key, Tensor& out) {
 }
 
 WaitStatus InProcessTransport::all_reduce_sum(RankId rank, double& value, Deadline deadline) {
+  inbox(rank);  // checks the rank
   Reduction& r = reduction_;
   std::unique_lock lock(r.mutex);
   if (aborted()) return WaitStatus::kAborted;
