@@ -68,7 +68,7 @@ Config Config::parse(std::string_view text, std::string source) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range for a number like 1e400
     fail("{}: not valid JSON: {}", source, error.what());
   }
   return from_json(std::move(json), std::move(source));
