@@ -1,5 +1,10 @@
 #include "pipeflow/sim/layout.h"
 
+#include <fmt/ranges.h>
+
+#include <cstdint>
+#include <limits>
+
 #include "pipeflow/core/error.h"
 
 namespace pipeflow {
@@ -9,14 +14,26 @@ void require_positive(int value, std::string_view what, std::string_view fix) {
   if (value < 1) fail("{} = {}: must be >= 1: {}", what, value, fix);
 }
 
-// The nearest multiples of `unit` around `value`, for a message's fix.
+}  // namespace
+
+int checked_product(std::initializer_list<int> factors, std::string_view what, std::string_view unit) {
+  constexpr std::int64_t kMax = std::numeric_limits<int>::max();
+  std::int64_t product = 1;
+  for (int factor : factors) {
+    if (factor < 1) fail("internal: {} has a factor {} < 1", what, factor);
+    product *= factor;  // both sides <= kMax, so this fits in 64 bits
+    if (product > kMax) {
+      fail("{} = {}: more than {} {}: use smaller sizes", what, fmt::join(factors, " × "), kMax, unit);
+    }
+  }
+  return static_cast<int>(product);
+}
+
 std::string nearest_multiples(int value, int unit) {
-  const int below = value / unit * unit;
+  const std::int64_t below = value / unit * static_cast<std::int64_t>(unit);
   if (below == 0) return fmt::format("{}", unit);
   return fmt::format("{} or {}", below, below + unit);
 }
-
-}  // namespace
 
 void validate_layout(const Layout& layout) {
   require_positive(layout.tensor_parallel, "tensor parallel", "use 1 for no tensor parallelism");
@@ -31,16 +48,17 @@ void validate_layout(const Layout& layout) {
   const int t = layout.tensor_parallel;
   const int p = layout.pipeline_parallel;
   const int d = layout.data_parallel;
-  if (layout.devices != t * p * d) {
+  const int devices = checked_product({t, p, d}, "tensor × pipeline × data parallel", "devices");
+  if (layout.devices != devices) {
     const int model_parallel = t * p;
     const std::string fix = layout.devices % model_parallel == 0
                                 ? fmt::format("use data parallel {} or devices {}", layout.devices / model_parallel,
-                                              t * p * d)
-                                : fmt::format("use devices {}", t * p * d);
+                                              devices)
+                                : fmt::format("use devices {}", devices);
     fail("devices = {} but tensor × pipeline × data parallel = {} × {} × {} = {}: {}", layout.devices, t, p, d,
-         t * p * d, fix);
+         devices, fix);
   }
-  const int per_step = layout.micro_batch * d;
+  const int per_step = checked_product({layout.micro_batch, d}, "micro-batch × data parallel", "sequences per step");
   if (layout.global_batch % per_step != 0) {
     fail("global batch {} is not a multiple of micro-batch × data parallel = {} × {} = {}: use a global batch of {}",
          layout.global_batch, layout.micro_batch, d, per_step, nearest_multiples(layout.global_batch, per_step));

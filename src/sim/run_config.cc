@@ -44,11 +44,6 @@ auto with_value_context(const Config& c, std::string_view key, F body) {
   }
 }
 
-std::string multiples_near(int value, int unit) {
-  const int below = value / unit * unit;
-  return below == 0 ? fmt::format("{}", unit) : fmt::format("{} or {}", below, below + unit);
-}
-
 OptimizerConfig read_optimizer(const Config& section) {
   OptimizerConfig o;
   const std::string type = lower(section.get("type", "AdamW"));
@@ -219,15 +214,22 @@ BatchKeys read_batch_keys(const Config& config) {
   return keys;
 }
 
+// tensor_parallel × pipeline.stages × data_parallel, checked to fit an int.
+int parallel_devices(const RunConfig& run) {
+  return checked_product({run.tensor_parallel, run.pipeline.stages, run.data_parallel},
+                         fmt::format("{}: tensor_parallel × pipeline.stages × data_parallel", run.source), "devices");
+}
+
 // The rules that tie keys together, checked once every key is read.
 void check_consistency(const Config& config, const RunConfig& run) {
   const int t = run.tensor_parallel;
   const int p = run.pipeline.stages;
   const int d = run.data_parallel;
-  if (run.devices && *run.devices != t * p * d) {
+  const int devices = parallel_devices(run);
+  if (run.devices && *run.devices != devices) {
     config.fail_value("devices", fmt::format("tensor_parallel × pipeline.stages × data_parallel = {} × {} × {} = {}: "
                                              "drop devices or make them agree",
-                                             t, p, d, t * p * d));
+                                             t, p, d, devices));
   }
   if (run.recompute && run.pipeline.activation_checkpoint_interval > 0 && *run.recompute != Recompute::kFull) {
     config.fail_value("recompute", fmt::format("pipeline.activation_checkpoint_interval = {} recomputes whole "
@@ -275,33 +277,37 @@ BatchSizes resolve_batch_sizes(const BatchKeys& keys, int data_parallel, const s
   const auto& micro = keys.micro_batch;
   const auto& accumulation = keys.gradient_accumulation_steps;
   BatchSizes out;
+  const std::string all_three =
+      fmt::format("{}: train_micro_batch_size_per_gpu × gradient_accumulation_steps × data_parallel", source);
   if (total && micro && accumulation) {
     out = {*total, *micro, *accumulation};
-    if (*total != *micro * *accumulation * d) {
+    const int product = checked_product({*micro, *accumulation, d}, all_three, "sequences per step");
+    if (*total != product) {
       fail("{}: train_batch_size = {} but train_micro_batch_size_per_gpu × gradient_accumulation_steps × "
            "data_parallel = {} × {} × {} = {}: give two of the three and let the third follow, or make them agree",
-           source, *total, *micro, *accumulation, d, *micro * *accumulation * d);
+           source, *total, *micro, *accumulation, d, product);
     }
   } else if (total && (micro || accumulation)) {
     const int other = micro ? *micro : *accumulation;
     const char* other_name = micro ? "train_micro_batch_size_per_gpu" : "gradient_accumulation_steps";
-    if (*total % (other * d) != 0) {
+    const int per_step = checked_product({other, d}, fmt::format("{}: {} × data_parallel", source, other_name),
+                                         micro ? "sequences" : "micro-batches");
+    if (*total % per_step != 0) {
       fail("{}: train_batch_size = {} is not a multiple of {} × data_parallel = {} × {} = {}: use "
            "train_batch_size {}",
-           source, *total, other_name, other, d, other * d, multiples_near(*total, other * d));
+           source, *total, other_name, other, d, per_step, nearest_multiples(*total, per_step));
     }
-    out = micro ? BatchSizes{*total, *micro, *total / (*micro * d)}
-                : BatchSizes{*total, *total / (*accumulation * d), *accumulation};
+    out = micro ? BatchSizes{*total, *micro, *total / per_step} : BatchSizes{*total, *total / per_step, *accumulation};
   } else if (total) {
     if (*total % d != 0) {
       fail("{}: train_batch_size = {} is not a multiple of data_parallel = {}: use train_batch_size {}", source,
-           *total, d, multiples_near(*total, d));
+           *total, d, nearest_multiples(*total, d));
     }
     out = {*total, *total / d, 1};
   } else {
     const int b = micro.value_or(1);
     const int m = accumulation.value_or(1);
-    out = {b * m * d, b, m};
+    out = {checked_product({b, m, d}, all_three, "sequences per step"), b, m};
   }
   return out;
 }
@@ -437,7 +443,7 @@ Layout layout_from_run_config(const RunConfig& run) {
   layout.tensor_parallel = run.tensor_parallel;
   layout.pipeline_parallel = run.pipeline.stages;
   layout.data_parallel = run.data_parallel;
-  layout.devices = run.devices.value_or(run.tensor_parallel * run.pipeline.stages * run.data_parallel);
+  layout.devices = run.devices.value_or(parallel_devices(run));
   layout.micro_batch = run.batch.micro;
   layout.global_batch = run.batch.global;
   layout.sequence = run.sequence();

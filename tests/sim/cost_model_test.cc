@@ -238,6 +238,20 @@ TEST(Layout, RulesNameBothSidesAndTheFix) {
   layout.tensor_parallel = 0;
   EXPECT_EQ(error_of([&] { validate_layout(layout); }),
             "tensor parallel = 0: must be >= 1: use 1 for no tensor parallelism");
+  // 96 × 98 × 1000000 wrapped around int (pipeflow simulate said "internal: negative device index").
+  layout = gpt3_175b_example();
+  layout.tensor_parallel = 96;
+  layout.pipeline_parallel = 98;
+  layout.data_parallel = 1000000;
+  EXPECT_EQ(error_of([&] { validate_layout(layout); }),
+            "tensor × pipeline × data parallel = 96 × 98 × 1000000: more than 2147483647 devices: use smaller sizes");
+  layout = gpt3_175b_example();
+  layout.micro_batch = 65536;
+  layout.data_parallel = 65536;
+  layout.devices = 8 * 8 * 65536;
+  EXPECT_EQ(error_of([&] { validate_layout(layout); }),
+            "micro-batch × data parallel = 65536 × 65536: more than 2147483647 sequences per step: use smaller sizes");
+  EXPECT_EQ(nearest_multiples(2147483647, 2), "2147483646 or 2147483648");
 }
 
 }  // namespace

@@ -185,6 +185,27 @@ TEST(RunConfigBatch, BrokenRulesNameBothSidesAndTheFix) {
             "run.json: train_micro_batch_size_per_gpu = 0: must be a positive integer: sequences per micro-batch");
 }
 
+// Products beyond an int are errors, not wrapped values: 65536 × 65536 wrapped
+// to 0, and `pipeflow simulate --micro-batch 65536 --global-batch 65536 --dp
+// 65536` died of SIGFPE dividing by it.
+TEST(RunConfigBatch, ProductsTooLargeForAnIntAreNamed) {
+  EXPECT_EQ(parse_error(R"({"train_batch_size": 65536, "train_micro_batch_size_per_gpu": 65536,
+                            "gradient_accumulation_steps": 65536})"),
+            "run.json: train_micro_batch_size_per_gpu × gradient_accumulation_steps × data_parallel = 65536 × 65536 "
+            "× 1: more than 2147483647 sequences per step: use smaller sizes");
+  EXPECT_EQ(parse_error(R"({"train_batch_size": 65536, "train_micro_batch_size_per_gpu": 65536,
+                            "data_parallel": 65536})"),
+            "run.json: train_micro_batch_size_per_gpu × data_parallel = 65536 × 65536: more than 2147483647 "
+            "sequences: use smaller sizes");
+  EXPECT_EQ(parse_error(R"({"gradient_accumulation_steps": 65536, "data_parallel": 65536})"),
+            "run.json: train_micro_batch_size_per_gpu × gradient_accumulation_steps × data_parallel = 1 × 65536 × "
+            "65536: more than 2147483647 sequences per step: use smaller sizes");
+  EXPECT_EQ(parse_error(R"({"tensor_parallel": 96, "pipeline": {"stages": 98, "schedule": "gpipe"},
+                            "data_parallel": 1000000})"),
+            "run.json: tensor_parallel × pipeline.stages × data_parallel = 96 × 98 × 1000000: more than 2147483647 "
+            "devices: use smaller sizes");
+}
+
 TEST(RunConfig, UnknownKeysAreErrorsNamingThePath) {
   EXPECT_EQ(parse_error(R"({"pipeline": {"stagse": 2}, "fp16": {"enabled": true}})"),
             "run.json: unknown keys 'fp16', 'pipeline.stagse' (did you mean 'pipeline.stages'?): remove it or fix "

@@ -1,6 +1,8 @@
 #pragma once
 
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/model/model_spec.h"
@@ -47,6 +49,15 @@ void validate_layout(const Layout& layout);
 // m: micro-batches per step on each pipeline (DeepSpeed's
 // gradient_accumulation_steps) = B / (b · d). Validates the layout.
 int microbatches_per_step(const Layout& layout);
+
+// The product of positive counts that must fit an int (devices, sequences
+// per step). Throws Error "<what> = a × b × c: more than 2147483647 <unit>:
+// use smaller sizes" when it does not, instead of wrapping around.
+int checked_product(std::initializer_list<int> factors, std::string_view what, std::string_view unit);
+
+// The multiples of `unit` nearest `value`, for an error's fix: "984 or 1008"
+// (just `unit` when value < unit).
+std::string nearest_multiples(int value, int unit);
 
 // The sequence length the layout runs: `sequence`, or the model's context.
 int sequence_length(const Layout& layout);
