@@ -141,6 +141,15 @@ LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule) {
   }
   const ParallelConfig config = parallel_config(layout);
   const std::vector<PipelineLayer> layers = pipeline_layers(layout.model, config);
+  if (schedule.num_stages() > static_cast<int>(layers.size())) {
+    const std::string stages = schedule.stages_per_rank() == 1
+                                   ? fmt::format("{} stages", schedule.num_stages())
+                                   : fmt::format("{} ranks × {} chunks = {} stages", schedule.num_ranks(),
+                                                 schedule.stages_per_rank(), schedule.num_stages());
+    fail("{} for {}'s {} pipeline layers (embedding, {} blocks, head): every stage needs a layer; use fewer "
+         "pipeline stages or virtual stages",
+         stages, layout.model.name, layers.size(), layout.model.layers);
+  }
   LayoutCosts out;
   out.partition = partition_layers(layers, schedule.num_stages(), layout.partition, layout.hardware);
 

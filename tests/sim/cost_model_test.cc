@@ -254,5 +254,23 @@ TEST(Layout, RulesNameBothSidesAndTheFix) {
   EXPECT_EQ(nearest_multiples(2147483647, 2), "2147483646 or 2147483648");
 }
 
+// The stages are ranks × chunks: the message names both (was the partitioner's
+// "16 stages for 14 pipeline layers: ... use at most 14 stages" for --pp 2 --virtual 8).
+TEST(Layout, MoreStagesThanLayersNamesRanksAndChunks) {
+  Layout layout = make_layout("gpt2-124m", "a100-80g", 1, 2, 1, 8, 1024);
+  layout.schedule = "interleaved-1f1b";
+  layout.virtual_stages = 8;
+  EXPECT_EQ(error_of([&] { predict(layout); }),
+            "2 ranks × 8 chunks = 16 stages for gpt2-124m's 14 pipeline layers (embedding, 12 blocks, head): every "
+            "stage needs a layer; use fewer pipeline stages or virtual stages");
+  layout.schedule = "gpipe";
+  layout.virtual_stages = 1;
+  layout.pipeline_parallel = 16;
+  layout.devices = 16;
+  EXPECT_EQ(error_of([&] { predict(layout); }),
+            "16 stages for gpt2-124m's 14 pipeline layers (embedding, 12 blocks, head): every stage needs a layer; use "
+            "fewer pipeline stages or virtual stages");
+}
+
 }  // namespace
 }  // namespace pipeflow
