@@ -57,6 +57,13 @@ TEST(HfConfig, FamilyIsTakenFromTheKeysWithoutModelType) {
   EXPECT_EQ(llama.architecture, Architecture::kLlama);
   EXPECT_EQ(llama.kv_heads, 4);
   EXPECT_TRUE(llama.tied_embeddings);
+  // transformers' LlamaConfig defaults: untied, 2048 positions.
+  const ModelSpec untied = model_from_hf_config_text(
+      R"({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
+          "vocab_size": 100})",
+      "l.json");
+  EXPECT_FALSE(untied.tied_embeddings);
+  EXPECT_EQ(untied.max_positions, 2048);
 }
 
 TEST(HfConfig, MisspeltKeyIsAnErrorWithASuggestion) {

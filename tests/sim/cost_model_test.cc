@@ -136,6 +136,12 @@ TEST(CostModel, LinksFollowMegatronsDeviceOrder) {
   layout = single_block_stages(8, false, Recompute::kNone);
   costs = costs_of(layout);
   EXPECT_DOUBLE_EQ(costs.costs.links.at(RankId(0), RankId(1)).bandwidth_bytes_per_s, 25e9);
+  // With t = 8 a data-parallel ring leaves the node (devices 0 and 8): it runs at the inter-node link.
+  layout.data_parallel = 2;
+  layout.devices = 64;
+  costs = costs_of(layout);
+  EXPECT_DOUBLE_EQ(costs.costs.data_parallel_links[0].bandwidth_bytes_per_s, 25e9);
+  EXPECT_DOUBLE_EQ(costs.costs.data_parallel_links[0].latency_s, 8e-6);
 }
 
 Layout gpt3_175b_example() {
