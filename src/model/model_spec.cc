@@ -112,6 +112,10 @@ void validate_model(const ModelSpec& spec) {
   }
 }
 
+double kv_width(const ModelSpec& spec) {
+  return 2.0 * spec.kv_heads * (static_cast<double>(spec.hidden) / spec.heads);
+}
+
 std::int64_t parameter_count(const ModelSpec& spec) {
   ParallelConfig config;
   config.sequence = 1;  // parameters do not depend on the sequence

@@ -14,9 +14,6 @@ namespace {
 
 std::int64_t shard(std::int64_t dimension, int t) { return (dimension + t - 1) / t; }
 
-// Width of K and V together: 2·g·d (== 2h for multi-head attention).
-double kv_width(const ModelSpec& m) { return 2.0 * m.kv_heads * (static_cast<double>(m.hidden) / m.heads); }
-
 // Weights of the block's matrices, i.e. multiply-adds per token of its linear layers.
 //   gpt:   QKV h·3h, out h·h, fc1 h·f, fc2 f·h            = 4h² + 2hf (12h² for f = 4h)
 //   llama: Q h·h, K and V h·gd each, O h·h, gate/up h·f, down f·h = 2h² + 2h·gd + 3hf

@@ -7,9 +7,6 @@
 namespace pipeflow {
 namespace {
 
-// Width of K and V together (2·g·d).
-double kv_width(const ModelSpec& m) { return 2.0 * m.kv_heads * (static_cast<double>(m.hidden) / m.heads); }
-
 // Index of the first device of pipeline rank r (tp rank 0, dp rank 0).
 int first_device(const Layout& layout, RankId rank) {
   return rank.value() * layout.tensor_parallel * layout.data_parallel;

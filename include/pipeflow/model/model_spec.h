@@ -52,6 +52,10 @@ ModelSpec gpt_model(std::string name, int layers, int hidden, int heads, int voc
 // spec is not a model pipeflow can count (e.g. kv_heads not dividing heads).
 void validate_model(const ModelSpec& spec);
 
+// Width of K and V together, 2·kv_heads·(hidden/heads): 2·hidden for
+// multi-head attention, less with grouped-query attention.
+double kv_width(const ModelSpec& spec);
+
 // Parameter count of the whole model, counting a tied matrix once.
 std::int64_t parameter_count(const ModelSpec& spec);
 
