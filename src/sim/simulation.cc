@@ -160,6 +160,48 @@ MemoryPeak walk_memory(const std::vector<TimedAction>& timed, const SimulationCo
   return peak;
 }
 
+// One rank's figures except idle and bubble, which need the step's end:
+// its pipeline times, then its stages' all-reduce, optimizer step and memory.
+RankResult rank_result(const Schedule& schedule, const SimulationCosts& costs, const ExecutionCosts& execution,
+                       const std::vector<TimedAction>& timed, RankId rank) {
+  RankResult out;
+  const bool lowered = schedule.has_communication();
+  for (const TimedAction& t : timed) {
+    const Action& a = t.action;
+    if (is_compute(a.kind)) {
+      out.busy_s += t.end - t.start;
+      const std::optional<RankId> to = lowered ? std::nullopt : cross_rank_consumer(schedule, a, rank);
+      if (to) out.overlapped_comm_s += execution.transfer(a, rank, *to);
+    } else {
+      out.comm_s += t.end - t.start - t.wait;
+      if (is_send(a.kind) && costs.comm_mode == CommMode::kOverlapped) {
+        out.overlapped_comm_s += execution.transfer(a, rank, send_target(schedule, a));
+      }
+    }
+  }
+  out.pipeline_end_s = timed.empty() ? 0.0 : timed.back().end;
+
+  double gradient_bytes = 0;
+  for (StageId s : schedule.stages_of(rank)) {
+    const StageCosts& c = costs.stages[static_cast<std::size_t>(s.value())];
+    gradient_bytes += c.gradient_bytes;
+    out.optimizer_s += c.optimizer_s;
+    out.model_states_bytes += c.model_state_bytes;
+    out.comm_buffer_bytes += c.comm_buffer_bytes;
+  }
+  const LinkCost dp_link = costs.data_parallel_links.empty()
+                               ? LinkCost{}
+                               : costs.data_parallel_links[static_cast<std::size_t>(rank.value())];
+  out.all_reduce_s = ring_all_reduce_seconds(gradient_bytes, costs.data_parallel, dp_link);
+  out.comm_s += out.all_reduce_s;
+
+  const MemoryPeak peak = walk_memory(timed, costs);
+  out.activation_bytes = peak.bytes;
+  out.peak_inflight = peak.inflight;
+  out.peak_memory_bytes = out.model_states_bytes + out.activation_bytes + out.comm_buffer_bytes;
+  return out;
+}
+
 }  // namespace
 
 double ring_all_reduce_seconds(double bytes, int members, const LinkCost& link) {
@@ -211,44 +253,9 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
   result.pipeline_time_s = result.execution.makespan;
   result.pipeline_bubble_ratio = bubble_fraction(result.execution);
 
-  const bool lowered = schedule.has_communication();
   for (int r = 0; r < schedule.num_ranks(); ++r) {
-    const RankId rank(r);
-    const auto& timed = result.execution.ranks[static_cast<std::size_t>(r)];
-    RankResult out;
-    for (const TimedAction& t : timed) {
-      const Action& a = t.action;
-      if (is_compute(a.kind)) {
-        out.busy_s += t.end - t.start;
-        const std::optional<RankId> to = lowered ? std::nullopt : cross_rank_consumer(schedule, a, rank);
-        if (to) out.overlapped_comm_s += execution.transfer(a, rank, *to);
-      } else {
-        out.comm_s += t.end - t.start - t.wait;
-        if (is_send(a.kind) && costs.comm_mode == CommMode::kOverlapped) {
-          out.overlapped_comm_s += execution.transfer(a, rank, send_target(schedule, a));
-        }
-      }
-    }
-    out.pipeline_end_s = timed.empty() ? 0.0 : timed.back().end;
-    double gradient_bytes = 0;
-    for (StageId s : schedule.stages_of(rank)) {
-      const StageCosts& c = costs.stages[static_cast<std::size_t>(s.value())];
-      gradient_bytes += c.gradient_bytes;
-      out.optimizer_s += c.optimizer_s;
-      out.model_states_bytes += c.model_state_bytes;
-      out.comm_buffer_bytes += c.comm_buffer_bytes;
-    }
-    const LinkCost dp_link = costs.data_parallel_links.empty()
-                                 ? LinkCost{}
-                                 : costs.data_parallel_links[static_cast<std::size_t>(r)];
-    out.all_reduce_s = ring_all_reduce_seconds(gradient_bytes, costs.data_parallel, dp_link);
-    out.comm_s += out.all_reduce_s;
-
-    const MemoryPeak peak = walk_memory(timed, costs);
-    out.activation_bytes = peak.bytes;
-    out.peak_inflight = peak.inflight;
-    out.peak_memory_bytes = out.model_states_bytes + out.activation_bytes + out.comm_buffer_bytes;
-
+    const RankResult out = rank_result(schedule, costs, execution,
+                                       result.execution.ranks[static_cast<std::size_t>(r)], RankId(r));
     result.step_time_s = std::max(result.step_time_s, out.pipeline_end_s + out.all_reduce_s + out.optimizer_s);
     result.ranks.push_back(out);
   }
