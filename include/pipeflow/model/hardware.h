@@ -32,7 +32,9 @@ namespace pipeflow {
 // a100 0.65 reproduces Megatron-LM's 1T run (Narayanan et al. 2021: 163
 // TFLOP/s per GPU, 52% of peak) and Korthikanti et al. 2022's 530B run (54.2%
 // MFU) within a few percent once the simulated bubble and communication are
-// added (docs/SIMULATOR.md); h100/h200 0.5 and ascend-910b 0.4 scale that by
+// added, and the narrower models of Narayanan's Table 1 11-20% optimistic
+// (one factor cannot follow GEMM efficiency growing with the width;
+// docs/SIMULATOR.md); h100/h200 0.5 and ascend-910b 0.4 scale that by
 // the lower end-to-end MFU published for them (Llama 3 405B on H100: 38-43%,
 // Dubey et al. 2024). kDefaultEfficiency = 0.5 fills a profile without one.
 struct HardwareProfile {
