@@ -61,6 +61,17 @@ TEST(Svg, LaterChunksAreLighterAndMicrobatchNumbersShowWhenTheyFit) {
   EXPECT_NE(svg.find("fill=\"#ffffff\">0</text>"), std::string::npos);
 }
 
+// A box narrower than 3 px gets no white outline, which would cover most of
+// it: a 1000-micro-batch step drew every box in pastel.
+TEST(Svg, NarrowBoxesHaveNoOutline) {
+  const Schedule few = make_1f1b(2, 2);
+  EXPECT_EQ(occurrences(render_svg(timeline_from_execution(few, dry_run(few), "few")), "stroke=\"#ffffff\""), 8);
+  const Schedule many = make_1f1b(2, 1000);
+  const std::string svg = render_svg(timeline_from_execution(many, dry_run(many), "many"));
+  EXPECT_EQ(occurrences(svg, " data-action=\""), 4000);
+  EXPECT_EQ(occurrences(svg, "stroke=\"#ffffff\""), 0);
+}
+
 TEST(Svg, WaitsAreHatchedAndTextIsEscaped) {
   Timeline timeline;
   timeline.title = "a <b> & \"c\"";
