@@ -162,10 +162,11 @@ MemoryPeak walk_memory(const std::vector<TimedAction>& timed, const SimulationCo
 
 // One rank's figures except idle and bubble, which need the step's end:
 // its pipeline times, then its stages' all-reduce, optimizer step and memory.
-RankResult rank_result(const Schedule& schedule, const SimulationCosts& costs, const ExecutionCosts& execution,
-                       const std::vector<TimedAction>& timed, RankId rank) {
+// `lowered`: schedule.has_communication(), a scan of every action, passed in
+// so that it runs once per step and not once per rank.
+RankResult rank_result(const Schedule& schedule, bool lowered, const SimulationCosts& costs,
+                       const ExecutionCosts& execution, const std::vector<TimedAction>& timed, RankId rank) {
   RankResult out;
-  const bool lowered = schedule.has_communication();
   for (const TimedAction& t : timed) {
     const Action& a = t.action;
     if (is_compute(a.kind)) {
@@ -253,8 +254,9 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
   result.pipeline_time_s = result.execution.makespan;
   result.pipeline_bubble_ratio = bubble_fraction(result.execution);
 
+  const bool lowered = schedule.has_communication();
   for (int r = 0; r < schedule.num_ranks(); ++r) {
-    const RankResult out = rank_result(schedule, costs, execution,
+    const RankResult out = rank_result(schedule, lowered, costs, execution,
                                        result.execution.ranks[static_cast<std::size_t>(r)], RankId(r));
     result.step_time_s = std::max(result.step_time_s, out.pipeline_end_s + out.all_reduce_s + out.optimizer_s);
     result.ranks.push_back(out);
