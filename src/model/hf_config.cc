@@ -43,7 +43,7 @@ ModelSpec gpt2_from(const Config& config, std::string name) {
   spec.hidden = require_positive(config, "n_embd");
   spec.heads = require_positive(config, "n_head");
   spec.kv_heads = spec.heads;
-  spec.ffn = positive(config, "n_inner", config.get("n_inner", 4 * spec.hidden));
+  spec.ffn = positive(config, "n_inner", config.get("n_inner", gpt_ffn(spec.hidden)));
   spec.vocab = require_positive(config, "vocab_size");
   const int context = config.get("n_ctx", 1024);
   spec.max_positions = positive(config, "n_positions", config.get("n_positions", context));

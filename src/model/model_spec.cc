@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <limits>
+
 #include "pipeflow/core/error.h"
 #include "pipeflow/model/hf_config.h"
 #include "pipeflow/model/pipeline_layers.h"
@@ -66,11 +69,19 @@ std::string preset_names() {
   return names;
 }
 
-void require_positive(const ModelSpec& spec, std::string_view field, int value) {
+void require_in_range(const ModelSpec& spec, std::string_view field, int value, int most) {
   if (value < 1) fail("model {}: {} = {}: must be >= 1", spec.name, field, value);
+  if (value > most) {
+    fail("model {}: {} = {}: must be at most {}, far above any published model: check the value", spec.name, field,
+         value, most);
+  }
 }
 
 }  // namespace
+
+int gpt_ffn(int hidden) {
+  return static_cast<int>(std::min<std::int64_t>(std::int64_t{4} * hidden, std::numeric_limits<int>::max()));
+}
 
 std::string_view to_string(Architecture architecture) {
   return architecture == Architecture::kGpt ? "gpt" : "llama";
@@ -83,7 +94,7 @@ ModelSpec gpt_model(std::string name, int layers, int hidden, int heads, int voc
                    .hidden = hidden,
                    .heads = heads,
                    .kv_heads = heads,
-                   .ffn = 4 * hidden,
+                   .ffn = gpt_ffn(hidden),
                    .vocab = vocab,
                    .max_positions = max_positions,
                    .tied_embeddings = true,
@@ -91,13 +102,13 @@ ModelSpec gpt_model(std::string name, int layers, int hidden, int heads, int voc
 }
 
 void validate_model(const ModelSpec& spec) {
-  require_positive(spec, "layers", spec.layers);
-  require_positive(spec, "hidden", spec.hidden);
-  require_positive(spec, "heads", spec.heads);
-  require_positive(spec, "kv_heads", spec.kv_heads);
-  require_positive(spec, "ffn", spec.ffn);
-  require_positive(spec, "vocab", spec.vocab);
-  require_positive(spec, "max_positions", spec.max_positions);
+  require_in_range(spec, "layers", spec.layers, kMaxModelLayers);
+  require_in_range(spec, "hidden", spec.hidden, kMaxModelWidth);
+  require_in_range(spec, "heads", spec.heads, kMaxModelWidth);
+  require_in_range(spec, "kv_heads", spec.kv_heads, kMaxModelWidth);
+  require_in_range(spec, "ffn", spec.ffn, kMaxModelFfn);
+  require_in_range(spec, "vocab", spec.vocab, kMaxModelVocab);
+  require_in_range(spec, "max_positions", spec.max_positions, kMaxModelPositions);
   if (spec.architecture == Architecture::kGpt && spec.kv_heads != spec.heads) {
     fail("model {}: kv_heads = {}: a gpt model has multi-head attention, kv_heads must equal heads ({}); "
          "use a llama model for grouped-query attention",

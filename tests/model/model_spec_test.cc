@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "error_of.h"
+#include "pipeflow/model/hf_config.h"
 
 namespace pipeflow {
 namespace {
@@ -128,6 +129,28 @@ TEST(ModelSpec, ValidationNamesTheFieldAndTheRule) {
   EXPECT_EQ(error_of([&] { validate_model(spec); }),
             "model gpt2-124m: kv_heads = 4: a gpt model has multi-head attention, kv_heads must equal heads (12); "
             "use a llama model for grouped-query attention");
+}
+
+// Above the bounds, counts would leave 64 bits (or 4·hidden an int) and the
+// exact partitioner would run for minutes: n_layer 96000 in 8 stages took
+// over a minute, n_embd 2e9 gave "n_inner = (absent): must be >= 1".
+TEST(ModelSpec, FieldsFarAbovePublishedModelsAreRejected) {
+  ModelSpec spec = model_preset("gpt3-175b");
+  spec.layers = 96000;
+  EXPECT_EQ(error_of([&] { validate_model(spec); }),
+            "model gpt3-175b: layers = 96000: must be at most 4096, far above any published model: check the value");
+  EXPECT_EQ(error_of([] {
+              model_from_hf_config_text(R"({"model_type": "gpt2", "n_layer": 2, "n_embd": 2000000000, "n_head": 4,
+                                            "vocab_size": 100})",
+                                        "wide.json");
+            }),
+            "model wide.json: hidden = 2000000000: must be at most 1048576, far above any published model: check the "
+            "value");
+  EXPECT_EQ(gpt_ffn(2000000000), 2147483647);
+  spec = model_preset("llama3-405b");
+  spec.ffn = 1 << 23;
+  EXPECT_NE(error_of([&] { validate_model(spec); }).find("ffn = 8388608: must be at most 4194304"), std::string::npos);
+  for (const ModelSpec& preset : model_presets()) validate_model(preset);
 }
 
 }  // namespace

@@ -44,12 +44,27 @@ struct ModelSpec {
   bool dropout = false;
 };
 
+// GPT's MLP width, 4·hidden; saturated at INT_MAX so that an absurd hidden
+// fails validate_model instead of wrapping around.
+int gpt_ffn(int hidden);
+
 // A GPT-style spec with ffn = 4·hidden, tied embeddings and no dropout
 // (pipeflow's own GPT-2 trains without dropout; see DESIGN.md).
 ModelSpec gpt_model(std::string name, int layers, int hidden, int heads, int vocab, int max_positions);
 
+// The largest shapes validate_model accepts: far above any published model
+// (Llama 3 405B: 126 layers, width 16384, ffn 53248, vocabulary 128256), low
+// enough that parameter counts stay within 64 bits and the exact partitioner,
+// O(stages · layers²), answers in seconds.
+inline constexpr int kMaxModelLayers = 1 << 12;
+inline constexpr int kMaxModelWidth = 1 << 20;      // hidden, heads, kv_heads
+inline constexpr int kMaxModelFfn = 1 << 22;
+inline constexpr int kMaxModelVocab = 1 << 24;
+inline constexpr int kMaxModelPositions = 1 << 24;
+
 // Throws Error naming the field, its value, the rule and the fix when the
-// spec is not a model pipeflow can count (e.g. kv_heads not dividing heads).
+// spec is not a model pipeflow can count (e.g. kv_heads not dividing heads,
+// a field above its kMax).
 void validate_model(const ModelSpec& spec);
 
 // Width of K and V together, 2·kv_heads·(hidden/heads): 2·hidden for
