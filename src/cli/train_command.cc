@@ -23,6 +23,7 @@ struct TrainCommand {
   CLI::App* app = nullptr;
   std::string config;
   std::string weights;
+  std::string resume;
   int steps = 0;
   std::string out_dir;
   bool emulate = false;
@@ -50,6 +51,10 @@ void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSet
   fmt::print("wrote {}/report.md, metrics.jsonl, timeline.svg, trace.json, predicted.svg, profile.json, "
              "weights.safetensors\n",
              settings.out_dir.string());
+  if (settings.checkpoint_interval > 0) {
+    fmt::print("checkpoints every {} steps in {}\n", settings.checkpoint_interval,
+               (settings.checkpoint_dir.empty() ? settings.out_dir / "checkpoints" : settings.checkpoint_dir).string());
+  }
 }
 
 void run(const TrainCommand& c) {
@@ -67,6 +72,7 @@ void run(const TrainCommand& c) {
     config.steps = c.steps;
   }
   if (!c.out_dir.empty()) config.out_dir = c.out_dir;
+  if (!c.resume.empty()) config.checkpoint.load = c.resume;
   runtime::TrainSettings settings = runtime::train_settings(config);
   settings.weights = c.weights;
   settings.emulate = c.emulate;
@@ -86,7 +92,9 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--config", c->config, "Run configuration JSON (DeepSpeed's keys and pipeflow's; see examples/)")
       ->required();
   sub->add_option("--weights", c->weights, "Start from this weights file (pipeflow init) instead of GPT-2 init");
-  sub->add_option("--steps", c->steps, "Optimizer steps (key: steps)");
+  sub->add_option("--resume", c->resume,
+                  "Continue from a checkpoint file, or the latest in a directory (key: checkpoint.load)");
+  sub->add_option("--steps", c->steps, "Optimizer steps in all, counting a resumed checkpoint's (key: steps)");
   sub->add_option("--out-dir", c->out_dir, "Where the report, metrics, timelines and weights go (key: out_dir)");
   sub->add_flag("--emulate", c->emulate,
                 "Run the actions one at a time and replay their measured durations with one core per rank "

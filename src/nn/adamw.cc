@@ -74,6 +74,7 @@ void AdamW::add_state(SafetensorsWriter& writer) const {
   for (const ParameterInfo& info : stage_->layout().entries()) {
     const auto offset = static_cast<std::size_t>(info.offset);
     const auto count = static_cast<std::size_t>(info.numel());
+    if (writer.contains("exp_avg." + info.name)) continue;
     writer.add("exp_avg." + info.name, m_.span().subspan(offset, count), info.shape);
     writer.add("exp_avg_sq." + info.name, v_.span().subspan(offset, count), info.shape);
   }

@@ -196,6 +196,7 @@ void SafetensorsWriter::add_bytes(std::string name, Dtype dtype, const Shape& sh
   if (static_cast<std::size_t>(shape.numel()) * element_bytes(dtype) != bytes) {
     fail("internal: tensor {} of shape {} given {} bytes", name, shape.to_string(), bytes);
   }
+  if (contains(name)) fail("internal: tensor {} added twice to one safetensors file", name);
   const std::size_t begin = data_.size();
   data_.append(static_cast<const char*>(data), bytes);
   tensors_.push_back({std::move(name), dtype, shape, begin, data_.size()});
@@ -207,6 +208,10 @@ void SafetensorsWriter::add(std::string name, std::span<const float> values, con
 
 void SafetensorsWriter::add(std::string name, std::span<const std::int32_t> values, const Shape& shape) {
   add_bytes(std::move(name), Dtype::kI32, shape, values.data(), values.size_bytes());
+}
+
+bool SafetensorsWriter::contains(std::string_view name) const {
+  return std::any_of(tensors_.begin(), tensors_.end(), [&](const Pending& tensor) { return tensor.name == name; });
 }
 
 void SafetensorsWriter::set_metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }

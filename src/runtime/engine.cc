@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <exception>
 #include <mutex>
@@ -106,6 +107,34 @@ void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
          config_.n_layer, config_.n_head, config_.n_embd, config_.context, config_.vocab_size);
   }
   for (auto& stage : stages_) nn::load_parameters(*stage, file);
+}
+
+void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const {
+  if (update_failed_) fail("cannot write checkpoint {}: an optimizer update failed and the weights are inconsistent",
+                           path.string());
+  nn::SafetensorsWriter writer;
+  nn::write_config(writer, config_);
+  for (const auto& stage : stages_) {
+    for (const nn::ParameterInfo& info : stage->layout().entries()) {
+      // The tied wte's second copy (on the head's stage) equals the first.
+      if (!writer.contains(info.name)) writer.add(info.name, stage->parameter(info.name), info.shape);
+    }
+  }
+  for (const auto& optimizer : optimizers_) optimizer->add_state(writer);
+  writer.set_metadata("steps_done", std::to_string(steps_done));
+  writer.write(path);
+}
+
+std::int64_t PipelineEngine::load_checkpoint(const nn::SafetensorsFile& file) {
+  const std::string& text = file.metadata("steps_done");
+  std::int64_t steps_done = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), steps_done);
+  if (error != std::errc() || end != text.data() + text.size() || steps_done < 0) {
+    fail("{}: __metadata__ steps_done = \"{}\" is not a step count", file.source(), text);
+  }
+  load_parameters(file);
+  for (auto& optimizer : optimizers_) optimizer->load_state(file);
+  return steps_done;
 }
 
 const nn::Stage& PipelineEngine::holder(std::string_view name) const {

@@ -65,9 +65,6 @@ TrainSettings train_settings(const RunConfig& run) {
          "checkpoint covers)",
          source);
   }
-  if (run.checkpoint.interval > 0 || !run.checkpoint.load.empty()) {
-    fail("{}: checkpoint: pipeflow train writes only the final weights so far; remove the checkpoint section", source);
-  }
   TrainSettings s;
   s.model = gpt_config(run.model, source);
   s.schedule = run.pipeline.schedule;
@@ -92,6 +89,9 @@ TrainSettings train_settings(const RunConfig& run) {
   s.seed = run.seed;
   s.eval_interval = run.eval_interval;
   s.out_dir = run.out_dir;
+  s.checkpoint_interval = run.checkpoint.interval;
+  s.checkpoint_dir = run.checkpoint.dir;
+  s.resume = run.checkpoint.load;
   s.config_text = run_config_to_json(run);
   s.config_source = source;
   return s;

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
+#include <string_view>
 #include <thread>
 
 #include "pipeflow/core/error.h"
@@ -54,6 +56,34 @@ std::string metrics_jsonl(const std::vector<StepLog>& log) {
   return text;
 }
 
+// A checkpoint to resume from: the file, or the highest step_N.safetensors
+// in a directory.
+std::filesystem::path checkpoint_file(const std::filesystem::path& path) {
+  if (!std::filesystem::exists(path)) {
+    fail("checkpoint.load = {}: no such file or directory: give a checkpoint file or the directory that "
+         "checkpoint.dir names",
+         path.string());
+  }
+  if (!std::filesystem::is_directory(path)) return path;
+  std::filesystem::path latest;
+  std::int64_t latest_steps = -1;
+  for (const auto& entry : std::filesystem::directory_iterator(path)) {
+    const std::string name = entry.path().filename().string();
+    std::int64_t steps = -1;
+    const char* digits = name.c_str() + std::string_view("step_").size();
+    const auto [end, error] = std::from_chars(digits, name.c_str() + name.size(), steps);
+    if (!name.starts_with("step_") || error != std::errc() || std::string_view(end) != ".safetensors") continue;
+    if (steps > latest_steps) {
+      latest_steps = steps;
+      latest = entry.path();
+    }
+  }
+  if (latest.empty()) {
+    fail("checkpoint.load = {}: the directory holds no step_N.safetensors: give a checkpoint file", path.string());
+  }
+  return latest;
+}
+
 // The figures of an emulated step: the serial run replayed with one core per
 // rank, then each rank's measured flush after its last action.
 StepFigures emulated_figures(const Schedule& schedule, const StepResult& serial, StepFigures measured) {
@@ -97,13 +127,16 @@ class Run {
   }
   std::unique_ptr<PipelineEngine> make_engine() const;
   void announce() const;
+  std::int64_t resume();
   StepLog train_step(std::int64_t step);
+  void write_checkpoint(std::int64_t steps_done) const;
   double validation_loss() const;
   void write_outputs(TrainOutcome& outcome, const StepResult& last);
   // The costs the final prediction used, and which steps they were measured in.
   const CostProfile* record_costs() const { return costs_.steps() > 0 ? &costs_ : &first_costs_; }
   std::string cost_steps() const {
-    return costs_.steps() > 0 ? fmt::format("steps 1-{}", costs_.steps()) : "step 0";
+    return costs_.steps() > 0 ? fmt::format("steps {}-{}", first_step_ + 1, first_step_ + costs_.steps())
+                              : fmt::format("step {}", first_step_);
   }
 
   const TrainSettings& settings_;
@@ -111,8 +144,9 @@ class Run {
   nn::ByteDataset dataset_;
   DatasetSource source_;
   std::unique_ptr<PipelineEngine> engine_;
-  CostProfile first_costs_;  // step 0 (warm-up), until later steps are measured
-  CostProfile costs_;        // steps 1 … cost_steps
+  std::int64_t first_step_ = 0;  // steps done before this run (a resumed checkpoint's)
+  CostProfile first_costs_;  // this run's first step (warm-up), until later steps are measured
+  CostProfile costs_;        // the cost_steps steps after it
   SimulationResult prediction_;
   std::vector<StepFigures> figures_;
   std::optional<StepResult> last_;
@@ -126,12 +160,39 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
   const std::vector<int> boundaries = partition_model(settings_.model, schedule.num_stages(), settings_.partition,
                                                       options.micro_batch, sequence(), settings_.hardware);
   auto engine = std::make_unique<PipelineEngine>(settings_.model, schedule, boundaries, options);
+  if (!settings_.resume.empty()) {
+    if (!settings_.weights.empty()) {
+      fail("--weights {} and checkpoint.load {}: a checkpoint holds the weights; give one of the two",
+           settings_.weights.string(), settings_.resume.string());
+    }
+    return engine;  // resume() loads it
+  }
   if (settings_.weights.empty()) {
     engine->init_gpt2(settings_.seed);
   } else {
     engine->load_parameters(nn::SafetensorsFile::read(settings_.weights));
   }
   return engine;
+}
+
+std::int64_t Run::resume() {
+  if (settings_.resume.empty()) return 0;
+  const std::filesystem::path file = checkpoint_file(settings_.resume);
+  const std::int64_t done = engine_->load_checkpoint(nn::SafetensorsFile::read(file));
+  if (done >= settings_.steps) {
+    fail("{}: {} steps done already, and steps = {} is the total: raise steps to train on", file.string(), done,
+         settings_.steps);
+  }
+  progress_.message(fmt::format("resuming after step {} from {}", done, file.string()));
+  progress_.start(static_cast<int>(done));
+  return done;
+}
+
+void Run::write_checkpoint(std::int64_t steps_done) const {
+  const std::filesystem::path dir =
+      settings_.checkpoint_dir.empty() ? settings_.out_dir / "checkpoints" : settings_.checkpoint_dir;
+  std::filesystem::create_directories(dir);
+  engine_->write_checkpoint(dir / fmt::format("step_{}.safetensors", steps_done), steps_done);
 }
 
 void Run::announce() const {
@@ -153,10 +214,10 @@ StepLog Run::train_step(std::int64_t step) {
   const Schedule& schedule = engine_->schedule();
   StepFigures figures = step_figures(result, schedule.num_ranks());
   if (settings_.emulate) figures = emulated_figures(schedule, result, figures);
-  if (step == 0) {
+  if (step == first_step_) {
     first_costs_.add(result);
     prediction_ = predict_step(*engine_, first_costs_);
-  } else if (step <= settings_.cost_steps) {
+  } else if (step - first_step_ <= settings_.cost_steps) {
     costs_.add(result);
     prediction_ = predict_step(*engine_, costs_);
   }
@@ -212,15 +273,22 @@ double Run::validation_loss() const {
 
 TrainOutcome Run::run() {
   if (settings_.steps < 1) fail("steps = {}: must be >= 1", settings_.steps);
+  if (settings_.checkpoint_interval < 0) {
+    fail("checkpoint.interval = {}: must be >= 0 (0: no checkpoints)", settings_.checkpoint_interval);
+  }
   std::filesystem::create_directories(settings_.out_dir);
   announce();
+  first_step_ = resume();
   TrainOutcome outcome;
   const Clock::time_point start = Clock::now();
-  for (std::int64_t step = 0; step < settings_.steps; ++step) {
+  for (std::int64_t step = first_step_; step < settings_.steps; ++step) {
     StepLog log = train_step(step);
     const bool last = step + 1 == settings_.steps;
     if (last || (settings_.eval_interval > 0 && (step + 1) % settings_.eval_interval == 0)) {
       log.val_loss = validation_loss();
+    }
+    if (settings_.checkpoint_interval > 0 && (last || (step + 1) % settings_.checkpoint_interval == 0)) {
+      write_checkpoint(step + 1);
     }
     outcome.log.push_back(std::move(log));
     progress_.step(outcome.log.back(), std::chrono::duration<double>(Clock::now() - start).count());

@@ -337,7 +337,7 @@ RunConfig parse_run_config(const Config& config) {
   const std::int64_t seed = config.get<std::int64_t>("seed", static_cast<std::int64_t>(run.seed));
   if (seed < 0) config.fail_value("seed", "must be an integer >= 0");
   run.seed = static_cast<std::uint64_t>(seed);
-  run.eval_interval = non_negative(config, "eval_interval", run.eval_interval, "steps between validations, 0 for none");
+  run.eval_interval = non_negative(config, "eval_interval", run.eval_interval, "steps between validations, 0 for the last step only");
   run.out_dir = config.get("out_dir", run.out_dir);
   if (run.out_dir.empty()) config.fail_value("out_dir", "must name a directory");
   const Config checkpoint = config.object("checkpoint");

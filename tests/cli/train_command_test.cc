@@ -49,7 +49,7 @@ TEST(TrainCommand, TrainsATinyModelAndWritesTheReportMetricsTimelinesAndWeights)
   EXPECT_NE(result.err.find("pipeflow train: GPT-2 2 layers, width 32, 2 heads, context 32"), std::string::npos)
       << result.err;
   EXPECT_NE(result.err.find("step 1/25 loss "), std::string::npos) << result.err;
-  EXPECT_NE(result.err.find("step 10: validation loss "), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("after 10 steps: validation loss "), std::string::npos) << result.err;
   EXPECT_EQ(result.err.find('\r'), std::string::npos);
   EXPECT_NE(result.out.find("trained 25 steps: loss "), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("\nsample:\n"), std::string::npos) << result.out;
@@ -104,6 +104,29 @@ TEST(TrainCommand, StartsFromInitWeightsAndItsProfileFeedsTheSimulator) {
       run_pipeflow("simulate --config " + config + " --profile " + dir + "/out/profile.json --json");
   ASSERT_EQ(simulated.exit_code, 0) << simulated.err;
   EXPECT_GT(nlohmann::json::parse(simulated.out)["step_time_s"].get<double>(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainCommand, ResumesFromTheLatestCheckpointAndEndsWhereAStraightRunEnds) {
+  const std::string dir = make_temp_dir();
+  const std::string checkpointed =
+      write_config(dir, tiny_config(dir + "/out", "\n  \"checkpoint\": {\"interval\": 2, \"dir\": \"" + dir + "/ckpt\"},"));
+  const CommandResult first = run_pipeflow("train --config " + checkpointed + " --steps 4");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_NE(first.out.find("checkpoints every 2 steps in " + dir + "/ckpt"), std::string::npos) << first.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/step_2.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/step_4.safetensors"));
+
+  const CommandResult resumed = run_pipeflow("train --config " + checkpointed + " --steps 6 --resume " + dir +
+                                             "/ckpt --out-dir " + dir + "/resumed");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resuming after step 4 from " + dir + "/ckpt/step_4.safetensors"), std::string::npos)
+      << resumed.err;
+  EXPECT_NE(resumed.out.find("trained 2 steps"), std::string::npos) << resumed.out;
+  const CommandResult straight =
+      run_pipeflow("train --config " + write_config(dir, tiny_config(dir + "/straight")) + " --steps 6");
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  EXPECT_EQ(read_file(dir + "/resumed/weights.safetensors"), read_file(dir + "/straight/weights.safetensors"));
   std::filesystem::remove_all(dir);
 }
 

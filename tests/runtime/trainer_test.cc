@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <sstream>
 
+#include "pipeflow/core/config.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/nn/model_file.h"
+#include "pipeflow/nn/parameter_layout.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/trainer.h"
@@ -114,6 +116,72 @@ TEST(Trainer, EmulatedAndThreadedRunsTrainTheSameWeights) {
   std::filesystem::remove_all(dir);
 }
 
+// A run stopped after 3 of 6 steps and resumed from its checkpoint makes the
+// uninterrupted run's steps 3-5 bit for bit (same data, learning rate, AdamW
+// moments and step count); resumed under another layout, the same numbers
+// up to the rounding of another accumulation order.
+TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
+  const auto dir = temp_dir("resume");
+  TrainSettings settings = tiny_settings(dir);
+  settings.steps = 6;
+  settings.eval_interval = 0;
+  settings.sample_tokens = 1;
+  settings.engine.lr_schedule = nn::LrSchedule::from_config(
+      Config::from_json({{"type", "WarmupDecayLR"},
+                         {"params", {{"warmup_num_steps", 3}, {"total_num_steps", 6}, {"warmup_max_lr", 3e-3}}}},
+                        "scheduler"),
+      3e-3);
+  std::FILE* log = std::tmpfile();
+  ProgressPrinter progress(log, false, settings.steps, false);
+  const TrainOutcome straight = train(settings, progress);
+  const std::string straight_weights = read_file(settings.out_dir / "weights.safetensors");
+
+  TrainSettings first_half = settings;
+  first_half.steps = 3;
+  first_half.checkpoint_interval = 2;
+  first_half.out_dir = dir / "first";
+  train(first_half, progress);
+  const auto checkpoints = first_half.out_dir / "checkpoints";
+  EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_2.safetensors"));
+  const auto saved = nn::SafetensorsFile::read(checkpoints / "step_3.safetensors");  // the last step writes one
+  EXPECT_EQ(saved.metadata("steps_done"), "3");
+  EXPECT_EQ(saved.metadata("adamw_step"), "3");
+  EXPECT_EQ(nn::read_config(saved), testing::kTiny);  // usable as --weights too
+  // Every weight and its two moments, the tied wte once.
+  EXPECT_EQ(saved.names().size(),
+            3 * nn::ParameterLayout(testing::kTiny, nn::all_layers(testing::kTiny)).entries().size());
+
+  TrainSettings second_half = settings;
+  second_half.resume = checkpoints;  // the directory: its latest checkpoint
+  second_half.out_dir = dir / "second";
+  const TrainOutcome resumed = train(second_half, progress);
+  ASSERT_EQ(resumed.log.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(resumed.log[i].step, straight.log[i + 3].step);
+    EXPECT_EQ(resumed.log[i].lr, straight.log[i + 3].lr);
+    EXPECT_EQ(resumed.log[i].loss, straight.log[i + 3].loss);
+  }
+  EXPECT_EQ(read_file(second_half.out_dir / "weights.safetensors"), straight_weights);
+
+  TrainSettings other_layout = second_half;
+  other_layout.resume = checkpoints / "step_3.safetensors";
+  other_layout.schedule = "zbv";
+  other_layout.out_dir = dir / "other";
+  const TrainOutcome moved = train(other_layout, progress);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_NEAR(moved.log[i].loss, straight.log[i + 3].loss, 1e-5);
+
+  other_layout.steps = 3;
+  EXPECT_NE(testing::error_of([&] { train(other_layout, progress); }).find("3 steps done already, and steps = 3 is the total"), std::string::npos);
+  other_layout.steps = 6;
+  other_layout.weights = checkpoints / "step_3.safetensors";
+  EXPECT_NE(testing::error_of([&] { train(other_layout, progress); }).find("a checkpoint holds the weights; give one of the two"), std::string::npos);
+  other_layout.weights.clear();
+  other_layout.resume = dir / "corpus.txt.missing";
+  EXPECT_NE(testing::error_of([&] { train(other_layout, progress); }).find("no such file or directory"), std::string::npos);
+  std::fclose(log);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
   StepLog log{.step = 35, .loss = 2.314, .lr = 1e-3, .grad_norm = 0.84, .step_time_s = 0.0521,
               .step_time_predicted_s = 0.05, .tokens_per_s = 12345, .tokens_per_s_predicted = 13000,
@@ -132,6 +200,17 @@ TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
                "10.9%) ETA 1m22s\n");
   std::fclose(out);
 
+  char resumed[1024] = {};
+  out = fmemopen(resumed, sizeof resumed, "w");
+  ProgressPrinter after_checkpoint(out, false, 200, false);
+  after_checkpoint.start(30);
+  log.step = 35;
+  after_checkpoint.step(log, 6 * 0.5);  // 6 steps made in 3 s: the same ETA
+  std::fflush(out);
+  EXPECT_NE(std::string(resumed).find("step 36/200 ") , std::string::npos) << resumed;
+  EXPECT_NE(std::string(resumed).find("ETA 1m22s\n"), std::string::npos) << resumed;
+  std::fclose(out);
+
   char screen[1024] = {};
   out = fmemopen(screen, sizeof screen, "w");
   ProgressPrinter bar(out, true, 200, true);
@@ -141,7 +220,7 @@ TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
   bar.finish();
   std::fflush(out);
   EXPECT_STREQ(screen,
-               "step 100: validation loss 2.5000\n\r\033[Kstep 100/200 [==========>         ] loss 2.3140  12.3k tok/s "
+               "after 100 steps: validation loss 2.5000\n\r\033[Kstep 100/200 [==========>         ] loss 2.3140  12.3k tok/s "
                "emulated  bubble 11.2% (pred 10.9%)  ETA 50s\n");
   std::fclose(out);
 }

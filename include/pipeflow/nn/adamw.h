@@ -45,8 +45,12 @@ class AdamW {
   const AdamWOptions& options() const { return options_; }
 
   // The moments as "exp_avg.<name>" and "exp_avg_sq.<name>" tensors, the step
-  // count as __metadata__ "adamw_step", to save beside the weights.
+  // count as __metadata__ "adamw_step", to save beside the weights. Moments
+  // the writer already holds are skipped: the tied wte's copy on another
+  // stage, whose moments are equal (the same summed gradients).
   void add_state(SafetensorsWriter& writer) const;
+  // Reads this stage's moments by name, so a file written by the optimizers
+  // of another partition of the same model loads too.
   void load_state(const SafetensorsFile& file);
 
  private:

@@ -70,11 +70,12 @@ class SafetensorsFile {
 
 // Collects tensors (copied) and metadata, then writes one safetensors file
 // atomically (core/file.h): readers never see half a file. Tensors are laid
-// out in the order added.
+// out in the order added; a name may be added once.
 class SafetensorsWriter {
  public:
   void add(std::string name, std::span<const float> values, const Shape& shape);
   void add(std::string name, std::span<const std::int32_t> values, const Shape& shape);
+  bool contains(std::string_view name) const;
   void set_metadata(std::string key, std::string value);
 
   std::string serialize() const;

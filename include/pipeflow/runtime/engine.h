@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -82,7 +83,19 @@ class PipelineEngine {
   PipelineEngine& operator=(const PipelineEngine&) = delete;
 
   void init_gpt2(std::uint64_t seed);
+  // Whole-model weights by name (pipeflow init's or a checkpoint's file);
+  // Error naming the file when its model's shape differs from the engine's.
   void load_parameters(const nn::SafetensorsFile& file);
+
+  // A training checkpoint: the whole model's weights as load_parameters reads
+  // them (so it also serves as --weights), every stage's AdamW moments by
+  // parameter name, the optimizer's step count and `steps_done` (__metadata__
+  // "steps_done": the next step to run). Names, not stage numbers, make it
+  // independent of the layout: a run may resume under another schedule,
+  // stage count or partition. Written atomically.
+  void write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const;
+  // Loads weights and moments from such a file; returns its steps_done.
+  std::int64_t load_checkpoint(const nn::SafetensorsFile& file);
 
   StepResult step(std::int64_t step, const BatchSource& source, StepMode mode = StepMode::kTrain,
                   RunMode run = RunMode::kThreaded);

@@ -13,7 +13,8 @@ namespace pipeflow::runtime {
 //   step  37/200 [=====>              ] loss 2.3140  12.3k tok/s  bubble 11.2% (pred 10.9%)  ETA 1m12s
 // with messages (validation, warnings) printed above it. Elsewhere (a log
 // file, a pipe): plain lines, the first and last steps, every validation
-// step and every `every`-th step,
+// step and every `every`-th step (validation as "after N steps: validation
+// loss L", the metrics' step N − 1),
 //   step 37/200 loss 2.3140 lr 0.001 grad_norm 0.84 12.3k tok/s step 52.1 ms bubble 11.2% (predicted 10.9%) ETA 1m12s
 // "emulated" labels the figures of an --emulate run.
 //
@@ -23,6 +24,10 @@ class ProgressPrinter {
   ProgressPrinter(std::FILE* out, bool terminal, int total_steps, bool emulated);
 
   void message(std::string_view line);
+  // A run resumed from a checkpoint starts after `steps_done` steps (the ETA
+  // counts the time of the steps this run has made).
+  void start(int steps_done) { first_ = steps_done; }
+  // After the step `log.step` (from 0), `elapsed_s` since start().
   void step(const StepLog& log, double elapsed_s);
   // Ends the status line.
   void finish();
@@ -35,6 +40,7 @@ class ProgressPrinter {
   int total_;
   int every_;
   bool emulated_;
+  int first_ = 0;
   bool line_open_ = false;
 };
 

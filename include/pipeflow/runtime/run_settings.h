@@ -11,7 +11,7 @@ namespace pipeflow::runtime {
 // as training settings. What the runtime cannot train yet is an Error naming
 // the key and what to use instead: a model that is not a GPT-2 (pipeflow's nn
 // runs GPT-2: GELU MLP of 4·n_embd, tied head, no dropout), tensor or data
-// parallelism, selective recompute, checkpoints.
+// parallelism, selective recompute.
 TrainSettings train_settings(const RunConfig& run);
 
 // The GPT-2 a model spec describes (Error naming the source otherwise).

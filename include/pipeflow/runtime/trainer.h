@@ -35,6 +35,15 @@ struct TrainSettings {
   int eval_interval = 10;     // steps between validation losses; 0: only at the end
   std::filesystem::path out_dir = "runs/pipeflow";
   std::filesystem::path weights;  // start from this whole-model file (pipeflow init); empty: GPT-2 init
+  // Checkpoints (PipelineEngine::write_checkpoint): every checkpoint_interval
+  // steps and after the last one (0: none), as checkpoint_dir/step_N.safetensors
+  // (N: steps done; empty dir: out_dir/checkpoints). `resume`: a checkpoint
+  // file, or a directory whose highest step_N.safetensors is taken; the run
+  // continues from its steps_done up to `steps` (the total) on the same data
+  // and learning-rate schedule as an uninterrupted run.
+  int checkpoint_interval = 0;
+  std::filesystem::path checkpoint_dir;
+  std::filesystem::path resume;
   bool emulate = false;           // run serially and replay (RunMode::kSerial)
   int cost_steps = 3;             // steps after the first whose action costs feed the prediction
   std::string config_text;        // the run configuration, for the report
@@ -81,6 +90,7 @@ struct TrainOutcome {
 //   predicted.svg       the same step as the measured costs predict it
 //   profile.json        those costs (sim/profile.h): pipeflow simulate --profile reads it
 //   weights.safetensors the final weights (whole model, pipeflow init's format)
+// and the checkpoints (above). metrics.jsonl holds the steps this run made.
 // Progress goes to `progress`. Throws Error for a bad setting (naming it)
 // and for any failure of the pipeline.
 TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress);

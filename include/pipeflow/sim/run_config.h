@@ -47,9 +47,10 @@ namespace pipeflow {
 //                {n_layer, n_head, n_embd, n_ctx (required), vocab_size 256}; required by
 //                train and simulate (layout_from_run_config), not by the parser
 //   data         {path "..." or paths [...] (default: the fortunes corpus), validation_fraction 0.1}
-//   steps 100, seed 1234, eval_interval 10 (0: never), out_dir "runs/pipeflow"
-//   checkpoint   {interval 0 (steps between checkpoints; 0: none), dir (default out_dir/checkpoints),
-//                 load (a checkpoint to resume from; default none)}
+//   steps 100, seed 1234, eval_interval 10 (0: after the last step only), out_dir "runs/pipeflow"
+//   checkpoint   {interval 0 (steps between checkpoints, and one after the last step; 0: none),
+//                 dir (default out_dir/checkpoints), load (a checkpoint file, or a directory
+//                 whose latest step_N.safetensors is taken, to resume from; default none)}
 // and the keys only the simulator reads (what the cluster is):
 //   hardware "cpu"        a preset name or a hardware profile JSON path
 //   devices               tensor_parallel · pipeline.stages · data_parallel (checked if given)
