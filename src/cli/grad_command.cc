@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 
@@ -88,18 +89,24 @@ void add_grad_command(CLI::App& app) {
   sub->add_option("--partition", command->partition, "How to cut the layers into stages (uniform, parameters, "
                                                      "type:REGEX, balanced, counts:..., bounds:...)")
       ->capture_default_str();
-  sub->callback([command] {
+  sub->callback([command, sub] {
     const nn::SafetensorsFile weights = nn::SafetensorsFile::read(command->weights);
     const nn::GptConfig config = nn::read_config(weights);
     IntTensor tokens = nn::SafetensorsFile::read(command->batch).ints("tokens");
     nn::check_sequences(tokens);
     const auto b = tokens.dim(0);
     const auto t = tokens.dim(1) - 1;
-    if (command->schedule.empty() && (command->stages != 1 || command->microbatches != 1)) {
-      fail("--stages and --microbatches cut the batch for a pipeline: give --schedule too");
+    if (command->schedule.empty()) {
+      for (const char* flag : {"--stages", "--microbatches", "--virtual", "--partition"}) {
+        if (sub->count(flag) > 0) fail("{} lays out a pipeline: give --schedule too, or leave it out", flag);
+      }
     }
     const Gradients g = command->schedule.empty() ? unpipelined(config, weights, std::move(tokens))
                                                   : pipelined(*command, config, weights, std::move(tokens));
+    if (!std::isfinite(g.loss)) {
+      fail("loss = {}: the weights in {} or the forward produced a non-finite value; {} was not written",
+           g.loss, command->weights, command->out);
+    }
     nn::SafetensorsWriter writer;
     nn::write_config(writer, config);
     writer.set_metadata("loss", fmt::format("{:.17g}", g.loss));

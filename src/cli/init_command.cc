@@ -26,7 +26,13 @@ void add_init_command(CLI::App& app) {
   sub->add_option("--width", command->config.n_embd, "Hidden size (n_embd)")->required();
   sub->add_option("--context", command->config.context, "Positions (n_ctx, block size)")->required();
   sub->add_option("--vocab", command->config.vocab_size, "Vocabulary size (256: bytes)")->capture_default_str();
-  sub->add_option("--seed", command->seed, "Seed of the GPT-2 initialisation")->capture_default_str();
+  sub->add_option("--seed", command->seed, "Seed of the GPT-2 initialisation")
+      ->check(CLI::Validator(
+          [](const std::string& value) {
+            return value.starts_with('-') ? "seed " + value + " is negative: give an integer >= 0" : std::string();
+          },
+          "SEED >= 0"))
+      ->capture_default_str();
   sub->add_option("--out", command->out, "Weights file to write")->required();
   sub->callback([command] {
     command->config.validate();

@@ -67,7 +67,8 @@ void AtomicFileWriter::commit() {
   std::error_code error;
   if (flushed) std::filesystem::rename(temporary_, path_, error);
   if (!flushed || error) {
-    std::filesystem::remove(temporary_, error);
+    std::error_code ignored;
+    std::filesystem::remove(temporary_, ignored);
     fail("cannot write {}: {}", path_.string(), flushed ? error.message() : reason);
   }
 }

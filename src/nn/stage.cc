@@ -118,6 +118,25 @@ void BasicStage<T>::check_tokens(const IntTensor& tokens, const char* what, cons
   }
 }
 
+// The kernels and BLAS index a tensor with int: every activation of one
+// micro-batch (the MLP's [B, T, 4C], the attention scores [B, NH, T, T], the
+// logits [B, T, V]) must hold fewer than 2^31 elements.
+template <class T>
+void BasicStage<T>::check_tensor_sizes(const LayerShape& shape) const {
+  const std::int64_t rows = static_cast<std::int64_t>(shape.b) * shape.t;
+  const std::pair<const char*, std::int64_t> largest[] = {
+      {"the MLP's [B, T, 4C]", rows * 4 * shape.c},
+      {"the attention scores [B, NH, T, T]", rows * shape.nh * shape.t},
+      {"the logits [B, T, V]", rows * shape.v}};
+  for (const auto& [what, elements] : largest) {
+    if (elements >= (std::int64_t{1} << 31)) {
+      fail("{}: a micro-batch of {} x {} tokens makes {} {} elements, over the 2^31 - 1 that the kernels and BLAS "
+           "index: lower train_micro_batch_size_per_gpu or the sequence length",
+           where(), shape.b, shape.t, what, elements);
+    }
+  }
+}
+
 template <class T>
 LayerShape BasicStage<T>::check_input(const Input& input, bool with_targets) const {
   LayerShape shape{0, 0, config_.n_embd, config_.n_head, config_.vocab_size};
@@ -142,6 +161,7 @@ LayerShape BasicStage<T>::check_input(const Input& input, bool with_targets) con
   if (shape.t > config_.context) {
     fail("{}: sequence length {} exceeds the model's context of {}", where(), shape.t, config_.context);
   }
+  check_tensor_sizes(shape);
   if (has_head() && with_targets) {
     check_tokens(input.targets, "targets", shape);
   } else if (!input.targets.empty()) {

@@ -3,10 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 
 #include "../nn/test_support.h"
+#include "pipeflow/core/file.h"
 #include "pipeflow/nn/safetensors.h"
 #include "run_pipeflow.h"
 
@@ -62,8 +65,26 @@ TEST(GradCommand, MicrobatchesMustCutTheBatchEvenly) {
   EXPECT_EQ(zero.err, "pipeflow: error: gpipe needs microbatches >= 1 (got 0)\n");
   const CommandResult no_schedule = run_pipeflow("grad --weights " + kReference + " --batch " + kReference +
                                                  " --out " + dir + "/g.safetensors --stages 2");
-  EXPECT_EQ(no_schedule.err,
-            "pipeflow: error: --stages and --microbatches cut the batch for a pipeline: give --schedule too\n");
+  EXPECT_EQ(no_schedule.err, "pipeflow: error: --stages lays out a pipeline: give --schedule too, or leave it out\n");
+  EXPECT_EQ(run_pipeflow("grad --weights " + kReference + " --batch " + kReference + " --out " + dir +
+                         "/g.safetensors --virtual 2")
+                .err,
+            "pipeflow: error: --virtual lays out a pipeline: give --schedule too, or leave it out\n");
+  // A NaN in the weights: an error, and no gradients file.
+  std::string bytes = read_file(kReference);
+  std::uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), sizeof header);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const auto begin = nn::SafetensorsFile::parse(bytes, kReference).entry("wte.weight").begin;
+  std::memcpy(bytes.data() + sizeof header + header + begin, &nan, sizeof nan);
+  write_file_atomic(dir + "/nan.safetensors", bytes);
+  const CommandResult not_finite = run_pipeflow("grad --weights " + dir + "/nan.safetensors --batch " + kReference +
+                                                " --out " + dir + "/g.safetensors");
+  EXPECT_EQ(not_finite.exit_code, 1);
+  EXPECT_EQ(not_finite.err, "pipeflow: error: loss = nan: the weights in " + dir +
+                                "/nan.safetensors or the forward produced a non-finite value; " + dir +
+                                "/g.safetensors was not written\n");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/g.safetensors"));
   std::filesystem::remove_all(dir);
 }
 

@@ -51,6 +51,12 @@ TEST(InitCommand, AnImpossibleShapeIsAOneLineError) {
             "pipeflow: error: model n_embd = 32 is not a multiple of n_head = 3: every head needs n_embd / n_head "
             "features\n");
   EXPECT_FALSE(std::filesystem::exists(dir + "/w.safetensors"));
+  const CommandResult negative =
+      run_pipeflow("init --layers 2 --heads 2 --width 32 --context 16 --seed -1 --out " + dir + "/w.safetensors");
+  EXPECT_NE(negative.exit_code, 0);
+  EXPECT_EQ(negative.err, "pipeflow: error: --seed: seed -1 is negative: give an integer >= 0 (run with --help for "
+                          "the options)\n");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/w.safetensors"));
   std::filesystem::remove_all(dir);
 }
 

@@ -41,6 +41,18 @@ TEST(File, UncommittedWriterLeavesTheOldFile) {
   EXPECT_EQ(entries_in(dir), 1u);
 }
 
+TEST(File, WritingOverADirectorySaysWhyAndLeavesNoTemporary) {
+  const auto dir = fresh_dir();
+  std::filesystem::create_directories(dir / "taken");
+  try {
+    write_file_atomic(dir / "taken", "data");
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(std::string(error.what()), "cannot write " + (dir / "taken").string() + ": Is a directory");
+  }
+  EXPECT_EQ(entries_in(dir), 1u);
+}
+
 TEST(File, ReadingAMissingFileNamesIt) {
   try {
     read_file("/nonexistent/pipeflow.json");

@@ -285,6 +285,12 @@ TEST(Stage, WrongInputsAndOrderAreErrorsThatSayWhatToDo) {
             "stage 0 (embedding..block.0): tokens [1, 1] = 32 is outside the vocabulary [0, 32)");
   EXPECT_EQ(error_of([&] { first.forward(state, {.tokens = random_tokens(1, 17, 32, 1)}); }),
             "stage 0 (embedding..block.0): sequence length 17 exceeds the model's context of 16");
+  const GptConfig long_context{.vocab_size = 32, .context = 65536, .n_layer = 1, .n_head = 4, .n_embd = 16};
+  Stage whole(long_context, all_layers(long_context), {.name = "model"});
+  EXPECT_EQ(error_of([&] { whole.forward(state, {.tokens = random_tokens(1, 65536, 32, 1)}); }),
+            "model (embedding..head): a micro-batch of 1 x 65536 tokens makes the attention scores [B, NH, T, T] "
+            "17179869184 elements, over the 2^31 - 1 that the kernels and BLAS index: lower "
+            "train_micro_batch_size_per_gpu or the sequence length");
   EXPECT_EQ(error_of([&] { last.forward(state, {.activation = random_activation(kB, kT, 8, 1)}); }),
             "stage 1 (block.1..head): needs an activation [B, T, 16] from the previous stage, got [2, 12, 8]");
   EXPECT_EQ(error_of([&] { last.backward_input_from_loss(state, 1.0); }),

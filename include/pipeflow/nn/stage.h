@@ -191,6 +191,7 @@ class BasicStage {
   Kind kind(int local) const;
   int block_index(int local) const;
   LayerShape check_input(const Input& input, bool with_targets) const;
+  void check_tensor_sizes(const LayerShape& shape) const;
   void check_tokens(const IntTensor& tokens, const char* what, const LayerShape& shape) const;
   void require_phase(const State& state, typename State::Phase phase, const char* pass) const;
   bool checkpointing() const { return options_.checkpoint_interval > 0; }
