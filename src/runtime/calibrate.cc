@@ -11,6 +11,7 @@
 #include "pipeflow/nn/random.h"
 #include "pipeflow/nn/stage.h"
 #include "pipeflow/runtime/in_process_transport.h"
+#include "pipeflow/runtime/report.h"
 #include "pipeflow/tensor/gemm.h"
 
 namespace pipeflow::runtime {
@@ -106,7 +107,7 @@ Calibration calibrate(const CalibrationOptions& options) {
   c.memcpy_bytes_per_s = measure_memcpy(seconds);
   c.handoff_latency_s = measure_handoff(seconds);
   c.model_flop_per_s = measure_model(seconds);
-  c.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  c.cores = usable_cores();
   c.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   return c;
 }

@@ -6,11 +6,22 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <thread>
+
+#include <sched.h>
 
 #include "pipeflow/core/units.h"
 #include "pipeflow/nn/gpt_config.h"
 
 namespace pipeflow::runtime {
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 namespace {
 
 // The steps a report summarises: all but the warm-up step 0 when there are more.

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <charconv>
 #include <string_view>
-#include <thread>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
@@ -203,7 +202,7 @@ void Run::announce() const {
       settings_.model.n_layer, settings_.model.n_embd, settings_.model.n_head, settings_.model.context,
       settings_.model.parameter_count(), s.name(), s.num_ranks(), s.num_stages(), s.num_microbatches(),
       settings_.engine.micro_batch, sequence(), settings_.steps, settings_.emulate ? ", emulated" : ""));
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int cores = usable_cores();
   const std::string note = oversubscription_note(s.num_ranks(), cores, settings_.emulate);
   if (!note.empty()) progress_.message(note);
 }
@@ -334,7 +333,7 @@ void Run::write_outputs(TrainOutcome& outcome, const StepResult& last) {
                    .schedule = &schedule,
                    .boundaries = engine_->boundaries(),
                    .data = fmt::format("{} ({} training bytes)", dataset_.source(), dataset_.bytes(nn::Split::kTrain)),
-                   .cores = static_cast<int>(std::thread::hardware_concurrency()),
+                   .cores = usable_cores(),
                    .log = outcome.log,
                    .figures = figures_,
                    .costs = record_costs(),

@@ -4,6 +4,9 @@
 
 #include <filesystem>
 #include <sstream>
+#include <thread>
+
+#include <sched.h>
 
 #include "pipeflow/core/config.h"
 #include "pipeflow/core/file.h"
@@ -235,6 +238,21 @@ TEST(Report, SaysWhenRanksOutnumberCores) {
             "8 ranks, 2 cores: threads would time-slice, so this run is emulated: each action ran alone and the "
             "timeline replays the measured durations with one core per rank.");
   EXPECT_EQ(printable("ok\n\tfine\x01\xff"), "ok\n\tfine??");
+}
+
+// A process pinned to one core (taskset -c 0) has one core, however many
+// the machine has.
+TEST(Report, CountsTheCoresTheAffinityAllows) {
+  int pinned = 0;
+  std::thread thread([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    if (sched_setaffinity(0, sizeof one, &one) == 0) pinned = usable_cores();
+  });
+  thread.join();
+  EXPECT_EQ(pinned, 1);
+  EXPECT_GE(usable_cores(), 1);
 }
 
 TEST(Progress, EtaIsReadable) {

@@ -14,7 +14,7 @@ struct Calibration {
   // GPT-2 (4 layers, width 128, context 64, 8 sequences) on one thread: what
   // the cost model's efficiency turns peak into.
   double model_flop_per_s = 0;
-  int cores = 0;                  // std::thread::hardware_concurrency
+  int cores = 0;                  // usable_cores() (report.h): the process's CPU affinity
   double memory_bytes = 0;        // physical memory
 };
 
