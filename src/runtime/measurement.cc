@@ -113,6 +113,7 @@ void CostProfile::add(const StepResult& step) {
       if (kind < 0) continue;
       Samples& s = samples_.at(static_cast<std::size_t>(t.action.stage.value()));
       s.seconds[kind].push_back(t.duration_s());
+      s.working_bytes[kind].push_back(static_cast<double>(t.working_bytes));
       if (t.action.kind == ActionKind::kForward) s.activation_bytes.push_back(static_cast<double>(t.held_bytes));
       if (t.action.kind == ActionKind::kBackwardInput) {
         s.weight_gradient_bytes.push_back(static_cast<double>(t.held_bytes));
@@ -126,9 +127,11 @@ void CostProfile::add(const StepResult& step) {
   ++steps_;
   for (std::size_t s = 0; s < samples_.size(); ++s) {
     const Samples& in = samples_[s];
-    medians_[s] = {median(in.seconds[0]), median(in.seconds[1]),          median(in.seconds[2]),
-                   median(in.seconds[3]), median(in.optimizer),           median(in.activation_bytes),
-                   median(in.weight_gradient_bytes)};
+    const double backward_working =
+        std::max({median(in.working_bytes[1]), median(in.working_bytes[2]), median(in.working_bytes[3])});
+    medians_[s] = {median(in.seconds[0]),           median(in.seconds[1]),       median(in.seconds[2]),
+                   median(in.seconds[3]),           median(in.optimizer),        median(in.activation_bytes),
+                   median(in.weight_gradient_bytes), median(in.working_bytes[0]), backward_working};
   }
 }
 
@@ -170,6 +173,8 @@ MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine&
                               .output_bytes = stage.has_head() ? 0.0 : message,
                               .activation_bytes = c.activation_bytes,
                               .weight_gradient_bytes = c.weight_gradient_bytes,
+                              .forward_working_bytes = c.forward_working_bytes,
+                              .backward_working_bytes = c.backward_working_bytes,
                               // parameters, gradients and AdamW's two moments, float each
                               .model_state_bytes = 4.0 * sizeof(float) * static_cast<double>(stage.layout().total()),
                               .optimizer_s = c.optimizer_s});

@@ -97,7 +97,8 @@ RankWorker::Outcome RankWorker::run(std::size_t index, bool block) {
   (*progress_)[static_cast<std::size_t>(rank_.value())].store(index, std::memory_order_relaxed);
   if (options_->before_action) options_->before_action(rank_, a);
   nn::Stage& st = stage(a.stage);
-  const std::int64_t others = live_bytes() - st.activation_memory().live_bytes();
+  const std::int64_t own = st.activation_memory().live_bytes();
+  const std::int64_t others = live_bytes() - own;
   st.activation_memory().reset_peak();
   ActionTiming timing{.action = a};
   const Clock::time_point start = Clock::now();
@@ -127,6 +128,7 @@ RankWorker::Outcome RankWorker::run(std::size_t index, bool block) {
   if (outcome != Outcome::kDone) return outcome;
   timing.start_s = seconds_since_epoch(start);
   timing.end_s = seconds_since_epoch(Clock::now());
+  if (is_compute(a.kind)) timing.working_bytes = st.activation_memory().peak_bytes() - own;
   record_.actions.push_back(timing);
   note_memory(others, st);
   if (index + 1 == actions_->size()) {

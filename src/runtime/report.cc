@@ -149,8 +149,8 @@ std::string comparison_section(const RunRecord& run) {
         format_bytes(p.ranks[r].activation_bytes));
   }
   out += "\nPredicted peak activations come from the simulator's walk over each rank's actions with the measured "
-         "bytes an F (an I) leaves held per micro-batch; the measured peak adds what an action holds while it runs "
-         "(its temporaries, a recomputed segment).\n";
+         "bytes an F (an I) leaves held per micro-batch, plus the most an action of the stage holds while it runs "
+         "(its temporaries, a recomputed segment) on top of what the rank holds when it begins.\n";
   return out;
 }
 

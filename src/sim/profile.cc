@@ -32,6 +32,8 @@ StageMeasurement read_stage(const nlohmann::json& json, const std::string& sourc
   stage.output_bytes = non_negative(config, "output_bytes", true);
   stage.activation_bytes = optional_non_negative(config, "activation_bytes");
   stage.weight_gradient_bytes = optional_non_negative(config, "weight_gradient_bytes");
+  stage.forward_working_bytes = optional_non_negative(config, "forward_working_bytes");
+  stage.backward_working_bytes = optional_non_negative(config, "backward_working_bytes");
   stage.model_state_bytes = optional_non_negative(config, "model_state_bytes");
   stage.optimizer_s = optional_non_negative(config, "optimizer_s");
   config.check_no_unknown_keys();
@@ -81,6 +83,8 @@ std::string profile_to_json(const MeasuredProfile& profile) {
     stage["output_bytes"] = s.output_bytes;
     if (s.activation_bytes) stage["activation_bytes"] = *s.activation_bytes;
     if (s.weight_gradient_bytes) stage["weight_gradient_bytes"] = *s.weight_gradient_bytes;
+    if (s.forward_working_bytes) stage["forward_working_bytes"] = *s.forward_working_bytes;
+    if (s.backward_working_bytes) stage["backward_working_bytes"] = *s.backward_working_bytes;
     if (s.model_state_bytes) stage["model_state_bytes"] = *s.model_state_bytes;
     if (s.optimizer_s) stage["optimizer_s"] = *s.optimizer_s;
     json["stages"].push_back(stage);
@@ -115,6 +119,8 @@ void apply_profile(const MeasuredProfile& profile, SimulationCosts& costs) {
     stage.output_bytes = measured.output_bytes;
     if (measured.activation_bytes) stage.activation_bytes = *measured.activation_bytes;
     if (measured.weight_gradient_bytes) stage.weight_gradient_bytes = *measured.weight_gradient_bytes;
+    if (measured.forward_working_bytes) stage.forward_working_bytes = *measured.forward_working_bytes;
+    if (measured.backward_working_bytes) stage.backward_working_bytes = *measured.backward_working_bytes;
     if (measured.model_state_bytes) stage.model_state_bytes = *measured.model_state_bytes;
     if (measured.optimizer_s) stage.optimizer_s = *measured.optimizer_s;
   }

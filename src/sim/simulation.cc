@@ -45,6 +45,8 @@ void check_costs(const Schedule& schedule, const SimulationCosts& costs) {
     check_cost(c.model_state_bytes, "model_state_bytes", s);
     check_cost(c.activation_bytes, "activation_bytes", s);
     check_cost(c.weight_gradient_bytes, "weight_gradient_bytes", s);
+    check_cost(c.forward_working_bytes, "forward_working_bytes", s);
+    check_cost(c.backward_working_bytes, "backward_working_bytes", s);
     check_cost(c.comm_buffer_bytes, "comm_buffer_bytes", s);
     check_cost(c.gradient_bytes, "gradient_bytes", s);
     check_cost(c.optimizer_s, "optimizer_s", s);
@@ -136,6 +138,11 @@ MemoryPeak walk_memory(const std::vector<TimedAction>& timed, const SimulationCo
   int inflight = 0;
   for (const TimedAction& t : timed) {
     const StageCosts& c = costs.stages[static_cast<std::size_t>(t.action.stage.value())];
+    if (is_compute(t.action.kind)) {
+      const double working =
+          t.action.kind == ActionKind::kForward ? c.forward_working_bytes : c.backward_working_bytes;
+      if (held + working > peak.bytes) peak = {held + working, inflight};
+    }
     switch (t.action.kind) {
       case ActionKind::kForward:
         held += c.activation_bytes;

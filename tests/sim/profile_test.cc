@@ -16,7 +16,8 @@ const char* const kProfile = R"({
   "pipeflow_profile": 1,
   "source": "pipeflow train, steps 2-4",
   "stages": [
-    {"forward_s": 0.5, "backward_s": 1.0, "output_bytes": 1000, "activation_bytes": 200, "optimizer_s": 0.25},
+    {"forward_s": 0.5, "backward_s": 1.0, "output_bytes": 1000, "activation_bytes": 200, "optimizer_s": 0.25,
+     "forward_working_bytes": 300, "backward_working_bytes": 50},
     {"forward_s": 0.5, "backward_s": 1.0, "backward_input_s": 0.6, "backward_weight_s": 0.4, "output_bytes": 0}
   ],
   "link": {"latency_s": 0.001, "bandwidth_bytes_per_s": 1e6}
@@ -30,6 +31,8 @@ TEST(Profile, ReadsStagesAndLinkAndWritesThemBack) {
   EXPECT_DOUBLE_EQ(profile.stages[0].backward_input_s, 0);
   EXPECT_DOUBLE_EQ(*profile.stages[0].activation_bytes, 200);
   EXPECT_FALSE(profile.stages[0].weight_gradient_bytes.has_value());
+  EXPECT_DOUBLE_EQ(*profile.stages[0].forward_working_bytes, 300);
+  EXPECT_DOUBLE_EQ(*profile.stages[0].backward_working_bytes, 50);
   EXPECT_DOUBLE_EQ(profile.stages[1].backward_weight_s, 0.4);
   EXPECT_DOUBLE_EQ(profile.link.latency_s, 0.001);
   const std::string json = profile_to_json(profile);
@@ -39,13 +42,15 @@ TEST(Profile, ReadsStagesAndLinkAndWritesThemBack) {
 // 1F1B on 2 ranks, m = 2: each message takes 1 ms + 1000 B at 1 MB/s = 2 ms.
 // Rank 0: F0 [0, 0.5], F1 [0.5, 1]; rank 1: F0 [0.502, 1.002], B0 [1.002,
 // 2.002], F1 [2.002, 2.502], B1 [2.502, 3.502]; rank 0: B0 [2.004, 3.004],
-// B1 [3.504, 4.504], then its 0.25 s optimizer step.
+// B1 [3.504, 4.504], then its 0.25 s optimizer step. Rank 0's memory peaks
+// in F1: 200 held by F0 and F1's 300 working bytes (B0 begins with 400 held
+// and adds 50).
 TEST(Profile, CostsFromAProfileSimulateTheMeasuredStep) {
   const MeasuredProfile profile = profile_from_json(kProfile, "m.json");
   const SimulationResult r = simulate(make_1f1b(2, 2), costs_from_profile(profile));
   EXPECT_NEAR(r.pipeline_time_s, 4.504, 1e-12);
   EXPECT_NEAR(r.step_time_s, 4.754, 1e-12);
-  EXPECT_DOUBLE_EQ(r.ranks[0].activation_bytes, 400);
+  EXPECT_DOUBLE_EQ(r.ranks[0].activation_bytes, 500);
   EXPECT_NEAR(r.ranks[0].overlapped_comm_s, 2 * 0.002, 1e-15);
 }
 

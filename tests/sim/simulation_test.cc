@@ -348,6 +348,31 @@ TEST(SimulateMemory, OneFOneBRankRHoldsPMinusRMicrobatchesAndGpipeM) {
   }
 }
 
+// An action's working bytes (its temporaries; a recomputing backward
+// rebuilds its segment) sit on top of what the rank holds when it begins:
+// the last warm-up F of 1F1B rank r begins with p − r − 1 micro-batches held,
+// its first B with p − r.
+TEST(SimulateMemory, WorkingBytesOfAnActionAddToWhatTheRankHolds) {
+  const int p = 4;
+  const Schedule schedule = make_1f1b(p, 10);
+  const auto peaks = [&](double forward_working, double backward_working) {
+    SimulationCosts costs = with_memory(uniform_costs(schedule), 1e6, 0);
+    for (StageCosts& stage : costs.stages) {
+      stage.forward_working_bytes = forward_working;
+      stage.backward_working_bytes = backward_working;
+    }
+    std::vector<double> out;
+    for (const RankResult& rank : simulate(schedule, costs).ranks) out.push_back(rank.activation_bytes);
+    return out;
+  };
+  const std::vector<double> backward_sets_it = peaks(1.2e6, 5e5);
+  const std::vector<double> forward_sets_it = peaks(1.2e6, 1e5);
+  for (int rank = 0; rank < p; ++rank) {
+    EXPECT_DOUBLE_EQ(backward_sets_it[static_cast<std::size_t>(rank)], (p - rank) * 1e6 + 5e5);
+    EXPECT_DOUBLE_EQ(forward_sets_it[static_cast<std::size_t>(rank)], (p - rank - 1) * 1e6 + 1.2e6);
+  }
+}
+
 // ZB-H1 keeps 1F1B's p − r micro-batches of activations until their I, and
 // holds p micro-batches on every rank until their W.
 TEST(SimulateMemory, SplitBackwardHoldsTheWeightGradientShareUntilW) {

@@ -61,6 +61,8 @@ struct StageCost {
   double optimizer_s = 0;
   double activation_bytes = 0;       // held from F to B/I, per micro-batch
   double weight_gradient_bytes = 0;  // held from I to W, per micro-batch
+  double forward_working_bytes = 0;   // held above the start while an F runs (sim StageCosts)
+  double backward_working_bytes = 0;  // the same for B, I and W: the largest of their medians
 };
 
 class CostProfile {
@@ -80,6 +82,7 @@ class CostProfile {
     std::vector<double> optimizer;
     std::vector<double> activation_bytes;
     std::vector<double> weight_gradient_bytes;
+    std::vector<double> working_bytes[4];  // F, B, I, W
   };
   std::vector<Samples> samples_;
   std::vector<StageCost> medians_;

@@ -24,6 +24,10 @@ struct ActionTiming {
   // until its W (measured on the stage's account, without the tensor sent
   // on); 0 for other actions.
   std::int64_t held_bytes = 0;
+  // The most the stage held during a compute action above what it held when
+  // the action began (temporaries, a recomputed segment, the output); 0 for
+  // communication.
+  std::int64_t working_bytes = 0;
 
   double duration_s() const { return end_s - start_s; }
 };

@@ -23,6 +23,8 @@ namespace pipeflow {
 //       "output_bytes": 65536,                 the message to the next stage
 //       "activation_bytes": 1.2e7,             optional memory figures, per micro-batch
 //       "weight_gradient_bytes": 4e6,          optional
+//       "forward_working_bytes": 3e6,          optional: the most an F (a B/I/W) holds
+//       "backward_working_bytes": 2e6,         above what the stage held when it began
 //       "model_state_bytes": 3.2e7,            optional
 //       "optimizer_s": 0.004}],                optional: the stage's optimizer step
 //    "link": {"latency_s": 2e-6, "bandwidth_bytes_per_s": 7e9}}   every rank pair; optional:
@@ -37,6 +39,8 @@ struct StageMeasurement {
   double output_bytes = 0;
   std::optional<double> activation_bytes;
   std::optional<double> weight_gradient_bytes;
+  std::optional<double> forward_working_bytes;
+  std::optional<double> backward_working_bytes;
   std::optional<double> model_state_bytes;
   std::optional<double> optimizer_s;
 };

@@ -59,6 +59,11 @@ struct StageCosts {
   double model_state_bytes = 0;      // weights, gradients, optimizer states
   double activation_bytes = 0;       // held per micro-batch from its F until its B (or I) ends
   double weight_gradient_bytes = 0;  // held per micro-batch from its I until its W ends
+  // The most an F (a B, I or W) of this stage holds, while it runs, above
+  // what the stage held when it began: its temporaries, the output not yet
+  // handed on, the segment a recomputing backward rebuilds.
+  double forward_working_bytes = 0;
+  double backward_working_bytes = 0;
   double comm_buffer_bytes = 0;      // send and receive buffers, held for the whole step
 
   // After the pipeline: this stage's gradient bytes all-reduced across the
@@ -147,7 +152,8 @@ struct SimulationResult {
 // Memory walk, per rank in list order: an F adds its stage's
 // activation_bytes; a B removes them; an I replaces them by
 // weight_gradient_bytes, which its W removes. The peak is the largest sum
-// reached.
+// reached, counting each compute action's working bytes (forward or
+// backward) on top of what the rank held when it began.
 //
 // Throws Error if costs.stages does not have one entry per stage, a cost is
 // negative or not finite, or the schedule deadlocks (with the executor's
