@@ -19,10 +19,18 @@
 namespace pipeflow::runtime {
 namespace {
 
+// The schedule is checked as given before it is lowered: lowering an invalid
+// one would bury its violations under the SEND/RECV it got wrong (a stage on
+// two ranks read from a CSV) or fail as a deadlock without naming the cause.
 Schedule lowered_and_valid(const Schedule& schedule) {
-  Schedule lowered = schedule.has_communication() ? schedule : insert_send_recv(schedule);
-  const ValidationReport report = validate(lowered);
-  if (!report.ok()) fail("schedule {} cannot run:\n{}", schedule.name(), report.render(lowered));
+  const ValidationReport report = validate(schedule);
+  if (!report.ok()) fail("schedule {} cannot run:\n{}", schedule.name(), report.render(schedule));
+  if (schedule.has_communication()) return schedule;
+  Schedule lowered = insert_send_recv(schedule);
+  const ValidationReport lowered_report = validate(lowered);
+  if (!lowered_report.ok()) {
+    fail("schedule {} cannot run once lowered:\n{}", schedule.name(), lowered_report.render(lowered));
+  }
   return lowered;
 }
 

@@ -117,26 +117,39 @@ struct Shape {
   Placement placement = Placement::kLoop;
 };
 
-// Which row each stage is on; every stage on exactly one row.
-std::vector<int> stage_rows(const std::vector<std::vector<Action>>& rows, int stages, const std::string& source) {
-  std::vector<int> row_of(static_cast<std::size_t>(stages), -1);
-  for (std::size_t r = 0; r < rows.size(); ++r) {
-    for (const Action& a : rows[r]) {
-      int& row = row_of[static_cast<std::size_t>(a.stage.value())];
-      if (row < 0) row = static_cast<int>(r);
-      if (row != static_cast<int>(r)) {
-        fail("{}: stage {} appears on rows {} and {} (ranks {} and {}): a stage lives on one rank", source,
-             a.stage.value(), row + 1, r + 1, row, r);
-      }
-    }
+// Every stage up to the largest appears on some row: a gap means a missing row.
+void check_no_stage_missing(const std::vector<std::vector<Action>>& rows, int stages, const std::string& source) {
+  std::vector<bool> seen(static_cast<std::size_t>(stages), false);
+  for (const auto& row : rows) {
+    for (const Action& a : row) seen[static_cast<std::size_t>(a.stage.value())] = true;
   }
   for (int s = 0; s < stages; ++s) {
-    if (row_of[static_cast<std::size_t>(s)] < 0) {
+    if (!seen[static_cast<std::size_t>(s)]) {
       fail("{}: stage {} appears in no row, but stages go up to {}: is a rank's row missing?", source, s,
            stages - 1);
     }
   }
-  return row_of;
+}
+
+// The placement that puts the most actions on their stage's rank; loop on a
+// tie (with one rank both place every stage alike), V only with 2 * ranks
+// stages. A file that fits neither exactly, such as one with a stage on two
+// rows, still loads: validate() reports each action off its stage's rank
+// (rule "placement"), as it does for a JSON file's declared placement.
+Placement infer_placement(const std::vector<std::vector<Action>>& rows, int stages, const std::string& source) {
+  const int ranks = static_cast<int>(rows.size());
+  auto actions_on_their_rank = [&](Placement placement) {
+    const Schedule map(source, ranks, stages, 1, placement);
+    std::size_t placed = 0;
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      for (const Action& a : rows[r]) placed += map.rank_of(a.stage).value() == static_cast<int>(r) ? 1 : 0;
+    }
+    return placed;
+  };
+  if (stages == 2 * ranks && actions_on_their_rank(Placement::kV) > actions_on_their_rank(Placement::kLoop)) {
+    return Placement::kV;
+  }
+  return Placement::kLoop;
 }
 
 Shape infer_shape(const std::vector<std::vector<Action>>& rows, const std::string& source) {
@@ -151,29 +164,17 @@ Shape infer_shape(const std::vector<std::vector<Action>>& rows, const std::strin
       shape.microbatches = std::max(shape.microbatches, a.microbatch.value() + 1);
     }
   }
-  const std::vector<int> row_of = stage_rows(rows, shape.stages, source);
+  check_no_stage_missing(rows, shape.stages, source);
+  // Fewer stages than rows: rows share a stage (every row has actions). Each
+  // rank still holds a stage of its own, so there are at least `ranks`
+  // stages; validate() reports the shared stage's actions off its rank and
+  // the stages no row runs.
+  shape.stages = std::max(shape.stages, ranks);
   if (shape.stages % ranks != 0) {
     fail("{}: {} stages on {} ranks: every rank must hold the same number of stages", source, shape.stages, ranks);
   }
-  auto fits = [&](auto rank_of) {
-    for (int s = 0; s < shape.stages; ++s) {
-      if (row_of[static_cast<std::size_t>(s)] != rank_of(s)) return false;
-    }
-    return true;
-  };
-  if (fits([&](int s) { return s % ranks; })) return shape;
-  if (shape.stages == 2 * ranks && fits([&](int s) { return s < ranks ? s : 2 * ranks - 1 - s; })) {
-    shape.placement = Placement::kV;
-    return shape;
-  }
-  for (int s = 0; s < shape.stages; ++s) {
-    if (row_of[static_cast<std::size_t>(s)] != s % ranks) {
-      fail("{}: stage {} is on rank {}, which fits neither loop placement (stage s on rank s % {}) nor V "
-           "placement (rank r holds stages r and {} - r)",
-           source, s, row_of[static_cast<std::size_t>(s)], ranks, 2 * ranks - 1);
-    }
-  }
-  fail("internal: placement of {} undecided", source);
+  shape.placement = infer_placement(rows, shape.stages, source);
+  return shape;
 }
 
 std::string quoted(const std::string& text) { return nlohmann::json(text).dump(); }

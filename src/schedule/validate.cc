@@ -68,6 +68,13 @@ class Validator {
     report_.violations.push_back(std::move(v));
   }
 
+  // The schedule's stage -> rank map in words.
+  std::string placement_rule() const {
+    const int p = s_.num_ranks();
+    if (s_.placement() == Placement::kLoop) return fmt::format("loop placement: stage s on rank s % {}", p);
+    return fmt::format("v placement: rank r holds stages r and {} - r", 2 * p - 1);
+  }
+
   bool in_range(const Action& a) const {
     return a.stage.value() >= 0 && a.stage.value() < stages_ && a.microbatch.value() >= 0 &&
            a.microbatch.value() < microbatches_;
@@ -94,8 +101,9 @@ class Validator {
         const RankId home = s_.rank_of(a.stage);
         if (home.value() != r) {
           add("placement", here,
-              fmt::format("{} is on rank {}, but stage {} sits on rank {} ({} placement)", to_string(a), r,
-                          a.stage.value(), home.value(), to_string(s_.placement())));
+              fmt::format("{} is on rank {}, but stage {} sits on rank {} ({}): move it to rank {} or correct its "
+                          "stage",
+                          to_string(a), r, a.stage.value(), home.value(), placement_rule(), home.value()));
         }
         const std::size_t k = key(a);
         if (count_[k]++ == 0) {

@@ -122,5 +122,31 @@ TEST(ValidateCommand, MalformedCsvNamesRowColumnAndToken) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(ValidateCommand, StageOnTwoRowsIsAViolationOnTheGridNotAReadError) {
+  const std::string dir = make_temp_dir();
+  write_file_atomic(dir + "/two_rows.csv", "0F0,0B0\n0F1,0B1\n");
+  const CommandResult result = run_pipeflow("validate " + dir + "/two_rows.csv");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_EQ(result.out,
+            "two_rows.csv: 2 ranks, 2 stages (loop placement), 2 micro-batches, compute-only, 4 actions\n"
+            "8 violations:\n"
+            "[1] placement: rank 1 step 0: 0F1 is on rank 1, but stage 0 sits on rank 0 (loop placement: stage s "
+            "on rank s % 2): move it to rank 0 or correct its stage\n"
+            "[2] placement: rank 1 step 1: 0B1 is on rank 1, but stage 0 sits on rank 0 (loop placement: stage s "
+            "on rank s % 2): move it to rank 0 or correct its stage\n"
+            "[3] count: stage 1 micro-batch 0 has no forward (1F0)\n"
+            "[4] count: stage 1 micro-batch 0 has no backward: it needs 1B0, or 1I0 and 1W0\n"
+            "[5] count: stage 1 micro-batch 1 has no forward (1F1)\n"
+            "[6] count: stage 1 micro-batch 1 has no backward: it needs 1B1, or 1I1 and 1W1\n"
+            "[7] deadlock: rank 0 blocked at 0B0: waits for 1B0, which is in no rank's list\n"
+            "[8] deadlock: rank 1 blocked at 0B1: waits for 1B1, which is in no rank's list\n"
+            "\n"
+            "step     0      1\n"
+            "rank 0   0F0   *0B0*   <-- ERROR HERE [7]\n"
+            "rank 1  *0F1*  *0B1*   <-- ERROR HERE [1] [2] [8]\n");
+  EXPECT_EQ(result.err, "pipeflow: error: " + dir + "/two_rows.csv: 8 violations (listed above)\n");
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace pipeflow::testing

@@ -5,6 +5,7 @@
 
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/grid.h"
+#include "pipeflow/schedule/io.h"
 #include "pipeflow/schedule/passes.h"
 #include "pipeflow/tensor/gemm.h"
 #include "test_support.h"
@@ -150,6 +151,21 @@ TEST(PipelineEngine, RejectsPartitionsThatDoNotFitTheSchedule) {
   EXPECT_EQ(error_of([&] { PipelineEngine(kTiny, schedule, {0, 0, 8}, testing::tiny_options()); }),
             "partition boundaries [0, 0, 8] must increase: stage 0 would hold no layer (a schedule of 2 stages needs "
             "at least 2 pipeline layers)");
+}
+
+TEST(PipelineEngine, RefusesAnInvalidScheduleWithItsOwnViolations) {
+  // Stage 0 on both rows of a CSV: the engine reports the placement on the
+  // schedule as written, not the deadlock its lowering would hit.
+  const Schedule two_rows = read_csv("0F0,0B0\n0F1,0B1\n", "two_rows.csv");
+  const std::string error =
+      error_of([&] { PipelineEngine(kTiny, two_rows, {0, 4, 8}, testing::tiny_options()); });
+  EXPECT_EQ(error.rfind("schedule two_rows.csv cannot run:\ntwo_rows.csv: 2 ranks, 2 stages (loop placement), 2 "
+                        "micro-batches, compute-only, 4 actions\n8 violations:\n[1] placement: rank 1 step 0: 0F1 is "
+                        "on rank 1, but stage 0 sits on rank 0",
+                        0),
+            0u)
+      << error;
+  EXPECT_NE(error.find("rank 1  *0F1*  *0B1*   <-- ERROR HERE [1] [2] [8]\n"), std::string::npos) << error;
 }
 
 TEST(PipelineEngine, AssemblesTheWholeModelFromItsStages) {

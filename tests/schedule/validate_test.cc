@@ -65,8 +65,17 @@ TEST(Validate, ActionOnTheWrongRank) {
   const ValidationReport report = validate(hand(2, 2, 1, Placement::kLoop, {"1F0 0B0", "0F0 1B0"}));
   const Messages got = messages(report);
   ASSERT_GE(got.size(), 2u);
-  EXPECT_EQ(got[0], "placement: rank 0 step 0: 1F0 is on rank 0, but stage 1 sits on rank 1 (loop placement)");
-  EXPECT_EQ(got[1], "placement: rank 1 step 0: 0F0 is on rank 1, but stage 0 sits on rank 0 (loop placement)");
+  EXPECT_EQ(got[0],
+            "placement: rank 0 step 0: 1F0 is on rank 0, but stage 1 sits on rank 1 (loop placement: stage s on "
+            "rank s % 2): move it to rank 1 or correct its stage");
+  EXPECT_EQ(got[1],
+            "placement: rank 1 step 0: 0F0 is on rank 1, but stage 0 sits on rank 0 (loop placement: stage s on "
+            "rank s % 2): move it to rank 0 or correct its stage");
+  // V on 2 ranks: rank 0 holds stages 0 and 3, rank 1 holds 1 and 2.
+  const ValidationReport v = validate(hand(2, 4, 1, Placement::kV, {"0F0 1F0", "2F0 3F0"}));
+  EXPECT_EQ(messages(v).at(0),
+            "placement: rank 0 step 1: 1F0 is on rank 0, but stage 1 sits on rank 1 (v placement: rank r holds "
+            "stages r and 3 - r): move it to rank 1 or correct its stage");
 }
 
 TEST(Validate, CountsEveryMissingAndDoubledAction) {

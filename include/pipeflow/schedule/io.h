@@ -21,11 +21,16 @@ namespace pipeflow {
 // are no pipeline actions and are dropped (counted in `ignored_actions`).
 //
 // A CSV carries no header, so read_csv infers the shape: ranks = rows,
-// stages = 1 + the largest stage, micro-batches = 1 + the largest
-// micro-batch, placement from which stages sit on which row (loop if stage s
-// is on row s % ranks; otherwise V if there are 2 * ranks stages with rank r
-// holding r and 2 * ranks - 1 - r). Malformed input throws Error naming the
-// source, the row (1-based; row r + 1 is rank r), the column and the token.
+// stages = 1 + the largest stage (at least ranks), micro-batches = 1 + the
+// largest micro-batch, and the placement that puts the most actions on their
+// stage's rank (loop, stage s on rank s % ranks, unless V, rank r holding r
+// and 2 * ranks - 1 - r, puts more). Actions on the wrong row -- a stage on
+// two rows, or on a rank neither placement gives it -- are no read error:
+// validate() reports each one (rule "placement") with every other violation,
+// as it does for JSON. Malformed input throws Error naming the source, the
+// row (1-based; row r + 1 is rank r), the column and the token; so do an
+// empty row, a stage missing below the largest, and a stage count that is
+// not a multiple of the rows.
 std::string write_csv(const Schedule& schedule);
 Schedule read_csv(std::string_view text, const std::string& source, int* ignored_actions = nullptr);
 
