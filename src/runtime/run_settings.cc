@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+
 #include "pipeflow/core/config.h"
 #include "pipeflow/core/error.h"
 
@@ -55,6 +57,21 @@ TrainSettings train_settings(const RunConfig& run) {
          "set it to 1 and raise gradient_accumulation_steps for a larger batch",
          source, run.data_parallel);
   }
+  if (run.zero != ZeroStage::kNone) {
+    fail("{}: zero_optimization.stage = {}: ZeRO shards model states across data-parallel replicas, and pipeflow "
+         "train runs one; remove it (pipeflow simulate models it)",
+         source, static_cast<int>(run.zero));
+  }
+  if (run.sequence_parallel) {
+    fail("{}: sequence_parallel = true: it splits activations across tensor-parallel ranks, and pipeflow train runs "
+         "no tensor parallelism; remove it (pipeflow simulate models it)",
+         source);
+  }
+  if (run.comm_mode != CommMode::kOverlapped) {
+    fail("{}: comm_mode = \"blocking\": pipeflow train hands messages between threads without blocking the "
+         "sender; remove it (pipeflow simulate models blocking sends)",
+         source);
+  }
   if (run.recompute == Recompute::kSelective) {
     fail("{}: recompute = \"selective\": pipeflow train recomputes whole layers; use "
          "pipeline.activation_checkpoint_interval",
@@ -83,6 +100,12 @@ TrainSettings train_settings(const RunConfig& run) {
                         .weight_decay = run.optimizer.weight_decay};
   s.engine.lr_schedule = lr_schedule(run.scheduler, run.optimizer.lr);
   s.engine.gradient_clipping = run.gradient_clipping;
+  for (const std::string& path : run.data.paths) {
+    if (!std::filesystem::is_regular_file(path)) {
+      fail("{}: data path \"{}\" is not a readable file: name text files, or leave data out for the fortunes corpus",
+           source, path);
+    }
+  }
   s.data.assign(run.data.paths.begin(), run.data.paths.end());
   s.validation_fraction = run.data.validation_fraction;
   s.steps = run.steps;

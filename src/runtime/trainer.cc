@@ -156,6 +156,12 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
       make_schedule(settings_.schedule, settings_.stages, settings_.microbatches, settings_.virtual_stages);
   EngineOptions options = settings_.engine;
   options.sequence_length = sequence();
+  if (schedule.num_stages() > settings_.model.pipeline_layers()) {
+    fail("{}: pipeline.stages = {} with {}: {} stages for the model's {} pipeline layers (embedding, {} blocks, "
+         "head): every stage needs a layer; lower pipeline.stages or pipeline.virtual_stages",
+         settings_.config_source, schedule.num_ranks(), schedule.name(), schedule.num_stages(),
+         settings_.model.pipeline_layers(), settings_.model.n_layer);
+  }
   const std::vector<int> boundaries = partition_model(settings_.model, schedule.num_stages(), settings_.partition,
                                                       options.micro_batch, sequence(), settings_.hardware);
   auto engine = std::make_unique<PipelineEngine>(settings_.model, schedule, boundaries, options);

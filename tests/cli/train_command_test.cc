@@ -161,6 +161,20 @@ TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
                 " with the command line: pipeline.schedule = \"zbv\" (stages = 3, micro-batches per step = 4, "
                 "virtual_stages = 1): zbv needs microbatches >= 2 * stages (got 4 < 6): it holds 2 chunks per rank; "
                 "raise gradient_accumulation_steps or use zb-h1\n");
+  // Values that parse but do not fit this run name their key too.
+  const std::string small = R"({"model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_ctx": 32}, "steps": 1, )";
+  EXPECT_EQ(error_of(small + R"("gradient_accumulation_steps": 8, "pipeline": {"stages": 8, "schedule": "gpipe"}})"),
+            "pipeflow: error: " + dir +
+                "/run.json: pipeline.stages = 8 with gpipe: 8 stages for the model's 4 pipeline layers (embedding, 2 "
+                "blocks, head): every stage needs a layer; lower pipeline.stages or pipeline.virtual_stages\n");
+  EXPECT_EQ(error_of(small + R"("data": {"path": "/nonexistent"}})"),
+            "pipeflow: error: " + dir +
+                "/run.json: data path \"/nonexistent\" is not a readable file: name text files, or leave data out "
+                "for the fortunes corpus\n");
+  EXPECT_NE(error_of(small + R"("zero_optimization": {"stage": 1}})").find("zero_optimization.stage = 1: "),
+            std::string::npos);
+  EXPECT_NE(error_of(small + R"("sequence_parallel": true})").find("sequence_parallel = true: "), std::string::npos);
+  EXPECT_NE(error_of(small + R"("comm_mode": "blocking"})").find("comm_mode = \"blocking\": "), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
