@@ -118,7 +118,7 @@ RankWorker::Outcome RankWorker::run(std::size_t index, bool block) {
       break;
     case ActionKind::kSendForward:
     case ActionKind::kSendBackward:
-      outcome = send(index, a, timing);
+      outcome = send(index, a);
       break;
     case ActionKind::kRecvForward:
     case ActionKind::kRecvBackward:
@@ -220,7 +220,7 @@ MessageKey RankWorker::message_of(const Action& a) const {
   }
 }
 
-RankWorker::Outcome RankWorker::send(std::size_t index, const Action& a, ActionTiming& /*timing*/) {
+RankWorker::Outcome RankWorker::send(std::size_t index, const Action& a) {
   Slot& sl = slot(a.stage, a.microbatch);
   Tensor& payload = a.kind == ActionKind::kSendForward ? sl.activation_out : sl.gradient_out;
   if (payload.empty()) fail("rank {}: {} has nothing to send (its producer did not run)", rank_, a);

@@ -27,7 +27,7 @@ Timeline measured_timeline(const StepResult& step, int num_ranks, std::string ti
 struct RankFigures {
   double compute_s = 0;       // F, B, I, W
   double comm_s = 0;          // SEND and RECV outside their waits (the hand-offs)
-  double wait_s = 0;          // blocked in a RECV (or a SEND to a full inbox)
+  double wait_s = 0;          // blocked in a RECV for the message
   double other_s = 0;         // the rest: thread start, bookkeeping between actions
   double pipeline_end_s = 0;  // end of the rank's last action
   double flush_s = 0;         // tied gradients + norm + optimizer

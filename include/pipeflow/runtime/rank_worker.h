@@ -123,7 +123,7 @@ class RankWorker {
 
   void forward(const Action& a, ActionTiming& timing);
   void backward_input(const Action& a, bool with_weight, ActionTiming& timing);
-  Outcome send(std::size_t index, const Action& a, ActionTiming& timing);
+  Outcome send(std::size_t index, const Action& a);
   Outcome receive(std::size_t index, const Action& a, bool block, ActionTiming& timing);
   void hand_over(Tensor tensor, StageId to, MicrobatchId j, bool gradient);
   MessageKey message_of(const Action& a) const;

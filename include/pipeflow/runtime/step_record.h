@@ -16,8 +16,10 @@ struct ActionTiming {
   Action action;
   double start_s = 0;
   double end_s = 0;
-  // The part of [start_s, end_s), at its beginning, spent blocked waiting
-  // for a message (RECV) or for room in a full inbox (SEND); 0 for compute.
+  // The part of [start_s, end_s), at its beginning, a RECV spent blocked
+  // waiting for its message; 0 for compute and SEND (the engine sizes every
+  // inbox for a step's messages, so a send never waits for room; if one did,
+  // its time would count as communication).
   double wait_s = 0;
   // Activation bytes the action leaves held on its stage for later passes:
   // an F, what its micro-batch keeps until its B or I; an I, what it keeps
