@@ -207,6 +207,7 @@ nlohmann::ordered_json json_report(const Prediction& p) {
 void run(const SimulateCommand& command) {
   RunConfig config = command.config.empty() ? default_run_config() : load_run_config(command.config);
   apply_overrides(config, command.overrides());
+  for (const std::string& warning : config.warnings) log_warning("{}", warning);
   const Layout layout = layout_from_run_config(config);
   std::optional<MeasuredProfile> profile;
   if (!command.profile.empty()) profile = load_profile(command.profile);

@@ -91,6 +91,28 @@ TEST(SimulateCommand, SteadyStateIsShorterOnlyForZeroBubbleSchedules) {
   EXPECT_NEAR(f1b["steady_bubble_ratio"].get<double>(), f1b["bubble_ratio"].get<double>(), 1e-9);
 }
 
+// --sequence-parallel is checked as the key sequence_parallel: off with a
+// warning at --tp 1, an error for a sequence the tensor-parallel ranks
+// cannot split.
+TEST(SimulateCommand, SequenceParallelWarnsAtTp1AndNeedsTheSequenceDivisibleByTp) {
+  const std::string base = "simulate --json --model gpt2-124m --global-batch 4 --sequence-parallel";
+  const CommandResult one = run_pipeflow(base);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_EQ(one.err.rfind("warning: the command line: sequence_parallel = true with tensor_parallel = 1: ", 0), 0u)
+      << one.err;
+  EXPECT_FALSE(nlohmann::json::parse(one.out)["layout"]["sequence_parallel"].get<bool>());
+  const CommandResult four = run_pipeflow(base + " --tp 4 --devices 4 --seq 1000");
+  ASSERT_EQ(four.exit_code, 0) << four.err;
+  EXPECT_EQ(four.err, "");
+  EXPECT_TRUE(nlohmann::json::parse(four.out)["layout"]["sequence_parallel"].get<bool>());
+  const CommandResult odd = run_pipeflow(base + " --tp 8 --devices 8 --seq 1001");
+  EXPECT_EQ(odd.exit_code, 1);
+  EXPECT_EQ(odd.err,
+            "pipeflow: error: the command line: sequence_parallel = true: Megatron splits the sequence over the "
+            "tensor-parallel ranks, so it must be a multiple of tensor_parallel, and seq_length 1001 is not a "
+            "multiple of 8: use seq_length 1000 or 1008, another tensor_parallel, or drop sequence_parallel\n");
+}
+
 TEST(SimulateCommand, ConfigFileFromExamplesRunsAndFlagsOverrideIt) {
   const std::string config = source_path("examples/simulate/gpt3-175b-megatron.json");
   const CommandResult r = run_pipeflow("simulate --json --config " + config);
