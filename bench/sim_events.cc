@@ -96,11 +96,14 @@ int main() {
   const Row rows[] = {
       {"simulate compute-only (overlapped)",
        best_seconds([&] { sink = simulate(schedule, overlapped).step_time_s; }), compute_events},
+      {"simulate compute-only + steady state",
+       best_seconds([&] { sink = simulate(schedule, overlapped, {.steady_state = true}).steady_state->step_time_s; }),
+       compute_events},
       {"simulate lowered (overlapped)", best_seconds([&] { sink = simulate(lowered, overlapped).step_time_s; }),
        lowered_events},
       {"simulate lowered (blocking)", best_seconds([&] { sink = simulate(lowered, blocking).step_time_s; }),
        lowered_events},
-      {"predict llama3-405b (cost model + simulate)",
+      {"predict llama3-405b (cost model+sim+steady)",
        best_seconds([&] { sink = predict(layout).result.step_time_s; }), compute_events},
   };
   std::printf("simulator, interleaved-1f1b p=%d m=%d v=%d: %.0f compute actions, %.0f lowered actions\n", p, m, v,

@@ -89,13 +89,22 @@ std::string stages_of(const Schedule& schedule, int rank) {
 std::string text_report(const Prediction& p) {
   const SimulationResult& r = p.result;
   std::string out = describe_layout(p) + "\n\n";
-  TextTable summary({"step time", "bubble", "pipeline bubble", "tokens/s", "MFU", "HFU", "per device"});
+  const SteadyState& steady = *r.steady_state;
+  const std::string estimate = steady.converged ? "" : "~";
+  TextTable summary({"step time", "bubble", "pipeline bubble", "steady step", "steady bubble", "tokens/s", "MFU",
+                     "HFU", "per device"});
   summary.add_row({format_seconds(r.step_time_s), format_percent(r.bubble_ratio),
-                   format_percent(r.pipeline_bubble_ratio), fmt::format("{:.0f}", p.tokens_per_s),
+                   format_percent(r.pipeline_bubble_ratio), estimate + format_seconds(steady.step_time_s),
+                   estimate + format_percent(steady.bubble_ratio), fmt::format("{:.0f}", p.tokens_per_s),
                    format_percent(p.mfu), format_percent(p.hfu),
                    fmt::format("{} ({} with recompute)", format_si(p.tflops_per_device * 1e12, "FLOP/s"),
                                format_si(p.hardware_tflops_per_device * 1e12, "FLOP/s"))});
-  out += summary.render() + "\n";
+  out += summary.render();
+  out += fmt::format("steady: steps back to back, each rank starting the next step once it has finished this "
+                     "one (no global sync between steps){}\n\n",
+                     steady.converged ? ""
+                                      : fmt::format("; ~: still unsettled after {} steps, the mean per step",
+                                                    steady.steps));
 
   TextTable ranks({"rank", "stages", "busy", "comm", "optimizer", "idle", "bubble", "peak memory", "model states",
                    "activations", "buffers", "in flight"});
@@ -148,6 +157,9 @@ nlohmann::ordered_json json_report(const Prediction& p) {
   json["pipeline_time_s"] = r.pipeline_time_s;
   json["bubble_ratio"] = r.bubble_ratio;
   json["pipeline_bubble_ratio"] = r.pipeline_bubble_ratio;
+  json["steady_step_time_s"] = r.steady_state->step_time_s;
+  json["steady_bubble_ratio"] = r.steady_state->bubble_ratio;
+  json["steady_state_converged"] = r.steady_state->converged;
   json["tokens_per_s"] = p.tokens_per_s;
   json["mfu"] = p.mfu;
   json["hfu"] = p.hfu;
@@ -195,6 +207,7 @@ nlohmann::ordered_json json_report(const Prediction& p) {
 void run(const SimulateCommand& command) {
   RunConfig config = command.config.empty() ? default_run_config() : load_run_config(command.config);
   apply_overrides(config, command.overrides());
+  for (const std::string& warning : config.warnings) log_warning("{}", warning);
   const Layout layout = layout_from_run_config(config);
   std::optional<MeasuredProfile> profile;
   if (!command.profile.empty()) profile = load_profile(command.profile);

@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/log.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/report.h"
@@ -67,6 +68,7 @@ void run(const TrainCommand& c) {
   if (overrides.schedule || overrides.pipeline_stages || overrides.virtual_stages || overrides.micro_batch) {
     apply_overrides(config, overrides);
   }
+  for (const std::string& warning : config.warnings) log_warning("{}", warning);
   if (c.app->count("--steps") > 0) {
     if (c.steps < 1) fail("--steps {}: must be >= 1", c.steps);
     config.steps = c.steps;

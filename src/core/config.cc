@@ -220,4 +220,32 @@ void Config::check_no_unknown_keys() const {
   fail("{}", message);
 }
 
+void Config::check_no_misspelt_keys(const std::vector<std::string>& known) const {
+  std::vector<std::string> misspelt;
+  for (const auto& [key, value] : node_->items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string best;
+    std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+    for (const std::string& candidate : known) {
+      const std::size_t distance = edit_distance(candidate, key);
+      if (distance < best_distance) {
+        best_distance = distance;
+        best = candidate;
+      }
+    }
+    // Tighter than check_no_unknown_keys()'s max(2, |key|/3): the keys of
+    // other tools are not typos, and some lie 3 edits from a known key
+    // (rope_type and model_type).
+    if (best_distance <= kMisspellingDistance) {
+      misspelt.push_back(fmt::format("'{}' (did you mean '{}'?)", path(key), path(best)));
+    }
+  }
+  if (misspelt.empty()) return;
+  std::string message = fmt::format("{}: unknown key{}", tree_->source, misspelt.size() > 1 ? "s" : "");
+  for (const std::string& item : misspelt) message += (&item == &misspelt.front() ? " " : ", ") + item;
+  fail("{}: fix {} spelling (other unknown keys are ignored, but a misspelt known key would silently take its "
+       "default)",
+       message, misspelt.size() > 1 ? "their" : "its");
+}
+
 }  // namespace pipeflow

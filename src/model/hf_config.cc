@@ -1,6 +1,7 @@
 #include "pipeflow/model/hf_config.h"
 
-#include <array>
+#include <string>
+#include <vector>
 
 #include "pipeflow/core/config.h"
 #include "pipeflow/core/error.h"
@@ -9,16 +10,24 @@
 namespace pipeflow {
 namespace {
 
-// Keys of transformers' configs that do not change the shape pipeflow counts.
-constexpr std::array kShapeNeutralKeys = {
-    "_name_or_path", "architectures", "auto_map", "bos_token_id", "eos_token_id", "pad_token_id",
-    "torch_dtype", "transformers_version", "use_cache", "initializer_range", "model_type",
-    // gpt2
-    "activation_function", "layer_norm_epsilon", "n_ctx", "scale_attn_weights", "reorder_and_upcast_attn",
-    "scale_attn_by_inverse_layer_idx", "summary_activation", "summary_first_dropout", "summary_proj_to_labels",
-    "summary_type", "summary_use_proj", "task_specific_params",
-    // llama
-    "hidden_act", "rms_norm_eps", "rope_scaling", "rope_theta", "pretraining_tp"};
+// The keys each family reads: the ones that set the shape pipeflow counts.
+// Any other key of a config.json (token ids, "architectures", "id2label",
+// "task_specific_params", ...) is ignored unless it is a likely misspelling
+// of one of these; for a config of no known family, of either family's.
+std::vector<std::string> shape_keys(const std::string& type) {
+  const std::vector<std::string> gpt2 = {"n_layer",    "n_embd",      "n_head",     "n_inner",
+                                         "vocab_size", "n_positions", "n_ctx",      "tie_word_embeddings",
+                                         "attn_pdrop", "resid_pdrop", "embd_pdrop"};
+  const std::vector<std::string> llama = {
+      "num_hidden_layers", "hidden_size", "num_attention_heads",     "num_key_value_heads",
+      "intermediate_size", "vocab_size",  "max_position_embeddings", "tie_word_embeddings",
+      "attention_dropout", "head_dim",    "attention_bias",          "mlp_bias"};
+  if (type == "gpt2") return gpt2;
+  if (type == "llama") return llama;
+  std::vector<std::string> both = gpt2;
+  both.insert(both.end(), llama.begin(), llama.end());
+  return both;
+}
 
 int positive(const Config& config, std::string_view key, int value) {
   if (value < 1) config.fail_value(key, "must be >= 1");
@@ -83,6 +92,8 @@ ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name
   const Config config = Config::parse(json_text, name);
   const std::string type =
       config.get("model_type", config.has("n_layer") ? "gpt2" : config.has("num_hidden_layers") ? "llama" : "");
+  // Before the values: a misspelt required key is a misspelling, not missing.
+  config.check_no_misspelt_keys(shape_keys(type));
   ModelSpec spec;
   if (type == "gpt2") {
     spec = gpt2_from(config, name);
@@ -92,8 +103,6 @@ ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name
     config.fail_value("model_type", "pipeflow reads \"gpt2\" and \"llama\" configs (or, without model_type, "
                                     "one with n_layer or num_hidden_layers)");
   }
-  for (const char* key : kShapeNeutralKeys) config.raw(key);
-  config.check_no_unknown_keys();
   validate_model(spec);
   return spec;
 }

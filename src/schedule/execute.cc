@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 
@@ -34,7 +35,7 @@ struct Need {
 
 class Executor {
  public:
-  Executor(const Schedule& schedule, const ExecutionCosts& costs)
+  Executor(const Schedule& schedule, const ExecutionCosts& costs, std::span<const double> rank_start_s)
       : schedule_(schedule),
         costs_(costs),
         lowered_(schedule.has_communication()),
@@ -49,6 +50,7 @@ class Executor {
     next_waiter_.assign(static_cast<std::size_t>(ranks_), kNobody);
     next_.assign(static_cast<std::size_t>(ranks_), 0);
     free_.assign(static_cast<std::size_t>(ranks_), 0.0);
+    if (!rank_start_s.empty()) free_.assign(rank_start_s.begin(), rank_start_s.end());
     at_rendezvous_.assign(static_cast<std::size_t>(ranks_), false);
     queued_.assign(static_cast<std::size_t>(ranks_), false);
     result_.ranks.resize(static_cast<std::size_t>(ranks_));
@@ -398,9 +400,18 @@ ExecutionCosts unit_costs(CommMode mode) {
   return costs;
 }
 
-Execution execute(const Schedule& schedule, const ExecutionCosts& costs) {
+Execution execute(const Schedule& schedule, const ExecutionCosts& costs, std::span<const double> rank_start_s) {
   if (!costs.duration || !costs.transfer) fail("internal: execute needs both a duration and a transfer cost");
-  return Executor(schedule, costs).run();
+  if (!rank_start_s.empty() && static_cast<int>(rank_start_s.size()) != schedule.num_ranks()) {
+    fail("cannot execute {}: {} rank start times for {} ranks: give one per rank or none", schedule.name(),
+         rank_start_s.size(), schedule.num_ranks());
+  }
+  for (double start : rank_start_s) {
+    if (!std::isfinite(start) || start < 0) {
+      fail("cannot execute {}: a rank start time is {}: it must be finite and >= 0", schedule.name(), start);
+    }
+  }
+  return Executor(schedule, costs, rank_start_s).run();
 }
 
 double busy_time(const Execution& execution, RankId rank) {

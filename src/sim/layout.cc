@@ -58,6 +58,13 @@ void validate_layout(const Layout& layout) {
     fail("devices = {} but tensor × pipeline × data parallel = {} × {} × {} = {}: {}", layout.devices, t, p, d,
          devices, fix);
   }
+  const int sequence = sequence_length(layout);
+  if (layout.sequence_parallel && t > 1 && sequence % t != 0) {
+    fail("sequence {} with sequence parallelism over tensor parallel {}: Megatron splits the sequence over the "
+         "tensor-parallel ranks, so it must be a multiple of tensor parallel: use sequence {} or drop sequence "
+         "parallelism",
+         sequence, t, nearest_multiples(sequence, t));
+  }
   const int per_step = checked_product({layout.micro_batch, d}, "micro-batch × data parallel", "sequences per step");
   if (layout.global_batch % per_step != 0) {
     fail("global batch {} is not a multiple of micro-batch × data parallel = {} × {} = {}: use a global batch of {}",

@@ -42,7 +42,7 @@ Prediction predict(const Layout& layout, const MeasuredProfile* profile) {
   LayoutCosts costs = layout_costs(layout, compute_only);
   if (profile != nullptr) apply_profile(*profile, costs.costs);
   Schedule schedule = layout.comm_mode == CommMode::kBlocking ? insert_send_recv(compute_only) : compute_only;
-  SimulationResult result = simulate(schedule, costs.costs);
+  SimulationResult result = simulate(schedule, costs.costs, {.steady_state = true});
 
   const double step = result.step_time_s;
   const double devices = layout.devices;

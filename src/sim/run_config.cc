@@ -241,6 +241,16 @@ void check_consistency(const Config& config, const RunConfig& run) {
     config.fail_value("seq_length", fmt::format("{} has {} positions: use seq_length <= {}", run.model.name,
                                                 run.model.max_positions, run.model.max_positions));
   }
+  const bool sequence_known = run.seq_length > 0 || !run.model_source.empty();
+  if (run.sequence_parallel && t > 1 && sequence_known && run.sequence() % t != 0) {
+    const std::string sequence = run.seq_length > 0 ? fmt::format("seq_length {}", run.seq_length)
+                                                    : fmt::format("the model's context {}", run.sequence());
+    config.fail_value("sequence_parallel",
+                      fmt::format("Megatron splits the sequence over the tensor-parallel ranks, so it must be a "
+                                  "multiple of tensor_parallel, and {} is not a multiple of {}: use seq_length {}, "
+                                  "another tensor_parallel, or drop sequence_parallel",
+                                  sequence, t, nearest_multiples(run.sequence(), t)));
+  }
   try {
     make_schedule(run.pipeline.schedule, p, run.batch.accumulation, run.pipeline.virtual_stages);
   } catch (const Error& error) {
@@ -349,6 +359,12 @@ RunConfig parse_run_config(const Config& config) {
 
   run.batch = resolve_batch_sizes(run.batch_keys, run.data_parallel, run.source);
   check_consistency(config, run);
+  if (run.sequence_parallel && run.tensor_parallel == 1) {
+    run.warnings.push_back(fmt::format(
+        "{}: sequence_parallel = true with tensor_parallel = 1: sequence parallelism splits activations over the "
+        "tensor-parallel ranks, so it is off (as Megatron-LM turns it off); use tensor_parallel > 1 for it",
+        run.source));
+  }
   return run;
 }
 
@@ -450,7 +466,7 @@ Layout layout_from_run_config(const RunConfig& run) {
   layout.schedule = run.pipeline.schedule;
   layout.virtual_stages = run.pipeline.virtual_stages;
   layout.recompute = run.effective_recompute();
-  layout.sequence_parallel = run.sequence_parallel;
+  layout.sequence_parallel = run.effective_sequence_parallel();
   layout.partition = run.pipeline.partition_method;
   layout.zero = run.zero;
   layout.comm_mode = run.comm_mode;

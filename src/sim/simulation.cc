@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -210,6 +211,63 @@ RankResult rank_result(const Schedule& schedule, bool lowered, const SimulationC
   return out;
 }
 
+// The end of each rank's part of a step: its last action, then its
+// all-reduce and optimizer step (`tails`). A rank without actions ends at its
+// release.
+std::vector<double> step_ends(const Execution& execution, const std::vector<double>& releases,
+                              const std::vector<double>& tails) {
+  std::vector<double> ends(tails.size());
+  for (std::size_t r = 0; r < tails.size(); ++r) {
+    const auto& timed = execution.ranks[r];
+    ends[r] = (timed.empty() ? releases[r] : timed.back().end) + tails[r];
+  }
+  return ends;
+}
+
+// Steps back to back (SteadyState in the header): step k + 1's ranks are
+// released at step k's ends; stop when every end moved by the same amount.
+SteadyState steady_state(const Schedule& schedule, const ExecutionCosts& execution, const SimulationResult& step,
+                         int max_steps) {
+  const std::size_t ranks = step.ranks.size();
+  std::vector<double> tails(ranks);
+  double busy = 0;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    tails[r] = step.ranks[r].all_reduce_s + step.ranks[r].optimizer_s;
+    busy += step.ranks[r].busy_s;
+  }
+  const std::vector<double> first = step_ends(step.execution, std::vector<double>(ranks, 0.0), tails);
+  std::vector<double> ends = first;
+  SteadyState out;
+  out.steps = 1;
+  double period = 0;
+  bool repeats = false;
+  while (!repeats && out.steps < max_steps) {
+    const Execution next = execute(schedule, execution, ends);
+    if (next.deadlocked) fail("internal: schedule {} deadlocks in a second step", schedule.name());
+    const std::vector<double> next_ends = step_ends(next, ends, tails);
+    double low = std::numeric_limits<double>::infinity();
+    double high = -low;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      low = std::min(low, next_ends[r] - ends[r]);
+      high = std::max(high, next_ends[r] - ends[r]);
+    }
+    // Equal up to rounding: the ends are sums of up to a few million costs.
+    repeats = high - low <= 1e-9 * high;
+    period = high;
+    ends = next_ends;
+    ++out.steps;
+  }
+  out.converged = repeats;
+  if (!repeats) {
+    period = (*std::max_element(ends.begin(), ends.end()) - *std::max_element(first.begin(), first.end())) /
+             (out.steps - 1);
+  }
+  out.step_time_s = period;
+  const double capacity = period * static_cast<double>(ranks);
+  out.bubble_ratio = capacity > 0 ? 1 - busy / capacity : 0;
+  return out;
+}
+
 }  // namespace
 
 double ring_all_reduce_seconds(double bytes, int members, const LinkCost& link) {
@@ -249,7 +307,7 @@ ExecutionCosts execution_costs(const Schedule& schedule, const SimulationCosts& 
   return execution;
 }
 
-SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs) {
+SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs, SimulateOptions options) {
   check_costs(schedule, costs);
   const ExecutionCosts execution = execution_costs(schedule, costs);
   SimulationResult result;
@@ -278,6 +336,12 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
   }
   const double capacity = result.step_time_s * schedule.num_ranks();
   result.bubble_ratio = capacity > 0 ? 1 - busy / capacity : 0;
+  if (options.steady_state) {
+    if (options.max_steady_steps < 2) {
+      fail("max_steady_steps is {}: the steady state needs at least 2 steps back to back", options.max_steady_steps);
+    }
+    result.steady_state = steady_state(schedule, execution, result, options.max_steady_steps);
+  }
   return result;
 }
 

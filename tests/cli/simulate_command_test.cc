@@ -25,7 +25,10 @@ TEST(SimulateCommand, TheIssuesExamplePrintsTablesAndWarnsAboutRankZerosMemory) 
                         0),
             0u)
       << r.out;
-  EXPECT_NE(r.out.find("step time  bubble  pipeline bubble  tokens/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step time  bubble  pipeline bubble  steady step  steady bubble  tokens/s"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("steady: steps back to back"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rank   stages    busy    comm  optimizer    idle  bubble  peak memory  model states  "
                        "activations"),
             std::string::npos)
@@ -41,7 +44,9 @@ TEST(SimulateCommand, JsonHasTheKeysAndEveryRanksTimeAddsUpToTheStep) {
   const CommandResult r = run_pipeflow(kExample + " --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json json = nlohmann::json::parse(r.out);
-  for (const char* key : {"step_time_s", "bubble_ratio", "tokens_per_s", "mfu", "tflops_per_device", "ranks"}) {
+  for (const char* key : {"step_time_s", "bubble_ratio", "pipeline_time_s", "pipeline_bubble_ratio",
+                          "steady_step_time_s", "steady_bubble_ratio", "steady_state_converged", "tokens_per_s", "mfu",
+                          "tflops_per_device", "ranks"}) {
     EXPECT_TRUE(json.contains(key)) << key;
   }
   const double step = json["step_time_s"];
@@ -62,6 +67,50 @@ TEST(SimulateCommand, JsonHasTheKeysAndEveryRanksTimeAddsUpToTheStep) {
   EXPECT_EQ(json["stages"].size(), 24u);
   EXPECT_EQ(json["layout"]["microbatches"], 64);
   EXPECT_EQ(json["warnings"].size(), 1u);
+}
+
+// Steps back to back: ZB-H2's ramp-down overlaps the next step's ramp-up
+// (gpt3-175b, tp 8 × pp 8, 16 micro-batches: its bubble falls from 15.8% to
+// 7.5%); 1F1B's rank 0 spans its whole step, so it gains nothing (up to
+// rounding).
+TEST(SimulateCommand, SteadyStateIsShorterOnlyForZeroBubbleSchedules) {
+  const std::string layout =
+      "simulate --json --model gpt3-175b --hardware a100-80g --tp 8 --pp 8 --devices 64 --global-batch 16 "
+      "--micro-batch 1 --seq 2048 --recompute selective --schedule ";
+  const CommandResult zb = run_pipeflow(layout + "zb-h2");
+  ASSERT_EQ(zb.exit_code, 0) << zb.err;
+  const nlohmann::json h2 = nlohmann::json::parse(zb.out);
+  EXPECT_TRUE(h2["steady_state_converged"].get<bool>());
+  EXPECT_LT(h2["steady_step_time_s"].get<double>(), h2["step_time_s"].get<double>() * 0.95);
+  EXPECT_LT(h2["steady_bubble_ratio"].get<double>(), h2["bubble_ratio"].get<double>() / 2);
+  EXPECT_GE(h2["steady_bubble_ratio"].get<double>(), 0);
+  const CommandResult one = run_pipeflow(layout + "1f1b");
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const nlohmann::json f1b = nlohmann::json::parse(one.out);
+  EXPECT_NEAR(f1b["steady_step_time_s"].get<double>(), f1b["step_time_s"].get<double>(), 1e-9);
+  EXPECT_NEAR(f1b["steady_bubble_ratio"].get<double>(), f1b["bubble_ratio"].get<double>(), 1e-9);
+}
+
+// --sequence-parallel is checked as the key sequence_parallel: off with a
+// warning at --tp 1, an error for a sequence the tensor-parallel ranks
+// cannot split.
+TEST(SimulateCommand, SequenceParallelWarnsAtTp1AndNeedsTheSequenceDivisibleByTp) {
+  const std::string base = "simulate --json --model gpt2-124m --global-batch 4 --sequence-parallel";
+  const CommandResult one = run_pipeflow(base);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_EQ(one.err.rfind("warning: the command line: sequence_parallel = true with tensor_parallel = 1: ", 0), 0u)
+      << one.err;
+  EXPECT_FALSE(nlohmann::json::parse(one.out)["layout"]["sequence_parallel"].get<bool>());
+  const CommandResult four = run_pipeflow(base + " --tp 4 --devices 4 --seq 1000");
+  ASSERT_EQ(four.exit_code, 0) << four.err;
+  EXPECT_EQ(four.err, "");
+  EXPECT_TRUE(nlohmann::json::parse(four.out)["layout"]["sequence_parallel"].get<bool>());
+  const CommandResult odd = run_pipeflow(base + " --tp 8 --devices 8 --seq 1001");
+  EXPECT_EQ(odd.exit_code, 1);
+  EXPECT_EQ(odd.err,
+            "pipeflow: error: the command line: sequence_parallel = true: Megatron splits the sequence over the "
+            "tensor-parallel ranks, so it must be a multiple of tensor_parallel, and seq_length 1001 is not a "
+            "multiple of 8: use seq_length 1000 or 1008, another tensor_parallel, or drop sequence_parallel\n");
 }
 
 TEST(SimulateCommand, ConfigFileFromExamplesRunsAndFlagsOverrideIt) {

@@ -66,12 +66,64 @@ TEST(HfConfig, FamilyIsTakenFromTheKeysWithoutModelType) {
   EXPECT_EQ(untied.max_positions, 2048);
 }
 
-TEST(HfConfig, MisspeltKeyIsAnErrorWithASuggestion) {
+// gpt2-medium's config.json as the Hub publishes it: besides GPT2Config's
+// keys it carries "n_special" and "predict_special_tokens" of the older
+// OpenAI-GPT-era config, which pipeflow does not read.
+TEST(HfConfig, Gpt2MediumsRealConfigReadsWithItsExtraKeys) {
+  const ModelSpec spec = model_from_hf_config(sample("gpt2-medium"));
+  EXPECT_EQ(spec.layers, 24);
+  EXPECT_EQ(spec.hidden, 1024);
+  EXPECT_EQ(spec.heads, 16);
+  EXPECT_EQ(spec.ffn, 4096);
+  EXPECT_EQ(spec.max_positions, 1024);
+  EXPECT_TRUE(spec.tied_embeddings);
+  // 24 blocks of 12h² + 13h, embeddings (50257 + 1024)·h, final norm 2h.
+  EXPECT_EQ(parameter_count(spec), 354'823'168);
+  EXPECT_EQ(parameter_count(spec), parameter_count(model_preset("gpt2-355m")));
+}
+
+// Keys of other transformers versions and tasks are ignored wherever they are
+// far from a shape key.
+TEST(HfConfig, KeysThatSetNoShapeAreIgnored) {
+  std::string text = read_file(sample("gpt2"));
+  text.replace(text.rfind('}'), 1,
+               R"(, "output_past": true, "gradient_checkpointing": false, "id2label": {"0": "LABEL_0"},
+               "label2id": {"LABEL_0": 0}, "n_special": 0, "predict_special_tokens": true,
+               "use_cache": true, "rope_type": "default", "torch_dtype": "float32"})");
+  EXPECT_EQ(parameter_count(model_from_hf_config_text(text, "config.json")), 124'439'808);
+  std::string llama = read_file(sample("llama-3-8b"));
+  llama.replace(llama.rfind('}'), 1, R"(, "output_attentions": false, "id2label": {"0": "A"}, "num_labels": 1})");
+  EXPECT_EQ(parameter_count(model_from_hf_config_text(llama, "config.json")), 8'030'261'248);
+}
+
+// Within 2 edits of a shape key, a key is taken for a misspelling of it:
+// ignored, the shape key would silently take its default (or, required,
+// be reported missing instead of misspelt).
+TEST(HfConfig, MisspeltShapeKeyIsAnErrorWithASuggestion) {
   std::string text = read_file(sample("llama-3-8b"));
   text.replace(text.find("\"num_key_value_heads\""), 21, "\"num_key_value_head\"");
   EXPECT_EQ(error_of([&] { model_from_hf_config_text(text, "config.json"); }),
-            "config.json: unknown key 'num_key_value_head' (did you mean 'num_key_value_heads'?): remove it or fix "
-            "its spelling");
+            "config.json: unknown key 'num_key_value_head' (did you mean 'num_key_value_heads'?): fix its spelling "
+            "(other unknown keys are ignored, but a misspelt known key would silently take its default)");
+  std::string required = read_file(sample("llama-3-8b"));
+  required.replace(required.find("\"num_hidden_layers\""), 19, "\"num_hidden_layer\"");
+  EXPECT_EQ(error_of([&] { model_from_hf_config_text(required, "config.json"); }),
+            "config.json: unknown key 'num_hidden_layer' (did you mean 'num_hidden_layers'?): fix its spelling "
+            "(other unknown keys are ignored, but a misspelt known key would silently take its default)");
+  std::string gpt2 = read_file(sample("gpt2-medium"));
+  gpt2.replace(gpt2.find("\"n_layer\""), 9, "\"n_layers\"");
+  gpt2.replace(gpt2.find("\"n_head\""), 8, "\"n_heads\"");
+  EXPECT_EQ(error_of([&] { model_from_hf_config_text(gpt2, "config.json"); }),
+            "config.json: unknown keys 'n_heads' (did you mean 'n_head'?), 'n_layers' (did you mean 'n_layer'?): fix "
+            "their spelling (other unknown keys are ignored, but a misspelt known key would silently take its "
+            "default)");
+  // Without model_type or a family's layer key, both families' keys count.
+  EXPECT_EQ(error_of([] {
+              model_from_hf_config_text(R"({"n_layers": 4, "n_embd": 128, "n_head": 4, "vocab_size": 256})",
+                                        "c.json");
+            }),
+            "c.json: unknown key 'n_layers' (did you mean 'n_layer'?): fix its spelling (other unknown keys are "
+            "ignored, but a misspelt known key would silently take its default)");
 }
 
 TEST(HfConfig, BadValuesNameTheKeyAndTheRule) {

@@ -308,6 +308,57 @@ TEST(RunConfig, CommandLineOverridesTheFileAndIsCheckedTheSameWay) {
   EXPECT_EQ(run.batch.accumulation, 16);
 }
 
+// Megatron-LM's rules for sequence parallelism: at tensor_parallel 1 it is
+// turned off with a warning (the key kept as written, so that a later
+// tensor_parallel override finds it); with t > 1 the sequence must split
+// evenly over the t ranks.
+TEST(RunConfig, SequenceParallelIsOffAtTensorParallelOneAndNeedsTheSequenceDivisible) {
+  RunConfig one = parse(R"({"model": "gpt2-124m", "sequence_parallel": true})");
+  EXPECT_TRUE(one.sequence_parallel);
+  EXPECT_FALSE(one.effective_sequence_parallel());
+  EXPECT_FALSE(layout_from_run_config(one).sequence_parallel);
+  ASSERT_EQ(one.warnings.size(), 1u);
+  EXPECT_EQ(one.warnings[0],
+            "run.json: sequence_parallel = true with tensor_parallel = 1: sequence parallelism splits activations "
+            "over the tensor-parallel ranks, so it is off (as Megatron-LM turns it off); use tensor_parallel > 1 for "
+            "it");
+  RunOverrides tp;
+  tp.tensor_parallel = 4;
+  apply_overrides(one, tp);
+  EXPECT_TRUE(one.warnings.empty());
+  EXPECT_TRUE(layout_from_run_config(one).sequence_parallel);
+  EXPECT_TRUE(parse(R"({"model": "gpt2-124m"})").warnings.empty());
+
+  EXPECT_EQ(parse_error(R"({"model": "gpt2-124m", "tensor_parallel": 8, "sequence_parallel": true,
+                            "seq_length": 1001})"),
+            "run.json: sequence_parallel = true: Megatron splits the sequence over the tensor-parallel ranks, so it "
+            "must be a multiple of tensor_parallel, and seq_length 1001 is not a multiple of 8: use seq_length 1000 "
+            "or 1008, another tensor_parallel, or drop sequence_parallel");
+  // The default sequence is the model's context: gpt-tiny's 64 over 3 ranks.
+  EXPECT_EQ(parse_error(R"({"model": "gpt-tiny", "tensor_parallel": 3, "sequence_parallel": true})"),
+            "run.json: sequence_parallel = true: Megatron splits the sequence over the tensor-parallel ranks, so it "
+            "must be a multiple of tensor_parallel, and the model's context 64 is not a multiple of 3: use "
+            "seq_length 63 or 66, another tensor_parallel, or drop sequence_parallel");
+  // Without sequence parallelism, or at t = 1, any length is fine.
+  EXPECT_EQ(parse(R"({"model": "gpt2-124m", "tensor_parallel": 8, "seq_length": 1001})").sequence(), 1001);
+  EXPECT_EQ(parse(R"({"model": "gpt2-124m", "sequence_parallel": true, "seq_length": 1001})").sequence(), 1001);
+}
+
+TEST(RunConfig, LayoutRejectsASequenceThatSequenceParallelismCannotSplit) {
+  Layout layout = layout_from_run_config(parse(R"({"model": "gpt2-124m", "tensor_parallel": 8, "devices": 8})"));
+  layout.sequence_parallel = true;
+  layout.sequence = 1000;
+  validate_layout(layout);
+  layout.sequence = 1001;
+  EXPECT_EQ(error_of([&] { validate_layout(layout); }),
+            "sequence 1001 with sequence parallelism over tensor parallel 8: Megatron splits the sequence over the "
+            "tensor-parallel ranks, so it must be a multiple of tensor parallel: use sequence 1000 or 1008 or drop "
+            "sequence parallelism");
+  layout.tensor_parallel = 1;
+  layout.devices = 1;
+  validate_layout(layout);  // t = 1: nothing to split
+}
+
 TEST(RunConfig, LayoutNeedsAModelAndFollowsTheKeys) {
   EXPECT_EQ(error_of([] { layout_from_run_config(default_run_config()); }),
             "the command line: no model: set \"model\" (a preset such as gpt2-124m, a config.json path, or "

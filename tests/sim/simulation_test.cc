@@ -150,6 +150,203 @@ TEST(Simulate, ZbH2AndZbvHaveNoBubbleInsideTheRanksWhenFEqualsIEqualsW) {
   }
 }
 
+// The steady state (SteadyState): steps back to back, each rank starting
+// the next step when it has finished its own part of this one.
+SimulationResult simulate_steady(const Schedule& schedule, const SimulationCosts& costs, int max_steps = 16) {
+  return simulate(schedule, costs, {.steady_state = true, .max_steady_steps = max_steps});
+}
+
+// `copies` steps of `schedule` in one schedule: every rank runs its list once
+// per step, the micro-batch ids of step c offset by c·m. Nothing between the
+// steps: the back-to-back run without all-reduce or optimizer.
+Schedule back_to_back(const Schedule& schedule, int copies) {
+  const int m = schedule.num_microbatches();
+  Schedule out(schedule.name() + " back to back", schedule.num_ranks(), schedule.num_stages(), copies * m,
+               schedule.placement());
+  for (int r = 0; r < schedule.num_ranks(); ++r) {
+    for (int c = 0; c < copies; ++c) {
+      for (Action a : schedule.actions(RankId(r))) {
+        a.microbatch = MicrobatchId(a.microbatch.value() + c * m);
+        out.add(RankId(r), a);
+      }
+    }
+  }
+  return out;
+}
+
+// The paper's steady-state figures (Qi et al. 2023, Table 2): ZB-H2's bubble
+// (p−1)(F+I−2W) and ZB-V's are 0 at F = I = W once a step's ramp-down
+// overlaps the next step's ramp-up. Every rank's span is its busy time (the
+// test above), so step 2 repeats step 1 shifted by it: period 3m (ZB-H2),
+// 6m (ZB-V, two chunks per rank).
+TEST(SimulateSteadyState, ZbH2AndZbvHaveNoBubbleWhenFEqualsIEqualsW) {
+  for (int p : {2, 3, 4, 8}) {
+    for (int m : {2 * p, 2 * p + 1, 3 * p, 4 * p}) {
+      for (const char* name : {"zb-h2", "zbv"}) {
+        const Schedule schedule = make_schedule(name, p, m);
+        const SimulationResult r = simulate_steady(schedule, uniform_costs(schedule));
+        const double busy = std::string(name) == "zbv" ? 6.0 * m : 3.0 * m;
+        ASSERT_TRUE(r.steady_state.has_value());
+        EXPECT_NEAR(r.steady_state->step_time_s, busy, kTight) << name << " p=" << p << " m=" << m;
+        EXPECT_NEAR(r.steady_state->bubble_ratio, 0, kTight) << name << " p=" << p << " m=" << m;
+        EXPECT_EQ(r.steady_state->steps, 2);
+        EXPECT_TRUE(r.steady_state->converged);
+        EXPECT_NEAR(r.step_time_s, busy + p - 1, kTight);  // the one-step figure keeps its ramp
+      }
+    }
+  }
+}
+
+// ZB-H1 at F = I = W = 1 keeps its one-step bubble in the steady state: rank
+// 0 runs p forwards, then waits p − 1 for micro-batch 0's input gradient
+// (p forwards and p − 1 input backwards after its first start), a chain
+// inside the step that no earlier step can shorten. Its span is busy + p − 1 =
+// 3m + p − 1, the step, so the steady bubble is (p−1)/(3m+p−1), the one-step
+// figure (p − 1 idle per rank, (p−1)(F+I−W)).
+TEST(SimulateSteadyState, ZbH1KeepsItsBubblePMinus1Over3mPlusPMinus1) {
+  for (int p : {2, 3, 4, 6, 8}) {
+    for (int m : {p, 2 * p, 3 * p + 1}) {
+      const Schedule schedule = make_zb_h1(p, m);
+      const SimulationResult r = simulate_steady(schedule, uniform_costs(schedule));
+      const TimedAction& first_gradient = *std::find_if(
+          r.execution.ranks[0].begin(), r.execution.ranks[0].end(),
+          [](const TimedAction& t) { return t.action.kind == ActionKind::kBackwardInput; });
+      EXPECT_NEAR(first_gradient.start, 2.0 * p - 1, kTight) << "p=" << p << " m=" << m;
+      EXPECT_NEAR(r.steady_state->step_time_s, 3.0 * m + p - 1, kTight) << "p=" << p << " m=" << m;
+      EXPECT_NEAR(r.steady_state->bubble_ratio, (p - 1.0) / (3.0 * m + p - 1), kTight) << "p=" << p << " m=" << m;
+      EXPECT_EQ(r.steady_state->steps, 2);
+    }
+  }
+}
+
+// GPipe, 1F1B, interleaved 1F1B and DualPipeV: rank 0's span is the whole
+// step, so back-to-back steps gain nothing.
+TEST(SimulateSteadyState, OtherSchedulesKeepTheirOneStepFigures) {
+  for (const char* name : {"gpipe", "1f1b", "interleaved-1f1b", "dualpipev"}) {
+    for (int p : {2, 4, 8}) {
+      for (int m : {2 * p, 4 * p}) {
+        const int v = std::string(name) == "interleaved-1f1b" ? 2 : 1;
+        const Schedule schedule = make_schedule(name, p, m, v);
+        const SimulationResult r = simulate_steady(schedule, uniform_costs(schedule));
+        EXPECT_NEAR(r.steady_state->step_time_s, r.step_time_s, kTight) << name << " p=" << p << " m=" << m;
+        EXPECT_NEAR(r.steady_state->bubble_ratio, r.bubble_ratio, kTight) << name << " p=" << p << " m=" << m;
+        EXPECT_EQ(r.steady_state->steps, 2);
+      }
+    }
+  }
+}
+
+// The all-reduce and the optimizer step are each rank's own: ZB-V with 0.25
+// optimizer seconds per stage (0.5 per rank) and a 0.25 all-reduce repeats
+// with period 6m + 0.75, those 0.75 its whole bubble.
+TEST(SimulateSteadyState, AllReduceAndOptimizerAreInThePeriod) {
+  const int p = 4;
+  const int m = 8;
+  const Schedule schedule = make_zbv(p, m);
+  SimulationCosts costs = uniform_costs(schedule);
+  for (StageCosts& stage : costs.stages) {
+    stage.optimizer_s = 0.25;
+    stage.gradient_bytes = 1;
+  }
+  costs.data_parallel = 2;
+  costs.data_parallel_links.assign(p, LinkCost{0.125, std::numeric_limits<double>::infinity()});
+  const SimulationResult r = simulate_steady(schedule, costs);
+  ASSERT_NEAR(r.ranks[0].all_reduce_s, 0.25, kTight);  // 2(d−1) latencies
+  EXPECT_NEAR(r.steady_state->step_time_s, 6.0 * m + 0.75, kTight);
+  EXPECT_NEAR(r.steady_state->bubble_ratio, 0.75 / (6.0 * m + 0.75), kTight);
+  EXPECT_NEAR(r.step_time_s, 6.0 * m + p - 1 + 0.75, kTight);
+}
+
+// Unequal stage costs, in a few patterns: `pattern` shifts which stages are
+// slow. ZB-H2's ends then move unequally for a few steps before they settle.
+SimulationCosts uneven_costs(const Schedule& schedule, int pattern = 0) {
+  SimulationCosts costs = uniform_costs(schedule);
+  for (int s = 0; s < schedule.num_stages(); ++s) {
+    StageCosts& stage = costs.stages[static_cast<std::size_t>(s)];
+    stage.forward_s = 1 + 0.25 * (s * (pattern + 1) % 3);
+    stage.backward_input_s = 1 + 0.5 * ((s + pattern) % 2);
+    stage.backward_weight_s = 0.5 + 0.25 * ((7 * s + pattern) % 5);
+    stage.backward_s = stage.backward_input_s + stage.backward_weight_s;
+  }
+  return costs;
+}
+
+// The period found must be what one more step adds to a schedule that
+// really lists the steps back to back, once settled.
+TEST(SimulateSteadyState, ThePeriodIsWhatOneMoreStepAddsToBackToBackSteps) {
+  int most_steps = 0;
+  for (int pattern : {0, 1, 7}) {
+    for (const char* name : {"zb-h1", "zb-h2", "zbv", "1f1b", "dualpipev"}) {
+      for (int p : {3, 4, 8}) {
+        for (int m : {2 * p, 3 * p}) {
+          const Schedule schedule = make_schedule(name, p, m);
+          const SimulationResult r = simulate_steady(schedule, uneven_costs(schedule, pattern));
+          ASSERT_TRUE(r.steady_state->converged) << name << " p=" << p;
+          most_steps = std::max(most_steps, r.steady_state->steps);
+          const int k = r.steady_state->steps;
+          const Schedule k_steps = back_to_back(schedule, k);
+          const Schedule k_plus_one = back_to_back(schedule, k + 1);
+          const double added = simulate(k_plus_one, uneven_costs(k_plus_one, pattern)).step_time_s -
+                               simulate(k_steps, uneven_costs(k_steps, pattern)).step_time_s;
+          EXPECT_NEAR(r.steady_state->step_time_s, added, 1e-9) << name << " p=" << p << " m=" << m;
+          EXPECT_LE(r.steady_state->step_time_s, r.step_time_s + 1e-9) << name << " p=" << p << " m=" << m;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(most_steps, 9);  // ZB-H2, p = 8, m = 24, pattern 7
+}
+
+// Why the period is executed rather than read off one step: each rank's span
+// (first start to last end) bounds it from above — releasing every rank at
+// its own first start plus the longest span replays step 1 shifted, and no
+// rank ends later for being released earlier — but it can be shorter, when
+// the next step's early ranks shorten a wait inside the longest span. ZB-V,
+// p = 8, m = 16, pattern 1: spans up to 132.25, period 131.
+TEST(SimulateSteadyState, ThePeriodCanBeShorterThanTheLongestSpan) {
+  const Schedule schedule = make_zbv(8, 16);
+  const SimulationResult r = simulate_steady(schedule, uneven_costs(schedule, 1));
+  double longest_span = 0;
+  for (int rank = 0; rank < 8; ++rank) {
+    longest_span = std::max(longest_span, r.ranks[static_cast<std::size_t>(rank)].pipeline_end_s -
+                                              first_compute(r, rank).start);
+  }
+  EXPECT_DOUBLE_EQ(longest_span, 132.25);
+  EXPECT_DOUBLE_EQ(r.steady_state->step_time_s, 131);
+  EXPECT_EQ(r.steady_state->steps, 2);
+}
+
+// execute()'s rank start times, which the steady state releases steps with:
+// every rank released c later shifts the whole execution by c.
+TEST(SimulateSteadyState, ExecuteWithRankStartTimesShiftsTheExecution) {
+  const Schedule schedule = make_1f1b(3, 6);
+  const ExecutionCosts costs = unit_costs(CommMode::kOverlapped);
+  const double step = execute(schedule, costs).makespan;
+  const std::vector<double> later(3, 2.5);
+  EXPECT_DOUBLE_EQ(execute(schedule, costs, later).makespan, step + 2.5);
+  const std::vector<double> only_last = {0, 0, 4};  // rank 2's first forward would start at 2
+  EXPECT_DOUBLE_EQ(execute(schedule, costs, only_last).ranks[2].front().start, 4);
+  const std::vector<double> two = {0, 0};
+  EXPECT_EQ(error_of([&] { execute(schedule, costs, two); }),
+            "cannot execute 1f1b: 2 rank start times for 3 ranks: give one per rank or none");
+}
+
+// Stopped before the ends move equally, the figure is the mean growth per
+// step: for 2 steps, makespan(two steps back to back) − makespan(one step).
+TEST(SimulateSteadyState, UnsettledAfterMaxStepsGivesTheMeanGrowth) {
+  const Schedule schedule = make_zb_h2(8, 16);
+  const SimulationCosts costs = uneven_costs(schedule);
+  ASSERT_GT(simulate_steady(schedule, costs).steady_state->steps, 2);
+  const SimulationResult r = simulate_steady(schedule, costs, 2);
+  EXPECT_FALSE(r.steady_state->converged);
+  EXPECT_EQ(r.steady_state->steps, 2);
+  const Schedule two = back_to_back(schedule, 2);
+  EXPECT_NEAR(r.steady_state->step_time_s, simulate(two, uneven_costs(two)).step_time_s - r.step_time_s, 1e-9);
+  EXPECT_EQ(error_of([&] { simulate_steady(schedule, costs, 1); }),
+            "max_steady_steps is 1: the steady state needs at least 2 steps back to back");
+  EXPECT_FALSE(simulate(schedule, costs).steady_state.has_value());  // only when asked for
+}
+
 TEST(Simulate, LoweredListsMatchComputeOnlyAtUnitCosts) {
   for (const ScheduleInfo& info : list_schedules()) {
     const int p = 4;

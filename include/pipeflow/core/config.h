@@ -61,6 +61,15 @@ class Config {
   // Throws one Error listing every key that was never asked for.
   void check_no_unknown_keys() const;
 
+  // For formats that carry keys of other tools (a Hugging Face config.json):
+  // throws one Error listing every key of this object that is not in `known`
+  // but at most kMisspellingDistance edits from one of them, with a "did you
+  // mean"; every other key is ignored. Asks for nothing, so it may run
+  // before the values are read (a misspelt required key is then reported as
+  // a misspelling, not as missing).
+  static constexpr std::size_t kMisspellingDistance = 2;
+  void check_no_misspelt_keys(const std::vector<std::string>& known) const;
+
  private:
   struct Tree;
   Config(std::shared_ptr<Tree> tree, const nlohmann::json* node, std::string prefix);

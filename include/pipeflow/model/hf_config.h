@@ -23,10 +23,14 @@ namespace pipeflow {
 //          2048); tie_word_embeddings (default false); attention_dropout
 //          (default 0); head_dim (must be hidden_size / num_attention_heads);
 //          attention_bias and mlp_bias (must be false).
-// Keys that do not change the shape (token ids, epsilons, rope settings,
-// activation names, "architectures", "torch_dtype", ...) are accepted and
-// ignored; any other key is an error naming it (a misspelt shape key would
-// otherwise silently take its default). The spec's name is `name`.
+// Every other key (token ids, epsilons, rope settings, "architectures",
+// "id2label", "task_specific_params", keys of older transformers versions
+// such as gpt2-medium's "n_special", ...) is accepted and ignored, so a real
+// config.json reads as it is, except a likely misspelling of the family's
+// keys above (at most 2 edits from one, e.g. "n_layers",
+// "num_hidden_layer"), which is an error with a "did you mean": a misspelt
+// shape key would otherwise silently take its default. Without a family,
+// both families' keys count. The spec's name is `name`.
 ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name);
 ModelSpec model_from_hf_config(const std::filesystem::path& path);
 

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -85,9 +86,15 @@ struct Execution {
 // the order ranks are visited. Never hangs: when no rank can move, the result
 // is deadlocked with every stuck rank described.
 //
+// `rank_start_s`, if not empty, holds per rank the time it becomes free: its
+// first action starts no earlier (the simulator's steady state releases each
+// rank into the next step when that rank has finished the previous one).
+// Empty: every rank is free at 0.
+//
 // Throws Error if an action's stage or micro-batch lies outside the schedule
-// (validate() reports those first).
-Execution execute(const Schedule& schedule, const ExecutionCosts& costs);
+// (validate() reports those first), or rank_start_s has neither 0 nor one
+// finite entry >= 0 per rank.
+Execution execute(const Schedule& schedule, const ExecutionCosts& costs, std::span<const double> rank_start_s = {});
 
 // Time rank `rank` spent on compute actions (F/B/I/W) in `execution`.
 double busy_time(const Execution& execution, RankId rank);

@@ -42,8 +42,10 @@ struct Layout {
 };
 
 // Throws Error, naming both sides of the broken rule and the fix, unless
-// every count is positive, devices = tp · pp · dp, and the global batch is a
-// whole number of micro-batches on every replica: B = b · m · d.
+// every count is positive, devices = tp · pp · dp, the global batch is a
+// whole number of micro-batches on every replica: B = b · m · d, and with
+// sequence parallelism (t > 1) the sequence is a multiple of t. Sequence
+// parallelism at t = 1 changes nothing and is accepted.
 void validate_layout(const Layout& layout);
 
 // m: micro-batches per step on each pipeline (DeepSpeed's

@@ -22,7 +22,7 @@ struct Prediction {
   // posted early), its insert_send_recv lowering for blocking communication.
   Schedule schedule;
   LayoutCosts costs;
-  SimulationResult result;
+  SimulationResult result;  // with its steady state (SteadyState) of back-to-back steps
 
   double tokens_per_s = 0;                // B · s / step time
   double mfu = 0;                         // model FLOPs / (step · devices · peak)

@@ -55,6 +55,9 @@ namespace pipeflow {
 //   hardware "cpu"        a preset name or a hardware profile JSON path
 //   devices               tensor_parallel · pipeline.stages · data_parallel (checked if given)
 //   tensor_parallel 1, data_parallel 1, sequence_parallel false
+//                         (Megatron's rules: off, with a warning, when
+//                         tensor_parallel is 1; an error unless the sequence
+//                         length is a multiple of tensor_parallel)
 //   recompute             none | selective | full; default full when
 //                         activation_checkpoint_interval > 0, else none
 //   seq_length            tokens per sequence (default: the model's context)
@@ -143,13 +146,21 @@ struct RunConfig {
   std::optional<int> devices;
   int tensor_parallel = 1;
   int data_parallel = 1;
-  bool sequence_parallel = false;
+  bool sequence_parallel = false;      // as written; see effective_sequence_parallel()
   std::optional<Recompute> recompute;  // absent: from activation_checkpoint_interval
   int seq_length = 0;                  // 0: the model's context
   CommMode comm_mode = CommMode::kOverlapped;
 
+  // Keys accepted but overridden, one line each, for the command to print:
+  // sequence_parallel with tensor_parallel 1.
+  std::vector<std::string> warnings;
+
   // recompute, else full with activation checkpointing, else none.
   Recompute effective_recompute() const;
+  // sequence_parallel, off for tensor_parallel 1: it splits the activations
+  // over the tensor-parallel ranks, of which there is one (Megatron-LM turns
+  // it off there with a warning, so does parse_run_config()).
+  bool effective_sequence_parallel() const { return sequence_parallel && tensor_parallel > 1; }
   int sequence() const { return seq_length > 0 ? seq_length : model.max_positions; }
 };
 

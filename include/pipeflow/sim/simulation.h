@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -125,6 +126,56 @@ struct RankResult {
   int peak_inflight = 0;         // micro-batch chunks holding activations at that moment
 };
 
+// Steps run back to back, as a training run does, without a global
+// synchronisation between them: each rank starts step k + 1 as soon as it
+// has finished its own part of step k (its last action, its data-parallel
+// all-reduce, its optimizer step). One step's ramp-down then overlaps the
+// next step's ramp-up. This is how the zero-bubble paper counts bubbles (Qi
+// et al. 2023, Table 2: ZB-H2 (p−1)(F+I−2W), 0 at F = I = W; ZB-V 0), whose
+// optimizer bypasses its global checks by post-validation (§4). A run whose
+// steps do synchronise (gradient clipping's global norm, a loss scaler's
+// NaN check) runs at SimulationResult::step_time_s instead.
+//
+// How it is found: ranks depend on each other only through one step's
+// messages, so a step's per-rank end times are a max-plus linear function of
+// the times its ranks are released, and releasing every rank c later moves
+// every end exactly c later. Step 2 releases each rank at its step-1 end
+// (plus all-reduce and optimizer) and the schedule is executed again
+// (execute()'s rank_start_s); if every rank's end moved by the same c, step
+// 3's releases are step 2's plus c, and so on by induction: the steps repeat
+// with period c, exactly. Otherwise it steps on, up to
+// SimulateOptions::max_steady_steps steps, until the ends move equally.
+//
+// What it gives, F = I = W = 1, free messages (tests/sim/simulation_test.cc):
+// ZB-H2 and ZB-V (m ≥ 2p) repeat after one step with period 3m and 6m, the
+// busy time: bubble 0. Each of their ranks works without a gap from its
+// first start to its last end, so all spans are equal, and equal spans
+// always repeat after one step with the span as period (releasing every rank
+// at its own first start plus the span replays step 1 shifted). GPipe, 1F1B,
+// interleaved 1F1B, ZB-H1 and DualPipeV keep their one-step figures: some
+// rank's chain within its own step is the whole step (ZB-H1's rank 0 runs p
+// forwards, then waits p − 1 for micro-batch 0's input gradient), and no
+// earlier step can shorten it; ZB-H1's steady bubble stays (p−1)/(3m+p−1).
+// With unequal stage costs a zero-bubble schedule may take a few steps to
+// settle (ZB-H2: up to 9 seen), each one more execution.
+//
+// Not each rank's span (first start to last end, plus all-reduce and
+// optimizer): the longest span bounds the period from above (releasing every
+// rank at its own first start plus the longest span replays step 1 shifted
+// by it, and a rank released earlier never ends later), but the period can be
+// shorter (ZB-V with unequal stages: the test
+// ThePeriodCanBeShorterThanTheLongestSpan).
+struct SteadyState {
+  double step_time_s = 0;   // the period of back-to-back steps
+  double bubble_ratio = 0;  // 1 − Σ_r busy_s(r) / (ranks · step_time_s): all-reduce and optimizer count as bubble
+  int steps = 0;            // steps simulated back to back, the first included: 2 when step 2 repeated step 1
+  // false: the ends still moved unequally after max_steady_steps steps;
+  // step_time_s is then the mean growth of the latest end per step over the
+  // steps simulated (for 2 steps: makespan of two steps − makespan of one), an
+  // estimate.
+  bool converged = true;
+};
+
 // What simulate() predicts.
 //
 // Bubble: the idle share of the step with compute (F, B, I, W) as busy, the
@@ -143,6 +194,17 @@ struct SimulationResult {
   double bubble_ratio = 0;
   double pipeline_bubble_ratio = 0;
   std::vector<RankResult> ranks;
+  // Steps back to back (SteadyState); simulated only when asked for
+  // (SimulateOptions::steady_state), as it executes the schedule again.
+  std::optional<SteadyState> steady_state;
+};
+
+struct SimulateOptions {
+  // Also find the steady state of back-to-back steps (SteadyState): one more
+  // execution of the schedule per further step, usually exactly one.
+  bool steady_state = false;
+  // The most steps simulated back to back for it, the first included (>= 2).
+  int max_steady_steps = 16;
 };
 
 // Simulates one step: executes `schedule` with `costs` (durations per
@@ -160,7 +222,7 @@ struct SimulationResult {
 // description of every stuck rank).
 //
 // Thread safety: a pure function of its arguments.
-SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs);
+SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs, SimulateOptions options = {});
 
 // The ExecutionCosts simulate() hands to execute(): exposed so the runtime and
 // the trace can time a schedule with exactly the simulator's costs. The
