@@ -62,11 +62,6 @@ TrainSettings train_settings(const RunConfig& run) {
          "train runs one; remove it (pipeflow simulate models it)",
          source, static_cast<int>(run.zero));
   }
-  if (run.sequence_parallel) {
-    fail("{}: sequence_parallel = true: it splits activations across tensor-parallel ranks, and pipeflow train runs "
-         "no tensor parallelism; remove it (pipeflow simulate models it)",
-         source);
-  }
   if (run.comm_mode != CommMode::kOverlapped) {
     fail("{}: comm_mode = \"blocking\": pipeflow train hands messages between threads without blocking the "
          "sender; remove it (pipeflow simulate models blocking sends)",

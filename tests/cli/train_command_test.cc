@@ -173,7 +173,6 @@ TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
                 "for the fortunes corpus\n");
   EXPECT_NE(error_of(small + R"("zero_optimization": {"stage": 1}})").find("zero_optimization.stage = 1: "),
             std::string::npos);
-  EXPECT_NE(error_of(small + R"("sequence_parallel": true})").find("sequence_parallel = true: "), std::string::npos);
   EXPECT_NE(error_of(small + R"("comm_mode": "blocking"})").find("comm_mode = \"blocking\": "), std::string::npos);
   std::filesystem::remove_all(dir);
 }
