@@ -1,6 +1,9 @@
-// `pipeflow validate FILE`: checks a schedule file (PyTorch CSV or JSON).
+// `pipeflow validate FILE...`: checks schedule files (PyTorch CSV or JSON).
+#include <fmt/ranges.h>
+
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "pipeflow/core/error.h"
@@ -10,31 +13,56 @@
 namespace pipeflow::cli {
 namespace {
 
-void run(const std::string& path) {
+std::string plural(std::size_t count, const char* noun) {
+  return fmt::format("{} {}{}", count, noun, count == 1 ? "" : "s");
+}
+
+// Prints the file's report and returns its number of violations (0: valid).
+std::size_t check(const std::string& path) {
   int ignored = 0;
   const Schedule schedule = load_schedule_file(path, &ignored);
   const ValidationReport report = validate(schedule);
   std::string note;
   if (ignored > 0) {
-    note = fmt::format("(ignored {} UNSHARD/RESHARD/REDUCE_GRAD action{}: they are no pipeline actions)\n", ignored,
-                       ignored == 1 ? "" : "s");
+    note = fmt::format("(ignored {}: they are no pipeline actions)\n", plural(ignored, "UNSHARD/RESHARD/REDUCE_GRAD action"));
   }
-  if (report.ok()) {
-    write_output("OK " + report.summary(schedule) + note, "");
+  write_output((report.ok() ? "OK " + report.summary(schedule) : report.render(schedule)) + note, "");
+  return report.violations.size();
+}
+
+// One file: its report, and an error naming it if it is not valid. Several:
+// each report under the file's name (a file that cannot be read says why and
+// the others are still checked), then one error listing those that failed.
+void run(const std::vector<std::string>& paths) {
+  if (paths.size() == 1) {
+    const std::size_t violations = check(paths.front());
+    if (violations > 0) fail("{}: {} (listed above)", paths.front(), plural(violations, "violation"));
     return;
   }
-  write_output(report.render(schedule) + note, "");
-  fail("{}: {} violation{} (listed above)", path, report.violations.size(), report.violations.size() == 1 ? "" : "s");
+  std::vector<std::string> failed;
+  for (const std::string& path : paths) {
+    write_output(fmt::format("== {}\n", path), "");
+    try {
+      const std::size_t violations = check(path);
+      if (violations > 0) failed.push_back(fmt::format("{} ({})", path, plural(violations, "violation")));
+    } catch (const Error& error) {
+      write_output(fmt::format("cannot check it: {}\n", error.what()), "");
+      failed.push_back(fmt::format("{} (unreadable)", path));
+    }
+  }
+  if (!failed.empty()) {
+    fail("{} of {} files failed: {}", failed.size(), paths.size(), fmt::join(failed, ", "));
+  }
 }
 
 }  // namespace
 
 void add_validate_command(CLI::App& app) {
-  auto path = std::make_shared<std::string>();
+  auto paths = std::make_shared<std::vector<std::string>>();
   CLI::App* command = app.add_subcommand(
-      "validate", "Check a schedule file (PyTorch pipelining CSV, or pipeflow JSON): every violation, with the grid");
-  command->add_option("file", *path, "Schedule file (.csv or .json)")->required();
-  command->callback([path] { run(*path); });
+      "validate", "Check schedule files (PyTorch pipelining CSV, or pipeflow JSON): every violation, with the grid");
+  command->add_option("files", *paths, "Schedule files (.csv or .json)")->required();
+  command->callback([paths] { run(*paths); });
 }
 
 }  // namespace pipeflow::cli

@@ -122,6 +122,25 @@ TEST(ValidateCommand, MalformedCsvNamesRowColumnAndToken) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(ValidateCommand, SeveralFilesAreEachCheckedAndTheFailuresListedAtTheEnd) {
+  const std::string dir = make_temp_dir();
+  write_file_atomic(dir + "/bad.csv", "0F0,0Z0\n");
+  const std::string examples = std::string(PIPEFLOW_SOURCE_DIR) + "/examples/schedules/";
+  const CommandResult result = run_pipeflow("validate " + examples + "pytorch_1f1b_4x8.csv " + dir + "/bad.csv " +
+                                            examples + "deadlock_2x1.csv");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.out.find("== " + examples + "pytorch_1f1b_4x8.csv\nOK pytorch_1f1b_4x8.csv: 4 ranks"),
+            std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("== " + dir + "/bad.csv\ncannot check it: bad.csv row 1, column 2: invalid action"),
+            std::string::npos)
+      << result.out;
+  EXPECT_NE(result.out.find("== " + examples + "deadlock_2x1.csv\n"), std::string::npos) << result.out;
+  EXPECT_EQ(result.err, "pipeflow: error: 2 of 3 files failed: " + dir + "/bad.csv (unreadable), " + examples +
+                            "deadlock_2x1.csv (2 violations)\n");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ValidateCommand, StageOnTwoRowsIsAViolationOnTheGridNotAReadError) {
   const std::string dir = make_temp_dir();
   write_file_atomic(dir + "/two_rows.csv", "0F0,0B0\n0F1,0B1\n");
