@@ -54,7 +54,7 @@ void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSet
              settings.out_dir.string());
   if (settings.checkpoint_interval > 0) {
     fmt::print("checkpoints every {} steps in {}\n", settings.checkpoint_interval,
-               (settings.checkpoint_dir.empty() ? settings.out_dir / "checkpoints" : settings.checkpoint_dir).string());
+               settings.checkpoint_directory().string());
   }
 }
 

@@ -61,7 +61,7 @@ void add_validate_command(CLI::App& app) {
   auto paths = std::make_shared<std::vector<std::string>>();
   CLI::App* command = app.add_subcommand(
       "validate", "Check schedule files (PyTorch pipelining CSV, or pipeflow JSON): every violation, with the grid");
-  command->add_option("files", *paths, "Schedule files (.csv or .json)")->required();
+  command->add_option("file", *paths, "Schedule files (.csv or .json), one or more")->required();
   command->callback([paths] { run(*paths); });
 }
 

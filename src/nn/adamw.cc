@@ -1,6 +1,5 @@
 #include "pipeflow/nn/adamw.h"
 
-#include <charconv>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -74,20 +73,16 @@ void AdamW::add_state(SafetensorsWriter& writer) const {
   for (const ParameterInfo& info : stage_->layout().entries()) {
     const auto offset = static_cast<std::size_t>(info.offset);
     const auto count = static_cast<std::size_t>(info.numel());
-    if (writer.contains("exp_avg." + info.name)) continue;
-    writer.add("exp_avg." + info.name, m_.span().subspan(offset, count), info.shape);
+    std::string name = "exp_avg." + info.name;
+    if (writer.contains(name)) continue;
+    writer.add(std::move(name), m_.span().subspan(offset, count), info.shape);
     writer.add("exp_avg_sq." + info.name, v_.span().subspan(offset, count), info.shape);
   }
   writer.set_metadata("adamw_step", std::to_string(steps_));
 }
 
 void AdamW::load_state(const SafetensorsFile& file) {
-  const std::string& text = file.metadata("adamw_step");
-  std::int64_t steps = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), steps);
-  if (error != std::errc() || end != text.data() + text.size() || steps < 0) {
-    fail("{}: __metadata__ adamw_step = \"{}\" is not a step count", file.source(), text);
-  }
+  const std::int64_t steps = file.metadata_count("adamw_step");
   for (const ParameterInfo& info : stage_->layout().entries()) {
     const auto offset = static_cast<std::size_t>(info.offset);
     const auto count = static_cast<std::size_t>(info.numel());

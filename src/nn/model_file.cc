@@ -1,6 +1,6 @@
 #include "pipeflow/nn/model_file.h"
 
-#include <charconv>
+#include <limits>
 #include <string>
 
 #include "pipeflow/core/error.h"
@@ -9,13 +9,9 @@ namespace pipeflow::nn {
 namespace {
 
 int metadata_int(const SafetensorsFile& file, const char* key) {
-  const std::string& text = file.metadata(key);
-  int value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size()) {
-    fail("{}: __metadata__ {} = \"{}\" is not an integer", file.source(), key, text);
-  }
-  return value;
+  const std::int64_t value = file.metadata_count(key);
+  if (value > std::numeric_limits<int>::max()) fail("{}: __metadata__ {} = {} is too large", file.source(), key, value);
+  return static_cast<int>(value);
 }
 
 }  // namespace

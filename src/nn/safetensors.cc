@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <cstring>
 
 #include "pipeflow/core/error.h"
@@ -143,6 +144,16 @@ const std::string& SafetensorsFile::metadata(std::string_view key) const {
   return found->second;
 }
 
+std::int64_t SafetensorsFile::metadata_count(std::string_view key) const {
+  const std::string& text = metadata(key);
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < 0) {
+    fail("{}: __metadata__ {} = \"{}\" is not a whole number >= 0", source_, key, text);
+  }
+  return value;
+}
+
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> names;
   for (const auto& [name, entry] : entries_) names.push_back(name);
@@ -196,7 +207,7 @@ void SafetensorsWriter::add_bytes(std::string name, Dtype dtype, const Shape& sh
   if (static_cast<std::size_t>(shape.numel()) * element_bytes(dtype) != bytes) {
     fail("internal: tensor {} of shape {} given {} bytes", name, shape.to_string(), bytes);
   }
-  if (contains(name)) fail("internal: tensor {} added twice to one safetensors file", name);
+  if (!names_.insert(name).second) fail("internal: tensor {} added twice to one safetensors file", name);
   const std::size_t begin = data_.size();
   data_.append(static_cast<const char*>(data), bytes);
   tensors_.push_back({std::move(name), dtype, shape, begin, data_.size()});
@@ -208,10 +219,6 @@ void SafetensorsWriter::add(std::string name, std::span<const float> values, con
 
 void SafetensorsWriter::add(std::string name, std::span<const std::int32_t> values, const Shape& shape) {
   add_bytes(std::move(name), Dtype::kI32, shape, values.data(), values.size_bytes());
-}
-
-bool SafetensorsWriter::contains(std::string_view name) const {
-  return std::any_of(tensors_.begin(), tensors_.end(), [&](const Pending& tensor) { return tensor.name == name; });
 }
 
 void SafetensorsWriter::set_metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }

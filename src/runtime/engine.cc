@@ -4,7 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <exception>
 #include <mutex>
@@ -13,6 +12,7 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/nn/gradient_clipping.h"
 #include "pipeflow/nn/model_file.h"
+#include "pipeflow/nn/parameter_layout.h"
 #include "pipeflow/schedule/passes.h"
 #include "pipeflow/schedule/validate.h"
 
@@ -122,11 +122,9 @@ void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::in
                            path.string());
   nn::SafetensorsWriter writer;
   nn::write_config(writer, config_);
-  for (const auto& stage : stages_) {
-    for (const nn::ParameterInfo& info : stage->layout().entries()) {
-      // The tied wte's second copy (on the head's stage) equals the first.
-      if (!writer.contains(info.name)) writer.add(info.name, stage->parameter(info.name), info.shape);
-    }
+  const nn::ParameterLayout whole_model(config_, nn::all_layers(config_));
+  for (const nn::ParameterInfo& info : whole_model.entries()) {
+    writer.add(info.name, parameter(info.name), info.shape);  // the tied wte from the embedding's stage
   }
   for (const auto& optimizer : optimizers_) optimizer->add_state(writer);
   writer.set_metadata("steps_done", std::to_string(steps_done));
@@ -134,12 +132,7 @@ void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::in
 }
 
 std::int64_t PipelineEngine::load_checkpoint(const nn::SafetensorsFile& file) {
-  const std::string& text = file.metadata("steps_done");
-  std::int64_t steps_done = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), steps_done);
-  if (error != std::errc() || end != text.data() + text.size() || steps_done < 0) {
-    fail("{}: __metadata__ steps_done = \"{}\" is not a step count", file.source(), text);
-  }
+  const std::int64_t steps_done = file.metadata_count("steps_done");
   load_parameters(file);
   for (auto& optimizer : optimizers_) optimizer->load_state(file);
   return steps_done;

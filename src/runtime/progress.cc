@@ -67,7 +67,7 @@ void ProgressPrinter::step(const StepLog& log, double elapsed_s) {
     const int width = static_cast<int>(std::to_string(total_).size());
     std::fprintf(out_, "\r\033[Kstep %*d/%d [%s] %s", width, done, total_, bar.c_str(), figures(log, eta).c_str());
     line_open_ = true;
-  } else if (done == 1 || done == total_ || done % every_ == 0 || log.val_loss) {
+  } else if (done == first_ + 1 || done == total_ || done % every_ == 0 || log.val_loss) {
     std::fprintf(out_, "step %d/%d %s\n", done, total_, figures(log, eta).c_str());
   }
   std::fflush(out_);

@@ -96,9 +96,9 @@ TrainSettings train_settings(const RunConfig& run) {
   s.engine.lr_schedule = lr_schedule(run.scheduler, run.optimizer.lr);
   s.engine.gradient_clipping = run.gradient_clipping;
   for (const std::string& path : run.data.paths) {
-    if (!std::filesystem::is_regular_file(path)) {
-      fail("{}: data path \"{}\" is not a readable file: name text files, or leave data out for the fortunes corpus",
-           source, path);
+    if (!std::filesystem::exists(path) || std::filesystem::is_directory(path)) {
+      fail("{}: data path \"{}\" is {}: name text files, or leave data out for the fortunes corpus", source, path,
+           std::filesystem::exists(path) ? "a directory" : "not there");
     }
   }
   s.data.assign(run.data.paths.begin(), run.data.paths.end());

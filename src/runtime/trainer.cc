@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <sstream>
 #include <string_view>
 
 #include "pipeflow/core/error.h"
@@ -66,12 +67,15 @@ std::filesystem::path checkpoint_file(const std::filesystem::path& path) {
   if (!std::filesystem::is_directory(path)) return path;
   std::filesystem::path latest;
   std::int64_t latest_steps = -1;
+  constexpr std::string_view kPrefix = "step_", kSuffix = ".safetensors";
   for (const auto& entry : std::filesystem::directory_iterator(path)) {
     const std::string name = entry.path().filename().string();
+    if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) continue;
+    const std::string_view digits =
+        std::string_view(name).substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
     std::int64_t steps = -1;
-    const char* digits = name.c_str() + std::string_view("step_").size();
-    const auto [end, error] = std::from_chars(digits, name.c_str() + name.size(), steps);
-    if (!name.starts_with("step_") || error != std::errc() || std::string_view(end) != ".safetensors") continue;
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), steps);
+    if (error != std::errc() || end != digits.data() + digits.size()) continue;
     if (steps > latest_steps) {
       latest_steps = steps;
       latest = entry.path();
@@ -81,6 +85,26 @@ std::filesystem::path checkpoint_file(const std::filesystem::path& path) {
     fail("checkpoint.load = {}: the directory holds no step_N.safetensors: give a checkpoint file", path.string());
   }
   return latest;
+}
+
+// The lines of an earlier run's metrics.jsonl before step `before` (a run
+// resumed into the same out_dir keeps the history it continues).
+std::string earlier_metrics(const std::filesystem::path& path, std::int64_t before) {
+  if (!std::filesystem::exists(path)) return "";
+  std::istringstream lines(read_file(path));
+  std::string kept;
+  int number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    const auto json = nlohmann::json::parse(line, nullptr, false);
+    if (json.is_discarded() || !json.contains("step") || !json["step"].is_number_integer()) {
+      fail("{} line {} is no metrics line (JSON with a \"step\"): move the file away or resume into another "
+           "out_dir",
+           path.string(), number);
+    }
+    if (json["step"].get<std::int64_t>() < before) kept += line + "\n";
+  }
+  return kept;
 }
 
 // The figures of an emulated step: the serial run replayed with one core per
@@ -144,6 +168,7 @@ class Run {
   DatasetSource source_;
   std::unique_ptr<PipelineEngine> engine_;
   std::int64_t first_step_ = 0;  // steps done before this run (a resumed checkpoint's)
+  std::string earlier_metrics_;   // metrics.jsonl lines of those steps, when resumed into the same out_dir
   CostProfile first_costs_;  // this run's first step (warm-up), until later steps are measured
   CostProfile costs_;        // the cost_steps steps after it
   SimulationResult prediction_;
@@ -156,14 +181,14 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
       make_schedule(settings_.schedule, settings_.stages, settings_.microbatches, settings_.virtual_stages);
   EngineOptions options = settings_.engine;
   options.sequence_length = sequence();
-  if (schedule.num_stages() > settings_.model.pipeline_layers()) {
-    fail("{}: pipeline.stages = {} with {}: {} stages for the model's {} pipeline layers (embedding, {} blocks, "
-         "head): every stage needs a layer; lower pipeline.stages or pipeline.virtual_stages",
-         settings_.config_source, schedule.num_ranks(), schedule.name(), schedule.num_stages(),
-         settings_.model.pipeline_layers(), settings_.model.n_layer);
+  std::vector<int> boundaries;
+  try {
+    boundaries = partition_model(settings_.model, schedule.num_stages(), settings_.partition, options.micro_batch,
+                                 sequence(), settings_.hardware);
+  } catch (const Error& error) {
+    fail("{}: pipeline.stages = {} with {} ({} stages): {}", settings_.config_source, schedule.num_ranks(),
+         schedule.name(), schedule.num_stages(), error.what());
   }
-  const std::vector<int> boundaries = partition_model(settings_.model, schedule.num_stages(), settings_.partition,
-                                                      options.micro_batch, sequence(), settings_.hardware);
   auto engine = std::make_unique<PipelineEngine>(settings_.model, schedule, boundaries, options);
   if (!settings_.resume.empty()) {
     if (!settings_.weights.empty()) {
@@ -188,14 +213,14 @@ std::int64_t Run::resume() {
     fail("{}: {} steps done already, and steps = {} is the total: raise steps to train on", file.string(), done,
          settings_.steps);
   }
-  progress_.message(fmt::format("resuming after step {} from {}", done, file.string()));
+  progress_.message(fmt::format("resuming after {} steps from {}", done, file.string()));
+  earlier_metrics_ = earlier_metrics(settings_.out_dir / "metrics.jsonl", done);
   progress_.start(static_cast<int>(done));
   return done;
 }
 
 void Run::write_checkpoint(std::int64_t steps_done) const {
-  const std::filesystem::path dir =
-      settings_.checkpoint_dir.empty() ? settings_.out_dir / "checkpoints" : settings_.checkpoint_dir;
+  const std::filesystem::path dir = settings_.checkpoint_directory();
   std::filesystem::create_directories(dir);
   engine_->write_checkpoint(dir / fmt::format("step_{}.safetensors", steps_done), steps_done);
 }
@@ -297,7 +322,9 @@ TrainOutcome Run::run() {
     }
     outcome.log.push_back(std::move(log));
     progress_.step(outcome.log.back(), std::chrono::duration<double>(Clock::now() - start).count());
-    if (outcome.log.back().val_loss) write_file_atomic(settings_.out_dir / "metrics.jsonl", metrics_jsonl(outcome.log));
+    if (outcome.log.back().val_loss) {
+      write_file_atomic(settings_.out_dir / "metrics.jsonl", earlier_metrics_ + metrics_jsonl(outcome.log));
+    }
   }
   progress_.finish();
   const auto model = engine_->assemble_model();
@@ -322,7 +349,7 @@ void Run::write_outputs(TrainOutcome& outcome, const StepResult& last) {
     write_file_atomic(dir / name, content);
     outcome.files.push_back(dir / name);
   };
-  write("metrics.jsonl", metrics_jsonl(outcome.log));
+  write("metrics.jsonl", earlier_metrics_ + metrics_jsonl(outcome.log));
   write("timeline.svg", render_svg(measured));  // the pipeline: its title's bubble is bubble_measured
   if (!settings_.emulate) {
     measured = measured_timeline(last, schedule.num_ranks(), measured.title + ", with the flush", true);

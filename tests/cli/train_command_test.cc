@@ -120,7 +120,7 @@ TEST(TrainCommand, ResumesFromTheLatestCheckpointAndEndsWhereAStraightRunEnds) {
   const CommandResult resumed = run_pipeflow("train --config " + checkpointed + " --steps 6 --resume " + dir +
                                              "/ckpt --out-dir " + dir + "/resumed");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
-  EXPECT_NE(resumed.err.find("resuming after step 4 from " + dir + "/ckpt/step_4.safetensors"), std::string::npos)
+  EXPECT_NE(resumed.err.find("resuming after 4 steps from " + dir + "/ckpt/step_4.safetensors"), std::string::npos)
       << resumed.err;
   EXPECT_NE(resumed.out.find("trained 2 steps"), std::string::npos) << resumed.out;
   const CommandResult straight =
@@ -165,12 +165,12 @@ TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
   const std::string small = R"({"model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_ctx": 32}, "steps": 1, )";
   EXPECT_EQ(error_of(small + R"("gradient_accumulation_steps": 8, "pipeline": {"stages": 8, "schedule": "gpipe"}})"),
             "pipeflow: error: " + dir +
-                "/run.json: pipeline.stages = 8 with gpipe: 8 stages for the model's 4 pipeline layers (embedding, 2 "
-                "blocks, head): every stage needs a layer; lower pipeline.stages or pipeline.virtual_stages\n");
+                "/run.json: pipeline.stages = 8 with gpipe (8 stages): 8 stages for 4 pipeline layers: every stage "
+                "needs at least one layer; use at most 4 stages\n");
   EXPECT_EQ(error_of(small + R"("data": {"path": "/nonexistent"}})"),
             "pipeflow: error: " + dir +
-                "/run.json: data path \"/nonexistent\" is not a readable file: name text files, or leave data out "
-                "for the fortunes corpus\n");
+                "/run.json: data path \"/nonexistent\" is not there: name text files, or leave data out for the "
+                "fortunes corpus\n");
   EXPECT_NE(error_of(small + R"("zero_optimization": {"stage": 1}})").find("zero_optimization.stage = 1: "),
             std::string::npos);
   EXPECT_NE(error_of(small + R"("comm_mode": "blocking"})").find("comm_mode = \"blocking\": "), std::string::npos);

@@ -154,11 +154,21 @@ TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
   EXPECT_EQ(saved.names().size(),
             3 * nn::ParameterLayout(testing::kTiny, nn::all_layers(testing::kTiny)).entries().size());
 
+  // Files that are no checkpoints do not confuse the choice of the latest.
+  for (const char* other : {"a", "notes.md", "step_x.safetensors", "step_9.safetensors.tmp", "step_.safetensors"}) {
+    write_file_atomic(checkpoints / other, "not a checkpoint");
+  }
   TrainSettings second_half = settings;
   second_half.resume = checkpoints;  // the directory: its latest checkpoint
-  second_half.out_dir = dir / "second";
+  second_half.out_dir = first_half.out_dir;  // continuing the same run: its metrics lines are kept
   const TrainOutcome resumed = train(second_half, progress);
   ASSERT_EQ(resumed.log.size(), 3u);
+  std::istringstream metrics(read_file(second_half.out_dir / "metrics.jsonl"));
+  std::int64_t expected_step = 0;
+  for (std::string line; std::getline(metrics, line); ++expected_step) {
+    EXPECT_EQ(nlohmann::json::parse(line)["step"], expected_step);
+  }
+  EXPECT_EQ(expected_step, 6);
   for (std::size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(resumed.log[i].step, straight.log[i + 3].step);
     EXPECT_EQ(resumed.log[i].lr, straight.log[i + 3].lr);
@@ -181,6 +191,10 @@ TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
   other_layout.weights.clear();
   other_layout.resume = dir / "corpus.txt.missing";
   EXPECT_NE(testing::error_of([&] { train(other_layout, progress); }).find("no such file or directory"), std::string::npos);
+  std::filesystem::create_directories(dir / "empty");
+  other_layout.resume = dir / "empty";
+  EXPECT_NE(testing::error_of([&] { train(other_layout, progress); }).find("the directory holds no step_N.safetensors"),
+            std::string::npos);
   std::fclose(log);
   std::filesystem::remove_all(dir);
 }
@@ -245,10 +259,16 @@ TEST(Report, SaysWhenRanksOutnumberCores) {
 TEST(Report, CountsTheCoresTheAffinityAllows) {
   int pinned = 0;
   std::thread thread([&] {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+    int first = 0;
+    while (!CPU_ISSET(first, &allowed)) ++first;
     cpu_set_t one;
     CPU_ZERO(&one);
-    CPU_SET(0, &one);
-    if (sched_setaffinity(0, sizeof one, &one) == 0) pinned = usable_cores();
+    CPU_SET(first, &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    pinned = usable_cores();
   });
   thread.join();
   EXPECT_EQ(pinned, 1);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -44,6 +45,9 @@ class SafetensorsFile {
   const std::map<std::string, std::string, std::less<>>& metadata() const { return metadata_; }
   // A metadata value; Error naming the file and the key when absent.
   const std::string& metadata(std::string_view key) const;
+  // A metadata value that must be a whole number >= 0 (an Error naming the
+  // file, the key and the text otherwise).
+  std::int64_t metadata_count(std::string_view key) const;
   bool contains(std::string_view name) const { return entries_.find(name) != entries_.end(); }
   // Tensor names in data order.
   std::vector<std::string> names() const;
@@ -75,7 +79,7 @@ class SafetensorsWriter {
  public:
   void add(std::string name, std::span<const float> values, const Shape& shape);
   void add(std::string name, std::span<const std::int32_t> values, const Shape& shape);
-  bool contains(std::string_view name) const;
+  bool contains(std::string_view name) const { return names_.contains(name); }
   void set_metadata(std::string key, std::string value);
 
   std::string serialize() const;
@@ -92,6 +96,7 @@ class SafetensorsWriter {
   void add_bytes(std::string name, Dtype dtype, const Shape& shape, const void* data, std::size_t bytes);
 
   std::vector<Pending> tensors_;
+  std::set<std::string, std::less<>> names_;
   std::string data_;
   std::map<std::string, std::string> metadata_;
 };

@@ -44,6 +44,10 @@ struct TrainSettings {
   int checkpoint_interval = 0;
   std::filesystem::path checkpoint_dir;
   std::filesystem::path resume;
+
+  std::filesystem::path checkpoint_directory() const {
+    return checkpoint_dir.empty() ? out_dir / "checkpoints" : checkpoint_dir;
+  }
   bool emulate = false;           // run serially and replay (RunMode::kSerial)
   int cost_steps = 3;             // steps after the first whose action costs feed the prediction
   std::string config_text;        // the run configuration, for the report
@@ -90,7 +94,9 @@ struct TrainOutcome {
 //   predicted.svg       the same step as the measured costs predict it
 //   profile.json        those costs (sim/profile.h): pipeflow simulate --profile reads it
 //   weights.safetensors the final weights (whole model, pipeflow init's format)
-// and the checkpoints (above). metrics.jsonl holds the steps this run made.
+// and the checkpoints (above). A run resumed into the out_dir of the run it
+// continues keeps that run's metrics.jsonl lines before its first step;
+// report.md covers the steps this run made.
 // Progress goes to `progress`. Throws Error for a bad setting (naming it)
 // and for any failure of the pipeline.
 TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress);
