@@ -38,6 +38,23 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
+struct Closest {
+  std::string key;  // empty: no candidate
+  std::size_t distance = std::numeric_limits<std::size_t>::max();
+};
+
+// The candidate (among those `keep` accepts) fewest edits from `key`.
+template <class Keys, class Keep>
+Closest closest_key(std::string_view key, const Keys& candidates, Keep keep) {
+  Closest best;
+  for (const std::string& candidate : candidates) {
+    if (!keep(candidate)) continue;
+    const std::size_t distance = edit_distance(candidate, key);
+    if (distance < best.distance) best = {candidate, distance};
+  }
+  return best;
+}
+
 std::string parent_of(const std::string& path) {
   const auto dot = path.rfind('.');
   return dot == std::string::npos ? "" : path.substr(0, dot);
@@ -202,18 +219,10 @@ void Config::check_no_unknown_keys() const {
   std::string message = fmt::format("{}: unknown key{}", tree_->source, unknown.size() > 1 ? "s" : "");
   for (const std::string& key : unknown) {
     message += fmt::format("{} '{}'", &key == &unknown.front() ? "" : ",", key);
-    std::string best;
-    std::size_t best_distance = std::numeric_limits<std::size_t>::max();
-    for (const std::string& known : tree_->asked) {
-      if (parent_of(known) != parent_of(key)) continue;
-      const std::size_t distance = edit_distance(known, key);
-      if (distance < best_distance) {
-        best_distance = distance;
-        best = known;
-      }
-    }
-    if (!best.empty() && best_distance <= std::max<std::size_t>(2, key.size() / 3)) {
-      message += fmt::format(" (did you mean '{}'?)", best);
+    const Closest best =
+        closest_key(key, tree_->asked, [&](const std::string& known) { return parent_of(known) == parent_of(key); });
+    if (!best.key.empty() && best.distance <= std::max<std::size_t>(2, key.size() / 3)) {
+      message += fmt::format(" (did you mean '{}'?)", best.key);
     }
   }
   message += ": remove it or fix its spelling";
@@ -224,20 +233,12 @@ void Config::check_no_misspelt_keys(const std::vector<std::string>& known) const
   std::vector<std::string> misspelt;
   for (const auto& [key, value] : node_->items()) {
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    std::string best;
-    std::size_t best_distance = std::numeric_limits<std::size_t>::max();
-    for (const std::string& candidate : known) {
-      const std::size_t distance = edit_distance(candidate, key);
-      if (distance < best_distance) {
-        best_distance = distance;
-        best = candidate;
-      }
-    }
+    const Closest best = closest_key(key, known, [](const std::string&) { return true; });
     // Tighter than check_no_unknown_keys()'s max(2, |key|/3): the keys of
     // other tools are not typos, and some lie 3 edits from a known key
     // (rope_type and model_type).
-    if (best_distance <= kMisspellingDistance) {
-      misspelt.push_back(fmt::format("'{}' (did you mean '{}'?)", path(key), path(best)));
+    if (best.distance <= kMisspellingDistance) {
+      misspelt.push_back(fmt::format("'{}' (did you mean '{}'?)", path(key), path(best.key)));
     }
   }
   if (misspelt.empty()) return;

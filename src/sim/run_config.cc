@@ -241,8 +241,7 @@ void check_consistency(const Config& config, const RunConfig& run) {
     config.fail_value("seq_length", fmt::format("{} has {} positions: use seq_length <= {}", run.model.name,
                                                 run.model.max_positions, run.model.max_positions));
   }
-  const bool sequence_known = run.seq_length > 0 || !run.model_source.empty();
-  if (run.sequence_parallel && t > 1 && sequence_known && run.sequence() % t != 0) {
+  if (run.sequence_parallel && t > 1 && run.sequence() % t != 0) {  // no model yet: sequence() is 0
     const std::string sequence = run.seq_length > 0 ? fmt::format("seq_length {}", run.seq_length)
                                                     : fmt::format("the model's context {}", run.sequence());
     config.fail_value("sequence_parallel",
