@@ -127,6 +127,29 @@ TEST(PipelineEngine, ATimeoutNamesTheRankTheActionAndTheMessageAndMarksTheGrid) 
                 render_grid(schedule, {GridMark{RankId(1), at, 1}}));
 }
 
+// The flush waits with a timeout too: rank 1 held up before its last W
+// leaves rank 0, done with its actions, waiting for the tied wte gradient.
+TEST(PipelineEngine, AFlushTimeoutNamesThePhaseAndWhereTheOthersAre) {
+  EngineOptions options = testing::tiny_options();
+  options.timeout = 300ms;  // long beside the tiny model's actions, so only the flush waits that long
+  options.before_action = [](RankId rank, const Action& action) {
+    if (rank.value() == 1 && action.kind == ActionKind::kBackwardWeight && action.microbatch.value() == 1) {
+      std::this_thread::sleep_for(1500ms);
+    }
+  };
+  const Schedule schedule = insert_send_recv(make_schedule("zb-h1", 2, 2));
+  ASSERT_EQ(to_string(schedule.actions(RankId(1)).back()), "1W1");
+  PipelineEngine engine(kTiny, schedule, partition_uniform(kTiny.pipeline_layers(), 2), options);
+  const std::string error = error_of([&] { engine.step(0, train_source()); });
+  EXPECT_EQ(error.rfind("rank 0 timed out after 300 ms in the tied-gradient reduction (step 0, after its last "
+                        "action): waited for the ",
+                        0),
+            0u)
+      << error;
+  EXPECT_NE(error.find("rank 1 is at 1W1 (position 9)"), std::string::npos) << error;
+  EXPECT_NE(error.find(render_grid(schedule)), std::string::npos) << error;
+}
+
 TEST(PipelineEngine, SteadyStateStepsAllocateNoBuffers) {
   auto engine = testing::tiny_engine(make_schedule("zbv", 2, 4));
   auto blocks = [&] {
