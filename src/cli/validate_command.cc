@@ -7,15 +7,12 @@
 
 #include "commands.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/units.h"
 #include "pipeflow/schedule/io.h"
 #include "pipeflow/schedule/validate.h"
 
 namespace pipeflow::cli {
 namespace {
-
-std::string plural(std::size_t count, const char* noun) {
-  return fmt::format("{} {}{}", count, noun, count == 1 ? "" : "s");
-}
 
 // Prints the file's report and returns its number of violations (0: valid).
 std::size_t check(const std::string& path) {
@@ -24,7 +21,7 @@ std::size_t check(const std::string& path) {
   const ValidationReport report = validate(schedule);
   std::string note;
   if (ignored > 0) {
-    note = fmt::format("(ignored {}: they are no pipeline actions)\n", plural(ignored, "UNSHARD/RESHARD/REDUCE_GRAD action"));
+    note = fmt::format("(ignored {}: they are no pipeline actions)\n", format_count(ignored, "UNSHARD/RESHARD/REDUCE_GRAD action"));
   }
   write_output((report.ok() ? "OK " + report.summary(schedule) : report.render(schedule)) + note, "");
   return report.violations.size();
@@ -36,7 +33,7 @@ std::size_t check(const std::string& path) {
 void run(const std::vector<std::string>& paths) {
   if (paths.size() == 1) {
     const std::size_t violations = check(paths.front());
-    if (violations > 0) fail("{}: {} (listed above)", paths.front(), plural(violations, "violation"));
+    if (violations > 0) fail("{}: {} (listed above)", paths.front(), format_count(static_cast<std::int64_t>(violations), "violation"));
     return;
   }
   std::vector<std::string> failed;
@@ -44,7 +41,7 @@ void run(const std::vector<std::string>& paths) {
     write_output(fmt::format("== {}\n", path), "");
     try {
       const std::size_t violations = check(path);
-      if (violations > 0) failed.push_back(fmt::format("{} ({})", path, plural(violations, "violation")));
+      if (violations > 0) failed.push_back(fmt::format("{} ({})", path, format_count(static_cast<std::int64_t>(violations), "violation")));
     } catch (const Error& error) {
       write_output(fmt::format("cannot check it: {}\n", error.what()), "");
       failed.push_back(fmt::format("{} (unreadable)", path));

@@ -51,4 +51,9 @@ std::string format_si(double value, const std::string& unit) {
 
 std::string format_percent(double fraction) { return fmt::format("{:.1f}%", 100.0 * fraction); }
 
+std::string format_count(std::int64_t count, const std::string& singular, const std::string& plural) {
+  if (count == 1) return fmt::format("1 {}", singular);
+  return fmt::format("{} {}", count, plural.empty() ? singular + "s" : plural);
+}
+
 }  // namespace pipeflow

@@ -58,7 +58,7 @@ std::string ProgressPrinter::figures(const StepLog& log, double eta_s) const {
 void ProgressPrinter::step(const StepLog& log, double elapsed_s) {
   const int done = static_cast<int>(log.step) + 1;
   const double eta = elapsed_s / std::max(1, done - first_) * (total_ - done);
-  if (log.val_loss) message(fmt::format("after {} steps: validation loss {:.4f}", done, *log.val_loss));
+  if (log.val_loss) message(fmt::format("after {}: validation loss {:.4f}", format_count(done, "step"), *log.val_loss));
   if (terminal_) {
     const int filled = kBarWidth * done / total_;
     const std::string bar = std::string(static_cast<std::size_t>(filled), '=') +

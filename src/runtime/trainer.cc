@@ -213,7 +213,7 @@ std::int64_t Run::resume() {
     fail("{}: {} steps done already, and steps = {} is the total: raise steps to train on", file.string(), done,
          settings_.steps);
   }
-  progress_.message(fmt::format("resuming after {} steps from {}", done, file.string()));
+  progress_.message(fmt::format("resuming after {} from {}", format_count(done, "step"), file.string()));
   earlier_metrics_ = earlier_metrics(settings_.out_dir / "metrics.jsonl", done);
   progress_.start(static_cast<int>(done));
   return done;
@@ -228,11 +228,13 @@ void Run::write_checkpoint(std::int64_t steps_done) const {
 void Run::announce() const {
   const Schedule& s = engine_->schedule();
   progress_.message(fmt::format(
-      "pipeflow train: GPT-2 {} layers, width {}, {} heads, context {} ({} parameters); {} on {} ranks ({} stages), "
-      "{} micro-batches of {} x {} tokens; {} steps{}",
+      "pipeflow train: GPT-2 {} layers, width {}, {} heads, context {} ({} parameters); {} on {} ({}), "
+      "{} of {} x {} tokens; {}{}",
       settings_.model.n_layer, settings_.model.n_embd, settings_.model.n_head, settings_.model.context,
-      settings_.model.parameter_count(), s.name(), s.num_ranks(), s.num_stages(), s.num_microbatches(),
-      settings_.engine.micro_batch, sequence(), settings_.steps, settings_.emulate ? ", emulated" : ""));
+      settings_.model.parameter_count(), s.name(), format_count(s.num_ranks(), "rank"),
+      format_count(s.num_stages(), "stage"), format_count(s.num_microbatches(), "micro-batch", "micro-batches"),
+      settings_.engine.micro_batch, sequence(), format_count(settings_.steps, "step"),
+      settings_.emulate ? ", emulated" : ""));
   const int cores = usable_cores();
   const std::string note = oversubscription_note(s.num_ranks(), cores, settings_.emulate);
   if (!note.empty()) progress_.message(note);

@@ -24,6 +24,13 @@ TEST(Units, SiAndPercent) {
   EXPECT_EQ(format_percent(3.0 / 19.0), "15.8%");
 }
 
+TEST(Units, CountsInTheSingularForOne) {
+  EXPECT_EQ(format_count(1, "rank"), "1 rank");
+  EXPECT_EQ(format_count(0, "rank"), "0 ranks");
+  EXPECT_EQ(format_count(4, "micro-batch", "micro-batches"), "4 micro-batches");
+  EXPECT_EQ(format_count(1, "micro-batch", "micro-batches"), "1 micro-batch");
+}
+
 TEST(TextTable, AlignsNumericColumnsRight) {
   TextTable table({"rank", "busy"});
   table.add_row({"0", "12.5"});
