@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/grid.h"
 #include "pipeflow/schedule/io.h"
@@ -147,6 +149,32 @@ TEST(PipelineEngine, AFlushTimeoutNamesThePhaseAndWhereTheOthersAre) {
             0u)
       << error;
   EXPECT_NE(error.find("rank 1 is at 1W1 (position 9)"), std::string::npos) << error;
+  EXPECT_NE(error.find(render_grid(schedule)), std::string::npos) << error;
+}
+
+// On three ranks the middle one holds no tied stage, so once its actions are
+// done it waits in the gradient-norm all-reduce. Rank 2 held up before its
+// last W keeps it there; rank 0, held up a little, starts its own wait (for
+// rank 2's tied gradient) later, so rank 1's deadline passes first.
+TEST(PipelineEngine, AGradientNormTimeoutNamesThePhaseAndWhereTheOthersAre) {
+  EngineOptions options = testing::tiny_options();
+  options.timeout = 300ms;
+  options.before_action = [](RankId rank, const Action& action) {
+    if (action.kind != ActionKind::kBackwardWeight || action.microbatch.value() != 2) return;
+    if (rank.value() == 2) std::this_thread::sleep_for(1500ms);
+    if (rank.value() == 0) std::this_thread::sleep_for(150ms);
+  };
+  const Schedule schedule = insert_send_recv(make_schedule("zb-h1", 3, 3));
+  const auto& last = schedule.actions(RankId(2));
+  ASSERT_EQ(to_string(last.back()), "2W2");
+  PipelineEngine engine(kTiny, schedule, partition_uniform(kTiny.pipeline_layers(), 3), options);
+  const std::string error = error_of([&] { engine.step(0, train_source()); });
+  EXPECT_EQ(error.rfind("rank 1 timed out after 300 ms in the gradient-norm all-reduce (step 0, after its last "
+                        "action): waited for every rank's square sum; ",
+                        0),
+            0u)
+      << error;
+  EXPECT_NE(error.find(fmt::format("rank 2 is at 2W2 (position {})", last.size() - 1)), std::string::npos) << error;
   EXPECT_NE(error.find(render_grid(schedule)), std::string::npos) << error;
 }
 

@@ -126,6 +126,21 @@ TEST(InProcessTransport, AllReduceSumsInRankOrderForEveryRank) {
   for (const double r : results) EXPECT_EQ(r, 1.25);
 }
 
+TEST(InProcessTransport, AllReduceTimesOutWithoutEveryRankAndWithdrawsTheLateArrival) {
+  InProcessTransport transport({1, 1});
+  double alone = 5;
+  EXPECT_EQ(transport.all_reduce_sum(RankId(0), alone, in(20ms)), WaitStatus::kTimedOut);
+  EXPECT_EQ(alone, 5.0);
+  // The timed-out rank 0 is no longer counted: the next round needs both
+  // ranks again and sums only their new values.
+  double values[2] = {1, 2};
+  std::thread other([&] { EXPECT_EQ(transport.all_reduce_sum(RankId(1), values[1], in(5s)), WaitStatus::kOk); });
+  EXPECT_EQ(transport.all_reduce_sum(RankId(0), values[0], in(5s)), WaitStatus::kOk);
+  other.join();
+  EXPECT_EQ(values[0], 3.0);
+  EXPECT_EQ(values[1], 3.0);
+}
+
 // Rank 0 sends a buffer from `pool`, rank 1 sends it back, `rounds` times;
 // allocations are counted on rank 0 between its first send and its last
 // receive (the peer thread is started before).
