@@ -30,6 +30,13 @@ const DatasetSource& train_source() {
   return source;
 }
 
+// Blocks every stage's buffer pool has taken from the system so far.
+std::int64_t pool_blocks(PipelineEngine& engine) {
+  std::int64_t total = 0;
+  for (int s = 0; s < engine.num_stages(); ++s) total += engine.stage(StageId(s)).buffer_pool().system_allocations();
+  return total;
+}
+
 TEST(PipelineEngine, RerunsWithTheSameSeedAreBitIdenticalThreadedOrSerial) {
   const Schedule schedule = make_schedule("1f1b", 4, 8);
   auto a = testing::tiny_engine(schedule);
@@ -180,17 +187,12 @@ TEST(PipelineEngine, AGradientNormTimeoutNamesThePhaseAndWhereTheOthersAre) {
 
 TEST(PipelineEngine, SteadyStateStepsAllocateNoBuffers) {
   auto engine = testing::tiny_engine(make_schedule("zbv", 2, 4));
-  auto blocks = [&] {
-    std::int64_t total = 0;
-    for (int s = 0; s < engine->num_stages(); ++s) total += engine->stage(StageId(s)).buffer_pool().system_allocations();
-    return total;
-  };
   engine->step(0, train_source(), StepMode::kTrain, RunMode::kSerial);
-  const std::int64_t after_first = blocks();
+  const std::int64_t after_first = pool_blocks(*engine);
   EXPECT_GT(after_first, 0);
   engine->step(1, train_source(), StepMode::kTrain, RunMode::kSerial);
   engine->step(2, train_source(), StepMode::kTrain, RunMode::kSerial);
-  EXPECT_EQ(blocks(), after_first);
+  EXPECT_EQ(pool_blocks(*engine), after_first);
 }
 
 // Threaded, which tensor is freed first depends on timing, so the pools' high
@@ -201,15 +203,11 @@ TEST(PipelineEngine, ThreadedStepsAfterTheFirstAllocateAlmostNoBuffers) {
   for (const Schedule& schedule :
        {make_schedule("1f1b", 2, 4), make_schedule("zbv", 2, 4), make_schedule("interleaved-1f1b", 2, 4, 2)}) {
     auto engine = testing::tiny_engine(schedule);
-    auto blocks = [&] {
-      std::int64_t total = 0;
-      for (int s = 0; s < engine->num_stages(); ++s) total += engine->stage(StageId(s)).buffer_pool().system_allocations();
-      return total;
-    };
     engine->step(0, train_source());
-    const std::int64_t after_first = blocks();
+    const std::int64_t after_first = pool_blocks(*engine);
     for (int step = 1; step < 10; ++step) engine->step(step, train_source());
-    EXPECT_LE(blocks() - after_first, after_first / 20) << schedule.name() << ": " << after_first << " blocks after step 0";
+    EXPECT_LE(pool_blocks(*engine) - after_first, after_first / 20)
+        << schedule.name() << ": " << after_first << " blocks after step 0";
   }
 }
 
