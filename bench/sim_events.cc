@@ -80,7 +80,7 @@ int main() {
   layout.pipeline_parallel = p;
   layout.devices = 8 * p;
   layout.global_batch = m;
-  layout.sequence = 8192;
+  layout.seq_length = 8192;
   layout.schedule = "interleaved-1f1b";
   layout.virtual_stages = v;
   layout.recompute = Recompute::kSelective;

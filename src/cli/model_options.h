@@ -9,7 +9,7 @@
 namespace pipeflow::cli {
 
 // The options that say which model is run how, shared by `pipeflow model`
-// and `pipeflow partition`: --model, --seq, --micro-batch, --tp,
+// and `pipeflow partition`: --model, --seq-length (--seq), --micro-batch, --tensor-parallel (--tp),
 // --sequence-parallel, --recompute, --bytes-per-element.
 struct ModelOptions {
   std::string model;
@@ -24,8 +24,5 @@ struct ModelOptions {
   ModelSpec spec() const;
   ParallelConfig config(const ModelSpec& spec) const;
 };
-
-// Parameter counts as people write them: "124.4M", "174.60B".
-std::string format_parameters(double count);
 
 }  // namespace pipeflow::cli

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <chrono>
 #include <optional>
 #include <string>
 
@@ -15,7 +16,8 @@
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/run_settings.h"
 #include "pipeflow/runtime/trainer.h"
-#include "pipeflow/sim/run_config.h"
+#include "pipeflow/config/run_config.h"
+#include "run_options.h"
 
 namespace pipeflow::cli {
 namespace {
@@ -29,14 +31,14 @@ struct TrainCommand {
   std::string out_dir;
   bool emulate = false;
   double timeout_s = 60;
-  std::string schedule;
-  int stages = 0;
-  int virtual_stages = 0;
-  int micro_batch = 0;
+  RunFlags flags;
 
-  template <class T>
-  std::optional<T> given(const char* flag, const T& value) const {
-    return app->count(flag) > 0 ? std::optional<T>(value) : std::nullopt;
+  RunOverrides overrides() const {
+    RunOverrides o = flags.overrides();
+    if (app->count("--steps") > 0) o.steps = steps;
+    if (app->count("--out-dir") > 0) o.out_dir = out_dir;
+    if (app->count("--resume") > 0) o.resume = resume;
+    return o;
   }
 };
 
@@ -59,28 +61,19 @@ void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSet
 }
 
 void run(const TrainCommand& c) {
-  RunConfig config = load_run_config(c.config);
-  RunOverrides overrides;
-  overrides.schedule = c.given("--schedule", c.schedule);
-  overrides.pipeline_stages = c.given("--stages", c.stages);
-  overrides.virtual_stages = c.given("--virtual", c.virtual_stages);
-  overrides.micro_batch = c.given("--micro-batch", c.micro_batch);
-  if (overrides.schedule || overrides.pipeline_stages || overrides.virtual_stages || overrides.micro_batch) {
-    apply_overrides(config, overrides);
-  }
+  const RunConfig config = load_run_config(c.config, c.overrides());
   for (const std::string& warning : config.warnings) log_warning("{}", warning);
-  if (c.app->count("--steps") > 0) {
-    if (c.steps < 1) fail("--steps {}: must be >= 1", c.steps);
-    config.steps = c.steps;
-  }
-  if (!c.out_dir.empty()) config.out_dir = c.out_dir;
-  if (!c.resume.empty()) config.checkpoint.load = c.resume;
-  runtime::TrainSettings settings = runtime::train_settings(config);
+  // A weights file or checkpoint carries the model's shape: the configuration may leave model out.
+  std::optional<ModelFromFile> model_file;
+  if (!c.weights.empty()) model_file = runtime::model_of_file(c.weights);
+  if (!config.checkpoint.load.empty()) model_file = runtime::model_of_file(runtime::checkpoint_file(config.checkpoint.load));
+  runtime::TrainSettings settings = runtime::train_settings(resolve(config, model_file));
   settings.weights = c.weights;
   settings.emulate = c.emulate;
   if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
   settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);
-  runtime::ProgressPrinter progress(stderr, isatty(fileno(stderr)) == 1, settings.steps, settings.emulate);
+  runtime::ProgressPrinter progress(stderr, isatty(fileno(stderr)) == 1, settings.steps, settings.emulate,
+                                    settings.steps_per_print);
   print_summary(runtime::train(settings, progress), settings);
 }
 
@@ -93,7 +86,8 @@ void add_train_command(CLI::App& app) {
   c->app = sub;
   sub->add_option("--config", c->config, "Run configuration JSON (DeepSpeed's keys and pipeflow's; see examples/)")
       ->required();
-  sub->add_option("--weights", c->weights, "Start from this weights file (pipeflow init) instead of GPT-2 init");
+  sub->add_option("--weights", c->weights,
+                  "Start from this weights file (pipeflow init) instead of GPT-2 init; it gives the model's shape");
   sub->add_option("--resume", c->resume,
                   "Continue from a checkpoint file, or the latest in a directory (key: checkpoint.load)");
   sub->add_option("--steps", c->steps, "Optimizer steps in all, counting a resumed checkpoint's (key: steps)");
@@ -102,10 +96,7 @@ void add_train_command(CLI::App& app) {
                 "Run the actions one at a time and replay their measured durations with one core per rank "
                 "(for more ranks than cores)");
   sub->add_option("--timeout", c->timeout_s, "Longest any wait for a peer may take, in seconds")->capture_default_str();
-  sub->add_option("--schedule", c->schedule, "Schedule name (key: pipeline.schedule)");
-  sub->add_option("--stages", c->stages, "Pipeline ranks (key: pipeline.stages)");
-  sub->add_option("--virtual", c->virtual_stages, "Model chunks per rank (key: pipeline.virtual_stages)");
-  sub->add_option("--micro-batch", c->micro_batch, "Sequences per micro-batch (key: train_micro_batch_size_per_gpu)");
+  c->flags.add_to(sub);
   sub->callback([c] { run(*c); });
 }
 

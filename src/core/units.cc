@@ -56,4 +56,11 @@ std::string format_count(std::int64_t count, const std::string& singular, const 
   return fmt::format("{} {}", count, plural.empty() ? singular + "s" : plural);
 }
 
+std::string format_parameters(double count) {
+  if (count >= 1e9) return fmt::format("{:.2f}B", count / 1e9);
+  if (count >= 1e6) return fmt::format("{:.1f}M", count / 1e6);
+  if (count >= 1e3) return fmt::format("{:.1f}K", count / 1e3);
+  return fmt::format("{:.0f}", count);
+}
+
 }  // namespace pipeflow

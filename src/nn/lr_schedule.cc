@@ -14,45 +14,27 @@ LrSchedule LrSchedule::constant(double lr) {
   return schedule;
 }
 
-LrSchedule LrSchedule::from_config(const Config& scheduler, double optimizer_lr) {
-  if (!scheduler.has("type")) return constant(optimizer_lr);
-  const std::string type = scheduler.require<std::string>("type");
-  const Config params = scheduler.object("params");
+LrSchedule LrSchedule::from_config(const SchedulerConfig& s, double optimizer_lr) {
+  if (s.type.empty()) return constant(optimizer_lr);
   LrSchedule schedule;
-  if (type == "WarmupLR") {
+  if (s.type == "WarmupLR") {
     schedule.kind_ = Kind::kWarmup;
-  } else if (type == "WarmupDecayLR") {
+  } else if (s.type == "WarmupDecayLR") {
     schedule.kind_ = Kind::kWarmupDecay;
-  } else if (type == "WarmupCosineLR") {
+  } else {
     schedule.kind_ = Kind::kWarmupCosine;
-  } else {
-    scheduler.fail_value("type", "pipeflow runs DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR");
   }
-  const std::string warmup_type = params.get("warmup_type", "log");
-  if (warmup_type == "linear") {
-    schedule.warmup_ = Warmup::kLinear;
-  } else if (warmup_type != "log") {
-    params.fail_value("warmup_type", "must be \"log\" or \"linear\"");
-  }
-  const int warmup_steps = params.get("warmup_num_steps", 1000);
-  if (warmup_steps < 0) params.fail_value("warmup_num_steps", "must be >= 0");
-  schedule.warmup_steps_ = std::max(2, warmup_steps);  // DeepSpeed's floor (ln W must be > 0)
+  schedule.warmup_ = s.warmup_type == "linear" ? Warmup::kLinear : Warmup::kLog;
+  schedule.warmup_steps_ = std::max(2, s.warmup_num_steps);  // DeepSpeed's floor (ln W must be > 0)
   if (schedule.kind_ == Kind::kWarmupCosine) {
-    schedule.min_ = params.get("warmup_min_ratio", 0.0);
+    schedule.min_ = s.warmup_min_ratio;
     schedule.max_ = optimizer_lr;
-    schedule.cos_min_ratio_ = params.get("cos_min_ratio", 0.0001);
+    schedule.cos_min_ratio_ = s.cos_min_ratio;
   } else {
-    schedule.min_ = params.get("warmup_min_lr", 0.0);
-    schedule.max_ = params.get("warmup_max_lr", 0.001);
-    if (schedule.max_ < schedule.min_) params.fail_value("warmup_max_lr", "must be >= warmup_min_lr");
+    schedule.min_ = s.warmup_min_lr;
+    schedule.max_ = s.warmup_max_lr;
   }
-  if (schedule.kind_ != Kind::kWarmup) {
-    schedule.total_steps_ = params.require<int>("total_num_steps");
-    if (schedule.total_steps_ <= schedule.warmup_steps_ && schedule.kind_ == Kind::kWarmupCosine) {
-      params.fail_value("total_num_steps", "must exceed warmup_num_steps (the cosine phase needs steps)");
-    }
-    if (schedule.total_steps_ < 1) params.fail_value("total_num_steps", "must be >= 1");
-  }
+  if (schedule.kind_ != Kind::kWarmup) schedule.total_steps_ = s.total_num_steps;
   return schedule;
 }
 

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
@@ -45,11 +47,36 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, std::string source) {
     fail("{}: header length {} runs past the end of the file ({} bytes): truncated or not a safetensors file",
          file.source_, header_length, file.bytes_.size());
   }
-  file.parse_header(static_cast<std::size_t>(header_length));
+  file.parse_header(static_cast<std::size_t>(header_length), Tensors::kRead);
   return file;
 }
 
-void SafetensorsFile::parse_header(std::size_t header_length) {
+SafetensorsFile SafetensorsFile::read_metadata(const std::filesystem::path& path) {
+  SafetensorsFile file;
+  file.source_ = path.string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open: {}", file.source_, std::strerror(errno));
+  file.bytes_.resize(kLengthBytes);
+  in.read(file.bytes_.data(), kLengthBytes);
+  std::uint64_t header_length = 0;
+  if (in.gcount() == static_cast<std::streamsize>(kLengthBytes)) {
+    std::memcpy(&header_length, file.bytes_.data(), kLengthBytes);
+  }
+  if (header_length == 0 || header_length > kMaxHeaderBytes) {
+    fail("{}: no safetensors header (header length {}): truncated or not a safetensors file", file.source_,
+         header_length);
+  }
+  file.bytes_.resize(kLengthBytes + header_length);
+  in.read(file.bytes_.data() + kLengthBytes, static_cast<std::streamsize>(header_length));
+  if (in.gcount() != static_cast<std::streamsize>(header_length)) {
+    fail("{}: header length {} runs past the end of the file: truncated or not a safetensors file", file.source_,
+         header_length);
+  }
+  file.parse_header(static_cast<std::size_t>(header_length), Tensors::kSkip);
+  return file;
+}
+
+void SafetensorsFile::parse_header(std::size_t header_length, Tensors tensors) {
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes_.substr(kLengthBytes, header_length));
@@ -68,6 +95,7 @@ void SafetensorsFile::parse_header(std::size_t header_length) {
       }
       continue;
     }
+    if (tensors == Tensors::kSkip) continue;
     auto bad = [&](const std::string& what) { fail("{}: tensor {}: {}", source_, name, what); };
     if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
         !value.contains("data_offsets")) {

@@ -28,11 +28,11 @@ std::string format_eta(double seconds) {
   return fmt::format("{}s", s);
 }
 
-ProgressPrinter::ProgressPrinter(std::FILE* out, bool terminal, int total_steps, bool emulated)
+ProgressPrinter::ProgressPrinter(std::FILE* out, bool terminal, int total_steps, bool emulated, int every)
     : out_(out),
       terminal_(terminal),
       total_(std::max(1, total_steps)),
-      every_(std::max(1, (total_steps + kPlainLines - 1) / kPlainLines)),
+      every_(every > 0 ? every : std::max(1, (total_steps + kPlainLines - 1) / kPlainLines)),
       emulated_(emulated) {}
 
 void ProgressPrinter::message(std::string_view line) {

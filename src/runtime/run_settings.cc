@@ -1,11 +1,10 @@
 #include "pipeflow/runtime/run_settings.h"
 
-#include <nlohmann/json.hpp>
-
+#include <charconv>
 #include <filesystem>
 
-#include "pipeflow/core/config.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/nn/model_file.h"
 
 namespace pipeflow::runtime {
 
@@ -26,28 +25,48 @@ nn::GptConfig gpt_config(const ModelSpec& spec, const std::string& source) {
   return config;
 }
 
-nn::LrSchedule lr_schedule(const SchedulerConfig& s, double lr) {
-  if (s.type.empty()) return nn::LrSchedule::constant(lr);
-  nlohmann::json params = {{"warmup_num_steps", s.warmup_num_steps}, {"warmup_type", s.warmup_type}};
-  if (s.type == "WarmupCosineLR") {
-    params["warmup_min_ratio"] = s.warmup_min_ratio;
-    params["cos_min_ratio"] = s.cos_min_ratio;
-  } else {
-    params["warmup_min_lr"] = s.warmup_min_lr;
-    params["warmup_max_lr"] = s.warmup_max_lr;
-  }
-  if (s.type != "WarmupLR") params["total_num_steps"] = s.total_num_steps;
-  const Config section = Config::from_json({{"type", s.type}, {"params", params}}, "scheduler");
-  return nn::LrSchedule::from_config(section, lr);
+ModelFromFile model_of_file(const std::filesystem::path& path) {
+  const nn::GptConfig c = nn::read_config(nn::SafetensorsFile::read_metadata(path));
+  return {gpt_model(fmt::format("gpt-{}x{}", c.n_layer, c.n_embd), c.n_layer, c.n_embd, c.n_head, c.vocab_size,
+                    c.context),
+          path.string()};
 }
 
-TrainSettings train_settings(const RunConfig& run) {
-  const std::string& source = run.source;
-  if (run.model_source.empty()) {
-    fail("{}: model is required: a gpt2-* preset or {{\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", "
-         "\"vocab_size\"}}",
-         source);
+// A checkpoint to resume from: the file, or the highest step_N.safetensors
+// in a directory.
+std::filesystem::path checkpoint_file(const std::filesystem::path& path) {
+  if (!std::filesystem::exists(path)) {
+    fail("checkpoint.load = {}: no such file or directory: give a checkpoint file or the directory that "
+         "checkpoint.dir names",
+         path.string());
   }
+  if (!std::filesystem::is_directory(path)) return path;
+  std::filesystem::path latest;
+  std::int64_t latest_steps = -1;
+  constexpr std::string_view kPrefix = "step_", kSuffix = ".safetensors";
+  for (const auto& entry : std::filesystem::directory_iterator(path)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) continue;
+    const std::string_view digits =
+        std::string_view(name).substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+    std::int64_t steps = -1;
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), steps);
+    if (error != std::errc() || end != digits.data() + digits.size()) continue;
+    if (steps > latest_steps) {
+      latest_steps = steps;
+      latest = entry.path();
+    }
+  }
+  if (latest.empty()) {
+    fail("checkpoint.load = {}: the directory holds no step_N.safetensors: give a checkpoint file", path.string());
+  }
+  return latest;
+}
+
+
+TrainSettings train_settings(const ResolvedRun& resolved) {
+  const RunConfig& run = resolved.config;
+  const std::string& source = run.source;
   if (run.tensor_parallel != 1) {
     fail("{}: tensor_parallel = {}: pipeflow train runs no tensor parallelism; set it to 1", source,
          run.tensor_parallel);
@@ -72,28 +91,24 @@ TrainSettings train_settings(const RunConfig& run) {
          "pipeline.activation_checkpoint_interval",
          source);
   }
-  if (run.recompute == Recompute::kFull && run.pipeline.activation_checkpoint_interval == 0) {
+  if (run.recompute == Recompute::kFull && run.pipeline.recompute_interval == 0) {
     fail("{}: recompute = \"full\" needs pipeline.activation_checkpoint_interval >= 1 (how many layers each "
          "checkpoint covers)",
          source);
   }
   TrainSettings s;
-  s.model = gpt_config(run.model, source);
+  s.model = gpt_config(resolved.model, source);
   s.schedule = run.pipeline.schedule;
   s.stages = run.pipeline.stages;
   s.virtual_stages = run.pipeline.virtual_stages;
-  s.microbatches = run.batch.accumulation;
+  s.microbatches = resolved.batch.accumulation;
   s.partition = run.pipeline.partition_method;
   s.hardware = run.hardware;
-  s.engine.micro_batch = run.batch.micro;
-  s.engine.sequence_length = run.seq_length;
-  s.engine.checkpoint_interval = run.pipeline.activation_checkpoint_interval;
-  s.engine.optimizer = {.lr = run.optimizer.lr,
-                        .beta1 = run.optimizer.betas[0],
-                        .beta2 = run.optimizer.betas[1],
-                        .eps = run.optimizer.eps,
-                        .weight_decay = run.optimizer.weight_decay};
-  s.engine.lr_schedule = lr_schedule(run.scheduler, run.optimizer.lr);
+  s.engine.micro_batch = resolved.batch.micro;
+  s.engine.sequence_length = resolved.seq_length;
+  s.engine.checkpoint_interval = run.pipeline.recompute_interval;
+  s.engine.optimizer = run.optimizer;
+  s.engine.lr_schedule = nn::LrSchedule::from_config(run.scheduler, run.optimizer.lr);
   s.engine.gradient_clipping = run.gradient_clipping;
   for (const std::string& path : run.data.paths) {
     if (!std::filesystem::exists(path) || std::filesystem::is_directory(path)) {
@@ -107,7 +122,8 @@ TrainSettings train_settings(const RunConfig& run) {
   s.seed = run.seed;
   s.eval_interval = run.eval_interval;
   s.out_dir = run.out_dir;
-  s.checkpoint_interval = run.checkpoint.interval;
+  s.checkpoint_interval = run.checkpoint.save_interval;
+  s.steps_per_print = run.steps_per_print;
   s.checkpoint_dir = run.checkpoint.dir;
   s.resume = run.checkpoint.load;
   s.config_text = run_config_to_json(run);

@@ -1,10 +1,6 @@
 #include "pipeflow/sim/layout.h"
 
-#include <fmt/ranges.h>
-
-#include <cstdint>
-#include <limits>
-
+#include "pipeflow/config/rules.h"
 #include "pipeflow/core/error.h"
 
 namespace pipeflow {
@@ -16,23 +12,26 @@ void require_positive(int value, std::string_view what, std::string_view fix) {
 
 }  // namespace
 
-int checked_product(std::initializer_list<int> factors, std::string_view what, std::string_view unit) {
-  constexpr std::int64_t kMax = std::numeric_limits<int>::max();
-  std::int64_t product = 1;
-  for (int factor : factors) {
-    if (factor < 1) fail("internal: {} has a factor {} < 1", what, factor);
-    product *= factor;  // both sides <= kMax, so this fits in 64 bits
-    if (product > kMax) {
-      fail("{} = {}: more than {} {}: use smaller sizes", what, fmt::join(factors, " × "), kMax, unit);
-    }
-  }
-  return static_cast<int>(product);
-}
-
-std::string nearest_multiples(int value, int unit) {
-  const std::int64_t below = value / unit * static_cast<std::int64_t>(unit);
-  if (below == 0) return fmt::format("{}", unit);
-  return fmt::format("{} or {}", below, below + unit);
+Layout layout_of(const ResolvedRun& run) {
+  const RunConfig& keys = run.config;
+  Layout layout;
+  layout.model = run.model;
+  layout.hardware = keys.hardware;
+  layout.devices = run.devices;
+  layout.tensor_parallel = keys.tensor_parallel;
+  layout.pipeline_parallel = keys.pipeline.stages;
+  layout.data_parallel = keys.data_parallel;
+  layout.micro_batch = run.batch.micro;
+  layout.global_batch = run.batch.global;
+  layout.seq_length = run.seq_length;
+  layout.schedule = keys.pipeline.schedule;
+  layout.virtual_stages = keys.pipeline.virtual_stages;
+  layout.recompute = run.recompute;
+  layout.sequence_parallel = run.sequence_parallel;
+  layout.partition = keys.pipeline.partition_method;
+  layout.zero = keys.zero;
+  layout.comm_mode = keys.comm_mode;
+  return layout;
 }
 
 void validate_layout(const Layout& layout) {
@@ -43,28 +42,13 @@ void validate_layout(const Layout& layout) {
   require_positive(layout.micro_batch, "micro-batch", "give the sequences per micro-batch");
   require_positive(layout.global_batch, "global batch", "give the sequences per step");
   require_positive(layout.virtual_stages, "virtual stages", "use 1 for one chunk per rank");
-  if (layout.sequence < 0) fail("sequence = {}: must be >= 1 (0 takes the model's context)", layout.sequence);
+  require_positive(layout.seq_length, "seq_length", "give the tokens per sequence");
 
   const int t = layout.tensor_parallel;
   const int p = layout.pipeline_parallel;
   const int d = layout.data_parallel;
-  const int devices = checked_product({t, p, d}, "tensor × pipeline × data parallel", "devices");
-  if (layout.devices != devices) {
-    const int model_parallel = t * p;
-    const std::string fix = layout.devices % model_parallel == 0
-                                ? fmt::format("use data parallel {} or devices {}", layout.devices / model_parallel,
-                                              devices)
-                                : fmt::format("use devices {}", devices);
-    fail("devices = {} but tensor × pipeline × data parallel = {} × {} × {} = {}: {}", layout.devices, t, p, d,
-         devices, fix);
-  }
-  const int sequence = sequence_length(layout);
-  if (layout.sequence_parallel && t > 1 && sequence % t != 0) {
-    fail("sequence {} with sequence parallelism over tensor parallel {}: Megatron splits the sequence over the "
-         "tensor-parallel ranks, so it must be a multiple of tensor parallel: use sequence {} or drop sequence "
-         "parallelism",
-         sequence, t, nearest_multiples(sequence, t));
-  }
+  check_device_count(layout.devices, t, p, d);
+  if (layout.sequence_parallel) check_sequence_parallel_split(layout.seq_length, t);
   const int per_step = checked_product({layout.micro_batch, d}, "micro-batch × data parallel", "sequences per step");
   if (layout.global_batch % per_step != 0) {
     fail("global batch {} is not a multiple of micro-batch × data parallel = {} × {} = {}: use a global batch of {}",
@@ -77,14 +61,10 @@ int microbatches_per_step(const Layout& layout) {
   return layout.global_batch / (layout.micro_batch * layout.data_parallel);
 }
 
-int sequence_length(const Layout& layout) {
-  return layout.sequence > 0 ? layout.sequence : layout.model.max_positions;
-}
-
 ParallelConfig parallel_config(const Layout& layout) {
   ParallelConfig config;
   config.micro_batch = layout.micro_batch;
-  config.sequence = sequence_length(layout);
+  config.sequence = layout.seq_length;
   config.tensor_parallel = layout.tensor_parallel;
   config.sequence_parallel = layout.sequence_parallel;
   config.recompute = layout.recompute;

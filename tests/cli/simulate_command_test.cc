@@ -112,9 +112,9 @@ TEST(SimulateCommand, SequenceParallelWarnsAtTp1AndNeedsTheSequenceDivisibleByTp
   const CommandResult odd = run_pipeflow(base + " --tp 8 --devices 8 --seq 1001");
   EXPECT_EQ(odd.exit_code, 1);
   EXPECT_EQ(odd.err,
-            "pipeflow: error: the command line: sequence_parallel = true: Megatron splits the sequence over the "
-            "tensor-parallel ranks, so it must be a multiple of tensor_parallel, and seq_length 1001 is not a "
-            "multiple of 8: use seq_length 1000 or 1008, another tensor_parallel, or drop sequence_parallel\n");
+            "pipeflow: error: the command line: sequence_parallel = true: seq_length 1001 is not a multiple of "
+            "tensor_parallel 8: Megatron's sequence parallelism splits the sequence over the tensor-parallel ranks: "
+            "use seq_length 1000 or 1008, another tensor_parallel, or drop sequence_parallel\n");
 }
 
 TEST(SimulateCommand, ConfigFileFromExamplesRunsAndFlagsOverrideIt) {
@@ -186,8 +186,8 @@ TEST(SimulateCommand, BrokenLayoutsFailWithOneLineNamingTheFix) {
   const CommandResult devices = run_pipeflow("simulate --model gpt2-124m --devices 6 --pp 2 --global-batch 4");
   EXPECT_EQ(devices.exit_code, 1);
   EXPECT_EQ(devices.err,
-            "pipeflow: error: the command line: devices = 6: tensor_parallel × pipeline.stages × data_parallel = 1 × "
-            "2 × 1 = 2: drop devices or make them agree\n");
+            "pipeflow: error: the command line: devices = 6: tensor_parallel × pipeline stages × data_parallel = 1 × "
+            "2 × 1 = 2 devices, not 6: use data_parallel 3 or devices 2\n");
   // DeepSpeed's rule: a global batch alone means one micro-batch of B / dp.
   const CommandResult batch = run_pipeflow("simulate --model gpt2-124m --pp 4 --global-batch 8");
   EXPECT_EQ(batch.exit_code, 1);

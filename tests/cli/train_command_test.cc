@@ -146,9 +146,11 @@ TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
                                         "MLP of 4 x n_embd, the LM head tied to wte, no dropout): give the model as "
                                         "{\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", \"vocab_size\"} or a gpt2-* "
                                         "preset\n");
-  EXPECT_EQ(error_of(R"({"steps": 1})"), "pipeflow: error: " + dir +
-                                             "/run.json: model is required: a gpt2-* preset or {\"n_layer\", "
-                                             "\"n_head\", \"n_embd\", \"n_ctx\", \"vocab_size\"}\n");
+  EXPECT_EQ(error_of(R"({"steps": 1})"),
+            "pipeflow: error: " + dir +
+                "/run.json: no model: set \"model\" (a preset such as gpt2-124m, a config.json path, or {n_layer, "
+                "n_head, n_embd, n_ctx}), pass --model, or start from a weights file or checkpoint (--weights, "
+                "--resume)\n");
   EXPECT_EQ(error_of(R"({"model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_ctx": 32},
     "gradient_accumulation_steps": 2, "pipeline": {"stages": 4, "schedule": "1f1b"}})"),
             "pipeflow: error: " + dir +

@@ -47,7 +47,7 @@ TEST(AdamW, SameSeedGivesBitIdenticalLossesAndWeights) {
 TEST(AdamW, DecaysTwoDimensionalWeightsOnlyAndStepsBySignAtFirst) {
   Stage stage(kConfig, all_layers(kConfig));
   stage.init_gpt2(1);
-  const AdamWOptions options{.lr = 0.01, .weight_decay = 0.1};
+  const OptimizerConfig options{.lr = 0.01, .weight_decay = 0.1};
   AdamW optimizer(stage, options);
   const float weight = stage.parameter("h.0.mlp.c_fc.weight")[3];
   stage.gradient("h.0.ln_1.bias")[2] = 0.5f;
@@ -93,7 +93,7 @@ TEST(AdamW, APipelinedStepMatchesTheWholeModelsStep) {
   Stage last(kConfig, {2, 4}, {.name = "stage 1"});
   first.copy_parameters_from(whole);
   last.copy_parameters_from(whole);
-  const AdamWOptions options{.lr = 1e-2, .weight_decay = 0.1};
+  const OptimizerConfig options{.lr = 1e-2, .weight_decay = 0.1};
   AdamW whole_optimizer(whole, options), first_optimizer(first, options), last_optimizer(last, options);
   const double max_norm = 0.5;
   auto tokens = [](int mb) { return testing::random_tokens(2, 8, 32, 50 + mb); };
@@ -146,24 +146,20 @@ TEST(AdamW, APipelinedStepMatchesTheWholeModelsStep) {
       << "the two copies of the tied wte stay identical";
 }
 
-TEST(AdamW, OptionsComeFromDeepSpeedsOptimizerSection) {
-  const Config config = Config::parse(
-      R"({"optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}}})",
-      "ds.json");
-  const AdamWOptions options = AdamWOptions::from_config(config.object("optimizer"));
-  EXPECT_EQ(options.lr, 6e-4);
-  EXPECT_EQ(options.beta2, 0.95);
-  EXPECT_EQ(options.eps, 1e-8);
-  EXPECT_EQ(options.weight_decay, 0.1);
-  config.check_no_unknown_keys();
-  const Config adam = Config::parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})", "ds.json");
-  EXPECT_EQ(error_of([&] { AdamWOptions::from_config(adam.object("optimizer")); }),
-            "ds.json: optimizer.params.adam_w_mode = false: pipeflow implements decoupled weight decay (AdamW) only: "
-            "remove it or set true");
-  const Config sgd = Config::parse(R"({"optimizer": {"type": "SGD"}})", "ds.json");
-  EXPECT_EQ(error_of([&] { AdamWOptions::from_config(sgd.object("optimizer")); }),
-            "ds.json: optimizer.type = \"SGD\": pipeflow's optimizer is AdamW (decoupled weight decay): set "
-            "\"type\": \"AdamW\"");
+// DeepSpeed's Adam with adam_w_mode false is torch.optim.Adam: the decay is
+// an L2 term in the gradient, not a shrinking of the weight. With a zero
+// gradient the first step is then lr · sign(w) (Adam's first step is
+// lr · g/|g|), where AdamW would move w by exactly w · lr · wd.
+TEST(AdamW, AdamWModeFalseIsAdamWithL2) {
+  Stage stage(kConfig, all_layers(kConfig));
+  stage.init_gpt2(1);
+  const OptimizerConfig options{.adam_w_mode = false, .lr = 0.01, .weight_decay = 0.1};
+  AdamW optimizer(stage, options);
+  const float weight = stage.parameter("h.0.mlp.c_fc.weight")[3];
+  ASSERT_NE(weight, 0.0f);
+  optimizer.step(options.lr);
+  EXPECT_NEAR(stage.parameter("h.0.mlp.c_fc.weight")[3], weight - 0.01f * (weight > 0 ? 1.0f : -1.0f), 1e-6);
+  EXPECT_EQ(stage.parameter("h.0.ln_1.weight")[3], 1.0f);  // no decay, no gradient: unmoved
 }
 
 TEST(GradientClipping, ScalesToTheMaximumNormOnlyWhenAbove) {
@@ -172,8 +168,9 @@ TEST(GradientClipping, ScalesToTheMaximumNormOnlyWhenAbove) {
   EXPECT_EQ(clip_coefficient(100.0, 0.0), 1.0);
 }
 
+// The scheduler section as the run configuration reads it.
 LrSchedule schedule(const std::string& json, double optimizer_lr = 1e-3) {
-  return LrSchedule::from_config(Config::parse(json, "ds.json").object("scheduler"), optimizer_lr);
+  return LrSchedule::from_config(parse_run_config(Config::parse(json, "ds.json")).scheduler, optimizer_lr);
 }
 
 TEST(LrSchedule, WarmupLRFollowsDeepSpeedsLogAndLinearWarmup) {
@@ -214,16 +211,7 @@ TEST(LrSchedule, WarmupCosineLRIsARatioOfTheOptimizersLr) {
   EXPECT_NEAR(s.lr(50), 6e-4 * (0.1 + 0.9 * 0.5), 1e-18);
   EXPECT_NEAR(s.lr(599), 3e-4, 1e-15);  // halfway through the cosine: (1 + cos π/2)/2
   EXPECT_NEAR(s.lr(1099), 0.0, 1e-18);
-  EXPECT_EQ(schedule(R"({"scheduler": {}})", 6e-4).lr(7), 6e-4);
-}
-
-TEST(LrSchedule, UnknownTypesAndMissingStepsAreErrorsNamingTheKey) {
-  EXPECT_EQ(error_of([] { schedule(R"({"scheduler": {"type": "OneCycle"}})"); }),
-            "ds.json: scheduler.type = \"OneCycle\": pipeflow runs DeepSpeed's WarmupLR, WarmupDecayLR and "
-            "WarmupCosineLR");
-  EXPECT_NE(error_of([] { schedule(R"({"scheduler": {"type": "WarmupDecayLR", "params": {}}})"); })
-                .find("scheduler.params.total_num_steps"),
-            std::string::npos);
+  EXPECT_EQ(schedule("{}", 6e-4).lr(7), 6e-4);
 }
 
 }  // namespace

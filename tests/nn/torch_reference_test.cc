@@ -80,11 +80,10 @@ TEST(TorchReference, EveryGradientMatchesToOneInAHundredThousandOfItsNorm) {
 // backward, clip to the global norm, AdamW with constant lr.
 TEST(TorchReference, FiveAdamWStepsGiveTheSameLosses) {
   Model model;
-  const AdamWOptions options{.lr = metadata_number("adamw_lr"),
-                             .beta1 = metadata_number("adamw_beta1"),
-                             .beta2 = metadata_number("adamw_beta2"),
-                             .eps = metadata_number("adamw_eps"),
-                             .weight_decay = metadata_number("adamw_weight_decay")};
+  const OptimizerConfig options{.lr = metadata_number("adamw_lr"),
+                                .betas = {metadata_number("adamw_beta1"), metadata_number("adamw_beta2")},
+                                .eps = metadata_number("adamw_eps"),
+                                .weight_decay = metadata_number("adamw_weight_decay")};
   const double max_norm = metadata_number("adamw_grad_clip");
   AdamW optimizer(model.stage, options);
   const Tensor expected = reference().floats("losses");

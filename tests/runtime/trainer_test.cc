@@ -130,10 +130,7 @@ TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
   settings.eval_interval = 0;
   settings.sample_tokens = 1;
   settings.engine.lr_schedule = nn::LrSchedule::from_config(
-      Config::from_json({{"type", "WarmupDecayLR"},
-                         {"params", {{"warmup_num_steps", 3}, {"total_num_steps", 6}, {"warmup_max_lr", 3e-3}}}},
-                        "scheduler"),
-      3e-3);
+      {.type = "WarmupDecayLR", .warmup_max_lr = 3e-3, .warmup_num_steps = 3, .total_num_steps = 6}, 3e-3);
   std::FILE* log = std::tmpfile();
   ProgressPrinter progress(log, false, settings.steps, false);
   const TrainOutcome straight = train(settings, progress);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "../model/error_of.h"
+#include "pipeflow/config/rules.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/sim/prediction.h"
 
@@ -23,7 +24,7 @@ Layout make_layout(const char* model, const char* hardware, int tp, int pp, int 
   layout.data_parallel = dp;
   layout.devices = tp * pp * dp;
   layout.global_batch = global_batch;
-  layout.sequence = sequence;
+  layout.seq_length = sequence;
   return layout;
 }
 
@@ -239,8 +240,8 @@ TEST(Layout, RulesNameBothSidesAndTheFix) {
   Layout layout = gpt3_175b_example();
   layout.data_parallel = 16;
   EXPECT_EQ(error_of([&] { validate_layout(layout); }),
-            "devices = 1536 but tensor × pipeline × data parallel = 8 × 8 × 16 = 1024: use data parallel 24 or "
-            "devices 1024");
+            "tensor_parallel × pipeline stages × data_parallel = 8 × 8 × 16 = 1024 devices, not 1536: use "
+            "data_parallel 24 or devices 1024");
   layout = gpt3_175b_example();
   layout.global_batch = 1000;
   EXPECT_EQ(error_of([&] { validate_layout(layout); }),
@@ -256,7 +257,8 @@ TEST(Layout, RulesNameBothSidesAndTheFix) {
   layout.pipeline_parallel = 98;
   layout.data_parallel = 1000000;
   EXPECT_EQ(error_of([&] { validate_layout(layout); }),
-            "tensor × pipeline × data parallel = 96 × 98 × 1000000: more than 2147483647 devices: use smaller sizes");
+            "tensor_parallel × pipeline stages × data_parallel = 96 × 98 × 1000000: more than 2147483647 devices: "
+            "use smaller sizes");
   layout = gpt3_175b_example();
   layout.micro_batch = 65536;
   layout.data_parallel = 65536;

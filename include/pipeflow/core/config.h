@@ -50,6 +50,9 @@ class Config {
   // The raw JSON at `key` (null if absent); the key and all below it count as known.
   const nlohmann::json& raw(std::string_view key) const;
 
+  // This object's JSON as given (reading it marks no key as asked for).
+  const nlohmann::json& json() const { return *node_; }
+
   // The origin given to parse/load/from_json, as messages name it.
   const std::string& source() const;
 

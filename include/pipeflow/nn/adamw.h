@@ -2,31 +2,20 @@
 
 #include <cstdint>
 
-#include "pipeflow/core/config.h"
+#include "pipeflow/config/run_config.h"
 #include "pipeflow/nn/safetensors.h"
 #include "pipeflow/nn/stage.h"
 
 namespace pipeflow::nn {
-
-struct AdamWOptions {
-  double lr = 1e-3;  // the base learning rate (a schedule gives each step's)
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.01;  // decoupled; applied to ParameterInfo::decay tensors only
-
-  // DeepSpeed's "optimizer" section: {"type": "AdamW", "params": {"lr",
-  // "betas": [b1, b2], "eps", "weight_decay"}}; absent params keep the
-  // defaults above (DeepSpeed's and torch's). "Adam" is accepted as DeepSpeed
-  // means it (adam_w_mode defaults to true: AdamW); other types are an Error.
-  static AdamWOptions from_config(const Config& optimizer);
-};
 
 // AdamW (Loshchilov & Hutter 2019) over one stage's parameters, the
 // arithmetic of torch.optim.AdamW: at step t (from 1), for each element,
 //   p ← p · (1 − lr·wd)                      (decay tensors only)
 //   m ← m + (g − m)(1 − β1);  v ← β2·v + (1 − β2)·g²
 //   p ← p − lr/(1 − β1^t) · m / (√v / √(1 − β2^t) + ε)
+// With OptimizerConfig::adam_w_mode false it is torch.optim.Adam's L2
+// instead (DeepSpeed's Adam with adam_w_mode false): no decoupled decay, and
+// g ← g + wd·p (decay tensors only) before the moments.
 // Which tensors decay is nanoGPT's convention: 2-D weights (wte, wpe and the
 // four matrices of each block); biases and LayerNorm parameters do not.
 // The moments live beside the parameters, charged to the stage's weight
@@ -37,12 +26,12 @@ struct AdamWOptions {
 class AdamW {
  public:
   // The stage must outlive the optimizer.
-  AdamW(Stage& stage, AdamWOptions options);
+  AdamW(Stage& stage, OptimizerConfig options);
 
   // One update from the stage's (accumulated, reduced, clipped) gradients.
   void step(double lr);
   std::int64_t steps() const { return steps_; }
-  const AdamWOptions& options() const { return options_; }
+  const OptimizerConfig& options() const { return options_; }
 
   // The moments as "exp_avg.<name>" and "exp_avg_sq.<name>" tensors, the step
   // count as __metadata__ "adamw_step", to save beside the weights. Moments
@@ -55,7 +44,7 @@ class AdamW {
 
  private:
   Stage* stage_;
-  AdamWOptions options_;
+  OptimizerConfig options_;
   Tensor m_;
   Tensor v_;
   std::int64_t steps_ = 0;

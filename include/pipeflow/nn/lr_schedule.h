@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "pipeflow/core/config.h"
+#include "pipeflow/config/run_config.h"
 
 namespace pipeflow::nn {
 
@@ -25,10 +25,9 @@ class LrSchedule {
   enum class Warmup { kLog, kLinear };
 
   static LrSchedule constant(double lr);
-  // DeepSpeed's "scheduler" section {"type": ..., "params": {...}}; an absent
-  // section (no "type") is constant at optimizer_lr. Unknown types and bad
-  // values are Errors naming the key.
-  static LrSchedule from_config(const Config& scheduler, double optimizer_lr);
+  // DeepSpeed's "scheduler" section as the run configuration read it (and
+  // checked it); no type: constant at optimizer_lr.
+  static LrSchedule from_config(const SchedulerConfig& scheduler, double optimizer_lr);
 
   double lr(std::int64_t step) const;
   Kind kind() const { return kind_; }

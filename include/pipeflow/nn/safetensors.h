@@ -40,6 +40,9 @@ class SafetensorsFile {
   static SafetensorsFile read(const std::filesystem::path& path);
   // `source` names the bytes in errors (a path).
   static SafetensorsFile parse(std::string bytes, std::string source);
+  // The header's __metadata__ alone, without reading the tensors' data (a
+  // checkpoint's model shape before it is loaded): no tensors.
+  static SafetensorsFile read_metadata(const std::filesystem::path& path);
 
   const std::string& source() const { return source_; }
   const std::map<std::string, std::string, std::less<>>& metadata() const { return metadata_; }
@@ -61,7 +64,8 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
-  void parse_header(std::size_t header_length);
+  enum class Tensors { kRead, kSkip };
+  void parse_header(std::size_t header_length, Tensors tensors);
   const SafetensorsEntry& typed_entry(std::string_view name, Dtype dtype) const;
   const std::byte* data(const SafetensorsEntry& entry) const;
 

@@ -1,23 +1,31 @@
 #pragma once
 
+#include <filesystem>
+
+#include "pipeflow/config/run_config.h"
 #include "pipeflow/nn/gpt_config.h"
-#include "pipeflow/nn/lr_schedule.h"
 #include "pipeflow/runtime/trainer.h"
-#include "pipeflow/sim/run_config.h"
 
 namespace pipeflow::runtime {
 
-// The run configuration (sim/run_config.h, shared with `pipeflow simulate`)
-// as training settings. What the runtime cannot train yet is an Error naming
-// the key and what to use instead: a model that is not a GPT-2 (pipeflow's nn
-// runs GPT-2: GELU MLP of 4·n_embd, tied head, no dropout), tensor or data
-// parallelism, selective recompute.
-TrainSettings train_settings(const RunConfig& run);
+// The resolved run configuration (config/run_config.h, shared with
+// `pipeflow simulate`) as training settings: a projection. What the runtime
+// cannot train is an Error naming the key and what to use instead: a model
+// that is not a GPT-2 (pipeflow's nn runs GPT-2: GELU MLP of 4·n_embd, tied
+// head, no dropout), tensor or data parallelism, ZeRO, blocking sends,
+// selective recompute.
+TrainSettings train_settings(const ResolvedRun& run);
 
 // The GPT-2 a model spec describes (Error naming the source otherwise).
 nn::GptConfig gpt_config(const ModelSpec& spec, const std::string& source);
 
-// DeepSpeed's scheduler section as RunConfig read it, for the optimizer's lr.
-nn::LrSchedule lr_schedule(const SchedulerConfig& scheduler, double lr);
+// The model shape a weights file or checkpoint carries (its header alone is
+// read); Error naming the file when it has none.
+ModelFromFile model_of_file(const std::filesystem::path& path);
+
+// A checkpoint to resume from: `path` itself, or the highest
+// step_N.safetensors in the directory `path`. Error naming checkpoint.load
+// when there is none.
+std::filesystem::path checkpoint_file(const std::filesystem::path& path);
 
 }  // namespace pipeflow::runtime

@@ -33,6 +33,7 @@ struct TrainSettings {
   int steps = 100;
   std::uint64_t seed = 1234;  // weights (unless `weights`) and data
   int eval_interval = 10;     // steps between validation losses; 0: only at the end
+  int steps_per_print = 0;    // steps between plain progress lines (ProgressPrinter); 0: about 50 a run
   std::filesystem::path out_dir = "runs/pipeflow";
   std::filesystem::path weights;  // start from this whole-model file (pipeflow init); empty: GPT-2 init
   // Checkpoints (PipelineEngine::write_checkpoint): every checkpoint_interval

@@ -1,9 +1,8 @@
 #pragma once
 
-#include <initializer_list>
 #include <string>
-#include <string_view>
 
+#include "pipeflow/config/run_config.h"
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/model/model_spec.h"
 #include "pipeflow/model/model_states.h"
@@ -31,38 +30,31 @@ struct Layout {
   int data_parallel = 1;       // d: replicas of the pipeline
   int micro_batch = 1;         // b: sequences per micro-batch
   int global_batch = 1;        // B: sequences per optimizer step over all replicas
-  int sequence = 0;            // s: tokens per sequence; 0: the model's max_positions
+  int seq_length = 0;          // s: tokens per sequence (must be set: validate_layout)
   std::string schedule = "1f1b";
   int virtual_stages = 1;      // v: model chunks per rank (zbv and dualpipev always hold 2)
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;
-  PartitionMethod partition{PartitionMethod::Kind::kBalanced, {}, {}};
+  PartitionMethod partition{PartitionMethod::Kind::kParameters, {}, {}};  // DeepSpeed's default
   ZeroStage zero = ZeroStage::kNone;
   CommMode comm_mode = CommMode::kOverlapped;
 };
 
+// The layout a resolved run configuration describes: a projection, checked
+// by resolve() already.
+Layout layout_of(const ResolvedRun& run);
+
 // Throws Error, naming both sides of the broken rule and the fix, unless
-// every count is positive, devices = tp · pp · dp, the global batch is a
-// whole number of micro-batches on every replica: B = b · m · d, and with
-// sequence parallelism (t > 1) the sequence is a multiple of t. Sequence
-// parallelism at t = 1 changes nothing and is accepted.
+// every count is positive, devices = tp · pp · dp (config/rules.h), the
+// global batch is a whole number of micro-batches on every replica:
+// B = b · m · d, and with sequence parallelism (t > 1) seq_length is a
+// multiple of t. For layouts built in code (a search, a test); a projection
+// of a resolved run passes by construction.
 void validate_layout(const Layout& layout);
 
 // m: micro-batches per step on each pipeline (DeepSpeed's
 // gradient_accumulation_steps) = B / (b · d). Validates the layout.
 int microbatches_per_step(const Layout& layout);
-
-// The product of positive counts that must fit an int (devices, sequences
-// per step). Throws Error "<what> = a × b × c: more than 2147483647 <unit>:
-// use smaller sizes" when it does not, instead of wrapping around.
-int checked_product(std::initializer_list<int> factors, std::string_view what, std::string_view unit);
-
-// The multiples of `unit` nearest `value`, for an error's fix: "984 or 1008"
-// (just `unit` when value < unit).
-std::string nearest_multiples(int value, int unit);
-
-// The sequence length the layout runs: `sequence`, or the model's context.
-int sequence_length(const Layout& layout);
 
 // The per-micro-batch, per-device configuration of the model's layers.
 // Megatron's scatter/gather of P2P messages (Narayanan et al. 2021 §4.1) is on

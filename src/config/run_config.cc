@@ -1,9 +1,10 @@
-#include "pipeflow/sim/run_config.h"
+#include "pipeflow/config/run_config.h"
 
 #include <algorithm>
 #include <cctype>
 #include <nlohmann/json.hpp>
 
+#include "pipeflow/config/rules.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/schedule/generators.h"
 
@@ -46,12 +47,18 @@ auto with_value_context(const Config& c, std::string_view key, F body) {
 
 OptimizerConfig read_optimizer(const Config& section) {
   OptimizerConfig o;
-  const std::string type = lower(section.get("type", "AdamW"));
+  o.type = section.get("type", o.type);
+  // DeepSpeed lower-cases the type before matching it, and its Adam is AdamW
+  // unless adam_w_mode is false; type AdamW is AdamW whatever adam_w_mode says.
+  const std::string type = lower(o.type);
   if (type != "adamw" && type != "adam") {
-    section.fail_value("type", "pipeflow's optimizer is AdamW (DeepSpeed's Adam, adam_w_mode on by default, "
-                               "reads as AdamW): set \"type\": \"AdamW\"");
+    section.fail_value("type", "pipeflow runs DeepSpeed's Adam and AdamW: set \"type\": \"AdamW\" (or \"Adam\" "
+                               "with adam_w_mode false for Adam with L2 weight decay)");
   }
   const Config params = section.object("params");
+  const bool adam_w_mode = params.get("adam_w_mode", true);
+  o.adam_w_mode = type == "adamw" || adam_w_mode;
+  params.get("torch_adam", false);  // DeepSpeed's choice of implementation; pipeflow has one
   o.lr = params.get("lr", o.lr);
   if (!(o.lr >= 0)) params.fail_value("lr", "must be >= 0");
   const auto betas = params.get<std::vector<double>>("betas", {o.betas[0], o.betas[1]});
@@ -65,6 +72,17 @@ OptimizerConfig read_optimizer(const Config& section) {
   o.weight_decay = params.get("weight_decay", o.weight_decay);
   if (!(o.weight_decay >= 0)) params.fail_value("weight_decay", "must be >= 0");
   return o;
+}
+
+// fp16 / bf16: pipeflow computes in fp32, so a section may only say it is off
+// (its other keys, a loss scale say, then mean nothing and are accepted).
+void read_precision(const Config& config, std::string_view key) {
+  const Config section = config.object(key);
+  if (section.get("enabled", false)) {
+    section.fail_value("enabled", "pipeflow trains and predicts in fp32 (4-byte weights, gradients and "
+                                  "activations): set enabled to false or remove the section");
+  }
+  config.raw(key);
 }
 
 void read_warmup(const Config& params, SchedulerConfig& s) {
@@ -169,8 +187,7 @@ PipelineConfig read_pipeline(const Config& config) {
     const std::string method = section.require<std::string>("partition_method");
     p.partition_method = with_value_context(section, "partition_method", [&] { return parse_partition_method(method); });
   }
-  p.activation_checkpoint_interval = non_negative(section, "activation_checkpoint_interval",
-                                                  p.activation_checkpoint_interval,
+  p.recompute_interval = non_negative(section, "activation_checkpoint_interval", p.recompute_interval,
                                                   "0 for no checkpointing, k to recompute every block");
   p.schedule = lower(section.get("schedule", p.schedule));
   const auto& known = list_schedules();
@@ -214,54 +231,25 @@ BatchKeys read_batch_keys(const Config& config) {
   return keys;
 }
 
-// tensor_parallel × pipeline.stages × data_parallel, checked to fit an int.
-int parallel_devices(const RunConfig& run) {
-  return checked_product({run.tensor_parallel, run.pipeline.stages, run.data_parallel},
-                         fmt::format("{}: tensor_parallel × pipeline.stages × data_parallel", run.source), "devices");
-}
-
-// The rules that tie keys together, checked once every key is read.
+// The rules between keys that need no model, checked once every key is read.
 void check_consistency(const Config& config, const RunConfig& run) {
-  const int t = run.tensor_parallel;
-  const int p = run.pipeline.stages;
-  const int d = run.data_parallel;
-  const int devices = parallel_devices(run);
-  if (run.devices && *run.devices != devices) {
-    config.fail_value("devices", fmt::format("tensor_parallel × pipeline.stages × data_parallel = {} × {} × {} = {}: "
-                                             "drop devices or make them agree",
-                                             t, p, d, devices));
+  if (run.devices) {
+    with_value_context(config, "devices", [&] {
+      check_device_count(*run.devices, run.tensor_parallel, run.pipeline.stages, run.data_parallel);
+    });
   }
-  if (run.recompute && run.pipeline.activation_checkpoint_interval > 0 && *run.recompute != Recompute::kFull) {
+  if (run.recompute && run.pipeline.recompute_interval > 0 && *run.recompute != Recompute::kFull) {
     config.fail_value("recompute", fmt::format("pipeline.activation_checkpoint_interval = {} recomputes whole "
                                                "blocks: drop recompute or set it to \"full\"",
-                                               run.pipeline.activation_checkpoint_interval));
-  }
-  if (!run.model_source.empty() && run.model.architecture == Architecture::kGpt &&
-      run.sequence() > run.model.max_positions) {
-    config.fail_value("seq_length", fmt::format("{} has {} positions: use seq_length <= {}", run.model.name,
-                                                run.model.max_positions, run.model.max_positions));
-  }
-  if (run.sequence_parallel && t > 1 && run.sequence() % t != 0) {  // no model yet: sequence() is 0
-    const std::string sequence = run.seq_length > 0 ? fmt::format("seq_length {}", run.seq_length)
-                                                    : fmt::format("the model's context {}", run.sequence());
-    config.fail_value("sequence_parallel",
-                      fmt::format("Megatron splits the sequence over the tensor-parallel ranks, so it must be a "
-                                  "multiple of tensor_parallel, and {} is not a multiple of {}: use seq_length {}, "
-                                  "another tensor_parallel, or drop sequence_parallel",
-                                  sequence, t, nearest_multiples(run.sequence(), t)));
-  }
-  try {
-    make_schedule(run.pipeline.schedule, p, run.batch.accumulation, run.pipeline.virtual_stages);
-  } catch (const Error& error) {
-    fail("{}: pipeline.schedule = \"{}\" (stages = {}, micro-batches per step = {}, virtual_stages = {}): {}",
-         run.source, run.pipeline.schedule, p, run.batch.accumulation, run.pipeline.virtual_stages, error.what());
+                                               run.pipeline.recompute_interval));
   }
 }
 
 Json model_to_json(const RunConfig& run) {
   if (run.model_source != "inline") return run.model_source;
-  return Json{{"n_layer", run.model.layers}, {"n_head", run.model.heads}, {"n_embd", run.model.hidden},
-              {"n_ctx", run.model.max_positions}, {"vocab_size", run.model.vocab}};
+  const ModelSpec& m = *run.model;
+  return Json{{"n_layer", m.layers}, {"n_head", m.heads}, {"n_embd", m.hidden}, {"n_ctx", m.max_positions},
+              {"vocab_size", m.vocab}};
 }
 
 Json scheduler_to_json(const SchedulerConfig& s) {
@@ -321,12 +309,47 @@ BatchSizes resolve_batch_sizes(const BatchKeys& keys, int data_parallel, const s
   return out;
 }
 
-Recompute RunConfig::effective_recompute() const {
-  if (recompute) return *recompute;
-  return pipeline.activation_checkpoint_interval > 0 ? Recompute::kFull : Recompute::kNone;
+namespace {
+
+// The file's keys with the command line's written over them (see
+// parse_run_config for the rules of derived keys).
+Json with_overrides(Json json, const RunOverrides& o) {
+  const auto set = [](Json& at, const char* key, const auto& value) {
+    if (value) at[key] = *value;
+  };
+  set(json, "model", o.model);
+  set(json, "hardware", o.hardware);
+  set(json, "devices", o.devices);
+  set(json, "tensor_parallel", o.tensor_parallel);
+  set(json, "data_parallel", o.data_parallel);
+  set(json, "seq_length", o.seq_length);
+  set(json, "recompute", o.recompute);
+  set(json, "sequence_parallel", o.sequence_parallel);
+  set(json, "comm_mode", o.comm_mode);
+  set(json, "steps", o.steps);
+  set(json, "out_dir", o.out_dir);
+  if (o.stages || o.schedule || o.virtual_stages || o.partition) {
+    Json& pipeline = json["pipeline"];
+    set(pipeline, "stages", o.stages);
+    set(pipeline, "schedule", o.schedule);
+    set(pipeline, "virtual_stages", o.virtual_stages);
+    set(pipeline, "partition_method", o.partition);
+  }
+  if (o.zero_stage) json["zero_optimization"]["stage"] = *o.zero_stage;
+  if (o.resume) json["checkpoint"]["load"] = *o.resume;
+  const bool all_batch_keys = json.contains("train_batch_size") && json.contains("train_micro_batch_size_per_gpu") &&
+                              json.contains("gradient_accumulation_steps");
+  if (o.micro_batch || o.global_batch || (o.data_parallel && all_batch_keys)) {
+    json.erase("gradient_accumulation_steps");
+  }
+  set(json, "train_micro_batch_size_per_gpu", o.micro_batch);
+  set(json, "train_batch_size", o.global_batch);
+  // Devices follow a new parallel layout unless given too.
+  if (!o.devices && (o.tensor_parallel || o.stages || o.data_parallel)) json.erase("devices");
+  return json;
 }
 
-RunConfig parse_run_config(const Config& config) {
+RunConfig parse_keys(const Config& config) {
   RunConfig run;
   run.source = config.source();
   run.batch_keys = read_batch_keys(config);
@@ -339,6 +362,10 @@ RunConfig parse_run_config(const Config& config) {
   const int zero = config.object("zero_optimization").get("stage", 0);
   if (zero < 0 || zero > 3) config.object("zero_optimization").fail_value("stage", "must be 0, 1, 2 or 3");
   run.zero = zero_stage_from_int(zero);
+  read_precision(config, "fp16");
+  read_precision(config, "bf16");
+  run.steps_per_print = non_negative(config, "steps_per_print", 0, "steps between progress lines, 0 for about 50");
+  config.get("wall_clock_breakdown", false);  // pipeflow times every action anyway
   run.pipeline = read_pipeline(config);
   read_model(config, run);
   run.data = read_data(config);
@@ -346,17 +373,17 @@ RunConfig parse_run_config(const Config& config) {
   const std::int64_t seed = config.get<std::int64_t>("seed", static_cast<std::int64_t>(run.seed));
   if (seed < 0) config.fail_value("seed", "must be an integer >= 0");
   run.seed = static_cast<std::uint64_t>(seed);
-  run.eval_interval = non_negative(config, "eval_interval", run.eval_interval, "steps between validations, 0 for the last step only");
+  run.eval_interval =
+      non_negative(config, "eval_interval", run.eval_interval, "steps between validations, 0 for the last step only");
   run.out_dir = config.get("out_dir", run.out_dir);
   if (run.out_dir.empty()) config.fail_value("out_dir", "must name a directory");
   const Config checkpoint = config.object("checkpoint");
-  run.checkpoint.interval = non_negative(checkpoint, "interval", 0, "steps between checkpoints, 0 for none");
+  run.checkpoint.save_interval = non_negative(checkpoint, "interval", 0, "steps between checkpoints, 0 for none");
   run.checkpoint.dir = checkpoint.get("dir", "");
   run.checkpoint.load = checkpoint.get("load", "");
   read_simulation_keys(config, run);
   config.check_no_unknown_keys();
 
-  run.batch = resolve_batch_sizes(run.batch_keys, run.data_parallel, run.source);
   check_consistency(config, run);
   if (run.sequence_parallel && run.tensor_parallel == 1) {
     run.warnings.push_back(fmt::format(
@@ -367,9 +394,91 @@ RunConfig parse_run_config(const Config& config) {
   return run;
 }
 
-RunConfig load_run_config(const std::filesystem::path& path) { return parse_run_config(Config::load(path)); }
+std::string shape_of(const ModelSpec& m) {
+  return fmt::format("{} layers, {} heads, width {}, context {}, vocabulary {}", m.layers, m.heads, m.hidden,
+                     m.max_positions, m.vocab);
+}
 
-RunConfig default_run_config() { return parse_run_config(Config::parse("{}", "the command line")); }
+bool same_shape(const ModelSpec& a, const ModelSpec& b) {
+  return a.architecture == b.architecture && a.layers == b.layers && a.heads == b.heads && a.hidden == b.hidden &&
+         a.max_positions == b.max_positions && a.vocab == b.vocab;
+}
+
+// The model that runs: the configuration's, or the file's (which then also
+// stands in the configuration, inline, for the copy kept beside the outputs).
+ModelSpec resolve_model_shape(RunConfig& run, const std::optional<ModelFromFile>& from_file) {
+  if (run.model && from_file && !same_shape(*run.model, from_file->model)) {
+    fail("{}: model = {} ({}) but {} holds {}: leave model out to take the file's shape, or use a file of this "
+         "model",
+         run.source, run.model_source == "inline" ? std::string("{...}") : run.model_source, shape_of(*run.model),
+         from_file->file, shape_of(from_file->model));
+  }
+  if (run.model) return *run.model;
+  if (!from_file) {
+    fail("{}: no model: set \"model\" (a preset such as gpt2-124m, a config.json path, or {{n_layer, n_head, "
+         "n_embd, n_ctx}}), pass --model, or start from a weights file or checkpoint (--weights, --resume)",
+         run.source);
+  }
+  run.model = from_file->model;
+  run.model_source = "inline";
+  return from_file->model;
+}
+
+}  // namespace
+
+bool RunOverrides::empty() const {
+  return !model && !hardware && !devices && !tensor_parallel && !stages && !data_parallel && !micro_batch &&
+         !global_batch && !seq_length && !schedule && !virtual_stages && !recompute && !sequence_parallel &&
+         !partition && !zero_stage && !comm_mode && !steps && !out_dir && !resume;
+}
+
+RunConfig parse_run_config(const Config& config, const RunOverrides& overrides) {
+  if (overrides.empty()) return parse_keys(config);
+  const std::string source = config.source() + " with the command line";
+  return parse_keys(Config::from_json(with_overrides(config.json(), overrides), source));
+}
+
+RunConfig load_run_config(const std::filesystem::path& path, const RunOverrides& overrides) {
+  return parse_run_config(Config::load(path), overrides);
+}
+
+RunConfig default_run_config(const RunOverrides& overrides) {
+  return parse_keys(Config::from_json(with_overrides(Json::object(), overrides), "the command line"));
+}
+
+ResolvedRun resolve(const RunConfig& run, const std::optional<ModelFromFile>& from_file) {
+  ResolvedRun r;
+  r.config = run;
+  r.model = resolve_model_shape(r.config, from_file);
+  const std::string& source = run.source;
+  r.batch = resolve_batch_sizes(run.batch_keys, run.data_parallel, source);
+  r.devices = run.devices.value_or(checked_product({run.tensor_parallel, run.pipeline.stages, run.data_parallel},
+                                                   fmt::format("{}: tensor_parallel × pipeline.stages × data_parallel",
+                                                               source),
+                                                   "devices"));
+  r.seq_length = run.seq_length > 0 ? run.seq_length : r.model.max_positions;
+  if (r.model.architecture == Architecture::kGpt && r.seq_length > r.model.max_positions) {
+    fail("{}: seq_length = {}: {} has {} positions: use seq_length <= {}", source, r.seq_length, r.model.name,
+         r.model.max_positions, r.model.max_positions);
+  }
+  r.recompute = run.recompute.value_or(run.pipeline.recompute_interval > 0 ? Recompute::kFull : Recompute::kNone);
+  r.sequence_parallel = run.sequence_parallel && run.tensor_parallel > 1;
+  if (r.sequence_parallel) {
+    try {
+      check_sequence_parallel_split(r.seq_length, run.tensor_parallel);
+    } catch (const Error& error) {
+      fail("{}: sequence_parallel = true: {}{}", source, error.what(),
+           run.seq_length > 0 ? "" : " (seq_length is absent: the model's context)");
+    }
+  }
+  try {
+    make_schedule(run.pipeline.schedule, run.pipeline.stages, r.batch.accumulation, run.pipeline.virtual_stages);
+  } catch (const Error& error) {
+    fail("{}: pipeline.schedule = \"{}\" (stages = {}, micro-batches per step = {}, virtual_stages = {}): {}", source,
+         run.pipeline.schedule, run.pipeline.stages, r.batch.accumulation, run.pipeline.virtual_stages, error.what());
+  }
+  return r;
+}
 
 std::string run_config_to_json(const RunConfig& run) {
   Json json;
@@ -384,21 +493,23 @@ std::string run_config_to_json(const RunConfig& run) {
                         {{"lr", run.optimizer.lr},
                          {"betas", {run.optimizer.betas[0], run.optimizer.betas[1]}},
                          {"eps", run.optimizer.eps},
-                         {"weight_decay", run.optimizer.weight_decay}}}};
+                         {"weight_decay", run.optimizer.weight_decay},
+                         {"adam_w_mode", run.optimizer.adam_w_mode}}}};
   if (!run.scheduler.type.empty()) json["scheduler"] = scheduler_to_json(run.scheduler);
   json["zero_optimization"] = {{"stage", static_cast<int>(run.zero)}};
+  json["steps_per_print"] = run.steps_per_print;
   json["pipeline"] = {{"stages", run.pipeline.stages},
                       {"partition_method", to_string(run.pipeline.partition_method)},
-                      {"activation_checkpoint_interval", run.pipeline.activation_checkpoint_interval},
+                      {"activation_checkpoint_interval", run.pipeline.recompute_interval},
                       {"schedule", run.pipeline.schedule},
                       {"virtual_stages", run.pipeline.virtual_stages}};
-  if (!run.model_source.empty()) json["model"] = model_to_json(run);
+  if (run.model) json["model"] = model_to_json(run);
   json["data"] = {{"paths", run.data.paths}, {"validation_fraction", run.data.validation_fraction}};
   json["steps"] = run.steps;
   json["seed"] = run.seed;
   json["eval_interval"] = run.eval_interval;
   json["out_dir"] = run.out_dir;
-  json["checkpoint"] = {{"interval", run.checkpoint.interval}, {"dir", run.checkpoint.dir},
+  json["checkpoint"] = {{"interval", run.checkpoint.save_interval}, {"dir", run.checkpoint.dir},
                         {"load", run.checkpoint.load}};
   json["hardware"] = run.hardware_source;
   if (run.devices) json["devices"] = *run.devices;
@@ -409,68 +520,6 @@ std::string run_config_to_json(const RunConfig& run) {
   json["seq_length"] = run.seq_length;
   json["comm_mode"] = run.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped";
   return json.dump(2) + "\n";
-}
-
-void apply_overrides(RunConfig& run, const RunOverrides& o) {
-  Json json = Json::parse(run_config_to_json(run));
-  const auto set = [&](const char* key, const auto& value) {
-    if (value) json[key] = *value;
-  };
-  set("model", o.model);
-  set("hardware", o.hardware);
-  set("devices", o.devices);
-  set("tensor_parallel", o.tensor_parallel);
-  if (o.pipeline_stages) json["pipeline"]["stages"] = *o.pipeline_stages;
-  if (o.schedule) json["pipeline"]["schedule"] = *o.schedule;
-  if (o.virtual_stages) json["pipeline"]["virtual_stages"] = *o.virtual_stages;
-  if (o.partition) json["pipeline"]["partition_method"] = *o.partition;
-  if (o.zero_stage) json["zero_optimization"]["stage"] = *o.zero_stage;
-  set("data_parallel", o.data_parallel);
-  set("seq_length", o.seq_length);
-  set("recompute", o.recompute);
-  set("sequence_parallel", o.sequence_parallel);
-  set("comm_mode", o.comm_mode);
-  const bool all_batch_keys = run.batch_keys.train_batch_size && run.batch_keys.micro_batch &&
-                              run.batch_keys.gradient_accumulation_steps;
-  if (o.micro_batch || o.global_batch || (o.data_parallel && all_batch_keys)) {
-    json.erase("gradient_accumulation_steps");
-  }
-  if (o.micro_batch) json["train_micro_batch_size_per_gpu"] = *o.micro_batch;
-  if (o.global_batch) json["train_batch_size"] = *o.global_batch;
-  // Devices follow a new parallel layout unless given too.
-  if (!o.devices && (o.tensor_parallel || o.pipeline_stages || o.data_parallel)) json.erase("devices");
-  const std::string suffix = " with the command line";
-  const bool marked = run.source == "the command line" ||
-                      (run.source.size() > suffix.size() && run.source.ends_with(suffix));
-  const std::string source = marked ? run.source : run.source + suffix;
-  run = parse_run_config(Config::from_json(nlohmann::json::parse(json.dump()), source));
-}
-
-Layout layout_from_run_config(const RunConfig& run) {
-  if (run.model_source.empty()) {
-    fail("{}: no model: set \"model\" (a preset such as gpt2-124m, a config.json path, or {{n_layer, n_head, "
-         "n_embd, n_ctx}}) or pass --model",
-         run.source);
-  }
-  Layout layout;
-  layout.model = run.model;
-  layout.hardware = run.hardware;
-  layout.tensor_parallel = run.tensor_parallel;
-  layout.pipeline_parallel = run.pipeline.stages;
-  layout.data_parallel = run.data_parallel;
-  layout.devices = run.devices.value_or(parallel_devices(run));
-  layout.micro_batch = run.batch.micro;
-  layout.global_batch = run.batch.global;
-  layout.sequence = run.sequence();
-  layout.schedule = run.pipeline.schedule;
-  layout.virtual_stages = run.pipeline.virtual_stages;
-  layout.recompute = run.effective_recompute();
-  layout.sequence_parallel = run.effective_sequence_parallel();
-  layout.partition = run.pipeline.partition_method;
-  layout.zero = run.zero;
-  layout.comm_mode = run.comm_mode;
-  validate_layout(layout);
-  return layout;
 }
 
 }  // namespace pipeflow

@@ -1,4 +1,4 @@
-#include "pipeflow/sim/run_config.h"
+#include "pipeflow/config/run_config.h"
 
 #include <gtest/gtest.h>
 
@@ -11,10 +11,21 @@ namespace {
 
 using testing::error_of;
 
-RunConfig parse(const std::string& json) { return parse_run_config(Config::parse(json, "run.json")); }
+RunConfig parse(const std::string& json, const RunOverrides& flags = {}) {
+  return parse_run_config(Config::parse(json, "run.json"), flags);
+}
 
+// The model a weights file would give, for configurations without one.
+const ModelFromFile kTinyWeights{resolve_model("gpt-tiny"), "tiny.safetensors"};
+
+ResolvedRun resolved(const std::string& json, const RunOverrides& flags = {}) {
+  const RunConfig run = parse(json, flags);
+  return resolve(run, run.model ? std::nullopt : std::optional<ModelFromFile>(kTinyWeights));
+}
+
+// Every rule: those of the keys alone (parse) and those of the run (resolve).
 std::string parse_error(const std::string& json) {
-  return error_of([&] { parse(json); });
+  return error_of([&] { resolved(json); });
 }
 
 const char* const kEveryKey = R"({
@@ -47,10 +58,11 @@ const char* const kEveryKey = R"({
 })";
 
 TEST(RunConfig, ReadsEveryKey) {
-  const RunConfig run = parse(kEveryKey);
-  EXPECT_EQ(run.batch.global, 48);
-  EXPECT_EQ(run.batch.micro, 2);
-  EXPECT_EQ(run.batch.accumulation, 8);
+  const ResolvedRun resolved_run = resolved(kEveryKey);
+  const RunConfig& run = resolved_run.config;
+  EXPECT_EQ(resolved_run.batch.global, 48);
+  EXPECT_EQ(resolved_run.batch.micro, 2);
+  EXPECT_EQ(resolved_run.batch.accumulation, 8);
   EXPECT_DOUBLE_EQ(run.gradient_clipping, 1.0);
   EXPECT_EQ(run.optimizer.type, "AdamW");
   EXPECT_DOUBLE_EQ(run.optimizer.lr, 3e-4);
@@ -66,22 +78,22 @@ TEST(RunConfig, ReadsEveryKey) {
   EXPECT_EQ(run.zero, ZeroStage::kOne);
   EXPECT_EQ(run.pipeline.stages, 4);
   EXPECT_EQ(to_string(run.pipeline.partition_method), "uniform");
-  EXPECT_EQ(run.pipeline.activation_checkpoint_interval, 1);
+  EXPECT_EQ(run.pipeline.recompute_interval, 1);
   EXPECT_EQ(run.pipeline.schedule, "interleaved-1f1b");
   EXPECT_EQ(run.pipeline.virtual_stages, 2);
   EXPECT_EQ(run.model_source, "inline");
-  EXPECT_EQ(run.model.layers, 8);
-  EXPECT_EQ(run.model.heads, 4);
-  EXPECT_EQ(run.model.hidden, 128);
-  EXPECT_EQ(run.model.max_positions, 64);
-  EXPECT_EQ(run.model.vocab, 256);
+  EXPECT_EQ(run.model->layers, 8);
+  EXPECT_EQ(run.model->heads, 4);
+  EXPECT_EQ(run.model->hidden, 128);
+  EXPECT_EQ(run.model->max_positions, 64);
+  EXPECT_EQ(run.model->vocab, 256);
   EXPECT_EQ(run.data.paths, (std::vector<std::string>{"a.txt", "b.txt"}));
   EXPECT_DOUBLE_EQ(run.data.validation_fraction, 0.2);
   EXPECT_EQ(run.steps, 300);
   EXPECT_EQ(run.seed, 7u);
   EXPECT_EQ(run.eval_interval, 25);
   EXPECT_EQ(run.out_dir, "runs/x");
-  EXPECT_EQ(run.checkpoint.interval, 100);
+  EXPECT_EQ(run.checkpoint.save_interval, 100);
   EXPECT_EQ(run.checkpoint.dir, "ckpt");
   EXPECT_EQ(run.checkpoint.load, "ckpt/step-100");
   EXPECT_EQ(run.hardware.name, "a100-80g");
@@ -89,17 +101,19 @@ TEST(RunConfig, ReadsEveryKey) {
   EXPECT_EQ(run.tensor_parallel, 2);
   EXPECT_EQ(run.data_parallel, 3);
   EXPECT_TRUE(run.sequence_parallel);
-  EXPECT_EQ(run.effective_recompute(), Recompute::kFull);
-  EXPECT_EQ(run.sequence(), 32);
+  EXPECT_EQ(resolved_run.recompute, Recompute::kFull);
+  EXPECT_EQ(resolved_run.seq_length, 32);
   EXPECT_EQ(run.comm_mode, CommMode::kBlocking);
 }
 
 TEST(RunConfig, DefaultsAreDeepSpeedsAndPipeflows) {
   const RunConfig run = default_run_config();
   EXPECT_EQ(run.source, "the command line");
-  EXPECT_EQ(run.batch.global, 1);
-  EXPECT_EQ(run.batch.micro, 1);
-  EXPECT_EQ(run.batch.accumulation, 1);
+  const ResolvedRun resolved_run = resolve(run, kTinyWeights);
+  EXPECT_EQ(resolved_run.batch.global, 1);
+  EXPECT_EQ(resolved_run.batch.micro, 1);
+  EXPECT_EQ(resolved_run.batch.accumulation, 1);
+  EXPECT_EQ(resolved_run.seq_length, 64);  // the model's context
   EXPECT_DOUBLE_EQ(run.gradient_clipping, 0);
   EXPECT_DOUBLE_EQ(run.optimizer.lr, 1e-3);
   EXPECT_DOUBLE_EQ(run.optimizer.betas[0], 0.9);
@@ -111,13 +125,14 @@ TEST(RunConfig, DefaultsAreDeepSpeedsAndPipeflows) {
   EXPECT_EQ(to_string(run.pipeline.partition_method), "parameters");
   EXPECT_EQ(run.pipeline.schedule, "1f1b");
   EXPECT_TRUE(run.model_source.empty());
+  EXPECT_FALSE(run.model.has_value());
   EXPECT_TRUE(run.data.paths.empty());
   EXPECT_DOUBLE_EQ(run.data.validation_fraction, 0.1);
   EXPECT_EQ(run.steps, 100);
   EXPECT_EQ(run.seed, 1234u);
   EXPECT_EQ(run.hardware.name, "cpu");
   EXPECT_FALSE(run.devices.has_value());
-  EXPECT_EQ(run.effective_recompute(), Recompute::kNone);
+  EXPECT_EQ(resolved_run.recompute, Recompute::kNone);
   EXPECT_EQ(run.comm_mode, CommMode::kOverlapped);
 }
 
@@ -145,10 +160,11 @@ TEST(RunConfig, SchedulersReadTheirOwnParams) {
 }
 
 TEST(RunConfig, DeepSpeedsAdamReadsAsAdamW) {
-  EXPECT_EQ(parse(R"({"optimizer": {"type": "Adam"}})").optimizer.type, "AdamW");
+  EXPECT_EQ(parse(R"({"optimizer": {"type": "Adam"}})").optimizer.type, "Adam");
+  EXPECT_TRUE(parse(R"({"optimizer": {"type": "Adam"}})").optimizer.adam_w_mode);
   EXPECT_EQ(parse_error(R"({"optimizer": {"type": "SGD"}})"),
-            "run.json: optimizer.type = \"SGD\": pipeflow's optimizer is AdamW (DeepSpeed's Adam, adam_w_mode on by "
-            "default, reads as AdamW): set \"type\": \"AdamW\"");
+            "run.json: optimizer.type = \"SGD\": pipeflow runs DeepSpeed's Adam and AdamW: set \"type\": \"AdamW\" "
+            "(or \"Adam\" with adam_w_mode false for Adam with L2 weight decay)");
   EXPECT_EQ(parse_error(R"({"optimizer": {"params": {"betas": [0.9]}}})"),
             "run.json: optimizer.params.betas = [0.9]: must be [beta1, beta2]");
 }
@@ -207,8 +223,8 @@ TEST(RunConfigBatch, ProductsTooLargeForAnIntAreNamed) {
 }
 
 TEST(RunConfig, UnknownKeysAreErrorsNamingThePath) {
-  EXPECT_EQ(parse_error(R"({"pipeline": {"stagse": 2}, "fp16": {"enabled": true}})"),
-            "run.json: unknown keys 'fp16', 'pipeline.stagse' (did you mean 'pipeline.stages'?): remove it or fix "
+  EXPECT_EQ(parse_error(R"({"pipeline": {"stagse": 2}, "tensorboard": {"enabled": true}})"),
+            "run.json: unknown keys 'pipeline.stagse' (did you mean 'pipeline.stages'?), 'tensorboard': remove it or fix "
             "its spelling");
   EXPECT_EQ(parse_error(R"({"model": {"n_layer": 2, "n_head": 2, "n_embd": 8, "n_ctx": 8, "n_lyer": 2}})"),
             "run.json: unknown key 'model.n_lyer' (did you mean 'model.n_layer'?): remove it or fix its spelling");
@@ -245,8 +261,8 @@ TEST(RunConfig, BadValuesNameThePathTheValueTheRuleAndTheFix) {
   EXPECT_EQ(parse_error(R"({"gradient_clipping": -1})"),
             "run.json: gradient_clipping = -1: must be >= 0: the largest global gradient norm, 0 for none");
   EXPECT_EQ(parse_error(R"({"devices": 8, "tensor_parallel": 2})"),
-            "run.json: devices = 8: tensor_parallel × pipeline.stages × data_parallel = 2 × 1 × 1 = 2: drop "
-            "devices or make them agree");
+            "run.json: devices = 8: tensor_parallel × pipeline stages × data_parallel = 2 × 1 × 1 = 2 devices, "
+            "not 8: use data_parallel 4 or devices 2");
   EXPECT_EQ(parse_error(R"({"hardware": "tpu"})"),
             "run.json: hardware = \"tpu\": unknown hardware 'tpu': use one of a100-40g, a100-80g, h100, h200, "
             "ascend-910b, cpu or the path of a hardware JSON file");
@@ -261,11 +277,11 @@ TEST(RunConfig, BadValuesNameThePathTheValueTheRuleAndTheFix) {
 }
 
 TEST(RunConfig, ModelIsAPresetAConfigJsonOrTheSmallGpt) {
-  EXPECT_EQ(parse(R"({"model": "gpt2-124m"})").model.hidden, 768);
+  EXPECT_EQ(parse(R"({"model": "gpt2-124m"})").model->hidden, 768);
   const RunConfig hf =
       parse(std::string(R"({"model": ")") + PIPEFLOW_SOURCE_DIR + R"(/tests/data/hf/llama-3-8b/config.json"})");
-  EXPECT_EQ(hf.model.architecture, Architecture::kLlama);
-  EXPECT_EQ(hf.model.kv_heads, 8);
+  EXPECT_EQ(hf.model->architecture, Architecture::kLlama);
+  EXPECT_EQ(hf.model->kv_heads, 8);
   EXPECT_EQ(parse_error(R"({"model": "gpt9"})"),
             "run.json: model = \"gpt9\": unknown model 'gpt9': use one of gpt2-124m, gpt2-355m, gpt2-774m, gpt2-1.5b, "
             "gpt3-1.3b, gpt3-6.7b, gpt3-13b, gpt3-175b, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, "
@@ -277,35 +293,69 @@ TEST(RunConfig, WritesWhatItReadsBack) {
   const std::string json = run_config_to_json(run);
   const RunConfig again = parse_run_config(Config::parse(json, "again.json"));
   EXPECT_EQ(run_config_to_json(again), json);
-  EXPECT_EQ(again.batch.accumulation, 8);
-  EXPECT_EQ(again.model.layers, 8);
+  EXPECT_EQ(resolve(again).batch.accumulation, 8);
+  EXPECT_EQ(again.model->layers, 8);
 }
 
 TEST(RunConfig, CommandLineOverridesTheFileAndIsCheckedTheSameWay) {
-  RunConfig run = parse(R"({"model": "gpt2-124m", "train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
-                            "gradient_accumulation_steps": 16, "pipeline": {"stages": 2}})");
+  const std::string file = R"({"model": "gpt2-124m", "train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
+                                "gradient_accumulation_steps": 16, "pipeline": {"stages": 2}})";
   RunOverrides flags;
-  flags.pipeline_stages = 4;
+  flags.stages = 4;
   flags.global_batch = 64;
   flags.schedule = "zb-h1";
-  apply_overrides(run, flags);
-  EXPECT_EQ(run.pipeline.stages, 4);
-  EXPECT_EQ(run.pipeline.schedule, "zb-h1");
+  const ResolvedRun run = resolved(file, flags);
+  EXPECT_EQ(run.config.pipeline.stages, 4);
+  EXPECT_EQ(run.config.pipeline.schedule, "zb-h1");
   EXPECT_EQ(run.batch.global, 64);
   EXPECT_EQ(run.batch.micro, 2);
   EXPECT_EQ(run.batch.accumulation, 32);
-  EXPECT_EQ(run.source, "run.json with the command line");
+  EXPECT_EQ(run.config.source, "run.json with the command line");
+  EXPECT_EQ(parse(file).source, "run.json");
 
-  RunOverrides bad;
-  bad.pipeline_stages = 0;
-  EXPECT_EQ(error_of([&] { apply_overrides(run, bad); }),
+  RunOverrides bad = flags;
+  bad.stages = 0;
+  EXPECT_EQ(error_of([&] { parse(file, bad); }),
             "run.json with the command line: pipeline.stages = 0: must be a positive integer: the number of "
             "pipeline ranks");
 
-  RunOverrides dp;
+  RunOverrides dp = flags;
   dp.data_parallel = 2;
-  apply_overrides(run, dp);  // keys B = 64, b = 2: m follows
-  EXPECT_EQ(run.batch.accumulation, 16);
+  EXPECT_EQ(resolved(file, dp).batch.accumulation, 16);  // keys B = 64, b = 2: m follows
+}
+
+TEST(RunConfig, DeepSpeedKeysAreReadAsDeepSpeedReadsThem) {
+  const RunConfig run = parse(R"({"optimizer": {"type": "adam", "params": {"adam_w_mode": false, "torch_adam": true}},
+                                  "zero_optimization": {"stage": 0}, "fp16": {"enabled": false, "loss_scale": 0},
+                                  "bf16": {"enabled": false}, "steps_per_print": 5, "wall_clock_breakdown": true})");
+  EXPECT_FALSE(run.optimizer.adam_w_mode);  // Adam with L2
+  EXPECT_EQ(run.steps_per_print, 5);
+  EXPECT_EQ(run.zero, ZeroStage::kNone);
+  EXPECT_TRUE(parse(R"({"optimizer": {"type": "Adam"}})").optimizer.adam_w_mode);
+  // Type AdamW is AdamW whatever adam_w_mode says (DeepSpeed's effective_adam_w_mode).
+  EXPECT_TRUE(parse(R"({"optimizer": {"type": "ADAMW", "params": {"adam_w_mode": false}}})").optimizer.adam_w_mode);
+  EXPECT_EQ(parse_error(R"({"bf16": {"enabled": true}})"),
+            "run.json: bf16.enabled = true: pipeflow trains and predicts in fp32 (4-byte weights, gradients and "
+            "activations): set enabled to false or remove the section");
+  EXPECT_EQ(parse_error(R"({"steps_per_print": -1})"),
+            "run.json: steps_per_print = -1: must be an integer >= 0: steps between progress lines, 0 for about 50");
+}
+
+TEST(RunConfig, AModelFromAFileMustAgreeWithTheConfigurations) {
+  const ResolvedRun from_file = resolved(R"({"pipeline": {"stages": 2}, "gradient_accumulation_steps": 2})");
+  EXPECT_EQ(from_file.model.name, "gpt-tiny");
+  EXPECT_EQ(from_file.seq_length, 64);
+  // The copy kept beside the outputs names the shape that ran.
+  EXPECT_EQ(parse(run_config_to_json(from_file.config)).model->layers, from_file.model.layers);
+  const RunConfig other = parse(R"({"model": {"n_layer": 3, "n_head": 2, "n_embd": 32, "n_ctx": 32}})");
+  EXPECT_EQ(error_of([&] { resolve(other, kTinyWeights); }),
+            "run.json: model = {...} (3 layers, 2 heads, width 32, context 32, vocabulary 256) but tiny.safetensors "
+            "holds 4 layers, 4 heads, width 128, context 64, vocabulary 256: leave model out to take the file's "
+            "shape, or use a file of this model");
+  EXPECT_EQ(error_of([] { resolve(default_run_config()); }),
+            "the command line: no model: set \"model\" (a preset such as gpt2-124m, a config.json path, or "
+            "{n_layer, n_head, n_embd, n_ctx}), pass --model, or start from a weights file or checkpoint (--weights, "
+            "--resume)");
 }
 
 // Megatron-LM's rules for sequence parallelism: at tensor_parallel 1 it is
@@ -313,70 +363,35 @@ TEST(RunConfig, CommandLineOverridesTheFileAndIsCheckedTheSameWay) {
 // tensor_parallel override finds it); with t > 1 the sequence must split
 // evenly over the t ranks.
 TEST(RunConfig, SequenceParallelIsOffAtTensorParallelOneAndNeedsTheSequenceDivisible) {
-  RunConfig one = parse(R"({"model": "gpt2-124m", "sequence_parallel": true})");
-  EXPECT_TRUE(one.sequence_parallel);
-  EXPECT_FALSE(one.effective_sequence_parallel());
-  EXPECT_FALSE(layout_from_run_config(one).sequence_parallel);
-  ASSERT_EQ(one.warnings.size(), 1u);
-  EXPECT_EQ(one.warnings[0],
+  const std::string file = R"({"model": "gpt2-124m", "sequence_parallel": true})";
+  const ResolvedRun one = resolved(file);
+  EXPECT_TRUE(one.config.sequence_parallel);
+  EXPECT_FALSE(one.sequence_parallel);
+  ASSERT_EQ(one.config.warnings.size(), 1u);
+  EXPECT_EQ(one.config.warnings[0],
             "run.json: sequence_parallel = true with tensor_parallel = 1: sequence parallelism splits activations "
             "over the tensor-parallel ranks, so it is off (as Megatron-LM turns it off); use tensor_parallel > 1 for "
             "it");
   RunOverrides tp;
   tp.tensor_parallel = 4;
-  apply_overrides(one, tp);
-  EXPECT_TRUE(one.warnings.empty());
-  EXPECT_TRUE(layout_from_run_config(one).sequence_parallel);
+  const ResolvedRun four = resolved(file, tp);
+  EXPECT_TRUE(four.config.warnings.empty());
+  EXPECT_TRUE(four.sequence_parallel);
   EXPECT_TRUE(parse(R"({"model": "gpt2-124m"})").warnings.empty());
 
   EXPECT_EQ(parse_error(R"({"model": "gpt2-124m", "tensor_parallel": 8, "sequence_parallel": true,
                             "seq_length": 1001})"),
-            "run.json: sequence_parallel = true: Megatron splits the sequence over the tensor-parallel ranks, so it "
-            "must be a multiple of tensor_parallel, and seq_length 1001 is not a multiple of 8: use seq_length 1000 "
-            "or 1008, another tensor_parallel, or drop sequence_parallel");
+            "run.json: sequence_parallel = true: seq_length 1001 is not a multiple of tensor_parallel 8: Megatron's "
+            "sequence parallelism splits the sequence over the tensor-parallel ranks: use seq_length 1000 or 1008, "
+            "another tensor_parallel, or drop sequence_parallel");
   // The default sequence is the model's context: gpt-tiny's 64 over 3 ranks.
   EXPECT_EQ(parse_error(R"({"model": "gpt-tiny", "tensor_parallel": 3, "sequence_parallel": true})"),
-            "run.json: sequence_parallel = true: Megatron splits the sequence over the tensor-parallel ranks, so it "
-            "must be a multiple of tensor_parallel, and the model's context 64 is not a multiple of 3: use "
-            "seq_length 63 or 66, another tensor_parallel, or drop sequence_parallel");
+            "run.json: sequence_parallel = true: seq_length 64 is not a multiple of tensor_parallel 3: Megatron's "
+            "sequence parallelism splits the sequence over the tensor-parallel ranks: use seq_length 63 or 66, "
+            "another tensor_parallel, or drop sequence_parallel (seq_length is absent: the model's context)");
   // Without sequence parallelism, or at t = 1, any length is fine.
-  EXPECT_EQ(parse(R"({"model": "gpt2-124m", "tensor_parallel": 8, "seq_length": 1001})").sequence(), 1001);
-  EXPECT_EQ(parse(R"({"model": "gpt2-124m", "sequence_parallel": true, "seq_length": 1001})").sequence(), 1001);
-}
-
-TEST(RunConfig, LayoutRejectsASequenceThatSequenceParallelismCannotSplit) {
-  Layout layout = layout_from_run_config(parse(R"({"model": "gpt2-124m", "tensor_parallel": 8, "devices": 8})"));
-  layout.sequence_parallel = true;
-  layout.sequence = 1000;
-  validate_layout(layout);
-  layout.sequence = 1001;
-  EXPECT_EQ(error_of([&] { validate_layout(layout); }),
-            "sequence 1001 with sequence parallelism over tensor parallel 8: Megatron splits the sequence over the "
-            "tensor-parallel ranks, so it must be a multiple of tensor parallel: use sequence 1000 or 1008 or drop "
-            "sequence parallelism");
-  layout.tensor_parallel = 1;
-  layout.devices = 1;
-  validate_layout(layout);  // t = 1: nothing to split
-}
-
-TEST(RunConfig, LayoutNeedsAModelAndFollowsTheKeys) {
-  EXPECT_EQ(error_of([] { layout_from_run_config(default_run_config()); }),
-            "the command line: no model: set \"model\" (a preset such as gpt2-124m, a config.json path, or "
-            "{n_layer, n_head, n_embd, n_ctx}) or pass --model");
-  const Layout layout = layout_from_run_config(parse(kEveryKey));
-  EXPECT_EQ(layout.devices, 24);
-  EXPECT_EQ(layout.tensor_parallel, 2);
-  EXPECT_EQ(layout.pipeline_parallel, 4);
-  EXPECT_EQ(layout.data_parallel, 3);
-  EXPECT_EQ(layout.micro_batch, 2);
-  EXPECT_EQ(layout.global_batch, 48);
-  EXPECT_EQ(layout.sequence, 32);
-  EXPECT_EQ(layout.virtual_stages, 2);
-  EXPECT_EQ(layout.recompute, Recompute::kFull);
-  EXPECT_TRUE(layout.sequence_parallel);
-  EXPECT_EQ(layout.zero, ZeroStage::kOne);
-  EXPECT_EQ(layout.comm_mode, CommMode::kBlocking);
-  EXPECT_EQ(microbatches_per_step(layout), 8);
+  EXPECT_EQ(resolved(R"({"model": "gpt2-124m", "tensor_parallel": 8, "seq_length": 1001})").seq_length, 1001);
+  EXPECT_EQ(resolved(R"({"model": "gpt2-124m", "sequence_parallel": true, "seq_length": 1001})").seq_length, 1001);
 }
 
 }  // namespace

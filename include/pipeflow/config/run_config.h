@@ -1,0 +1,251 @@
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipeflow/core/config.h"
+#include "pipeflow/model/hardware.h"
+#include "pipeflow/model/model_spec.h"
+#include "pipeflow/model/model_states.h"
+#include "pipeflow/model/partition.h"
+#include "pipeflow/model/pipeline_layers.h"
+#include "pipeflow/schedule/execute.h"
+
+namespace pipeflow {
+
+// The one configuration file of a run, read by `pipeflow train --config` and
+// `pipeflow simulate --config` alike. DeepSpeed's keys where DeepSpeed has
+// one, read as DeepSpeed reads them; pipeflow's beside them. Every key, its
+// default and its rule:
+//
+//   train_batch_size                 B, sequences per step over all replicas  } any two determine the
+//   train_micro_batch_size_per_gpu   b, sequences per micro-batch             } third, as DeepSpeed;
+//   gradient_accumulation_steps      m, micro-batches per step and replica    } B = b · m · data_parallel
+//                                    (none given: b = 1, m = 1)
+//   gradient_clipping                global-norm clipping threshold; 0 (default) disables
+//   optimizer    {type: "AdamW" | "Adam" (matched without case, as DeepSpeed does),
+//                 params: {lr 1e-3, betas [0.9, 0.999], eps 1e-8, weight_decay 0.01,
+//                          adam_w_mode true, torch_adam (accepted, no effect)}}
+//                DeepSpeed's rule: type AdamW, or Adam with adam_w_mode true, decays weights
+//                decoupled (AdamW); Adam with adam_w_mode false adds weight_decay · w to the
+//                gradient (Adam with L2).
+//   scheduler    {type: WarmupLR | WarmupDecayLR | WarmupCosineLR, params: DeepSpeed's}:
+//                   WarmupLR        warmup_min_lr 0, warmup_max_lr 1e-3, warmup_num_steps 1000,
+//                                   warmup_type "log" | "linear"
+//                   WarmupDecayLR   those and total_num_steps (required)
+//                   WarmupCosineLR  total_num_steps (required), warmup_min_ratio 0,
+//                                   warmup_num_steps 1000, cos_min_ratio 1e-4, warmup_type
+//                absent: the optimizer's lr throughout
+//   zero_optimization {stage: 0..3}  ZeRO stage (model-state sharding over data_parallel)
+//   fp16, bf16   {enabled: false, ...}: accepted (pipeflow computes in fp32); enabled true is refused
+//   steps_per_print                  steps between progress lines (0, the default: about 50 lines a run)
+//   wall_clock_breakdown             accepted: pipeflow times every action of every step anyway
+//   pipeline     {stages 1               pipeline ranks p
+//                 partition_method "parameters"   uniform | parameters | type:REGEX | balanced |
+//                                                 counts:N,... | bounds:B,... (model's partition.h)
+//                 activation_checkpoint_interval 0   the recompute interval: k > 0 keeps the input of
+//                                        every k-th block and recomputes the rest in the backward
+//                 schedule "1f1b"        a registered schedule (schedule/generators.h)
+//                 virtual_stages 1}      model chunks per rank v
+//   model        a preset name, a Hugging Face config.json path, or the small GPT
+//                {n_layer, n_head, n_embd, n_ctx (required), vocab_size 256}; may be left out
+//                when a weights file or checkpoint gives the shape (resolve())
+//   data         {path "..." or paths [...] (default: the fortunes corpus), validation_fraction 0.1}
+//   steps 100, seed 1234, eval_interval 10 (0: after the last step only), out_dir "runs/pipeflow"
+//   checkpoint   {interval 0 (the save interval: steps between checkpoints, and one after the
+//                 last step; 0: none), dir (default out_dir/checkpoints), load (a checkpoint file,
+//                 or a directory whose latest step_N.safetensors is taken, to resume from)}
+// and the keys that describe the cluster (what the simulator prices):
+//   hardware "cpu"        a preset name or a hardware profile JSON path
+//   devices               tensor_parallel · pipeline.stages · data_parallel (checked if given)
+//   tensor_parallel 1, data_parallel 1, sequence_parallel false
+//                         (Megatron's rules: off, with a warning, when
+//                         tensor_parallel is 1; an error unless seq_length
+//                         is a multiple of tensor_parallel)
+//   recompute             none | selective | full; default full when
+//                         activation_checkpoint_interval > 0, else none
+//   seq_length            tokens per sequence (default: the model's context)
+//   comm_mode "overlapped" | "blocking"
+//
+// Paths are used as written (relative to the working directory).
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // as written
+  // Decoupled weight decay (AdamW); false: Adam with L2 (DeepSpeed's Adam
+  // with adam_w_mode false). Already DeepSpeed's effective value: type AdamW
+  // forces it on.
+  bool adam_w_mode = true;
+  double lr = 1e-3;
+  std::array<double, 2> betas{0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+struct SchedulerConfig {
+  std::string type;  // empty: none
+  double warmup_min_lr = 0;
+  double warmup_max_lr = 1e-3;
+  int warmup_num_steps = 1000;
+  std::string warmup_type = "log";
+  int total_num_steps = 0;
+  double warmup_min_ratio = 0;
+  double cos_min_ratio = 1e-4;
+};
+
+struct PipelineConfig {
+  int stages = 1;
+  PartitionMethod partition_method{PartitionMethod::Kind::kParameters, {}, {}};
+  // DeepSpeed's activation_checkpoint_interval: 0 keeps every activation; k
+  // recomputes each block's forward from the input of every k-th block.
+  int recompute_interval = 0;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+};
+
+struct DataConfig {
+  std::vector<std::string> paths;  // empty: the default corpus
+  double validation_fraction = 0.1;
+};
+
+struct CheckpointConfig {
+  int save_interval = 0;  // key checkpoint.interval; 0: no checkpoints
+  std::string dir;        // empty: out_dir/checkpoints
+  std::string load;       // empty: start fresh
+};
+
+// The three batch keys as given (before any is derived).
+struct BatchKeys {
+  std::optional<int> train_batch_size;
+  std::optional<int> micro_batch;
+  std::optional<int> gradient_accumulation_steps;
+};
+
+struct BatchSizes {
+  int global = 1;        // B
+  int micro = 1;         // b
+  int accumulation = 1;  // m
+};
+
+// DeepSpeed's rule: with two keys the third is derived, with all three they
+// must agree, with one the accumulation is 1; B = b · m · d. Throws Error
+// naming `source`, both sides of the rule and the fix.
+BatchSizes resolve_batch_sizes(const BatchKeys& keys, int data_parallel, const std::string& source);
+
+// The configuration as written: every key read and checked on its own and
+// against the keys it is tied to, nothing derived from the model yet.
+struct RunConfig {
+  std::string source;  // the file, for messages
+
+  BatchKeys batch_keys;
+  double gradient_clipping = 0;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ZeroStage zero = ZeroStage::kNone;
+  PipelineConfig pipeline;
+
+  std::string model_source;        // as written: preset, path, or "inline"; empty: none given
+  std::optional<ModelSpec> model;  // absent: from a weights file or checkpoint (resolve())
+  DataConfig data;
+  int steps = 100;
+  std::uint64_t seed = 1234;
+  int eval_interval = 10;
+  int steps_per_print = 0;  // 0: about 50 progress lines a run
+  std::string out_dir = "runs/pipeflow";
+  CheckpointConfig checkpoint;
+
+  std::string hardware_source = "cpu";
+  HardwareProfile hardware;
+  std::optional<int> devices;
+  int tensor_parallel = 1;
+  int data_parallel = 1;
+  bool sequence_parallel = false;      // as written; ResolvedRun has the effective value
+  std::optional<Recompute> recompute;  // absent: from pipeline.recompute_interval
+  int seq_length = 0;                  // 0: the model's context
+  CommMode comm_mode = CommMode::kOverlapped;
+
+  // Keys accepted but overridden, one line each, for the command to print:
+  // sequence_parallel with tensor_parallel 1.
+  std::vector<std::string> warnings;
+};
+
+// Command-line values that replace the file's (absent: keep the file's).
+// Each is a key of the file; the flag names are those of cli/run_options.h.
+struct RunOverrides {
+  std::optional<std::string> model;        // model: preset or config.json path
+  std::optional<std::string> hardware;     // hardware: preset or profile path
+  std::optional<int> devices;              // devices
+  std::optional<int> tensor_parallel;      // tensor_parallel
+  std::optional<int> stages;               // pipeline.stages
+  std::optional<int> data_parallel;        // data_parallel
+  std::optional<int> micro_batch;          // train_micro_batch_size_per_gpu
+  std::optional<int> global_batch;         // train_batch_size
+  std::optional<int> seq_length;           // seq_length
+  std::optional<std::string> schedule;     // pipeline.schedule
+  std::optional<int> virtual_stages;       // pipeline.virtual_stages
+  std::optional<std::string> recompute;    // recompute
+  std::optional<bool> sequence_parallel;   // sequence_parallel
+  std::optional<std::string> partition;    // pipeline.partition_method
+  std::optional<int> zero_stage;           // zero_optimization.stage
+  std::optional<std::string> comm_mode;    // comm_mode
+  std::optional<int> steps;                // steps
+  std::optional<std::string> out_dir;      // out_dir
+  std::optional<std::string> resume;       // checkpoint.load
+
+  bool empty() const;
+};
+
+// Reads and checks every key above, with `overrides` written over the
+// file's keys first (so a flag is checked exactly as its key in a file; a
+// new micro or global batch drops the file's gradient_accumulation_steps,
+// derived again, and so does a new data_parallel when the file gives all
+// three batch keys; devices follow a new parallel layout unless given too).
+// Unknown keys and bad values are Errors naming the source ("<file> with
+// the command line" when there are overrides), the key path, the value, the
+// rule and the fix, e.g.
+//   run.json: pipeline.stages = 0: must be a positive integer: the number of pipeline ranks
+RunConfig parse_run_config(const Config& config, const RunOverrides& overrides = {});
+RunConfig load_run_config(const std::filesystem::path& path, const RunOverrides& overrides = {});
+// The defaults alone (a command line without --config), with the overrides;
+// source "the command line".
+RunConfig default_run_config(const RunOverrides& overrides = {});
+
+// A model shape that comes with a file (a weights file or a checkpoint).
+struct ModelFromFile {
+  ModelSpec model;
+  std::string file;
+};
+
+// The run as it will run: every "absent" and "0 means" fixed once, from the
+// keys and the model's shape. Commands resolve once; Layout (sim), the
+// trainer's settings and the engine's options are projections of this and
+// check nothing again.
+struct ResolvedRun {
+  RunConfig config;     // as given (written beside a run's outputs)
+  ModelSpec model;      // what runs
+  BatchSizes batch;     // B, b, m
+  int seq_length = 0;   // tokens per sequence, > 0
+  int devices = 1;      // tensor_parallel · stages · data_parallel
+  Recompute recompute = Recompute::kNone;
+  bool sequence_parallel = false;  // effective: off at tensor_parallel 1
+};
+
+// The model is the configuration's, or the file's when the configuration
+// has none; both given and different is an Error naming both shapes. No
+// model at all is an Error naming the key and the flags. Then the batch
+// sizes (DeepSpeed's rule), the sequence length (seq_length, else the
+// model's context; at most a GPT's learned positions), recompute,
+// sequence parallelism (a multiple of tensor_parallel) and the schedule's
+// constraints on (stages, micro-batches, virtual stages).
+ResolvedRun resolve(const RunConfig& run, const std::optional<ModelFromFile>& from_file = std::nullopt);
+
+// The configuration in the file's form, to keep beside a run's outputs:
+// every key with its value (defaults written out), the batch keys as given,
+// the model and hardware as their sources. parse_run_config reads it back to
+// the same RunConfig.
+std::string run_config_to_json(const RunConfig& run);
+
+}  // namespace pipeflow
