@@ -130,6 +130,55 @@ TEST(TrainCommand, ResumesFromTheLatestCheckpointAndEndsWhereAStraightRunEnds) {
   std::filesystem::remove_all(dir);
 }
 
+// A DeepSpeed user's configuration, as DeepSpeed reads it, without a model:
+// the weights file (and then the checkpoint) carries the shape.
+TEST(TrainCommand, RunsADeepSpeedConfigurationWithTheModelFromItsWeightsOrCheckpoint) {
+  const std::string dir = make_temp_dir();
+  ASSERT_EQ(run_pipeflow("init --layers 2 --heads 2 --width 32 --context 32 --seed 3 --out " + dir + "/w.safetensors")
+                .exit_code,
+            0);
+  const std::string deepspeed = R"({
+  "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+  "gradient_clipping": 1.0,
+  "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
+                                           "adam_w_mode": false}},
+  "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3, "warmup_num_steps": 2}},
+  "zero_optimization": {"stage": 0},
+  "fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 16},
+  "bf16": {"enabled": false},
+  "steps_per_print": 2,
+  "wall_clock_breakdown": true,
+  "pipeline": {"stages": 2, "partition_method": "parameters", "activation_checkpoint_interval": 1},
+  "steps": 4, "eval_interval": 0, "checkpoint": {"interval": 4, "dir": ")" + dir + R"(/ckpt"},
+  "out_dir": ")" + dir + R"(/out"
+})";
+  const std::string config = write_config(dir, deepspeed);
+  const CommandResult result = run_pipeflow("train --config " + config + " --weights " + dir + "/w.safetensors");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  // steps_per_print 2 (not a line a step): the first step, step 2 and the last.
+  EXPECT_NE(result.err.find("step 2/4 "), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("step 3/4 "), std::string::npos) << result.err;
+  const std::string report = read_file(dir + "/out/report.md");
+  EXPECT_NE(report.find("- optimizer: Adam (L2 weight decay) lr 0.001"), std::string::npos) << report;
+  EXPECT_NE(report.find("2 layers, width 32, 2 heads, context 32"), std::string::npos) << report;
+  // Resumed from the checkpoint, still with no model key.
+  const CommandResult resumed = run_pipeflow("train --config " + config + " --resume " + dir + "/ckpt --steps 5");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("trained 1 step"), std::string::npos) << resumed.out;
+  // A model key that disagrees with the weights names both shapes.
+  const std::string wider = write_config(dir, R"({"model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "n_ctx": 32},
+    "steps": 1, "out_dir": ")" + dir + R"(/wider"})");
+  EXPECT_EQ(run_pipeflow("train --config " + wider + " --weights " + dir + "/w.safetensors").err,
+            "pipeflow: error: " + wider + ": model = {...} (2 layers, 2 heads, width 64, context 32, vocabulary 256) "
+            "but " + dir + "/w.safetensors holds 2 layers, 2 heads, width 32, context 32, vocabulary 256: leave model "
+            "out to take the file's shape, or use a file of this model\n");
+  const std::string half = write_config(dir, R"({"fp16": {"enabled": true}, "steps": 1})");
+  EXPECT_EQ(run_pipeflow("train --config " + half + " --weights " + dir + "/w.safetensors").err,
+            "pipeflow: error: " + half + ": fp16.enabled = true: pipeflow trains and predicts in fp32 (4-byte "
+            "weights, gradients and activations): set enabled to false or remove the section\n");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
   const std::string dir = make_temp_dir();
   const auto error_of = [&](const std::string& text) {
