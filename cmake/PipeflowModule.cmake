@@ -5,10 +5,10 @@
 # the GoogleTest executable <name>_tests, one ctest entry per test.
 # Two dependency names are special: BLAS (OpenBLAS) and MPI (OpenMPI).
 #
-# It also enforces the one-way module rule (docs/DESIGN.md) at configure
-# time: src/<name>/, include/pipeflow/<name>/ and tests/<name>/ may include
-# "pipeflow/<other>/..." only for <other> = <name> or a module it depends on
-# through DEPS, directly or not. Declare modules in dependency order.
+# It also enforces the one-way module rule (a module uses only modules
+# declared before it in CMakeLists.txt) at configure time: src/<name>/,
+# include/pipeflow/<name>/ and tests/<name>/ may include "pipeflow/<other>/..."
+# only for <other> = <name> or a module its DEPS reach, directly or not.
 
 add_library(pipeflow_warnings INTERFACE)
 target_compile_options(pipeflow_warnings INTERFACE
@@ -98,7 +98,7 @@ function(pipeflow_check_module_includes name)
     list(JOIN reachable ", " allowed)
     message(FATAL_ERROR
       "module ${name} includes headers of modules it does not depend on:${violations}\n"
-      "Modules depend one way (docs/DESIGN.md): ${name} may include pipeflow/<module>/ only for ${allowed} "
+      "Modules depend one way, down the list in CMakeLists.txt: ${name} may include pipeflow/<module>/ only for ${allowed} "
       "(itself and its DEPS in CMakeLists.txt, directly or through them). Move what ${name} needs down into "
       "one of those modules, or, if ${name} really builds on that module and the module does not depend on "
       "${name}, add it to ${name}'s DEPS.")
