@@ -5,21 +5,12 @@
 
 #include "commands.h"
 #include "pipeflow/core/error.h"
-#include "pipeflow/core/log.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"pipeflow: plan, predict, run and explain pipeline-parallel training"};
   app.set_version_flag("--version", PIPEFLOW_VERSION);
   app.require_subcommand(1);
   app.fallthrough();
-  bool quiet = false;
-  bool verbose = false;
-  app.add_flag("-q,--quiet", quiet, "Print only results and errors");
-  app.add_flag("-v,--verbose", verbose, "Print debug messages");
-  app.parse_complete_callback([&] {
-    if (quiet) pipeflow::set_log_level(pipeflow::LogLevel::kWarning);
-    if (verbose) pipeflow::set_log_level(pipeflow::LogLevel::kDebug);
-  });
 
   pipeflow::cli::add_model_command(app);
   pipeflow::cli::add_partition_command(app);

@@ -22,20 +22,7 @@ const char* phase_name(FlushPhase phase) {
   return "?";
 }
 
-int compute_index(ActionKind kind) {
-  switch (kind) {
-    case ActionKind::kForward:
-      return 0;
-    case ActionKind::kBackward:
-      return 1;
-    case ActionKind::kBackwardInput:
-      return 2;
-    case ActionKind::kBackwardWeight:
-      return 3;
-    default:
-      return -1;
-  }
-}
+std::size_t index_of(ActionKind kind) { return static_cast<std::size_t>(kind); }
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
@@ -109,11 +96,10 @@ CostProfile::CostProfile(int num_stages)
 void CostProfile::add(const StepResult& step) {
   for (const RankRecord& record : step.ranks) {
     for (const ActionTiming& t : record.actions) {
-      const int kind = compute_index(t.action.kind);
-      if (kind < 0) continue;
+      if (!is_compute(t.action.kind)) continue;
       Samples& s = samples_.at(static_cast<std::size_t>(t.action.stage.value()));
-      s.seconds[kind].push_back(t.duration_s());
-      s.working_bytes[kind].push_back(static_cast<double>(t.working_bytes));
+      s.seconds[index_of(t.action.kind)].push_back(t.duration_s());
+      s.working_bytes[index_of(t.action.kind)].push_back(static_cast<double>(t.working_bytes));
       if (t.action.kind == ActionKind::kForward) s.activation_bytes.push_back(static_cast<double>(t.held_bytes));
       if (t.action.kind == ActionKind::kBackwardInput) {
         s.weight_gradient_bytes.push_back(static_cast<double>(t.held_bytes));
@@ -127,30 +113,25 @@ void CostProfile::add(const StepResult& step) {
   ++steps_;
   for (std::size_t s = 0; s < samples_.size(); ++s) {
     const Samples& in = samples_[s];
-    const double backward_working =
-        std::max({median(in.working_bytes[1]), median(in.working_bytes[2]), median(in.working_bytes[3])});
-    medians_[s] = {median(in.seconds[0]),           median(in.seconds[1]),       median(in.seconds[2]),
-                   median(in.seconds[3]),           median(in.optimizer),        median(in.activation_bytes),
-                   median(in.weight_gradient_bytes), median(in.working_bytes[0]), backward_working};
+    StageCosts& out = medians_[s];
+    for (const ActionKind kind :
+         {ActionKind::kForward, ActionKind::kBackward, ActionKind::kBackwardInput, ActionKind::kBackwardWeight}) {
+      out.set_duration(kind, median(in.seconds[index_of(kind)]));
+    }
+    out.optimizer_s = median(in.optimizer);
+    out.activation_bytes = median(in.activation_bytes);
+    out.weight_gradient_bytes = median(in.weight_gradient_bytes);
+    out.forward_working_bytes = median(in.working_bytes[index_of(ActionKind::kForward)]);
+    out.backward_working_bytes = std::max({median(in.working_bytes[index_of(ActionKind::kBackward)]),
+                                           median(in.working_bytes[index_of(ActionKind::kBackwardInput)]),
+                                           median(in.working_bytes[index_of(ActionKind::kBackwardWeight)])});
   }
 }
 
-StageCost CostProfile::stage(StageId s) const { return medians_.at(static_cast<std::size_t>(s.value())); }
+StageCosts CostProfile::stage(StageId s) const { return medians_.at(static_cast<std::size_t>(s.value())); }
 
 double CostProfile::duration(const Action& action) const {
-  const StageCost& c = medians_.at(static_cast<std::size_t>(action.stage.value()));
-  switch (action.kind) {
-    case ActionKind::kForward:
-      return c.forward_s;
-    case ActionKind::kBackward:
-      return c.backward_s;
-    case ActionKind::kBackwardInput:
-      return c.backward_input_s;
-    case ActionKind::kBackwardWeight:
-      return c.backward_weight_s;
-    default:
-      return 0;
-  }
+  return medians_.at(static_cast<std::size_t>(action.stage.value())).duration(action.kind);
 }
 
 MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine& engine, std::string source) {
@@ -164,20 +145,12 @@ MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine&
   MeasuredProfile profile;
   profile.source = std::move(source);
   for (int s = 0; s < engine.num_stages(); ++s) {
-    const StageCost c = costs.stage(StageId(s));
+    StageCosts stage_costs = costs.stage(StageId(s));
     const nn::Stage& stage = engine.stage(StageId(s));
-    profile.stages.push_back({.forward_s = c.forward_s,
-                              .backward_s = c.backward_s,
-                              .backward_input_s = c.backward_input_s,
-                              .backward_weight_s = c.backward_weight_s,
-                              .output_bytes = stage.has_head() ? 0.0 : message,
-                              .activation_bytes = c.activation_bytes,
-                              .weight_gradient_bytes = c.weight_gradient_bytes,
-                              .forward_working_bytes = c.forward_working_bytes,
-                              .backward_working_bytes = c.backward_working_bytes,
-                              // parameters, gradients and AdamW's two moments, float each
-                              .model_state_bytes = 4.0 * sizeof(float) * static_cast<double>(stage.layout().total()),
-                              .optimizer_s = c.optimizer_s});
+    stage_costs.output_bytes = stage.has_head() ? 0.0 : message;
+    // parameters, gradients and AdamW's two moments, float each
+    stage_costs.model_state_bytes = 4.0 * sizeof(float) * static_cast<double>(stage.layout().total());
+    profile.stages.push_back(ProfiledStage::all_measured(stage_costs));
   }
   return profile;
 }

@@ -90,7 +90,7 @@ std::string partition_section(const RunRecord& run) {
   out += "| stage | rank | layers | F | B | I | W | optimizer | activations held |\n";
   out += "|---|---|---|---|---|---|---|---|---|\n";
   for (int s = 0; s < schedule.num_stages(); ++s) {
-    const StageCost c = run.costs->stage(StageId(s));
+    const StageCosts c = run.costs->stage(StageId(s));
     const int first = run.boundaries[static_cast<std::size_t>(s)];
     const int last = run.boundaries[static_cast<std::size_t>(s) + 1] - 1;
     const std::string layers = first == last ? nn::pipeline_layer_name(run.settings->model, first)

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "pipeflow/core/config.h"
@@ -17,30 +18,64 @@ double non_negative(const Config& config, std::string_view key, bool required) {
   return value;
 }
 
-std::optional<double> optional_non_negative(const Config& config, std::string_view key) {
-  if (!config.has(key)) return std::nullopt;
-  return non_negative(config, key, true);
+// Every figure a profile's stage can carry, in the order written: one table
+// for reading, writing and applying a profile.
+enum class Presence { kRequired, kZeroIfAbsent, kOptional };
+struct ProfileField {
+  std::string_view key;
+  double StageCosts::*member;
+  Presence presence;
+};
+constexpr ProfileField kProfileFields[] = {
+    {"forward_s", &StageCosts::forward_s, Presence::kRequired},
+    {"backward_s", &StageCosts::backward_s, Presence::kRequired},
+    {"backward_input_s", &StageCosts::backward_input_s, Presence::kZeroIfAbsent},
+    {"backward_weight_s", &StageCosts::backward_weight_s, Presence::kZeroIfAbsent},
+    {"output_bytes", &StageCosts::output_bytes, Presence::kRequired},
+    {"activation_bytes", &StageCosts::activation_bytes, Presence::kOptional},
+    {"weight_gradient_bytes", &StageCosts::weight_gradient_bytes, Presence::kOptional},
+    {"forward_working_bytes", &StageCosts::forward_working_bytes, Presence::kOptional},
+    {"backward_working_bytes", &StageCosts::backward_working_bytes, Presence::kOptional},
+    {"model_state_bytes", &StageCosts::model_state_bytes, Presence::kOptional},
+    {"optimizer_s", &StageCosts::optimizer_s, Presence::kOptional},
+};
+
+bool in_profile(const ProfiledStage& stage, const ProfileField& field) {
+  return field.presence != Presence::kOptional || stage.was_measured(field.member);
 }
 
-StageMeasurement read_stage(const nlohmann::json& json, const std::string& source) {
+ProfiledStage read_stage(const nlohmann::json& json, const std::string& source) {
   const Config config = Config::from_json(json, source);
-  StageMeasurement stage;
-  stage.forward_s = non_negative(config, "forward_s", true);
-  stage.backward_s = non_negative(config, "backward_s", true);
-  stage.backward_input_s = non_negative(config, "backward_input_s", false);
-  stage.backward_weight_s = non_negative(config, "backward_weight_s", false);
-  stage.output_bytes = non_negative(config, "output_bytes", true);
-  stage.activation_bytes = optional_non_negative(config, "activation_bytes");
-  stage.weight_gradient_bytes = optional_non_negative(config, "weight_gradient_bytes");
-  stage.forward_working_bytes = optional_non_negative(config, "forward_working_bytes");
-  stage.backward_working_bytes = optional_non_negative(config, "backward_working_bytes");
-  stage.model_state_bytes = optional_non_negative(config, "model_state_bytes");
-  stage.optimizer_s = optional_non_negative(config, "optimizer_s");
+  ProfiledStage stage;
+  for (const ProfileField& field : kProfileFields) {
+    if (field.presence == Presence::kOptional) {
+      if (config.has(field.key)) stage.set_measured(field.member, non_negative(config, field.key, true));
+    } else {
+      stage.costs.*field.member = non_negative(config, field.key, field.presence == Presence::kRequired);
+    }
+  }
   config.check_no_unknown_keys();
   return stage;
 }
 
 }  // namespace
+
+bool ProfiledStage::was_measured(double StageCosts::*field) const {
+  return std::find(measured.begin(), measured.end(), field) != measured.end();
+}
+
+void ProfiledStage::set_measured(double StageCosts::*field, double value) {
+  costs.*field = value;
+  if (!was_measured(field)) measured.push_back(field);
+}
+
+ProfiledStage ProfiledStage::all_measured(const StageCosts& costs) {
+  ProfiledStage stage{costs, {}};
+  for (const ProfileField& field : kProfileFields) {
+    if (field.presence == Presence::kOptional) stage.measured.push_back(field.member);
+  }
+  return stage;
+}
 
 MeasuredProfile profile_from_json(std::string_view json_text, const std::string& source) {
   const Config config = Config::parse(json_text, source);
@@ -74,19 +109,11 @@ std::string profile_to_json(const MeasuredProfile& profile) {
   json["pipeflow_profile"] = kProfileFormatVersion;
   if (!profile.source.empty()) json["source"] = profile.source;
   json["stages"] = nlohmann::ordered_json::array();
-  for (const StageMeasurement& s : profile.stages) {
+  for (const ProfiledStage& s : profile.stages) {
     nlohmann::ordered_json stage;
-    stage["forward_s"] = s.forward_s;
-    stage["backward_s"] = s.backward_s;
-    stage["backward_input_s"] = s.backward_input_s;
-    stage["backward_weight_s"] = s.backward_weight_s;
-    stage["output_bytes"] = s.output_bytes;
-    if (s.activation_bytes) stage["activation_bytes"] = *s.activation_bytes;
-    if (s.weight_gradient_bytes) stage["weight_gradient_bytes"] = *s.weight_gradient_bytes;
-    if (s.forward_working_bytes) stage["forward_working_bytes"] = *s.forward_working_bytes;
-    if (s.backward_working_bytes) stage["backward_working_bytes"] = *s.backward_working_bytes;
-    if (s.model_state_bytes) stage["model_state_bytes"] = *s.model_state_bytes;
-    if (s.optimizer_s) stage["optimizer_s"] = *s.optimizer_s;
+    for (const ProfileField& field : kProfileFields) {
+      if (in_profile(s, field)) stage[std::string(field.key)] = s.costs.*field.member;
+    }
     json["stages"].push_back(stage);
   }
   if (std::isfinite(profile.link.bandwidth_bytes_per_s) || profile.link.latency_s > 0) {
@@ -110,19 +137,9 @@ void apply_profile(const MeasuredProfile& profile, SimulationCosts& costs) {
          profile.source.empty() ? "" : " (" + profile.source + ")", profile.stages.size(), costs.stages.size());
   }
   for (std::size_t s = 0; s < profile.stages.size(); ++s) {
-    const StageMeasurement& measured = profile.stages[s];
-    StageCosts& stage = costs.stages[s];
-    stage.forward_s = measured.forward_s;
-    stage.backward_s = measured.backward_s;
-    stage.backward_input_s = measured.backward_input_s;
-    stage.backward_weight_s = measured.backward_weight_s;
-    stage.output_bytes = measured.output_bytes;
-    if (measured.activation_bytes) stage.activation_bytes = *measured.activation_bytes;
-    if (measured.weight_gradient_bytes) stage.weight_gradient_bytes = *measured.weight_gradient_bytes;
-    if (measured.forward_working_bytes) stage.forward_working_bytes = *measured.forward_working_bytes;
-    if (measured.backward_working_bytes) stage.backward_working_bytes = *measured.backward_working_bytes;
-    if (measured.model_state_bytes) stage.model_state_bytes = *measured.model_state_bytes;
-    if (measured.optimizer_s) stage.optimizer_s = *measured.optimizer_s;
+    for (const ProfileField& field : kProfileFields) {
+      if (in_profile(profile.stages[s], field)) costs.stages[s].*field.member = profile.stages[s].costs.*field.member;
+    }
   }
   costs.links = LinkTable(profile.link);
 }

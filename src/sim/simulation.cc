@@ -95,19 +95,9 @@ double message_bytes(const Action& sender, const SimulationCosts& costs) {
   return costs.stages[static_cast<std::size_t>(producer_stage)].output_bytes;
 }
 
+// `overlapped`: a B that is the second half of an F&B pair.
 double compute_duration(const Action& a, const StageCosts& c, bool overlapped) {
-  switch (a.kind) {
-    case ActionKind::kForward:
-      return c.forward_s;
-    case ActionKind::kBackward:
-      return overlapped ? c.backward_s - c.forward_backward_overlap_s : c.backward_s;
-    case ActionKind::kBackwardInput:
-      return c.backward_input_s;
-    case ActionKind::kBackwardWeight:
-      return c.backward_weight_s;
-    default:
-      return 0;
-  }
+  return overlapped ? c.duration(a.kind) - c.forward_backward_overlap_s : c.duration(a.kind);
 }
 
 // The rank a compute action of a compute-only schedule sends its result to,

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "../model/error_of.h"
+#include "../support/error_of.h"
 
 namespace pipeflow {
 namespace {

@@ -3,18 +3,12 @@
 #include <gtest/gtest.h>
 
 #include "pipeflow/core/error.h"
+#include "../support/error_of.h"
 
 namespace pipeflow {
 namespace {
 
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 TEST(Config, ReadsNestedValuesAndFallbacks) {
   const Config config = Config::parse(

@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "error_of.h"
+#include "../support/error_of.h"
 #include "pipeflow/core/file.h"
 
 namespace pipeflow {

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "error_of.h"
+#include "../support/error_of.h"
 #include "pipeflow/model/hf_config.h"
 
 namespace pipeflow {

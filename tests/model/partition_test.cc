@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <random>
 
-#include "error_of.h"
+#include "../support/error_of.h"
 
 namespace pipeflow {
 namespace {

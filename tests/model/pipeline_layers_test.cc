@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "error_of.h"
+#include "../support/error_of.h"
 
 namespace pipeflow {
 namespace {

@@ -10,6 +10,7 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/nn/model_file.h"
+#include "test_support.h"
 
 namespace pipeflow::nn {
 namespace {
@@ -24,13 +25,9 @@ std::string serialized_pair() {
   return writer.serialize();
 }
 
-std::string error_of(const std::string& bytes) {
-  try {
-    SafetensorsFile::parse(bytes, "w.safetensors");
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "(no error)";
+// The error parsing `bytes` as w.safetensors gives, or "(no error)".
+std::string parse_error(const std::string& bytes) {
+  return testing::error_of([&] { SafetensorsFile::parse(bytes, "w.safetensors"); });
 }
 
 TEST(Safetensors, HeaderIsALittleEndianLengthThenJsonThenData) {
@@ -66,55 +63,48 @@ TEST(Safetensors, RoundTripsTensorsAndMetadataThroughAFile) {
 
 TEST(Safetensors, TruncatedAndCorruptFilesAreErrorsNamingTheFileAndTheProblem) {
   const std::string good = serialized_pair();
-  EXPECT_EQ(error_of(good.substr(0, 5)),
+  EXPECT_EQ(parse_error(good.substr(0, 5)),
             "w.safetensors: truncated safetensors file: 5 bytes, shorter than the 8-byte header length");
-  EXPECT_EQ(error_of(good.substr(0, 40)),
+  EXPECT_EQ(parse_error(good.substr(0, 40)),
             "w.safetensors: header length 176 runs past the end of the file (40 bytes): truncated or not a "
             "safetensors file");
-  EXPECT_EQ(error_of(good.substr(0, good.size() - 4)),
+  EXPECT_EQ(parse_error(good.substr(0, good.size() - 4)),
             "w.safetensors: tensor tokens: ends at data byte 36 but the file holds only 32 data bytes: the file "
             "is truncated");
-  EXPECT_EQ(error_of(good + "xxxx"),
+  EXPECT_EQ(parse_error(good + "xxxx"),
             "w.safetensors: 4 bytes after the last tensor: corrupt file or a wrong header");
   std::string corrupt = good;
   corrupt[8] = '[';
-  EXPECT_NE(error_of(corrupt).find("w.safetensors: header is not valid JSON"), std::string::npos);
+  EXPECT_NE(parse_error(corrupt).find("w.safetensors: header is not valid JSON"), std::string::npos);
   auto with_header = [](const std::string& json, std::size_t data_bytes) {
     std::string text = json;
     const std::uint64_t length = text.size();
     return std::string(reinterpret_cast<const char*>(&length), 8) + text + std::string(data_bytes, '\0');
   };
-  EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)),
+  EXPECT_EQ(parse_error(with_header(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)),
             "w.safetensors: tensor a: F32 [3] needs 12 bytes but data_offsets [0, 8] span 8");
-  EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", 4)),
+  EXPECT_EQ(parse_error(with_header(R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", 4)),
             "w.safetensors: tensor a: dtype BF16 is not supported (pipeflow reads F32 and I32)");
-  EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)),
+  EXPECT_EQ(parse_error(with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)),
             "w.safetensors: tensor data is not contiguous (a gap or overlap at data byte 0): corrupt file");
   // 2^62 · 4 elements of 4 bytes wrap to 0 bytes in 64 bits, 2^64 − 1 is no int64: neither may pass.
-  EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"I32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", 0)),
+  EXPECT_EQ(parse_error(with_header(R"({"a":{"dtype":"I32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", 0)),
             "w.safetensors: tensor a: shape [4611686018427387904,4] has more than 2^60 elements: a corrupt header");
-  EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"I32","shape":[1073741824,2147483648],"data_offsets":[0,0]}})", 0)),
+  EXPECT_EQ(parse_error(with_header(R"({"a":{"dtype":"I32","shape":[1073741824,2147483648],"data_offsets":[0,0]}})", 0)),
             "w.safetensors: tensor a: shape [1073741824,2147483648] has more than 2^60 elements: a corrupt header");
-  EXPECT_EQ(error_of(with_header(R"({"a":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,0]}})", 0)),
+  EXPECT_EQ(parse_error(with_header(R"({"a":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,0]}})", 0)),
             "w.safetensors: tensor a: shape [18446744073709551615] has more than 2^60 elements: a corrupt header");
 }
 
 TEST(Safetensors, WrongShapeOrDtypeOrMissingTensorNameTheTensor) {
   const SafetensorsFile file = SafetensorsFile::parse(serialized_pair(), "w.safetensors");
   std::vector<float> out(6);
-  auto error = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
-  EXPECT_EQ(error([&] { file.read_floats("h.0.attn.c_attn.weight", {3, 2}, out); }),
+  using testing::error_of;
+  EXPECT_EQ(error_of([&] { file.read_floats("h.0.attn.c_attn.weight", {3, 2}, out); }),
             "w.safetensors: tensor h.0.attn.c_attn.weight has shape [2, 3], expected [3, 2]");
-  EXPECT_EQ(error([&] { file.floats("tokens"); }), "w.safetensors: tensor tokens is I32, expected F32");
-  EXPECT_EQ(error([&] { file.floats("wte.weight"); }), "w.safetensors: no tensor wte.weight in the file (2 tensors)");
-  EXPECT_EQ(error([&] { read_config(file); }), "w.safetensors: no vocab_size in the __metadata__ of the file");
+  EXPECT_EQ(error_of([&] { file.floats("tokens"); }), "w.safetensors: tensor tokens is I32, expected F32");
+  EXPECT_EQ(error_of([&] { file.floats("wte.weight"); }), "w.safetensors: no tensor wte.weight in the file (2 tensors)");
+  EXPECT_EQ(error_of([&] { read_config(file); }), "w.safetensors: no vocab_size in the __metadata__ of the file");
 }
 
 TEST(ModelFile, WeightsRoundTripWithTheShapeInTheMetadata) {

@@ -106,12 +106,13 @@ TEST(Measurement, TheMeasuredProfileHasTheEnginesMessagesAndModelStates) {
   const MeasuredProfile profile = measured_profile(costs, *engine, "test");
   ASSERT_EQ(profile.stages.size(), 2u);
   EXPECT_EQ(profile.source, "test");
-  EXPECT_EQ(profile.stages[0].output_bytes, testing::kMicroBatch * 16 * 32 * 4);  // [b, T, C] floats
-  EXPECT_EQ(profile.stages[1].output_bytes, 0);
-  EXPECT_EQ(profile.stages[1].backward_s, 6);
-  EXPECT_EQ(*profile.stages[0].model_state_bytes,
+  EXPECT_EQ(profile.stages[0].costs.output_bytes, testing::kMicroBatch * 16 * 32 * 4);  // [b, T, C] floats
+  EXPECT_EQ(profile.stages[1].costs.output_bytes, 0);
+  EXPECT_EQ(profile.stages[1].costs.backward_s, 6);
+  EXPECT_TRUE(profile.stages[0].was_measured(&StageCosts::model_state_bytes));
+  EXPECT_EQ(profile.stages[0].costs.model_state_bytes,
             16.0 * static_cast<double>(engine->stage(StageId(0)).layout().total()));
-  EXPECT_EQ(profile_from_json(profile_to_json(profile), "round trip").stages[1].forward_s, 3);
+  EXPECT_EQ(profile_from_json(profile_to_json(profile), "round trip").stages[1].costs.forward_s, 3);
 }
 
 TEST(Measurement, ReplayingASerialStepGivesTheTimelineOfOneCorePerRank) {

@@ -100,18 +100,7 @@ class Reference {
   int batch_;
 };
 
-// ‖a − b‖ / ‖b‖ in double (‖a − b‖ when b is zero).
-template <class A, class B>
-double relative_error(const A& a, const B& b) {
-  double diff = 0;
-  double norm = 0;
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-}
-
+using nn::testing::relative_error;
 using nn::testing::error_of;
 
 }  // namespace pipeflow::runtime::testing

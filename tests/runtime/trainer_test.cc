@@ -91,7 +91,7 @@ TEST(Trainer, TrainsWritesMetricsReportTimelineAndWeights) {
   EXPECT_NE(read_file(settings.out_dir / "trace.json").find("\"traceEvents\""), std::string::npos);
   const MeasuredProfile profile = load_profile(settings.out_dir / "profile.json");  // what simulate --profile reads
   ASSERT_EQ(profile.stages.size(), 2u);
-  EXPECT_GT(profile.stages[1].backward_s, 0);
+  EXPECT_GT(profile.stages[1].costs.backward_s, 0);
   const auto weights = nn::SafetensorsFile::read(settings.out_dir / "weights.safetensors");
   EXPECT_EQ(nn::read_config(weights), testing::kTiny);
   std::fclose(log);

@@ -5,7 +5,7 @@
 #include <set>
 #include <unordered_set>
 
-#include "error_of.h"
+#include "../support/error_of.h"
 #include "pipeflow/core/error.h"
 
 namespace pipeflow {

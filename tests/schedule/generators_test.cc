@@ -6,7 +6,7 @@
 #include <functional>
 #include <string>
 
-#include "error_of.h"
+#include "../support/error_of.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/schedule/execute.h"
 #include "pipeflow/schedule/passes.h"

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "error_of.h"
+#include "../support/error_of.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/passes.h"

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "../model/error_of.h"
+#include "../support/error_of.h"
 #include "pipeflow/config/rules.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/sim/prediction.h"
@@ -214,13 +214,13 @@ TEST(Predict, AMeasuredProfileReplacesTheComputedDurations) {
   const Layout layout = make_layout("gpt-tiny", "cpu", 1, 2, 1, 4, 64);
   MeasuredProfile profile;
   profile.stages.resize(2);
-  profile.stages[0].forward_s = 0.01;
-  profile.stages[0].backward_s = 0.02;
-  profile.stages[0].output_bytes = 1000;
-  profile.stages[0].activation_bytes = 5e5;
-  profile.stages[1].forward_s = 0.02;
-  profile.stages[1].backward_s = 0.04;
-  for (StageMeasurement& stage : profile.stages) stage.optimizer_s = 0.005;
+  profile.stages[0].costs.forward_s = 0.01;
+  profile.stages[0].costs.backward_s = 0.02;
+  profile.stages[0].costs.output_bytes = 1000;
+  profile.stages[0].set_measured(&StageCosts::activation_bytes, 5e5);
+  profile.stages[1].costs.forward_s = 0.02;
+  profile.stages[1].costs.backward_s = 0.04;
+  for (ProfiledStage& stage : profile.stages) stage.set_measured(&StageCosts::optimizer_s, 0.005);
   profile.link = {1e-6, 1e9};
   const Prediction p = predict(layout, &profile);
   // 1F1B, the second stage the slowest: 0.01 + 1 us + 1 us (1000 B at 1 GB/s) to

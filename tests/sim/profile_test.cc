@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "../model/error_of.h"
+#include "../support/error_of.h"
 #include "pipeflow/schedule/generators.h"
 
 namespace pipeflow {
@@ -27,13 +27,14 @@ TEST(Profile, ReadsStagesAndLinkAndWritesThemBack) {
   const MeasuredProfile profile = profile_from_json(kProfile, "m.json");
   ASSERT_EQ(profile.stages.size(), 2u);
   EXPECT_EQ(profile.source, "pipeflow train, steps 2-4");
-  EXPECT_DOUBLE_EQ(profile.stages[0].forward_s, 0.5);
-  EXPECT_DOUBLE_EQ(profile.stages[0].backward_input_s, 0);
-  EXPECT_DOUBLE_EQ(*profile.stages[0].activation_bytes, 200);
-  EXPECT_FALSE(profile.stages[0].weight_gradient_bytes.has_value());
-  EXPECT_DOUBLE_EQ(*profile.stages[0].forward_working_bytes, 300);
-  EXPECT_DOUBLE_EQ(*profile.stages[0].backward_working_bytes, 50);
-  EXPECT_DOUBLE_EQ(profile.stages[1].backward_weight_s, 0.4);
+  EXPECT_DOUBLE_EQ(profile.stages[0].costs.forward_s, 0.5);
+  EXPECT_DOUBLE_EQ(profile.stages[0].costs.backward_input_s, 0);
+  EXPECT_TRUE(profile.stages[0].was_measured(&StageCosts::activation_bytes));
+  EXPECT_DOUBLE_EQ(profile.stages[0].costs.activation_bytes, 200);
+  EXPECT_FALSE(profile.stages[0].was_measured(&StageCosts::weight_gradient_bytes));
+  EXPECT_DOUBLE_EQ(profile.stages[0].costs.forward_working_bytes, 300);
+  EXPECT_DOUBLE_EQ(profile.stages[0].costs.backward_working_bytes, 50);
+  EXPECT_DOUBLE_EQ(profile.stages[1].costs.backward_weight_s, 0.4);
   EXPECT_DOUBLE_EQ(profile.link.latency_s, 0.001);
   const std::string json = profile_to_json(profile);
   EXPECT_EQ(profile_to_json(profile_from_json(json, "again.json")), json);

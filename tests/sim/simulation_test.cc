@@ -6,7 +6,7 @@
 #include <limits>
 #include <string>
 
-#include "../model/error_of.h"
+#include "../support/error_of.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/passes.h"
 

@@ -7,31 +7,15 @@
 
 namespace pipeflow {
 
-enum class LogLevel { kDebug, kInfo, kWarning, kError, kQuiet };
+// A warning: something the user should know that does not stop the command,
+// printed as one line "warning: ..." on standard error. Commands print their
+// own progress and results; this is the only shared output channel.
+// Thread safety: may be called from any thread; lines never interleave.
+void print_warning(std::string_view message);
 
-// Messages at or above the level go to standard error, each as one line.
-// Thread safety: all functions may be called from any thread.
-void set_log_level(LogLevel level);
-LogLevel log_level();
-void log_line(LogLevel level, std::string_view message);
-
-template <class... Args>
-void log_debug(fmt::format_string<Args...> format, Args&&... args) {
-  if (log_level() <= LogLevel::kDebug) {
-    log_line(LogLevel::kDebug, fmt::format(format, std::forward<Args>(args)...));
-  }
-}
-template <class... Args>
-void log_info(fmt::format_string<Args...> format, Args&&... args) {
-  if (log_level() <= LogLevel::kInfo) {
-    log_line(LogLevel::kInfo, fmt::format(format, std::forward<Args>(args)...));
-  }
-}
 template <class... Args>
 void log_warning(fmt::format_string<Args...> format, Args&&... args) {
-  if (log_level() <= LogLevel::kWarning) {
-    log_line(LogLevel::kWarning, fmt::format(format, std::forward<Args>(args)...));
-  }
+  print_warning(fmt::format(format, std::forward<Args>(args)...));
 }
 
 }  // namespace pipeflow

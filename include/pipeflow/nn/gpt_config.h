@@ -25,7 +25,6 @@ struct GptConfig {
   // Throws Error naming the field, its value and the rule: each field in
   // [1, its kMax], n_embd a multiple of n_head.
   void validate() const;
-  int head_size() const { return n_embd / n_head; }
   // The pipeline layers: embedding, block.0 … block.{L−1}, head.
   int pipeline_layers() const { return n_layer + 2; }
   // Parameters counted once (the LM head shares wte):

@@ -167,9 +167,8 @@ class BasicStage {
   // left out (the embedding stage counts it). Sum over stages, then √.
   double gradient_square_sum() const;
   void scale_gradients(double factor);
-  // Whether this stage holds wte.weight, and whether its gradient must be
-  // summed with another stage's copy (embedding and head on different stages).
-  bool holds_tied_embedding() const { return has_embedding() || has_head(); }
+  // Whether this stage's copy of wte.weight must have its gradient summed with
+  // another stage's copy (embedding and head on different stages).
   bool needs_tied_reduction() const { return has_embedding() != has_head(); }
   std::span<T> tied_gradient() { return gradient("wte.weight"); }
   void add_tied_gradient(std::span<const T> other);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -49,22 +50,12 @@ struct StepFigures {
 
 StepFigures step_figures(const StepResult& step, int num_ranks);
 
-// Per-action costs measured over some steps: for every (stage, compute kind)
-// the median duration over all its micro-batches of those steps, the median
-// bytes an F (an I) left held, and the median optimizer time per stage.
-// The median, not the mean: a step on a shared machine has outliers.
-struct StageCost {
-  double forward_s = 0;
-  double backward_s = 0;        // 0 if the schedule had no B on this stage
-  double backward_input_s = 0;  // 0 if it had no I
-  double backward_weight_s = 0;
-  double optimizer_s = 0;
-  double activation_bytes = 0;       // held from F to B/I, per micro-batch
-  double weight_gradient_bytes = 0;  // held from I to W, per micro-batch
-  double forward_working_bytes = 0;   // held above the start while an F runs (sim StageCosts)
-  double backward_working_bytes = 0;  // the same for B, I and W: the largest of their medians
-};
-
+// Per-action costs measured over some steps, as sim/profile.h states them
+// (medians): for every (stage, compute kind) its duration, the bytes an F
+// (an I) left held, the working bytes of F and the largest of B's, I's and
+// W's, and the optimizer time per stage. A kind the schedule did not run on
+// a stage costs 0. output_bytes and model_state_bytes are the engine's
+// (measured_profile), not measured here.
 class CostProfile {
  public:
   explicit CostProfile(int num_stages);
@@ -72,20 +63,21 @@ class CostProfile {
   void add(const StepResult& step);
   int steps() const { return steps_; }
   int num_stages() const { return static_cast<int>(samples_.size()); }
-  StageCost stage(StageId s) const;
-  // The median of `action`'s (stage, kind); 0 for communication actions.
+  StageCosts stage(StageId s) const;
+  // stage(action.stage).duration(action.kind); 0 for communication actions.
   double duration(const Action& action) const;
 
  private:
   struct Samples {
-    std::vector<double> seconds[4];  // F, B, I, W
+    // Indexed by ActionKind; only the compute kinds are filled.
+    std::array<std::vector<double>, kNumActionKinds> seconds;
+    std::array<std::vector<double>, kNumActionKinds> working_bytes;
     std::vector<double> optimizer;
     std::vector<double> activation_bytes;
     std::vector<double> weight_gradient_bytes;
-    std::vector<double> working_bytes[4];  // F, B, I, W
   };
   std::vector<Samples> samples_;
-  std::vector<StageCost> medians_;
+  std::vector<StageCosts> medians_;
   int steps_ = 0;
 };
 

@@ -1,7 +1,6 @@
 #pragma once
 
 #include <filesystem>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,25 +28,30 @@ namespace pipeflow {
 //       "optimizer_s": 0.004}],                optional: the stage's optimizer step
 //    "link": {"latency_s": 2e-6, "bandwidth_bytes_per_s": 7e9}}   every rank pair; optional:
 //                                              absent, messages are free (an in-process hand-off)
-// Seconds are per micro-batch (the mean over the measured steps); a key left
-// out of a stage means "not measured".
-struct StageMeasurement {
-  double forward_s = 0;
-  double backward_s = 0;
-  double backward_input_s = 0;
-  double backward_weight_s = 0;
-  double output_bytes = 0;
-  std::optional<double> activation_bytes;
-  std::optional<double> weight_gradient_bytes;
-  std::optional<double> forward_working_bytes;
-  std::optional<double> backward_working_bytes;
-  std::optional<double> model_state_bytes;
-  std::optional<double> optimizer_s;
+// Seconds and bytes are per micro-batch (the optimizer's seconds per step):
+// for each stage and action kind, the median over the measured steps (runtime::CostProfile
+// computes them) -- the median, not the mean, because a step on a shared
+// machine has outliers. A key left out of a stage means "not measured".
+
+// One stage of a profile: its costs, and which of them the run measured. The
+// durations (F, B, I, W; I and W 0 if the run had none) and output_bytes are
+// always part of a profile; the memory figures and the optimizer time only
+// where `measured` names them, and for the rest apply_profile keeps the
+// simulated layout's own figure.
+struct ProfiledStage {
+  StageCosts costs;
+  std::vector<double StageCosts::*> measured;  // e.g. &StageCosts::activation_bytes
+
+  bool was_measured(double StageCosts::*field) const;
+  // Sets costs.*field and marks it measured.
+  void set_measured(double StageCosts::*field, double value);
+  // `costs` with every figure a profile can carry marked measured.
+  static ProfiledStage all_measured(const StageCosts& costs);
 };
 
 struct MeasuredProfile {
   std::string source;
-  std::vector<StageMeasurement> stages;
+  std::vector<ProfiledStage> stages;
   LinkCost link;
 };
 
@@ -57,18 +61,18 @@ inline constexpr int kProfileFormatVersion = 1;
 // negative value.
 MeasuredProfile profile_from_json(std::string_view json_text, const std::string& source);
 MeasuredProfile load_profile(const std::filesystem::path& path);
-// Pretty JSON (2-space indent) in the form above; absent optionals are left out.
+// Pretty JSON (2-space indent) in the form above; figures not measured are left out.
 std::string profile_to_json(const MeasuredProfile& profile);
 
 // SimulationCosts with the measured durations, messages and link; memory and
-// optimizer time from the measurements where given, else 0. The runtime's prediction:
+// optimizer time where measured, else 0. The runtime's prediction:
 //   simulate(schedule_it_ran, costs_from_profile(profile))
 SimulationCosts costs_from_profile(const MeasuredProfile& profile);
 
 // Replaces the durations, message bytes and links of `costs` by the
-// measured ones, and its memory figures and optimizer time where the profile
-// has them; keeps the rest (data parallelism, buffers). Throws Error unless the
-// profile has one stage per stage of `costs`.
+// measured ones, and its memory figures and optimizer time where measured;
+// keeps the rest (data parallelism, buffers). Throws Error unless the profile
+// has one stage per stage of `costs`.
 void apply_profile(const MeasuredProfile& profile, SimulationCosts& costs);
 
 }  // namespace pipeflow
