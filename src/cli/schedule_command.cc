@@ -35,6 +35,7 @@ std::string list_text() {
     out += fmt::format("{:<17} {}\n", info.name, info.description);
     out += fmt::format("{:<17} constraints: {}{}\n", "", info.constraints,
                        info.takes_virtual ? " (takes --virtual)" : "");
+    out += fmt::format("{:<17} placement: {}\n", "", to_string(info.placement));
     out += fmt::format("{:<17} source: {}\n", "", info.source);
   }
   return out;

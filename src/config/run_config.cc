@@ -190,11 +190,8 @@ PipelineConfig read_pipeline(const Config& config) {
   p.recompute_interval = non_negative(section, "activation_checkpoint_interval", p.recompute_interval,
                                                   "0 for no checkpointing, k to recompute every block");
   p.schedule = lower(section.get("schedule", p.schedule));
-  const auto& known = list_schedules();
-  if (std::none_of(known.begin(), known.end(), [&](const ScheduleInfo& i) { return i.name == p.schedule; })) {
-    std::string names;
-    for (const ScheduleInfo& info : known) names += (names.empty() ? "" : ", ") + info.name;
-    section.fail_value("schedule", fmt::format("known schedules are {}", names));
+  if (find_schedule(p.schedule) == nullptr) {
+    section.fail_value("schedule", fmt::format("known schedules are {}", known_schedule_names()));
   }
   p.virtual_stages = positive(section, "virtual_stages", p.virtual_stages, "model chunks per rank");
   return p;

@@ -161,9 +161,9 @@ void RankWorker::forward(const Action& a, ActionTiming& timing) {
     losses_[static_cast<std::size_t>(a.microbatch.value())] = sl.state.loss();
     return;
   }
-  const StageId next(a.stage.value() + 1);
-  if (schedule_->rank_of(next) == rank_) {
-    hand_over(std::move(out), next, a.microbatch, false);
+  const Action send = *result_send(a);
+  if (schedule_->peer_rank(send) == rank_) {
+    hand_over(std::move(out), partner(send).stage, a.microbatch, false);
   } else {
     sl.activation_out = std::move(out);
   }
@@ -190,9 +190,9 @@ void RankWorker::backward_input(const Action& a, bool with_weight, ActionTiming&
     timing.held_bytes = sl.held_bytes + st.activation_memory().live_bytes() - before + input_bytes - grad.bytes();
   }
   if (st.has_embedding()) return;
-  const StageId previous(a.stage.value() - 1);
-  if (schedule_->rank_of(previous) == rank_) {
-    hand_over(std::move(grad), previous, a.microbatch, true);
+  const Action send = *result_send(a);
+  if (schedule_->peer_rank(send) == rank_) {
+    hand_over(std::move(grad), partner(send).stage, a.microbatch, true);
   } else {
     sl.gradient_out = std::move(grad);
   }
@@ -205,19 +205,16 @@ void RankWorker::hand_over(Tensor tensor, StageId to, MicrobatchId j, bool gradi
 }
 
 MessageKey RankWorker::message_of(const Action& a) const {
-  const int s = a.stage.value();
-  switch (a.kind) {
-    case ActionKind::kSendForward:
-      return {rank_, schedule_->rank_of(StageId(s + 1)), a.stage, a.microbatch, Direction::kActivation};
-    case ActionKind::kRecvForward:
-      return {schedule_->rank_of(StageId(s - 1)), rank_, StageId(s - 1), a.microbatch, Direction::kActivation};
-    case ActionKind::kSendBackward:
-      return {rank_, schedule_->rank_of(StageId(s - 1)), a.stage, a.microbatch, Direction::kGradient};
-    case ActionKind::kRecvBackward:
-      return {schedule_->rank_of(StageId(s + 1)), rank_, StageId(s + 1), a.microbatch, Direction::kGradient};
-    default:
-      fail("rank {}: {} is not a communication action", rank_, a);
+  const std::optional<RankId> peer = schedule_->peer_rank(a);
+  if (!peer) {
+    fail("rank {}: {} has no partner: stage {} is the pipeline's first or last; run pipeflow validate on the schedule",
+         rank_, a, a.stage);
   }
+  const bool forward = a.kind == ActionKind::kSendForward || a.kind == ActionKind::kRecvForward;
+  const Direction direction = forward ? Direction::kActivation : Direction::kGradient;
+  // A message is keyed by its sender: rank, then stage.
+  if (is_send(a.kind)) return {rank_, *peer, a.stage, a.microbatch, direction};
+  return {*peer, rank_, partner(a).stage, a.microbatch, direction};
 }
 
 RankWorker::Outcome RankWorker::send(std::size_t index, const Action& a) {

@@ -62,6 +62,38 @@ std::string to_string(const Action& action) {
   return fmt::format("{}{}{}", action.stage.value(), kind_token(action.kind), action.microbatch.value());
 }
 
+Action partner(const Action& message) {
+  const MicrobatchId mb = message.microbatch;
+  const int s = message.stage.value();
+  switch (message.kind) {
+    case ActionKind::kSendForward:
+      return {StageId(s + 1), ActionKind::kRecvForward, mb};
+    case ActionKind::kRecvForward:
+      return {StageId(s - 1), ActionKind::kSendForward, mb};
+    case ActionKind::kSendBackward:
+      return {StageId(s - 1), ActionKind::kRecvBackward, mb};
+    case ActionKind::kRecvBackward:
+      return {StageId(s + 1), ActionKind::kSendBackward, mb};
+    default:
+      fail("internal: {} is a compute action and has no partner: only a SEND or RECV pairs with another action",
+           message);
+  }
+}
+
+std::optional<Action> result_send(const Action& compute) {
+  switch (compute.kind) {
+    case ActionKind::kForward:
+      return Action{compute.stage, ActionKind::kSendForward, compute.microbatch};
+    case ActionKind::kBackward:
+    case ActionKind::kBackwardInput:
+      return Action{compute.stage, ActionKind::kSendBackward, compute.microbatch};
+    case ActionKind::kBackwardWeight:
+      return std::nullopt;
+    default:
+      fail("internal: {} is a message, not a compute action: only F, B, I and W send a result", compute);
+  }
+}
+
 Action parse_action(std::string_view text) {
   const std::string_view token = trim(text);
   const std::size_t stage_digits = digits_at_front(token);

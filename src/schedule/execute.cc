@@ -186,28 +186,9 @@ class Executor {
 
   // The other half of a message, if the stage has a neighbour in that direction.
   std::optional<Action> partner_of(const Action& a) const {
-    const int s = a.stage.value();
-    switch (a.kind) {
-      case ActionKind::kSendForward:
-        if (s + 1 < stages_) return Action{StageId(s + 1), ActionKind::kRecvForward, a.microbatch};
-        break;
-      case ActionKind::kRecvForward:
-        if (s > 0) return Action{StageId(s - 1), ActionKind::kSendForward, a.microbatch};
-        break;
-      case ActionKind::kSendBackward:
-        if (s > 0) return Action{StageId(s - 1), ActionKind::kRecvBackward, a.microbatch};
-        break;
-      case ActionKind::kRecvBackward:
-        if (s + 1 < stages_) return Action{StageId(s + 1), ActionKind::kSendBackward, a.microbatch};
-        break;
-      default:
-        break;
-    }
-    return std::nullopt;
+    if (!schedule_.peer_rank(a)) return std::nullopt;
+    return partner(a);
   }
-
-  // The rank a message goes to or comes from: where the partner's stage is placed.
-  int partner_rank(const Action& partner) const { return schedule_.rank_of(partner.stage).value(); }
 
   // The first thing the head action of rank r lacks, if any.
   std::optional<Need> missing(int r) const {
@@ -289,7 +270,7 @@ class Executor {
       park(r, *partner);
       return false;
     }
-    const double arrival = end_[key(*partner)] + transfer(*partner, partner_rank(*partner), r);
+    const double arrival = end_[key(*partner)] + transfer(*partner, schedule_.peer_rank(a)->value(), r);
     complete(r, a, free, std::max(free, arrival), std::max(free, arrival) - free);
     return true;
   }
@@ -298,7 +279,7 @@ class Executor {
   // action; otherwise r waits at its head until the partner arrives.
   bool rendezvous(int r, const Action& a, const Action& partner) {
     at_rendezvous_[static_cast<std::size_t>(r)] = true;
-    const int q = partner_rank(partner);
+    const int q = schedule_.peer_rank(a)->value();
     if (q == r || next_[static_cast<std::size_t>(q)] >= list(q).size() ||
         list(q)[next_[static_cast<std::size_t>(q)]] != partner || !at_rendezvous_[static_cast<std::size_t>(q)]) {
       return false;
@@ -323,7 +304,7 @@ class Executor {
     const std::string waits = need.rendezvous && is_recv(need.action.kind)
                                   ? fmt::format("waits for {} to rendezvous", what)
                                   : fmt::format("waits for {}", what);
-    const int holder = need.rendezvous ? partner_rank(need.action) : rank_holding(need.action);
+    const int holder = need.rendezvous ? schedule_.rank_of(need.action.stage).value() : rank_holding(need.action);
     if (rank_holding(need.action) == kNobody) {
       return fmt::format("{}, which is in no rank's list", waits);
     }

@@ -58,12 +58,16 @@ class RankPlan {
   std::deque<int> pending_weights_;  // microbatch * stages + stage, oldest first
 };
 
-void require_basics(std::string_view name, int ranks, int microbatches) {
+// The requirements, one per family of constraints, each in the registry's
+// shape (name, ranks, microbatches, virtual_per_rank) so that an entry can
+// name the one its generator calls.
+void require_basics(std::string_view name, int ranks, int microbatches, int /*virtual_per_rank*/ = 1) {
   if (ranks < 1) fail("{} needs stages >= 1 (got {}): stages counts pipeline ranks", name, ranks);
   if (microbatches < 1) fail("{} needs microbatches >= 1 (got {})", name, microbatches);
 }
 
-void require_microbatches_at_least_stages(std::string_view name, int ranks, int microbatches) {
+void require_microbatches_at_least_stages(std::string_view name, int ranks, int microbatches,
+                                          int /*virtual_per_rank*/ = 1) {
   require_basics(name, ranks, microbatches);
   if (microbatches < ranks) {
     fail("{} needs microbatches >= stages (got {} < {}): raise gradient_accumulation_steps or use gpipe", name,
@@ -71,7 +75,7 @@ void require_microbatches_at_least_stages(std::string_view name, int ranks, int 
   }
 }
 
-void require_v_shape(std::string_view name, int ranks, int microbatches) {
+void require_v_shape(std::string_view name, int ranks, int microbatches, int /*virtual_per_rank*/ = 2) {
   require_basics(name, ranks, microbatches);
   if (microbatches < 2 * ranks) {
     fail("{} needs microbatches >= 2 * stages (got {} < {}): it holds 2 chunks per rank; raise "
@@ -82,6 +86,17 @@ void require_v_shape(std::string_view name, int ranks, int microbatches) {
 
 void require_virtual(std::string_view name, int virtual_per_rank) {
   if (virtual_per_rank < 1) fail("{} needs virtual stages per rank >= 1 (got {})", name, virtual_per_rank);
+}
+
+void require_looped(std::string_view name, int ranks, int microbatches, int virtual_per_rank) {
+  require_basics(name, ranks, microbatches);
+  require_virtual(name, virtual_per_rank);
+}
+
+// interleaved_microbatch_group refuses m < p with Megatron-core's reason.
+void require_interleaved(std::string_view name, int ranks, int microbatches, int virtual_per_rank) {
+  require_virtual(name, virtual_per_rank);
+  interleaved_microbatch_group(ranks, microbatches);
 }
 
 // Megatron-core: p <= g <= m, and the last group m % g is 0 or >= p (a
@@ -150,7 +165,7 @@ int interleaved_microbatch_group(int ranks, int microbatches) {
 }
 
 Schedule make_interleaved_1f1b(int ranks, int microbatches, int virtual_per_rank, int microbatch_group) {
-  require_virtual("interleaved-1f1b", virtual_per_rank);
+  require_interleaved("interleaved-1f1b", ranks, microbatches, virtual_per_rank);
   const int auto_group = interleaved_microbatch_group(ranks, microbatches);
   const int group = microbatch_group == 0 ? auto_group : microbatch_group;
   if (!valid_microbatch_group(ranks, microbatches, group)) {
@@ -176,8 +191,7 @@ Schedule make_interleaved_1f1b(int ranks, int microbatches, int virtual_per_rank
 }
 
 Schedule make_looped_bfs(int ranks, int microbatches, int virtual_per_rank) {
-  require_basics("looped-bfs", ranks, microbatches);
-  require_virtual("looped-bfs", virtual_per_rank);
+  require_looped("looped-bfs", ranks, microbatches, virtual_per_rank);
   const int chunks = virtual_per_rank;
   return build("looped-bfs", ranks, ranks * chunks, microbatches, Placement::kLoop, [&](RankPlan& plan, int r) {
     for (int chunk = 0; chunk < chunks; ++chunk) {
@@ -310,62 +324,97 @@ Schedule make_dualpipev(int ranks, int microbatches) {
 
 const std::vector<ScheduleInfo>& list_schedules() {
   static const std::vector<ScheduleInfo> kSchedules = {
-      {"gpipe", "all forwards, then all backwards (fill-drain)", "any stages, microbatches >= 1",
-       "Huang et al. 2019, GPipe; PyTorch ScheduleGPipe", false},
-      {"1f1b", "PipeDream-Flush: warm-up forwards, then one forward and one backward",
-       "microbatches >= stages", "Narayanan et al. 2021 (PipeDream-Flush); Megatron-LM; PyTorch Schedule1F1B",
-       false},
-      {"interleaved-1f1b", "Megatron interleaved 1F1B: v chunks per rank, micro-batch groups depth-first",
-       "virtual >= 1, microbatches >= stages (micro-batch group g in [stages, microbatches] with "
-       "microbatches % g == 0 or >= stages; the smallest such g)",
-       "Narayanan et al. 2021 §2.2.2; Megatron-core forward_backward_pipelining_with_interleaving", true},
-      {"looped-bfs", "breadth-first: every micro-batch through one chunk before the next", "virtual >= 1",
-       "Lamy-Poirier 2023, Breadth-First Pipeline Parallelism; PyTorch ScheduleLoopedBFS", true},
-      {"zb-h1", "zero bubble H1: 1F1B with W deferred into the bubbles, 1F1B's memory",
-       "microbatches >= stages", "Qi et al. 2023, Zero Bubble Pipeline Parallelism (ZB-H1)", false},
-      {"zb-h2", "zero bubble H2: extra warm-up forwards, W's reordered into a parallelogram",
-       "microbatches >= stages (no bubble from 2 * stages - 1)",
-       "Qi et al. 2023, Zero Bubble Pipeline Parallelism (ZB-H2)", false},
-      {"zbv", "zero bubble V: 2 chunks per rank in V placement, 1F1B's memory",
-       "microbatches >= 2 * stages; 2 chunks per rank",
-       "Qi et al. 2023 §6; sail-sg/zero-bubble-pipeline-parallelism; PyTorch ScheduleZBVZeroBubble", false},
-      {"dualpipev", "DualPipeV: V placement, forward of one chunk overlapped with backward of the other",
-       "microbatches >= 2 * stages; 2 chunks per rank",
-       "deepseek-ai/DualPipe (DualPipeV), DeepSeek-V3 report; PyTorch ScheduleDualPipeV", false},
+      {.name = "gpipe",
+       .description = "all forwards, then all backwards (fill-drain)",
+       .constraints = "any stages, microbatches >= 1",
+       .source = "Huang et al. 2019, GPipe; PyTorch ScheduleGPipe",
+       .require = require_basics,
+       .generate = [](int p, int m, int) { return make_gpipe(p, m); }},
+      {.name = "1f1b",
+       .description = "PipeDream-Flush: warm-up forwards, then one forward and one backward",
+       .constraints = "microbatches >= stages",
+       .source = "Narayanan et al. 2021 (PipeDream-Flush); Megatron-LM; PyTorch Schedule1F1B",
+       .require = require_microbatches_at_least_stages,
+       .generate = [](int p, int m, int) { return make_1f1b(p, m); }},
+      {.name = "interleaved-1f1b",
+       .description = "Megatron interleaved 1F1B: v chunks per rank, micro-batch groups depth-first",
+       .constraints = "virtual >= 1, microbatches >= stages (micro-batch group g in [stages, microbatches] with "
+                      "microbatches % g == 0 or >= stages; the smallest such g)",
+       .source = "Narayanan et al. 2021 §2.2.2; Megatron-core forward_backward_pipelining_with_interleaving",
+       .takes_virtual = true,
+       .require = require_interleaved,
+       .generate = [](int p, int m, int v) { return make_interleaved_1f1b(p, m, v); }},
+      {.name = "looped-bfs",
+       .description = "breadth-first: every micro-batch through one chunk before the next",
+       .constraints = "virtual >= 1",
+       .source = "Lamy-Poirier 2023, Breadth-First Pipeline Parallelism; PyTorch ScheduleLoopedBFS",
+       .takes_virtual = true,
+       .require = require_looped,
+       .generate = make_looped_bfs},
+      {.name = "zb-h1",
+       .description = "zero bubble H1: 1F1B with W deferred into the bubbles, 1F1B's memory",
+       .constraints = "microbatches >= stages",
+       .source = "Qi et al. 2023, Zero Bubble Pipeline Parallelism (ZB-H1)",
+       .require = require_microbatches_at_least_stages,
+       .generate = [](int p, int m, int) { return make_zb_h1(p, m); }},
+      {.name = "zb-h2",
+       .description = "zero bubble H2: extra warm-up forwards, W's reordered into a parallelogram",
+       .constraints = "microbatches >= stages (no bubble from 2 * stages - 1)",
+       .source = "Qi et al. 2023, Zero Bubble Pipeline Parallelism (ZB-H2)",
+       .require = require_microbatches_at_least_stages,
+       .generate = [](int p, int m, int) { return make_zb_h2(p, m); }},
+      {.name = "zbv",
+       .description = "zero bubble V: 2 chunks per rank in V placement, 1F1B's memory",
+       .constraints = "microbatches >= 2 * stages; 2 chunks per rank",
+       .source = "Qi et al. 2023 §6; sail-sg/zero-bubble-pipeline-parallelism; PyTorch ScheduleZBVZeroBubble",
+       .placement = Placement::kV,
+       .require = require_v_shape,
+       .generate = [](int p, int m, int) { return make_zbv(p, m); }},
+      {.name = "dualpipev",
+       .description = "DualPipeV: V placement, forward of one chunk overlapped with backward of the other",
+       .constraints = "microbatches >= 2 * stages; 2 chunks per rank",
+       .source = "deepseek-ai/DualPipe (DualPipeV), DeepSeek-V3 report; PyTorch ScheduleDualPipeV",
+       .placement = Placement::kV,
+       .require = require_v_shape,
+       .generate = [](int p, int m, int) { return make_dualpipev(p, m); }},
   };
   return kSchedules;
 }
 
-Schedule make_schedule(std::string_view name, int ranks, int microbatches, int virtual_per_rank) {
+void ScheduleInfo::check(int ranks, int microbatches, int virtual_per_rank) const {
+  if (placement == Placement::kV && virtual_per_rank != 1 && virtual_per_rank != 2) {
+    fail("{} always holds 2 chunks per rank (got virtual {}): leave virtual at 1 or 2", name, virtual_per_rank);
+  }
+  if (placement == Placement::kLoop && !takes_virtual && virtual_per_rank != 1) {
+    fail("{} holds one stage per rank (got virtual {}): use interleaved-1f1b or looped-bfs for several chunks "
+         "per rank",
+         name, virtual_per_rank);
+  }
+  require(name, ranks, microbatches, virtual_per_rank);
+}
+
+const ScheduleInfo* find_schedule(std::string_view name) {
   std::string lower(name);
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
   const auto& known = list_schedules();
   const auto it = std::find_if(known.begin(), known.end(), [&](const ScheduleInfo& i) { return i.name == lower; });
-  if (it == known.end()) {
-    std::string names;
-    for (const ScheduleInfo& info : known) {
-      if (!names.empty()) names += ", ";
-      names += info.name;
-    }
-    fail("unknown schedule \"{}\": known schedules are {}", name, names);
+  return it == known.end() ? nullptr : &*it;
+}
+
+std::string known_schedule_names() {
+  std::string names;
+  for (const ScheduleInfo& info : list_schedules()) {
+    if (!names.empty()) names += ", ";
+    names += info.name;
   }
-  const bool v_shaped = lower == "zbv" || lower == "dualpipev";
-  if (v_shaped && virtual_per_rank != 1 && virtual_per_rank != 2) {
-    fail("{} always holds 2 chunks per rank (got virtual {}): leave virtual at 1 or 2", lower, virtual_per_rank);
-  }
-  if (!it->takes_virtual && !v_shaped && virtual_per_rank != 1) {
-    fail("{} holds one stage per rank (got virtual {}): use interleaved-1f1b or looped-bfs for several chunks "
-         "per rank",
-         lower, virtual_per_rank);
-  }
-  if (lower == "gpipe") return make_gpipe(ranks, microbatches);
-  if (lower == "1f1b") return make_1f1b(ranks, microbatches);
-  if (lower == "interleaved-1f1b") return make_interleaved_1f1b(ranks, microbatches, virtual_per_rank);
-  if (lower == "looped-bfs") return make_looped_bfs(ranks, microbatches, virtual_per_rank);
-  if (lower == "zb-h1") return make_zb_h1(ranks, microbatches);
-  if (lower == "zb-h2") return make_zb_h2(ranks, microbatches);
-  if (lower == "zbv") return make_zbv(ranks, microbatches);
-  return make_dualpipev(ranks, microbatches);
+  return names;
+}
+
+Schedule make_schedule(std::string_view name, int ranks, int microbatches, int virtual_per_rank) {
+  const ScheduleInfo* info = find_schedule(name);
+  if (info == nullptr) fail("unknown schedule \"{}\": known schedules are {}", name, known_schedule_names());
+  info->check(ranks, microbatches, virtual_per_rank);
+  return info->generate(ranks, microbatches, virtual_per_rank);
 }
 
 }  // namespace pipeflow

@@ -84,30 +84,20 @@ void collect_messages(const Schedule& schedule, const Timing& timing, RankId ran
                       std::vector<Message>& out) {
   const TimedAction& timed = timing.rank(rank)[index];
   const Action& a = timed.action;
-  const int s = a.stage.value();
-  int neighbour = -1;
-  ActionKind send = ActionKind::kSendForward;
-  ActionKind recv = ActionKind::kRecvForward;
-  std::optional<Action> consumer;
-  if (a.kind == ActionKind::kForward && s + 1 < schedule.num_stages()) {
-    neighbour = s + 1;
-    consumer = Action{StageId(neighbour), ActionKind::kForward, a.microbatch};
-  } else if (is_input_backward(a.kind) && s > 0) {
-    neighbour = s - 1;
-    send = ActionKind::kSendBackward;
-    recv = ActionKind::kRecvBackward;
-    consumer = Action{StageId(neighbour), ActionKind::kBackward, a.microbatch};
+  const std::optional<Action> send = result_send(a);
+  if (!send) return;
+  const std::optional<RankId> to = schedule.peer_rank(*send);
+  if (!to || *to == rank) return;
+  const Action recv = partner(*send);
+  // The neighbour consumes it in its F, or in its B (its I when the backward is split).
+  const ActionKind consumer = a.kind == ActionKind::kForward ? ActionKind::kForward : ActionKind::kBackward;
+  const TimedAction* consumed = timing.find(Action{recv.stage, consumer, a.microbatch});
+  if (consumed == nullptr && consumer == ActionKind::kBackward) {
+    consumed = timing.find(Action{recv.stage, ActionKind::kBackwardInput, a.microbatch});
   }
-  if (neighbour < 0) return;
-  const RankId to = schedule.rank_of(StageId(neighbour));
-  if (to == rank) return;
-  const TimedAction* consumed = timing.find(*consumer);
-  if (consumed == nullptr && consumer->kind == ActionKind::kBackward) {
-    consumed = timing.find(Action{consumer->stage, ActionKind::kBackwardInput, consumer->microbatch});
-  }
-  const auto key = std::make_tuple(message_time(timing, timed, rank, consumed, to), rank.value(), index);
-  out.push_back({key, rank, Action{a.stage, send, a.microbatch}});
-  out.push_back({key, to, Action{StageId(neighbour), recv, a.microbatch}});
+  const auto key = std::make_tuple(message_time(timing, timed, rank, consumed, *to), rank.value(), index);
+  out.push_back({key, rank, *send});
+  out.push_back({key, *to, recv});
 }
 
 }  // namespace

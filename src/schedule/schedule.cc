@@ -51,6 +51,12 @@ std::vector<StageId> Schedule::stages_of(RankId rank) const {
   return stages;
 }
 
+std::optional<RankId> Schedule::peer_rank(const Action& message) const {
+  const int peer_stage = partner(message).stage.value();
+  if (peer_stage < 0 || peer_stage >= num_stages_) return std::nullopt;
+  return rank_of(StageId(peer_stage));
+}
+
 const std::vector<Action>& Schedule::actions(RankId rank) const {
   check_rank(rank);
   return actions_[static_cast<std::size_t>(rank.value())];

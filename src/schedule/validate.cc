@@ -198,29 +198,25 @@ class Validator {
   }
 
   void check_message(Position here, const Action& a) {
-    const int s = a.stage.value();
-    const int other = (a.kind == ActionKind::kSendForward || a.kind == ActionKind::kRecvBackward) ? s + 1 : s - 1;
-    if (other < 0 || other >= stages_) {
+    const Action other = partner(a);
+    const std::optional<RankId> peer = s_.peer_rank(a);
+    if (!peer) {
       add("comm", here,
-          fmt::format("{} has no partner: stage {} is the {} stage", to_string(a), s, other < 0 ? "first" : "last"));
+          fmt::format("{} has no partner: stage {} is the {} stage", to_string(a), a.stage.value(),
+                      other.stage.value() < 0 ? "first" : "last"));
       return;
     }
-    if (s_.rank_of(StageId(other)) == s_.rank_of(a.stage)) {
+    if (*peer == s_.rank_of(a.stage)) {
       add("comm", here,
           fmt::format("{} carries no cross-rank dependency: stages {} and {} share rank {}; remove it", to_string(a),
-                      std::min(s, other), std::max(s, other), s_.rank_of(a.stage).value()));
+                      std::min(a.stage, other.stage).value(), std::max(a.stage, other.stage).value(),
+                      peer->value()));
       return;
     }
-    ActionKind partner_kind = ActionKind::kRecvForward;
-    if (a.kind == ActionKind::kRecvForward) partner_kind = ActionKind::kSendForward;
-    if (a.kind == ActionKind::kSendBackward) partner_kind = ActionKind::kRecvBackward;
-    if (a.kind == ActionKind::kRecvBackward) partner_kind = ActionKind::kSendBackward;
-    const Action partner{StageId(other), partner_kind, a.microbatch};
-    if (!at(partner).exists()) {
+    if (!at(other).exists()) {
       add("comm", here,
-          fmt::format("{} has no partner {} on rank {}: every {} pairs with one {}", to_string(a),
-                      to_string(partner), s_.rank_of(StageId(other)).value(), kind_token(a.kind),
-                      kind_token(partner_kind)));
+          fmt::format("{} has no partner {} on rank {}: every {} pairs with one {}", to_string(a), to_string(other),
+                      peer->value(), kind_token(a.kind), kind_token(other.kind)));
     }
   }
 
@@ -256,10 +252,10 @@ class Validator {
       if (s_.rank_of(StageId(s)) == s_.rank_of(StageId(s + 1))) continue;
       for (int k = 0; k < microbatches_; ++k) {
         const MicrobatchId mb(k);
-        check_edge(at(s, ActionKind::kForward, k), Action{StageId(s), ActionKind::kSendForward, mb},
-                   at(s + 1, ActionKind::kForward, k), Action{StageId(s + 1), ActionKind::kRecvForward, mb});
-        check_edge(gradient_at(s + 1, k), Action{StageId(s + 1), ActionKind::kSendBackward, mb}, gradient_at(s, k),
-                   Action{StageId(s), ActionKind::kRecvBackward, mb});
+        const Action activation{StageId(s), ActionKind::kSendForward, mb};
+        const Action gradient{StageId(s + 1), ActionKind::kSendBackward, mb};
+        check_edge(at(s, ActionKind::kForward, k), activation, at(s + 1, ActionKind::kForward, k), partner(activation));
+        check_edge(gradient_at(s + 1, k), gradient, gradient_at(s, k), partner(gradient));
       }
     }
   }

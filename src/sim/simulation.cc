@@ -101,21 +101,13 @@ double compute_duration(const Action& a, const StageCosts& c, bool overlapped) {
 }
 
 // The rank a compute action of a compute-only schedule sends its result to,
-// if that is another rank: F(s) feeds s + 1, B/I(s) feeds s − 1.
+// if that is another rank (F(s) feeds s + 1, B/I(s) feeds s − 1: see result_send).
 std::optional<RankId> cross_rank_consumer(const Schedule& schedule, const Action& a, RankId rank) {
-  int target = -1;
-  if (a.kind == ActionKind::kForward) target = a.stage.value() + 1;
-  if (is_input_backward(a.kind)) target = a.stage.value() - 1;
-  if (target < 0 || target >= schedule.num_stages()) return std::nullopt;
-  const RankId to = schedule.rank_of(StageId(target));
+  const std::optional<Action> send = result_send(a);
+  if (!send) return std::nullopt;
+  const std::optional<RankId> to = schedule.peer_rank(*send);
   if (to == rank) return std::nullopt;
   return to;
-}
-
-// A SEND's partner rank: where the neighbouring stage is placed.
-RankId send_target(const Schedule& schedule, const Action& send) {
-  const int target = send.kind == ActionKind::kSendForward ? send.stage.value() + 1 : send.stage.value() - 1;
-  return schedule.rank_of(StageId(target));
 }
 
 struct MemoryPeak {
@@ -173,8 +165,9 @@ RankResult rank_result(const Schedule& schedule, bool lowered, const SimulationC
       if (to) out.overlapped_comm_s += execution.transfer(a, rank, *to);
     } else {
       out.comm_s += t.end - t.start - t.wait;
+      // A SEND that ran has a peer: one to no stage deadlocks, and simulate() fails before this.
       if (is_send(a.kind) && costs.comm_mode == CommMode::kOverlapped) {
-        out.overlapped_comm_s += execution.transfer(a, rank, send_target(schedule, a));
+        out.overlapped_comm_s += execution.transfer(a, rank, *schedule.peer_rank(a));
       }
     }
   }

@@ -66,6 +66,7 @@ TEST(ScheduleCommand, ListShowsEveryScheduleWithItsConstraints) {
     EXPECT_EQ(count_lines_starting(result.out, std::string(name) + " "), 1) << name;
   }
   EXPECT_NE(result.out.find("constraints: microbatches >= 2 * stages; 2 chunks per rank"), std::string::npos);
+  EXPECT_EQ(count_lines_starting(result.out, std::string(17, ' ') + " placement: v"), 2);
 }
 
 TEST(ScheduleCommand, ConstraintViolationIsOneLineAndExitsOne) {

@@ -85,5 +85,37 @@ TEST(Action, KindPredicates) {
   EXPECT_TRUE(is_recv(ActionKind::kRecvForward));
 }
 
+TEST(Action, EverySendPairsWithTheNeighbourStagesRecvAndBack) {
+  EXPECT_EQ(partner(act(2, ActionKind::kSendForward, 5)), act(3, ActionKind::kRecvForward, 5));
+  EXPECT_EQ(partner(act(3, ActionKind::kRecvForward, 5)), act(2, ActionKind::kSendForward, 5));
+  EXPECT_EQ(partner(act(2, ActionKind::kSendBackward, 5)), act(1, ActionKind::kRecvBackward, 5));
+  EXPECT_EQ(partner(act(1, ActionKind::kRecvBackward, 5)), act(2, ActionKind::kSendBackward, 5));
+  for (ActionKind kind : {ActionKind::kSendForward, ActionKind::kRecvForward, ActionKind::kSendBackward,
+                          ActionKind::kRecvBackward}) {
+    EXPECT_EQ(partner(partner(act(4, kind, 1))), act(4, kind, 1)) << kind_token(kind);
+  }
+}
+
+// The rule does not know the stage count: the first stage's RECV_F and SEND_B
+// name stage -1 (Schedule::peer_rank reports that no such stage exists).
+TEST(Action, AFirstStagePartnerNamesTheStageBeforeIt) {
+  EXPECT_EQ(partner(act(0, ActionKind::kRecvForward, 0)).stage, StageId(-1));
+  EXPECT_EQ(partner(act(0, ActionKind::kSendBackward, 0)).stage, StageId(-1));
+}
+
+TEST(Action, AComputeActionHasNoPartner) {
+  EXPECT_EQ(testing::error_of([] { partner(act(1, ActionKind::kForward, 2)); }),
+            "internal: 1F2 is a compute action and has no partner: only a SEND or RECV pairs with another action");
+}
+
+TEST(Action, ForwardsSendActivationsBackwardsSendGradientsWeightsSendNothing) {
+  EXPECT_EQ(result_send(act(1, ActionKind::kForward, 2)), act(1, ActionKind::kSendForward, 2));
+  EXPECT_EQ(result_send(act(1, ActionKind::kBackward, 2)), act(1, ActionKind::kSendBackward, 2));
+  EXPECT_EQ(result_send(act(1, ActionKind::kBackwardInput, 2)), act(1, ActionKind::kSendBackward, 2));
+  EXPECT_EQ(result_send(act(1, ActionKind::kBackwardWeight, 2)), std::nullopt);
+  EXPECT_EQ(testing::error_of([] { result_send(act(1, ActionKind::kRecvForward, 2)); }),
+            "internal: 1RECV_F2 is a message, not a compute action: only F, B, I and W send a result");
+}
+
 }  // namespace
 }  // namespace pipeflow

@@ -307,7 +307,10 @@ TEST(Registry, ListsEveryGeneratorAndDispatches) {
     EXPECT_FALSE(info.description.empty());
     EXPECT_FALSE(info.constraints.empty());
     EXPECT_FALSE(info.source.empty());
-    EXPECT_EQ(make_schedule(info.name, 2, 8, info.takes_virtual ? 2 : 1).name(), info.name);
+    const Schedule schedule = make_schedule(info.name, 2, 8, info.takes_virtual ? 2 : 1);
+    EXPECT_EQ(schedule.name(), info.name);
+    EXPECT_EQ(schedule.placement(), info.placement) << info.name;
+    EXPECT_EQ(find_schedule(info.name), &info);
   }
   EXPECT_EQ(names, (std::vector<std::string>{"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2",
                                               "zbv", "dualpipev"}));
@@ -320,6 +323,28 @@ TEST(Registry, ListsEveryGeneratorAndDispatches) {
             "per rank");
   EXPECT_EQ(error_of([] { make_schedule("zbv", 2, 4, 3); }),
             "zbv always holds 2 chunks per rank (got virtual 3): leave virtual at 1 or 2");
+}
+
+// An entry's `require` is the rule its generator applies: both refuse the
+// same sizes with the same message.
+TEST(Registry, EachEntrysRequirementIsItsGeneratorsConstraint) {
+  for (const ScheduleInfo& info : list_schedules()) {
+    const int v = info.placement == Placement::kV ? 2 : 1;
+    for (int p = 0; p <= 4; ++p) {
+      for (int m = 0; m <= 9; ++m) {
+        const std::string generated = error_of([&] { info.generate(p, m, v); });
+        EXPECT_EQ(error_of([&] { info.require(info.name, p, m, v); }), generated) << info.name << " " << p << " " << m;
+        EXPECT_EQ(error_of([&] { info.check(p, m, v); }), generated) << info.name << " " << p << " " << m;
+      }
+    }
+  }
+}
+
+TEST(Registry, LookupIgnoresCaseAndNamesEveryScheduleInOrder) {
+  EXPECT_EQ(find_schedule("DualPipeV"), find_schedule("dualpipev"));
+  EXPECT_NE(find_schedule("dualpipev"), nullptr);
+  EXPECT_EQ(find_schedule("pipedream"), nullptr);
+  EXPECT_EQ(known_schedule_names(), "gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, zb-h2, zbv, dualpipev");
 }
 
 }  // namespace

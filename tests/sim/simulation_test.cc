@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../support/error_of.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/passes.h"
+#include "pipeflow/schedule/validate.h"
 
 namespace pipeflow {
 namespace {
@@ -580,6 +583,54 @@ TEST(SimulateMemory, SplitBackwardHoldsTheWeightGradientShareUntilW) {
   for (int rank = 0; rank < p; ++rank) {
     EXPECT_DOUBLE_EQ(none.ranks[static_cast<std::size_t>(rank)].activation_bytes, (p - rank) * 1e6);
     EXPECT_DOUBLE_EQ(all.ranks[static_cast<std::size_t>(rank)].activation_bytes, p * 1e6);
+  }
+}
+
+// The memory walk against the schedule engine, for every schedule in the
+// registry: with a weight-gradient share as large as the activations, an I
+// frees nothing and a micro-batch is held from its F until its W (or B), so
+// each rank's peak is validate()'s peak in-flight until W; with no such
+// share, the I frees it and the peak is the peak in-flight until I. A walk
+// whose W stops releasing its micro-batch fails the first.
+TEST(SimulateMemory, EveryScheduleHoldsItsEnginesPeakInFlightMicrobatches) {
+  constexpr double kActivation = 1e6;
+  for (const ScheduleInfo& info : list_schedules()) {
+    for (int p : {2, 3, 4}) {
+      for (int m : {2 * p, 3 * p + 1}) {
+        const Schedule schedule = make_schedule(info.name, p, m, info.takes_virtual ? 2 : 1);
+        const ValidationReport engine = validate(schedule);
+        ASSERT_TRUE(engine.ok()) << engine.render(schedule);
+        const SimulationResult until_weight =
+            simulate(schedule, with_memory(uniform_costs(schedule), kActivation, kActivation));
+        const SimulationResult until_input = simulate(schedule, with_memory(uniform_costs(schedule), kActivation, 0));
+        for (std::size_t r = 0; r < static_cast<std::size_t>(p); ++r) {
+          const std::string where = fmt::format("{} p={} m={} rank {}", info.name, p, m, r);
+          EXPECT_EQ(until_weight.ranks[r].peak_inflight, engine.peak_inflight_until_weight[r]) << where;
+          EXPECT_DOUBLE_EQ(until_weight.ranks[r].activation_bytes,
+                           engine.peak_inflight_until_weight[r] * kActivation)
+              << where;
+          EXPECT_DOUBLE_EQ(until_input.ranks[r].activation_bytes, engine.peak_inflight[r] * kActivation) << where;
+        }
+      }
+    }
+  }
+}
+
+// The same walk against REFERENCE.md's closed forms where the sources give
+// one (peak in-flight until W, in chunks): DualPipeV's PP + 1 = 2p + 1 on
+// every rank, ZB-V's 2p, ZB-H2's 2p − 1, ZB-H1's p.
+TEST(SimulateMemory, ZeroBubbleAndDualPipeVPeaksAreTheirClosedForms) {
+  const int p = 4;
+  const int m = 12;
+  const std::vector<std::pair<std::string, int>> closed_forms = {
+      {"dualpipev", 2 * p + 1}, {"zbv", 2 * p}, {"zb-h2", 2 * p - 1}, {"zb-h1", p}};
+  for (const auto& [name, peak] : closed_forms) {
+    const Schedule schedule = make_schedule(name, p, m);
+    const SimulationResult r = simulate(schedule, with_memory(uniform_costs(schedule), 1e6, 1e6));
+    for (const RankResult& rank : r.ranks) {
+      EXPECT_EQ(rank.peak_inflight, peak) << name;
+      EXPECT_DOUBLE_EQ(rank.activation_bytes, peak * 1e6) << name;
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include <compare>
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -62,6 +63,23 @@ constexpr bool is_send(ActionKind kind) {
 constexpr bool is_recv(ActionKind kind) {
   return kind == ActionKind::kRecvForward || kind == ActionKind::kRecvBackward;
 }
+
+// The other half of a message, PyTorch's pairing (_add_send_recv):
+//   SEND_F s m <-> RECV_F s+1 m   (the activation of s goes forward),
+//   SEND_B s m <-> RECV_B s-1 m   (the input gradient of s goes back).
+// Precondition: `message` is a SEND or RECV; a compute action has no partner
+// and throws an internal Error. The rule alone cannot know the stage count,
+// so the partner names stage s+1 or s-1 even where no such stage exists
+// (RECV_F and SEND_B of stage 0 name stage -1; SEND_F and RECV_B of the last
+// stage name one past it): Schedule::peer_rank says whether it exists.
+Action partner(const Action& message);
+
+// The SEND that carries a compute action's result to its neighbouring stage:
+// F s m -> SEND_F s m (the activation), B or I s m -> SEND_B s m (the input
+// gradient); none for W, whose result stays on its stage. Whether that
+// neighbour exists and sits on another rank is the schedule's to say
+// (Schedule::peer_rank). Precondition: `compute` is F, B, I or W.
+std::optional<Action> result_send(const Action& compute);
 
 // Exactly PyTorch's text: stage, kind token, micro-batch ("2F0", "0I3", "1SEND_F4").
 std::string to_string(const Action& action);

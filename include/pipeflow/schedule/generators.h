@@ -110,22 +110,40 @@ Schedule make_zbv(int ranks, int microbatches);
 // chunks (the README's PP + 1).
 Schedule make_dualpipev(int ranks, int microbatches);
 
-// One entry of the registry.
+// The schedule registry: one entry per generator, everything pipeflow knows
+// about a schedule by its name. make_schedule, `pipeflow schedule --list`
+// and the run configuration's check of pipeline.schedule all read it, so
+// adding a schedule is adding one entry to list_schedules().
 struct ScheduleInfo {
   std::string name;         // "1f1b"
   std::string description;  // one line
   std::string constraints;  // what it accepts, in words
   std::string source;       // paper / repository
-  bool takes_virtual = false;  // whether --virtual V applies
+  Placement placement = Placement::kLoop;
+  bool takes_virtual = false;  // whether --virtual V applies (v chunks per rank, loop placement)
+  // Throws the generator's pipeflow::Error, naming the rule and the fix, for
+  // ranks, microbatches and virtual_per_rank it cannot schedule; the
+  // generator itself calls the same function.
+  void (*require)(std::string_view name, int ranks, int microbatches, int virtual_per_rank) = nullptr;
+  Schedule (*generate)(int ranks, int microbatches, int virtual_per_rank) = nullptr;
+
+  // Throws what make_schedule throws for these sizes: first the chunk rule
+  // (virtual_per_rank must be 1 unless takes_virtual; the V-shaped schedules
+  // also accept 2, the chunks they always hold), then `require`.
+  void check(int ranks, int microbatches, int virtual_per_rank) const;
 };
 
 // Every generator, in the order above.
 const std::vector<ScheduleInfo>& list_schedules();
 
-// Builds the schedule called `name` (one of list_schedules()). For schedules
-// that take no virtual stages, virtual_per_rank must be 1 (the V-shaped zbv
-// and dualpipev also accept 2, the chunks they always hold). Unknown names
-// throw an Error listing the known ones.
+// The entry called `name`, in any case ("ZBV" is zbv), or nullptr.
+const ScheduleInfo* find_schedule(std::string_view name);
+
+// The registry's names in list order, comma-separated, for errors that list them.
+std::string known_schedule_names();
+
+// Builds the schedule called `name` (any case) after its entry's check().
+// Unknown names throw an Error listing the known ones.
 Schedule make_schedule(std::string_view name, int ranks, int microbatches, int virtual_per_rank = 1);
 
 }  // namespace pipeflow

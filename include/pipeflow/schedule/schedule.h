@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,15 @@ class Schedule {
   // chunk of a rank, 1 for the second, ... under both placements).
   int chunk_of(StageId stage) const { return stage.value() / num_ranks_; }
   bool is_last_stage(StageId stage) const { return stage.value() == num_stages_ - 1; }
+
+  // The rank a SEND's message goes to or a RECV's comes from: the rank of
+  // partner(message)'s stage. Empty where that stage does not exist -- RECV_F
+  // and SEND_B of the first stage, SEND_F and RECV_B of the last -- which a
+  // lowered schedule never holds (the validator reports it). The peer may be
+  // the message's own rank when both stages share it (a message the
+  // validator reports as carrying nothing). Precondition: a SEND or RECV
+  // (see partner).
+  std::optional<RankId> peer_rank(const Action& message) const;
 
   const std::vector<Action>& actions(RankId rank) const;
   std::vector<Action>& mutable_actions(RankId rank);
