@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <exception>
 #include <mutex>
 
@@ -20,13 +19,6 @@
 
 namespace pipeflow::runtime {
 namespace {
-
-// How long a rank's wait for a message polls before it sleeps: measured in
-// docs/RUNTIME.md (Decisions). TEMP: PIPEFLOW_SPIN_US overrides for the measurement.
-const std::chrono::nanoseconds kHandoffSpin = [] {
-  const char* env = std::getenv("PIPEFLOW_SPIN_US");
-  return std::chrono::nanoseconds(env ? static_cast<std::int64_t>(std::atof(env) * 1000) : 50000);
-}();
 
 // The schedule is checked as given before it is lowered: lowering an invalid
 // one would bury its violations under the SEND/RECV it got wrong (a stage on

@@ -12,6 +12,11 @@
 
 namespace pipeflow::runtime {
 
+// How long the engine's waits for a message spin before they sleep when
+// every rank has a core of its own (docs/RUNTIME.md, Decisions: measured
+// against 0-200 µs).
+inline constexpr std::chrono::nanoseconds kHandoffSpin = std::chrono::microseconds(50);
+
 // The transport between worker threads of one process. Each rank has an
 // inbox: a fixed array of message slots (its capacity), guarded by one mutex
 // and condition variable. send moves the payload tensor into a free slot of
