@@ -10,7 +10,7 @@
 namespace pipeflow::runtime {
 
 // One thread per pipeline rank for the life of an engine: the runtime's
-// workers (docs/DESIGN.md, "workers live for the whole run"). Starting
+// workers (DESIGN.md, Runtime: "workers live for the whole run"). Starting
 // threads every step cost tens of µs and, worse, left placement to the
 // scheduler, which put two busy ranks on one core for whole steps.
 //
@@ -19,12 +19,12 @@ namespace pipeflow::runtime {
 // thread is pinned and the ranks time-slice as the scheduler decides.
 //
 // run(job) hands job(r) to thread r for every rank and returns when all
-// have returned. A job must not throw (it is noexcept to the threads): the
-// engine's jobs catch their own errors, abort the transport and record the
-// first error for the caller.
+// have returned. A job must not throw: an exception escaping it ends the
+// process (std::terminate), so the engine's jobs catch their own errors,
+// abort the transport and record the first error for the caller.
 //
-// Thread safety: one thread calls run() at a time; the destructor stops and
-// joins every thread (after the run in progress, if any, has finished).
+// Thread safety: one thread owns the object and calls run(); the destructor
+// stops and joins every thread.
 class RankThreads {
  public:
   // Starts `ranks` threads. Throws (after joining those started) if the
