@@ -1,33 +1,38 @@
 // The pipeline runtime against its own baseline, in one run: the same global
-// batch trained by 1 stage on 1 core and by P stages on P cores (one worker
-// thread each), rounds alternating so that load from other processes hits
-// both. Prints per configuration the step time (median and fastest), the
-// measured bubble beside the one predicted from the run's own per-action
-// medians, and the runtime's overhead; then the throughput ratio against the
-// ideal P × (1 − predicted bubble).
+// batch trained by 1 stage on 1 core and by P stages on P cores (one
+// persistent worker thread per rank), the two engines stepping alternately so
+// that load from other processes hits both alike. For every step after the
+// first (step 0 fills the buffer pools), the throughput ratio of that step
+// pair (1-stage time / P-stage time, the same tokens) as a fraction of the
+// ideal P × (1 − predicted bubble); printed as minimum / median / maximum,
+// with the measured bubble beside the one predicted from the run's own
+// per-action medians (steps 1–3) and the runtime's overhead.
 //
 //   bench_runtime_pipeline [--schedule 1f1b --stages 2 --microbatches 8 --micro-batch 8
 //                           --layers 4 --heads 4 --width 128 --context 64
-//                           --partition balanced --steps 12 --rounds 3]
+//                           --partition balanced --steps 20]
+//
+// First, the in-process hand-off (calibrate's ping-pong) for several lengths
+// of the transport's spin before a wait sleeps (kHandoffSpin is the engine's).
 //
 // Overhead: on the 1-stage run, everything in the step that is neither
-// layer compute (F/B/I/W) nor the optimizer (thread start and join, hand-offs,
-// bookkeeping, tracing, the norm); on the pipelined run, per rank, the time
-// in the pipeline part that is neither compute nor waiting for a peer
-// (hand-offs, bookkeeping between actions, thread start).
+// layer compute (F/B/I/W) nor the optimizer (hand-offs, bookkeeping,
+// tracing, the norm); on the pipelined run, per rank, the time in the
+// pipeline part that is neither compute nor waiting for a peer.
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/nn/byte_dataset.h"
+#include "pipeflow/runtime/calibrate.h"
 #include "pipeflow/runtime/engine.h"
 #include "pipeflow/runtime/measurement.h"
+#include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/stage_partition.h"
 #include "pipeflow/schedule/generators.h"
 
@@ -43,8 +48,7 @@ struct Options {
   int micro_batch = 8;
   nn::GptConfig model{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 4, .n_embd = 128};
   std::string partition = "balanced";
-  int steps = 12;
-  int rounds = 3;
+  int steps = 20;
 };
 
 Options parse(int argc, char** argv) {
@@ -62,7 +66,6 @@ Options parse(int argc, char** argv) {
     else if (flag == "--context") o.model.context = std::atoi(value);
     else if (flag == "--partition") o.partition = value;
     else if (flag == "--steps") o.steps = std::atoi(value);
-    else if (flag == "--rounds") o.rounds = std::atoi(value);
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       std::exit(2);
@@ -71,19 +74,17 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-struct Measured {
-  std::vector<double> step_s;         // every step after the first
-  std::vector<double> bubble;
-  std::vector<double> overhead;       // share of the step (see the header)
-  double predicted_bubble = 0;
+struct Spread {
+  double min = 0, median = 0, max = 0;
 };
 
-Measured run(const Options& o, const std::string& schedule_name, int stages, const nn::ByteDataset& data) {
+Spread spread(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return {v.front(), n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.back()};
+}
+
+std::unique_ptr<PipelineEngine> make_engine(const Options& o, const std::string& schedule_name, int stages) {
   const Schedule schedule = make_schedule(schedule_name, stages, o.microbatches);
   EngineOptions options;
   options.micro_batch = o.micro_batch;
@@ -92,27 +93,18 @@ Measured run(const Options& o, const std::string& schedule_name, int stages, con
   options.gradient_clipping = 1.0;
   const auto boundaries = partition_model(o.model, schedule.num_stages(), parse_partition_method(o.partition),
                                           o.micro_batch, o.model.context, hardware_preset("cpu"));
-  PipelineEngine engine(o.model, schedule, boundaries, options);
-  engine.init_gpt2(1);
-  const DatasetSource source(data, nn::Split::kTrain);
-  CostProfile costs(schedule.num_stages());
-  Measured m;
-  for (int step = 0; step < o.steps; ++step) {
-    const StepResult result = engine.step(step, source);
-    if (step == 0) continue;  // warm-up: pools fill
-    if (step <= 3) costs.add(result);
-    const StepFigures f = step_figures(result, stages);
-    m.step_s.push_back(f.wall_s);
-    m.bubble.push_back(f.bubble);
-    double overhead = 0;
-    for (const RankFigures& r : f.ranks) {
-      overhead = std::max(overhead, stages == 1 ? f.wall_s - r.compute_s - r.optimizer_s - r.wait_s
-                                                : r.comm_s + r.other_s);
-    }
-    m.overhead.push_back(overhead / f.wall_s);
+  auto engine = std::make_unique<PipelineEngine>(o.model, schedule, boundaries, options);
+  engine->init_gpt2(1);
+  return engine;
+}
+
+// Share of the step that is runtime overhead (see the header).
+double overhead(const StepFigures& f, int stages) {
+  double worst = 0;
+  for (const RankFigures& r : f.ranks) {
+    worst = std::max(worst, stages == 1 ? f.wall_s - r.compute_s - r.optimizer_s - r.wait_s : r.comm_s + r.other_s);
   }
-  m.predicted_bubble = predict_step(engine, costs).pipeline_bubble_ratio;
-  return m;
+  return worst / f.wall_s;
 }
 
 }  // namespace
@@ -120,44 +112,50 @@ Measured run(const Options& o, const std::string& schedule_name, int stages, con
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const nn::ByteDataset data(nn::ByteDataset::default_corpus(), {.sequence_length = o.model.context, .seed = 1});
-  std::printf("model: %d layers, width %d, %d heads, context %d; %s, %d micro-batches of %d; %d steps per run, %u cores\n",
+  const DatasetSource source(data, nn::Split::kTrain);
+  std::printf("model: %d layers, width %d, %d heads, context %d; %s, %d micro-batches of %d; %d steps, %d usable cores\n",
               o.model.n_layer, o.model.n_embd, o.model.n_head, o.model.context, o.schedule.c_str(), o.microbatches,
-              o.micro_batch, o.steps, std::thread::hardware_concurrency());
-  std::vector<double> single_best, pipe_best, single_median, pipe_median, predicted, measured, single_overhead,
-      pipe_overhead;
-  for (int round = 0; round < o.rounds; ++round) {
-    // One stage: 1F1B is plain gradient accumulation (F0 B0 F1 B1 ...), each
-    // micro-batch's activations used while still in cache; GPipe's order
-    // (all F, then all B) would hold all m and make the baseline slower.
-    const Measured one = run(o, "1f1b", 1, data);
-    const Measured many = run(o, o.schedule, o.stages, data);
-    single_best.push_back(*std::min_element(one.step_s.begin(), one.step_s.end()));
-    pipe_best.push_back(*std::min_element(many.step_s.begin(), many.step_s.end()));
-    single_median.push_back(median(one.step_s));
-    pipe_median.push_back(median(many.step_s));
-    predicted.push_back(many.predicted_bubble);
-    measured.push_back(median(many.bubble));
-    single_overhead.push_back(median(one.overhead));
-    pipe_overhead.push_back(median(many.overhead));
-    std::printf("round %d: 1 stage %.1f ms (fastest %.1f), overhead %.2f%% | %d stages %.1f ms (fastest %.1f), bubble "
-                "%.1f%% measured / %.1f%% predicted, overhead %.2f%%\n",
-                round + 1, 1e3 * single_median.back(), 1e3 * single_best.back(), 100 * single_overhead.back(),
-                o.stages, 1e3 * pipe_median.back(), 1e3 * pipe_best.back(), 100 * measured.back(),
-                100 * predicted.back(), 100 * pipe_overhead.back());
+              o.micro_batch, o.steps, usable_cores());
+  std::printf("hand-off by spin before sleeping (best of 0.3 s of ping-pong):");
+  for (const int spin_us : {0, 5, 20, 50, 200}) {
+    const double latency = measure_handoff_latency(std::chrono::microseconds(spin_us), 0.3);
+    std::printf(" %d us: %.1f us%s", spin_us, 1e6 * latency,
+                std::chrono::microseconds(spin_us) == kHandoffSpin ? " (engine's)" : "");
   }
-  const double bubble = median(predicted);
-  const double ideal = o.stages * (1 - bubble);
-  const double ratio_median = median(single_median) / median(pipe_median);
-  const double ratio_best = *std::min_element(single_best.begin(), single_best.end()) /
-                            *std::min_element(pipe_best.begin(), pipe_best.end());
-  std::printf("summary (medians over %d rounds):\n", o.rounds);
-  std::printf("  throughput %d stages / 1 stage: %.3f (median steps), %.3f (fastest steps); ideal %d x (1 - %.1f%%) = "
-              "%.3f: %.1f%% / %.1f%% of ideal\n",
-              o.stages, ratio_median, ratio_best, o.stages, 100 * bubble, ideal, 100 * ratio_median / ideal,
-              100 * ratio_best / ideal);
-  std::printf("  bubble %d stages: measured %.1f%%, predicted %.1f%%, difference %+.1f pp\n", o.stages,
-              100 * median(measured), 100 * bubble, 100 * (median(measured) - bubble));
-  std::printf("  runtime overhead: 1 stage %.2f%% of the step, %d stages %.2f%% (worst rank)\n",
-              100 * median(single_overhead), o.stages, 100 * median(pipe_overhead));
+  std::printf("\n");
+  const auto one = make_engine(o, "1f1b", 1);  // p = 1 1F1B: plain gradient accumulation
+  const auto many = make_engine(o, o.schedule, o.stages);
+  CostProfile costs(many->num_stages());
+  std::vector<double> single_s, pipelined_s, bubble, single_overhead, pipelined_overhead;
+  for (int step = 0; step < o.steps; ++step) {
+    const StepResult a = one->step(step, source);
+    const StepResult b = many->step(step, source);
+    if (step == 0) continue;  // warm-up: pools fill
+    if (step <= 3) costs.add(b);
+    const StepFigures fa = step_figures(a, 1);
+    const StepFigures fb = step_figures(b, o.stages);
+    single_s.push_back(fa.wall_s);
+    pipelined_s.push_back(fb.wall_s);
+    bubble.push_back(fb.bubble);
+    single_overhead.push_back(overhead(fa, 1));
+    pipelined_overhead.push_back(overhead(fb, o.stages));
+  }
+  const double predicted = predict_step(*many, costs).pipeline_bubble_ratio;
+  const double ideal = o.stages * (1 - predicted);
+  std::vector<double> fraction;
+  for (std::size_t i = 0; i < single_s.size(); ++i) fraction.push_back(single_s[i] / pipelined_s[i] / ideal);
+  std::printf("per step (1-stage / %d-stage, %% of ideal):", o.stages);
+  for (const double f : fraction) std::printf(" %.0f", 100 * f);
+  std::printf("\n");
+  const Spread f = spread(fraction), t1 = spread(single_s), tp = spread(pipelined_s), bb = spread(bubble);
+  std::printf("steps 1-%d: 1 stage %.1f / %.1f / %.1f ms, %d stages %.1f / %.1f / %.1f ms (min / median / max)\n",
+              o.steps - 1, 1e3 * t1.min, 1e3 * t1.median, 1e3 * t1.max, o.stages, 1e3 * tp.min, 1e3 * tp.median,
+              1e3 * tp.max);
+  std::printf("fraction of ideal %d x (1 - %.1f%%) = %.3f: min %.1f%%, median %.1f%%, max %.1f%%\n", o.stages,
+              100 * predicted, ideal, 100 * f.min, 100 * f.median, 100 * f.max);
+  std::printf("bubble %d stages: measured %.1f / %.1f / %.1f%% (min / median / max), predicted %.1f%%\n", o.stages,
+              100 * bb.min, 100 * bb.median, 100 * bb.max, 100 * predicted);
+  std::printf("runtime overhead (median): 1 stage %.2f%% of the step, %d stages %.2f%% (worst rank)\n",
+              100 * spread(single_overhead).median, o.stages, 100 * spread(pipelined_overhead).median);
   return 0;
 }

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # The pipeline runtime against its own baseline (bench/runtime_pipeline.cc):
-# 2 stages on 2 cores vs 1 stage on 1 core on the same global batch, the
-# measured bubble beside the predicted one, the runtime's overhead. The load
-# average is printed first: with other work on the cores the pipelined run
-# cannot get its two cores and the ratios say so.
-# Usage: bench/runtime_pipeline.sh [build-dir]   (ROUNDS=..., STEPS=... to change)
+# 2 stages on 2 cores vs 1 stage on 1 core on the same global batch, per step
+# as a fraction of the ideal 2 x (1 - predicted bubble), on two models: the
+# small one of examples/train_1f1b_2stage_small.json and make run's
+# (examples/train_1f1b_2stage.json). The load average is printed around each:
+# with other work on the cores the pipelined run cannot get its two cores
+# and the ratios say so.
+# Usage: bench/runtime_pipeline.sh [build-dir]   (STEPS=... to change)
 set -euo pipefail
 build_dir=${1:-build/release}
 cd "$(dirname "$0")/.."
 bench="$build_dir/bench/bench_runtime_pipeline"
 [ -x "$bench" ] || { echo "missing $bench: build first (make build)" >&2; exit 1; }
-echo "load before: $(uptime | sed 's/.*load average/load average/')"
-"$bench" --rounds "${ROUNDS:-3}" --steps "${STEPS:-12}"
-echo "load after: $(uptime | sed 's/.*load average/load average/')"
+load() { echo "load: $(uptime | sed 's/.*load average/load average/')"; }
+load
+"$bench" --layers 4 --width 64 --heads 4 --context 32 --micro-batch 4 --microbatches 8 --steps "${STEPS:-20}"
+load
+"$bench" --steps "${STEPS:-20}"
+load

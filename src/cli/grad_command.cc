@@ -8,10 +8,7 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/nn/batch.h"
 #include "pipeflow/nn/model_file.h"
-#include "pipeflow/nn/stage.h"
-#include "pipeflow/runtime/engine.h"
-#include "pipeflow/runtime/stage_partition.h"
-#include "pipeflow/schedule/generators.h"
+#include "pipeflow/runtime/batch_gradients.h"
 
 namespace pipeflow::cli {
 namespace {
@@ -26,50 +23,6 @@ struct GradCommand {
   int virtual_stages = 1;
   std::string partition = "parameters";
 };
-
-struct Gradients {
-  std::unique_ptr<nn::Stage> model;  // whole model, gradients filled
-  double loss = 0;
-  std::string how;
-};
-
-Gradients unpipelined(const nn::GptConfig& config, const nn::SafetensorsFile& weights, IntTensor tokens) {
-  Gradients g{std::make_unique<nn::Stage>(config, nn::all_layers(config), nn::StageOptions{0, "model"}), 0,
-              "unpipelined"};
-  nn::load_parameters(*g.model, weights);
-  nn::Batch batch = nn::split_sequences(tokens);
-  nn::MicrobatchState state;
-  g.model->forward(state, {.tokens = std::move(batch.inputs), .targets = std::move(batch.targets)});
-  g.model->backward_from_loss(state, 1.0);
-  g.loss = state.loss();
-  return g;
-}
-
-// The global batch cut into micro-batches and run through the pipeline
-// runtime: the tied wte gradient summed, nothing clipped, no update.
-Gradients pipelined(const GradCommand& c, const nn::GptConfig& config, const nn::SafetensorsFile& weights,
-                    IntTensor tokens) {
-  // The schedule first: it rejects microbatches < 1 before they divide anything.
-  const Schedule schedule = make_schedule(c.schedule, c.stages, c.microbatches, c.virtual_stages);
-  const auto sequences = static_cast<int>(tokens.dim(0));
-  if (sequences % c.microbatches != 0) {
-    fail("--microbatches {} does not divide the batch of {} sequences: micro-batches must be equal; use a divisor "
-         "of {}",
-         c.microbatches, sequences, sequences);
-  }
-  runtime::EngineOptions options;
-  options.micro_batch = sequences / c.microbatches;
-  options.sequence_length = static_cast<int>(tokens.dim(1)) - 1;
-  const auto boundaries = runtime::partition_model(config, schedule.num_stages(), parse_partition_method(c.partition),
-                                                   options.micro_batch, options.sequence_length, hardware_preset("cpu"));
-  runtime::PipelineEngine engine(config, schedule, boundaries, options);
-  engine.load_parameters(weights);
-  const runtime::StepResult step =
-      engine.step(0, runtime::TokenSource(std::move(tokens)), runtime::StepMode::kGradientsOnly);
-  return {engine.assemble_model(true), step.loss,
-          fmt::format("{} on {} ranks ({} stages), {} micro-batches of {}", c.schedule, c.stages,
-                      schedule.num_stages(), c.microbatches, options.micro_batch)};
-}
 
 }  // namespace
 
@@ -101,8 +54,15 @@ void add_grad_command(CLI::App& app) {
         if (sub->count(flag) > 0) fail("{} lays out a pipeline: give --schedule too, or leave it out", flag);
       }
     }
-    const Gradients g = command->schedule.empty() ? unpipelined(config, weights, std::move(tokens))
-                                                  : pipelined(*command, config, weights, std::move(tokens));
+    const runtime::BatchGradients g =
+        command->schedule.empty()
+            ? runtime::unpipelined_gradients(weights, std::move(tokens))
+            : runtime::pipelined_gradients(weights, std::move(tokens),
+                                           {.schedule = command->schedule,
+                                            .stages = command->stages,
+                                            .microbatches = command->microbatches,
+                                            .virtual_stages = command->virtual_stages,
+                                            .partition = parse_partition_method(command->partition)});
     if (!std::isfinite(g.loss)) {
       fail("loss = {}: the weights in {} or the forward produced a non-finite value; {} was not written",
            g.loss, command->weights, command->out);

@@ -12,6 +12,7 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/log.h"
 #include "pipeflow/core/units.h"
+#include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/run_settings.h"
@@ -66,7 +67,7 @@ void run(const TrainCommand& c) {
   // A weights file or checkpoint carries the model's shape: the configuration may leave model out.
   std::optional<ModelFromFile> model_file;
   if (!c.weights.empty()) model_file = runtime::model_of_file(c.weights);
-  if (!config.checkpoint.load.empty()) model_file = runtime::model_of_file(runtime::checkpoint_file(config.checkpoint.load));
+  if (!config.checkpoint.load.empty()) model_file = runtime::model_of_file(runtime::checkpoint_to_resume(config.checkpoint.load));
   runtime::TrainSettings settings = runtime::train_settings(resolve(config, model_file));
   settings.weights = c.weights;
   settings.emulate = c.emulate;

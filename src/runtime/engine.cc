@@ -7,13 +7,14 @@
 #include <cmath>
 #include <exception>
 #include <mutex>
-#include <thread>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/nn/gradient_clipping.h"
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/nn/parameter_layout.h"
 #include "pipeflow/schedule/passes.h"
+#include "pipeflow/runtime/rank_threads.h"
+#include "pipeflow/runtime/report.h"
 #include "pipeflow/schedule/validate.h"
 
 namespace pipeflow::runtime {
@@ -90,7 +91,9 @@ PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& sche
     stages.push_back(stages_.back().get());
     optimizers.push_back(optimizers_.back().get());
   }
-  transport_ = std::make_unique<InProcessTransport>(inbox_capacities(schedule_));
+  // Spinning pays only when each rank has a core of its own (RankThreads pins them then).
+  const auto spin = schedule_.num_ranks() <= usable_cores() ? kHandoffSpin : std::chrono::nanoseconds(0);
+  transport_ = std::make_unique<InProcessTransport>(inbox_capacities(schedule_), spin);
   for (int r = 0; r < schedule_.num_ranks(); ++r) {
     workers_.push_back(std::make_unique<RankWorker>(schedule_, RankId(r), stages, optimizers, *transport_, options_,
                                                     progress_));
@@ -98,6 +101,7 @@ PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& sche
 }
 
 PipelineEngine::~PipelineEngine() {
+  threads_.reset();  // stops and joins the rank threads before what they used goes
   for (auto& worker : workers_) worker->release();
   transport_->reset();
 }
@@ -169,6 +173,31 @@ std::int64_t PipelineEngine::tokens_per_step() const {
   return global_batch() * (options_.sequence_length > 0 ? options_.sequence_length : config_.context);
 }
 
+// The flush after the pipeline part, as the phases every rank runs in order.
+enum class PipelineEngine::FlushStep { kPostTiedGradients, kReduceTiedGradients, kGradientNorm, kUpdate };
+const PipelineEngine::FlushStep PipelineEngine::kFlushOrder[] = {
+    FlushStep::kPostTiedGradients, FlushStep::kReduceTiedGradients, FlushStep::kGradientNorm, FlushStep::kUpdate};
+
+// What the ranks' flushes share within one step (each rank writes only its
+// own entries).
+struct PipelineEngine::Flush {
+  explicit Flush(std::size_t ranks) : tied_start(ranks), square_sum(ranks, 0.0) {}
+
+  // Threaded, every rank holds the all-reduced sum; serial, each its own,
+  // added here in rank order as the all-reduce adds them (0 + v0 + v1 + …),
+  // so both modes get the same bits.
+  double grad_norm(std::size_t rank, RunMode run) const {
+    if (run == RunMode::kThreaded) return std::sqrt(square_sum[rank]);
+    double sum = 0;
+    for (const double v : square_sum) sum += v;
+    return std::sqrt(sum);
+  }
+
+  std::vector<Clock::time_point> tied_start;
+  std::vector<double> square_sum;
+  std::atomic<bool> updating{false};  // an optimizer update has begun on some rank
+};
+
 StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, StepMode mode, RunMode run) {
   if (update_failed_) {
     fail("the pipeline failed during an optimizer update in step {}: its weights are no longer consistent; start "
@@ -184,41 +213,76 @@ StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, St
   result.mode = run;
   result.tokens = tokens_per_step();
   result.lr = options_.lr_schedule.lr(step);
+  Flush flush(workers_.size());
   if (run == RunMode::kThreaded) {
-    run_threaded(mode, result);
+    run_threaded(mode, result.lr, flush);
   } else {
-    run_serial(mode, result);
+    run_serial(mode, result.lr, flush);
   }
   result.wall_s = std::chrono::duration<double>(Clock::now() - epoch).count();
-  finish(mode, result);
+  result.grad_norm = flush.grad_norm(0, run);
+  result.clip_coefficient = clip_coefficient(mode, result.grad_norm);
+  finish(result);
   return result;
 }
 
-// One thread per rank. A failing worker records its error and aborts the
-// transport; the others return at their next action or wait; all are joined
-// before the first error is rethrown.
-void PipelineEngine::run_threaded(StepMode mode, StepResult& result) {
+double PipelineEngine::clip_coefficient(StepMode mode, double grad_norm) const {
+  return mode == StepMode::kTrain ? nn::clip_coefficient(grad_norm, options_.gradient_clipping) : 1.0;
+}
+
+// One phase of rank w's flush, written once for both run modes. Threaded, a
+// rank runs every phase on its own thread and waits for the other ranks'
+// tied-gradient copy and the all-reduce; serial, every rank runs a phase
+// before any runs the next, so nothing has to wait.
+RankWorker::Outcome PipelineEngine::flush_step(FlushStep step, RankWorker& w, StepMode mode, RunMode run,
+                                               double lr, Flush& flush) {
+  const auto r = static_cast<std::size_t>(w.rank().value());
+  switch (step) {
+    case FlushStep::kPostTiedGradients:
+      flush.tied_start[r] = Clock::now();
+      return w.post_tied_gradients();
+    case FlushStep::kReduceTiedGradients: {
+      const RankWorker::Outcome outcome = w.reduce_tied_gradients(run == RunMode::kThreaded);
+      if (outcome == RankWorker::Outcome::kNotReady) fail("serial run: rank {}'s tied-gradient copy was not posted", r);
+      if (outcome == RankWorker::Outcome::kDone) w.record_phase(FlushPhase::kTiedGradients, flush.tied_start[r]);
+      return outcome;
+    }
+    case FlushStep::kGradientNorm: {
+      const Clock::time_point start = Clock::now();
+      double sum = w.gradient_square_sum();
+      if (run == RunMode::kThreaded && w.all_reduce_sum(sum) == RankWorker::Outcome::kAborted) {
+        return RankWorker::Outcome::kAborted;
+      }
+      w.record_phase(FlushPhase::kGradientNorm, start);
+      flush.square_sum[r] = sum;
+      return RankWorker::Outcome::kDone;
+    }
+    case FlushStep::kUpdate:
+      if (mode == StepMode::kTrain) {
+        flush.updating.store(true);
+        w.apply_update(clip_coefficient(mode, flush.grad_norm(r, run)), lr);
+      }
+      return RankWorker::Outcome::kDone;
+  }
+  return RankWorker::Outcome::kDone;
+}
+
+// Each rank on its own persistent thread (RankThreads, started at the first
+// threaded step). A failing worker records its error and aborts the
+// transport; the others return at their next action or wait; run() returns
+// once every rank has, and the first error is rethrown.
+void PipelineEngine::run_threaded(StepMode mode, double lr, Flush& flush) {
+  if (!threads_) threads_ = std::make_unique<RankThreads>(schedule_.num_ranks());
   std::mutex error_mutex;
   std::exception_ptr first_error;
-  std::atomic<bool> updating{false};
-  double square_sum = 0;
-  auto body = [&](RankWorker& w) {
+  threads_->run([&](int rank) {
+    RankWorker& w = *workers_[static_cast<std::size_t>(rank)];
     try {
       for (std::size_t i = 0; i < w.size(); ++i) {
         if (w.run(i, true) == RankWorker::Outcome::kAborted) return;
       }
-      Clock::time_point start = Clock::now();
-      if (w.post_tied_gradients() == RankWorker::Outcome::kAborted) return;
-      if (w.reduce_tied_gradients(true) == RankWorker::Outcome::kAborted) return;
-      w.record_phase(FlushPhase::kTiedGradients, start);
-      start = Clock::now();
-      double sum = w.gradient_square_sum();
-      if (w.all_reduce_sum(sum) == RankWorker::Outcome::kAborted) return;
-      w.record_phase(FlushPhase::kGradientNorm, start);
-      if (w.rank().value() == 0) square_sum = sum;
-      if (mode == StepMode::kTrain) {
-        updating.store(true);
-        w.apply_update(nn::clip_coefficient(std::sqrt(sum), options_.gradient_clipping), result.lr);
+      for (const FlushStep step : kFlushOrder) {
+        if (flush_step(step, w, mode, RunMode::kThreaded, lr, flush) == RankWorker::Outcome::kAborted) return;
       }
     } catch (...) {
       {
@@ -227,29 +291,17 @@ void PipelineEngine::run_threaded(StepMode mode, StepResult& result) {
       }
       transport_->abort();
     }
-  };
-  std::vector<std::thread> threads;
-  threads.reserve(workers_.size());
-  try {
-    for (auto& worker : workers_) threads.emplace_back(body, std::ref(*worker));
-  } catch (...) {
-    transport_->abort();
-    for (auto& thread : threads) thread.join();
-    throw;
-  }
-  for (auto& thread : threads) thread.join();
+  });
   if (first_error) {
-    if (updating.load()) update_failed_ = true;
+    if (flush.updating.load()) update_failed_ = true;
     for (auto& worker : workers_) worker->release();
     std::rethrow_exception(first_error);
   }
-  result.grad_norm = std::sqrt(square_sum);
 }
 
 // Every rank on this thread: passes over the ranks, each running as far as
-// its messages allow, until all lists are done; then the flush phase by
-// phase, summing the square sums in rank order as the all-reduce does.
-void PipelineEngine::run_serial(StepMode mode, StepResult& result) {
+// its messages allow, until all lists are done; then the flush phase by phase.
+void PipelineEngine::run_serial(StepMode mode, double lr, Flush& flush) {
   try {
     std::vector<std::size_t> next(workers_.size(), 0);
     for (bool done = false; !done;) {
@@ -265,39 +317,17 @@ void PipelineEngine::run_serial(StepMode mode, StepResult& result) {
       }
       if (!done && !moved) fail("serial run of {} is stuck although the schedule validated", schedule_.name());
     }
-    std::vector<Clock::time_point> start(workers_.size());
-    for (std::size_t r = 0; r < workers_.size(); ++r) {
-      start[r] = Clock::now();
-      workers_[r]->post_tied_gradients();
-    }
-    double square_sum = 0;
-    for (std::size_t r = 0; r < workers_.size(); ++r) {
-      if (workers_[r]->reduce_tied_gradients(false) != RankWorker::Outcome::kDone) {
-        fail("serial run: rank {}'s tied-gradient copy was not posted", r);
-      }
-      workers_[r]->record_phase(FlushPhase::kTiedGradients, start[r]);
-    }
-    for (auto& worker : workers_) {
-      const Clock::time_point begin = Clock::now();
-      square_sum += worker->gradient_square_sum();
-      worker->record_phase(FlushPhase::kGradientNorm, begin);
-    }
-    result.grad_norm = std::sqrt(square_sum);
-    if (mode == StepMode::kTrain) {
-      const double clip = nn::clip_coefficient(result.grad_norm, options_.gradient_clipping);
-      for (auto& worker : workers_) {
-        update_failed_ = true;  // until every rank's update has finished
-        worker->apply_update(clip, result.lr);
-      }
-      update_failed_ = false;
+    for (const FlushStep step : kFlushOrder) {
+      for (auto& worker : workers_) flush_step(step, *worker, mode, RunMode::kSerial, lr, flush);
     }
   } catch (...) {
+    if (flush.updating.load()) update_failed_ = true;
     for (auto& worker : workers_) worker->release();
     throw;
   }
 }
 
-void PipelineEngine::finish(StepMode mode, StepResult& result) {
+void PipelineEngine::finish(StepResult& result) {
   const int m = schedule_.num_microbatches();
   for (const auto& worker : workers_) {
     if (!worker->holds_last_stage()) continue;
@@ -308,8 +338,6 @@ void PipelineEngine::finish(StepMode mode, StepResult& result) {
     }
     result.loss = sum / m;
   }
-  result.clip_coefficient =
-      mode == StepMode::kTrain ? nn::clip_coefficient(result.grad_norm, options_.gradient_clipping) : 1.0;
   for (const auto& worker : workers_) result.ranks.push_back(worker->record());
 }
 

@@ -1,10 +1,50 @@
 #include "pipeflow/runtime/in_process_transport.h"
 
+#include <algorithm>
+
 #include "pipeflow/core/error.h"
 
 namespace pipeflow::runtime {
+namespace {
 
-InProcessTransport::InProcessTransport(std::vector<int> inbox_capacity) {
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Waits until `ready()` (checked with `lock` held) or the deadline; false on
+// the deadline. For up to `spin` it polls `version` -- bumped under the lock
+// by every change -- without the lock, and checks `ready()` again after each
+// change; then it sleeps on `changed`. A message that arrives within the spin
+// is taken without the sleeping thread's wake-up (docs/RUNTIME.md, Decisions).
+template <typename Ready>
+bool wait_until_ready(std::unique_lock<std::mutex>& lock, std::condition_variable& changed,
+                      const std::atomic<std::uint64_t>& version, std::chrono::nanoseconds spin, Deadline deadline,
+                      Ready ready) {
+  if (ready()) return true;
+  if (spin.count() > 0) {
+    const Deadline spin_end = std::min(deadline, Clock::now() + spin);
+    for (bool moved = true; moved;) {
+      const std::uint64_t seen = version.load(std::memory_order_relaxed);
+      lock.unlock();
+      moved = false;
+      while (!moved && Clock::now() < spin_end) {
+        cpu_relax();
+        moved = version.load(std::memory_order_relaxed) != seen;
+      }
+      lock.lock();
+      if (ready()) return true;
+    }
+  }
+  return changed.wait_until(lock, deadline, ready);
+}
+
+}  // namespace
+
+InProcessTransport::InProcessTransport(std::vector<int> inbox_capacity, std::chrono::nanoseconds spin) : spin_(spin) {
   if (inbox_capacity.empty()) fail("in-process transport: needs at least one rank");
   for (std::size_t r = 0; r < inbox_capacity.size(); ++r) {
     if (inbox_capacity[r] < 1) fail("in-process transport: rank {} inbox capacity {} must be >= 1", r, inbox_capacity[r]);
@@ -35,7 +75,7 @@ WaitStatus InProcessTransport::send(const MessageKey& key, Tensor payload, Deadl
   Inbox& box = inbox(key.destination);
   std::unique_lock lock(box.mutex);
   const auto has_room = [&] { return aborted() || box.used < static_cast<int>(box.slots.size()); };
-  if (!box.changed.wait_until(lock, deadline, has_room)) return WaitStatus::kTimedOut;
+  if (!wait_until_ready(lock, box.changed, box.version, spin_, deadline, has_room)) return WaitStatus::kTimedOut;
   if (aborted()) return WaitStatus::kAborted;
   for (Slot& slot : box.slots) {
     if (slot.used) continue;
@@ -45,6 +85,7 @@ WaitStatus InProcessTransport::send(const MessageKey& key, Tensor payload, Deadl
     break;
   }
   ++box.used;
+  box.version.fetch_add(1, std::memory_order_relaxed);
   lock.unlock();
   box.changed.notify_all();
   return WaitStatus::kOk;
@@ -56,11 +97,12 @@ WaitStatus InProcessTransport::receive(const MessageKey& key, const Shape& /*sha
   std::unique_lock lock(box.mutex);
   Slot* slot = nullptr;
   const auto arrived = [&] { return aborted() || (slot = find(box, key)) != nullptr; };
-  if (!box.changed.wait_until(lock, deadline, arrived)) return WaitStatus::kTimedOut;
+  if (!wait_until_ready(lock, box.changed, box.version, spin_, deadline, arrived)) return WaitStatus::kTimedOut;
   if (aborted()) return WaitStatus::kAborted;
   out = std::move(slot->payload);
   slot->used = false;
   --box.used;
+  box.version.fetch_add(1, std::memory_order_relaxed);
   lock.unlock();
   box.changed.notify_all();
   return WaitStatus::kOk;
@@ -74,6 +116,7 @@ bool InProcessTransport::try_receive(const MessageKey& key, Tensor& out) {
   out = std::move(slot->payload);
   slot->used = false;
   --box.used;
+  box.version.fetch_add(1, std::memory_order_relaxed);
   lock.unlock();
   box.changed.notify_all();
   return true;
@@ -92,13 +135,14 @@ WaitStatus InProcessTransport::all_reduce_sum(RankId rank, double& value, Deadli
     r.result = sum;
     r.arrived = 0;
     ++r.generation;
+    r.version.fetch_add(1, std::memory_order_relaxed);
     lock.unlock();
     r.done.notify_all();
     value = sum;
     return WaitStatus::kOk;
   }
   const auto finished = [&] { return aborted() || r.generation != generation; };
-  if (!r.done.wait_until(lock, deadline, finished)) {
+  if (!wait_until_ready(lock, r.done, r.version, spin_, deadline, finished)) {
     --r.arrived;
     return WaitStatus::kTimedOut;
   }
@@ -111,10 +155,16 @@ void InProcessTransport::abort() {
   aborted_.store(true, std::memory_order_release);
   for (auto& box : inboxes_) {
     // Taking the lock orders the flag against a waiter's predicate check.
-    { std::lock_guard lock(box->mutex); }
+    {
+      std::lock_guard lock(box->mutex);
+      box->version.fetch_add(1, std::memory_order_relaxed);
+    }
     box->changed.notify_all();
   }
-  { std::lock_guard lock(reduction_.mutex); }
+  {
+    std::lock_guard lock(reduction_.mutex);
+    reduction_.version.fetch_add(1, std::memory_order_relaxed);
+  }
   reduction_.done.notify_all();
 }
 

@@ -44,15 +44,19 @@ void ProgressPrinter::message(std::string_view line) {
 
 std::string ProgressPrinter::figures(const StepLog& log, double eta_s) const {
   const char* label = emulated_ ? " emulated" : "";
+  // A pipeline's speedup against its ideal; one rank has none to show.
+  const std::string ideal =
+      log.busy_s.size() > 1 ? fmt::format("{} of ideal", format_percent(log.ideal_fraction)) : "";
+  const std::string gap = ideal.empty() ? "" : " ";
   if (terminal_) {
-    return fmt::format("loss {:.4f}  {}{}  bubble {} (pred {})  ETA {}", log.loss, tokens_rate(log.tokens_per_s),
-                       label, format_percent(log.bubble_measured), format_percent(log.bubble_predicted),
-                       format_eta(eta_s));
+    return fmt::format("loss {:.4f}  {}{}  bubble {} (pred {}){}{}  ETA {}", log.loss, tokens_rate(log.tokens_per_s),
+                       label, format_percent(log.bubble_measured), format_percent(log.bubble_predicted), gap + gap,
+                       ideal, format_eta(eta_s));
   }
-  return fmt::format("loss {:.4f} lr {:.3g} grad_norm {:.3g} {}{} step {}{} bubble {}{} (predicted {}) ETA {}",
+  return fmt::format("loss {:.4f} lr {:.3g} grad_norm {:.3g} {}{} step {}{} bubble {}{} (predicted {}){}{} ETA {}",
                      log.loss, log.lr, log.grad_norm, tokens_rate(log.tokens_per_s), label,
                      format_seconds(log.step_time_s), label, format_percent(log.bubble_measured), label,
-                     format_percent(log.bubble_predicted), format_eta(eta_s));
+                     format_percent(log.bubble_predicted), gap, ideal, format_eta(eta_s));
 }
 
 void ProgressPrinter::step(const StepLog& log, double elapsed_s) {

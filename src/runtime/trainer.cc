@@ -2,101 +2,32 @@
 
 #include <fmt/format.h>
 
-#include <nlohmann/json.hpp>
-
-#include <algorithm>
-#include <charconv>
-#include <sstream>
-#include <string_view>
-
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/nn/byte_dataset.h"
-#include "pipeflow/nn/model_file.h"
 #include "pipeflow/nn/sampling.h"
+#include "pipeflow/runtime/checkpoint_search.h"
+#include "pipeflow/runtime/emulated_step.h"
 #include "pipeflow/runtime/engine.h"
 #include "pipeflow/runtime/measurement.h"
+#include "pipeflow/runtime/metrics_log.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/report.h"
-#include "pipeflow/runtime/run_settings.h"
+#include "pipeflow/runtime/run_outputs.h"
 #include "pipeflow/runtime/stage_partition.h"
 #include "pipeflow/schedule/generators.h"
-#include "pipeflow/trace/chrome_trace.h"
-#include "pipeflow/trace/svg.h"
 
 namespace pipeflow::runtime {
 namespace {
 
-nlohmann::ordered_json to_json(const StepLog& log) {
-  nlohmann::ordered_json json;
-  json["step"] = log.step;
-  json["loss"] = log.loss;
-  json["lr"] = log.lr;
-  json["grad_norm"] = log.grad_norm;
-  json["step_time_s"] = log.step_time_s;
-  json["step_time_predicted_s"] = log.step_time_predicted_s;
-  json["tokens_per_s"] = log.tokens_per_s;
-  json["tokens_per_s_predicted"] = log.tokens_per_s_predicted;
-  json["bubble_measured"] = log.bubble_measured;
-  json["bubble_predicted"] = log.bubble_predicted;
-  json["busy_s"] = log.busy_s;
-  json["busy_predicted_s"] = log.busy_predicted_s;
-  json["idle_s"] = log.idle_s;
-  json["idle_predicted_s"] = log.idle_predicted_s;
-  json["comm_s"] = log.comm_s;
-  json["peak_activation_bytes"] = log.peak_activation_bytes;
-  json["peak_activation_bytes_predicted"] = log.peak_activation_bytes_predicted;
-  if (log.val_loss) json["val_loss"] = *log.val_loss;
-  return json;
-}
-
-std::string metrics_jsonl(const std::vector<StepLog>& log) {
-  std::string text;
-  for (const StepLog& line : log) text += to_json(line).dump() + "\n";
-  return text;
-}
-
-// The lines of an earlier run's metrics.jsonl before step `before` (a run
-// resumed into the same out_dir keeps the history it continues).
-std::string earlier_metrics(const std::filesystem::path& path, std::int64_t before) {
-  if (!std::filesystem::exists(path)) return "";
-  std::istringstream lines(read_file(path));
-  std::string kept;
-  int number = 0;
-  for (std::string line; std::getline(lines, line);) {
-    ++number;
-    const auto json = nlohmann::json::parse(line, nullptr, false);
-    if (json.is_discarded() || !json.contains("step") || !json["step"].is_number_integer()) {
-      fail("{} line {} is no metrics line (JSON with a \"step\"): move the file away or resume into another "
-           "out_dir",
-           path.string(), number);
-    }
-    if (json["step"].get<std::int64_t>() < before) kept += line + "\n";
-  }
-  return kept;
-}
-
-// The figures of an emulated step: the serial run replayed with one core per
-// rank, then each rank's measured flush after its last action.
-StepFigures emulated_figures(const Schedule& schedule, const StepResult& serial, StepFigures measured) {
-  const Execution replayed = replay(schedule, serial);
-  const Timeline timeline = timeline_from_execution(schedule, replayed, "");
-  const BubbleStats bubble = bubble_stats(timeline);
-  measured.pipeline_s = replayed.makespan;
-  measured.bubble = bubble.overall;
-  measured.wall_s = replayed.makespan;
-  for (std::size_t r = 0; r < measured.ranks.size(); ++r) {
-    RankFigures& rank = measured.ranks[r];
-    rank.bubble = bubble.per_rank[r];
-    rank.pipeline_end_s = replayed.ranks[r].empty() ? 0 : replayed.ranks[r].back().end;
-    rank.wait_s = rank.pipeline_end_s - rank.compute_s;  // the replay's idle time is all waiting for inputs
-    rank.comm_s = 0;
-    rank.other_s = 0;
-    measured.wall_s = std::max(measured.wall_s, replayed.makespan + rank.flush_s);
-  }
-  measured.tokens_per_s = static_cast<double>(serial.tokens) / measured.wall_s;
-  return measured;
+// StepLog::ideal_fraction: one core would run every rank's compute and
+// optimizer one after the other; p cores at best p × (1 − bubble) as fast.
+double ideal_fraction(const StepFigures& figures, double bubble_predicted) {
+  double one_core_s = 0;
+  for (const RankFigures& rank : figures.ranks) one_core_s += rank.compute_s + rank.optimizer_s;
+  const double ideal_speedup = static_cast<double>(figures.ranks.size()) * (1 - bubble_predicted);
+  return one_core_s / (ideal_speedup * figures.wall_s);
 }
 
 class Run {
@@ -124,7 +55,7 @@ class Run {
   StepLog train_step(std::int64_t step);
   void write_checkpoint(std::int64_t steps_done) const;
   double validation_loss() const;
-  void write_outputs(TrainOutcome& outcome, const StepResult& last);
+  void write_outputs(TrainOutcome& outcome) const;
   // The costs the final prediction used, and which steps they were measured in.
   const CostProfile* record_costs() const { return costs_.steps() > 0 ? &costs_ : &first_costs_; }
   std::string cost_steps() const {
@@ -177,7 +108,7 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
 
 std::int64_t Run::resume() {
   if (settings_.resume.empty()) return 0;
-  const std::filesystem::path file = checkpoint_file(settings_.resume);
+  const std::filesystem::path file = checkpoint_to_resume(settings_.resume);
   const std::int64_t done = engine_->load_checkpoint(nn::SafetensorsFile::read(file));
   if (done >= settings_.steps) {
     fail("{}: {} steps done already, and steps = {} is the total: raise steps to train on", file.string(), done,
@@ -233,6 +164,7 @@ StepLog Run::train_step(std::int64_t step) {
               .tokens_per_s_predicted = static_cast<double>(result.tokens) / prediction_.step_time_s,
               .bubble_measured = figures.bubble,
               .bubble_predicted = prediction_.pipeline_bubble_ratio,
+              .ideal_fraction = ideal_fraction(figures, prediction_.pipeline_bubble_ratio),
               .busy_s = {},
               .busy_predicted_s = {},
               .idle_s = {},
@@ -302,50 +234,24 @@ TrainOutcome Run::run() {
   const auto model = engine_->assemble_model();
   outcome.sample = nn::sample_text(*model, "", {.new_tokens = settings_.sample_tokens, .temperature = 0.8,
                                                 .seed = settings_.seed});
-  write_outputs(outcome, *last_);
+  write_outputs(outcome);
   return outcome;
 }
 
-void Run::write_outputs(TrainOutcome& outcome, const StepResult& last) {
-  const Schedule& schedule = engine_->schedule();
-  const std::filesystem::path& dir = settings_.out_dir;
-  const std::string step_name = fmt::format("step {}", last.step);
-  Timeline measured = settings_.emulate
-                          ? timeline_from_execution(schedule, replay(schedule, last),
-                                                    fmt::format("{} emulated (one core per rank), {}", schedule.name(), step_name))
-                          : measured_timeline(last, schedule.num_ranks(),
-                                              fmt::format("{} measured, {}", schedule.name(), step_name), false);
-  const Timeline predicted = timeline_from_execution(
-      schedule, prediction_.execution, fmt::format("{} predicted from measured action costs", schedule.name()));
-  auto write = [&](const std::string& name, const std::string& content) {
-    write_file_atomic(dir / name, content);
-    outcome.files.push_back(dir / name);
-  };
-  write("metrics.jsonl", earlier_metrics_ + metrics_jsonl(outcome.log));
-  write("timeline.svg", render_svg(measured));  // the pipeline: its title's bubble is bubble_measured
-  if (!settings_.emulate) {
-    measured = measured_timeline(last, schedule.num_ranks(), measured.title + ", with the flush", true);
-  }
-  write("trace.json", write_chrome_trace(measured));
-  write("predicted.svg", render_svg(predicted));
-  write("profile.json",
-        profile_to_json(measured_profile(*record_costs(), *engine_,
-                                         fmt::format("pipeflow train {}, median action costs of {}",
-                                                     settings_.config_source, cost_steps()))));
-  nn::write_weights(dir / "weights.safetensors", *engine_->assemble_model());
-  outcome.files.push_back(dir / "weights.safetensors");
-  RunRecord record{.settings = &settings_,
-                   .schedule = &schedule,
-                   .boundaries = engine_->boundaries(),
-                   .data = fmt::format("{} ({} training bytes)", dataset_.source(), dataset_.bytes(nn::Split::kTrain)),
-                   .cores = usable_cores(),
-                   .log = outcome.log,
-                   .figures = figures_,
-                   .costs = record_costs(),
-                   .cost_steps = cost_steps(),
-                   .prediction = &prediction_,
-                   .sample = outcome.sample};
-  write("report.md", training_report(record));
+void Run::write_outputs(TrainOutcome& outcome) const {
+  const RunRecord record{
+      .settings = &settings_,
+      .schedule = &engine_->schedule(),
+      .boundaries = engine_->boundaries(),
+      .data = fmt::format("{} ({} training bytes)", dataset_.source(), dataset_.bytes(nn::Split::kTrain)),
+      .cores = usable_cores(),
+      .log = outcome.log,
+      .figures = figures_,
+      .costs = record_costs(),
+      .cost_steps = cost_steps(),
+      .prediction = &prediction_,
+      .sample = outcome.sample};
+  outcome.files = write_run_outputs(record, *engine_, *last_, earlier_metrics_);
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -98,7 +101,7 @@ TEST(PipelineEngine, AFailingWorkerStopsEveryWorkerWithTheOriginalError) {
   const int threads = thread_count();
   EXPECT_EQ(error_of([&] { engine->step(0, BadSource()); }),
             "stage 0 (embedding..block.0): tokens [0, 3] = 300 is outside the vocabulary [0, 256)");
-  EXPECT_EQ(thread_count(), threads);
+  EXPECT_EQ(thread_count(), threads + 4);  // the four rank threads, and no other
   // The next step starts clean and computes what a fresh engine computes.
   const double loss = engine->step(0, train_source()).loss;
   EXPECT_EQ(loss, testing::tiny_engine(make_schedule("1f1b", 4, 4))->step(0, train_source()).loss);
@@ -114,7 +117,55 @@ TEST(PipelineEngine, AWorkerFailingWhileOthersWaitStopsThemAll) {
   PipelineEngine engine(kTiny, make_schedule("1f1b", 4, 6), partition_uniform(kTiny.pipeline_layers(), 4), options);
   const int threads = thread_count();
   EXPECT_EQ(error_of([&] { engine.step(0, train_source()); }), "injected failure at 3B1");
+  EXPECT_EQ(thread_count(), threads + 4);  // the four rank threads, and no other
+}
+
+// The rank threads start at the first threaded step and serve every later
+// one, a failed step included; after the failure the next step computes
+// what an engine that never failed computes.
+TEST(PipelineEngine, RankThreadsPersistAcrossStepsAndFailures) {
+  constexpr int kRanks = 2;
+  std::mutex mutex;
+  std::vector<std::set<std::thread::id>> ids(kRanks);
+  std::atomic<bool> inject{false};
+  EngineOptions options = testing::tiny_options();
+  options.before_action = [&](RankId rank, const Action& action) {
+    {
+      std::lock_guard lock(mutex);
+      ids[static_cast<std::size_t>(rank.value())].insert(std::this_thread::get_id());
+    }
+    if (inject.load() && rank.value() == 1 && action == Action{StageId(1), ActionKind::kBackward, MicrobatchId(2)}) {
+      throw Error("injected failure at 1B2");
+    }
+  };
+  const Schedule schedule = make_schedule("1f1b", kRanks, 4);
+  const auto boundaries = partition_uniform(kTiny.pipeline_layers(), kRanks);
+  PipelineEngine engine(kTiny, schedule, boundaries, options);
+  engine.init_gpt2(11);
+  auto never_failed = testing::tiny_engine(schedule);
+  engine.step(0, train_source());
+  never_failed->step(0, train_source());
+  const int threads = thread_count();
+  for (int step = 1; step < 3; ++step) {
+    engine.step(step, train_source());
+    never_failed->step(step, train_source());
+  }
+  inject = true;
+  EXPECT_EQ(error_of([&] { engine.step(3, train_source()); }), "injected failure at 1B2");
+  inject = false;
+  const StepResult after = engine.step(3, train_source());
+  EXPECT_EQ(after.loss, never_failed->step(3, train_source()).loss);
   EXPECT_EQ(thread_count(), threads);
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(ids[static_cast<std::size_t>(r)].size(), 1u) << "rank " << r << " ran on more than one thread";
+    EXPECT_NE(*ids[static_cast<std::size_t>(r)].begin(), std::this_thread::get_id());
+  }
+  EXPECT_NE(*ids[0].begin(), *ids[1].begin());
+  for (int s = 0; s < kRanks; ++s) {
+    const auto pa = engine.stage(StageId(s)).parameters();
+    const auto pb = never_failed->stage(StageId(s)).parameters();
+    EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pa.size_bytes()), 0) << "stage " << s;
+  }
 }
 
 TEST(PipelineEngine, ATimeoutNamesTheRankTheActionAndTheMessageAndMarksTheGrid) {

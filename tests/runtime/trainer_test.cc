@@ -199,7 +199,7 @@ TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
 TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
   StepLog log{.step = 35, .loss = 2.314, .lr = 1e-3, .grad_norm = 0.84, .step_time_s = 0.0521,
               .step_time_predicted_s = 0.05, .tokens_per_s = 12345, .tokens_per_s_predicted = 13000,
-              .bubble_measured = 0.112, .bubble_predicted = 0.109, .busy_s = {}, .busy_predicted_s = {},
+              .bubble_measured = 0.112, .bubble_predicted = 0.109, .ideal_fraction = 0.931, .busy_s = {}, .busy_predicted_s = {},
               .idle_s = {}, .idle_predicted_s = {}, .comm_s = {}, .peak_activation_bytes = {},
               .peak_activation_bytes_predicted = {}, .val_loss = {}};
   char buffer[1024] = {};
@@ -236,6 +236,17 @@ TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
   EXPECT_STREQ(screen,
                "after 100 steps: validation loss 2.5000\n\r\033[Kstep 100/200 [==========>         ] loss 2.3140  12.3k tok/s "
                "emulated  bubble 11.2% (pred 10.9%)  ETA 50s\n");
+  std::fclose(out);
+
+  // A pipeline of two ranks also shows its speedup against the ideal.
+  char pipelined[1024] = {};
+  out = fmemopen(pipelined, sizeof pipelined, "w");
+  ProgressPrinter two_ranks(out, false, 200, false);
+  log.busy_s = {0.02, 0.02};
+  two_ranks.step(log, 50);
+  std::fflush(out);
+  EXPECT_NE(std::string(pipelined).find("bubble 11.2% (predicted 10.9%) 93.1% of ideal ETA"), std::string::npos)
+      << pipelined;
   std::fclose(out);
 }
 

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <chrono>
+
 #include "pipeflow/model/hardware.h"
 
 namespace pipeflow::runtime {
@@ -9,7 +11,7 @@ namespace pipeflow::runtime {
 struct Calibration {
   double sgemm_flop_per_s = 0;    // one thread, 512³ float matrix products through tensor/gemm.h
   double memcpy_bytes_per_s = 0;  // bytes copied per second, 64 MiB buffers, one thread
-  double handoff_latency_s = 0;   // one message between two threads through the in-process transport
+  double handoff_latency_s = 0;   // one message between two threads through the in-process transport (kHandoffSpin)
   // Model FLOP/s of one training micro-batch (forward + backward) of a small
   // GPT-2 (4 layers, width 128, context 64, 8 sequences) on one thread: what
   // the cost model's efficiency turns peak into.
@@ -23,6 +25,11 @@ struct CalibrationOptions {
 };
 
 Calibration calibrate(const CalibrationOptions& options = {});
+
+// One message between two threads through an InProcessTransport whose waits
+// spin for `spin` before they sleep: the best over about `seconds` of
+// ping-pong rounds, in seconds per hand-off.
+double measure_handoff_latency(std::chrono::nanoseconds spin, double seconds);
 
 // The profile the model module reads (hardware_to_json / load_hardware):
 // peak = single-thread sgemm (a core is a pipeline device), efficiency =

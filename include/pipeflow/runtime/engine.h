@@ -27,6 +27,9 @@ enum class StepMode { kTrain, kGradientsOnly };
 
 // How the ranks run.
 //   kThreaded: one worker thread per rank, all at once: the real pipeline.
+//              The threads start at the engine's first threaded step and
+//              serve every later one (RankThreads: pinned one per core when
+//              the process may use at least p cores).
 //   kSerial:   every rank's actions on the calling thread, one at a time, in
 //              a valid order (each pass over the ranks runs every rank as far
 //              as its messages allow); each action timed alone, for the
@@ -59,8 +62,9 @@ struct StepResult {
 // and layout give the same bits, threaded or serial.
 //
 // Errors: a worker that fails (an exception in an action, a timeout) aborts
-// the transport, every other worker stops at its next action or wait, all
-// threads are joined, and step() throws the first failure's error. The next
+// the transport, every other worker stops at its next action or wait, step()
+// waits until every rank has returned and throws the first failure's error
+// (the threads stay for the next step). The next
 // step starts clean (states and messages of the failed step are dropped),
 // unless the failure came after an optimizer update had begun on some rank:
 // then the weights are inconsistent and every later step throws.
@@ -68,7 +72,10 @@ struct StepResult {
 // BLAS: each worker's matrix products run on its own thread (tensor/gemm.h
 // pins OpenBLAS to one thread), so p workers use p cores.
 //
-// Thread safety: one thread drives the engine; stages may be read between steps.
+// Thread safety: one thread drives the engine; stages may be read between
+// steps. The destructor stops and joins the rank threads.
+class RankThreads;
+
 class PipelineEngine {
  public:
   // `schedule`: compute-only (then lowered with insert_send_recv) or already
@@ -119,10 +126,16 @@ class PipelineEngine {
   std::unique_ptr<nn::Stage> assemble_model(bool with_gradients = false) const;
 
  private:
+  enum class FlushStep;
+  static const FlushStep kFlushOrder[4];
+  struct Flush;
+
   const nn::Stage& holder(std::string_view name) const;
-  void run_threaded(StepMode mode, StepResult& result);
-  void run_serial(StepMode mode, StepResult& result);
-  void finish(StepMode mode, StepResult& result);
+  void run_threaded(StepMode mode, double lr, Flush& flush);
+  void run_serial(StepMode mode, double lr, Flush& flush);
+  RankWorker::Outcome flush_step(FlushStep step, RankWorker& w, StepMode mode, RunMode run, double lr, Flush& flush);
+  double clip_coefficient(StepMode mode, double grad_norm) const;
+  void finish(StepResult& result);
 
   nn::GptConfig config_;
   Schedule schedule_;
@@ -134,6 +147,8 @@ class PipelineEngine {
   std::unique_ptr<InProcessTransport> transport_;
   Progress progress_;
   std::vector<std::unique_ptr<RankWorker>> workers_;
+  // Started at the first threaded step; destroyed (stopped and joined) first.
+  std::unique_ptr<RankThreads> threads_;
   std::int64_t current_step_ = 0;
   bool update_failed_ = false;
 };

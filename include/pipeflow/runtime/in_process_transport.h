@@ -1,6 +1,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -10,6 +11,11 @@
 #include "pipeflow/runtime/transport.h"
 
 namespace pipeflow::runtime {
+
+// How long the engine's waits for a message spin before they sleep when
+// every rank has a core of its own (docs/RUNTIME.md, Decisions: measured
+// against 0-200 µs).
+inline constexpr std::chrono::nanoseconds kHandoffSpin = std::chrono::microseconds(50);
 
 // The transport between worker threads of one process. Each rank has an
 // inbox: a fixed array of message slots (its capacity), guarded by one mutex
@@ -29,7 +35,11 @@ namespace pipeflow::runtime {
 class InProcessTransport final : public Transport {
  public:
   // `inbox_capacity[r]`: message slots of rank r's inbox (each >= 1).
-  explicit InProcessTransport(std::vector<int> inbox_capacity);
+  // `spin`: how long a wait polls before it sleeps on the condition variable
+  // (0: sleeps at once). Spinning saves the wake-up of a sleeping thread
+  // when the message comes soon, and is worth it only when every rank has
+  // a core of its own: otherwise the spinner takes the core its sender needs.
+  explicit InProcessTransport(std::vector<int> inbox_capacity, std::chrono::nanoseconds spin = {});
   ~InProcessTransport() override;
   InProcessTransport(const InProcessTransport&) = delete;
   InProcessTransport& operator=(const InProcessTransport&) = delete;
@@ -58,6 +68,7 @@ class InProcessTransport final : public Transport {
     std::condition_variable changed;
     std::vector<Slot> slots;
     int used = 0;
+    std::atomic<std::uint64_t> version{0};  // bumped under the mutex by every change
   };
   // The all-reduce: a generation barrier over all ranks.
   struct Reduction {
@@ -67,6 +78,7 @@ class InProcessTransport final : public Transport {
     int arrived = 0;
     std::int64_t generation = 0;
     double result = 0;
+    std::atomic<std::uint64_t> version{0};  // bumped under the mutex by every change
   };
 
   Inbox& inbox(RankId rank);
@@ -74,6 +86,7 @@ class InProcessTransport final : public Transport {
 
   std::vector<std::unique_ptr<Inbox>> inboxes_;
   Reduction reduction_;
+  std::chrono::nanoseconds spin_;
   std::atomic<bool> aborted_{false};
 };
 

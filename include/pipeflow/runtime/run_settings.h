@@ -23,9 +23,5 @@ nn::GptConfig gpt_config(const ModelSpec& spec, const std::string& source);
 // read); Error naming the file when it has none.
 ModelFromFile model_of_file(const std::filesystem::path& path);
 
-// A checkpoint to resume from: `path` itself, or the highest
-// step_N.safetensors in the directory `path`. Error naming checkpoint.load
-// when there is none.
-std::filesystem::path checkpoint_file(const std::filesystem::path& path);
 
 }  // namespace pipeflow::runtime

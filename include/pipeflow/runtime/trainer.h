@@ -68,6 +68,14 @@ struct StepLog {
   double tokens_per_s_predicted = 0;
   double bubble_measured = 0;
   double bubble_predicted = 0;
+  // The step's speedup over one core doing the same work, as a fraction of
+  // the ideal p × (1 − bubble_predicted): Σ_r (compute_r + optimizer_r) /
+  // (p · (1 − bubble_predicted) · step_time_s). 1: the pipeline ran as fast
+  // as its schedule allows; the rest is waiting the schedule does not
+  // explain, hand-offs and the flush. The one-core time is the actions as
+  // measured in this run: a load that slows them all is not seen here
+  // (bench/runtime_pipeline.cc measures a separate 1-stage engine).
+  double ideal_fraction = 0;
   // Per rank, in the pipeline part of the step: compute (F/B/I/W), idle
   // (makespan − compute) and communication (SEND/RECV outside their waits),
   // measured and predicted (the prediction's hand-offs are free).

@@ -1,0 +1,20 @@
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "pipeflow/runtime/engine.h"
+#include "pipeflow/runtime/report.h"
+
+namespace pipeflow::runtime {
+
+// Writes what a finished training run leaves in `record.settings->out_dir`
+// (each file atomically; see train() in trainer.h): metrics.jsonl
+// (`earlier_metrics`, then this run's lines), timeline.svg and trace.json
+// of `last` (replayed with --emulate), predicted.svg, profile.json,
+// weights.safetensors and report.md. Returns the paths written.
+std::vector<std::filesystem::path> write_run_outputs(const RunRecord& record, const PipelineEngine& engine,
+                                                     const StepResult& last, const std::string& earlier_metrics);
+
+}  // namespace pipeflow::runtime

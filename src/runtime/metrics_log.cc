@@ -1,0 +1,63 @@
+#include "pipeflow/runtime/metrics_log.h"
+
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+
+namespace pipeflow::runtime {
+namespace {
+
+nlohmann::ordered_json to_json(const StepLog& log) {
+  nlohmann::ordered_json json;
+  json["step"] = log.step;
+  json["loss"] = log.loss;
+  json["lr"] = log.lr;
+  json["grad_norm"] = log.grad_norm;
+  json["step_time_s"] = log.step_time_s;
+  json["step_time_predicted_s"] = log.step_time_predicted_s;
+  json["tokens_per_s"] = log.tokens_per_s;
+  json["tokens_per_s_predicted"] = log.tokens_per_s_predicted;
+  json["bubble_measured"] = log.bubble_measured;
+  json["bubble_predicted"] = log.bubble_predicted;
+  json["ideal_fraction"] = log.ideal_fraction;
+  json["busy_s"] = log.busy_s;
+  json["busy_predicted_s"] = log.busy_predicted_s;
+  json["idle_s"] = log.idle_s;
+  json["idle_predicted_s"] = log.idle_predicted_s;
+  json["comm_s"] = log.comm_s;
+  json["peak_activation_bytes"] = log.peak_activation_bytes;
+  json["peak_activation_bytes_predicted"] = log.peak_activation_bytes_predicted;
+  if (log.val_loss) json["val_loss"] = *log.val_loss;
+  return json;
+}
+
+}  // namespace
+
+std::string metrics_jsonl(const std::vector<StepLog>& log) {
+  std::string text;
+  for (const StepLog& line : log) text += to_json(line).dump() + "\n";
+  return text;
+}
+
+std::string earlier_metrics(const std::filesystem::path& path, std::int64_t before) {
+  if (!std::filesystem::exists(path)) return "";
+  std::istringstream lines(read_file(path));
+  std::string kept;
+  int number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    const auto json = nlohmann::json::parse(line, nullptr, false);
+    if (json.is_discarded() || !json.contains("step") || !json["step"].is_number_integer()) {
+      fail("{} line {} is no metrics line (JSON with a \"step\"): move the file away or resume into another "
+           "out_dir",
+           path.string(), number);
+    }
+    if (json["step"].get<std::int64_t>() < before) kept += line + "\n";
+  }
+  return kept;
+}
+
+}  // namespace pipeflow::runtime
