@@ -88,6 +88,7 @@ std::unique_ptr<PipelineEngine> make_engine(const Options& o, const std::string&
   const Schedule schedule = make_schedule(schedule_name, stages, o.microbatches);
   EngineOptions options;
   options.micro_batch = o.micro_batch;
+  options.seq_length = o.model.context;
   options.optimizer = {.lr = 1e-3};
   options.lr_schedule = nn::LrSchedule::constant(1e-3);
   options.gradient_clipping = 1.0;
@@ -111,7 +112,7 @@ double overhead(const StepFigures& f, int stages) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  const nn::ByteDataset data(nn::ByteDataset::default_corpus(), {.sequence_length = o.model.context, .seed = 1});
+  const nn::ByteDataset data(nn::ByteDataset::default_corpus(), {.seq_length = o.model.context, .seed = 1});
   const DatasetSource source(data, nn::Split::kTrain);
   std::printf("model: %d layers, width %d, %d heads, context %d; %s, %d micro-batches of %d; %d steps, %d usable cores\n",
               o.model.n_layer, o.model.n_embd, o.model.n_head, o.model.context, o.schedule.c_str(), o.microbatches,

@@ -31,7 +31,7 @@ nlohmann::ordered_json to_json(const ModelSpec& spec, const ParallelConfig& conf
   json["dropout"] = spec.dropout;
   json["parameters"] = parameter_count(spec);
   json["config"] = {{"micro_batch", config.micro_batch},
-                    {"sequence", config.sequence},
+                    {"sequence", config.seq_length},
                     {"tensor_parallel", config.tensor_parallel},
                     {"sequence_parallel", config.sequence_parallel},
                     {"recompute", to_string(config.recompute)},
@@ -59,7 +59,7 @@ std::string text_report(const ModelSpec& spec, const ParallelConfig& config, con
       spec.max_positions, spec.tied_embeddings ? "tied" : "untied", spec.dropout ? ", dropout" : "");
   out += fmt::format("parameters: {} ({})\n", parameter_count(spec), format_parameters(parameter_count(spec)));
   out += fmt::format("per micro-batch and device: b={} s={} t={}{} recompute={}\n", config.micro_batch,
-                     config.sequence, config.tensor_parallel, config.sequence_parallel ? " sp" : "",
+                     config.seq_length, config.tensor_parallel, config.sequence_parallel ? " sp" : "",
                      to_string(config.recompute));
   TextTable table({"layer", "params", "forward", "backward I", "backward W", "recompute", "activations", "message"});
   for (const PipelineLayer& layer : layers) {

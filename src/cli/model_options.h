@@ -13,7 +13,7 @@ namespace pipeflow::cli {
 // --sequence-parallel, --recompute, --bytes-per-element.
 struct ModelOptions {
   std::string model;
-  int sequence = 0;  // 0: the model's max_positions
+  int seq_length = 0;  // 0: the model's max_positions
   int micro_batch = 1;
   int tensor_parallel = 1;
   bool sequence_parallel = false;

@@ -55,8 +55,8 @@ void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSet
   fmt::print("wrote {}/report.md, metrics.jsonl, timeline.svg, trace.json, predicted.svg, profile.json, "
              "weights.safetensors\n",
              settings.out_dir.string());
-  if (settings.checkpoint_interval > 0) {
-    fmt::print("checkpoints every {} steps in {}\n", settings.checkpoint_interval,
+  if (settings.save_interval > 0) {
+    fmt::print("checkpoints every {} steps in {}\n", settings.save_interval,
                settings.checkpoint_directory().string());
   }
 }

@@ -129,7 +129,7 @@ double kv_width(const ModelSpec& spec) {
 
 std::int64_t parameter_count(const ModelSpec& spec) {
   ParallelConfig config;
-  config.sequence = 1;  // parameters do not depend on the sequence
+  config.seq_length = 1;  // parameters do not depend on the sequence
   return sum_layers(pipeline_layers(spec, config)).parameters;
 }
 

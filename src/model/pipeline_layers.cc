@@ -61,7 +61,7 @@ struct BlockActivations {
 };
 
 BlockActivations block_activations(const ModelSpec& m, const ParallelConfig& c) {
-  const double sb = static_cast<double>(c.sequence) * c.micro_batch;
+  const double sb = static_cast<double>(c.seq_length) * c.micro_batch;
   const double h = m.hidden;
   const double f = m.ffn;
   const double e = c.bytes_per_element;
@@ -74,14 +74,14 @@ BlockActivations block_activations(const ModelSpec& m, const ParallelConfig& c) 
     act.replicated = 4 * e * sb * h;
     act.sharded = e * sb * (2 * h + kv_width(m) + 3 * f);
   }
-  act.core = (e + drop * (1 + e)) * m.heads * static_cast<double>(c.sequence) * sb;
+  act.core = (e + drop * (1 + e)) * m.heads * static_cast<double>(c.seq_length) * sb;
   return act;
 }
 
 double block_activation_bytes(const ModelSpec& m, const ParallelConfig& c) {
   const double t = c.tensor_parallel;
   const double sp = c.sequence_parallel ? t : 1;
-  const double sbh = static_cast<double>(c.sequence) * c.micro_batch * m.hidden;
+  const double sbh = static_cast<double>(c.seq_length) * c.micro_batch * m.hidden;
   const BlockActivations act = block_activations(m, c);
   switch (c.recompute) {
     case Recompute::kNone: return act.replicated / sp + (act.sharded + act.core) / t;
@@ -94,11 +94,11 @@ double block_activation_bytes(const ModelSpec& m, const ParallelConfig& c) {
 
 void validate_config(const ModelSpec& m, const ParallelConfig& c) {
   if (c.micro_batch < 1) fail("micro_batch = {}: must be >= 1", c.micro_batch);
-  if (c.sequence < 1) fail("sequence = {}: must be >= 1 (tokens per sequence)", c.sequence);
+  if (c.seq_length < 1) fail("sequence = {}: must be >= 1 (tokens per sequence)", c.seq_length);
   if (c.tensor_parallel < 1) fail("tensor_parallel = {}: must be >= 1", c.tensor_parallel);
   if (c.bytes_per_element < 1) fail("bytes_per_element = {}: must be >= 1 (2 for bf16)", c.bytes_per_element);
-  if (m.architecture == Architecture::kGpt && c.sequence > m.max_positions) {
-    fail("sequence = {}: {} has {} learned positions: use a sequence <= {}", c.sequence, m.name, m.max_positions,
+  if (m.architecture == Architecture::kGpt && c.seq_length > m.max_positions) {
+    fail("sequence = {}: {} has {} learned positions: use a sequence <= {}", c.seq_length, m.name, m.max_positions,
          m.max_positions);
   }
   if (m.heads % c.tensor_parallel != 0 || m.kv_heads % c.tensor_parallel != 0) {
@@ -108,7 +108,7 @@ void validate_config(const ModelSpec& m, const ParallelConfig& c) {
 }
 
 PipelineLayer embedding_layer(const ModelSpec& m, const ParallelConfig& c) {
-  const double sbh = static_cast<double>(c.sequence) * c.micro_batch * m.hidden;
+  const double sbh = static_cast<double>(c.seq_length) * c.micro_batch * m.hidden;
   const double sp = c.sequence_parallel ? c.tensor_parallel : 1;
   PipelineLayer layer;
   layer.name = "embedding";
@@ -122,9 +122,9 @@ PipelineLayer embedding_layer(const ModelSpec& m, const ParallelConfig& c) {
 
 PipelineLayer block_layer(const ModelSpec& m, const ParallelConfig& c, int index) {
   const double t = c.tensor_parallel;
-  const double bs = static_cast<double>(c.micro_batch) * c.sequence;
+  const double bs = static_cast<double>(c.micro_batch) * c.seq_length;
   const double matmul = 2 * bs * block_matrix_weights(m) / t;
-  const double core = 4 * bs * c.sequence * m.hidden / t;  // QKᵀ and probs·V, 2·b·s²·h each
+  const double core = 4 * bs * c.seq_length * m.hidden / t;  // QKᵀ and probs·V, 2·b·s²·h each
   PipelineLayer layer;
   layer.name = fmt::format("block.{}", index);
   layer.kind = LayerKind::kBlock;
@@ -142,7 +142,7 @@ PipelineLayer block_layer(const ModelSpec& m, const ParallelConfig& c, int index
 PipelineLayer head_layer(const ModelSpec& m, const ParallelConfig& c) {
   const double t = c.tensor_parallel;
   const double sp = c.sequence_parallel ? t : 1;
-  const double bs = static_cast<double>(c.micro_batch) * c.sequence;
+  const double bs = static_cast<double>(c.micro_batch) * c.seq_length;
   const double logits = 2 * bs * m.hidden * static_cast<double>(m.vocab) / t;
   const std::int64_t norm = m.architecture == Architecture::kGpt ? 2 * m.hidden : m.hidden;
   const std::int64_t lm_head = shard(m.vocab, c.tensor_parallel) * m.hidden;
@@ -194,7 +194,7 @@ std::vector<PipelineLayer> pipeline_layers(const ModelSpec& spec, const Parallel
   validate_model(spec);
   validate_config(spec, config);
   const bool split_messages = config.sequence_parallel || config.scatter_gather;
-  const double message = static_cast<double>(config.bytes_per_element) * config.micro_batch * config.sequence *
+  const double message = static_cast<double>(config.bytes_per_element) * config.micro_batch * config.seq_length *
                          spec.hidden / (split_messages ? config.tensor_parallel : 1);
   std::vector<PipelineLayer> layers;
   layers.reserve(spec.layers + 2);

@@ -31,7 +31,7 @@ ByteDataset::ByteDataset(const std::vector<std::filesystem::path>& files, Datase
 
 ByteDataset::ByteDataset(std::string text, std::string source, DatasetOptions options)
     : text_(std::move(text)), source_(std::move(source)), options_(options) {
-  if (options_.sequence_length < 1) fail("data sequence length {} must be >= 1", options_.sequence_length);
+  if (options_.seq_length < 1) fail("data sequence length {} must be >= 1", options_.seq_length);
   if (options_.validation_fraction < 0 || options_.validation_fraction >= 1) {
     fail("data validation_fraction = {}: must lie in [0, 1)", options_.validation_fraction);
   }
@@ -42,7 +42,7 @@ ByteDataset::ByteDataset(std::string text, std::string source, DatasetOptions op
 }
 
 void ByteDataset::check_split(Split split, const char* name) const {
-  const std::int64_t needed = options_.sequence_length + 1;
+  const std::int64_t needed = options_.seq_length + 1;
   if (bytes(split) < needed) {
     fail("{}: the {} split has {} bytes, fewer than one sample of T + 1 = {}: use more text or a shorter context",
          source_, name, bytes(split), needed);
@@ -71,7 +71,7 @@ std::int64_t ByteDataset::bytes(Split split) const {
 }
 
 void ByteDataset::sample(Split split, std::int64_t step, std::int64_t index, std::span<std::int32_t> tokens) const {
-  const std::int64_t length = options_.sequence_length + 1;
+  const std::int64_t length = options_.seq_length + 1;
   if (static_cast<std::int64_t>(tokens.size()) != length) {
     fail("internal: a sample has {} tokens, given room for {}", length, tokens.size());
   }
@@ -87,7 +87,7 @@ void ByteDataset::sample(Split split, std::int64_t step, std::int64_t index, std
 }
 
 Batch ByteDataset::batch(Split split, std::int64_t step, std::int64_t first, int count, Allocator allocator) const {
-  const int t = options_.sequence_length;
+  const int t = options_.seq_length;
   Batch batch{IntTensor::uninitialized({count, t}, allocator), IntTensor::uninitialized({count, t}, allocator)};
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(t) + 1);
   for (int row = 0; row < count; ++row) {

@@ -38,9 +38,9 @@ BasicStage<T>::BasicStage(const GptConfig& config, LayerRange layers, StageOptio
       activation_memory_(options_.name + " activations"),
       values_({layout_.total()}, {nullptr, &weight_memory_}),
       grads_({layout_.total()}, {nullptr, &weight_memory_}) {
-  if (options_.checkpoint_interval < 0) {
+  if (options_.recompute_interval < 0) {
     fail("{}: activation_checkpoint_interval = {}: must be 0 (off) or a number of layers", where(),
-         options_.checkpoint_interval);
+         options_.recompute_interval);
   }
   const T* v = values_.data();
   T* g = grads_.data();
@@ -210,11 +210,11 @@ typename BasicStage<T>::Flow BasicStage<T>::forward_layer(State& state, int loca
   return {};
 }
 
-// Keeps the layer's input if it starts a segment of checkpoint_interval
+// Keeps the layer's input if it starts a segment of recompute_interval
 // layers, and drops everything else the layer saved.
 template <class T>
 void BasicStage<T>::checkpoint_layer(State& state, int local) {
-  const bool starts_segment = local % options_.checkpoint_interval == 0;
+  const bool starts_segment = local % options_.recompute_interval == 0;
   switch (kind(local)) {
     case Kind::kEmbedding:
       if (starts_segment) state.checkpoints_.push_back({std::move(state.embedding_.tokens), {}});
@@ -237,8 +237,8 @@ template <class T>
 void BasicStage<T>::recompute_segment(State& state, int segment) {
   auto& checkpoint = state.checkpoints_[static_cast<std::size_t>(segment)];
   Flow flow{std::move(checkpoint.tokens), std::move(checkpoint.x)};
-  const int first = segment * options_.checkpoint_interval;
-  const int last = std::min(first + options_.checkpoint_interval, range_.size());
+  const int first = segment * options_.recompute_interval;
+  const int last = std::min(first + options_.recompute_interval, range_.size());
   for (int local = first; local < last; ++local) flow = forward_layer(state, local, std::move(flow));
 }
 
@@ -265,7 +265,7 @@ BasicTensor<T> BasicStage<T>::forward(State& state, Input input) {
 template <class T>
 BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, double loss_scale) {
   for (int local = range_.size() - 1; local >= 0; --local) {
-    const int k = options_.checkpoint_interval;
+    const int k = options_.recompute_interval;
     if (checkpointing() && (local % k == k - 1 || local == range_.size() - 1)) recompute_segment(state, local / k);
     switch (kind(local)) {
       case Kind::kHead:

@@ -40,9 +40,9 @@ BatchGradients pipelined_gradients(const nn::SafetensorsFile& weights, IntTensor
   }
   EngineOptions options;
   options.micro_batch = sequences / pipeline.microbatches;
-  options.sequence_length = static_cast<int>(tokens.dim(1)) - 1;
+  options.seq_length = static_cast<int>(tokens.dim(1)) - 1;
   const auto boundaries = partition_model(config, schedule.num_stages(), pipeline.partition, options.micro_batch,
-                                          options.sequence_length, hardware_preset("cpu"));
+                                          options.seq_length, hardware_preset("cpu"));
   PipelineEngine engine(config, schedule, boundaries, options);
   engine.load_parameters(weights);
   const StepResult step = engine.step(0, TokenSource(std::move(tokens)), StepMode::kGradientsOnly);

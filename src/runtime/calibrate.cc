@@ -90,7 +90,7 @@ double measure_model(double seconds) {
   const ModelSpec spec = gpt_model("calibration", config.n_layer, config.n_embd, config.n_head, config.vocab_size,
                                    config.context);
   const double flops =
-      sum_layers(pipeline_layers(spec, {.micro_batch = kBatch, .sequence = config.context, .bytes_per_element = 4}))
+      sum_layers(pipeline_layers(spec, {.micro_batch = kBatch, .seq_length = config.context, .bytes_per_element = 4}))
           .model_flops();
   return best_rate(seconds, [&] {
     nn::MicrobatchState state;

@@ -76,9 +76,8 @@ PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& sche
   config_.validate();
   check_boundaries(config_, schedule_, boundaries_);
   if (options_.micro_batch < 1) fail("train_micro_batch_size_per_gpu = {}: must be >= 1", options_.micro_batch);
-  if (options_.sequence_length < 0 || options_.sequence_length > config_.context) {
-    fail("sequence length {} must lie in [1, {}] (the model's context), or 0 for the context", options_.sequence_length,
-         config_.context);
+  if (options_.seq_length < 1 || options_.seq_length > config_.context) {
+    fail("seq_length {} must lie in [1, {}] (the model's context)", options_.seq_length, config_.context);
   }
   if (options_.timeout.count() <= 0) fail("timeout = {} s: must be > 0", options_.timeout.count());
   std::vector<nn::Stage*> stages;
@@ -86,7 +85,7 @@ PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& sche
   for (int s = 0; s < schedule_.num_stages(); ++s) {
     const nn::LayerRange range{boundaries_[static_cast<std::size_t>(s)], boundaries_[static_cast<std::size_t>(s) + 1]};
     stages_.push_back(std::make_unique<nn::Stage>(
-        config_, range, nn::StageOptions{options_.checkpoint_interval, fmt::format("stage {}", s)}));
+        config_, range, nn::StageOptions{options_.recompute_interval, fmt::format("stage {}", s)}));
     optimizers_.push_back(std::make_unique<nn::AdamW>(*stages_.back(), options_.optimizer));
     stages.push_back(stages_.back().get());
     optimizers.push_back(optimizers_.back().get());
@@ -170,7 +169,7 @@ std::int64_t PipelineEngine::global_batch() const {
 }
 
 std::int64_t PipelineEngine::tokens_per_step() const {
-  return global_batch() * (options_.sequence_length > 0 ? options_.sequence_length : config_.context);
+  return global_batch() * options_.seq_length;
 }
 
 // The flush after the pipeline part, as the phases every rank runs in order.

@@ -140,7 +140,7 @@ MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine&
   }
   const nn::GptConfig& config = engine.config();
   const EngineOptions& options = engine.options();
-  const int t = options.sequence_length > 0 ? options.sequence_length : config.context;
+  const int t = options.seq_length;
   const double message = static_cast<double>(options.micro_batch) * t * config.n_embd * sizeof(float);
   MeasuredProfile profile;
   profile.source = std::move(source);

@@ -238,7 +238,7 @@ RankWorker::Outcome RankWorker::receive(std::size_t index, const Action& a, bool
   if (!block) {
     if (!transport_->try_receive(key, into)) return transport_->aborted() ? Outcome::kAborted : Outcome::kNotReady;
   } else {
-    const int t = options_->sequence_length > 0 ? options_->sequence_length : st.config().context;
+    const int t = options_->seq_length;
     const Shape shape{options_->micro_batch, t, st.config().n_embd};
     const Clock::time_point start = Clock::now();
     const WaitStatus status = transport_->receive(key, shape, st.allocator(), deadline(), into);

@@ -52,7 +52,7 @@ std::string run_section(const RunRecord& run) {
   const Schedule& schedule = *run.schedule;
   const nn::GptConfig& m = s.model;
   const int b = s.engine.micro_batch;
-  const int t = s.engine.sequence_length > 0 ? s.engine.sequence_length : m.context;
+  const int t = s.engine.seq_length;
   std::string out = "## Run\n\n";
   out += fmt::format("- configuration: `{}`\n", s.config_source.empty() ? "(command line)" : s.config_source);
   out += fmt::format("- model: GPT-2, {} layers, width {}, {} heads, context {}, vocabulary {}: {} parameters{}\n",
@@ -66,7 +66,7 @@ std::string run_section(const RunRecord& run) {
       schedule.name(), schedule.num_ranks(), schedule.num_stages(), schedule.stages_per_rank(),
       to_string(schedule.placement()), schedule.num_microbatches(), b, t,
       static_cast<std::int64_t>(schedule.num_microbatches()) * b * t);
-  out += fmt::format("- activation checkpoint interval: {}\n", s.engine.checkpoint_interval);
+  out += fmt::format("- activation checkpoint interval: {}\n", s.engine.recompute_interval);
   const OptimizerConfig& o = s.engine.optimizer;
   out += fmt::format("- optimizer: {} lr {:g}, betas ({:g}, {:g}), eps {:g}, weight decay {:g}; {}; gradient clipping {}\n",
                      o.adam_w_mode ? "AdamW" : "Adam (L2 weight decay)", o.lr, o.betas[0], o.betas[1], o.eps,

@@ -72,8 +72,8 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   s.partition = run.pipeline.partition_method;
   s.hardware = run.hardware;
   s.engine.micro_batch = resolved.batch.micro;
-  s.engine.sequence_length = resolved.seq_length;
-  s.engine.checkpoint_interval = run.pipeline.recompute_interval;
+  s.engine.seq_length = resolved.seq_length;
+  s.engine.recompute_interval = run.pipeline.recompute_interval;
   s.engine.optimizer = run.optimizer;
   s.engine.lr_schedule = nn::LrSchedule::from_config(run.scheduler, run.optimizer.lr);
   s.engine.gradient_clipping = run.gradient_clipping;
@@ -89,7 +89,7 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   s.seed = run.seed;
   s.eval_interval = run.eval_interval;
   s.out_dir = run.out_dir;
-  s.checkpoint_interval = run.checkpoint.save_interval;
+  s.save_interval = run.checkpoint.save_interval;
   s.steps_per_print = run.steps_per_print;
   s.checkpoint_dir = run.checkpoint.dir;
   s.resume = run.checkpoint.load;

@@ -9,8 +9,8 @@ ModelSpec model_spec(const nn::GptConfig& config) {
 }
 
 std::vector<int> partition_model(const nn::GptConfig& config, int stages, const PartitionMethod& method,
-                                 int micro_batch, int sequence, const HardwareProfile& hardware) {
-  const ParallelConfig parallel{.micro_batch = micro_batch, .sequence = sequence, .bytes_per_element = 4};
+                                 int micro_batch, int seq_length, const HardwareProfile& hardware) {
+  const ParallelConfig parallel{.micro_batch = micro_batch, .seq_length = seq_length, .bytes_per_element = 4};
   return partition_layers(pipeline_layers(model_spec(config), parallel), stages, method, hardware).boundaries;
 }
 

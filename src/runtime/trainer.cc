@@ -36,7 +36,7 @@ class Run {
       : settings_(settings),
         progress_(progress),
         dataset_(settings.data.empty() ? nn::ByteDataset::default_corpus() : settings.data,
-                 {.sequence_length = sequence(), .seed = settings.seed,
+                 {.seq_length = seq_length(), .seed = settings.seed,
                   .validation_fraction = settings.validation_fraction}),
         source_(dataset_, nn::Split::kTrain),
         engine_(make_engine()),
@@ -46,9 +46,7 @@ class Run {
   TrainOutcome run();
 
  private:
-  int sequence() const {
-    return settings_.engine.sequence_length > 0 ? settings_.engine.sequence_length : settings_.model.context;
-  }
+  int seq_length() const { return settings_.engine.seq_length; }
   std::unique_ptr<PipelineEngine> make_engine() const;
   void announce() const;
   std::int64_t resume();
@@ -81,11 +79,11 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
   const Schedule schedule =
       make_schedule(settings_.schedule, settings_.stages, settings_.microbatches, settings_.virtual_stages);
   EngineOptions options = settings_.engine;
-  options.sequence_length = sequence();
+  options.seq_length = seq_length();
   std::vector<int> boundaries;
   try {
     boundaries = partition_model(settings_.model, schedule.num_stages(), settings_.partition, options.micro_batch,
-                                 sequence(), settings_.hardware);
+                                 seq_length(), settings_.hardware);
   } catch (const Error& error) {
     fail("{}: pipeline.stages = {} with {} ({} stages): {}", settings_.config_source, schedule.num_ranks(),
          schedule.name(), schedule.num_stages(), error.what());
@@ -134,7 +132,7 @@ void Run::announce() const {
       settings_.model.n_layer, settings_.model.n_embd, settings_.model.n_head, settings_.model.context,
       settings_.model.parameter_count(), s.name(), format_count(s.num_ranks(), "rank"),
       format_count(s.num_stages(), "stage"), format_count(s.num_microbatches(), "micro-batch", "micro-batches"),
-      settings_.engine.micro_batch, sequence(), format_count(settings_.steps, "step"),
+      settings_.engine.micro_batch, seq_length(), format_count(settings_.steps, "step"),
       settings_.emulate ? ", emulated" : ""));
   const int cores = usable_cores();
   const std::string note = oversubscription_note(s.num_ranks(), cores, settings_.emulate);
@@ -207,8 +205,8 @@ double Run::validation_loss() const {
 
 TrainOutcome Run::run() {
   if (settings_.steps < 1) fail("steps = {}: must be >= 1", settings_.steps);
-  if (settings_.checkpoint_interval < 0) {
-    fail("checkpoint.interval = {}: must be >= 0 (0: no checkpoints)", settings_.checkpoint_interval);
+  if (settings_.save_interval < 0) {
+    fail("checkpoint.interval = {}: must be >= 0 (0: no checkpoints)", settings_.save_interval);
   }
   std::filesystem::create_directories(settings_.out_dir);
   announce();
@@ -221,7 +219,7 @@ TrainOutcome Run::run() {
     if (last || (settings_.eval_interval > 0 && (step + 1) % settings_.eval_interval == 0)) {
       log.val_loss = validation_loss();
     }
-    if (settings_.checkpoint_interval > 0 && (last || (step + 1) % settings_.checkpoint_interval == 0)) {
+    if (settings_.save_interval > 0 && (last || (step + 1) % settings_.save_interval == 0)) {
       write_checkpoint(step + 1);
     }
     outcome.log.push_back(std::move(log));

@@ -87,7 +87,7 @@ std::vector<LinkCost> data_parallel_links(const Layout& layout, int ranks) {
 double weight_gradient_bytes(const ModelSpec& model, const ParallelConfig& config, LayerKind kind) {
   const double t = config.tensor_parallel;
   const double sp = config.sequence_parallel ? t : 1;
-  const double ebs = static_cast<double>(config.bytes_per_element) * config.micro_batch * config.sequence;
+  const double ebs = static_cast<double>(config.bytes_per_element) * config.micro_batch * config.seq_length;
   const double h = model.hidden;
   const double f = model.ffn;
   switch (kind) {
@@ -106,7 +106,7 @@ TensorParallelSeconds tensor_parallel_seconds(const ModelSpec& model, const Para
                                               const LinkCost& link) {
   const int t = config.tensor_parallel;
   if (t <= 1) return {};
-  const double activation = static_cast<double>(config.bytes_per_element) * config.micro_batch * config.sequence *
+  const double activation = static_cast<double>(config.bytes_per_element) * config.micro_batch * config.seq_length *
                             model.hidden;
   const double all_reduce = ring_all_reduce_seconds(activation, t, link);
   switch (kind) {
@@ -171,7 +171,7 @@ LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule) {
   const double microbatches = static_cast<double>(layout.global_batch) / layout.micro_batch;
   out.model_flops_per_step = totals.model_flops() * microbatches;
   out.hardware_flops_per_step = totals.hardware_flops() * microbatches;
-  out.tokens_per_step = static_cast<double>(layout.global_batch) * config.sequence;
+  out.tokens_per_step = static_cast<double>(layout.global_batch) * config.seq_length;
   return out;
 }
 

@@ -64,7 +64,7 @@ int microbatches_per_step(const Layout& layout) {
 ParallelConfig parallel_config(const Layout& layout) {
   ParallelConfig config;
   config.micro_batch = layout.micro_batch;
-  config.sequence = layout.seq_length;
+  config.seq_length = layout.seq_length;
   config.tensor_parallel = layout.tensor_parallel;
   config.sequence_parallel = layout.sequence_parallel;
   config.recompute = layout.recompute;

@@ -14,7 +14,7 @@ using testing::error_of;
 
 std::vector<PipelineLayer> gpt2_layers() {
   ParallelConfig config;
-  config.sequence = 1024;
+  config.seq_length = 1024;
   return pipeline_layers(model_preset("gpt2-124m"), config);
 }
 
@@ -117,7 +117,7 @@ TEST(Partition, BalancedStrictlyImprovesTheSlowestStageOverUniformForTheSeedsCas
 // blocks, so stages of 8, 8, 9 and 7 blocks + head.
 TEST(Partition, BalancedLlamaEqualsBruteForce) {
   ParallelConfig config;
-  config.sequence = 8192;
+  config.seq_length = 8192;
   config.recompute = Recompute::kSelective;
   const auto layers = pipeline_layers(model_preset("llama3-8b"), config);
   const HardwareProfile h100 = hardware_preset("h100");

@@ -12,7 +12,7 @@ using testing::error_of;
 ParallelConfig config_of(int b, int s, int t = 1, bool sp = false, Recompute recompute = Recompute::kNone) {
   ParallelConfig config;
   config.micro_batch = b;
-  config.sequence = s;
+  config.seq_length = s;
   config.tensor_parallel = t;
   config.sequence_parallel = sp;
   config.recompute = recompute;

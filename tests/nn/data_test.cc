@@ -23,7 +23,7 @@ TEST(ByteDataset, DefaultCorpusIsThePlainTextFortunesFiles) {
     EXPECT_NE(file.extension(), ".u8") << file;
   }
   EXPECT_NE(std::find(files.begin(), files.end(), "/usr/share/games/fortunes/fortunes"), files.end());
-  const ByteDataset data(files, {.sequence_length = 64});
+  const ByteDataset data(files, {.seq_length = 64});
   EXPECT_GT(data.bytes(Split::kTrain), 1'000'000);
   EXPECT_NEAR(static_cast<double>(data.bytes(Split::kValidation)) /
                   static_cast<double>(data.bytes(Split::kTrain) + data.bytes(Split::kValidation)),
@@ -36,7 +36,7 @@ TEST(ByteDataset, DefaultCorpusIsThePlainTextFortunesFiles) {
 TEST(ByteDataset, ASampleDependsOnlyOnSeedStepAndIndexSoAnySplitOfTheBatchAgrees) {
   std::string text;
   for (int i = 0; i < 5000; ++i) text += static_cast<char>('a' + (i * 7919) % 26);
-  const ByteDataset data(text, "letters", {.sequence_length = 8, .seed = 3});
+  const ByteDataset data(text, "letters", {.seq_length = 8, .seed = 3});
   const Batch global = data.batch(Split::kTrain, 12, 0, 8);
   const Batch second_half = data.batch(Split::kTrain, 12, 4, 4);
   EXPECT_TRUE(std::equal(second_half.inputs.span().begin(), second_half.inputs.span().end(),
@@ -47,21 +47,21 @@ TEST(ByteDataset, ASampleDependsOnlyOnSeedStepAndIndexSoAnySplitOfTheBatchAgrees
   for (int row = 0; row < 8; ++row) {
     for (int t = 0; t + 1 < 8; ++t) EXPECT_EQ(global.targets[row * 8 + t], global.inputs[row * 8 + t + 1]);
   }
-  const ByteDataset again(text, "letters", {.sequence_length = 8, .seed = 3});
+  const ByteDataset again(text, "letters", {.seq_length = 8, .seed = 3});
   EXPECT_TRUE(std::equal(global.targets.span().begin(), global.targets.span().end(),
                          again.batch(Split::kTrain, 12, 0, 8).targets.span().begin()));
 }
 
 TEST(ByteDataset, ValidationSamplesComeFromTheEndOfTheText) {
   const std::string text = std::string(900, 'a') + std::string(100, 'b');
-  const ByteDataset data(text, "ab", {.sequence_length = 16, .validation_fraction = 0.1});
+  const ByteDataset data(text, "ab", {.seq_length = 16, .validation_fraction = 0.1});
   for (int i = 0; i < 50; ++i) {
     const Batch train = data.batch(Split::kTrain, 0, i, 1);
     const Batch validation = data.batch(Split::kValidation, 0, i, 1);
     EXPECT_EQ(std::count(train.targets.span().begin(), train.targets.span().end(), 'a'), 16);
     EXPECT_EQ(std::count(validation.inputs.span().begin(), validation.inputs.span().end(), 'b'), 16);
   }
-  EXPECT_EQ(error_of([] { ByteDataset("short text", "tiny.txt", {.sequence_length = 64}); }),
+  EXPECT_EQ(error_of([] { ByteDataset("short text", "tiny.txt", {.seq_length = 64}); }),
             "tiny.txt: the training split has 9 bytes, fewer than one sample of T + 1 = 65: use more text or a "
             "shorter context");
 }
@@ -70,7 +70,7 @@ TEST(ByteDataset, ValidationSamplesComeFromTheEndOfTheText) {
 TEST(Sampling, AModelTrainedOnARepeatedSentenceContinuesIt) {
   std::string text;
   while (text.size() < 4000) text += "the cat sat on the mat. ";
-  const ByteDataset data(text, "cat", {.sequence_length = 16, .seed = 1, .validation_fraction = 0.0});
+  const ByteDataset data(text, "cat", {.seq_length = 16, .seed = 1, .validation_fraction = 0.0});
   const GptConfig config{.vocab_size = 256, .context = 16, .n_layer = 2, .n_head = 2, .n_embd = 32};
   Stage model(config, all_layers(config));
   model.init_gpt2(1);

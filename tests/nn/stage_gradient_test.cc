@@ -111,7 +111,7 @@ TEST(StageGradient, WholeModelMatchesFiniteDifferences) { expect_gradients_match
 
 TEST(StageGradient, TwoBlocksWithRecomputeMatchFiniteDifferences) {
   const GptConfig config = tiny_config();
-  DStage stage(config, {1, 4}, {.checkpoint_interval = 2});
+  DStage stage(config, {1, 4}, {.recompute_interval = 2});
   randomise(stage, 17);
   Probe probe{stage, testing::normal_vector(80, 18), {}};
   const std::vector<double> grad_input = probe.backward();

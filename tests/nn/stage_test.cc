@@ -159,7 +159,7 @@ TEST(Stage, SplitPipelineComputesWhatTheWholeModelComputes) {
 TEST(Stage, RecomputeGivesBitIdenticalGradientsAndHoldsLess) {
   for (const int interval : {1, 2, 4}) {
     const auto plain = whole_model();
-    const auto recompute = whole_model({.checkpoint_interval = interval});
+    const auto recompute = whole_model({.recompute_interval = interval});
     MicrobatchState a, b;
     plain->forward(a, tokens_and_targets(7));
     recompute->forward(b, tokens_and_targets(7));
@@ -207,7 +207,7 @@ TEST(Stage, ForwardHoldsExactlyTheSavedActivationsAndBackwardFreesThem) {
 }
 
 TEST(Stage, CheckpointedStageHoldsOnlyTheSegmentInputs) {
-  Stage blocks(kConfig, {1, 4}, {.checkpoint_interval = 2});
+  Stage blocks(kConfig, {1, 4}, {.recompute_interval = 2});
   blocks.init_gpt2(1);
   MicrobatchState state;
   const Tensor out = blocks.forward(state, {.activation = random_activation(kB, kT, kConfig.n_embd, 2)});

@@ -49,12 +49,12 @@ void expect_tensors_match(const PipelineEngine& engine, nn::Stage& reference, Re
   }
 }
 
-void check_layout(const std::string& name, int ranks, int microbatches, int checkpoint_interval) {
+void check_layout(const std::string& name, int ranks, int microbatches, int recompute_interval) {
   const std::optional<Schedule> schedule = try_schedule(name, ranks, microbatches);
   if (!schedule) return;
-  SCOPED_TRACE(fmt::format("{} p={} m={} stages={} checkpoint_interval={}", name, ranks, microbatches,
-                           schedule->num_stages(), checkpoint_interval));
-  auto engine = testing::tiny_engine(*schedule, checkpoint_interval);
+  SCOPED_TRACE(fmt::format("{} p={} m={} stages={} recompute_interval={}", name, ranks, microbatches,
+                           schedule->num_stages(), recompute_interval));
+  auto engine = testing::tiny_engine(*schedule, recompute_interval);
   const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
 
   Reference unpipelined(microbatches * testing::kMicroBatch);
@@ -76,7 +76,7 @@ void check_layout(const std::string& name, int ranks, int microbatches, int chec
 void sweep(const std::string& name) {
   for (int ranks = 1; ranks <= 4; ++ranks) {
     for (int microbatches : {1, 2, 3, 4, 5, 8}) {
-      for (int checkpoint_interval : {0, 1}) check_layout(name, ranks, microbatches, checkpoint_interval);
+      for (int recompute_interval : {0, 1}) check_layout(name, ranks, microbatches, recompute_interval);
     }
   }
 }

@@ -16,9 +16,9 @@ struct Measured {
 };
 
 // One rank holding the whole model (8 pipeline layers), GPipe over m micro-batches.
-Measured measure(int microbatches, int checkpoint_interval) {
+Measured measure(int microbatches, int recompute_interval) {
   const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
-  auto engine = testing::tiny_engine(make_schedule("gpipe", 1, microbatches), checkpoint_interval);
+  auto engine = testing::tiny_engine(make_schedule("gpipe", 1, microbatches), recompute_interval);
   const StepResult result = engine->step(0, source);
   Measured measured{result.ranks[0].peak_activation_bytes, -1};
   for (const ActionTiming& t : result.ranks[0].actions) {
@@ -61,16 +61,16 @@ TEST(ActivationMemory, CheckpointingKeepsOnlyTheSegmentInputsAndThePeakDropsAcco
 // On 2 ranks the prediction stays within a tenth of the measurement.
 TEST(ActivationMemory, ThePredictedPeakIsTheMeasuredOne) {
   const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
-  for (const int checkpoint_interval : {0, 1, 2}) {
-    SCOPED_TRACE(checkpoint_interval);
-    auto one_rank = testing::tiny_engine(make_schedule("gpipe", 1, 4), checkpoint_interval);
+  for (const int recompute_interval : {0, 1, 2}) {
+    SCOPED_TRACE(recompute_interval);
+    auto one_rank = testing::tiny_engine(make_schedule("gpipe", 1, 4), recompute_interval);
     const StepResult step = one_rank->step(0, source);
     CostProfile costs(one_rank->num_stages());
     costs.add(step);
     EXPECT_EQ(predict_step(*one_rank, costs).ranks[0].activation_bytes,
               static_cast<double>(step.ranks[0].peak_activation_bytes));
 
-    auto two_ranks = testing::tiny_engine(make_schedule("1f1b", 2, 4), checkpoint_interval);
+    auto two_ranks = testing::tiny_engine(make_schedule("1f1b", 2, 4), recompute_interval);
     const StepResult pipelined = two_ranks->step(0, source);
     CostProfile pipelined_costs(two_ranks->num_stages());
     pipelined_costs.add(pipelined);

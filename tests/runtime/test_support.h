@@ -33,14 +33,15 @@ inline std::string corpus() {
 }
 
 inline const nn::ByteDataset& tiny_dataset() {
-  static const nn::ByteDataset dataset(corpus(), "test corpus", {.sequence_length = kTiny.context, .seed = 3});
+  static const nn::ByteDataset dataset(corpus(), "test corpus", {.seq_length = kTiny.context, .seed = 3});
   return dataset;
 }
 
-inline EngineOptions tiny_options(int checkpoint_interval = 0) {
+inline EngineOptions tiny_options(int recompute_interval = 0) {
   EngineOptions options;
   options.micro_batch = kMicroBatch;
-  options.checkpoint_interval = checkpoint_interval;
+  options.seq_length = kTiny.context;
+  options.recompute_interval = recompute_interval;
   options.timeout = std::chrono::seconds(20);
   // eps = 1e-4, not AdamW's usual 1e-8: AdamW divides each gradient element
   // by its own magnitude (+ eps), so an element whose exact gradient is zero
@@ -58,11 +59,11 @@ inline EngineOptions tiny_options(int checkpoint_interval = 0) {
 }
 
 // The engine of a layout, its stages cut uniformly, GPT-2 initialised with `seed`.
-inline std::unique_ptr<PipelineEngine> tiny_engine(const Schedule& schedule, int checkpoint_interval = 0,
+inline std::unique_ptr<PipelineEngine> tiny_engine(const Schedule& schedule, int recompute_interval = 0,
                                                    std::uint64_t seed = 11) {
   auto engine = std::make_unique<PipelineEngine>(
       kTiny, schedule, partition_uniform(kTiny.pipeline_layers(), schedule.num_stages()),
-      tiny_options(checkpoint_interval));
+      tiny_options(recompute_interval));
   engine->init_gpt2(seed);
   return engine;
 }

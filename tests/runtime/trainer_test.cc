@@ -138,7 +138,7 @@ TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
 
   TrainSettings first_half = settings;
   first_half.steps = 3;
-  first_half.checkpoint_interval = 2;
+  first_half.save_interval = 2;
   first_half.out_dir = dir / "first";
   train(first_half, progress);
   const auto checkpoints = first_half.out_dir / "checkpoints";

@@ -15,7 +15,7 @@ namespace {
 using testing::error_of;
 
 // A layout with one device per (tp, pp, dp) rank and micro-batches of 1.
-Layout make_layout(const char* model, const char* hardware, int tp, int pp, int dp, int global_batch, int sequence) {
+Layout make_layout(const char* model, const char* hardware, int tp, int pp, int dp, int global_batch, int seq_length) {
   Layout layout;
   layout.model = model_preset(model);
   layout.hardware = hardware_preset(hardware);
@@ -24,7 +24,7 @@ Layout make_layout(const char* model, const char* hardware, int tp, int pp, int 
   layout.data_parallel = dp;
   layout.devices = tp * pp * dp;
   layout.global_batch = global_batch;
-  layout.seq_length = sequence;
+  layout.seq_length = seq_length;
   return layout;
 }
 
@@ -72,7 +72,7 @@ TEST(CostModel, WeightGradientShareIsTheMatrixInputsAndOutputGradients) {
     EXPECT_DOUBLE_EQ(block_stage(costs_of(single_block_stages(8, true, r))).weight_gradient_bytes, sbh * 32 / 8);
   }
   ParallelConfig config;
-  config.sequence = 8;
+  config.seq_length = 8;
   const ModelSpec llama = model_preset("llama3-8b");  // h 4096, 8 kv heads of 128, f 14336
   EXPECT_DOUBLE_EQ(weight_gradient_bytes(llama, config, LayerKind::kBlock), 2.0 * 8 * (4 * 4096 + 2 * 4096 + 2048 + 3 * 14336));
   EXPECT_DOUBLE_EQ(weight_gradient_bytes(llama, config, LayerKind::kHead), 2.0 * 8 * (4096 + 128256));

@@ -22,7 +22,7 @@ Recompute parse_recompute(std::string_view text);
 // micro-batch and per device (one tensor-parallel rank).
 struct ParallelConfig {
   int micro_batch = 1;             // b: sequences per micro-batch
-  int sequence = 0;                // s: tokens per sequence (1 .. max_positions for kGpt)
+  int seq_length = 0;                // s: tokens per sequence (1 .. max_positions for kGpt)
   int tensor_parallel = 1;         // t: Megatron tensor parallelism
   bool sequence_parallel = false;  // Megatron sequence parallelism (needs t > 1 to matter)
   Recompute recompute = Recompute::kNone;

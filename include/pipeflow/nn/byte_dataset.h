@@ -14,7 +14,7 @@ namespace pipeflow::nn {
 enum class Split { kTrain, kValidation };
 
 struct DatasetOptions {
-  int sequence_length = 64;  // T: a sample is T + 1 consecutive bytes
+  int seq_length = 64;  // T: a sample is T + 1 consecutive bytes
   std::uint64_t seed = 0;
   // The last fraction of the text is the validation split, the rest training.
   double validation_fraction = 0.1;

@@ -27,7 +27,7 @@ struct StageOptions {
   // activations from forward to backward; k > 0 keeps only the input of the
   // first of every k consecutive layers of the stage and recomputes the k
   // layers' forward in backward_input (bit-identical results, less memory).
-  int checkpoint_interval = 0;
+  int recompute_interval = 0;
   // Names the stage in errors and its memory accounts ("<name> activations",
   // "<name> weights").
   std::string name = "stage";
@@ -193,7 +193,7 @@ class BasicStage {
   void check_tensor_sizes(const LayerShape& shape) const;
   void check_tokens(const IntTensor& tokens, const char* what, const LayerShape& shape) const;
   void require_phase(const State& state, typename State::Phase phase, const char* pass) const;
-  bool checkpointing() const { return options_.checkpoint_interval > 0; }
+  bool checkpointing() const { return options_.recompute_interval > 0; }
 
   Flow forward_layer(State& state, int local, Flow flow);
   void checkpoint_layer(State& state, int local);

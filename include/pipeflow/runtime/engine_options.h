@@ -14,13 +14,13 @@ namespace pipeflow::runtime {
 // model's shape, the schedule or the partition.
 struct EngineOptions {
   int micro_batch = 1;  // b: sequences per micro-batch
-  // T: tokens per sample, the shape of every message [b, T, C] (a transport
-  // that allocates receive buffers needs it); 0: the model's context.
-  int sequence_length = 0;
+  // T: tokens per sample, the shape of every message [b, T, C]; 1 … the
+  // model's context (resolve() fixes it from the configuration).
+  int seq_length = 0;
   // DeepSpeed's activation_checkpoint_interval, for every stage (see
   // nn::StageOptions): 0 keeps all activations; k keeps only the input of
   // every k-th layer and recomputes in the backward.
-  int checkpoint_interval = 0;
+  int recompute_interval = 0;
   // Longest any blocking wait (a message, an inbox slot, the all-reduce) may
   // last before the step fails with the rank, the action and the grid.
   std::chrono::duration<double> timeout = std::chrono::seconds(60);

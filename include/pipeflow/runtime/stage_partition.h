@@ -18,6 +18,6 @@ ModelSpec model_spec(const nn::GptConfig& config);
 // `micro_batch` sequences of `sequence` tokens; `hardware` prices the layers
 // for "balanced". Errors name the method and the rule (more stages than layers, ...).
 std::vector<int> partition_model(const nn::GptConfig& config, int stages, const PartitionMethod& method,
-                                 int micro_batch, int sequence, const HardwareProfile& hardware);
+                                 int micro_batch, int seq_length, const HardwareProfile& hardware);
 
 }  // namespace pipeflow::runtime

@@ -25,7 +25,7 @@ struct TrainSettings {
   int microbatches = 1;    // m = gradient_accumulation_steps
   PartitionMethod partition;
   HardwareProfile hardware;  // prices the layers for the "balanced" partition
-  // micro_batch, sequence_length (T), checkpoint interval, optimizer, LR
+  // micro_batch, seq_length (T), checkpoint interval, optimizer, LR
   // schedule, clipping, timeout.
   EngineOptions engine;
   std::vector<std::filesystem::path> data;  // empty: the fortunes corpus
@@ -36,13 +36,13 @@ struct TrainSettings {
   int steps_per_print = 0;    // steps between plain progress lines (ProgressPrinter); 0: about 50 a run
   std::filesystem::path out_dir = "runs/pipeflow";
   std::filesystem::path weights;  // start from this whole-model file (pipeflow init); empty: GPT-2 init
-  // Checkpoints (PipelineEngine::write_checkpoint): every checkpoint_interval
+  // Checkpoints (PipelineEngine::write_checkpoint): every save_interval
   // steps and after the last one (0: none), as checkpoint_dir/step_N.safetensors
   // (N: steps done; empty dir: out_dir/checkpoints). `resume`: a checkpoint
   // file, or a directory whose highest step_N.safetensors is taken; the run
   // continues from its steps_done up to `steps` (the total) on the same data
   // and learning-rate schedule as an uninterrupted run.
-  int checkpoint_interval = 0;
+  int save_interval = 0;
   std::filesystem::path checkpoint_dir;
   std::filesystem::path resume;
 
