@@ -99,12 +99,7 @@ WaitStatus InProcessTransport::receive(const MessageKey& key, const Shape& /*sha
   const auto arrived = [&] { return aborted() || (slot = find(box, key)) != nullptr; };
   if (!wait_until_ready(lock, box.changed, box.version, spin_, deadline, arrived)) return WaitStatus::kTimedOut;
   if (aborted()) return WaitStatus::kAborted;
-  out = std::move(slot->payload);
-  slot->used = false;
-  --box.used;
-  box.version.fetch_add(1, std::memory_order_relaxed);
-  lock.unlock();
-  box.changed.notify_all();
+  take(box, *slot, lock, out);
   return WaitStatus::kOk;
 }
 
@@ -113,13 +108,17 @@ bool InProcessTransport::try_receive(const MessageKey& key, Tensor& out) {
   std::unique_lock lock(box.mutex);
   Slot* slot = find(box, key);
   if (slot == nullptr || aborted()) return false;
-  out = std::move(slot->payload);
-  slot->used = false;
+  take(box, *slot, lock, out);
+  return true;
+}
+
+void InProcessTransport::take(Inbox& box, Slot& slot, std::unique_lock<std::mutex>& lock, Tensor& out) {
+  out = std::move(slot.payload);
+  slot.used = false;
   --box.used;
   box.version.fetch_add(1, std::memory_order_relaxed);
   lock.unlock();
-  box.changed.notify_all();
-  return true;
+  box.changed.notify_all();  // a sender may wait for the freed slot
 }
 
 WaitStatus InProcessTransport::all_reduce_sum(RankId rank, double& value, Deadline deadline) {

@@ -83,6 +83,8 @@ class InProcessTransport final : public Transport {
 
   Inbox& inbox(RankId rank);
   static Slot* find(Inbox& box, const MessageKey& key);
+  // Moves the slot's payload to `out`, frees the slot, unlocks and wakes the box's waiters.
+  static void take(Inbox& box, Slot& slot, std::unique_lock<std::mutex>& lock, Tensor& out);
 
   std::vector<std::unique_ptr<Inbox>> inboxes_;
   Reduction reduction_;
