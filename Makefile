@@ -1,5 +1,8 @@
 # The two commands of the README: `make run` (the main job) and `make test`.
 # Both install the Debian packages they need first (tools/install_deps.sh).
+# CI (.ci/run) also runs `make check-sanitizers`: the whole suite under
+# ASan + UBSan, the runtime's tests under TSan, and every fuzz target for
+# FUZZ_SECONDS.
 
 PRESET ?= release
 BUILD_DIR := build/$(PRESET)
@@ -9,9 +12,12 @@ JOBS ?= $(shell nproc)
 DEBS := cmake g++ ninja-build pkg-config \
         libfmt-dev nlohmann-json3-dev libcli11-dev \
         libopenblas-dev libopenmpi-dev openmpi-bin \
-        libgtest-dev libbenchmark-dev fortunes
+        libgtest-dev libbenchmark-dev fortunes \
+        clang libclang-rt-14-dev
 
-.PHONY: all deps configure build test run bench clean
+FUZZ_SECONDS ?= 20
+
+.PHONY: all deps configure build test run bench clean test-asan test-tsan fuzz check-sanitizers
 
 all: build
 
@@ -32,6 +38,23 @@ run: build
 
 bench: build
 	@bash bench/run_all.sh $(BUILD_DIR)
+
+test-asan: deps
+	@cmake --preset asan >/dev/null
+	@cmake --build --preset asan -j $(JOBS)
+	@ctest --preset asan
+
+test-tsan: deps
+	@cmake --preset tsan >/dev/null
+	@cmake --build --preset tsan -j $(JOBS)
+	@ctest --preset tsan
+
+fuzz: deps
+	@cmake --preset fuzz >/dev/null
+	@cmake --build --preset fuzz -j $(JOBS)
+	@bash tools/fuzz.sh build/fuzz $(FUZZ_SECONDS)
+
+check-sanitizers: test-asan test-tsan fuzz
 
 clean:
 	rm -rf build

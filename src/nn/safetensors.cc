@@ -86,7 +86,10 @@ void SafetensorsFile::parse_header(std::size_t header_length, Tensors tensors) {
   if (!header.is_object()) fail("{}: header must be a JSON object", source_);
   data_start_ = kLengthBytes + header_length;
   const std::size_t data_bytes = bytes_.size() - data_start_;
-  for (const auto& [name, value] : header.items()) {
+  for (const auto& item : header.items()) {
+    // Named copies, not structured bindings: lambdas below capture them (clang 14 refuses bindings there).
+    const std::string& name = item.key();
+    const nlohmann::json& value = item.value();
     if (name == "__metadata__") {
       if (!value.is_object()) fail("{}: __metadata__ must be an object of strings", source_);
       for (const auto& [key, text] : value.items()) {

@@ -1,0 +1,6 @@
+// A pipeflow schedule JSON (pipeflow validate FILE.json), then the validator on what it read.
+#include "fuzz_target.h"
+#include "pipeflow/schedule/io.h"
+#include "pipeflow/schedule/validate.h"
+
+PIPEFLOW_FUZZ_READER(pipeflow::validate(pipeflow::read_json(text, "fuzz.json")))
