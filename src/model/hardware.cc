@@ -184,8 +184,8 @@ HardwareProfile resolve_hardware(std::string_view name_or_path) {
 Link link_between(const HardwareProfile& profile, int device_a, int device_b) {
   if (device_a < 0 || device_b < 0) fail("internal: negative device index {} / {}", device_a, device_b);
   const bool same_node = device_a / profile.devices_per_node == device_b / profile.devices_per_node;
-  if (same_node) return Link{profile.intra_node_bandwidth_bytes_per_s, profile.intra_node_latency_s, true};
-  return Link{profile.inter_node_bandwidth_bytes_per_s, profile.inter_node_latency_s, false};
+  if (same_node) return Link{profile.intra_node_latency_s, profile.intra_node_bandwidth_bytes_per_s, true};
+  return Link{profile.inter_node_latency_s, profile.inter_node_bandwidth_bytes_per_s, false};
 }
 
 double compute_seconds(double flops, const HardwareProfile& profile) { return flops / profile.achieved_flop_per_s(); }

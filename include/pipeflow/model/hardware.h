@@ -79,8 +79,8 @@ HardwareProfile resolve_hardware(std::string_view name_or_path);
 // sits on node d / devices_per_node): intra-node if they share a node,
 // inter-node otherwise.
 struct Link {
+  double latency_s = 0;  // in the order of sim::LinkCost's fields
   double bandwidth_bytes_per_s = 0;
-  double latency_s = 0;
   bool intra_node = true;
   // latency + bytes / bandwidth.
   double transfer_seconds(double bytes) const { return latency_s + bytes / bandwidth_bytes_per_s; }
