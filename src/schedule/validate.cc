@@ -59,6 +59,10 @@ class Validator {
   }
 
   void add(std::string rule, Position cell, std::string message) {
+    if (report_.violations.size() >= ValidationReport::kMaxListed) {
+      ++report_.unlisted;
+      return;
+    }
     Violation v{std::move(rule), std::move(message), std::nullopt, 0};
     if (cell.exists()) {
       v.message = fmt::format("rank {} step {}: {}", cell.rank, cell.index, v.message);
@@ -319,8 +323,9 @@ std::string describe(const Schedule& schedule) {
 ValidationReport validate(const Schedule& schedule) { return Validator(schedule).run(); }
 
 std::string ValidationReport::render(const Schedule& schedule) const {
-  std::string out = fmt::format("{}\n{} violation{}:\n", describe(schedule), violations.size(),
-                                violations.size() == 1 ? "" : "s");
+  const std::size_t total = violations.size() + unlisted;
+  std::string out = fmt::format("{}\n{} violation{}{}:\n", describe(schedule), total, total == 1 ? "" : "s",
+                                unlisted > 0 ? fmt::format(" (the first {} listed)", violations.size()) : "");
   std::vector<GridMark> marks;
   for (std::size_t i = 0; i < violations.size(); ++i) {
     const Violation& v = violations[i];

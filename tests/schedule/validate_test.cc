@@ -172,3 +172,23 @@ TEST(Validate, LoweredGeneratorsPassAndRecvsAreCounted) {
 
 }  // namespace
 }  // namespace pipeflow
+
+namespace pipeflow {
+namespace {
+
+// A mistyped micro-batch index (fuzzing found one: 1B666667 in a 4 x 8 CSV)
+// breaks the count rule for every index below it; the report lists the
+// first kMaxListed and counts the rest (it took over 1 GB listing them all).
+TEST(Validate, ListsAtMostKMaxListedViolationsAndCountsTheRest) {
+  Schedule schedule("typo", 1, 1, 1000, Placement::kLoop);
+  schedule.add(RankId(0), {StageId(0), ActionKind::kForward, MicrobatchId(0)});
+  schedule.add(RankId(0), {StageId(0), ActionKind::kBackward, MicrobatchId(0)});
+  const ValidationReport report = validate(schedule);
+  EXPECT_FALSE(report.ok());
+  ASSERT_EQ(report.violations.size(), ValidationReport::kMaxListed);
+  EXPECT_EQ(report.violations.size() + report.unlisted, 2 * 999u);  // micro-batches 1..999: no F, no B
+  EXPECT_NE(report.render(schedule).find("1998 violations (the first 200 listed):"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pipeflow

@@ -21,7 +21,13 @@ struct Violation {
 };
 
 struct ValidationReport {
-  std::vector<Violation> violations;  // every violation found, not only the first
+  // The violations found, in order, at most kMaxListed of them (a file with
+  // a mistyped micro-batch index breaks the count rule for every index below
+  // it: listing millions helps no one and takes gigabytes); `unlisted`
+  // counts the rest.
+  static constexpr std::size_t kMaxListed = 200;
+  std::vector<Violation> violations;
+  std::size_t unlisted = 0;
   // Per rank, the most micro-batch chunks whose F has run and whose B or I has
   // not finished (the activations the rank holds), and the most whose W (or
   // B) has not finished (what a split backward keeps until W).
