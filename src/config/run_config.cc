@@ -367,6 +367,7 @@ Json with_overrides(Json json, const RunOverrides& o) {
   set(json, "out_dir", o.out_dir);
   if (o.stages || o.schedule || o.schedule_file || o.virtual_stages || o.partition) {
     Json& pipeline = json["pipeline"];
+    if (pipeline.is_null()) pipeline = Json::object();
     set(pipeline, "stages", o.stages);
     // A flag that picks the schedule replaces the file's choice, generator or file.
     if (o.schedule) pipeline.erase("schedule_file");

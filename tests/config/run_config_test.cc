@@ -330,6 +330,10 @@ TEST(RunConfigScheduleFile, KeysThatDisagreeWithTheFileAreErrorsNamingBoth) {
             "pipeline.schedule_file " + kZbFile + " runs 4 micro-batches per step: leave gradient_accumulation_steps "
             "out and give at most one of train_batch_size and train_micro_batch_size_per_gpu to take the file's, or "
             "use a file dumped for 8");
+  // The flag alone, without a configuration file, is the key.
+  RunOverrides flag;
+  flag.schedule_file = kZbFile;
+  EXPECT_EQ(default_run_config(flag).pipeline.stages, 2);
   // A flag that picks the schedule replaces the file's choice.
   RunOverrides generator;
   generator.schedule = "gpipe";
