@@ -1,6 +1,11 @@
 #include "run_options.h"
 
+#include <fmt/format.h>
+
+#include <cstdio>
 #include <optional>
+
+#include "pipeflow/core/log.h"
 
 namespace pipeflow::cli {
 
@@ -18,6 +23,9 @@ void RunFlags::add_to(CLI::App* app) {
                   "rule gives one micro-batch of global / dp)");
   app->add_option("--seq-length,--seq", seq_length_, "Tokens per sequence (key: seq_length; default the model's context)");
   app->add_option("--schedule", schedule_, "Schedule name, see pipeflow schedule --list (key: pipeline.schedule)");
+  app->add_option("--schedule-file", schedule_file_,
+                  "Run this schedule file instead: PyTorch pipelining CSV (2.5+ dialects) or pipeflow JSON; it fixes "
+                  "stages, virtual stages and micro-batches (key: pipeline.schedule_file)");
   app->add_option("--virtual", virtual_stages_, "Model chunks per rank (key: pipeline.virtual_stages)");
   app->add_option("--recompute", recompute_, "none, selective or full (key: recompute)")
       ->check(CLI::IsMember({"none", "selective", "full"}));
@@ -45,6 +53,7 @@ RunOverrides RunFlags::overrides() const {
   o.global_batch = given("--global-batch", global_batch_);
   o.seq_length = given("--seq-length", seq_length_);
   o.schedule = given("--schedule", schedule_);
+  o.schedule_file = given("--schedule-file", schedule_file_);
   o.virtual_stages = given("--virtual", virtual_stages_);
   o.recompute = given("--recompute", recompute_);
   o.sequence_parallel = given("--sequence-parallel", sequence_parallel_);
@@ -52,6 +61,11 @@ RunOverrides RunFlags::overrides() const {
   o.zero_stage = given("--zero", zero_);
   o.comm_mode = given("--comm", comm_);
   return o;
+}
+
+void print_config_notes(const RunConfig& config) {
+  for (const std::string& warning : config.warnings) log_warning("{}", warning);
+  if (!config.pipeline.file_note.empty()) fmt::print(stderr, "{}\n", config.pipeline.file_note);
 }
 
 }  // namespace pipeflow::cli

@@ -23,10 +23,14 @@ class RunFlags {
 
  private:
   CLI::App* app_ = nullptr;
-  std::string model_, hardware_, schedule_, recompute_, partition_, comm_;
+  std::string model_, hardware_, schedule_, schedule_file_, recompute_, partition_, comm_;
   int devices_ = 0, tensor_parallel_ = 0, stages_ = 0, data_parallel_ = 0, micro_batch_ = 0, global_batch_ = 0,
       seq_length_ = 0, virtual_stages_ = 0, zero_ = 0;
   bool sequence_parallel_ = false;
 };
+
+// On standard error: the configuration's warnings, and how its schedule file
+// was read (the CSV dialect), as train and simulate both say them.
+void print_config_notes(const RunConfig& config);
 
 }  // namespace pipeflow::cli

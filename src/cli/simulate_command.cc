@@ -33,7 +33,7 @@ void run(const SimulateCommand& command) {
   const RunOverrides overrides = command.flags.overrides();
   const RunConfig config =
       command.config.empty() ? default_run_config(overrides) : load_run_config(command.config, overrides);
-  for (const std::string& warning : config.warnings) log_warning("{}", warning);
+  print_config_notes(config);
   const Layout layout = layout_of(resolve(config));
   std::optional<MeasuredProfile> profile;
   if (!command.profile.empty()) profile = load_profile(command.profile);

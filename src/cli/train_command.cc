@@ -10,7 +10,6 @@
 
 #include "commands.h"
 #include "pipeflow/core/error.h"
-#include "pipeflow/core/log.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/runtime/progress.h"
@@ -63,7 +62,7 @@ void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSet
 
 void run(const TrainCommand& c) {
   const RunConfig config = load_run_config(c.config, c.overrides());
-  for (const std::string& warning : config.warnings) log_warning("{}", warning);
+  print_config_notes(config);
   // A weights file or checkpoint carries the model's shape: the configuration may leave model out.
   std::optional<ModelFromFile> model_file;
   if (!c.weights.empty()) model_file = runtime::model_of_file(c.weights);

@@ -16,14 +16,13 @@ namespace {
 
 // Prints the file's report and returns its number of violations (0: valid).
 std::size_t check(const std::string& path) {
-  int ignored = 0;
-  const Schedule schedule = load_schedule_file(path, &ignored);
+  CsvReadNotes notes;
+  const Schedule schedule = load_schedule_file(path, &notes);
   const ValidationReport report = validate(schedule);
-  std::string note;
-  if (ignored > 0) {
-    note = fmt::format("(ignored {}: they are no pipeline actions)\n", format_count(ignored, "UNSHARD/RESHARD/REDUCE_GRAD action"));
-  }
-  write_output((report.ok() ? "OK " + report.summary(schedule) : report.render(schedule)) + note, "");
+  const std::string how_read = describe_schedule_file(path, notes);
+  write_output((report.ok() ? "OK " + report.summary(schedule) : report.render(schedule)) +
+                   (how_read.empty() ? "" : how_read + "\n"),
+               "");
   return report.violations.size();
 }
 

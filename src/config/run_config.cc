@@ -6,7 +6,10 @@
 
 #include "pipeflow/config/rules.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/units.h"
 #include "pipeflow/schedule/generators.h"
+#include "pipeflow/schedule/io.h"
+#include "pipeflow/schedule/validate.h"
 
 namespace pipeflow {
 namespace {
@@ -179,9 +182,39 @@ DataConfig read_data(const Config& config) {
   return data;
 }
 
+// pipeline.schedule_file: read here, validated by resolve().
+void read_schedule_file(const Config& section, PipelineConfig& p) {
+  p.schedule_file = section.require<std::string>("schedule_file");
+  if (section.has("schedule")) {
+    section.fail_value("schedule", fmt::format("and schedule_file = \"{}\" both choose the schedule: give one of "
+                                               "the two",
+                                               p.schedule_file));
+  }
+  CsvReadNotes notes;
+  p.file_schedule =
+      with_value_context(section, "schedule_file", [&] { return load_schedule_file(p.schedule_file, &notes); });
+  p.file_note = describe_schedule_file(p.schedule_file, notes);
+  p.schedule.clear();
+}
+
+// stages or virtual_stages with a schedule file: given, it must be the file's.
+void check_agrees_with_file(const Config& section, std::string_view key, int value, int from_file,
+                            const std::string& path, std::string_view unit, std::string_view units) {
+  if (value == from_file) return;
+  section.fail_value(key, fmt::format("but schedule_file {} has {}: remove {} to take the file's, or use a file "
+                                      "dumped for {}",
+                                      path, format_count(from_file, std::string(unit), std::string(units)), key,
+                                      value));
+}
+
 PipelineConfig read_pipeline(const Config& config) {
   PipelineConfig p;
   const Config section = config.object("pipeline");
+  if (section.has("schedule_file")) {
+    read_schedule_file(section, p);
+    p.stages = p.file_schedule->num_ranks();
+    p.virtual_stages = p.file_schedule->stages_per_rank();
+  }
   p.stages = positive(section, "stages", p.stages, "the number of pipeline ranks");
   if (section.has("partition_method")) {
     const std::string method = section.require<std::string>("partition_method");
@@ -189,11 +222,18 @@ PipelineConfig read_pipeline(const Config& config) {
   }
   p.recompute_interval = non_negative(section, "activation_checkpoint_interval", p.recompute_interval,
                                                   "0 for no checkpointing, k to recompute every block");
-  p.schedule = lower(section.get("schedule", p.schedule));
-  if (find_schedule(p.schedule) == nullptr) {
-    section.fail_value("schedule", fmt::format("known schedules are {}", known_schedule_names()));
+  if (!p.file_schedule) {
+    p.schedule = lower(section.get("schedule", p.schedule));
+    if (find_schedule(p.schedule) == nullptr) {
+      section.fail_value("schedule", fmt::format("known schedules are {}", known_schedule_names()));
+    }
   }
   p.virtual_stages = positive(section, "virtual_stages", p.virtual_stages, "model chunks per rank");
+  if (p.file_schedule) {
+    check_agrees_with_file(section, "stages", p.stages, p.file_schedule->num_ranks(), p.schedule_file, "rank", "ranks");
+    check_agrees_with_file(section, "virtual_stages", p.virtual_stages, p.file_schedule->stages_per_rank(),
+                           p.schedule_file, "model chunk per rank", "model chunks per rank");
+  }
   return p;
 }
 
@@ -325,10 +365,15 @@ Json with_overrides(Json json, const RunOverrides& o) {
   set(json, "comm_mode", o.comm_mode);
   set(json, "steps", o.steps);
   set(json, "out_dir", o.out_dir);
-  if (o.stages || o.schedule || o.virtual_stages || o.partition) {
+  if (o.stages || o.schedule || o.schedule_file || o.virtual_stages || o.partition) {
     Json& pipeline = json["pipeline"];
+    if (pipeline.is_null()) pipeline = Json::object();
     set(pipeline, "stages", o.stages);
+    // A flag that picks the schedule replaces the file's choice, generator or file.
+    if (o.schedule) pipeline.erase("schedule_file");
+    if (o.schedule_file) pipeline.erase("schedule");
     set(pipeline, "schedule", o.schedule);
+    set(pipeline, "schedule_file", o.schedule_file);
     set(pipeline, "virtual_stages", o.virtual_stages);
     set(pipeline, "partition_method", o.partition);
   }
@@ -421,12 +466,30 @@ ModelSpec resolve_model_shape(RunConfig& run, const std::optional<ModelFromFile>
   return from_file->model;
 }
 
+// The file fixes the micro-batches per step, and runs only if valid.
+void check_schedule_file(const Schedule& file, const std::string& path, int accumulation, const std::string& source) {
+  if (accumulation != file.num_microbatches()) {
+    fail("{}: gradient_accumulation_steps = {} (given or derived from the batch keys) but pipeline.schedule_file {} "
+         "runs {} per step: leave gradient_accumulation_steps out and give at most one of train_batch_size and "
+         "train_micro_batch_size_per_gpu to take the file's, or use a file dumped for {}",
+         source, accumulation, path, format_count(file.num_microbatches(), "micro-batch", "micro-batches"),
+         accumulation);
+  }
+  const ValidationReport report = validate(file);
+  if (!report.ok()) {
+    fail("{}: pipeline.schedule_file {} is no valid schedule ({}): fix the file (pipeflow validate {} shows the "
+         "same report)\n{}",
+         source, path, format_count(static_cast<std::int64_t>(report.violations.size()), "violation"), path,
+         report.render(file));
+  }
+}
+
 }  // namespace
 
 bool RunOverrides::empty() const {
   return !model && !hardware && !devices && !tensor_parallel && !stages && !data_parallel && !micro_batch &&
-         !global_batch && !seq_length && !schedule && !virtual_stages && !recompute && !sequence_parallel &&
-         !partition && !zero_stage && !comm_mode && !steps && !out_dir && !resume;
+         !global_batch && !seq_length && !schedule && !schedule_file && !virtual_stages && !recompute &&
+         !sequence_parallel && !partition && !zero_stage && !comm_mode && !steps && !out_dir && !resume;
 }
 
 RunConfig parse_run_config(const Config& config, const RunOverrides& overrides) {
@@ -448,7 +511,12 @@ ResolvedRun resolve(const RunConfig& run, const std::optional<ModelFromFile>& fr
   r.config = run;
   r.model = resolve_model_shape(r.config, from_file);
   const std::string& source = run.source;
-  r.batch = resolve_batch_sizes(run.batch_keys, run.data_parallel, source);
+  const std::optional<Schedule>& file = run.pipeline.file_schedule;
+  BatchKeys batch_keys = run.batch_keys;
+  const bool keys_fix_accumulation =
+      batch_keys.gradient_accumulation_steps || (batch_keys.train_batch_size && batch_keys.micro_batch);
+  if (file && !keys_fix_accumulation) batch_keys.gradient_accumulation_steps = file->num_microbatches();
+  r.batch = resolve_batch_sizes(batch_keys, run.data_parallel, source);
   r.devices = run.devices.value_or(checked_product({run.tensor_parallel, run.pipeline.stages, run.data_parallel},
                                                    fmt::format("{}: tensor_parallel × pipeline.stages × data_parallel",
                                                                source),
@@ -467,6 +535,10 @@ ResolvedRun resolve(const RunConfig& run, const std::optional<ModelFromFile>& fr
       fail("{}: sequence_parallel = true: {}{}", source, error.what(),
            run.seq_length > 0 ? "" : " (seq_length is absent: the model's context)");
     }
+  }
+  if (file) {
+    check_schedule_file(*file, run.pipeline.schedule_file, r.batch.accumulation, source);
+    return r;
   }
   try {
     make_schedule(run.pipeline.schedule, run.pipeline.stages, r.batch.accumulation, run.pipeline.virtual_stages);
@@ -498,8 +570,12 @@ std::string run_config_to_json(const RunConfig& run) {
   json["pipeline"] = {{"stages", run.pipeline.stages},
                       {"partition_method", to_string(run.pipeline.partition_method)},
                       {"activation_checkpoint_interval", run.pipeline.recompute_interval},
-                      {"schedule", run.pipeline.schedule},
                       {"virtual_stages", run.pipeline.virtual_stages}};
+  if (run.pipeline.file_schedule) {
+    json["pipeline"]["schedule_file"] = run.pipeline.schedule_file;
+  } else {
+    json["pipeline"]["schedule"] = run.pipeline.schedule;
+  }
   if (run.model) json["model"] = model_to_json(run);
   json["data"] = {{"paths", run.data.paths}, {"validation_fraction", run.data.validation_fraction}};
   json["steps"] = run.steps;

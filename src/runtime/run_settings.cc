@@ -66,6 +66,7 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   TrainSettings s;
   s.model = gpt_config(resolved.model, source);
   s.schedule = run.pipeline.schedule;
+  s.file_schedule = run.pipeline.file_schedule;
   s.stages = run.pipeline.stages;
   s.virtual_stages = run.pipeline.virtual_stages;
   s.microbatches = resolved.batch.accumulation;

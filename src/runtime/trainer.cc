@@ -77,7 +77,9 @@ class Run {
 
 std::unique_ptr<PipelineEngine> Run::make_engine() const {
   const Schedule schedule =
-      make_schedule(settings_.schedule, settings_.stages, settings_.microbatches, settings_.virtual_stages);
+      settings_.file_schedule
+          ? *settings_.file_schedule
+          : make_schedule(settings_.schedule, settings_.stages, settings_.microbatches, settings_.virtual_stages);
   EngineOptions options = settings_.engine;
   options.seq_length = seq_length();
   std::vector<int> boundaries;

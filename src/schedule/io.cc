@@ -3,11 +3,15 @@
 #include <algorithm>
 #include <cctype>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "pipeflow/core/config.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
+#include "pipeflow/core/units.h"
 
 namespace pipeflow {
 namespace {
@@ -85,9 +89,33 @@ Action checked(Action action, std::string_view token) {
   return action;
 }
 
+// One action as a cell spelt it: the dialects differ only in the backward
+// tokens, so the reader keeps what tells them apart until the whole file is read.
+struct CellAction {
+  Action action;  // B for both "B" and "BW" until the dialect is known
+  bool spelt_bw = false;
+  bool in_overlap = false;
+  std::size_t row = 0;     // 0-based
+  std::size_t column = 0;  // 0-based
+};
+
+// "2BW0": PyTorch 2.5-2.6's full backward, read as a B (spelt_bw).
+std::optional<Action> parse_full_backward_bw(std::string_view token) {
+  const std::size_t bw = token.find("BW");
+  if (bw == 0 || bw == std::string_view::npos) return std::nullopt;
+  const std::string_view stage = token.substr(0, bw);
+  const std::string_view microbatch = token.substr(bw + 2);
+  const auto all_digits = [](std::string_view text) {
+    return !text.empty() &&
+           std::all_of(text.begin(), text.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  };
+  if (!all_digits(stage) || !all_digits(microbatch)) return std::nullopt;
+  return parse_action(fmt::format("{}B{}", stage, microbatch));
+}
+
 // One CSV cell: nothing (an idle step or an ignored action), one action, or
 // the sub-actions of an OVERLAP_F_B.
-void parse_cell(std::string_view cell, std::vector<Action>& out, int& ignored) {
+void parse_cell(std::string_view cell, CellAction at, std::vector<CellAction>& out, int& ignored) {
   const std::string_view token = trim(cell);
   if (token.empty()) return;
   if (token.front() == '(') {
@@ -95,10 +123,11 @@ void parse_cell(std::string_view cell, std::vector<Action>& out, int& ignored) {
     if (close == std::string_view::npos || token.substr(close + 1) != "OVERLAP_F_B") {
       fail("invalid action \"{}\": a parenthesised cell must be (a;b)OVERLAP_F_B", token);
     }
+    at.in_overlap = true;
     std::string_view inner = token.substr(1, close - 1);
     while (!inner.empty()) {
       const std::size_t semicolon = inner.find(';');
-      parse_cell(inner.substr(0, semicolon), out, ignored);
+      parse_cell(inner.substr(0, semicolon), at, out, ignored);
       if (semicolon == std::string_view::npos) break;
       inner.remove_prefix(semicolon + 1);
     }
@@ -108,7 +137,77 @@ void parse_cell(std::string_view cell, std::vector<Action>& out, int& ignored) {
     ++ignored;
     return;
   }
-  out.push_back(checked(parse_action(token), token));
+  const std::optional<Action> full_backward = parse_full_backward_bw(token);
+  at.spelt_bw = full_backward.has_value();
+  at.action = checked(full_backward ? *full_backward : parse_action(token), token);
+  out.push_back(at);
+}
+
+std::string cell_text(const CellAction& cell) {
+  std::string token = to_string(cell.action);
+  if (cell.spelt_bw) token = fmt::format("{}BW{}", cell.action.stage.value(), cell.action.microbatch.value());
+  return fmt::format("row {}, column {} (\"{}\"{})", cell.row + 1, cell.column + 1, token,
+                     cell.in_overlap ? ", in an OVERLAP_F_B cell" : "");
+}
+
+// The first cell only PyTorch 2.7+ writes: an I, or an OVERLAP_F_B cell.
+const CellAction* first_current_marker(const std::vector<std::vector<CellAction>>& rows) {
+  for (const auto& row : rows) {
+    for (const CellAction& cell : row) {
+      if (cell.action.kind == ActionKind::kBackwardInput || cell.in_overlap) return &cell;
+    }
+  }
+  return nullptr;
+}
+
+// The first cell only PyTorch 2.5-2.6 writes: a BW, or a W of a stage and
+// micro-batch that also has a B.
+const CellAction* first_legacy_marker(const std::vector<std::vector<CellAction>>& rows) {
+  std::set<std::pair<int, int>> spelt_b;
+  for (const auto& row : rows) {
+    for (const CellAction& cell : row) {
+      if (cell.spelt_bw) return &cell;
+      if (cell.action.kind == ActionKind::kBackward) {
+        spelt_b.emplace(cell.action.stage.value(), cell.action.microbatch.value());
+      }
+    }
+  }
+  for (const auto& row : rows) {
+    for (const CellAction& cell : row) {
+      if (cell.action.kind == ActionKind::kBackwardWeight &&
+          spelt_b.contains({cell.action.stage.value(), cell.action.microbatch.value()})) {
+        return &cell;
+      }
+    }
+  }
+  return nullptr;
+}
+
+CsvDialect detect_dialect(const std::vector<std::vector<CellAction>>& rows, const std::string& source) {
+  const CellAction* current = first_current_marker(rows);
+  const CellAction* legacy = first_legacy_marker(rows);
+  if (current != nullptr && legacy != nullptr) {
+    fail("{}: mixes PyTorch's two CSV dialects: {} is {} but {} is {} (a BW, or a W after a B of the same "
+         "stage and micro-batch): dump the whole schedule with one PyTorch version",
+         source, cell_text(*current), describe(CsvDialect::kPyTorch), cell_text(*legacy),
+         describe(CsvDialect::kPyTorch2_5));
+  }
+  return legacy != nullptr ? CsvDialect::kPyTorch2_5 : CsvDialect::kPyTorch;
+}
+
+// The actions in pipeflow's IR: in PyTorch 2.5-2.6's dialect B is the
+// backward for the input (I) and BW the full backward (B).
+std::vector<Action> to_actions(const std::vector<CellAction>& row, CsvDialect dialect) {
+  std::vector<Action> actions;
+  actions.reserve(row.size());
+  for (const CellAction& cell : row) {
+    Action action = cell.action;
+    if (dialect == CsvDialect::kPyTorch2_5 && action.kind == ActionKind::kBackward && !cell.spelt_bw) {
+      action.kind = ActionKind::kBackwardInput;
+    }
+    actions.push_back(action);
+  }
+  return actions;
 }
 
 struct Shape {
@@ -194,29 +293,35 @@ std::string write_csv(const Schedule& schedule) {
   return out;
 }
 
-Schedule read_csv(std::string_view text, const std::string& source, int* ignored_actions) {
-  std::vector<std::vector<Action>> rows;
+Schedule read_csv(std::string_view text, const std::string& source, CsvReadNotes* notes) {
+  std::vector<std::vector<CellAction>> cells_by_row;
   int ignored = 0;
   const std::vector<std::string_view> lines = split_lines(text);
   for (std::size_t row = 0; row < lines.size(); ++row) {
     const std::string where = fmt::format("{} row {}", source, row + 1);
     const std::vector<std::string> cells = split_cells(lines[row], where);
-    rows.emplace_back();
+    cells_by_row.emplace_back();
     for (std::size_t column = 0; column < cells.size(); ++column) {
+      CellAction at;
+      at.row = row;
+      at.column = column;
       try {
-        parse_cell(cells[column], rows.back(), ignored);
+        parse_cell(cells[column], at, cells_by_row.back(), ignored);
       } catch (const Error& error) {
         fail("{}, column {}: {}", where, column + 1, error.what());
       }
     }
   }
-  if (rows.empty()) fail("{}: no rows: a schedule CSV has one row per rank", source);
+  if (cells_by_row.empty()) fail("{}: no rows: a schedule CSV has one row per rank", source);
+  const CsvDialect dialect = detect_dialect(cells_by_row, source);
+  std::vector<std::vector<Action>> rows;
+  for (const auto& row : cells_by_row) rows.push_back(to_actions(row, dialect));
   const Shape shape = infer_shape(rows, source);
   Schedule schedule(source, static_cast<int>(rows.size()), shape.stages, shape.microbatches, shape.placement);
   for (std::size_t r = 0; r < rows.size(); ++r) {
     schedule.mutable_actions(RankId(static_cast<int>(r))) = std::move(rows[r]);
   }
-  if (ignored_actions != nullptr) *ignored_actions = ignored;
+  if (notes != nullptr) *notes = CsvReadNotes{dialect, ignored};
   return schedule;
 }
 
@@ -266,11 +371,26 @@ Schedule read_json(std::string_view text, const std::string& source) {
   return schedule;
 }
 
-Schedule load_schedule_file(const std::filesystem::path& path, int* ignored_actions) {
+Schedule load_schedule_file(const std::filesystem::path& path, CsvReadNotes* notes) {
   const std::string text = read_file(path);
-  if (ignored_actions != nullptr) *ignored_actions = 0;
+  if (notes != nullptr) *notes = CsvReadNotes{};
   if (path.extension() == ".json") return read_json(text, path.filename().string());
-  return read_csv(text, path.filename().string(), ignored_actions);
+  return read_csv(text, path.filename().string(), notes);
+}
+
+std::string_view describe(CsvDialect dialect) {
+  return dialect == CsvDialect::kPyTorch2_5 ? "PyTorch 2.5-2.6's CSV (BW full backward, B/W split)"
+                                            : "PyTorch 2.7+'s CSV (B full backward, I/W split)";
+}
+
+std::string describe_schedule_file(const std::filesystem::path& path, const CsvReadNotes& notes) {
+  if (path.extension() == ".json") return "";
+  std::string line = fmt::format("{}: read as {}", path.filename().string(), describe(notes.dialect));
+  if (notes.ignored_actions > 0) {
+    line += fmt::format("; ignored {} (no pipeline actions)",
+                        format_count(notes.ignored_actions, "UNSHARD/RESHARD/REDUCE_GRAD action"));
+  }
+  return line;
 }
 
 }  // namespace pipeflow

@@ -125,6 +125,7 @@ TensorParallelSeconds tensor_parallel_seconds(const ModelSpec& model, const Para
 LinkCost link_cost(const Link& link) { return LinkCost{link.latency_s, link.bandwidth_bytes_per_s}; }
 
 Schedule layout_schedule(const Layout& layout) {
+  if (layout.file_schedule) return *layout.file_schedule;
   return make_schedule(layout.schedule, layout.pipeline_parallel, microbatches_per_step(layout),
                        layout.virtual_stages);
 }

@@ -24,7 +24,8 @@ Layout layout_of(const ResolvedRun& run) {
   layout.micro_batch = run.batch.micro;
   layout.global_batch = run.batch.global;
   layout.seq_length = run.seq_length;
-  layout.schedule = keys.pipeline.schedule;
+  layout.schedule = keys.pipeline.file_schedule ? keys.pipeline.file_schedule->name() : keys.pipeline.schedule;
+  layout.file_schedule = keys.pipeline.file_schedule;
   layout.virtual_stages = keys.pipeline.virtual_stages;
   layout.recompute = run.recompute;
   layout.sequence_parallel = run.sequence_parallel;

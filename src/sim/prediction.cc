@@ -38,10 +38,12 @@ std::vector<std::string> memory_warnings(const Layout& layout, const SimulationR
 }  // namespace
 
 Prediction predict(const Layout& layout, const MeasuredProfile* profile) {
-  const Schedule compute_only = layout_schedule(layout);
-  LayoutCosts costs = layout_costs(layout, compute_only);
+  const Schedule made = layout_schedule(layout);
+  LayoutCosts costs = layout_costs(layout, made);
   if (profile != nullptr) apply_profile(*profile, costs.costs);
-  Schedule schedule = layout.comm_mode == CommMode::kBlocking ? insert_send_recv(compute_only) : compute_only;
+  // A lowered schedule file already holds its messages.
+  const bool lower = layout.comm_mode == CommMode::kBlocking && !made.has_communication();
+  Schedule schedule = lower ? insert_send_recv(made) : made;
   SimulationResult result = simulate(schedule, costs.costs, {.steady_state = true});
 
   const double step = result.step_time_s;

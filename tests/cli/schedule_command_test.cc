@@ -99,7 +99,20 @@ TEST(ValidateCommand, GoodCsvPrintsOkAndTheSummary) {
   EXPECT_EQ(result.out,
             "OK pytorch_1f1b_4x8.csv: 4 ranks, 4 stages (loop placement), 8 micro-batches, compute-only, 64 actions\n"
             "unit-cost makespan 33 (F=1, B=2, I=W=1, no transfer time), bubble 27.3%\n"
-            "peak in-flight micro-batch chunks per rank: 4 3 2 1\n");
+            "peak in-flight micro-batch chunks per rank: 4 3 2 1\n"
+            "pytorch_1f1b_4x8.csv: read as PyTorch 2.7+'s CSV (B full backward, I/W split)\n");
+}
+
+TEST(ValidateCommand, SaysItReadPyTorch26sDialect) {
+  const CommandResult result =
+      run_pipeflow("validate " + std::string(PIPEFLOW_SOURCE_DIR) + "/examples/schedules/pytorch26_zbh1_2x4.csv");
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(result.out.rfind("OK pytorch26_zbh1_2x4.csv: 2 ranks, 2 stages (loop placement), 4 micro-batches", 0), 0u)
+      << result.out;
+  EXPECT_NE(
+      result.out.find("\npytorch26_zbh1_2x4.csv: read as PyTorch 2.5-2.6's CSV (BW full backward, B/W split)\n"),
+      std::string::npos)
+      << result.out;
 }
 
 TEST(ValidateCommand, BadCsvPrintsEveryViolationWithTheGridAndExitsOne) {
@@ -163,7 +176,8 @@ TEST(ValidateCommand, StageOnTwoRowsIsAViolationOnTheGridNotAReadError) {
             "\n"
             "step     0      1\n"
             "rank 0   0F0   *0B0*   <-- ERROR HERE [7]\n"
-            "rank 1  *0F1*  *0B1*   <-- ERROR HERE [1] [2] [8]\n");
+            "rank 1  *0F1*  *0B1*   <-- ERROR HERE [1] [2] [8]\n"
+            "two_rows.csv: read as PyTorch 2.7+'s CSV (B full backward, I/W split)\n");
   EXPECT_EQ(result.err, "pipeflow: error: " + dir + "/two_rows.csv: 8 violations (listed above)\n");
   std::filesystem::remove_all(dir);
 }

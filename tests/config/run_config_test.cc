@@ -297,6 +297,49 @@ TEST(RunConfig, WritesWhatItReadsBack) {
   EXPECT_EQ(again.model->layers, 8);
 }
 
+// PyTorch 2.6's ZB-H1 on 2 ranks with 4 micro-batches (examples/schedules/).
+const std::string kZbFile = std::string(PIPEFLOW_SOURCE_DIR) + "/examples/schedules/pytorch26_zbh1_2x4.csv";
+
+TEST(RunConfigScheduleFile, TheFileFixesRanksChunksAndMicrobatches) {
+  const ResolvedRun run = resolved(R"({"model": "gpt2-124m", "pipeline": {"schedule_file": ")" + kZbFile + R"("}})");
+  EXPECT_EQ(run.config.pipeline.stages, 2);
+  EXPECT_EQ(run.config.pipeline.virtual_stages, 1);
+  EXPECT_EQ(run.batch.accumulation, 4);
+  EXPECT_EQ(run.config.pipeline.schedule, "");
+  ASSERT_TRUE(run.config.pipeline.file_schedule);
+  EXPECT_EQ(run.config.pipeline.file_schedule->name(), "pytorch26_zbh1_2x4.csv");
+  EXPECT_EQ(run.config.pipeline.file_note,
+            "pytorch26_zbh1_2x4.csv: read as PyTorch 2.5-2.6's CSV (BW full backward, B/W split)");
+  // Kept beside a run, it reads back the same.
+  const std::string json = run_config_to_json(run.config);
+  EXPECT_NE(json.find("\"schedule_file\": \"" + kZbFile + "\""), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"schedule\":"), std::string::npos) << json;
+  EXPECT_EQ(run_config_to_json(parse_run_config(Config::parse(json, "again.json"))), json);
+}
+
+TEST(RunConfigScheduleFile, KeysThatDisagreeWithTheFileAreErrorsNamingBoth) {
+  const std::string file = R"("schedule_file": ")" + kZbFile + R"(")";
+  EXPECT_EQ(parse_error(R"({"pipeline": {"schedule": "1f1b", )" + file + "}}"),
+            "run.json: pipeline.schedule = \"1f1b\": and schedule_file = \"" + kZbFile +
+                "\" both choose the schedule: give one of the two");
+  EXPECT_EQ(parse_error(R"({"pipeline": {"virtual_stages": 2, )" + file + "}}"),
+            "run.json: pipeline.virtual_stages = 2: but schedule_file " + kZbFile +
+                " has 1 model chunk per rank: remove virtual_stages to take the file's, or use a file dumped for 2");
+  EXPECT_EQ(parse_error(R"({"gradient_accumulation_steps": 8, "pipeline": {)" + file + "}}"),
+            "run.json: gradient_accumulation_steps = 8 (given or derived from the batch keys) but "
+            "pipeline.schedule_file " + kZbFile + " runs 4 micro-batches per step: leave gradient_accumulation_steps "
+            "out and give at most one of train_batch_size and train_micro_batch_size_per_gpu to take the file's, or "
+            "use a file dumped for 8");
+  // The flag alone, without a configuration file, is the key.
+  RunOverrides flag;
+  flag.schedule_file = kZbFile;
+  EXPECT_EQ(default_run_config(flag).pipeline.stages, 2);
+  // A flag that picks the schedule replaces the file's choice.
+  RunOverrides generator;
+  generator.schedule = "gpipe";
+  EXPECT_EQ(resolved(R"({"pipeline": {"stages": 2, )" + file + "}}", generator).config.pipeline.schedule, "gpipe");
+}
+
 TEST(RunConfig, CommandLineOverridesTheFileAndIsCheckedTheSameWay) {
   const std::string file = R"({"model": "gpt2-124m", "train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
                                 "gradient_accumulation_steps": 16, "pipeline": {"stages": 2}})";

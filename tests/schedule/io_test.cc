@@ -79,14 +79,70 @@ TEST(Csv, EmptyRowMeansAMissingRank) {
 }
 
 TEST(Csv, OverlapCellsExpandToTheirSubActionsAndFsdpActionsAreDropped) {
-  int ignored = -1;
+  CsvReadNotes notes;
   const Schedule schedule = read_csv(
       ",0F0, 0F1 ,,(0B0;0UNSHARD)OVERLAP_F_B,0B1,0REDUCE_GRAD\n"
       "1F0,(1F1;1B0)OVERLAP_F_B,1RESHARD,1B1\n",
-      "torch.csv", &ignored);
-  EXPECT_EQ(ignored, 3);
+      "torch.csv", &notes);
+  EXPECT_EQ(notes.ignored_actions, 3);
+  EXPECT_EQ(notes.dialect, CsvDialect::kPyTorch);
   EXPECT_EQ(write_csv(schedule), "0F0,0F1,0B0,0B1\r\n1F0,1F1,1B0,1B1\r\n");
   EXPECT_TRUE(validate(schedule).ok());
+}
+
+std::string examples_dir() { return std::string(PIPEFLOW_SOURCE_DIR) + "/examples/schedules/"; }
+
+TEST(CsvDialects, TodaysSpellingIsReadAsIs) {
+  CsvReadNotes notes;
+  const Schedule schedule = read_csv(write_csv(make_zb_h1(2, 4)), "zb.csv", &notes);
+  EXPECT_EQ(notes.dialect, CsvDialect::kPyTorch);
+  expect_same(schedule, make_zb_h1(2, 4));
+}
+
+TEST(CsvDialects, PyTorch26sBThenWIsTheSplitBackward) {
+  // PyTorch 2.6 wrote zero-bubble's I as B: a B and a W of one stage and
+  // micro-batch (rows padded with idle cells, as PyTorch pads them).
+  CsvReadNotes notes;
+  const Schedule schedule = load_schedule_file(examples_dir() + "pytorch26_zbh1_2x4.csv", &notes);
+  EXPECT_EQ(notes.dialect, CsvDialect::kPyTorch2_5);
+  expect_same(schedule, make_zb_h1(2, 4));
+  EXPECT_TRUE(validate(schedule).ok());
+}
+
+TEST(CsvDialects, PyTorch26sBWIsTheFullBackwardAlsoInALoweredFile) {
+  CsvReadNotes notes;
+  const Schedule schedule = load_schedule_file(examples_dir() + "pytorch26_1f1b_2x4_lowered.csv", &notes);
+  EXPECT_EQ(notes.dialect, CsvDialect::kPyTorch2_5);
+  expect_same(schedule, insert_send_recv(make_1f1b(2, 4)));
+  EXPECT_TRUE(validate(schedule).ok());
+  // One BW alone decides: its B's are the backward for the input.
+  EXPECT_EQ(write_csv(read_csv("0F0,0F1,0BW0,0B1,0W1\n", "one_bw.csv")), "0F0,0F1,0B0,0I1,0W1\r\n");
+}
+
+TEST(CsvDialects, FAndBAloneReadAsTheFullBackward) {
+  CsvReadNotes notes;
+  read_csv("0F0,0B0\n1F0,1B0\n", "plain.csv", &notes);
+  EXPECT_EQ(notes.dialect, CsvDialect::kPyTorch);
+}
+
+TEST(CsvDialects, AFileMixingTheDialectsNamesACellOfEach) {
+  EXPECT_EQ(read_error("0F0,0F1,0I0,0W0,0BW1\n"),
+            "bad.csv: mixes PyTorch's two CSV dialects: row 1, column 3 (\"0I0\") is PyTorch 2.7+'s CSV (B full "
+            "backward, I/W split) but row 1, column 5 (\"0BW1\") is PyTorch 2.5-2.6's CSV (BW full backward, B/W "
+            "split) (a BW, or a W after a B of the same stage and micro-batch): dump the whole schedule with one "
+            "PyTorch version");
+  EXPECT_EQ(read_error("0F0,0F1,0B0,0W0\n1F0,(1F1;1B0)OVERLAP_F_B,1B1\n"),
+            "bad.csv: mixes PyTorch's two CSV dialects: row 2, column 2 (\"1F1\", in an OVERLAP_F_B cell) is "
+            "PyTorch 2.7+'s CSV (B full backward, I/W split) but row 1, column 4 (\"0W0\") is PyTorch 2.5-2.6's "
+            "CSV (BW full backward, B/W split) (a BW, or a W after a B of the same stage and micro-batch): dump the "
+            "whole schedule with one PyTorch version");
+}
+
+TEST(CsvDialects, DescribeSaysWhichWasRead) {
+  EXPECT_EQ(describe_schedule_file("x.csv", {CsvDialect::kPyTorch2_5, 2}),
+            "x.csv: read as PyTorch 2.5-2.6's CSV (BW full backward, B/W split); ignored 2 "
+            "UNSHARD/RESHARD/REDUCE_GRAD actions (no pipeline actions)");
+  EXPECT_EQ(describe_schedule_file("x.json", {}), "");
 }
 
 TEST(Csv, TheCommittedPyTorchStyleExampleValidates) {

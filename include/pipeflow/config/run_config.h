@@ -14,6 +14,7 @@
 #include "pipeflow/model/partition.h"
 #include "pipeflow/model/pipeline_layers.h"
 #include "pipeflow/schedule/execute.h"
+#include "pipeflow/schedule/schedule.h"
 
 namespace pipeflow {
 
@@ -50,6 +51,12 @@ namespace pipeflow {
 //                 activation_checkpoint_interval 0   the recompute interval: k > 0 keeps the input of
 //                                        every k-th block and recomputes the rest in the backward
 //                 schedule "1f1b"        a registered schedule (schedule/generators.h)
+//                 schedule_file          instead of schedule: a schedule file to run as written,
+//                                        PyTorch pipelining CSV (either dialect, schedule/io.h)
+//                                        or pipeflow JSON; it fixes the ranks, the chunks per
+//                                        rank and the micro-batches, so stages, virtual_stages
+//                                        and gradient_accumulation_steps default to the file's
+//                                        and, if given, must agree; schedule must be absent
 //                 virtual_stages 1}      model chunks per rank v
 //   model        a preset name, a Hugging Face config.json path, or the small GPT
 //                {n_layer, n_head, n_embd, n_ctx (required), vocab_size 256}; may be left out
@@ -102,8 +109,13 @@ struct PipelineConfig {
   // DeepSpeed's activation_checkpoint_interval: 0 keeps every activation; k
   // recomputes each block's forward from the input of every k-th block.
   int recompute_interval = 0;
-  std::string schedule = "1f1b";
+  std::string schedule = "1f1b";  // empty when schedule_file is given
   int virtual_stages = 1;
+  // The key schedule_file as written (empty: none), the schedule read from
+  // it (validated by resolve()), and how it was read (describe_schedule_file).
+  std::string schedule_file;
+  std::optional<Schedule> file_schedule;
+  std::string file_note;
 };
 
 struct DataConfig {
@@ -185,6 +197,7 @@ struct RunOverrides {
   std::optional<int> global_batch;         // train_batch_size
   std::optional<int> seq_length;           // seq_length
   std::optional<std::string> schedule;     // pipeline.schedule
+  std::optional<std::string> schedule_file;  // pipeline.schedule_file
   std::optional<int> virtual_stages;       // pipeline.virtual_stages
   std::optional<std::string> recompute;    // recompute
   std::optional<bool> sequence_parallel;   // sequence_parallel
@@ -239,7 +252,9 @@ struct ResolvedRun {
 // sizes (DeepSpeed's rule), the sequence length (seq_length, else the
 // model's context; at most a GPT's learned positions), recompute,
 // sequence parallelism (a multiple of tensor_parallel) and the schedule's
-// constraints on (stages, micro-batches, virtual stages).
+// constraints on (stages, micro-batches, virtual stages); a schedule file
+// must have the resolved micro-batches and pass validate() (the Error holds
+// the validator's report).
 ResolvedRun resolve(const RunConfig& run, const std::optional<ModelFromFile>& from_file = std::nullopt);
 
 // The configuration in the file's form, to keep beside a run's outputs:

@@ -10,6 +10,7 @@
 #include "pipeflow/model/partition.h"
 #include "pipeflow/nn/gpt_config.h"
 #include "pipeflow/runtime/engine_options.h"
+#include "pipeflow/schedule/schedule.h"
 
 namespace pipeflow::runtime {
 
@@ -20,6 +21,7 @@ class ProgressPrinter;
 struct TrainSettings {
   nn::GptConfig model;
   std::string schedule = "1f1b";
+  std::optional<Schedule> file_schedule;  // run instead of `schedule`'s generator (pipeline.schedule_file)
   int stages = 1;          // pipeline ranks p
   int virtual_stages = 1;  // v
   int microbatches = 1;    // m = gradient_accumulation_steps

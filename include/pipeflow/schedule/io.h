@@ -31,8 +31,31 @@ namespace pipeflow {
 // row (1-based; row r + 1 is rank r), the column and the token; so do an
 // empty row, a stage missing below the largest, and a stage count that is
 // not a multiple of the rows.
+//
+// PyTorch has spelt the backward in two dialects, and read_csv reads both:
+//   kPyTorch     (2.7 on): B full backward, I backward for the input, W for
+//                the weights; OVERLAP_F_B cells (2.8 on).
+//   kPyTorch2_5  (2.5, 2.6): BW full backward, B backward for the input, W
+//                for the weights.
+// A file is kPyTorch2_5 when it holds a BW, or a B and a W of the same stage
+// and micro-batch (a W after a full backward has nothing left to compute,
+// so no kPyTorch file holds both); otherwise kPyTorch (a file of F and B
+// alone reads the same in both: B then is the full backward, without which
+// it would be no complete step). A file that also holds an I or an
+// OVERLAP_F_B cell mixes the dialects: an Error naming a cell of each.
+enum class CsvDialect { kPyTorch, kPyTorch2_5 };
+
+// "PyTorch 2.7+'s CSV (B full backward, I/W split)", "PyTorch 2.5-2.6's CSV (BW full backward, B/W split)".
+std::string_view describe(CsvDialect dialect);
+
+// What read_csv found beside the actions.
+struct CsvReadNotes {
+  CsvDialect dialect = CsvDialect::kPyTorch;
+  int ignored_actions = 0;  // UNSHARD, RESHARD, REDUCE_GRAD
+};
+
 std::string write_csv(const Schedule& schedule);
-Schedule read_csv(std::string_view text, const std::string& source, int* ignored_actions = nullptr);
+Schedule read_csv(std::string_view text, const std::string& source, CsvReadNotes* notes = nullptr);
 
 // JSON: {"name", "ranks", "stages", "placement": "loop"|"v", "microbatches",
 // "actions": [[text per action] per rank]}. read_json rejects unknown keys
@@ -40,7 +63,12 @@ Schedule read_csv(std::string_view text, const std::string& source, int* ignored
 std::string write_json(const Schedule& schedule);
 Schedule read_json(std::string_view text, const std::string& source);
 
-// Reads a .json file as JSON and anything else as CSV.
-Schedule load_schedule_file(const std::filesystem::path& path, int* ignored_actions = nullptr);
+// Reads a .json file as JSON and anything else as CSV; `notes` (CSV only)
+// as read_csv's.
+Schedule load_schedule_file(const std::filesystem::path& path, CsvReadNotes* notes = nullptr);
+
+// One line on how a file was read, for a command to print: the CSV dialect
+// and any dropped actions; empty for JSON.
+std::string describe_schedule_file(const std::filesystem::path& path, const CsvReadNotes& notes);
 
 }  // namespace pipeflow

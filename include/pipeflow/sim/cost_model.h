@@ -73,7 +73,8 @@ struct LayoutCosts {
 // be the layout's (layout_schedule) or have its ranks and stages.
 LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule);
 
-// The compute-only schedule of the layout: its generator with p ranks, m
+// The schedule of the layout: its schedule file's as written (compute-only
+// or lowered), else the compute-only one of its generator with p ranks, m
 // micro-batches and v chunks per rank.
 Schedule layout_schedule(const Layout& layout);
 

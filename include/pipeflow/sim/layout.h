@@ -1,5 +1,6 @@
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "pipeflow/config/run_config.h"
@@ -9,6 +10,7 @@
 #include "pipeflow/model/partition.h"
 #include "pipeflow/model/pipeline_layers.h"
 #include "pipeflow/schedule/execute.h"
+#include "pipeflow/schedule/schedule.h"
 
 namespace pipeflow {
 
@@ -31,8 +33,11 @@ struct Layout {
   int micro_batch = 1;         // b: sequences per micro-batch
   int global_batch = 1;        // B: sequences per optimizer step over all replicas
   int seq_length = 0;          // s: tokens per sequence (must be set: validate_layout)
-  std::string schedule = "1f1b";
+  std::string schedule = "1f1b";  // a generator's name, or the schedule file's
   int virtual_stages = 1;      // v: model chunks per rank (zbv and dualpipev always hold 2)
+  // A schedule file's schedule (pipeline.schedule_file), run instead of a
+  // generator's; resolve() checked it against p, v and m.
+  std::optional<Schedule> file_schedule;
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;
   PartitionMethod partition{PartitionMethod::Kind::kParameters, {}, {}};  // DeepSpeed's default

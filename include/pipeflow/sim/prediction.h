@@ -19,7 +19,8 @@ struct Prediction {
   // The schedule simulated: the compute-only one for overlapped
   // communication (each message arrives latency + bytes / bandwidth after its
   // producer ends, without rank time: a communication stream with receives
-  // posted early), its insert_send_recv lowering for blocking communication.
+  // posted early), its insert_send_recv lowering for blocking communication;
+  // a lowered schedule file as written.
   Schedule schedule;
   LayoutCosts costs;
   SimulationResult result;  // with its steady state (SteadyState) of back-to-back steps
