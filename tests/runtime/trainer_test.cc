@@ -51,6 +51,15 @@ TrainSettings tiny_settings(const std::filesystem::path& dir) {
   return s;
 }
 
+// A few steps, validated and sampled only as much as a run must.
+TrainSettings short_settings(const std::filesystem::path& dir, int steps) {
+  TrainSettings s = tiny_settings(dir);
+  s.steps = steps;
+  s.eval_interval = 0;
+  s.sample_tokens = 1;
+  return s;
+}
+
 TEST(Trainer, TrainsWritesMetricsReportTimelineAndWeights) {
   const auto dir = temp_dir("train");
   const TrainSettings settings = tiny_settings(dir);
@@ -128,10 +137,7 @@ TEST(Trainer, EmulatedAndThreadedRunsTrainTheSameWeights) {
 // up to the rounding of another accumulation order.
 TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
   const auto dir = temp_dir("resume");
-  TrainSettings settings = tiny_settings(dir);
-  settings.steps = 6;
-  settings.eval_interval = 0;
-  settings.sample_tokens = 1;
+  TrainSettings settings = short_settings(dir, 6);
   settings.engine.lr_schedule = nn::LrSchedule::from_config(
       {.type = "WarmupDecayLR", .warmup_max_lr = 3e-3, .warmup_num_steps = 3, .total_num_steps = 6}, 3e-3);
   std::FILE* log = std::tmpfile();
@@ -231,10 +237,7 @@ void rewrite_tensor(const std::filesystem::path& from, const std::filesystem::pa
 // steps bit for bit.
 TEST(Trainer, AStopRequestEndsTheRunAfterItsStepAndTheResumedRunContinuesItBitForBit) {
   const auto dir = temp_dir("stop");
-  TrainSettings settings = tiny_settings(dir);
-  settings.steps = 4;
-  settings.eval_interval = 0;
-  settings.sample_tokens = 1;
+  TrainSettings settings = short_settings(dir, 4);
   std::FILE* log = std::tmpfile();
   ProgressPrinter progress(log, false, settings.steps, false);
   const TrainOutcome straight = train(settings, progress);
@@ -304,10 +307,7 @@ TEST(Trainer, NonFiniteStepsAreSkippedAndTooManyInARowStopTheRun) {
 // newest K.
 TEST(Trainer, BadCheckpointsAreRefusedAndResumeFallsBackToTheNewestGoodOne) {
   const auto dir = temp_dir("corrupt");
-  TrainSettings settings = tiny_settings(dir);
-  settings.steps = 4;
-  settings.eval_interval = 0;
-  settings.sample_tokens = 1;
+  TrainSettings settings = short_settings(dir, 4);
   settings.save_interval = 1;
   settings.checkpoint_keep = 3;
   std::FILE* log = std::tmpfile();
