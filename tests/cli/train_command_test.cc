@@ -204,6 +204,28 @@ TEST(TrainCommand, SigtermWritesACheckpointAndTheFilesExits143AndTheResumeContin
   std::filesystem::remove_all(dir);
 }
 
+// A second signal does not wait for the step: the process ends at once with
+// the same status, and what it was writing stays a temporary that the next
+// run into the same out_dir removes. (Where the second signal lands, in the
+// step or in the files after it, depends on the scheduler: not asserted.)
+TEST(TrainCommand, ASecondSignalEndsTheRunAtOnceAndTheNextRunLeavesNoTemporaries) {
+  const std::string dir = make_temp_dir();
+  const std::string out = dir + "/out";
+  const std::string config = write_config(dir, tiny_config(out, "\n  \"steps_per_print\": 1,"));
+  const pid_t pid = start_pipeflow("train --config " + config + " --steps 5000", dir + "/err");
+  ASSERT_TRUE(wait_for_text(dir + "/err", "step 3/5000 ", std::chrono::seconds(60))) << read_file(dir + "/err");
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  const std::string err = read_file(dir + "/err");
+  ASSERT_TRUE(WIFEXITED(status)) << err;
+  EXPECT_EQ(WEXITSTATUS(status), 143) << err;
+  ASSERT_EQ(run_pipeflow("train --config " + config + " --steps 1").exit_code, 0);
+  EXPECT_TRUE(temporaries_in(out).empty());
+  std::filesystem::remove_all(dir);
+}
+
 // A full disk while a checkpoint is written (RLIMIT_FSIZE below its size;
 // SIGXFSZ ignored, so the write fails with EFBIG): the run stops with a
 // message naming the file, leaves no part of it, and the last good
