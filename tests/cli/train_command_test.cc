@@ -137,18 +137,6 @@ TEST(TrainCommand, ResumesFromTheLatestCheckpointAndEndsWhereAStraightRunEnds) {
   std::filesystem::remove_all(dir);
 }
 
-// Starts `pipeflow ARGUMENTS` with its standard error into `err_path`;
-// returns the process id (the shell execs pipeflow, so signals reach it).
-pid_t start_pipeflow(const std::string& arguments, const std::string& err_path) {
-  const std::string command = "exec " + std::string(PIPEFLOW_BINARY) + " " + arguments + " >/dev/null 2>" + err_path;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  return pid;
-}
-
 // Waits until `path` holds `text` (a child's progress), at most `limit`.
 bool wait_for_text(const std::string& path, const std::string& text, std::chrono::seconds limit) {
   const auto until = std::chrono::steady_clock::now() + limit;
@@ -157,6 +145,33 @@ bool wait_for_text(const std::string& path, const std::string& text, std::chrono
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return false;
+}
+
+struct SignalledRun {
+  int exit_code = -1;  // -1: not a normal exit
+  std::string err;
+};
+
+// Runs `pipeflow train --config CONFIG --steps 5000` and sends it `signals`
+// SIGTERMs once its third step line is out (the shell execs pipeflow, so
+// the signals reach it).
+SignalledRun train_until_sigterm(const std::string& config, const std::string& dir, int signals) {
+  const std::string err_path = dir + "/err";
+  const std::string command =
+      "exec " + std::string(PIPEFLOW_BINARY) + " train --config " + config + " --steps 5000 >/dev/null 2>" + err_path;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  if (wait_for_text(err_path, "step 3/5000 ", std::chrono::seconds(60))) {
+    for (int i = 0; i < signals; ++i) ::kill(pid, SIGTERM);
+  } else {
+    ::kill(pid, SIGKILL);  // never started: the exit code fails the test, which does not hang
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(err_path)};
 }
 
 std::vector<std::string> temporaries_in(const std::string& dir) {
@@ -174,14 +189,8 @@ TEST(TrainCommand, SigtermWritesACheckpointAndTheFilesExits143AndTheResumeContin
   const std::string dir = make_temp_dir();
   const std::string out = dir + "/out";
   const std::string config = write_config(dir, tiny_config(out, "\n  \"steps_per_print\": 1,"));
-  const pid_t pid = start_pipeflow("train --config " + config + " --steps 5000", dir + "/err");
-  ASSERT_TRUE(wait_for_text(dir + "/err", "step 3/5000 ", std::chrono::seconds(60))) << read_file(dir + "/err");
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  const std::string err = read_file(dir + "/err");
-  ASSERT_TRUE(WIFEXITED(status)) << err;
-  EXPECT_EQ(WEXITSTATUS(status), 143) << err;
+  const auto [exit_code, err] = train_until_sigterm(config, dir, 1);
+  EXPECT_EQ(exit_code, 143) << err;
   const std::size_t at = err.find("stopped by signal 15 after step ");
   ASSERT_NE(at, std::string::npos) << err;
   const int done = std::stoi(err.substr(at + std::string("stopped by signal 15 after step ").size()));
@@ -212,15 +221,8 @@ TEST(TrainCommand, ASecondSignalEndsTheRunAtOnceAndTheNextRunLeavesNoTemporaries
   const std::string dir = make_temp_dir();
   const std::string out = dir + "/out";
   const std::string config = write_config(dir, tiny_config(out, "\n  \"steps_per_print\": 1,"));
-  const pid_t pid = start_pipeflow("train --config " + config + " --steps 5000", dir + "/err");
-  ASSERT_TRUE(wait_for_text(dir + "/err", "step 3/5000 ", std::chrono::seconds(60))) << read_file(dir + "/err");
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  ASSERT_EQ(::kill(pid, SIGTERM), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  const std::string err = read_file(dir + "/err");
-  ASSERT_TRUE(WIFEXITED(status)) << err;
-  EXPECT_EQ(WEXITSTATUS(status), 143) << err;
+  const auto [exit_code, err] = train_until_sigterm(config, dir, 2);
+  EXPECT_EQ(exit_code, 143) << err;
   ASSERT_EQ(run_pipeflow("train --config " + config + " --steps 1").exit_code, 0);
   EXPECT_TRUE(temporaries_in(out).empty());
   std::filesystem::remove_all(dir);
