@@ -21,6 +21,12 @@ void add_calibrate_command(CLI::App& app);  // calibrate_command.cc
 void add_train_command(CLI::App& app);      // train_command.cc
 void add_simulate_command(CLI::App& app);   // simulate_command.cc
 
+// Thrown by a command that has done its work but must end the process with
+// `status` (train stopped by a signal: 128 + its number); main returns it.
+struct ExitStatus {
+  int status = 0;
+};
+
 // Writes `text` to `path` atomically, or to standard output if `path` is empty.
 void write_output(const std::string& text, const std::string& path);
 

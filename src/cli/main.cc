@@ -29,6 +29,8 @@ int main(int argc, char** argv) {
     if (error.get_exit_code() == 0) return app.exit(error);
     std::fprintf(stderr, "pipeflow: error: %s (run with --help for the options)\n", error.what());
     return error.get_exit_code();
+  } catch (const pipeflow::cli::ExitStatus& exit) {
+    return exit.status;
   } catch (const pipeflow::Error& error) {
     std::fprintf(stderr, "pipeflow: error: %s\n", error.what());
     return 1;

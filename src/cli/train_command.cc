@@ -1,7 +1,9 @@
 #include <fmt/format.h>
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <memory>
 #include <chrono>
@@ -42,6 +44,38 @@ struct TrainCommand {
   }
 };
 
+runtime::StopRequest stop_request{0};
+
+// The first SIGINT or SIGTERM asks the training loop to stop after its step
+// (it writes a checkpoint and its files); a second ends the process at once.
+// Both are async-signal-safe: a lock-free exchange and _exit. Files being
+// written then stay temporaries (NAME.tmp.PID) that the next run removes.
+extern "C" void on_stop_signal(int signal) {
+  if (stop_request.exchange(signal) != 0) ::_exit(128 + signal);
+}
+
+// Installs on_stop_signal for SIGINT and SIGTERM while training; restores the
+// previous handlers after.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;  // the step's system calls go on; the loop checks the flag after it
+    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &action, &previous_[i]);
+  }
+  ~StopSignals() {
+    for (std::size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  static constexpr std::array<int, 2> kSignals = {SIGINT, SIGTERM};
+  std::array<struct sigaction, 2> previous_{};
+};
+
 void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSettings& settings) {
   const runtime::StepLog& first = outcome.log.front();
   const runtime::StepLog& last = outcome.log.back();
@@ -74,7 +108,17 @@ void run(const TrainCommand& c) {
   settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);
   runtime::ProgressPrinter progress(stderr, isatty(fileno(stderr)) == 1, settings.steps, settings.emulate,
                                     settings.steps_per_print);
-  print_summary(runtime::train(settings, progress), settings);
+  runtime::TrainOutcome outcome;
+  {
+    const StopSignals stop_signals;
+    outcome = runtime::train(settings, progress, &stop_request);
+  }
+  print_summary(outcome, settings);
+  if (outcome.stop_signal != 0) {
+    fmt::print(stderr, "pipeflow: stopped by signal {}: resume with --resume {}\n", outcome.stop_signal,
+               settings.checkpoint_directory().string());
+    throw ExitStatus{128 + outcome.stop_signal};
+  }
 }
 
 }  // namespace
@@ -89,7 +133,8 @@ void add_train_command(CLI::App& app) {
   sub->add_option("--weights", c->weights,
                   "Start from this weights file (pipeflow init) instead of GPT-2 init; it gives the model's shape");
   sub->add_option("--resume", c->resume,
-                  "Continue from a checkpoint file, or the latest in a directory (key: checkpoint.load)");
+                  "Continue from a checkpoint file, or the newest good one in a directory or a run's out_dir "
+                  "(key: checkpoint.load)");
   sub->add_option("--steps", c->steps, "Optimizer steps in all, counting a resumed checkpoint's (key: steps)");
   sub->add_option("--out-dir", c->out_dir, "Where the report, metrics, timelines and weights go (key: out_dir)");
   sub->add_flag("--emulate", c->emulate,

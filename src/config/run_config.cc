@@ -423,6 +423,9 @@ RunConfig parse_keys(const Config& config) {
   run.checkpoint.save_interval = non_negative(checkpoint, "interval", 0, "steps between checkpoints, 0 for none");
   run.checkpoint.dir = checkpoint.get("dir", "");
   run.checkpoint.load = checkpoint.get("load", "");
+  run.checkpoint.keep = non_negative(checkpoint, "keep", run.checkpoint.keep, "the newest checkpoints kept, 0 for all");
+  run.numerics.max_skipped_steps = positive(config.object("numerics"), "max_skipped_steps",
+                                            run.numerics.max_skipped_steps, "non-finite steps in a row before stopping");
   read_simulation_keys(config, run);
   config.check_no_unknown_keys();
 
@@ -583,7 +586,8 @@ std::string run_config_to_json(const RunConfig& run) {
   json["eval_interval"] = run.eval_interval;
   json["out_dir"] = run.out_dir;
   json["checkpoint"] = {{"interval", run.checkpoint.save_interval}, {"dir", run.checkpoint.dir},
-                        {"load", run.checkpoint.load}};
+                        {"load", run.checkpoint.load}, {"keep", run.checkpoint.keep}};
+  json["numerics"] = {{"max_skipped_steps", run.numerics.max_skipped_steps}};
   json["hardware"] = run.hardware_source;
   if (run.devices) json["devices"] = *run.devices;
   json["tensor_parallel"] = run.tensor_parallel;

@@ -1,8 +1,11 @@
 #include "pipeflow/core/file.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -14,8 +17,29 @@ namespace {
 
 std::string system_reason() { return std::strerror(errno); }
 
+constexpr std::string_view kTemporaryMarker = ".tmp.";
+
 std::filesystem::path temporary_beside(const std::filesystem::path& path) {
-  return path.string() + fmt::format(".tmp.{}", static_cast<long>(::getpid()));
+  return path.string() + fmt::format("{}{}", kTemporaryMarker, static_cast<long>(::getpid()));
+}
+
+// The rename is durable only once the folder's entry is on disk too.
+bool sync_folder(const std::filesystem::path& folder) {
+  const int fd = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return false;
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  return synced;
+}
+
+// The writer's PID when `name` is a temporary of AtomicFileWriter (NAME.tmp.PID), else 0.
+long writer_of_temporary(const std::string& name) {
+  const std::size_t marker = name.rfind(kTemporaryMarker);
+  if (marker == std::string::npos) return 0;
+  const std::string_view digits = std::string_view(name).substr(marker + kTemporaryMarker.size());
+  long pid = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+  return error == std::errc() && end == digits.data() + digits.size() && pid > 0 ? pid : 0;
 }
 
 }  // namespace
@@ -71,6 +95,22 @@ void AtomicFileWriter::commit() {
     std::filesystem::remove(temporary_, ignored);
     fail("cannot write {}: {}", path_.string(), flushed ? error.message() : reason);
   }
+  if (!sync_folder(path_.parent_path())) {
+    fail("cannot write {}: syncing its folder failed: {}", path_.string(), system_reason());
+  }
+}
+
+std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& folder) {
+  std::vector<std::filesystem::path> removed;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, error)) {
+    const long pid = writer_of_temporary(entry.path().filename().string());
+    // kill(pid, 0) fails with ESRCH when no such process exists: its writer was killed.
+    if (pid == 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code ignored;
+    if (std::filesystem::remove(entry.path(), ignored)) removed.push_back(entry.path());
+  }
+  return removed;
 }
 
 }  // namespace pipeflow

@@ -26,6 +26,19 @@ const char* dtype_name(Dtype dtype) { return dtype == Dtype::kF32 ? "F32" : "I32
 
 std::size_t element_bytes(Dtype) { return 4; }
 
+// The __metadata__ key holding a tensor's checksum.
+std::string crc_key(std::string_view name) { return fmt::format("crc32.{}", name); }
+
+// CRC-32 (IEEE 802.3, zlib's crc32), bitwise: checkpoints are read once per run.
+std::string crc32_hex(const char* data, std::size_t bytes) {
+  std::uint32_t crc = 0xFFFFFFFFu;
+  for (std::size_t i = 0; i < bytes; ++i) {
+    crc ^= static_cast<std::uint8_t>(data[i]);
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return fmt::format("{:08x}", crc ^ 0xFFFFFFFFu);
+}
+
 }  // namespace
 
 SafetensorsFile SafetensorsFile::read(const std::filesystem::path& path) {
@@ -167,6 +180,21 @@ void SafetensorsFile::parse_header(std::size_t header_length, Tensors tensors) {
   if (expected != data_bytes) {
     fail("{}: {} bytes after the last tensor: corrupt file or a wrong header", source_, data_bytes - expected);
   }
+  check_checksums();
+}
+
+void SafetensorsFile::check_checksums() const {
+  for (const auto& [name, entry] : entries_) {
+    const auto stored = metadata_.find(crc_key(name));
+    if (stored == metadata_.end()) continue;  // written without checksums (another tool)
+    const std::string actual =
+        crc32_hex(reinterpret_cast<const char*>(data(entry)), entry.end - entry.begin);
+    if (actual != stored->second) {
+      fail("{}: tensor {}: CRC32 {} does not match the {} stored in __metadata__: the file is corrupt; use another "
+           "copy or an earlier checkpoint",
+           source_, name, actual, stored->second);
+    }
+  }
 }
 
 const std::string& SafetensorsFile::metadata(std::string_view key) const {
@@ -262,7 +290,11 @@ std::string SafetensorsWriter::serialize() const {
     header[tensor.name] = {{"dtype", dtype_name(tensor.dtype)}, {"shape", dims},
                            {"data_offsets", {tensor.begin, tensor.end}}};
   }
-  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  nlohmann::json metadata = metadata_;
+  for (const Pending& tensor : tensors_) {
+    metadata[crc_key(tensor.name)] = crc32_hex(data_.data() + tensor.begin, tensor.end - tensor.begin);
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   const std::uint64_t length = text.size();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <exception>
 #include <mutex>
+#include <optional>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/nn/gradient_clipping.h"
@@ -52,6 +53,42 @@ void check_boundaries(const nn::GptConfig& config, const Schedule& schedule, con
            fmt::join(b, ", "), i - 1, stages, stages);
     }
   }
+}
+
+// A weights file or checkpoint holding a NaN or Inf would train on silently
+// into NaN, and a negative second moment makes AdamW's square root NaN: such
+// a file is refused before anything of it is loaded.
+void check_values(const nn::SafetensorsFile& file) {
+  for (const std::string& name : file.names()) {
+    if (file.entry(name).dtype != nn::Dtype::kF32) continue;
+    const Tensor values = file.floats(name);
+    const bool second_moment = name.starts_with("exp_avg_sq.");
+    for (std::int64_t i = 0; i < values.numel(); ++i) {
+      const float v = values.data()[i];
+      if (std::isfinite(v) && !(second_moment && v < 0)) continue;
+      fail("{}: tensor {} holds {} at index {}: {}; start from another file or an earlier checkpoint", file.source(),
+           name, v, i, second_moment ? "a second moment must be finite and >= 0" : "values must be finite");
+    }
+  }
+}
+
+// The first non-finite value of `values` within the tensors of `layout`: the tensor's name.
+std::optional<std::string> non_finite_tensor(const nn::ParameterLayout& layout, std::span<const float> values) {
+  for (const nn::ParameterInfo& info : layout.entries()) {
+    const auto tensor = values.subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+    if (!std::all_of(tensor.begin(), tensor.end(), [](float v) { return std::isfinite(v); })) return info.name;
+  }
+  return std::nullopt;
+}
+
+// A non-finite loss must skip the update on every rank, but only the rank of
+// the last stage sees it: it joins the all-reduced square sum as 0 · loss,
+// which is +0 for a finite loss (the sum keeps its bits) and NaN otherwise.
+double loss_guard(const RankWorker& w, int microbatches) {
+  if (!w.holds_last_stage()) return 0;
+  double guard = 0;
+  for (int j = 0; j < microbatches; ++j) guard += 0.0 * w.microbatch_loss(j);
+  return guard;
 }
 
 }  // namespace
@@ -117,12 +154,17 @@ void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
          file.source(), stored.n_layer, stored.n_head, stored.n_embd, stored.context, stored.vocab_size,
          config_.n_layer, config_.n_head, config_.n_embd, config_.context, config_.vocab_size);
   }
+  check_values(file);
   for (auto& stage : stages_) nn::load_parameters(*stage, file);
 }
 
 void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const {
   if (update_failed_) fail("cannot write checkpoint {}: an optimizer update failed and the weights are inconsistent",
                            path.string());
+  if (const auto bad = first_non_finite(Values::kParameters)) {
+    fail("not writing checkpoint {}: {} is not finite; the run diverged (lower optimizer.params.lr)", path.string(),
+         *bad);
+  }
   nn::SafetensorsWriter writer;
   nn::write_config(writer, config_);
   const nn::ParameterLayout whole_model(config_, nn::all_layers(config_));
@@ -146,6 +188,18 @@ const nn::Stage& PipelineEngine::holder(std::string_view name) const {
     if (stage->layout().find(name) != nullptr) return *stage;
   }
   fail("the model has no tensor named {}", name);
+}
+
+std::optional<std::string> PipelineEngine::first_non_finite(Values values) const {
+  for (std::size_t s = 0; s < stages_.size(); ++s) {
+    const nn::Stage& stage = *stages_[s];
+    const bool parameters = values == Values::kParameters;
+    if (const auto name =
+            non_finite_tensor(stage.layout(), parameters ? stage.parameters() : stage.gradients())) {
+      return fmt::format("stage {}'s {} {}", s, parameters ? "parameter" : "gradient of", *name);
+    }
+  }
+  return std::nullopt;
 }
 
 std::span<const float> PipelineEngine::parameter(std::string_view name) const { return holder(name).parameter(name); }
@@ -220,7 +274,8 @@ StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, St
   }
   result.wall_s = std::chrono::duration<double>(Clock::now() - epoch).count();
   result.grad_norm = flush.grad_norm(0, run);
-  result.clip_coefficient = clip_coefficient(mode, result.grad_norm);
+  result.skipped = mode == StepMode::kTrain && !std::isfinite(result.grad_norm);
+  result.clip_coefficient = result.skipped ? 1 : clip_coefficient(mode, result.grad_norm);
   finish(result);
   return result;
 }
@@ -248,7 +303,7 @@ RankWorker::Outcome PipelineEngine::flush_step(FlushStep step, RankWorker& w, St
     }
     case FlushStep::kGradientNorm: {
       const Clock::time_point start = Clock::now();
-      double sum = w.gradient_square_sum();
+      double sum = w.gradient_square_sum() + loss_guard(w, schedule_.num_microbatches());
       if (run == RunMode::kThreaded && w.all_reduce_sum(sum) == RankWorker::Outcome::kAborted) {
         return RankWorker::Outcome::kAborted;
       }
@@ -257,7 +312,8 @@ RankWorker::Outcome PipelineEngine::flush_step(FlushStep step, RankWorker& w, St
       return RankWorker::Outcome::kDone;
     }
     case FlushStep::kUpdate:
-      if (mode == StepMode::kTrain) {
+      // Every rank holds the same norm, so all skip a non-finite step together.
+      if (mode == StepMode::kTrain && std::isfinite(flush.grad_norm(r, run))) {
         flush.updating.store(true);
         w.apply_update(clip_coefficient(mode, flush.grad_norm(r, run)), lr);
       }

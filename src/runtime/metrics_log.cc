@@ -31,6 +31,7 @@ nlohmann::ordered_json to_json(const StepLog& log) {
   json["peak_activation_bytes"] = log.peak_activation_bytes;
   json["peak_activation_bytes_predicted"] = log.peak_activation_bytes_predicted;
   if (log.val_loss) json["val_loss"] = *log.val_loss;
+  if (log.skipped) json["skipped"] = true;
   return json;
 }
 

@@ -92,6 +92,8 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   s.out_dir = run.out_dir;
   s.save_interval = run.checkpoint.save_interval;
   s.steps_per_print = run.steps_per_print;
+  s.checkpoint_keep = run.checkpoint.keep;
+  s.max_skipped_steps = run.numerics.max_skipped_steps;
   s.checkpoint_dir = run.checkpoint.dir;
   s.resume = run.checkpoint.load;
   s.config_text = run_config_to_json(run);

@@ -32,9 +32,10 @@ double ideal_fraction(const StepFigures& figures, double bubble_predicted) {
 
 class Run {
  public:
-  Run(const TrainSettings& settings, ProgressPrinter& progress)
+  Run(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop)
       : settings_(settings),
         progress_(progress),
+        stop_(stop),
         dataset_(settings.data.empty() ? nn::ByteDataset::default_corpus() : settings.data,
                  {.seq_length = seq_length(), .seed = settings.seed,
                   .validation_fraction = settings.validation_fraction}),
@@ -49,8 +50,15 @@ class Run {
   int seq_length() const { return settings_.engine.seq_length; }
   std::unique_ptr<PipelineEngine> make_engine() const;
   void announce() const;
+  void remove_stale_temporaries() const;
   std::int64_t resume();
   StepLog train_step(std::int64_t step);
+  void check_skipped(const std::vector<StepLog>& log);
+  void write_metrics(const std::vector<StepLog>& log) const {
+    write_file_atomic(settings_.out_dir / "metrics.jsonl", earlier_metrics_ + metrics_jsonl(log));
+  }
+  int stop_signal() const { return stop_ == nullptr ? 0 : stop_->load(); }
+  std::filesystem::path checkpoint_path(std::int64_t steps_done) const;
   void write_checkpoint(std::int64_t steps_done) const;
   double validation_loss() const;
   void write_outputs(TrainOutcome& outcome) const;
@@ -63,6 +71,7 @@ class Run {
 
   const TrainSettings& settings_;
   ProgressPrinter& progress_;
+  const StopRequest* stop_;
   nn::ByteDataset dataset_;
   DatasetSource source_;
   std::unique_ptr<PipelineEngine> engine_;
@@ -73,6 +82,7 @@ class Run {
   SimulationResult prediction_;
   std::vector<StepFigures> figures_;
   std::optional<StepResult> last_;
+  int skipped_in_a_row_ = 0;
 };
 
 std::unique_ptr<PipelineEngine> Run::make_engine() const {
@@ -106,10 +116,31 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
   return engine;
 }
 
+void Run::remove_stale_temporaries() const {
+  for (const auto& dir : {settings_.checkpoint_directory(), settings_.out_dir}) {
+    for (const auto& removed : pipeflow::remove_stale_temporaries(dir)) {
+      progress_.message(fmt::format("removed {}: a temporary file left by a writer that was stopped", removed.string()));
+    }
+  }
+}
+
 std::int64_t Run::resume() {
   if (settings_.resume.empty()) return 0;
-  const std::filesystem::path file = checkpoint_to_resume(settings_.resume);
-  const std::int64_t done = engine_->load_checkpoint(nn::SafetensorsFile::read(file));
+  const std::vector<std::filesystem::path> candidates = checkpoints_to_resume(settings_.resume);
+  std::filesystem::path file;
+  std::int64_t done = 0;
+  // A checkpoint cut short, corrupted or holding NaN falls back to the one before it.
+  for (const std::filesystem::path& candidate : candidates) {
+    try {
+      done = engine_->load_checkpoint(nn::SafetensorsFile::read(candidate));
+      file = candidate;
+      break;
+    } catch (const Error& error) {
+      if (candidate == candidates.back()) throw;
+      progress_.message(fmt::format("warning: not resuming from {}: {}; trying the checkpoint before it",
+                                    candidate.string(), error.what()));
+    }
+  }
   if (done >= settings_.steps) {
     fail("{}: {} steps done already, and steps = {} is the total: raise steps to train on", file.string(), done,
          settings_.steps);
@@ -120,10 +151,18 @@ std::int64_t Run::resume() {
   return done;
 }
 
+std::filesystem::path Run::checkpoint_path(std::int64_t steps_done) const {
+  return settings_.checkpoint_directory() / fmt::format("step_{}.safetensors", steps_done);
+}
+
 void Run::write_checkpoint(std::int64_t steps_done) const {
   const std::filesystem::path dir = settings_.checkpoint_directory();
   std::filesystem::create_directories(dir);
-  engine_->write_checkpoint(dir / fmt::format("step_{}.safetensors", steps_done), steps_done);
+  engine_->write_checkpoint(checkpoint_path(steps_done), steps_done);
+  if (settings_.checkpoint_keep == 0) return;
+  const std::vector<std::filesystem::path> written = checkpoints_in(dir);
+  const std::size_t keep = static_cast<std::size_t>(settings_.checkpoint_keep);
+  for (std::size_t i = 0; i + keep < written.size(); ++i) std::filesystem::remove(written[i]);
 }
 
 void Run::announce() const {
@@ -172,7 +211,8 @@ StepLog Run::train_step(std::int64_t step) {
               .comm_s = {},
               .peak_activation_bytes = {},
               .peak_activation_bytes_predicted = {},
-              .val_loss = std::nullopt};
+              .val_loss = std::nullopt,
+              .skipped = result.skipped};
   for (const RankFigures& rank : figures.ranks) {
     log.busy_s.push_back(rank.compute_s);
     log.idle_s.push_back(figures.pipeline_s - rank.compute_s);
@@ -187,6 +227,26 @@ StepLog Run::train_step(std::int64_t step) {
   figures_.push_back(std::move(figures));
   last_ = std::move(result);
   return log;
+}
+
+// A skipped step is reported; max_skipped_steps of them in a row mean the
+// run diverged, and it stops naming where the first NaN or Inf is.
+void Run::check_skipped(const std::vector<StepLog>& logs) {
+  const StepLog& log = logs.back();
+  skipped_in_a_row_ = log.skipped ? skipped_in_a_row_ + 1 : 0;
+  if (!log.skipped) return;
+  progress_.message(fmt::format("warning: step {} skipped: loss {}, gradient norm {}: not finite, so no update "
+                                "({} of numerics.max_skipped_steps = {} in a row)",
+                                log.step + 1, log.loss, log.grad_norm, skipped_in_a_row_,
+                                settings_.max_skipped_steps));
+  if (skipped_in_a_row_ < settings_.max_skipped_steps) return;
+  write_metrics(logs);
+  std::optional<std::string> first = engine_->first_non_finite(PipelineEngine::Values::kParameters);
+  if (!first) first = engine_->first_non_finite(PipelineEngine::Values::kGradients);
+  fail("step {}: {} steps in a row had a non-finite loss or gradient norm (numerics.max_skipped_steps = {}); the "
+       "first non-finite tensor: {}; the run diverged: lower optimizer.params.lr or set gradient_clipping",
+       log.step + 1, skipped_in_a_row_, settings_.max_skipped_steps,
+       first.value_or("none (the loss alone)"));
 }
 
 // The mean loss over one global batch of the validation split (the same
@@ -212,23 +272,30 @@ TrainOutcome Run::run() {
   }
   std::filesystem::create_directories(settings_.out_dir);
   announce();
+  remove_stale_temporaries();
   first_step_ = resume();
   TrainOutcome outcome;
   const Clock::time_point start = Clock::now();
-  for (std::int64_t step = first_step_; step < settings_.steps; ++step) {
+  for (std::int64_t step = first_step_; step < settings_.steps && outcome.stop_signal == 0; ++step) {
     StepLog log = train_step(step);
+    outcome.stop_signal = stop_signal();
     const bool last = step + 1 == settings_.steps;
-    if (last || (settings_.eval_interval > 0 && (step + 1) % settings_.eval_interval == 0)) {
+    const bool stopping = outcome.stop_signal != 0 && !last;
+    if (!stopping && (last || (settings_.eval_interval > 0 && (step + 1) % settings_.eval_interval == 0))) {
       log.val_loss = validation_loss();
-    }
-    if (settings_.save_interval > 0 && (last || (step + 1) % settings_.save_interval == 0)) {
-      write_checkpoint(step + 1);
     }
     outcome.log.push_back(std::move(log));
     progress_.step(outcome.log.back(), std::chrono::duration<double>(Clock::now() - start).count());
-    if (outcome.log.back().val_loss) {
-      write_file_atomic(settings_.out_dir / "metrics.jsonl", earlier_metrics_ + metrics_jsonl(outcome.log));
+    check_skipped(outcome.log);
+    if (stopping || (settings_.save_interval > 0 && (last || (step + 1) % settings_.save_interval == 0))) {
+      write_checkpoint(step + 1);
     }
+    if (outcome.log.back().val_loss) write_metrics(outcome.log);
+  }
+  const std::int64_t steps_done = first_step_ + static_cast<std::int64_t>(outcome.log.size());
+  if (steps_done < settings_.steps) {
+    progress_.message(fmt::format("stopped by signal {} after step {}: checkpoint {}", outcome.stop_signal,
+                                  steps_done, checkpoint_path(steps_done).string()));
   }
   progress_.finish();
   const auto model = engine_->assemble_model();
@@ -256,8 +323,8 @@ void Run::write_outputs(TrainOutcome& outcome) const {
 
 }  // namespace
 
-TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress) {
-  Run run(settings, progress);
+TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop) {
+  Run run(settings, progress, stop);
   return run.run();
 }
 

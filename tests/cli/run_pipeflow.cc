@@ -11,12 +11,13 @@
 
 namespace pipeflow::testing {
 
-CommandResult run_pipeflow(const std::string& arguments, const std::string& working_dir) {
+CommandResult run_pipeflow(const std::string& arguments, const std::string& working_dir, const std::string& setup) {
   const std::string dir = make_temp_dir();
   const std::string out_path = dir + "/stdout";
   const std::string err_path = dir + "/stderr";
   std::string command;
   if (!working_dir.empty()) command = "cd '" + working_dir + "' && ";
+  if (!setup.empty()) command += setup + "; ";
   command += std::string(PIPEFLOW_BINARY) + " " + arguments + " >" + out_path + " 2>" + err_path;
   const int status = std::system(command.c_str());
   CommandResult result;

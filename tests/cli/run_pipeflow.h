@@ -11,8 +11,10 @@ struct CommandResult {
 };
 
 // Runs the pipeflow executable with `arguments` (a shell-quoted string) in
-// `working_dir` (empty: the current directory).
-CommandResult run_pipeflow(const std::string& arguments, const std::string& working_dir = "");
+// `working_dir` (empty: the current directory), after the shell commands
+// `setup` (limits: "ulimit -f 100; trap '' XFSZ").
+CommandResult run_pipeflow(const std::string& arguments, const std::string& working_dir = "",
+                           const std::string& setup = "");
 
 // A fresh, empty directory under the system's temporary directory.
 std::string make_temp_dir();

@@ -46,7 +46,8 @@ const char* const kEveryKey = R"({
   "seed": 7,
   "eval_interval": 25,
   "out_dir": "runs/x",
-  "checkpoint": {"interval": 100, "dir": "ckpt", "load": "ckpt/step-100"},
+  "checkpoint": {"interval": 100, "dir": "ckpt", "load": "ckpt/step-100", "keep": 2},
+  "numerics": {"max_skipped_steps": 5},
   "hardware": "a100-80g",
   "devices": 24,
   "tensor_parallel": 2,
@@ -96,6 +97,8 @@ TEST(RunConfig, ReadsEveryKey) {
   EXPECT_EQ(run.checkpoint.save_interval, 100);
   EXPECT_EQ(run.checkpoint.dir, "ckpt");
   EXPECT_EQ(run.checkpoint.load, "ckpt/step-100");
+  EXPECT_EQ(run.checkpoint.keep, 2);
+  EXPECT_EQ(run.numerics.max_skipped_steps, 5);
   EXPECT_EQ(run.hardware.name, "a100-80g");
   EXPECT_EQ(run.devices, 24);
   EXPECT_EQ(run.tensor_parallel, 2);
@@ -274,6 +277,11 @@ TEST(RunConfig, BadValuesNameThePathTheValueTheRuleAndTheFix) {
   EXPECT_EQ(parse_error(R"({"model": {"n_layer": 2, "n_head": 2, "n_embd": 64}})"),
             "run.json: model.n_ctx = (absent): is required: the most positions a sequence may have");
   EXPECT_EQ(parse_error(R"({"steps": "many"})"), "run.json: steps must be an integer, got \"many\"");
+  EXPECT_EQ(parse_error(R"({"checkpoint": {"keep": -1}})"),
+            "run.json: checkpoint.keep = -1: must be an integer >= 0: the newest checkpoints kept, 0 for all");
+  EXPECT_EQ(parse_error(R"({"numerics": {"max_skipped_steps": 0}})"),
+            "run.json: numerics.max_skipped_steps = 0: must be a positive integer: non-finite steps in a row before "
+            "stopping");
 }
 
 TEST(RunConfig, ModelIsAPresetAConfigJsonOrTheSmallGpt) {

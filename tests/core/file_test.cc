@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "pipeflow/core/error.h"
@@ -60,6 +63,21 @@ TEST(File, ReadingAMissingFileNamesIt) {
   } catch (const Error& error) {
     EXPECT_STREQ(error.what(), "cannot read /nonexistent/pipeflow.json: No such file or directory");
   }
+}
+
+// A writer killed before commit() leaves NAME.tmp.PID; the next start removes
+// it once no process PID runs, and leaves a live writer's and other files.
+TEST(File, StaleTemporariesOfDeadWritersAreRemoved) {
+  const auto dir = fresh_dir();
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // reaped: its PID runs no process now
+  const auto dead = dir / ("step_3.safetensors.tmp." + std::to_string(child));
+  const auto live = dir / ("step_4.safetensors.tmp." + std::to_string(::getpid()));
+  for (const auto& path : {dead, live, dir / "notes.tmp.x", dir / "step_2.safetensors"}) write_file_atomic(path, "x");
+  EXPECT_EQ(remove_stale_temporaries(dir), std::vector<std::filesystem::path>{dead});
+  EXPECT_EQ(entries_in(dir), 3u);
+  EXPECT_TRUE(remove_stale_temporaries(dir / "missing").empty());
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ TEST(Safetensors, TruncatedAndCorruptFilesAreErrorsNamingTheFileAndTheProblem) {
   EXPECT_EQ(parse_error(good.substr(0, 5)),
             "w.safetensors: truncated safetensors file: 5 bytes, shorter than the 8-byte header length");
   EXPECT_EQ(parse_error(good.substr(0, 40)),
-            "w.safetensors: header length 176 runs past the end of the file (40 bytes): truncated or not a "
+            "w.safetensors: header length 240 runs past the end of the file (40 bytes): truncated or not a "
             "safetensors file");
   EXPECT_EQ(parse_error(good.substr(0, good.size() - 4)),
             "w.safetensors: tensor tokens: ends at data byte 36 but the file holds only 32 data bytes: the file "

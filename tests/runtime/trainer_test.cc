@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <csignal>
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -12,6 +14,7 @@
 #include "pipeflow/core/file.h"
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/nn/parameter_layout.h"
+#include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/trainer.h"
@@ -45,6 +48,15 @@ TrainSettings tiny_settings(const std::filesystem::path& dir) {
   s.eval_interval = 5;
   s.out_dir = dir / "out";
   s.sample_tokens = 40;
+  return s;
+}
+
+// A few steps, validated and sampled only as much as a run must.
+TrainSettings short_settings(const std::filesystem::path& dir, int steps) {
+  TrainSettings s = tiny_settings(dir);
+  s.steps = steps;
+  s.eval_interval = 0;
+  s.sample_tokens = 1;
   return s;
 }
 
@@ -125,10 +137,7 @@ TEST(Trainer, EmulatedAndThreadedRunsTrainTheSameWeights) {
 // up to the rounding of another accumulation order.
 TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
   const auto dir = temp_dir("resume");
-  TrainSettings settings = tiny_settings(dir);
-  settings.steps = 6;
-  settings.eval_interval = 0;
-  settings.sample_tokens = 1;
+  TrainSettings settings = short_settings(dir, 6);
   settings.engine.lr_schedule = nn::LrSchedule::from_config(
       {.type = "WarmupDecayLR", .warmup_max_lr = 3e-3, .warmup_num_steps = 3, .total_num_steps = 6}, 3e-3);
   std::FILE* log = std::tmpfile();
@@ -190,7 +199,161 @@ TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
   EXPECT_NE(testing::error_of([&] { train(other_layout, progress); }).find("no such file or directory"), std::string::npos);
   std::filesystem::create_directories(dir / "empty");
   other_layout.resume = dir / "empty";
-  EXPECT_NE(testing::error_of([&] { train(other_layout, progress); }).find("the directory holds no step_N.safetensors"),
+  EXPECT_NE(testing::error_of([&] { train(other_layout, progress); }).find("neither the directory nor its checkpoints/ holds a step_N.safetensors"),
+            std::string::npos);
+  std::fclose(log);
+  std::filesystem::remove_all(dir);
+}
+
+// What a test's ProgressPrinter wrote to its temporary file.
+std::string printed(std::FILE* log) {
+  std::fflush(log);
+  std::rewind(log);
+  std::string text;
+  for (int c = std::fgetc(log); c != EOF; c = std::fgetc(log)) text.push_back(static_cast<char>(c));
+  return text;
+}
+
+// `file` rewritten with `change` applied to one of its float tensors (the
+// checksums recomputed: a file whose values, not bytes, are wrong).
+void rewrite_tensor(const std::filesystem::path& from, const std::filesystem::path& to, const std::string& changed,
+                    float value) {
+  const auto file = nn::SafetensorsFile::read(from);
+  nn::SafetensorsWriter writer;
+  for (const std::string& name : file.names()) {
+    Tensor values = file.floats(name);
+    if (name == changed) values.data()[1] = value;
+    writer.add(name, values.span(), values.shape());
+  }
+  for (const auto& [key, text] : file.metadata()) {
+    if (!key.starts_with("crc32.")) writer.set_metadata(key, text);
+  }
+  writer.write(to);
+}
+
+// SIGINT or SIGTERM during a run (the CLI's handler stores it): the run ends
+// after the step it is in with a checkpoint, metrics.jsonl and the other
+// files, and a run resumed from its out_dir makes the uninterrupted run's
+// steps bit for bit.
+TEST(Trainer, AStopRequestEndsTheRunAfterItsStepAndTheResumedRunContinuesItBitForBit) {
+  const auto dir = temp_dir("stop");
+  TrainSettings settings = short_settings(dir, 4);
+  std::FILE* log = std::tmpfile();
+  ProgressPrinter progress(log, false, settings.steps, false);
+  const TrainOutcome straight = train(settings, progress);
+
+  TrainSettings stopped = settings;
+  stopped.out_dir = dir / "stopped";
+  const StopRequest stop{SIGTERM};  // arrived during the first step
+  const TrainOutcome first = train(stopped, progress, &stop);
+  EXPECT_EQ(first.stop_signal, SIGTERM);
+  ASSERT_EQ(first.log.size(), 1u);
+  EXPECT_EQ(nn::SafetensorsFile::read(stopped.out_dir / "checkpoints/step_1.safetensors").metadata("steps_done"), "1");
+  EXPECT_EQ(read_file(stopped.out_dir / "metrics.jsonl").find("\"step\":0,"), 1u);
+  EXPECT_TRUE(std::filesystem::exists(stopped.out_dir / "report.md"));
+  EXPECT_NE(printed(log).find("stopped by signal 15 after step 1: checkpoint "), std::string::npos);
+
+  TrainSettings resumed = settings;
+  resumed.out_dir = stopped.out_dir;
+  resumed.resume = stopped.out_dir;  // the run's out_dir: its checkpoints/
+  const TrainOutcome rest = train(resumed, progress);
+  ASSERT_EQ(rest.log.size(), 3u);
+  EXPECT_EQ(rest.stop_signal, 0);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(rest.log[i].loss, straight.log[i + 1].loss);
+  EXPECT_EQ(read_file(resumed.out_dir / "weights.safetensors"), read_file(settings.out_dir / "weights.safetensors"));
+  std::fclose(log);
+  std::filesystem::remove_all(dir);
+}
+
+// lr 1e30: the first update throws the weights to ~1e30 and every later loss
+// is NaN. Those steps change nothing (the checkpoints after them hold the
+// same tensors), are marked in metrics.jsonl, and the third in a row stops
+// the run naming the step and the tensor.
+TEST(Trainer, NonFiniteStepsAreSkippedAndTooManyInARowStopTheRun) {
+  const auto dir = temp_dir("nan");
+  TrainSettings settings = tiny_settings(dir);
+  settings.engine.optimizer = {.lr = 1e30};
+  settings.engine.lr_schedule = nn::LrSchedule::constant(1e30);
+  settings.save_interval = 1;
+  settings.eval_interval = 0;
+  std::FILE* log = std::tmpfile();
+  ProgressPrinter progress(log, false, settings.steps, false);
+  const std::string error = testing::error_of([&] { train(settings, progress); });
+  EXPECT_NE(error.find("step 4: 3 steps in a row had a non-finite loss or gradient norm "
+                       "(numerics.max_skipped_steps = 3); the first non-finite tensor: stage "),
+            std::string::npos)
+      << error;
+  EXPECT_NE(printed(log).find("warning: step 2 skipped: loss -nan, gradient norm -nan: not finite, so no update (1 "
+                              "of numerics.max_skipped_steps = 3 in a row)"),
+            std::string::npos)
+      << printed(log);
+  std::istringstream lines(read_file(settings.out_dir / "metrics.jsonl"));
+  std::vector<bool> skipped;
+  for (std::string line; std::getline(lines, line);) skipped.push_back(nlohmann::json::parse(line).contains("skipped"));
+  EXPECT_EQ(skipped, (std::vector<bool>{false, true, true, true}));
+  const auto after_1 = nn::SafetensorsFile::read(settings.out_dir / "checkpoints/step_1.safetensors");
+  const auto after_3 = nn::SafetensorsFile::read(settings.out_dir / "checkpoints/step_3.safetensors");
+  EXPECT_EQ(after_3.metadata("adamw_step"), "1");
+  for (const std::string& name : after_1.names()) {
+    EXPECT_EQ(after_3.metadata("crc32." + name), after_1.metadata("crc32." + name)) << name;
+  }
+  std::fclose(log);
+  std::filesystem::remove_all(dir);
+}
+
+// A checkpoint cut short, with a flipped bit or holding NaN or a negative
+// second moment is refused naming the file and the tensor; --resume DIR
+// falls back to the newest good one and says so; checkpoint.keep leaves the
+// newest K.
+TEST(Trainer, BadCheckpointsAreRefusedAndResumeFallsBackToTheNewestGoodOne) {
+  const auto dir = temp_dir("corrupt");
+  TrainSettings settings = short_settings(dir, 4);
+  settings.save_interval = 1;
+  settings.checkpoint_keep = 3;
+  std::FILE* log = std::tmpfile();
+  ProgressPrinter progress(log, false, settings.steps, false);
+  const TrainOutcome straight = train(settings, progress);
+  const auto checkpoints = settings.out_dir / "checkpoints";
+  EXPECT_EQ(checkpoints_in(checkpoints),
+            (std::vector<std::filesystem::path>{checkpoints / "step_2.safetensors", checkpoints / "step_3.safetensors",
+                                                checkpoints / "step_4.safetensors"}));
+
+  std::string bytes = read_file(checkpoints / "step_4.safetensors");
+  bytes[bytes.size() - 3] ^= 0x10;  // in the last tensor's data
+  write_file_atomic(checkpoints / "step_4.safetensors", bytes);
+  const std::string flipped = testing::error_of([&] { nn::SafetensorsFile::read(checkpoints / "step_4.safetensors"); });
+  EXPECT_NE(flipped.find("step_4.safetensors: tensor exp_avg_sq."), std::string::npos) << flipped;
+  EXPECT_NE(flipped.find("does not match the"), std::string::npos) << flipped;
+  write_file_atomic(checkpoints / "step_3.safetensors", bytes.substr(0, bytes.size() / 2));  // cut short
+
+  TrainSettings resumed = settings;
+  resumed.steps = 4;
+  resumed.out_dir = dir / "resumed";
+  resumed.resume = checkpoints;
+  const TrainOutcome rest = train(resumed, progress);
+  ASSERT_EQ(rest.log.size(), 2u);
+  EXPECT_EQ(rest.log[1].loss, straight.log[3].loss);
+  const std::string said = printed(log);
+  EXPECT_NE(said.find("warning: not resuming from " + (checkpoints / "step_4.safetensors").string()),
+            std::string::npos);
+  EXPECT_NE(said.find("warning: not resuming from " + (checkpoints / "step_3.safetensors").string() +
+                      ": " + (checkpoints / "step_3.safetensors").string() + ": tensor "),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("resuming after 2 steps from " + (checkpoints / "step_2.safetensors").string()),
+            std::string::npos);
+
+  resumed.resume = dir / "negative.safetensors";
+  rewrite_tensor(checkpoints / "step_2.safetensors", resumed.resume, "exp_avg_sq.wpe.weight", -1);
+  EXPECT_NE(testing::error_of([&] { train(resumed, progress); })
+                .find("negative.safetensors: tensor exp_avg_sq.wpe.weight holds -1 at index 1: a second moment must be "
+                      "finite and >= 0"),
+            std::string::npos);
+  resumed.resume.clear();
+  resumed.weights = dir / "nan.safetensors";  // --weights is checked as grad checks it
+  rewrite_tensor(checkpoints / "step_2.safetensors", resumed.weights, "wte.weight", std::nanf(""));
+  EXPECT_NE(testing::error_of([&] { train(resumed, progress); })
+                .find("nan.safetensors: tensor wte.weight holds nan at index 1: values must be finite"),
             std::string::npos);
   std::fclose(log);
   std::filesystem::remove_all(dir);

@@ -65,7 +65,10 @@ namespace pipeflow {
 //   steps 100, seed 1234, eval_interval 10 (0: after the last step only), out_dir "runs/pipeflow"
 //   checkpoint   {interval 0 (the save interval: steps between checkpoints, and one after the
 //                 last step; 0: none), dir (default out_dir/checkpoints), load (a checkpoint file,
-//                 or a directory whose latest step_N.safetensors is taken, to resume from)}
+//                 a directory or a run's out_dir, whose newest good step_N.safetensors is taken,
+//                 to resume from), keep 0 (the newest checkpoints kept; 0: all)}
+//   numerics     {max_skipped_steps 3 (steps in a row skipped for a non-finite loss or gradient
+//                 norm before the run stops)}
 // and the keys that describe the cluster (what the simulator prices):
 //   hardware "cpu"        a preset name or a hardware profile JSON path
 //   devices               tensor_parallel · pipeline.stages · data_parallel (checked if given)
@@ -127,6 +130,14 @@ struct CheckpointConfig {
   int save_interval = 0;  // key checkpoint.interval; 0: no checkpoints
   std::string dir;        // empty: out_dir/checkpoints
   std::string load;       // empty: start fresh
+  // Key checkpoint.keep: the newest checkpoints kept in dir, older ones
+  // deleted after each write; 0 keeps all (a run never deletes what it was
+  // not asked to).
+  int keep = 0;
+};
+
+struct NumericsConfig {
+  int max_skipped_steps = 3;  // >= 1
 };
 
 // The three batch keys as given (before any is derived).
@@ -168,6 +179,7 @@ struct RunConfig {
   int steps_per_print = 0;  // 0: about 50 progress lines a run
   std::string out_dir = "runs/pipeflow";
   CheckpointConfig checkpoint;
+  NumericsConfig numerics;
 
   std::string hardware_source = "cpu";
   HardwareProfile hardware;

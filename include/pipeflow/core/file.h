@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace pipeflow {
 
@@ -13,8 +14,16 @@ std::string read_file(const std::filesystem::path& path);
 
 // Writes a file so that readers see either the old content or the whole new
 // content, never a part: the bytes go to a temporary file beside the target,
-// are flushed to disk, and the temporary is renamed over the target.
+// are flushed to disk, the temporary is renamed over the target (NAME.tmp.PID,
+// PID: the writer's process) and the folder is synced, so that the rename
+// survives a crash.
 void write_file_atomic(const std::filesystem::path& path, std::string_view content);
+
+// Removes the temporaries (NAME.tmp.PID) in `folder` whose writer no longer
+// runs: what a writer killed before its commit() left behind. A live
+// writer's temporary stays. Returns the paths removed; a missing folder
+// holds none.
+std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& folder);
 
 // The streaming form of write_file_atomic, for files too large to build in
 // memory (checkpoints). Nothing appears at `path` until commit(); a writer

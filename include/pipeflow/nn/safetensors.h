@@ -32,7 +32,9 @@ struct SafetensorsEntry {
 
 // A whole safetensors file in memory, validated on parse: every error names
 // the file and what is wrong (truncated, header not JSON, a tensor whose
-// bytes do not match its shape, gaps or overlaps between tensors, ...).
+// bytes do not match its shape, gaps or overlaps between tensors, a tensor
+// whose bytes do not match the CRC32 that __metadata__ "crc32.<name>" holds
+// for it, ...). Files without those keys (other writers) load unchecked.
 //
 // Thread safety: immutable after construction; const methods may run concurrently.
 class SafetensorsFile {
@@ -66,6 +68,7 @@ class SafetensorsFile {
   SafetensorsFile() = default;
   enum class Tensors { kRead, kSkip };
   void parse_header(std::size_t header_length, Tensors tensors);
+  void check_checksums() const;
   const SafetensorsEntry& typed_entry(std::string_view name, Dtype dtype) const;
   const std::byte* data(const SafetensorsEntry& entry) const;
 
@@ -78,7 +81,8 @@ class SafetensorsFile {
 
 // Collects tensors (copied) and metadata, then writes one safetensors file
 // atomically (core/file.h): readers never see half a file. Tensors are laid
-// out in the order added; a name may be added once.
+// out in the order added; a name may be added once. __metadata__ gets
+// "crc32.<name>" (8 hex digits) for every tensor.
 class SafetensorsWriter {
  public:
   void add(std::string name, std::span<const float> values, const Shape& shape);

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -43,6 +45,9 @@ struct StepResult {
   std::vector<double> microbatch_losses;
   double grad_norm = 0;         // global, over all stages, tied wte once, before clipping
   double clip_coefficient = 1;  // applied to every gradient (1: not clipped)
+  // kTrain: the loss or the gradient norm was not finite, so no rank updated
+  // (weights, moments and the optimizer's step count as before the step).
+  bool skipped = false;
   double lr = 0;                // the learning rate of this step's update
   std::int64_t tokens = 0;      // m · b · T
   double wall_s = 0;            // from the step's start until every rank had finished
@@ -91,7 +96,9 @@ class PipelineEngine {
 
   void init_gpt2(std::uint64_t seed);
   // Whole-model weights by name (pipeflow init's or a checkpoint's file);
-  // Error naming the file when its model's shape differs from the engine's.
+  // Error naming the file when its model's shape differs from the engine's,
+  // and naming the file and the tensor when a float in it is not finite (or
+  // a second moment exp_avg_sq.* is negative): nothing is loaded then.
   void load_parameters(const nn::SafetensorsFile& file);
 
   // A training checkpoint: the whole model's weights as load_parameters reads
@@ -99,7 +106,8 @@ class PipelineEngine {
   // parameter name, the optimizer's step count and `steps_done` (__metadata__
   // "steps_done": the next step to run). Names, not stage numbers, make it
   // independent of the layout: a run may resume under another schedule,
-  // stage count or partition. Written atomically.
+  // stage count or partition. Written atomically; refused (Error naming the
+  // tensor) when a parameter is not finite.
   void write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const;
   // Loads weights and moments from such a file; returns its steps_done.
   std::int64_t load_checkpoint(const nn::SafetensorsFile& file);
@@ -117,6 +125,11 @@ class PipelineEngine {
   // Sequences per step (m · b) and tokens per step (m · b · T).
   std::int64_t global_batch() const;
   std::int64_t tokens_per_step() const;
+
+  // The first tensor holding a NaN or Inf, as "stage S's parameter NAME" or
+  // "stage S's gradient of NAME" (the gradients of the last step), or none.
+  enum class Values { kParameters, kGradients };
+  std::optional<std::string> first_non_finite(Values values) const;
 
   // A tensor by name from the stage holding it (the embedding's copy for wte).
   std::span<const float> parameter(std::string_view name) const;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -41,12 +42,21 @@ struct TrainSettings {
   // Checkpoints (PipelineEngine::write_checkpoint): every save_interval
   // steps and after the last one (0: none), as checkpoint_dir/step_N.safetensors
   // (N: steps done; empty dir: out_dir/checkpoints). `resume`: a checkpoint
-  // file, or a directory whose highest step_N.safetensors is taken; the run
-  // continues from its steps_done up to `steps` (the total) on the same data
-  // and learning-rate schedule as an uninterrupted run.
+  // file, a directory or a run's out_dir (checkpoints_to_resume): the newest
+  // checkpoint that loads, with a warning for each newer one that does not;
+  // the run continues from its steps_done up to `steps` (the total) on the
+  // same data and learning-rate schedule as an uninterrupted run. After each
+  // checkpoint written, all but the newest `checkpoint_keep` step_N files of
+  // the directory are deleted (0: none). At the start, temporaries of killed
+  // writers (NAME.tmp.PID) are removed from the directory and out_dir.
   int save_interval = 0;
+  int checkpoint_keep = 0;
   std::filesystem::path checkpoint_dir;
   std::filesystem::path resume;
+  // A step whose loss or gradient norm is not finite is skipped (no update);
+  // this many skipped in a row stop the run with an Error naming the step
+  // and the first non-finite tensor.
+  int max_skipped_steps = 3;
 
   std::filesystem::path checkpoint_directory() const {
     return checkpoint_dir.empty() ? out_dir / "checkpoints" : checkpoint_dir;
@@ -85,13 +95,20 @@ struct StepLog {
   std::vector<std::int64_t> peak_activation_bytes;  // per rank, measured
   std::vector<std::int64_t> peak_activation_bytes_predicted;  // per rank, the simulator's memory walk
   std::optional<double> val_loss;
+  bool skipped = false;  // the loss or grad_norm was not finite: no update (StepResult::skipped)
 };
 
 struct TrainOutcome {
   std::vector<StepLog> log;
   std::string sample;  // generated text at the end
   std::vector<std::filesystem::path> files;  // what was written to out_dir
+  int stop_signal = 0;  // the signal `stop` held after the last step run, 0: none
 };
+
+// Set to a signal's number (by a signal handler: the atomic is lock-free, so
+// storing to it is async-signal-safe) to stop a run after its current step.
+using StopRequest = std::atomic<int>;
+static_assert(StopRequest::is_always_lock_free);
 
 // Trains: builds the data, the schedule, the partition and the pipeline
 // engine, runs `steps` steps, validates every eval_interval steps and after
@@ -108,8 +125,12 @@ struct TrainOutcome {
 // and the checkpoints (above). A run resumed into the out_dir of the run it
 // continues keeps that run's metrics.jsonl lines before its first step;
 // report.md covers the steps this run made.
-// Progress goes to `progress`. Throws Error for a bad setting (naming it)
-// and for any failure of the pipeline.
-TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress);
+// When `stop` holds a signal number after a step, the run ends there: it
+// writes a checkpoint of the steps done and the files above (no validation,
+// no further step) and returns with stop_signal set.
+// Progress goes to `progress`. Throws Error for a bad setting (naming it),
+// for max_skipped_steps non-finite steps in a row and for any failure of the
+// pipeline.
+TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop = nullptr);
 
 }  // namespace pipeflow::runtime
