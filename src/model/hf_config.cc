@@ -108,7 +108,7 @@ ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name
 }
 
 ModelSpec model_from_hf_config(const std::filesystem::path& path) {
-  return model_from_hf_config_text(read_file(path), path.string());
+  return model_from_hf_config_text(read_file(path, kMaxConfigFileBytes, "Hugging Face config.json"), path.string());
 }
 
 }  // namespace pipeflow
