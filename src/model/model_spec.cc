@@ -114,8 +114,9 @@ void validate_model(const ModelSpec& spec) {
          "use a llama model for grouped-query attention",
          spec.name, spec.kv_heads, spec.heads);
   }
-  if (spec.architecture == Architecture::kLlama && spec.hidden % spec.heads != 0) {
-    fail("model {}: hidden = {}: must be a multiple of heads ({}) so that K/V width = kv_heads · hidden/heads",
+  if (spec.hidden % spec.heads != 0) {
+    fail("model {}: hidden = {}: must be a multiple of heads ({}), each head being hidden/heads wide: change "
+         "hidden (n_embd) or heads (n_head)",
          spec.name, spec.hidden, spec.heads);
   }
   if (spec.heads % spec.kv_heads != 0) {
