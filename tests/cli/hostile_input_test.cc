@@ -83,7 +83,7 @@ TEST(HostileInput, AnEndlessCorpusFailsAtTheCap) {
   write_file_atomic(dir + "/run.json", R"({"model": {"n_layer": 1, "n_head": 1, "n_embd": 8, "n_ctx": 4,
     "vocab_size": 256}, "data": {"path": "/dev/zero"}, "steps": 1, "out_dir": ")" + dir + R"(/out"})");
   expect_error(run_pipeflow("train --config " + dir + "/run.json"),
-               "/dev/zero: more than 268435456 bytes, the limit for a training corpus");
+               "/dev/zero: more than 67108864 bytes, the limit for a training corpus");
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ TEST(ByteDataset, DefaultCorpusIsThePlainTextFortunesFiles) {
 TEST(ByteDataset, ACorpusPastTheCapIsAnError) {
   // /dev/zero used to be read until memory ran out.
   EXPECT_EQ(error_of([] { ByteDataset({"/dev/zero"}, {.seq_length = 8}); }),
-            "/dev/zero: more than 268435456 bytes, the limit for a training corpus (all data files together): is it "
+            "/dev/zero: more than 67108864 bytes, the limit for a training corpus (all data files together): is it "
             "the right file?");
 }
 
