@@ -104,6 +104,7 @@ ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name
                                     "one with n_layer or num_hidden_layers)");
   }
   validate_model(spec);
+  check_head_width(spec);
   return spec;
 }
 
