@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,12 @@ void add_grad_command(CLI::App& app) {
                                                      "type:REGEX, balanced, counts:..., bounds:...)")
       ->capture_default_str();
   sub->callback([command, sub] {
+    std::error_code not_found;
+    if (std::filesystem::equivalent(command->out, command->weights, not_found)) {
+      fail("--out {} is the weights file --weights {}: writing the gradients would replace the weights; choose "
+           "another --out",
+           command->out, command->weights);
+    }
     const nn::SafetensorsFile weights = nn::SafetensorsFile::read(command->weights);
     const nn::GptConfig config = nn::read_config(weights);
     IntTensor tokens = nn::SafetensorsFile::read(command->batch).ints("tokens");

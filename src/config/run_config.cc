@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "pipeflow/config/rules.h"
@@ -419,6 +420,9 @@ RunConfig parse_keys(const Config& config) {
       non_negative(config, "eval_interval", run.eval_interval, "steps between validations, 0 for the last step only");
   run.out_dir = config.get("out_dir", run.out_dir);
   if (run.out_dir.empty()) config.fail_value("out_dir", "must name a directory");
+  if (std::filesystem::exists(run.out_dir) && !std::filesystem::is_directory(run.out_dir)) {
+    config.fail_value("out_dir", "names a file, not a directory: choose another out_dir or move the file away");
+  }
   const Config checkpoint = config.object("checkpoint");
   run.checkpoint.save_interval = non_negative(checkpoint, "interval", 0, "steps between checkpoints, 0 for none");
   run.checkpoint.dir = checkpoint.get("dir", "");

@@ -7,6 +7,7 @@
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow {
 
@@ -60,12 +61,6 @@ std::string parent_of(const std::string& path) {
   return dot == std::string::npos ? "" : path.substr(0, dot);
 }
 
-std::string short_dump(const nlohmann::json& value) {
-  std::string text = value.dump();
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
-  return text;
-}
-
 }  // namespace
 
 Config::Config(std::shared_ptr<Tree> tree, const nlohmann::json* node, std::string prefix)
@@ -82,16 +77,13 @@ Config Config::from_json(nlohmann::json json, std::string source) {
 }
 
 Config Config::parse(std::string_view text, std::string source) {
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range for a number like 1e400
-    fail("{}: not valid JSON: {}", source, error.what());
-  }
+  nlohmann::json json = parse_json(text, source);
   return from_json(std::move(json), std::move(source));
 }
 
-Config Config::load(const std::filesystem::path& path) { return parse(read_file(path), path.string()); }
+Config Config::load(const std::filesystem::path& path) {
+  return parse(read_file(path, kMaxConfigFileBytes, "configuration file"), path.string());
+}
 
 const std::string& Config::source() const { return tree_->source; }
 

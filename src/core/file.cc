@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -50,6 +51,24 @@ std::string read_file(const std::filesystem::path& path) {
   std::ostringstream content;
   content << in.rdbuf();
   return content.str();
+}
+
+std::string read_file(const std::filesystem::path& path, std::size_t max_bytes, std::string_view kind) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read {}: {}", path.string(), system_reason());
+  std::string content;
+  constexpr std::size_t kChunk = std::size_t{1} << 16;
+  while (in && content.size() <= max_bytes) {
+    const std::size_t size = content.size();
+    content.resize(size + std::min(kChunk, max_bytes + 1 - size));
+    in.read(content.data() + size, static_cast<std::streamsize>(content.size() - size));
+    content.resize(size + static_cast<std::size_t>(in.gcount()));
+  }
+  if (content.size() > max_bytes) {
+    fail("{}: more than {} bytes, the limit for a {}: is it the right file?", path.string(), max_bytes, kind);
+  }
+  if (in.bad()) fail("cannot read {}: {}", path.string(), system_reason());
+  return content;
 }
 
 void write_file_atomic(const std::filesystem::path& path, std::string_view content) {

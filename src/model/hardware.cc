@@ -160,7 +160,7 @@ HardwareProfile hardware_from_json(std::string_view json_text, std::string sourc
 }
 
 HardwareProfile load_hardware(const std::filesystem::path& path) {
-  return hardware_from_json(read_file(path), path.string());
+  return hardware_from_json(read_file(path, kMaxConfigFileBytes, "hardware profile"), path.string());
 }
 
 std::string hardware_to_json(const HardwareProfile& profile) {

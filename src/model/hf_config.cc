@@ -104,11 +104,12 @@ ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name
                                     "one with n_layer or num_hidden_layers)");
   }
   validate_model(spec);
+  check_head_width(spec);
   return spec;
 }
 
 ModelSpec model_from_hf_config(const std::filesystem::path& path) {
-  return model_from_hf_config_text(read_file(path), path.string());
+  return model_from_hf_config_text(read_file(path, kMaxConfigFileBytes, "Hugging Face config.json"), path.string());
 }
 
 }  // namespace pipeflow

@@ -114,12 +114,17 @@ void validate_model(const ModelSpec& spec) {
          "use a llama model for grouped-query attention",
          spec.name, spec.kv_heads, spec.heads);
   }
-  if (spec.architecture == Architecture::kLlama && spec.hidden % spec.heads != 0) {
-    fail("model {}: hidden = {}: must be a multiple of heads ({}) so that K/V width = kv_heads · hidden/heads",
-         spec.name, spec.hidden, spec.heads);
-  }
+  if (spec.architecture == Architecture::kLlama) check_head_width(spec);
   if (spec.heads % spec.kv_heads != 0) {
     fail("model {}: kv_heads = {}: must divide heads ({})", spec.name, spec.kv_heads, spec.heads);
+  }
+}
+
+void check_head_width(const ModelSpec& spec) {
+  if (spec.hidden % spec.heads != 0) {
+    fail("model {}: hidden = {}: must be a multiple of heads ({}), each head being hidden/heads wide: change "
+         "hidden (n_embd) or heads (n_head)",
+         spec.name, spec.hidden, spec.heads);
   }
 }
 

@@ -15,7 +15,9 @@ namespace {
 std::string read_all(const std::vector<std::filesystem::path>& files) {
   if (files.empty()) fail("a text dataset needs at least one file");
   std::string text;
-  for (const auto& file : files) text += read_file(file);
+  for (const auto& file : files) {
+    text += read_file(file, ByteDataset::kMaxCorpusBytes - text.size(), "training corpus (all data files together)");
+  }
   return text;
 }
 

@@ -12,6 +12,7 @@
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow::nn {
 namespace {
@@ -90,12 +91,8 @@ SafetensorsFile SafetensorsFile::read_metadata(const std::filesystem::path& path
 }
 
 void SafetensorsFile::parse_header(std::size_t header_length, Tensors tensors) {
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes_.substr(kLengthBytes, header_length));
-  } catch (const nlohmann::json::parse_error& error) {
-    fail("{}: header is not valid JSON ({}): corrupt or not a safetensors file", source_, error.what());
-  }
+  const nlohmann::json header =
+      parse_json(std::string_view(bytes_).substr(kLengthBytes, header_length), source_ + " header");
   if (!header.is_object()) fail("{}: header must be a JSON object", source_);
   data_start_ = kLengthBytes + header_length;
   const std::size_t data_bytes = bytes_.size() - data_start_;
@@ -106,7 +103,7 @@ void SafetensorsFile::parse_header(std::size_t header_length, Tensors tensors) {
     if (name == "__metadata__") {
       if (!value.is_object()) fail("{}: __metadata__ must be an object of strings", source_);
       for (const auto& [key, text] : value.items()) {
-        if (!text.is_string()) fail("{}: __metadata__.{} must be a string, got {}", source_, key, text.dump());
+        if (!text.is_string()) fail("{}: __metadata__.{} must be a string, got {}", source_, key, short_dump(text));
         metadata_[key] = text.get<std::string>();
       }
       continue;
@@ -118,7 +115,7 @@ void SafetensorsFile::parse_header(std::size_t header_length, Tensors tensors) {
       bad("needs dtype, shape and data_offsets");
     }
     SafetensorsEntry entry;
-    const std::string dtype = value["dtype"].is_string() ? value["dtype"].get<std::string>() : value["dtype"].dump();
+    const std::string dtype = value["dtype"].is_string() ? value["dtype"].get<std::string>() : short_dump(value["dtype"]);
     if (dtype == "F32") {
       entry.dtype = Dtype::kF32;
     } else if (dtype == "I32") {
@@ -128,16 +125,16 @@ void SafetensorsFile::parse_header(std::size_t header_length, Tensors tensors) {
     }
     const auto& shape = value["shape"];
     if (!shape.is_array() || shape.size() > static_cast<std::size_t>(Shape::kMaxRank)) {
-      bad(fmt::format("shape {} must be a list of at most {} dimensions", shape.dump(), Shape::kMaxRank));
+      bad(fmt::format("shape {} must be a list of at most {} dimensions", short_dump(shape), Shape::kMaxRank));
     }
     std::int64_t dims[Shape::kMaxRank] = {};
     std::uint64_t elements = 1;
     for (std::size_t i = 0; i < shape.size(); ++i) {
-      if (!shape[i].is_number_unsigned()) bad(fmt::format("shape {} has a non-integer dimension", shape.dump()));
+      if (!shape[i].is_number_unsigned()) bad(fmt::format("shape {} has a non-integer dimension", short_dump(shape)));
       const std::uint64_t dim = shape[i].get<std::uint64_t>();
       // Checked before multiplying: an overflowing product could match a small data_offsets span.
       if (dim > kMaxElements || (dim > 0 && elements > kMaxElements / dim)) {
-        bad(fmt::format("shape {} has more than 2^60 elements: a corrupt header", shape.dump()));
+        bad(fmt::format("shape {} has more than 2^60 elements: a corrupt header", short_dump(shape)));
       }
       elements *= dim;
       dims[i] = static_cast<std::int64_t>(dim);
@@ -152,7 +149,7 @@ void SafetensorsFile::parse_header(std::size_t header_length, Tensors tensors) {
     const auto& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned() || offsets[0].get<std::uint64_t>() > offsets[1].get<std::uint64_t>()) {
-      bad(fmt::format("data_offsets {} must be [begin, end] with begin <= end", offsets.dump()));
+      bad(fmt::format("data_offsets {} must be [begin, end] with begin <= end", short_dump(offsets)));
     }
     entry.begin = offsets[0].get<std::size_t>();
     entry.end = offsets[1].get<std::size_t>();

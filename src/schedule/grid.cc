@@ -5,7 +5,17 @@
 
 namespace pipeflow {
 
+std::size_t grid_cells(const Schedule& schedule) {
+  std::size_t steps = 0;
+  for (int r = 0; r < schedule.num_ranks(); ++r) steps = std::max(steps, schedule.actions(RankId(r)).size());
+  return steps * static_cast<std::size_t>(schedule.num_ranks());
+}
+
 std::string render_grid(const Schedule& schedule, const std::vector<GridMark>& marks) {
+  if (grid_cells(schedule) > kMaxGridCells) {
+    return fmt::format("(the rank x step grid is not drawn: {} cells, more than the limit of {})\n",
+                       grid_cells(schedule), kMaxGridCells);
+  }
   std::size_t steps = 0;
   std::size_t width = 4;
   for (int r = 0; r < schedule.num_ranks(); ++r) {

@@ -11,6 +11,7 @@
 #include "pipeflow/core/config.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/units.h"
 
 namespace pipeflow {
@@ -19,6 +20,14 @@ namespace {
 // Bounds on what a file may ask for, so that a typo cannot demand gigabytes.
 constexpr int kMaxStage = 1 << 16;
 constexpr int kMaxMicrobatch = 1 << 20;
+// Each rank holds a stage of its own, so no file has more rank rows than stages.
+constexpr std::size_t kMaxRows = kMaxStage;
+// The longest action cell, "(65535F1048575;65535B1048575)OVERLAP_F_B", has 41
+// characters; a longer cell is no action (binary data, another file format).
+constexpr std::size_t kMaxCellChars = 64;
+// Far above any real schedule (a lowered 1F1B on 64 ranks with 1024
+// micro-batches is about 4 MB of CSV), so that reading stays fast and bounded.
+constexpr std::size_t kMaxScheduleFileBytes = std::size_t{64} << 20;
 
 std::string_view trim(std::string_view text) {
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
@@ -27,9 +36,12 @@ std::string_view trim(std::string_view text) {
 }
 
 // The lines of `text`; the final line end closes the last line.
-std::vector<std::string_view> split_lines(std::string_view text) {
+std::vector<std::string_view> split_lines(std::string_view text, const std::string& source) {
   std::vector<std::string_view> lines;
   while (!text.empty()) {
+    if (lines.size() == kMaxRows) {
+      fail("{}: more than {} rows, the limit of ranks (a row per rank): is it a schedule CSV?", source, kMaxRows);
+    }
     const std::size_t end = text.find('\n');
     std::string_view line = text.substr(0, end);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
@@ -40,31 +52,46 @@ std::vector<std::string_view> split_lines(std::string_view text) {
   return lines;
 }
 
-// The cells of one CSV line, unquoting "..." cells as Python's csv module writes them.
-std::vector<std::string> split_cells(std::string_view line, const std::string& where) {
-  std::vector<std::string> cells(1);
+// Calls `visit(column, cell)` for each cell of one CSV line, unquoting "..."
+// cells as Python's csv module writes them. Cells are visited as they end
+// rather than collected, so a line of a million empty cells costs no memory.
+template <class Visit>
+void for_each_cell(std::string_view line, const std::string& where, Visit visit) {
+  std::string cell;
+  std::size_t column = 1;
+  std::size_t cell_begin = 0;
   bool quoted = false;
+  const auto end_cell = [&](std::size_t end) {
+    if (cell.size() > kMaxCellChars) {
+      fail("{}, column {}: cell {} is longer than any action ({} characters at most): is it a schedule CSV?", where,
+           column, quoted_excerpt(line.substr(cell_begin, end - cell_begin)), kMaxCellChars);
+    }
+    visit(column, std::string_view(cell));
+    cell.clear();
+    ++column;
+    cell_begin = end + 1;
+  };
   for (std::size_t i = 0; i < line.size(); ++i) {
     const char c = line[i];
     if (quoted) {
       if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
-        cells.back() += '"';
+        cell += '"';
         ++i;
       } else if (c == '"') {
         quoted = false;
       } else {
-        cells.back() += c;
+        cell += c;
       }
     } else if (c == '"') {
       quoted = true;
     } else if (c == ',') {
-      cells.emplace_back();
+      end_cell(i);
     } else {
-      cells.back() += c;
+      cell += c;
     }
   }
   if (quoted) fail("{}: unterminated quoted cell", where);
-  return cells;
+  end_cell(line.size());
 }
 
 bool is_ignored_pytorch_action(std::string_view token) {
@@ -296,21 +323,20 @@ std::string write_csv(const Schedule& schedule) {
 Schedule read_csv(std::string_view text, const std::string& source, CsvReadNotes* notes) {
   std::vector<std::vector<CellAction>> cells_by_row;
   int ignored = 0;
-  const std::vector<std::string_view> lines = split_lines(text);
+  const std::vector<std::string_view> lines = split_lines(text, source);
   for (std::size_t row = 0; row < lines.size(); ++row) {
     const std::string where = fmt::format("{} row {}", source, row + 1);
-    const std::vector<std::string> cells = split_cells(lines[row], where);
     cells_by_row.emplace_back();
-    for (std::size_t column = 0; column < cells.size(); ++column) {
+    for_each_cell(lines[row], where, [&](std::size_t column, std::string_view cell) {
       CellAction at;
       at.row = row;
-      at.column = column;
+      at.column = column - 1;  // for_each_cell counts from 1, CellAction from 0
       try {
-        parse_cell(cells[column], at, cells_by_row.back(), ignored);
+        parse_cell(cell, at, cells_by_row.back(), ignored);
       } catch (const Error& error) {
-        fail("{}, column {}: {}", where, column + 1, error.what());
+        fail("{}, column {}: {}", where, column, error.what());
       }
-    }
+    });
   }
   if (cells_by_row.empty()) fail("{}: no rows: a schedule CSV has one row per rank", source);
   const CsvDialect dialect = detect_dialect(cells_by_row, source);
@@ -359,7 +385,7 @@ Schedule read_json(std::string_view text, const std::string& source) {
     const nlohmann::json& row = actions[static_cast<std::size_t>(r)];
     if (!row.is_array()) config.fail_value("actions", fmt::format("rank {} is not a list of actions", r));
     for (std::size_t i = 0; i < row.size(); ++i) {
-      if (!row[i].is_string()) fail("{}: actions[{}][{}] = {}: must be an action string like \"2F0\"", source, r, i, row[i].dump());
+      if (!row[i].is_string()) fail("{}: actions[{}][{}] = {}: must be an action string like \"2F0\"", source, r, i, short_dump(row[i]));
       try {
         const std::string token = row[i].get<std::string>();
         schedule.add(RankId(r), checked(parse_action(token), token));
@@ -372,7 +398,7 @@ Schedule read_json(std::string_view text, const std::string& source) {
 }
 
 Schedule load_schedule_file(const std::filesystem::path& path, CsvReadNotes* notes) {
-  const std::string text = read_file(path);
+  const std::string text = read_file(path, kMaxScheduleFileBytes, "schedule file");
   if (notes != nullptr) *notes = CsvReadNotes{};
   if (path.extension() == ".json") return read_json(text, path.filename().string());
   return read_csv(text, path.filename().string(), notes);

@@ -12,9 +12,20 @@
 namespace pipeflow {
 namespace {
 
+// Bounds far above any real measurement, so that a corrupt figure (1e308)
+// fails here by key instead of overflowing the simulation into "inf".
+constexpr double kMaxSeconds = 1e6;         // an action of 11.6 days
+constexpr double kMaxBytes = 0x1p50;        // 1 PiB
+
+// A duration (a key ending in "_s") or a byte count.
 double non_negative(const Config& config, std::string_view key, bool required) {
   const double value = required ? config.require<double>(key) : config.get(key, 0.0);
-  if (!std::isfinite(value) || value < 0) config.fail_value(key, "must be a finite number >= 0");
+  const bool seconds = key.ends_with("_s");
+  const double bound = seconds ? kMaxSeconds : kMaxBytes;
+  if (!std::isfinite(value) || value < 0 || value > bound) {
+    config.fail_value(key, fmt::format("must be a finite number in [0, {:g}] {}: re-measure the profile or correct the value",
+                                       bound, seconds ? "seconds" : "bytes"));
+  }
   return value;
 }
 
@@ -101,7 +112,7 @@ MeasuredProfile profile_from_json(std::string_view json_text, const std::string&
 }
 
 MeasuredProfile load_profile(const std::filesystem::path& path) {
-  return profile_from_json(read_file(path), path.string());
+  return profile_from_json(read_file(path, kMaxConfigFileBytes, "profile"), path.string());
 }
 
 std::string profile_to_json(const MeasuredProfile& profile) {

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow {
 namespace {
@@ -59,12 +60,7 @@ std::string write_chrome_trace(const Timeline& timeline) {
 }
 
 Timeline read_chrome_trace(std::string_view text, const std::string& source) {
-  nlohmann::json trace;
-  try {
-    trace = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& error) {
-    fail("{}: not valid JSON: {}", source, error.what());
-  }
+  const nlohmann::json trace = parse_json(text, source);
   if (!trace.is_object() || !trace.contains("traceEvents") || !trace["traceEvents"].is_array()) {
     fail("{}: a Chrome trace is an object with a \"traceEvents\" list", source);
   }

@@ -258,6 +258,17 @@ class SvgTimeline {
 
 }  // namespace
 
-std::string render_svg(const Timeline& timeline) { return SvgTimeline(timeline).render(); }
+void check_svg_events(std::size_t events) {
+  if (events > kMaxSvgEvents) {
+    fail("an SVG timeline of {} events is more than the limit of {} (about 60 MB, more than a browser draws): use "
+         "fewer stages or micro-batches, or a Chrome trace / --format csv for the whole schedule",
+         events, kMaxSvgEvents);
+  }
+}
+
+std::string render_svg(const Timeline& timeline) {
+  check_svg_events(timeline.events.size());
+  return SvgTimeline(timeline).render();
+}
 
 }  // namespace pipeflow

@@ -129,6 +129,12 @@ TEST(ModelSpec, ValidationNamesTheFieldAndTheRule) {
   EXPECT_EQ(error_of([&] { validate_model(spec); }),
             "model gpt2-124m: kv_heads = 4: a gpt model has multi-head attention, kv_heads must equal heads (12); "
             "use a llama model for grouped-query attention");
+  // GPT-2's n_head 7 with n_embd 768 used to pass (only the Llama path checked it).
+  spec = model_preset("gpt2-124m");
+  spec.heads = spec.kv_heads = 7;
+  EXPECT_EQ(error_of([&] { check_head_width(spec); }),
+            "model gpt2-124m: hidden = 768: must be a multiple of heads (7), each head being hidden/heads wide: "
+            "change hidden (n_embd) or heads (n_head)");
 }
 
 // Above the bounds, counts would leave 64 bits (or 4·hidden an int) and the

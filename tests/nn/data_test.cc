@@ -33,6 +33,13 @@ TEST(ByteDataset, DefaultCorpusIsThePlainTextFortunesFiles) {
             "the data");
 }
 
+TEST(ByteDataset, ACorpusPastTheCapIsAnError) {
+  // /dev/zero used to be read until memory ran out.
+  EXPECT_EQ(error_of([] { ByteDataset({"/dev/zero"}, {.seq_length = 8}); }),
+            "/dev/zero: more than 67108864 bytes, the limit for a training corpus (all data files together): is it "
+            "the right file?");
+}
+
 TEST(ByteDataset, ASampleDependsOnlyOnSeedStepAndIndexSoAnySplitOfTheBatchAgrees) {
   std::string text;
   for (int i = 0; i < 5000; ++i) text += static_cast<char>('a' + (i * 7919) % 26);

@@ -75,7 +75,13 @@ TEST(Safetensors, TruncatedAndCorruptFilesAreErrorsNamingTheFileAndTheProblem) {
             "w.safetensors: 4 bytes after the last tensor: corrupt file or a wrong header");
   std::string corrupt = good;
   corrupt[8] = '[';
-  EXPECT_NE(parse_error(corrupt).find("w.safetensors: header is not valid JSON"), std::string::npos);
+  EXPECT_NE(parse_error(corrupt).find("w.safetensors header: not valid JSON"), std::string::npos);
+  // A header of 100 000 nested '[' used to overflow the stack in dump().
+  const std::string deep(100'000, '[');
+  const std::uint64_t deep_length = deep.size();
+  EXPECT_NE(parse_error(std::string(reinterpret_cast<const char*>(&deep_length), 8) + deep)
+                .find("w.safetensors header: JSON nested deeper than the limit of 64 levels"),
+            std::string::npos);
   auto with_header = [](const std::string& json, std::size_t data_bytes) {
     std::string text = json;
     const std::uint64_t length = text.size();

@@ -317,5 +317,36 @@ TEST(Json, ErrorsNameTheKeyPath) {
             "[stage][F|I|B|W|SEND_F|RECV_F|SEND_B|RECV_B][micro-batch], e.g. 2F0 or 1SEND_F4");
 }
 
+TEST(HostileInput, ManyEmptyCellsCostNoMemoryPerCell) {
+  // 8 MB of commas: each cell used to be a std::string (a 50 MB file took 2.1 GB).
+  const std::string row = std::string(8'000'000, ',') + "0F0";
+  const Schedule schedule = read_csv(row, "empty.csv");
+  EXPECT_EQ(schedule.total_actions(), 1u);
+}
+
+TEST(HostileInput, ALongOrBinaryCellIsQuotedShort) {
+  // The whole 100 KB cell used to be echoed.
+  std::string first_bytes;
+  for (int i = 0; i < 40; ++i) first_bytes += "\\x01";
+  EXPECT_EQ(read_error(std::string(100'000, '\x01')),
+            "bad.csv row 1, column 1: cell \"" + first_bytes +
+                "\"... (100000 bytes) is longer than any action (64 characters at most): is it a schedule CSV?");
+}
+
+TEST(HostileInput, MoreRowsThanRanksCanBeIsAnError) {
+  EXPECT_EQ(read_error(std::string(70'000, '\n')),
+            "bad.csv: more than 65536 rows, the limit of ranks (a row per rank): is it a schedule CSV?");
+}
+
+TEST(HostileInput, DeepJsonIsAnErrorNotACrash) {
+  EXPECT_NE(json_error(std::string(100'000, '[')).find("bad.json: JSON nested deeper than the limit of 64"),
+            std::string::npos);
+}
+
+TEST(HostileInput, AnEndlessFileFailsAtTheScheduleFileLimit) {
+  EXPECT_EQ(testing::error_of([] { load_schedule_file("/dev/zero"); }),
+            "/dev/zero: more than 67108864 bytes, the limit for a schedule file: is it the right file?");
+}
+
 }  // namespace
 }  // namespace pipeflow

@@ -75,7 +75,23 @@ TEST(Profile, MalformedProfilesNameTheKey) {
                                    "output_bytes": 0}], "link": {"latency_s": 0, "bandwidth_bytes_per_s": 1}})",
                                 "m.json");
             }),
-            "m.json stages[0]: backward_s = -2: must be a finite number >= 0");
+            "m.json stages[0]: backward_s = -2: must be a finite number in [0, 1e+06] seconds: re-measure the "
+            "profile or correct the value");
+  // 1e308 used to reach the simulation and come back as "a rank start time is inf".
+  EXPECT_EQ(error_of([] {
+              profile_from_json(R"({"pipeflow_profile": 1, "stages": [{"forward_s": 1e308, "backward_s": 2,
+                                   "output_bytes": 0}]})",
+                                "m.json");
+            }),
+            "m.json stages[0]: forward_s = 1e+308: must be a finite number in [0, 1e+06] seconds: re-measure the "
+            "profile or correct the value");
+  EXPECT_EQ(error_of([] {
+              profile_from_json(R"({"pipeflow_profile": 1, "stages": [{"forward_s": 1, "backward_s": 2,
+                                   "output_bytes": 1e300}]})",
+                                "m.json");
+            }),
+            "m.json stages[0]: output_bytes = 1e+300: must be a finite number in [0, 1.1259e+15] bytes: re-measure "
+            "the profile or correct the value");
   EXPECT_EQ(error_of([] {
               profile_from_json(R"({"pipeflow_profile": 1, "stages": [{"forward_s": 1, "backward_s": 2,
                                    "output_bytes": 0, "forwrd_s": 1}], "link": {"latency_s": 0,

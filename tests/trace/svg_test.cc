@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "pipeflow/core/error.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/passes.h"
@@ -120,6 +121,18 @@ TEST(XmlCheck, RejectsWhatABrowserWouldReject) {
   EXPECT_EQ(testing::xml_problem("<a x=\"1\" x=\"2\"/>"), "duplicate attribute x at offset 10");
   EXPECT_EQ(testing::xml_problem("<a/><b/>"), "a second root element at offset 4");
   EXPECT_EQ(testing::xml_problem("<?xml version=\"1.0\"?>\n<a><!-- c --><b x=\"&amp;\"/>t&#38;</a>\n"), "");
+}
+
+TEST(Svg, ATimelineTooLargeToDrawIsRefusedNamingTheFix) {
+  EXPECT_NO_THROW(check_svg_events(kMaxSvgEvents));
+  try {
+    check_svg_events(kMaxSvgEvents + 1);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    EXPECT_STREQ(error.what(),
+                 "an SVG timeline of 200001 events is more than the limit of 200000 (about 60 MB, more than a browser "
+                 "draws): use fewer stages or micro-batches, or a Chrome trace / --format csv for the whole schedule");
+  }
 }
 
 }  // namespace

@@ -12,6 +12,19 @@ namespace pipeflow {
 // Reads a whole file; throws Error naming the path and the system's reason.
 std::string read_file(const std::filesystem::path& path);
 
+// Reads a file meant to be small (a configuration, a schedule, a profile),
+// `kind` naming it in messages ("configuration file"): throws Error naming
+// the path, the limit and the kind when it holds more than `max_bytes`. It
+// reads at most max_bytes + 1 bytes, so /dev/zero or a pipe that never ends
+// fails at once instead of exhausting memory.
+std::string read_file(const std::filesystem::path& path, std::size_t max_bytes, std::string_view kind);
+
+// The size limits of the files read with the bounded read_file, large enough
+// for any real file of the kind (the largest example configuration is 2 KB, a
+// Hugging Face config.json a few KB, a schedule of the largest size Schedule
+// accepts in JSON about 60 MB).
+inline constexpr std::size_t kMaxConfigFileBytes = std::size_t{16} << 20;
+
 // Writes a file so that readers see either the old content or the whole new
 // content, never a part: the bytes go to a temporary file beside the target,
 // are flushed to disk, the temporary is renamed over the target (NAME.tmp.PID,

@@ -67,6 +67,12 @@ inline constexpr int kMaxModelPositions = 1 << 24;
 // a field above its kMax).
 void validate_model(const ModelSpec& spec);
 
+// Throws unless hidden is a multiple of heads. validate_model applies it to
+// Llama models; a config.json applies it to every model, since code built
+// from it splits hidden into heads. The GPT-3 paper's presets are exempt:
+// gpt3-1.3b (2048 wide, 24 heads) and gpt3-13b (5140, 40) are published so.
+void check_head_width(const ModelSpec& spec);
+
 // Width of K and V together, 2·kv_heads·(hidden/heads): 2·hidden for
 // multi-head attention, less with grouped-query attention.
 double kv_width(const ModelSpec& spec);

@@ -23,6 +23,13 @@ struct GridMark {
 //   step     0    1    2    3
 //   rank 0   0F0  0F1  0B0  0B1
 //   rank 1   1F0 *1B1* 1F1  1B0   <-- ERROR HERE [1]
+//
+// Past kMaxGridCells cells (ranks x steps; about 8 MB of text) no terminal
+// shows the grid, so it is replaced by one line saying so.
+inline constexpr std::size_t kMaxGridCells = 1'000'000;
 std::string render_grid(const Schedule& schedule, const std::vector<GridMark>& marks = {});
+
+// The cells render_grid would draw: ranks x the longest rank's actions.
+std::size_t grid_cells(const Schedule& schedule);
 
 }  // namespace pipeflow

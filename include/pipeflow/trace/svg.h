@@ -15,6 +15,14 @@ namespace pipeflow {
 // title with the overall bubble (bubble_stats). Every rank row is a
 // <g class="rank" data-rank="r"> and every compute box a <rect> with a
 // data-action attribute, so tools and tests can find them.
+//
+// Throws Error past kMaxSvgEvents events (about 60 MB of SVG, more than a
+// browser draws), naming the fix.
+inline constexpr std::size_t kMaxSvgEvents = 200'000;
 std::string render_svg(const Timeline& timeline);
+
+// Throws the Error render_svg would for a timeline of `events` events, so a
+// caller can refuse before building the timeline.
+void check_svg_events(std::size_t events);
 
 }  // namespace pipeflow

@@ -1,0 +1,36 @@
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace pipeflow {
+
+// Every JSON text pipeflow reads (configurations, Hugging Face config.json,
+// schedule files, hardware profiles, measured profiles, Chrome traces,
+// safetensors headers) goes through parse_json, so that hostile input meets
+// one set of rules.
+//
+// Arrays and objects nest at most kMaxJsonDepth levels: nlohmann's parser
+// and dump() recurse once per level, so 100 000 nested '[' overflow the
+// stack; pipeflow's own files nest a few levels.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Throws Error "<source>: not valid JSON: ..." or "<source>: JSON nested
+// deeper than 64 levels ...".
+nlohmann::json parse_json(std::string_view text, const std::string& source);
+
+// `value` as compact JSON for an error message: at most kShortDumpChars
+// characters (longer ones end in "..."), built without dumping the whole
+// value, so a huge or deeply nested value costs no more than a short one.
+inline constexpr std::size_t kShortDumpChars = 60;
+std::string short_dump(const nlohmann::json& value);
+
+// `text` (a cell of a CSV file, a token) quoted for an error message, however
+// long or binary it is: at most `max_chars` characters (then "... (N
+// bytes)"), bytes that are not printable ASCII written as \xNN.
+std::string quoted_excerpt(std::string_view text, std::size_t max_chars = 40);
+
+}  // namespace pipeflow

@@ -1,0 +1,90 @@
+// Input meant to break pipeflow (deep JSON, endless files, files of the wrong
+// kind) gets a clear error naming the file, the rule and the fix: no crash,
+// no "internal error", no unbounded memory.
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "pipeflow/core/file.h"
+#include "run_pipeflow.h"
+
+namespace pipeflow::testing {
+namespace {
+
+const std::string kDeep(100'000, '[');
+
+void expect_error(const CommandResult& result, const std::string& part) {
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_NE(result.err.find(part), std::string::npos) << result.err;
+  EXPECT_EQ(result.err.find("internal error"), std::string::npos) << result.err;
+}
+
+// 100 000 nested '[' used to overflow the stack (SIGSEGV) in every JSON reader.
+TEST(HostileInput, DeepJsonIsAnErrorInEveryReader) {
+  const std::string dir = make_temp_dir();
+  write_file_atomic(dir + "/deep.json", kDeep);
+  write_file_atomic(dir + "/config.json", "{\"n_layer\": " + kDeep);
+  const std::string deep = "JSON nested deeper than the limit of 64 levels";
+  expect_error(run_pipeflow("train --config " + dir + "/deep.json"), dir + "/deep.json: " + deep);
+  expect_error(run_pipeflow("simulate --config " + dir + "/deep.json"), dir + "/deep.json: " + deep);
+  expect_error(run_pipeflow("simulate --model " + dir + "/config.json"), dir + "/config.json: " + deep);
+  expect_error(run_pipeflow("validate " + dir + "/deep.json"), "deep.json: " + deep);
+}
+
+// /dev/zero used to grow to the memory limit, then "internal error: std::bad_alloc".
+TEST(HostileInput, EndlessFilesFailAtTheirSizeLimit) {
+  expect_error(run_pipeflow("validate /dev/zero"), "/dev/zero: more than 67108864 bytes, the limit for a schedule file");
+  expect_error(run_pipeflow("simulate --config /dev/zero"),
+               "/dev/zero: more than 16777216 bytes, the limit for a configuration file");
+}
+
+// Used to take 89 s and 5 GB for a 1.3 GB file (at 2048 x 2048).
+TEST(HostileInput, OutputsThatGrowWithTheInputAreRefusedNamingTheFix) {
+  expect_error(run_pipeflow("schedule --schedule gpipe --stages 512 --microbatches 512 --format svg"),
+               "an SVG timeline of 524288 events is more than the limit of 200000");
+  expect_error(run_pipeflow("schedule --schedule gpipe --stages 1024 --microbatches 1024"),
+               "cells, more than the limit of 1000000: use fewer stages or micro-batches, or --format csv");
+}
+
+// Used to be "internal error: filesystem error".
+TEST(HostileInput, AnOutDirThatIsAFileIsRefusedByKey) {
+  const std::string dir = make_temp_dir();
+  write_file_atomic(dir + "/taken", "a file");
+  write_file_atomic(dir + "/run.json", R"({"model": "gpt2-124m", "out_dir": ")" + dir + R"(/taken"})");
+  expect_error(run_pipeflow("train --config " + dir + "/run.json"),
+               "out_dir = \"" + dir + "/taken\": names a file, not a directory: choose another out_dir");
+}
+
+// Used to be accepted: only the Llama path checked it.
+TEST(HostileInput, Gpt2WidthMustBeAMultipleOfHeads) {
+  const std::string dir = make_temp_dir();
+  write_file_atomic(dir + "/config.json",
+                    R"({"model_type": "gpt2", "n_layer": 12, "n_head": 7, "n_embd": 768, "n_positions": 1024,
+                        "vocab_size": 50257})");
+  expect_error(run_pipeflow("simulate --model " + dir + "/config.json --pp 1"),
+               "hidden = 768: must be a multiple of heads (7)");
+}
+
+// Used to overwrite the weights silently.
+TEST(HostileInput, GradOutMayNotBeTheWeights) {
+  const std::string dir = make_temp_dir();
+  const std::string weights = dir + "/w.safetensors";
+  ASSERT_EQ(run_pipeflow("init --layers 1 --heads 1 --width 8 --context 4 --seed 1 --out " + weights).exit_code, 0);
+  const std::string before = read_file(weights);
+  expect_error(run_pipeflow("grad --weights " + weights + " --batch " + weights + " --out " + dir + "/./w.safetensors"),
+               "writing the gradients would replace the weights; choose another --out");
+  EXPECT_EQ(read_file(weights), before);
+}
+
+// data.path at /dev/zero used to be read without end.
+TEST(HostileInput, AnEndlessCorpusFailsAtTheCap) {
+  const std::string dir = make_temp_dir();
+  write_file_atomic(dir + "/run.json", R"({"model": {"n_layer": 1, "n_head": 1, "n_embd": 8, "n_ctx": 4,
+    "vocab_size": 256}, "data": {"path": "/dev/zero"}, "steps": 1, "out_dir": ")" + dir + R"(/out"})");
+  expect_error(run_pipeflow("train --config " + dir + "/run.json"),
+               "/dev/zero: more than 67108864 bytes, the limit for a training corpus");
+}
+
+}  // namespace
+}  // namespace pipeflow::testing

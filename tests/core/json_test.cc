@@ -1,0 +1,79 @@
+#include "pipeflow/core/json.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "../support/error_of.h"
+#include "pipeflow/core/config.h"
+#include "pipeflow/core/file.h"
+
+namespace pipeflow {
+namespace {
+
+using testing::error_of;
+
+std::string nested_arrays(int depth) {
+  std::string text(static_cast<std::size_t>(depth), '[');
+  text.append(static_cast<std::size_t>(depth), ']');
+  return text;
+}
+
+// What short_dump shows of a value that opens more than 57 arrays.
+const std::string kCutBrackets = fmt::format("{:[>57}...", "");
+
+TEST(Json, NestingUpToTheLimitParses) {
+  EXPECT_EQ(parse_json(nested_arrays(kMaxJsonDepth), "n.json").dump().size(), 2u * kMaxJsonDepth);
+}
+
+TEST(Json, NestingPastTheLimitIsAnErrorNamingSourceAndLimit) {
+  // 100 000 levels overflowed the stack in nlohmann's dump (SIGSEGV) before the limit.
+  for (int depth : {kMaxJsonDepth + 1, 100'000}) {
+    EXPECT_EQ(error_of([&] { parse_json(nested_arrays(depth), "deep.json"); }),
+              "deep.json: JSON nested deeper than the limit of 64 levels (arrays and objects within each other), far "
+              "more than any configuration, schedule, profile or trace needs: is it the right file?");
+  }
+  std::string deep_objects = "{\"a\":";
+  deep_objects.append(100'000, '[');
+  EXPECT_NE(error_of([&] { Config::parse(deep_objects, "c.json"); }).find("c.json: JSON nested deeper"), std::string::npos);
+}
+
+TEST(Json, ShortDumpIsBoundedForHugeAndDeepValues) {
+  EXPECT_EQ(short_dump(nlohmann::json::parse(R"({"a":[1,"x"]})")), R"({"a":[1,"x"]})");
+  nlohmann::json huge = nlohmann::json::array();
+  for (int i = 0; i < 100'000; ++i) huge.push_back(i);
+  EXPECT_EQ(short_dump(huge), "[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,...");
+  nlohmann::json deep = nlohmann::json::array();
+  for (int i = 0; i < 10'000; ++i) deep = nlohmann::json::array({std::move(deep)});
+  EXPECT_EQ(short_dump(deep), kCutBrackets);
+}
+
+TEST(Json, AConfigurationOfDeepValueReportsItShort) {
+  const Config config = Config::parse("{\"stages\": " + nested_arrays(60) + "}", "c.json");
+  EXPECT_EQ(error_of([&] { config.require<int>("stages"); }),
+            "c.json: stages must be an integer, got " + kCutBrackets);
+}
+
+TEST(BoundedRead, DevZeroFailsAtTheLimit) {
+  EXPECT_EQ(error_of([] { read_file("/dev/zero", 1000, "configuration file"); }),
+            "/dev/zero: more than 1000 bytes, the limit for a configuration file: is it the right file?");
+  EXPECT_NE(error_of([] { Config::load("/dev/zero"); }).find("more than 16777216 bytes"), std::string::npos);
+}
+
+TEST(BoundedRead, AFileAtTheLimitIsRead) {
+  const auto path = std::filesystem::temp_directory_path() / "pipeflow-bounded-read-test.txt";
+  write_file_atomic(path, std::string(1000, 'x'));
+  EXPECT_EQ(read_file(path, 1000, "test file").size(), 1000u);
+  EXPECT_NE(error_of([&] { read_file(path, 999, "test file"); }).find("more than 999 bytes"), std::string::npos);
+  std::filesystem::remove(path);
+}
+
+TEST(QuotedExcerpt, CutsLongAndEscapesBinaryText) {
+  EXPECT_EQ(quoted_excerpt("0F1"), "\"0F1\"");
+  EXPECT_EQ(quoted_excerpt(std::string(100'000, 'a')), fmt::format("\"{:a>40}\"... (100000 bytes)", ""));
+  EXPECT_EQ(quoted_excerpt(std::string("\x01\xff\"z", 4)), "\"\\x01\\xff\\x22z\"");
+}
+
+}  // namespace
+}  // namespace pipeflow
