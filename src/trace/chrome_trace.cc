@@ -64,18 +64,29 @@ Timeline read_chrome_trace(std::string_view text, const std::string& source) {
   if (!trace.is_object() || !trace.contains("traceEvents") || !trace["traceEvents"].is_array()) {
     fail("{}: a Chrome trace is an object with a \"traceEvents\" list", source);
   }
+  // A rank is a row of a timeline: past this many the file is not a pipeline's trace.
+  constexpr int kMaxRanks = 1 << 16;
   Timeline timeline;
-  const nlohmann::json other = trace.value("otherData", nlohmann::json::object());
-  timeline.title = other.value("title", std::string());
-  timeline.time_unit = other.value("time_unit", std::string("s"));
-  int ranks = other.value("num_ranks", 0);
-  const nlohmann::json& events = trace["traceEvents"];
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    if (events[i].value("ph", std::string()) != "X") continue;
-    timeline.events.push_back(read_event(events[i], i, source));
-    ranks = std::max(ranks, timeline.events.back().rank.value() + 1);
+  try {
+    const nlohmann::json other = trace.value("otherData", nlohmann::json::object());
+    timeline.title = other.value("title", std::string());
+    timeline.time_unit = other.value("time_unit", std::string("s"));
+    int ranks = other.value("num_ranks", 0);
+    const nlohmann::json& events = trace["traceEvents"];
+    for (std::size_t i = 0; i < events.size(); ++i) {
+      if (!events[i].is_object()) fail("{}: traceEvents[{}] is not an object", source, i);
+      if (events[i].value("ph", std::string()) != "X") continue;
+      timeline.events.push_back(read_event(events[i], i, source));
+      ranks = std::max(ranks, timeline.events.back().rank.value() + 1);
+    }
+    if (ranks < 0 || ranks > kMaxRanks) {
+      fail("{}: {} ranks: a timeline has 0 to {} (the largest tid + 1, or otherData.num_ranks)", source, ranks,
+           kMaxRanks);
+    }
+    timeline.num_ranks = ranks;
+  } catch (const nlohmann::json::exception& error) {  // a value of the wrong type
+    fail("{}: {}", source, error.what());
   }
-  timeline.num_ranks = ranks;
   return timeline;
 }
 

@@ -57,6 +57,20 @@ TEST(ChromeTrace, EventsAreCompleteEventsInMicrosecondsOnePerRankTrack) {
   EXPECT_EQ(trace.at("otherData").at("num_ranks"), 3);
 }
 
+// Found by fuzz/chrome_trace_fuzz: a value of the wrong type escaped as the
+// JSON library's exception (an "internal error" for the user).
+TEST(ChromeTrace, ValuesOfTheWrongTypeAndTooManyRanksAreErrorsNamingTheFile) {
+  for (const char* text : {R"({"traceEvents": [], "otherData": {"title": 7}})", R"({"traceEvents": [3]})",
+                           R"({"traceEvents": [{"ph": "X", "tid": 70000, "ts": 0, "name": "F"}]})"}) {
+    try {
+      read_chrome_trace(text, "odd.json");
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const Error& error) {
+      EXPECT_EQ(std::string(error.what()).rfind("odd.json: ", 0), 0u) << error.what();
+    }
+  }
+}
+
 TEST(ChromeTrace, ReadsForeignTracesAndNamesBadEvents) {
   const Timeline t = read_chrome_trace(
       R"({"traceEvents":[{"name":"x","ph":"B","pid":0,"tid":0,"ts":1},
