@@ -281,14 +281,28 @@ Placement infer_placement(const std::vector<std::vector<Action>>& rows, int stag
 Shape infer_shape(const std::vector<std::vector<Action>>& rows, const std::string& source) {
   Shape shape;
   const int ranks = static_cast<int>(rows.size());
+  std::size_t actions = 0;
+  Action highest_microbatch;
   for (std::size_t r = 0; r < rows.size(); ++r) {
     if (rows[r].empty()) {
       fail("{}: row {} (rank {}) has no actions: every rank runs some (is a rank's row missing?)", source, r + 1, r);
     }
+    actions += rows[r].size();
     for (const Action& a : rows[r]) {
       shape.stages = std::max(shape.stages, a.stage.value() + 1);
-      shape.microbatches = std::max(shape.microbatches, a.microbatch.value() + 1);
+      if (a.microbatch.value() + 1 > shape.microbatches) {
+        shape.microbatches = a.microbatch.value() + 1;
+        highest_microbatch = a;
+      }
     }
+  }
+  // Every micro-batch has a forward on every stage, so n actions hold at most
+  // n micro-batches. A larger index is a typo, and the validator's tables
+  // (per stage and micro-batch) would take gigabytes for it (fuzzing found 0F00999999).
+  if (static_cast<std::size_t>(shape.microbatches) > actions) {
+    fail("{}: {} names micro-batch {}, but a file of {} actions holds at most {} micro-batches (each needs a "
+         "forward on every stage): is the index mistyped?",
+         source, to_string(highest_microbatch), highest_microbatch.microbatch.value(), actions, actions);
   }
   check_no_stage_missing(rows, shape.stages, source);
   // Fewer stages than rows: rows share a stage (every row has actions). Each

@@ -350,3 +350,21 @@ TEST(HostileInput, AnEndlessFileFailsAtTheScheduleFileLimit) {
 
 }  // namespace
 }  // namespace pipeflow
+
+namespace pipeflow {
+namespace {
+
+// Found by fuzz/schedule_csv_fuzz: one mistyped index sized the validator's
+// tables by a million micro-batches (over 1 GB).
+TEST(CsvReadLimits, AMicroBatchIndexBeyondWhatTheFileCanHoldIsAnError) {
+  try {
+    read_csv("0SEND_B0,0F00999999\n1F0,1F1,,,,0SEND_B0\n", "typo.csv");
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    EXPECT_STREQ(error.what(), "typo.csv: 0F999999 names micro-batch 999999, but a file of 5 actions holds at most 5 "
+                               "micro-batches (each needs a forward on every stage): is the index mistyped?");
+  }
+}
+
+}  // namespace
+}  // namespace pipeflow
