@@ -493,12 +493,6 @@ void check_schedule_file(const Schedule& file, const std::string& path, int accu
 
 }  // namespace
 
-bool RunOverrides::empty() const {
-  return !model && !hardware && !devices && !tensor_parallel && !stages && !data_parallel && !micro_batch &&
-         !global_batch && !seq_length && !schedule && !schedule_file && !virtual_stages && !recompute &&
-         !sequence_parallel && !partition && !zero_stage && !comm_mode && !steps && !out_dir && !resume;
-}
-
 RunConfig parse_run_config(const Config& config, const RunOverrides& overrides) {
   if (overrides.empty()) return parse_keys(config);
   const std::string source = config.source() + " with the command line";

@@ -220,7 +220,8 @@ struct RunOverrides {
   std::optional<std::string> out_dir;      // out_dir
   std::optional<std::string> resume;       // checkpoint.load
 
-  bool empty() const;
+  bool operator==(const RunOverrides&) const = default;
+  bool empty() const { return *this == RunOverrides{}; }  // no flag given: a new field needs no edit here
 };
 
 // Reads and checks every key above, with `overrides` written over the
