@@ -31,6 +31,7 @@
 #include "pipeflow/nn/byte_dataset.h"
 #include "pipeflow/runtime/calibrate.h"
 #include "pipeflow/runtime/engine.h"
+#include "pipeflow/runtime/in_process_transport.h"
 #include "pipeflow/runtime/measurement.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/stage_partition.h"

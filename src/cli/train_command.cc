@@ -12,8 +12,11 @@
 
 #include "commands.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/runtime/checkpoint_search.h"
+#include "pipeflow/runtime/mpi_world.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/run_settings.h"
@@ -94,9 +97,29 @@ void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSet
   }
 }
 
-void run(const TrainCommand& c) {
-  const RunConfig config = load_run_config(c.config, c.overrides());
-  print_config_notes(config);
+// Under mpirun: the processes' layout. data_parallel, when neither the file
+// nor --data-parallel gives it, is the processes per pipeline (N / stages).
+RunConfig load_config(const TrainCommand& c, const runtime::MpiWorld* mpi) {
+  RunOverrides overrides = c.overrides();
+  RunConfig config = load_run_config(c.config, overrides);
+  if (mpi == nullptr || overrides.data_parallel ||
+      parse_json(read_file(c.config, kMaxConfigFileBytes, "run configuration"), c.config).contains("data_parallel")) {
+    return config;
+  }
+  const int stages = config.pipeline.stages;
+  if (mpi->size() % stages != 0) {
+    fail("mpirun started {} processes, not a multiple of pipeline.stages = {}: run mpirun -np {} (or a multiple of "
+         "it, for data parallelism)",
+         mpi->size(), stages, stages);
+  }
+  overrides.data_parallel = mpi->size() / stages;
+  return load_run_config(c.config, overrides);
+}
+
+void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
+  const RunConfig config = load_config(c, mpi);
+  const bool reporter = mpi == nullptr || mpi->rank() == 0;
+  if (reporter) print_config_notes(config);
   // A weights file or checkpoint carries the model's shape: the configuration may leave model out.
   std::optional<ModelFromFile> model_file;
   if (!c.weights.empty()) model_file = runtime::model_of_file(c.weights);
@@ -106,18 +129,40 @@ void run(const TrainCommand& c) {
   settings.emulate = c.emulate;
   if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
   settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);
-  runtime::ProgressPrinter progress(stderr, isatty(fileno(stderr)) == 1, settings.steps, settings.emulate,
-                                    settings.steps_per_print);
+  std::optional<runtime::MpiGroups> processes;
+  if (mpi != nullptr) {
+    if (settings.emulate) fail("--emulate runs every rank in one process; run it without mpirun");
+    processes.emplace(*mpi, runtime::RankLayout{.pipeline = settings.stages, .data_parallel = config.data_parallel});
+  }
+  runtime::ProgressPrinter progress(reporter ? stderr : nullptr, isatty(fileno(stderr)) == 1, settings.steps,
+                                    settings.emulate, settings.steps_per_print);
   runtime::TrainOutcome outcome;
   {
     const StopSignals stop_signals;
-    outcome = runtime::train(settings, progress, &stop_request);
+    outcome = runtime::train(settings, progress, &stop_request, processes ? &*processes : nullptr);
   }
-  print_summary(outcome, settings);
+  if (reporter) print_summary(outcome, settings);
   if (outcome.stop_signal != 0) {
     fmt::print(stderr, "pipeflow: stopped by signal {}: resume with --resume {}\n", outcome.stop_signal,
                settings.checkpoint_directory().string());
     throw ExitStatus{128 + outcome.stop_signal};
+  }
+}
+
+// Under mpirun, a process that fails says which it is and ends the whole
+// job (MPI_Abort), so that no peer waits for it until its timeout.
+void run(const TrainCommand& c) {
+  if (!runtime::MpiWorld::launched_by_mpirun()) return run(c, nullptr);
+  const runtime::MpiWorld mpi;
+  try {
+    run(c, &mpi);
+  } catch (const ExitStatus&) {
+    throw;
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "pipeflow train: error in MPI process {} of {} on {}: {}\n", mpi.rank(), mpi.size(),
+               mpi.host(), error.what());
+    std::fflush(stderr);
+    runtime::MpiWorld::abort_job(1);
   }
 }
 

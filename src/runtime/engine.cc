@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <exception>
 #include <mutex>
@@ -14,6 +15,9 @@
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/nn/parameter_layout.h"
 #include "pipeflow/schedule/passes.h"
+#include "pipeflow/runtime/in_process_transport.h"
+#include "pipeflow/runtime/mpi_transport.h"
+#include "pipeflow/runtime/mpi_world.h"
 #include "pipeflow/runtime/rank_threads.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/schedule/validate.h"
@@ -104,11 +108,12 @@ std::vector<int> inbox_capacities(const Schedule& schedule) {
 }
 
 PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
-                               EngineOptions options)
+                               EngineOptions options, const MpiGroups* processes)
     : config_(config),
       schedule_(lowered_and_valid(schedule)),
       boundaries_(std::move(boundaries)),
       options_(std::move(options)),
+      processes_(processes),
       progress_(static_cast<std::size_t>(schedule_.num_ranks())) {
   config_.validate();
   check_boundaries(config_, schedule_, boundaries_);
@@ -117,21 +122,49 @@ PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& sche
     fail("seq_length {} must lie in [1, {}] (the model's context)", options_.seq_length, config_.context);
   }
   if (options_.timeout.count() <= 0) fail("timeout = {} s: must be > 0", options_.timeout.count());
+  std::vector<RankId> local;
+  if (processes_ != nullptr) {
+    const RankLayout& layout = processes_->layout();
+    if (layout.pipeline != schedule_.num_ranks()) {
+      fail("the processes form pipelines of {} ranks and schedule {} has {}", layout.pipeline, schedule_.name(),
+           schedule_.num_ranks());
+    }
+    options_.data_parallel = layout.data_parallel;
+    options_.data_rank = processes_->data_rank();
+    local.push_back(RankId(processes_->pipeline_rank()));
+    transport_ = std::make_unique<MpiTransport>(processes_->pipeline(), local.front(), schedule_.num_stages(),
+                                                schedule_.num_microbatches());
+  } else {
+    if (options_.data_parallel != 1) {
+      fail("data_parallel = {} in one process: data-parallel replicas are MPI processes; run mpirun -np {} "
+           "pipeflow train ...",
+           options_.data_parallel, options_.data_parallel * schedule_.num_ranks());
+    }
+    for (int r = 0; r < schedule_.num_ranks(); ++r) local.push_back(RankId(r));
+    // Spinning pays only when each rank has a core of its own (RankThreads pins them then).
+    const auto spin = schedule_.num_ranks() <= usable_cores() ? kHandoffSpin : std::chrono::nanoseconds(0);
+    transport_ = std::make_unique<InProcessTransport>(inbox_capacities(schedule_), spin);
+  }
+  stages_.resize(static_cast<std::size_t>(schedule_.num_stages()));
+  optimizers_.resize(stages_.size());
+  for (const RankId r : local) {
+    for (const StageId s : schedule_.stages_of(r)) {
+      const auto i = static_cast<std::size_t>(s.value());
+      const nn::LayerRange range{boundaries_[i], boundaries_[i + 1]};
+      stages_[i] = std::make_unique<nn::Stage>(config_, range,
+                                               nn::StageOptions{options_.recompute_interval, fmt::format("stage {}", s)});
+      optimizers_[i] = std::make_unique<nn::AdamW>(*stages_[i], options_.optimizer);
+    }
+  }
   std::vector<nn::Stage*> stages;
   std::vector<nn::AdamW*> optimizers;
-  for (int s = 0; s < schedule_.num_stages(); ++s) {
-    const nn::LayerRange range{boundaries_[static_cast<std::size_t>(s)], boundaries_[static_cast<std::size_t>(s) + 1]};
-    stages_.push_back(std::make_unique<nn::Stage>(
-        config_, range, nn::StageOptions{options_.recompute_interval, fmt::format("stage {}", s)}));
-    optimizers_.push_back(std::make_unique<nn::AdamW>(*stages_.back(), options_.optimizer));
-    stages.push_back(stages_.back().get());
-    optimizers.push_back(optimizers_.back().get());
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    stages.push_back(stages_[i].get());
+    optimizers.push_back(optimizers_[i].get());
   }
-  // Spinning pays only when each rank has a core of its own (RankThreads pins them then).
-  const auto spin = schedule_.num_ranks() <= usable_cores() ? kHandoffSpin : std::chrono::nanoseconds(0);
-  transport_ = std::make_unique<InProcessTransport>(inbox_capacities(schedule_), spin);
-  for (int r = 0; r < schedule_.num_ranks(); ++r) {
-    workers_.push_back(std::make_unique<RankWorker>(schedule_, RankId(r), stages, optimizers, *transport_, options_,
+  for (auto& entry : progress_) entry.store(kInAnotherProcess);
+  for (const RankId r : local) {
+    workers_.push_back(std::make_unique<RankWorker>(schedule_, r, stages, optimizers, *transport_, options_,
                                                     progress_));
   }
 }
@@ -142,8 +175,27 @@ PipelineEngine::~PipelineEngine() {
   transport_->reset();
 }
 
+bool PipelineEngine::is_reporter() const { return processes_ == nullptr || processes_->is_reporter(); }
+
+nn::Stage& PipelineEngine::stage(StageId s) {
+  return const_cast<nn::Stage&>(static_cast<const PipelineEngine*>(this)->stage(s));
+}
+
+const nn::Stage& PipelineEngine::stage(StageId s) const {
+  const auto& held = stages_.at(static_cast<std::size_t>(s.value()));
+  if (held == nullptr) fail("stage {} runs in another process (pipeline rank {})", s, schedule_.rank_of(s));
+  return *held;
+}
+
+std::int64_t PipelineEngine::stage_parameter_count(StageId s) const {
+  const auto i = static_cast<std::size_t>(s.value());
+  return nn::ParameterLayout(config_, {boundaries_.at(i), boundaries_.at(i + 1)}).total();
+}
+
 void PipelineEngine::init_gpt2(std::uint64_t seed) {
-  for (auto& stage : stages_) stage->init_gpt2(seed);
+  for (auto& stage : stages_) {
+    if (stage) stage->init_gpt2(seed);
+  }
 }
 
 void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
@@ -155,7 +207,45 @@ void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
          config_.n_layer, config_.n_head, config_.n_embd, config_.context, config_.vocab_size);
   }
   check_values(file);
-  for (auto& stage : stages_) nn::load_parameters(*stage, file);
+  for (auto& stage : stages_) {
+    if (stage) nn::load_parameters(*stage, file);
+  }
+}
+
+nn::SafetensorsWriter PipelineEngine::model_state(bool with_optimizer) const {
+  nn::SafetensorsWriter writer;
+  nn::write_config(writer, config_);
+  const nn::ParameterLayout whole_model(config_, nn::all_layers(config_));
+  for (const nn::ParameterInfo& info : whole_model.entries()) {
+    // the tied wte from the embedding's stage, the first that holds it
+    const auto held = std::find_if(stages_.begin(), stages_.end(),
+                                   [&](const auto& st) { return st && st->layout().find(info.name) != nullptr; });
+    if (held != stages_.end()) writer.add(info.name, (*held)->parameter(info.name), info.shape);
+  }
+  if (with_optimizer) {
+    for (const auto& optimizer : optimizers_) {
+      if (optimizer) optimizer->add_state(writer);
+    }
+  }
+  if (processes_ == nullptr) return writer;
+  // Replica 0's ranks send their part to world rank 0 (pipeline rank 0 of
+  // replica 0), which keeps the first copy of each name (rank order: the
+  // embedding's wte before the head's).
+  if (processes_->data_rank() != 0) return writer;
+  const std::vector<std::string> parts =
+      MpiGroups::gather_bytes(processes_->pipeline(), writer.serialize(), deadline_after(options_.timeout),
+                              "every pipeline rank's tensors (for the whole model at rank 0)");
+  nn::SafetensorsWriter merged;
+  for (std::size_t r = 0; r < parts.size(); ++r) {
+    const nn::SafetensorsFile part = nn::SafetensorsFile::parse(parts[r], fmt::format("pipeline rank {}'s tensors", r));
+    for (const auto& [key, value] : part.metadata()) merged.set_metadata(key, value);
+    for (const std::string& name : part.names()) {
+      if (merged.contains(name)) continue;
+      const Tensor values = part.floats(name);
+      merged.add(name, values.span(), part.entry(name).shape);
+    }
+  }
+  return merged;
 }
 
 void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const {
@@ -165,33 +255,30 @@ void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::in
     fail("not writing checkpoint {}: {} is not finite; the run diverged (lower optimizer.params.lr)", path.string(),
          *bad);
   }
-  nn::SafetensorsWriter writer;
-  nn::write_config(writer, config_);
-  const nn::ParameterLayout whole_model(config_, nn::all_layers(config_));
-  for (const nn::ParameterInfo& info : whole_model.entries()) {
-    writer.add(info.name, parameter(info.name), info.shape);  // the tied wte from the embedding's stage
-  }
-  for (const auto& optimizer : optimizers_) optimizer->add_state(writer);
+  nn::SafetensorsWriter writer = model_state(true);
   writer.set_metadata("steps_done", std::to_string(steps_done));
-  writer.write(path);
+  if (is_reporter()) writer.write(path);
 }
 
 std::int64_t PipelineEngine::load_checkpoint(const nn::SafetensorsFile& file) {
   const std::int64_t steps_done = file.metadata_count("steps_done");
   load_parameters(file);
-  for (auto& optimizer : optimizers_) optimizer->load_state(file);
+  for (auto& optimizer : optimizers_) {
+    if (optimizer) optimizer->load_state(file);
+  }
   return steps_done;
 }
 
 const nn::Stage& PipelineEngine::holder(std::string_view name) const {
   for (const auto& stage : stages_) {
-    if (stage->layout().find(name) != nullptr) return *stage;
+    if (stage && stage->layout().find(name) != nullptr) return *stage;
   }
-  fail("the model has no tensor named {}", name);
+  fail("the model has no tensor named {}{}", name, processes_ != nullptr ? " in this process's stages" : "");
 }
 
 std::optional<std::string> PipelineEngine::first_non_finite(Values values) const {
   for (std::size_t s = 0; s < stages_.size(); ++s) {
+    if (!stages_[s]) continue;
     const nn::Stage& stage = *stages_[s];
     const bool parameters = values == Values::kParameters;
     if (const auto name =
@@ -206,6 +293,14 @@ std::span<const float> PipelineEngine::parameter(std::string_view name) const { 
 std::span<const float> PipelineEngine::gradient(std::string_view name) const { return holder(name).gradient(name); }
 
 std::unique_ptr<nn::Stage> PipelineEngine::assemble_model(bool with_gradients) const {
+  if (processes_ != nullptr) {
+    if (with_gradients) fail("the gradients of a whole model are assembled in one process only");
+    const nn::SafetensorsWriter state = model_state(false);
+    if (!is_reporter()) return nullptr;
+    auto model = std::make_unique<nn::Stage>(config_, nn::all_layers(config_), nn::StageOptions{0, "model"});
+    nn::load_parameters(*model, nn::SafetensorsFile::parse(state.serialize(), "the gathered model"));
+    return model;
+  }
   auto model = std::make_unique<nn::Stage>(config_, nn::all_layers(config_), nn::StageOptions{0, "model"});
   for (const nn::ParameterInfo& info : model->layout().entries()) {
     const nn::Stage& from = holder(info.name);
@@ -219,7 +314,7 @@ std::unique_ptr<nn::Stage> PipelineEngine::assemble_model(bool with_gradients) c
 }
 
 std::int64_t PipelineEngine::global_batch() const {
-  return static_cast<std::int64_t>(schedule_.num_microbatches()) * options_.micro_batch;
+  return static_cast<std::int64_t>(schedule_.num_microbatches()) * options_.micro_batch * options_.data_parallel;
 }
 
 std::int64_t PipelineEngine::tokens_per_step() const {
@@ -227,9 +322,16 @@ std::int64_t PipelineEngine::tokens_per_step() const {
 }
 
 // The flush after the pipeline part, as the phases every rank runs in order.
-enum class PipelineEngine::FlushStep { kPostTiedGradients, kReduceTiedGradients, kGradientNorm, kUpdate };
+enum class PipelineEngine::FlushStep {
+  kReduceDataParallel,
+  kPostTiedGradients,
+  kReduceTiedGradients,
+  kGradientNorm,
+  kUpdate
+};
 const PipelineEngine::FlushStep PipelineEngine::kFlushOrder[] = {
-    FlushStep::kPostTiedGradients, FlushStep::kReduceTiedGradients, FlushStep::kGradientNorm, FlushStep::kUpdate};
+    FlushStep::kReduceDataParallel, FlushStep::kPostTiedGradients, FlushStep::kReduceTiedGradients,
+    FlushStep::kGradientNorm, FlushStep::kUpdate};
 
 // What the ranks' flushes share within one step (each rank writes only its
 // own entries).
@@ -266,17 +368,18 @@ StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, St
   result.mode = run;
   result.tokens = tokens_per_step();
   result.lr = options_.lr_schedule.lr(step);
-  Flush flush(workers_.size());
+  if (processes_ != nullptr && run == RunMode::kSerial) fail("an emulated (serial) step runs in one process only");
+  Flush flush(static_cast<std::size_t>(schedule_.num_ranks()));
   if (run == RunMode::kThreaded) {
     run_threaded(mode, result.lr, flush);
   } else {
     run_serial(mode, result.lr, flush);
   }
   result.wall_s = std::chrono::duration<double>(Clock::now() - epoch).count();
-  result.grad_norm = flush.grad_norm(0, run);
+  result.grad_norm = flush.grad_norm(static_cast<std::size_t>(workers_.front()->rank().value()), run);
   result.skipped = mode == StepMode::kTrain && !std::isfinite(result.grad_norm);
   result.clip_coefficient = result.skipped ? 1 : clip_coefficient(mode, result.grad_norm);
-  finish(result);
+  finish(result, epoch);
   return result;
 }
 
@@ -292,6 +395,9 @@ RankWorker::Outcome PipelineEngine::flush_step(FlushStep step, RankWorker& w, St
                                                double lr, Flush& flush) {
   const auto r = static_cast<std::size_t>(w.rank().value());
   switch (step) {
+    case FlushStep::kReduceDataParallel:
+      if (options_.data_parallel > 1) reduce_data_parallel(w);
+      return RankWorker::Outcome::kDone;
     case FlushStep::kPostTiedGradients:
       flush.tied_start[r] = Clock::now();
       return w.post_tied_gradients();
@@ -327,11 +433,10 @@ RankWorker::Outcome PipelineEngine::flush_step(FlushStep step, RankWorker& w, St
 // transport; the others return at their next action or wait; run() returns
 // once every rank has, and the first error is rethrown.
 void PipelineEngine::run_threaded(StepMode mode, double lr, Flush& flush) {
-  if (!threads_) threads_ = std::make_unique<RankThreads>(schedule_.num_ranks());
   std::mutex error_mutex;
   std::exception_ptr first_error;
-  threads_->run([&](int rank) {
-    RankWorker& w = *workers_[static_cast<std::size_t>(rank)];
+  const auto job = [&](int index) {
+    RankWorker& w = *workers_[static_cast<std::size_t>(index)];
     try {
       for (std::size_t i = 0; i < w.size(); ++i) {
         if (w.run(i, true) == RankWorker::Outcome::kAborted) return;
@@ -346,7 +451,13 @@ void PipelineEngine::run_threaded(StepMode mode, double lr, Flush& flush) {
       }
       transport_->abort();
     }
-  });
+  };
+  if (processes_ != nullptr) {
+    job(0);  // one rank per process, on this thread: mpirun binds the process to its core
+  } else {
+    if (!threads_) threads_ = std::make_unique<RankThreads>(schedule_.num_ranks());
+    threads_->run(job);
+  }
   if (first_error) {
     if (flush.updating.load()) update_failed_ = true;
     for (auto& worker : workers_) worker->release();
@@ -382,8 +493,21 @@ void PipelineEngine::run_serial(StepMode mode, double lr, Flush& flush) {
   }
 }
 
-void PipelineEngine::finish(StepResult& result) {
+void PipelineEngine::reduce_data_parallel(RankWorker& w) {
+  const Clock::time_point start = Clock::now();
+  for (const StageId s : schedule_.stages_of(w.rank())) {
+    MpiGroups::all_reduce_sum(processes_->data(), stage(s).gradients(), deadline_after(options_.timeout),
+                              fmt::format("the data-parallel all-reduce of stage {}'s gradients", s));
+  }
+  w.record_phase(FlushPhase::kDataParallelGradients, start);
+}
+
+void PipelineEngine::finish(StepResult& result, Clock::time_point epoch) {
   const int m = schedule_.num_microbatches();
+  if (processes_ != nullptr) {
+    gather_results(result, epoch);
+    return;
+  }
   for (const auto& worker : workers_) {
     if (!worker->holds_last_stage()) continue;
     double sum = 0;
@@ -394,6 +518,91 @@ void PipelineEngine::finish(StepResult& result) {
     result.loss = sum / m;
   }
   for (const auto& worker : workers_) result.ranks.push_back(worker->record());
+}
+
+namespace {
+
+// A RankRecord as doubles, to gather at world rank 0: the epoch (seconds of
+// rank 0's steady clock), the peak, the counts, then 8 numbers per action and
+// 4 per phase.
+std::string record_bytes(const RankRecord& record, double epoch_s) {
+  std::vector<double> v{epoch_s, static_cast<double>(record.peak_activation_bytes),
+                        static_cast<double>(record.actions.size()), static_cast<double>(record.phases.size())};
+  for (const ActionTiming& t : record.actions) {
+    v.insert(v.end(), {static_cast<double>(t.action.stage.value()), static_cast<double>(t.action.kind),
+                       static_cast<double>(t.action.microbatch.value()), t.start_s, t.end_s, t.wait_s,
+                       static_cast<double>(t.held_bytes), static_cast<double>(t.working_bytes)});
+  }
+  for (const PhaseTiming& p : record.phases) {
+    v.insert(v.end(), {static_cast<double>(p.phase), static_cast<double>(p.stage.value()), p.start_s, p.end_s});
+  }
+  return {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(double)};
+}
+
+// The record of record_bytes, its times moved by `shift` seconds.
+RankRecord parse_record(const std::string& bytes, double shift) {
+  std::vector<double> v(bytes.size() / sizeof(double));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(double));
+  RankRecord record;
+  record.peak_activation_bytes = static_cast<std::int64_t>(v.at(1));
+  const auto actions = static_cast<std::size_t>(v.at(2));
+  const auto phases = static_cast<std::size_t>(v.at(3));
+  std::size_t i = 4;
+  for (std::size_t a = 0; a < actions; ++a, i += 8) {
+    const Action action{StageId(static_cast<int>(v.at(i))), static_cast<ActionKind>(static_cast<int>(v.at(i + 1))),
+                        MicrobatchId(static_cast<int>(v.at(i + 2)))};
+    record.actions.push_back({.action = action,
+                              .start_s = v.at(i + 3) + shift,
+                              .end_s = v.at(i + 4) + shift,
+                              .wait_s = v.at(i + 5),
+                              .held_bytes = static_cast<std::int64_t>(v.at(i + 6)),
+                              .working_bytes = static_cast<std::int64_t>(v.at(i + 7))});
+  }
+  for (std::size_t p = 0; p < phases; ++p, i += 4) {
+    record.phases.push_back({.phase = static_cast<FlushPhase>(static_cast<int>(v.at(i))),
+                             .stage = StageId(static_cast<int>(v.at(i + 1))),
+                             .start_s = v.at(i + 2) + shift,
+                             .end_s = v.at(i + 3) + shift});
+  }
+  return record;
+}
+
+}  // namespace
+
+// Every process gets the losses (from the last pipeline rank of every
+// replica, in replica order); world rank 0 gets its replica's records, each
+// moved onto rank 0's epoch.
+void PipelineEngine::gather_results(StepResult& result, Clock::time_point epoch) const {
+  const int m = schedule_.num_microbatches();
+  const RankWorker& w = *workers_.front();
+  std::vector<double> mine{w.holds_last_stage() ? 1.0 : 0.0};
+  for (int j = 0; j < m; ++j) mine.push_back(w.holds_last_stage() ? w.microbatch_loss(j) : 0.0);
+  const std::vector<double> all = MpiGroups::all_gather(processes_->world(), mine, deadline_after(options_.timeout),
+                                                        "the micro-batch losses of every replica");
+  double sum = 0;
+  for (std::size_t at = 0; at < all.size(); at += mine.size()) {
+    if (all[at] != 1.0) continue;
+    for (int j = 1; j <= m; ++j) {
+      result.microbatch_losses.push_back(all[at + static_cast<std::size_t>(j)]);
+      sum += all[at + static_cast<std::size_t>(j)];
+    }
+  }
+  result.loss = sum / static_cast<double>(result.microbatch_losses.size());
+  if (processes_->data_rank() != 0) {
+    result.ranks.push_back(w.record());
+    return;
+  }
+  const double epoch_s =
+      std::chrono::duration<double>(epoch.time_since_epoch()).count() - processes_->clock_offset_s();
+  const std::vector<std::string> parts = MpiGroups::gather_bytes(
+      processes_->pipeline(), record_bytes(w.record(), epoch_s), deadline_after(options_.timeout),
+      "every pipeline rank's timings of the step");
+  for (const std::string& part : parts) {
+    double their_epoch_s = 0;
+    std::memcpy(&their_epoch_s, part.data(), sizeof their_epoch_s);
+    result.ranks.push_back(parse_record(part, their_epoch_s - epoch_s));
+  }
+  if (result.ranks.empty()) result.ranks.push_back(w.record());
 }
 
 }  // namespace pipeflow::runtime

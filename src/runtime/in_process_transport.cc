@@ -103,7 +103,7 @@ WaitStatus InProcessTransport::receive(const MessageKey& key, const Shape& /*sha
   return WaitStatus::kOk;
 }
 
-bool InProcessTransport::try_receive(const MessageKey& key, Tensor& out) {
+bool InProcessTransport::try_receive(const MessageKey& key, const Shape&, Allocator, Tensor& out) {
   Inbox& box = inbox(key.destination);
   std::unique_lock lock(box.mutex);
   Slot* slot = find(box, key);

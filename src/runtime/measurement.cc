@@ -12,6 +12,8 @@ namespace {
 
 const char* phase_name(FlushPhase phase) {
   switch (phase) {
+    case FlushPhase::kDataParallelGradients:
+      return "data-parallel all-reduce";
     case FlushPhase::kTiedGradients:
       return "tied gradients";
     case FlushPhase::kGradientNorm:
@@ -146,10 +148,10 @@ MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine&
   profile.source = std::move(source);
   for (int s = 0; s < engine.num_stages(); ++s) {
     StageCosts stage_costs = costs.stage(StageId(s));
-    const nn::Stage& stage = engine.stage(StageId(s));
-    stage_costs.output_bytes = stage.has_head() ? 0.0 : message;
+    stage_costs.output_bytes = engine.schedule().is_last_stage(StageId(s)) ? 0.0 : message;
     // parameters, gradients and AdamW's two moments, float each
-    stage_costs.model_state_bytes = 4.0 * sizeof(float) * static_cast<double>(stage.layout().total());
+    stage_costs.model_state_bytes =
+        4.0 * sizeof(float) * static_cast<double>(engine.stage_parameter_count(StageId(s)));
     profile.stages.push_back(ProfiledStage::all_measured(stage_costs));
   }
   return profile;

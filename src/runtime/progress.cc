@@ -36,6 +36,7 @@ ProgressPrinter::ProgressPrinter(std::FILE* out, bool terminal, int total_steps,
       emulated_(emulated) {}
 
 void ProgressPrinter::message(std::string_view line) {
+  if (out_ == nullptr) return;
   if (line_open_) std::fputs("\r\033[K", out_);
   std::fprintf(out_, "%.*s\n", static_cast<int>(line.size()), line.data());
   line_open_ = false;
@@ -60,6 +61,7 @@ std::string ProgressPrinter::figures(const StepLog& log, double eta_s) const {
 }
 
 void ProgressPrinter::step(const StepLog& log, double elapsed_s) {
+  if (out_ == nullptr) return;
   const int done = static_cast<int>(log.step) + 1;
   const double eta = elapsed_s / std::max(1, done - first_) * (total_ - done);
   if (log.val_loss) message(fmt::format("after {}: validation loss {:.4f}", format_count(done, "step"), *log.val_loss));
@@ -78,6 +80,7 @@ void ProgressPrinter::step(const StepLog& log, double elapsed_s) {
 }
 
 void ProgressPrinter::finish() {
+  if (out_ == nullptr) return;
   if (line_open_) std::fputs("\n", out_);
   line_open_ = false;
   std::fflush(out_);

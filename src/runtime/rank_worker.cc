@@ -47,9 +47,7 @@ RankWorker::Slot& RankWorker::slot(StageId s, MicrobatchId j) {
   return slots_[chunk * static_cast<std::size_t>(schedule_->num_microbatches()) + static_cast<std::size_t>(j.value())];
 }
 
-Deadline RankWorker::deadline() const {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(options_->timeout);
-}
+Deadline RankWorker::deadline() const { return deadline_after(options_->timeout); }
 
 double RankWorker::seconds_since_epoch(Clock::time_point t) const {
   return std::chrono::duration<double>(t - epoch_).count();
@@ -145,7 +143,10 @@ void RankWorker::forward(const Action& a, ActionTiming& timing) {
   nn::StageInput input;
   if (st.has_embedding() || st.has_head()) {
     const int b = options_->micro_batch;
-    nn::Batch batch = source_->batch(step_, static_cast<std::int64_t>(a.microbatch.value()) * b, b, st.allocator());
+    // Replica d's micro-batch j is micro-batch d · m + j of the step's global batch.
+    const std::int64_t global_microbatch =
+        static_cast<std::int64_t>(options_->data_rank) * schedule_->num_microbatches() + a.microbatch.value();
+    nn::Batch batch = source_->batch(step_, global_microbatch * b, b, st.allocator());
     if (st.has_embedding()) input.tokens = std::move(batch.inputs);
     if (st.has_head()) input.targets = std::move(batch.targets);
   }
@@ -176,8 +177,9 @@ void RankWorker::backward_input(const Action& a, bool with_weight, ActionTiming&
   std::int64_t input_bytes = 0;
   Tensor grad;
   if (st.has_head()) {
-    // The mean loss over the global batch of m equal micro-batches (dp = 1).
-    const double loss_scale = 1.0 / schedule_->num_microbatches();
+    // The mean loss over the global batch of m · d equal micro-batches (the
+    // data-parallel all-reduce sums the d replicas' gradients).
+    const double loss_scale = 1.0 / (schedule_->num_microbatches() * options_->data_parallel);
     grad = with_weight ? st.backward_from_loss(sl.state, loss_scale)
                        : st.backward_input_from_loss(sl.state, loss_scale);
   } else {
@@ -235,11 +237,12 @@ RankWorker::Outcome RankWorker::receive(std::size_t index, const Action& a, bool
   nn::Stage& st = stage(a.stage);
   Tensor& into = a.kind == ActionKind::kRecvForward ? sl.activation_in : sl.gradient_in;
   const MessageKey key = message_of(a);
+  const Shape shape{options_->micro_batch, options_->seq_length, st.config().n_embd};
   if (!block) {
-    if (!transport_->try_receive(key, into)) return transport_->aborted() ? Outcome::kAborted : Outcome::kNotReady;
+    if (!transport_->try_receive(key, shape, st.allocator(), into)) {
+      return transport_->aborted() ? Outcome::kAborted : Outcome::kNotReady;
+    }
   } else {
-    const int t = options_->seq_length;
-    const Shape shape{options_->micro_batch, t, st.config().n_embd};
     const Clock::time_point start = Clock::now();
     const WaitStatus status = transport_->receive(key, shape, st.allocator(), deadline(), into);
     timing.wait_s = std::chrono::duration<double>(Clock::now() - start).count();
@@ -256,6 +259,10 @@ std::string RankWorker::where_others_are() const {
     if (r == rank_.value()) continue;
     const auto& list = schedule_->actions(RankId(r));
     const std::size_t at = (*progress_)[static_cast<std::size_t>(r)].load(std::memory_order_relaxed);
+    if (at == kInAnotherProcess) {
+      where.push_back(fmt::format("rank {} runs in another process (its own messages say where it is)", r));
+      continue;
+    }
     where.push_back(at >= list.size() ? fmt::format("rank {} has finished its actions", r)
                                       : fmt::format("rank {} is at {} (position {})", r, list[at], at));
   }
@@ -321,11 +328,13 @@ RankWorker::Outcome RankWorker::reduce_tied_gradients(bool block) {
       continue;
     }
     const MessageKey key{from, rank_, partner, MicrobatchId(0), Direction::kTiedGradient};
+    const Shape shape{st.config().vocab_size, st.config().n_embd};
     Tensor other;
     if (!block) {
-      if (!transport_->try_receive(key, other)) return transport_->aborted() ? Outcome::kAborted : Outcome::kNotReady;
+      if (!transport_->try_receive(key, shape, st.allocator(), other)) {
+        return transport_->aborted() ? Outcome::kAborted : Outcome::kNotReady;
+      }
     } else {
-      const Shape shape{st.config().vocab_size, st.config().n_embd};
       const WaitStatus status = transport_->receive(key, shape, st.allocator(), deadline(), other);
       if (status == WaitStatus::kTimedOut) fail_flush_timeout("the tied-gradient reduction", "the " + describe(key));
       if (status == WaitStatus::kAborted) return Outcome::kAborted;

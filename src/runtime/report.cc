@@ -75,9 +75,8 @@ std::string run_section(const RunRecord& run) {
   out += fmt::format("- steps: {}, {}\n", run.log.size(),
                      s.emulate ? "emulated: every action run alone on one thread, the timeline replayed with one "
                                  "core per rank"
-                               : fmt::format("one worker thread per rank on a machine with {} cores", run.cores));
-  const std::string note = oversubscription_note(schedule.num_ranks(), run.cores, s.emulate);
-  if (!note.empty()) out += "\n> " + note + "\n";
+                               : run.placement);
+  if (!run.oversubscription.empty()) out += "\n> " + run.oversubscription + "\n";
   return out;
 }
 

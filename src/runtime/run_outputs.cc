@@ -12,7 +12,8 @@
 namespace pipeflow::runtime {
 
 std::vector<std::filesystem::path> write_run_outputs(const RunRecord& record, const PipelineEngine& engine,
-                                                     const StepResult& last, const std::string& earlier_metrics) {
+                                                     const nn::Stage& model, const StepResult& last,
+                                                     const std::string& earlier_metrics) {
   const TrainSettings& settings = *record.settings;
   const Schedule& schedule = engine.schedule();
   const std::filesystem::path& dir = settings.out_dir;
@@ -41,7 +42,7 @@ std::vector<std::filesystem::path> write_run_outputs(const RunRecord& record, co
   write("profile.json", profile_to_json(measured_profile(*record.costs, engine,
                                                          fmt::format("pipeflow train {}, median action costs of {}",
                                                                      settings.config_source, record.cost_steps))));
-  nn::write_weights(dir / "weights.safetensors", *engine.assemble_model());
+  nn::write_weights(dir / "weights.safetensors", model);
   files.push_back(dir / "weights.safetensors");
   write("report.md", training_report(record));
   return files;

@@ -38,14 +38,9 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
     fail("{}: tensor_parallel = {}: pipeflow train runs no tensor parallelism; set it to 1", source,
          run.tensor_parallel);
   }
-  if (run.data_parallel != 1) {
-    fail("{}: data_parallel = {}: pipeflow train runs one pipeline replica (data parallelism is not there yet); "
-         "set it to 1 and raise gradient_accumulation_steps for a larger batch",
-         source, run.data_parallel);
-  }
   if (run.zero != ZeroStage::kNone) {
-    fail("{}: zero_optimization.stage = {}: ZeRO shards model states across data-parallel replicas, and pipeflow "
-         "train runs one; remove it (pipeflow simulate models it)",
+    fail("{}: zero_optimization.stage = {}: pipeflow train does not shard optimizer states yet; remove it "
+         "(pipeflow simulate models it)",
          source, static_cast<int>(run.zero));
   }
   if (run.comm_mode != CommMode::kOverlapped) {
@@ -73,6 +68,7 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   s.partition = run.pipeline.partition_method;
   s.hardware = run.hardware;
   s.engine.micro_batch = resolved.batch.micro;
+  s.engine.data_parallel = run.data_parallel;
   s.engine.seq_length = resolved.seq_length;
   s.engine.recompute_interval = run.pipeline.recompute_interval;
   s.engine.optimizer = run.optimizer;

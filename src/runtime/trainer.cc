@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/core/units.h"
@@ -12,6 +15,7 @@
 #include "pipeflow/runtime/engine.h"
 #include "pipeflow/runtime/measurement.h"
 #include "pipeflow/runtime/metrics_log.h"
+#include "pipeflow/runtime/mpi_world.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/run_outputs.h"
@@ -32,10 +36,11 @@ double ideal_fraction(const StepFigures& figures, double bubble_predicted) {
 
 class Run {
  public:
-  Run(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop)
+  Run(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop, const MpiGroups* processes)
       : settings_(settings),
         progress_(progress),
         stop_(stop),
+        processes_(processes),
         dataset_(settings.data.empty() ? nn::ByteDataset::default_corpus() : settings.data,
                  {.seq_length = seq_length(), .seed = settings.seed,
                   .validation_fraction = settings.validation_fraction}),
@@ -57,11 +62,16 @@ class Run {
   void write_metrics(const std::vector<StepLog>& log) const {
     write_file_atomic(settings_.out_dir / "metrics.jsonl", earlier_metrics_ + metrics_jsonl(log));
   }
-  int stop_signal() const { return stop_ == nullptr ? 0 : stop_->load(); }
+  // The signal that stops the run, 0: none. Under MPI, the largest any
+  // process holds, so that every process stops after the same step.
+  int stop_signal() const;
+  bool reporter() const { return engine_->is_reporter(); }
+  std::string placement() const;
+  std::string oversubscription() const;
   std::filesystem::path checkpoint_path(std::int64_t steps_done) const;
   void write_checkpoint(std::int64_t steps_done) const;
-  double validation_loss() const;
-  void write_outputs(TrainOutcome& outcome) const;
+  std::optional<double> validation_loss() const;
+  void write_outputs(TrainOutcome& outcome, const nn::Stage& model) const;
   // The costs the final prediction used, and which steps they were measured in.
   const CostProfile* record_costs() const { return costs_.steps() > 0 ? &costs_ : &first_costs_; }
   std::string cost_steps() const {
@@ -72,6 +82,7 @@ class Run {
   const TrainSettings& settings_;
   ProgressPrinter& progress_;
   const StopRequest* stop_;
+  const MpiGroups* processes_;
   nn::ByteDataset dataset_;
   DatasetSource source_;
   std::unique_ptr<PipelineEngine> engine_;
@@ -100,7 +111,7 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
     fail("{}: pipeline.stages = {} with {} ({} stages): {}", settings_.config_source, schedule.num_ranks(),
          schedule.name(), schedule.num_stages(), error.what());
   }
-  auto engine = std::make_unique<PipelineEngine>(settings_.model, schedule, boundaries, options);
+  auto engine = std::make_unique<PipelineEngine>(settings_.model, schedule, boundaries, options, processes_);
   if (!settings_.resume.empty()) {
     if (!settings_.weights.empty()) {
       fail("--weights {} and checkpoint.load {}: a checkpoint holds the weights; give one of the two",
@@ -116,7 +127,39 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
   return engine;
 }
 
+int Run::stop_signal() const {
+  const double mine = stop_ == nullptr ? 0 : stop_->load();
+  if (processes_ == nullptr) return static_cast<int>(mine);
+  const std::vector<double> all = MpiGroups::all_gather(processes_->world(), {&mine, 1},
+                                                        deadline_after(settings_.engine.timeout),
+                                                        "every process's stop request");
+  return static_cast<int>(*std::max_element(all.begin(), all.end()));
+}
+
+std::string Run::placement() const {
+  if (processes_ == nullptr) {
+    return fmt::format("one worker thread per rank on a machine with {} cores", usable_cores());
+  }
+  const RankLayout& layout = processes_->layout();
+  return fmt::format("{} MPI processes (pipeline {} x data parallel {}), {} on this machine ({}, {} cores)",
+                     layout.world_size(), layout.pipeline, layout.data_parallel, processes_->processes_on_host(),
+                     processes_->host(), std::thread::hardware_concurrency());
+}
+
+std::string Run::oversubscription() const {
+  if (processes_ == nullptr) {
+    return oversubscription_note(engine_->schedule().num_ranks(), usable_cores(), settings_.emulate);
+  }
+  const int here = processes_->processes_on_host();
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (here <= cores) return "";
+  return fmt::format("{} MPI processes share {} cores on this machine (oversubscribed): correct, but the measured "
+                     "step time, tokens/s and bubble are not those of a pipeline with one device per rank.",
+                     here, cores);
+}
+
 void Run::remove_stale_temporaries() const {
+  if (!reporter()) return;
   for (const auto& dir : {settings_.checkpoint_directory(), settings_.out_dir}) {
     for (const auto& removed : pipeflow::remove_stale_temporaries(dir)) {
       progress_.message(fmt::format("removed {}: a temporary file left by a writer that was stopped", removed.string()));
@@ -157,9 +200,9 @@ std::filesystem::path Run::checkpoint_path(std::int64_t steps_done) const {
 
 void Run::write_checkpoint(std::int64_t steps_done) const {
   const std::filesystem::path dir = settings_.checkpoint_directory();
-  std::filesystem::create_directories(dir);
-  engine_->write_checkpoint(checkpoint_path(steps_done), steps_done);
-  if (settings_.checkpoint_keep == 0) return;
+  if (reporter()) std::filesystem::create_directories(dir);
+  engine_->write_checkpoint(checkpoint_path(steps_done), steps_done);  // collective under MPI
+  if (!reporter() || settings_.checkpoint_keep == 0) return;
   const std::vector<std::filesystem::path> written = checkpoints_in(dir);
   const std::size_t keep = static_cast<std::size_t>(settings_.checkpoint_keep);
   for (std::size_t i = 0; i + keep < written.size(); ++i) std::filesystem::remove(written[i]);
@@ -175,14 +218,25 @@ void Run::announce() const {
       format_count(s.num_stages(), "stage"), format_count(s.num_microbatches(), "micro-batch", "micro-batches"),
       settings_.engine.micro_batch, seq_length(), format_count(settings_.steps, "step"),
       settings_.emulate ? ", emulated" : ""));
-  const int cores = usable_cores();
-  const std::string note = oversubscription_note(s.num_ranks(), cores, settings_.emulate);
+  if (processes_ != nullptr) {
+    progress_.message(placement() + "; ranks (Megatron-LM's order):\n" + processes_->layout().describe());
+  }
+  const std::string note = oversubscription();
   if (!note.empty()) progress_.message(note);
 }
 
 StepLog Run::train_step(std::int64_t step) {
   const RunMode mode = settings_.emulate ? RunMode::kSerial : RunMode::kThreaded;
   StepResult result = engine_->step(step, source_, StepMode::kTrain, mode);
+  if (!reporter()) {  // under MPI, world rank 0 alone measures and reports
+    StepLog log;
+    log.step = step;
+    log.loss = result.loss;
+    log.lr = result.lr;
+    log.grad_norm = result.grad_norm;
+    log.skipped = result.skipped;
+    return log;
+  }
   const Schedule& schedule = engine_->schedule();
   StepFigures figures = step_figures(result, schedule.num_ranks());
   if (settings_.emulate) figures = emulated_figures(schedule, result, figures);
@@ -240,7 +294,7 @@ void Run::check_skipped(const std::vector<StepLog>& logs) {
                                 log.step + 1, log.loss, log.grad_norm, skipped_in_a_row_,
                                 settings_.max_skipped_steps));
   if (skipped_in_a_row_ < settings_.max_skipped_steps) return;
-  write_metrics(logs);
+  if (reporter()) write_metrics(logs);
   std::optional<std::string> first = engine_->first_non_finite(PipelineEngine::Values::kParameters);
   if (!first) first = engine_->first_non_finite(PipelineEngine::Values::kGradients);
   fail("step {}: {} steps in a row had a non-finite loss or gradient norm (numerics.max_skipped_steps = {}); the "
@@ -251,18 +305,20 @@ void Run::check_skipped(const std::vector<StepLog>& logs) {
 
 // The mean loss over one global batch of the validation split (the same
 // samples at every evaluation, so the losses are comparable).
-double Run::validation_loss() const {
-  const auto model = engine_->assemble_model();
+std::optional<double> Run::validation_loss() const {
+  const auto model = engine_->assemble_model();  // collective under MPI: nullptr but on world rank 0
+  if (!model) return std::nullopt;
   const int b = settings_.engine.micro_batch;
+  const int microbatches = settings_.microbatches * settings_.engine.data_parallel;  // of every replica
   double total = 0;
-  for (int j = 0; j < settings_.microbatches; ++j) {
+  for (int j = 0; j < microbatches; ++j) {
     nn::Batch batch = dataset_.batch(nn::Split::kValidation, 0, static_cast<std::int64_t>(j) * b, b,
                                      model->allocator());
     nn::MicrobatchState state;
     model->forward(state, {.tokens = std::move(batch.inputs), .targets = std::move(batch.targets)});
     total += state.loss();
   }
-  return total / settings_.microbatches;
+  return total / microbatches;
 }
 
 TrainOutcome Run::run() {
@@ -290,7 +346,7 @@ TrainOutcome Run::run() {
     if (stopping || (settings_.save_interval > 0 && (last || (step + 1) % settings_.save_interval == 0))) {
       write_checkpoint(step + 1);
     }
-    if (outcome.log.back().val_loss) write_metrics(outcome.log);
+    if (outcome.log.back().val_loss && reporter()) write_metrics(outcome.log);
   }
   const std::int64_t steps_done = first_step_ + static_cast<std::int64_t>(outcome.log.size());
   if (steps_done < settings_.steps) {
@@ -298,33 +354,36 @@ TrainOutcome Run::run() {
                                   steps_done, checkpoint_path(steps_done).string()));
   }
   progress_.finish();
-  const auto model = engine_->assemble_model();
+  const auto model = engine_->assemble_model();  // collective under MPI: nullptr but on world rank 0
+  if (!model) return outcome;
   outcome.sample = nn::sample_text(*model, "", {.new_tokens = settings_.sample_tokens, .temperature = 0.8,
                                                 .seed = settings_.seed});
-  write_outputs(outcome);
+  write_outputs(outcome, *model);
   return outcome;
 }
 
-void Run::write_outputs(TrainOutcome& outcome) const {
+void Run::write_outputs(TrainOutcome& outcome, const nn::Stage& model) const {
   const RunRecord record{
       .settings = &settings_,
       .schedule = &engine_->schedule(),
       .boundaries = engine_->boundaries(),
       .data = fmt::format("{} ({} training bytes)", dataset_.source(), dataset_.bytes(nn::Split::kTrain)),
-      .cores = usable_cores(),
+      .placement = placement(),
+      .oversubscription = oversubscription(),
       .log = outcome.log,
       .figures = figures_,
       .costs = record_costs(),
       .cost_steps = cost_steps(),
       .prediction = &prediction_,
       .sample = outcome.sample};
-  outcome.files = write_run_outputs(record, *engine_, *last_, earlier_metrics_);
+  outcome.files = write_run_outputs(record, *engine_, model, *last_, earlier_metrics_);
 }
 
 }  // namespace
 
-TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop) {
-  Run run(settings, progress, stop);
+TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop,
+                   const MpiGroups* processes) {
+  Run run(settings, progress, stop, processes);
   return run.run();
 }
 

@@ -50,9 +50,9 @@ TEST(InProcessTransport, ReceivesMatchByKeyInAnyOrder) {
   Tensor out;
   ASSERT_EQ(transport.receive(key(0, 1, 0, 1), {4, 8}, {}, in(1s), out), WaitStatus::kOk);
   EXPECT_EQ(out[5], 2.0f);
-  ASSERT_TRUE(transport.try_receive(key(0, 1, 0, 0, Direction::kGradient), out));
+  ASSERT_TRUE(transport.try_receive(key(0, 1, 0, 0, Direction::kGradient), {}, {}, out));
   EXPECT_EQ(out[0], 3.0f);
-  EXPECT_FALSE(transport.try_receive(key(0, 1, 0, 3), out));
+  EXPECT_FALSE(transport.try_receive(key(0, 1, 0, 3), {}, {}, out));
   ASSERT_EQ(transport.receive(key(0, 1, 0, 0), {4, 8}, {}, in(1s), out), WaitStatus::kOk);
   EXPECT_EQ(out[31], 1.0f);
   EXPECT_EQ(transport.pending(RankId(1)), 0);
@@ -82,7 +82,7 @@ TEST(InProcessTransport, ReceiveTimesOutAndAFullInboxMakesSendWait) {
   });
   EXPECT_EQ(transport.send(key(0, 1, 0, 1), filled(2), in(5s)), WaitStatus::kOk);
   receiver.join();
-  ASSERT_TRUE(transport.try_receive(key(0, 1, 0, 1), out));
+  ASSERT_TRUE(transport.try_receive(key(0, 1, 0, 1), {}, {}, out));
   EXPECT_EQ(out[0], 2.0f);
 }
 

@@ -14,7 +14,7 @@
 #include "pipeflow/nn/stage.h"
 #include "pipeflow/runtime/batch_source.h"
 #include "pipeflow/runtime/engine_options.h"
-#include "pipeflow/runtime/in_process_transport.h"
+#include "pipeflow/runtime/transport.h"
 #include "pipeflow/runtime/rank_worker.h"
 #include "pipeflow/runtime/step_record.h"
 #include "pipeflow/schedule/schedule.h"
@@ -77,9 +77,24 @@ struct StepResult {
 // BLAS: each worker's matrix products run on its own thread (tensor/gemm.h
 // pins OpenBLAS to one thread), so p workers use p cores.
 //
+// Under MPI (an MpiGroups given): this process runs one pipeline rank of one
+// data-parallel replica (MpiGroups::pipeline_rank, data_rank) on the calling
+// thread (mpirun binds the process to its core), holds only that rank's
+// stages and optimizers, and reaches the other ranks through an
+// MpiTransport. The flush starts with the data-parallel all-reduce of every
+// stage's gradients (a sum; the loss scale 1/(m·d) makes it the mean), and a
+// step ends with every process holding the loss and world rank 0 holding
+// every rank's record of its replica (clocks aligned by
+// MpiGroups::clock_offset_s). The whole-model operations (write_checkpoint,
+// assemble_model) are collective: every process calls them, replica 0's
+// processes send their tensors by name, and world rank 0 alone gets the
+// result. A failure ends the job (the caller's MpiWorld::abort_job): peers
+// cannot be told to stop a step half done.
+//
 // Thread safety: one thread drives the engine; stages may be read between
 // steps. The destructor stops and joins the rank threads.
 class RankThreads;
+class MpiGroups;
 
 class PipelineEngine {
  public:
@@ -89,7 +104,7 @@ class PipelineEngine {
   // holds layers [b_s, b_{s+1}). Parameters start zero: init_gpt2 or
   // load_parameters fill them. Throws Error naming what does not fit.
   PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
-                 EngineOptions options);
+                 EngineOptions options, const MpiGroups* processes = nullptr);
   ~PipelineEngine();
   PipelineEngine(const PipelineEngine&) = delete;
   PipelineEngine& operator=(const PipelineEngine&) = delete;
@@ -107,7 +122,8 @@ class PipelineEngine {
   // "steps_done": the next step to run). Names, not stage numbers, make it
   // independent of the layout: a run may resume under another schedule,
   // stage count or partition. Written atomically; refused (Error naming the
-  // tensor) when a parameter is not finite.
+  // tensor) when a parameter is not finite. Collective under MPI (world rank
+  // 0 writes the file).
   void write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const;
   // Loads weights and moments from such a file; returns its steps_done.
   std::int64_t load_checkpoint(const nn::SafetensorsFile& file);
@@ -120,8 +136,17 @@ class PipelineEngine {
   const std::vector<int>& boundaries() const { return boundaries_; }
   const EngineOptions& options() const { return options_; }
   int num_stages() const { return static_cast<int>(stages_.size()); }
-  nn::Stage& stage(StageId s) { return *stages_.at(static_cast<std::size_t>(s.value())); }
-  const nn::Stage& stage(StageId s) const { return *stages_.at(static_cast<std::size_t>(s.value())); }
+  // A stage this process holds (all of them in one process; Error for
+  // another process's under MPI).
+  nn::Stage& stage(StageId s);
+  const nn::Stage& stage(StageId s) const;
+  // Parameters of stage s, wherever it runs.
+  std::int64_t stage_parameter_count(StageId s) const;
+  // Under MPI: this process's groups; nullptr in one process.
+  const MpiGroups* processes() const { return processes_; }
+  // Whether this process reports the run (prints, writes the files): always
+  // in one process, world rank 0 under MPI.
+  bool is_reporter() const;
   // Sequences per step (m · b) and tokens per step (m · b · T).
   std::int64_t global_batch() const;
   std::int64_t tokens_per_step() const;
@@ -135,31 +160,40 @@ class PipelineEngine {
   std::span<const float> parameter(std::string_view name) const;
   std::span<const float> gradient(std::string_view name) const;
   // The whole model in one stage (for sampling, evaluation and saving), with
-  // the gradients too if `with_gradients` (the tied wte's from the embedding's stage).
+  // the gradients too if `with_gradients` (the tied wte's from the embedding's
+  // stage; in one process only). Collective under MPI: nullptr except on
+  // world rank 0.
   std::unique_ptr<nn::Stage> assemble_model(bool with_gradients = false) const;
 
  private:
   enum class FlushStep;
-  static const FlushStep kFlushOrder[4];
+  static const FlushStep kFlushOrder[5];
   struct Flush;
 
   const nn::Stage& holder(std::string_view name) const;
+  // The tensors of this process's stages by name (with the optimizer's
+  // moments if `with_optimizer`), merged at world rank 0 under MPI from
+  // replica 0's processes (a collective); the whole model in one process.
+  nn::SafetensorsWriter model_state(bool with_optimizer) const;
+  void reduce_data_parallel(RankWorker& w);
+  void gather_results(StepResult& result, Clock::time_point epoch) const;
   void run_threaded(StepMode mode, double lr, Flush& flush);
   void run_serial(StepMode mode, double lr, Flush& flush);
   RankWorker::Outcome flush_step(FlushStep step, RankWorker& w, StepMode mode, RunMode run, double lr, Flush& flush);
   double clip_coefficient(StepMode mode, double grad_norm) const;
-  void finish(StepResult& result);
+  void finish(StepResult& result, Clock::time_point epoch);
 
   nn::GptConfig config_;
   Schedule schedule_;
   std::vector<int> boundaries_;
   EngineOptions options_;
   // Destroyed last: the workers' and the transport's tensors come from their pools.
-  std::vector<std::unique_ptr<nn::Stage>> stages_;
-  std::vector<std::unique_ptr<nn::AdamW>> optimizers_;
-  std::unique_ptr<InProcessTransport> transport_;
+  std::vector<std::unique_ptr<nn::Stage>> stages_;  // by stage; nullptr: another process's
+  std::vector<std::unique_ptr<nn::AdamW>> optimizers_;  // by stage; nullptr: another process's
+  const MpiGroups* processes_;
+  std::unique_ptr<Transport> transport_;
   Progress progress_;
-  std::vector<std::unique_ptr<RankWorker>> workers_;
+  std::vector<std::unique_ptr<RankWorker>> workers_;  // this process's ranks, in rank order
   // Started at the first threaded step; destroyed (stopped and joined) first.
   std::unique_ptr<RankThreads> threads_;
   std::int64_t current_step_ = 0;

@@ -28,6 +28,11 @@ struct EngineOptions {
   nn::LrSchedule lr_schedule = nn::LrSchedule::constant(1e-3);
   // DeepSpeed's gradient_clipping: the largest global gradient norm; <= 0 disables it.
   double gradient_clipping = 0;
+  // Data parallelism (under MPI: the engine sets them from its MpiGroups):
+  // replica `data_rank` of `data_parallel` runs micro-batches
+  // data_rank · m … data_rank · m + m − 1 of the step's global batch.
+  int data_parallel = 1;
+  int data_rank = 0;
   // For tests: called on the worker's thread before each of its actions
   // (an exception or a delay there acts as a failing or a slow worker).
   std::function<void(RankId, const Action&)> before_action;

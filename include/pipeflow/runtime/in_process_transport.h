@@ -47,7 +47,7 @@ class InProcessTransport final : public Transport {
   WaitStatus send(const MessageKey& key, Tensor payload, Deadline deadline) override;
   WaitStatus receive(const MessageKey& key, const Shape& shape, Allocator allocator, Deadline deadline,
                      Tensor& out) override;
-  bool try_receive(const MessageKey& key, Tensor& out) override;
+  bool try_receive(const MessageKey& key, const Shape& shape, Allocator allocator, Tensor& out) override;
   WaitStatus all_reduce_sum(RankId rank, double& value, Deadline deadline) override;
   void abort() override;
   bool aborted() const override { return aborted_.load(std::memory_order_acquire); }

@@ -17,7 +17,8 @@ namespace pipeflow::runtime {
 // lines a run) (validation as "after N steps: validation
 // loss L", the metrics' step N − 1),
 //   step 37/200 loss 2.3140 lr 0.001 grad_norm 0.84 12.3k tok/s step 52.1 ms bubble 11.2% (predicted 10.9%) ETA 1m12s
-// "emulated" labels the figures of an --emulate run.
+// "emulated" labels the figures of an --emulate run. A printer without a
+// file (`out` nullptr) prints nothing: the other processes of an MPI job.
 //
 // Thread safety: one thread.
 class ProgressPrinter {

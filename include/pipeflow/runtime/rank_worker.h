@@ -19,8 +19,10 @@
 namespace pipeflow::runtime {
 
 // Where every rank of a step is: the index of the action it runs or waits at
-// (its list's size once done), for the timeout message. One atomic per rank.
+// (its list's size once done), for the timeout message. One atomic per rank;
+// kInAnotherProcess for a rank this process does not run (under MPI).
 using Progress = std::vector<std::atomic<std::size_t>>;
+inline constexpr std::size_t kInAnotherProcess = static_cast<std::size_t>(-1);
 
 // One pipeline rank: executes its action list of a lowered schedule on the
 // nn stages it holds, one action at a time, and then does its part of the
@@ -30,12 +32,13 @@ using Progress = std::vector<std::atomic<std::size_t>>;
 //
 // Per action (stage s, micro-batch j, b = micro_batch):
 //   F  the first stage loads samples j·b … (j+1)·b − 1 of the step from the
-//      source; other stages take the activation received (or handed over on
-//      the rank); the last stage also loads the targets, and its forward
-//      gives micro-batch j's loss.
-//   B/I the last stage starts from loss_scale · loss with loss_scale = 1/m
-//      (the mean over the global batch of m equal micro-batches); the others
-//      from the gradient received.
+//      source (replica d of a data-parallel run: micro-batch d·m + j);
+//      other stages take the activation received (or handed over on the
+//      rank); the last stage also loads the targets, and its forward gives
+//      micro-batch j's loss.
+//   B/I the last stage starts from loss_scale · loss with loss_scale =
+//      1/(m·d) (the mean over the global batch of m·d equal micro-batches,
+//      d data-parallel replicas); the others from the gradient received.
 //   W  adds micro-batch j's weight gradients.
 //   SEND/RECV move the output / gradient through the transport, keyed
 //      (source, destination, stage, micro-batch, direction).

@@ -16,7 +16,11 @@ struct RunRecord {
   const Schedule* schedule = nullptr;  // lowered, as run
   std::vector<int> boundaries;
   std::string data;          // the corpus, in words
-  int cores = 0;             // hardware threads of the machine
+  // How the ranks ran ("one worker thread per rank on a machine with 2
+  // cores", or the MPI processes), and the warning when they shared cores
+  // (empty when each had its own).
+  std::string placement;
+  std::string oversubscription;
   std::vector<StepLog> log;
   // The measured figures of every step (emulated: of the replayed steps).
   std::vector<StepFigures> figures;

@@ -13,8 +13,10 @@ namespace pipeflow::runtime {
 // (each file atomically; see train() in trainer.h): metrics.jsonl
 // (`earlier_metrics`, then this run's lines), timeline.svg and trace.json
 // of `last` (replayed with --emulate), predicted.svg, profile.json,
-// weights.safetensors and report.md. Returns the paths written.
+// weights.safetensors (`model`: the engine's, assembled) and report.md.
+// Returns the paths written.
 std::vector<std::filesystem::path> write_run_outputs(const RunRecord& record, const PipelineEngine& engine,
-                                                     const StepResult& last, const std::string& earlier_metrics);
+                                                     const nn::Stage& model, const StepResult& last,
+                                                     const std::string& earlier_metrics);
 
 }  // namespace pipeflow::runtime

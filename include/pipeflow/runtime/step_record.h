@@ -36,14 +36,15 @@ struct ActionTiming {
 
 // The work after the pipeline flush.
 enum class FlushPhase {
-  kTiedGradients,  // ReduceTiedGrads: exchange and sum the wte copies
+  kDataParallelGradients,  // the all-reduce of a stage's gradients over its data-parallel replicas
+  kTiedGradients,          // ReduceTiedGrads: exchange and sum the wte copies
   kGradientNorm,   // the global norm: all-reduce of the square sums
   kOptimizer,      // clipping and the AdamW step of the rank's stages
 };
 
 struct PhaseTiming {
   FlushPhase phase = FlushPhase::kOptimizer;
-  StageId stage;  // kOptimizer: the stage updated; otherwise the rank's first stage
+  StageId stage;  // kOptimizer, kDataParallelGradients: the stage; otherwise the rank's first stage
   double start_s = 0;
   double end_s = 0;
 };

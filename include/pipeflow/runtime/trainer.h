@@ -16,6 +16,7 @@
 namespace pipeflow::runtime {
 
 class ProgressPrinter;
+class MpiGroups;
 
 // Everything a training run needs, as plain values (`pipeflow train` fills
 // them from the run configuration and the command line).
@@ -131,6 +132,10 @@ static_assert(StopRequest::is_always_lock_free);
 // Progress goes to `progress`. Throws Error for a bad setting (naming it),
 // for max_skipped_steps non-finite steps in a row and for any failure of the
 // pipeline.
-TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop = nullptr);
+// Under MPI (`processes`), every process of the job calls train() with the
+// same settings; world rank 0 alone prints and writes the files, and its
+// outcome alone holds the full log and the sample.
+TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop = nullptr,
+                   const MpiGroups* processes = nullptr);
 
 }  // namespace pipeflow::runtime

@@ -11,6 +11,11 @@ namespace pipeflow::runtime {
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
+// `timeout` from now.
+inline Deadline deadline_after(std::chrono::duration<double> timeout) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
+}
+
 // What a message carries between two pipeline ranks.
 //   kActivation:   a stage's forward output, to the next stage (SEND_F/RECV_F);
 //   kGradient:     a stage's input gradient, to the previous stage (SEND_B/RECV_B);
@@ -52,7 +57,8 @@ enum class WaitStatus { kOk, kTimedOut, kAborted };
 //             receiver expects, for a transport that must allocate the
 //             receive buffer; the in-process transport hands over the
 //             sender's tensor itself (no copy) and ignores them.
-//   try_receive ~ MPI_Test: the message if it has arrived, else nothing.
+//   try_receive ~ MPI_Iprobe + MPI_Recv: the message if it has arrived,
+//             else nothing (`shape` and `allocator` as for receive).
 //   all_reduce_sum ~ MPI_Allreduce(MPI_SUM) of one double over all ranks,
 //             summed in rank order (0 + v0 + v1 + ...) so every layout and
 //             every rerun gets the same bits.
@@ -71,7 +77,7 @@ class Transport {
   virtual WaitStatus send(const MessageKey& key, Tensor payload, Deadline deadline) = 0;
   virtual WaitStatus receive(const MessageKey& key, const Shape& shape, Allocator allocator, Deadline deadline,
                              Tensor& out) = 0;
-  virtual bool try_receive(const MessageKey& key, Tensor& out) = 0;
+  virtual bool try_receive(const MessageKey& key, const Shape& shape, Allocator allocator, Tensor& out) = 0;
   virtual WaitStatus all_reduce_sum(RankId rank, double& value, Deadline deadline) = 0;
 
   // Wakes every waiter with kAborted; later calls return kAborted at once.

@@ -1,0 +1,70 @@
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <vector>
+
+#include "pipeflow/runtime/transport.h"
+
+namespace pipeflow::runtime {
+
+// The transport between pipeline ranks in different processes: each message
+// is one MPI_Isend / MPI_Irecv of float32 on the pipeline's communicator
+// (MpiGroups::pipeline(), whose rank r is pipeline rank r), with the tag
+//   (direction · S + stage) · M + micro-batch     (S stages, M micro-batches)
+// so that the key's source and tag name exactly one message of a step.
+//
+// Progress: by polling, on the worker's own thread. A send is posted and
+// returns; the transport keeps the payload until MPI says it went, testing
+// the pending sends at every later call. A receive is posted when its RECV
+// runs and tested until it completes. No communication thread: on shared
+// memory OpenMPI moves small messages eagerly, and the one large message a
+// rank waits for is the one it polls (docs/RUNTIME.md, MPI: measured).
+//
+// all_reduce_sum gathers every rank's value (MPI_Iallgather) and adds them in
+// rank order, as the in-process transport does: the same bits in every
+// layout.
+//
+// Thread safety: one rank per process, called by one thread at a time
+// (MPI_THREAD_SERIALIZED).
+class MpiTransport final : public Transport {
+ public:
+  // `pipeline`: the communicator; `self`: this process's pipeline rank.
+  // Error when the largest tag exceeds the library's MPI_TAG_UB.
+  MpiTransport(MPI_Comm pipeline, RankId self, int num_stages, int num_microbatches);
+  ~MpiTransport() override;
+  MpiTransport(const MpiTransport&) = delete;
+  MpiTransport& operator=(const MpiTransport&) = delete;
+
+  WaitStatus send(const MessageKey& key, Tensor payload, Deadline deadline) override;
+  WaitStatus receive(const MessageKey& key, const Shape& shape, Allocator allocator, Deadline deadline,
+                     Tensor& out) override;
+  bool try_receive(const MessageKey& key, const Shape& shape, Allocator allocator, Tensor& out) override;
+  WaitStatus all_reduce_sum(RankId rank, double& value, Deadline deadline) override;
+  void abort() override { aborted_.store(true, std::memory_order_release); }
+  bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
+  // Waits (60 s at most) for the sends still in flight, cancels what is left,
+  // and clears the aborted state.
+  void reset() override;
+
+  int tag(const MessageKey& key) const;
+
+ private:
+  struct PendingSend {
+    MPI_Request request = MPI_REQUEST_NULL;
+    Tensor payload;
+  };
+  // Tests every pending send and drops those done.
+  void progress_sends();
+  void check_count(const MessageKey& key, const MPI_Status& status, std::int64_t expected) const;
+
+  MPI_Comm comm_;
+  RankId self_;
+  int num_stages_;
+  int num_microbatches_;
+  std::vector<PendingSend> sends_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace pipeflow::runtime

@@ -1,0 +1,134 @@
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pipeflow/runtime/transport.h"
+
+namespace pipeflow::runtime {
+
+// How the processes of a run under mpirun are arranged: p pipeline ranks
+// times d data-parallel replicas, N = p · d processes, in Megatron-LM's order
+// (tensor parallelism 1): the data-parallel rank varies fastest, so
+//   world rank w = pipeline_rank · d + data_rank.
+// A data-parallel group (the d processes holding the same stages, which
+// all-reduce gradients: the heaviest traffic) is d consecutive ranks, on one
+// machine when mpirun fills machines in order; a pipeline (one replica) is
+// the ranks data_rank, data_rank + d, data_rank + 2d, ...
+struct RankLayout {
+  int pipeline = 1;       // p
+  int data_parallel = 1;  // d
+
+  int world_size() const { return pipeline * data_parallel; }
+  int pipeline_rank(int world_rank) const { return world_rank / data_parallel; }
+  int data_rank(int world_rank) const { return world_rank % data_parallel; }
+  int world_rank(int pipeline_rank, int data_rank) const { return pipeline_rank * data_parallel + data_rank; }
+  // One line per pipeline and per data-parallel group:
+  //   "pipeline (data-parallel rank 0): world ranks 0 2 4 6"
+  //   "data-parallel group (pipeline rank 1): world ranks 2 3"
+  std::string describe() const;
+};
+
+// MPI for the life of a command started by mpirun: MPI_Init_thread with
+// MPI_THREAD_SERIALIZED (one thread at a time calls MPI: a rank's worker
+// thread during a step, the main thread between steps), MPI_Finalize at the
+// end. Errors of MPI calls are returned, not fatal (MPI_ERRORS_RETURN), and
+// become pipeflow Errors naming the call.
+class MpiWorld {
+ public:
+  // Whether this process was started by mpirun (OpenMPI sets OMPI_COMM_WORLD_SIZE).
+  static bool launched_by_mpirun();
+
+  MpiWorld();
+  ~MpiWorld();
+  MpiWorld(const MpiWorld&) = delete;
+  MpiWorld& operator=(const MpiWorld&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // This machine's name (MPI_Get_processor_name) and how many of the job's
+  // processes run on it (MPI_COMM_TYPE_SHARED).
+  const std::string& host() const { return host_; }
+  int processes_on_host() const { return processes_on_host_; }
+
+  // Ends every process of the job (MPI_Abort) with `status`: for a process
+  // that failed, after it has printed why, so that no peer waits for it.
+  [[noreturn]] static void abort_job(int status);
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+  std::string host_;
+  int processes_on_host_ = 1;
+};
+
+// Throws an Error "MPI_Isend failed: <MPI's message>" unless `code` is MPI_SUCCESS.
+void check_mpi(int code, std::string_view call);
+
+// Polls `request` until it completes (kOk), `deadline` passes (kTimedOut)
+// or `abort` becomes true (kAborted). A wait first spins (MPI_Test in a
+// loop: the message is usually near), then yields the core between tests,
+// and after a millisecond sleeps 50 µs between them, so an oversubscribed
+// process does not starve the peer it waits for. A point-to-point request
+// (`cancel`) that did not complete is cancelled; a collective cannot be, and
+// the caller must end the job (MpiWorld::abort_job) before its buffers go.
+WaitStatus wait_for(MPI_Request& request, Deadline deadline, const std::atomic<bool>* abort = nullptr,
+                    bool cancel = false);
+
+// The processes of one run: the world, this process's pipeline (its
+// replica's p ranks, ranked by pipeline rank) and its data-parallel group
+// (ranked by data rank), split from the world by RankLayout.
+class MpiGroups {
+ public:
+  // Error when the world's size is not layout.world_size().
+  MpiGroups(const MpiWorld& world, RankLayout layout);
+  const std::string& host() const { return world_->host(); }
+  int processes_on_host() const { return world_->processes_on_host(); }
+  ~MpiGroups();
+  MpiGroups(const MpiGroups&) = delete;
+  MpiGroups& operator=(const MpiGroups&) = delete;
+
+  const RankLayout& layout() const { return layout_; }
+  int world_rank() const { return world_rank_; }
+  int pipeline_rank() const { return layout_.pipeline_rank(world_rank_); }
+  int data_rank() const { return layout_.data_rank(world_rank_); }
+  // World rank 0: prints progress and writes the run's files.
+  bool is_reporter() const { return world_rank_ == 0; }
+  MPI_Comm world() const { return MPI_COMM_WORLD; }
+  MPI_Comm pipeline() const { return pipeline_; }
+  MPI_Comm data() const { return data_; }
+  // This process's steady clock minus world rank 0's, measured at start by
+  // ping-pong (the exchange with the shortest round trip; 0 on rank 0). One
+  // machine's processes share a clock and measure about 0.
+  double clock_offset_s() const { return clock_offset_s_; }
+
+  // Collectives, polled until `deadline` (an Error naming `what` after it):
+  // the sum over `comm`'s ranks of `values`, in place, in buckets of at
+  // most kBucketFloats (one MPI_Iallreduce each, the next posted while
+  // earlier ones complete);
+  static constexpr std::size_t kBucketFloats = std::size_t{1} << 22;  // 16 MiB
+  static void all_reduce_sum(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what);
+  // every rank's `values` (the same count on each), rank by rank;
+  static std::vector<double> all_gather(MPI_Comm comm, std::span<const double> values, Deadline deadline,
+                                        std::string_view what);
+  // every rank's bytes at rank 0 (empty elsewhere), rank by rank.
+  static std::vector<std::string> gather_bytes(MPI_Comm comm, const std::string& bytes, Deadline deadline,
+                                               std::string_view what);
+
+ private:
+  double measure_clock_offset() const;
+
+  const MpiWorld* world_;
+  RankLayout layout_;
+  int world_rank_ = 0;
+  MPI_Comm pipeline_ = MPI_COMM_NULL;
+  MPI_Comm data_ = MPI_COMM_NULL;
+  double clock_offset_s_ = 0;
+};
+
+}  // namespace pipeflow::runtime

@@ -1,0 +1,249 @@
+#include "pipeflow/runtime/mpi_world.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <limits>
+#include <thread>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow::runtime {
+namespace {
+
+constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kYield = std::chrono::milliseconds(1);
+constexpr auto kSleep = std::chrono::microseconds(50);
+constexpr int kClockTag = 1;
+
+std::string ranks_line(const std::vector<int>& ranks) {
+  std::string line;
+  for (const int r : ranks) line += fmt::format(" {}", r);
+  return line;
+}
+
+int as_int(std::size_t n, std::string_view what) {
+  if (n > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    fail("{}: {} elements do not fit one MPI message (at most {})", what, n, std::numeric_limits<int>::max());
+  }
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+std::string RankLayout::describe() const {
+  std::string text;
+  for (int d = 0; d < data_parallel; ++d) {
+    std::vector<int> ranks;
+    for (int p = 0; p < pipeline; ++p) ranks.push_back(world_rank(p, d));
+    text += fmt::format("pipeline (data-parallel rank {}): world ranks{}\n", d, ranks_line(ranks));
+  }
+  if (data_parallel > 1) {
+    for (int p = 0; p < pipeline; ++p) {
+      std::vector<int> ranks;
+      for (int d = 0; d < data_parallel; ++d) ranks.push_back(world_rank(p, d));
+      text += fmt::format("data-parallel group (pipeline rank {}): world ranks{}\n", p, ranks_line(ranks));
+    }
+  }
+  return text;
+}
+
+bool MpiWorld::launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
+
+MpiWorld::MpiWorld() {
+  int provided = 0;
+  check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    MPI_Finalize();
+    fail("this MPI library gives thread support level {} and pipeflow needs MPI_THREAD_SERIALIZED ({}): use an "
+         "OpenMPI built with thread support (Debian's openmpi-bin is)",
+         provided, MPI_THREAD_SERIALIZED);
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MPI_Get_processor_name(name, &length);
+  host_.assign(name, static_cast<std::size_t>(length));
+  MPI_Comm host = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host),
+            "MPI_Comm_split_type");
+  MPI_Comm_size(host, &processes_on_host_);
+  MPI_Comm_free(&host);
+}
+
+MpiWorld::~MpiWorld() { MPI_Finalize(); }
+
+void MpiWorld::abort_job(int status) {
+  MPI_Abort(MPI_COMM_WORLD, status);
+  std::_Exit(status);  // MPI_Abort does not return; should it, end this process anyway
+}
+
+void check_mpi(int code, std::string_view call) {
+  if (code == MPI_SUCCESS) return;
+  char message[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  MPI_Error_string(code, message, &length);
+  fail("{} failed: {}", call, std::string_view(message, static_cast<std::size_t>(length)));
+}
+
+WaitStatus wait_for(MPI_Request& request, Deadline deadline, const std::atomic<bool>* abort, bool cancel) {
+  const Clock::time_point start = Clock::now();
+  for (;;) {
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done != 0) return WaitStatus::kOk;
+    const Clock::time_point now = Clock::now();
+    const bool aborted = abort != nullptr && abort->load(std::memory_order_acquire);
+    if (aborted || now > deadline) {
+      if (cancel) {
+        MPI_Cancel(&request);
+        MPI_Wait(&request, MPI_STATUS_IGNORE);
+      }
+      return aborted ? WaitStatus::kAborted : WaitStatus::kTimedOut;
+    }
+    const auto waited = now - start;
+    if (waited < kSpin) continue;
+    if (waited < kYield) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(kSleep);
+    }
+  }
+}
+
+namespace {
+
+// A collective's wait: an Error naming `what` when the deadline passes.
+void wait_collective(MPI_Request& request, Deadline deadline, std::string_view what) {
+  const Clock::time_point start = Clock::now();
+  if (wait_for(request, deadline) == WaitStatus::kOk) return;
+  fail("timed out after {:.0f} s waiting for {} (a peer process is stuck or gone; raise --timeout if it is only "
+       "slow)",
+       std::chrono::duration<double>(Clock::now() - start).count(), what);
+}
+
+}  // namespace
+
+MpiGroups::MpiGroups(const MpiWorld& world, RankLayout layout)
+    : world_(&world), layout_(layout), world_rank_(world.rank()) {
+  if (world.size() != layout_.world_size()) {
+    fail("mpirun started {} processes; the run needs pipeline.stages × data_parallel = {} × {} = {}: run mpirun -np "
+         "{}, or set data_parallel to {} / {}",
+         world.size(), layout_.pipeline, layout_.data_parallel, layout_.world_size(), layout_.world_size(),
+         world.size(), layout_.pipeline);
+  }
+  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, data_rank(), pipeline_rank(), &pipeline_), "MPI_Comm_split (pipeline)");
+  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, pipeline_rank(), data_rank(), &data_), "MPI_Comm_split (data parallel)");
+  MPI_Comm_set_errhandler(pipeline_, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
+  clock_offset_s_ = measure_clock_offset();
+}
+
+MpiGroups::~MpiGroups() {
+  MPI_Comm_free(&pipeline_);
+  MPI_Comm_free(&data_);
+}
+
+// Cristian's algorithm against world rank 0, one peer at a time: rank 0
+// answers each ping with its clock; the peer takes the reply of the
+// shortest round trip and puts rank 0's time at that trip's midpoint.
+double MpiGroups::measure_clock_offset() const {
+  constexpr int kRounds = 16;
+  const auto seconds = [] { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); };
+  const int size = layout_.world_size();
+  if (world_rank_ == 0) {
+    for (int peer = 1; peer < size; ++peer) {
+      for (int i = 0; i < kRounds; ++i) {
+        double ping = 0;
+        check_mpi(MPI_Recv(&ping, 1, MPI_DOUBLE, peer, kClockTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
+        const double now = seconds();
+        check_mpi(MPI_Send(&now, 1, MPI_DOUBLE, peer, kClockTag, MPI_COMM_WORLD), "MPI_Send");
+      }
+    }
+    return 0;
+  }
+  double best_trip = std::numeric_limits<double>::infinity();
+  double offset = 0;
+  for (int i = 0; i < kRounds; ++i) {
+    const double sent = seconds();
+    double theirs = 0;
+    check_mpi(MPI_Send(&sent, 1, MPI_DOUBLE, 0, kClockTag, MPI_COMM_WORLD), "MPI_Send");
+    check_mpi(MPI_Recv(&theirs, 1, MPI_DOUBLE, 0, kClockTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
+    const double received = seconds();
+    if (received - sent < best_trip) {
+      best_trip = received - sent;
+      offset = (sent + received) / 2 - theirs;
+    }
+  }
+  return offset;
+}
+
+void MpiGroups::all_reduce_sum(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what) {
+  constexpr std::size_t kInFlight = 2;
+  std::vector<MPI_Request> requests;
+  for (std::size_t begin = 0; begin < values.size(); begin += kBucketFloats) {
+    const std::size_t count = std::min(kBucketFloats, values.size() - begin);
+    if (requests.size() == kInFlight) {
+      wait_collective(requests.front(), deadline, what);
+      requests.erase(requests.begin());
+    }
+    requests.emplace_back();
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values.data() + begin, as_int(count, what), MPI_FLOAT, MPI_SUM, comm,
+                             &requests.back()),
+              "MPI_Iallreduce");
+  }
+  for (MPI_Request& request : requests) wait_collective(request, deadline, what);
+}
+
+std::vector<double> MpiGroups::all_gather(MPI_Comm comm, std::span<const double> values, Deadline deadline,
+                                          std::string_view what) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  std::vector<double> all(values.size() * static_cast<std::size_t>(size));
+  const int count = as_int(values.size(), what);
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgather(values.data(), count, MPI_DOUBLE, all.data(), count, MPI_DOUBLE, comm, &request),
+            "MPI_Iallgather");
+  wait_collective(request, deadline, what);
+  return all;
+}
+
+std::vector<std::string> MpiGroups::gather_bytes(MPI_Comm comm, const std::string& bytes, Deadline deadline,
+                                                 std::string_view what) {
+  int size = 0;
+  int rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  const double length = static_cast<double>(bytes.size());
+  const std::vector<double> lengths = all_gather(comm, {&length, 1}, deadline, what);
+  std::vector<int> counts;
+  std::vector<int> offsets;
+  std::string all;
+  if (rank == 0) {
+    std::size_t total = 0;
+    for (const double l : lengths) {
+      offsets.push_back(as_int(total, what));
+      counts.push_back(as_int(static_cast<std::size_t>(l), what));
+      total += static_cast<std::size_t>(l);
+    }
+    all.resize(total);
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Igatherv(bytes.data(), as_int(bytes.size(), what), MPI_BYTE, all.data(), counts.data(),
+                         offsets.data(), MPI_BYTE, 0, comm, &request),
+            "MPI_Igatherv");
+  wait_collective(request, deadline, what);
+  std::vector<std::string> parts;
+  if (rank != 0) return parts;
+  for (int r = 0; r < size; ++r) {
+    parts.push_back(all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
+                               static_cast<std::size_t>(counts[static_cast<std::size_t>(r)])));
+  }
+  return parts;
+}
+
+}  // namespace pipeflow::runtime
