@@ -159,10 +159,7 @@ void run(const TrainCommand& c) {
   } catch (const ExitStatus&) {
     throw;
   } catch (const std::exception& error) {
-    fmt::print(stderr, "pipeflow train: error in MPI process {} of {} on {}: {}\n", mpi.rank(), mpi.size(),
-               mpi.host(), error.what());
-    std::fflush(stderr);
-    runtime::MpiWorld::abort_job(1);
+    runtime::MpiWorld::fail_job(error.what());
   }
 }
 

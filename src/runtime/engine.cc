@@ -444,6 +444,7 @@ void PipelineEngine::run_threaded(StepMode mode, double lr, Flush& flush) {
       for (const FlushStep step : kFlushOrder) {
         if (flush_step(step, w, mode, RunMode::kThreaded, lr, flush) == RankWorker::Outcome::kAborted) return;
       }
+      w.complete_sends();
     } catch (...) {
       {
         std::lock_guard lock(error_mutex);
@@ -457,6 +458,15 @@ void PipelineEngine::run_threaded(StepMode mode, double lr, Flush& flush) {
   } else {
     if (!threads_) threads_ = std::make_unique<RankThreads>(schedule_.num_ranks());
     threads_->run(job);
+  }
+  if (first_error && processes_ != nullptr) {
+    // Peers in other processes cannot be told to stop a step half done, and
+    // transfers of this one may still be under way: end the job from here.
+    try {
+      std::rethrow_exception(first_error);
+    } catch (const std::exception& error) {
+      MpiWorld::fail_job(error.what());
+    }
   }
   if (first_error) {
     if (flush.updating.load()) update_failed_ = true;

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <memory>
+#include <thread>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/runtime/mpi_world.h"
@@ -22,11 +24,17 @@ MpiTransport::MpiTransport(MPI_Comm pipeline, RankId self, int num_stages, int n
   }
 }
 
-MpiTransport::~MpiTransport() {
-  for (PendingSend& send : sends_) {
-    MPI_Cancel(&send.request);
-    MPI_Wait(&send.request, MPI_STATUS_IGNORE);
-  }
+MpiTransport::~MpiTransport() { abandon_sends(); }
+
+void MpiTransport::abandon_sends() {
+  for (PendingSend& send : sends_) abandon_buffer(std::make_shared<Tensor>(std::move(send.payload)));
+  sends_.clear();
+}
+
+std::vector<std::string> MpiTransport::sends_in_flight() const {
+  std::vector<std::string> names;
+  for (const PendingSend& send : sends_) names.push_back(describe(send.key));
+  return names;
 }
 
 int MpiTransport::tag(const MessageKey& key) const {
@@ -55,6 +63,7 @@ WaitStatus MpiTransport::send(const MessageKey& key, Tensor payload, Deadline) {
   if (aborted()) return WaitStatus::kAborted;
   progress_sends();
   PendingSend& send = sends_.emplace_back();
+  send.key = key;
   send.payload = std::move(payload);
   check_mpi(MPI_Isend(send.payload.data(), static_cast<int>(send.payload.numel()), MPI_FLOAT,
                       key.destination.value(), tag(key), comm_, &send.request),
@@ -71,8 +80,12 @@ WaitStatus MpiTransport::receive(const MessageKey& key, const Shape& shape, Allo
   check_mpi(MPI_Irecv(into.data(), static_cast<int>(into.numel()), MPI_FLOAT, key.source.value(), tag(key), comm_,
                       &request),
             "MPI_Irecv");
-  const WaitStatus status = wait_for(request, deadline, &aborted_, true);
-  if (status == WaitStatus::kOk) out = std::move(into);
+  const WaitStatus status = wait_for(request, deadline, &aborted_);
+  if (status == WaitStatus::kOk) {
+    out = std::move(into);
+  } else {
+    abandon_buffer(std::make_shared<Tensor>(std::move(into)));  // the receive stays posted
+  }
   return status;
 }
 
@@ -97,25 +110,36 @@ WaitStatus MpiTransport::all_reduce_sum(RankId, double& value, Deadline deadline
   progress_sends();
   int size = 0;
   MPI_Comm_size(comm_, &size);
-  std::vector<double> values(static_cast<std::size_t>(size));
+  // [this rank's value, every rank's]: one buffer to abandon if the gather never ends
+  auto buffer = std::make_shared<std::vector<double>>(static_cast<std::size_t>(size) + 1);
+  (*buffer)[0] = value;
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallgather(&value, 1, MPI_DOUBLE, values.data(), 1, MPI_DOUBLE, comm_, &request), "MPI_Iallgather");
+  check_mpi(MPI_Iallgather(buffer->data(), 1, MPI_DOUBLE, buffer->data() + 1, 1, MPI_DOUBLE, comm_, &request),
+            "MPI_Iallgather");
   const WaitStatus status = wait_for(request, deadline);
-  if (status != WaitStatus::kOk) return status;  // the caller fails the step, and the job ends
+  if (status != WaitStatus::kOk) {  // the caller fails the step, and the job ends
+    abandon_buffer(std::move(buffer));
+    return status;
+  }
   double sum = 0;
-  for (const double v : values) sum += v;
+  for (std::size_t r = 1; r < buffer->size(); ++r) sum += (*buffer)[r];
   value = sum;
   return WaitStatus::kOk;
 }
 
-void MpiTransport::reset() {
-  const Deadline deadline = Clock::now() + std::chrono::seconds(60);
-  while (!sends_.empty() && Clock::now() < deadline) progress_sends();
-  for (PendingSend& send : sends_) {
-    MPI_Cancel(&send.request);
-    MPI_Wait(&send.request, MPI_STATUS_IGNORE);
+WaitStatus MpiTransport::complete_sends(RankId, Deadline deadline) {
+  for (;;) {
+    progress_sends();
+    if (sends_.empty()) return WaitStatus::kOk;
+    if (aborted()) return WaitStatus::kAborted;
+    if (Clock::now() > deadline) return WaitStatus::kTimedOut;
+    std::this_thread::yield();
   }
-  sends_.clear();
+}
+
+void MpiTransport::reset() {
+  progress_sends();
+  abandon_sends();
   aborted_.store(false, std::memory_order_release);
 }
 

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <limits>
+#include <cstdio>
+#include <mutex>
 #include <thread>
 
 #include "pipeflow/core/error.h"
@@ -82,6 +84,21 @@ void MpiWorld::abort_job(int status) {
   std::_Exit(status);  // MPI_Abort does not return; should it, end this process anyway
 }
 
+void MpiWorld::fail_job(std::string_view error) {
+  int rank = 0;
+  int size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MPI_Get_processor_name(host, &length);
+  if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+  std::fprintf(stderr, "pipeflow: error in MPI process %d of %d on %.*s: %.*s\n", rank, size, length, host,
+               static_cast<int>(error.size()), error.data());
+  std::fflush(stderr);
+  abort_job(1);
+}
+
 void check_mpi(int code, std::string_view call) {
   if (code == MPI_SUCCESS) return;
   char message[MPI_MAX_ERROR_STRING] = {};
@@ -90,21 +107,15 @@ void check_mpi(int code, std::string_view call) {
   fail("{} failed: {}", call, std::string_view(message, static_cast<std::size_t>(length)));
 }
 
-WaitStatus wait_for(MPI_Request& request, Deadline deadline, const std::atomic<bool>* abort, bool cancel) {
+WaitStatus wait_for(MPI_Request& request, Deadline deadline, const std::atomic<bool>* abort) {
   const Clock::time_point start = Clock::now();
   for (;;) {
     int done = 0;
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
     if (done != 0) return WaitStatus::kOk;
     const Clock::time_point now = Clock::now();
-    const bool aborted = abort != nullptr && abort->load(std::memory_order_acquire);
-    if (aborted || now > deadline) {
-      if (cancel) {
-        MPI_Cancel(&request);
-        MPI_Wait(&request, MPI_STATUS_IGNORE);
-      }
-      return aborted ? WaitStatus::kAborted : WaitStatus::kTimedOut;
-    }
+    if (abort != nullptr && abort->load(std::memory_order_acquire)) return WaitStatus::kAborted;
+    if (now > deadline) return WaitStatus::kTimedOut;
     const auto waited = now - start;
     if (waited < kSpin) continue;
     if (waited < kYield) {
@@ -115,12 +126,22 @@ WaitStatus wait_for(MPI_Request& request, Deadline deadline, const std::atomic<b
   }
 }
 
+void abandon_buffer(std::shared_ptr<void> buffer) {
+  static std::mutex mutex;
+  static auto* abandoned = new std::vector<std::shared_ptr<void>>;  // never freed, on purpose
+  const std::lock_guard lock(mutex);
+  abandoned->push_back(std::move(buffer));
+}
+
 namespace {
 
-// A collective's wait: an Error naming `what` when the deadline passes.
-void wait_collective(MPI_Request& request, Deadline deadline, std::string_view what) {
+// A collective's wait: an Error naming `what` when the deadline passes (the
+// buffer, `keep`, abandoned to the transfer).
+template <typename Buffer>
+void wait_collective(MPI_Request& request, Deadline deadline, std::string_view what, Buffer& keep) {
   const Clock::time_point start = Clock::now();
   if (wait_for(request, deadline) == WaitStatus::kOk) return;
+  abandon_buffer(std::make_shared<Buffer>(std::move(keep)));
   fail("timed out after {:.0f} s waiting for {} (a peer process is stuck or gone; raise --timeout if it is only "
        "slow)",
        std::chrono::duration<double>(Clock::now() - start).count(), what);
@@ -185,10 +206,17 @@ double MpiGroups::measure_clock_offset() const {
 void MpiGroups::all_reduce_sum(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what) {
   constexpr std::size_t kInFlight = 2;
   std::vector<MPI_Request> requests;
+  // The caller's buffer cannot be abandoned: end the process at once.
+  const auto wait_for_bucket = [&](MPI_Request& request) {
+    if (wait_for(request, deadline) == WaitStatus::kOk) return;
+    MpiWorld::fail_job(fmt::format("timed out waiting for {} (a peer process is stuck or gone; raise --timeout if "
+                                   "it is only slow)",
+                                   what));
+  };
   for (std::size_t begin = 0; begin < values.size(); begin += kBucketFloats) {
     const std::size_t count = std::min(kBucketFloats, values.size() - begin);
     if (requests.size() == kInFlight) {
-      wait_collective(requests.front(), deadline, what);
+      wait_for_bucket(requests.front());
       requests.erase(requests.begin());
     }
     requests.emplace_back();
@@ -196,20 +224,24 @@ void MpiGroups::all_reduce_sum(MPI_Comm comm, std::span<float> values, Deadline 
                              &requests.back()),
               "MPI_Iallreduce");
   }
-  for (MPI_Request& request : requests) wait_collective(request, deadline, what);
+  for (MPI_Request& request : requests) wait_for_bucket(request);
 }
 
 std::vector<double> MpiGroups::all_gather(MPI_Comm comm, std::span<const double> values, Deadline deadline,
                                           std::string_view what) {
   int size = 0;
   MPI_Comm_size(comm, &size);
-  std::vector<double> all(values.size() * static_cast<std::size_t>(size));
+  struct Buffers {
+    std::vector<double> mine;
+    std::vector<double> all;
+  } buffers{{values.begin(), values.end()}, std::vector<double>(values.size() * static_cast<std::size_t>(size))};
   const int count = as_int(values.size(), what);
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallgather(values.data(), count, MPI_DOUBLE, all.data(), count, MPI_DOUBLE, comm, &request),
+  check_mpi(MPI_Iallgather(buffers.mine.data(), count, MPI_DOUBLE, buffers.all.data(), count, MPI_DOUBLE, comm,
+                           &request),
             "MPI_Iallgather");
-  wait_collective(request, deadline, what);
-  return all;
+  wait_collective(request, deadline, what, buffers);
+  return std::move(buffers.all);
 }
 
 std::vector<std::string> MpiGroups::gather_bytes(MPI_Comm comm, const std::string& bytes, Deadline deadline,
@@ -220,28 +252,31 @@ std::vector<std::string> MpiGroups::gather_bytes(MPI_Comm comm, const std::strin
   MPI_Comm_rank(comm, &rank);
   const double length = static_cast<double>(bytes.size());
   const std::vector<double> lengths = all_gather(comm, {&length, 1}, deadline, what);
-  std::vector<int> counts;
-  std::vector<int> offsets;
-  std::string all;
+  struct Buffers {
+    std::string mine;
+    std::string all;
+    std::vector<int> counts;
+    std::vector<int> offsets;
+  } buffers{bytes, {}, {}, {}};
   if (rank == 0) {
     std::size_t total = 0;
     for (const double l : lengths) {
-      offsets.push_back(as_int(total, what));
-      counts.push_back(as_int(static_cast<std::size_t>(l), what));
+      buffers.offsets.push_back(as_int(total, what));
+      buffers.counts.push_back(as_int(static_cast<std::size_t>(l), what));
       total += static_cast<std::size_t>(l);
     }
-    all.resize(total);
+    buffers.all.resize(total);
   }
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Igatherv(bytes.data(), as_int(bytes.size(), what), MPI_BYTE, all.data(), counts.data(),
-                         offsets.data(), MPI_BYTE, 0, comm, &request),
+  check_mpi(MPI_Igatherv(buffers.mine.data(), as_int(buffers.mine.size(), what), MPI_BYTE, buffers.all.data(),
+                         buffers.counts.data(), buffers.offsets.data(), MPI_BYTE, 0, comm, &request),
             "MPI_Igatherv");
-  wait_collective(request, deadline, what);
+  wait_collective(request, deadline, what, buffers);
   std::vector<std::string> parts;
   if (rank != 0) return parts;
-  for (int r = 0; r < size; ++r) {
-    parts.push_back(all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
-                               static_cast<std::size_t>(counts[static_cast<std::size_t>(r)])));
+  for (std::size_t r = 0; r < static_cast<std::size_t>(size); ++r) {
+    parts.push_back(buffers.all.substr(static_cast<std::size_t>(buffers.offsets[r]),
+                                       static_cast<std::size_t>(buffers.counts[r])));
   }
   return parts;
 }

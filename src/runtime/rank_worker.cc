@@ -260,7 +260,7 @@ std::string RankWorker::where_others_are() const {
     const auto& list = schedule_->actions(RankId(r));
     const std::size_t at = (*progress_)[static_cast<std::size_t>(r)].load(std::memory_order_relaxed);
     if (at == kInAnotherProcess) {
-      where.push_back(fmt::format("rank {} runs in another process (its own messages say where it is)", r));
+      where.push_back(fmt::format("rank {} runs in another process", r));
       continue;
     }
     where.push_back(at >= list.size() ? fmt::format("rank {} has finished its actions", r)
@@ -362,6 +362,12 @@ void RankWorker::apply_update(double clip, double lr) {
     if (clip < 1) stage(s).scale_gradients(clip);
     optimizers_[static_cast<std::size_t>(s.value())]->step(lr);
     record_.phases.push_back({FlushPhase::kOptimizer, s, seconds_since_epoch(start), seconds_since_epoch(Clock::now())});
+  }
+}
+
+void RankWorker::complete_sends() {
+  if (transport_->complete_sends(rank_, deadline()) == WaitStatus::kTimedOut) {
+    fail_flush_timeout("the end of the step", "its messages to be taken by their ranks");
   }
 }
 

@@ -16,6 +16,14 @@ struct CommandResult {
 CommandResult run_pipeflow(const std::string& arguments, const std::string& working_dir = "",
                            const std::string& setup = "");
 
+// "mpirun ... -np N": as root, oversubscribed, the job ended after 300 s.
+std::string mpirun_command(int processes);
+// Runs `mpirun_command(processes) pipeflow arguments`, as run_pipeflow.
+CommandResult run_mpirun(int processes, const std::string& arguments);
+
+// The file's bytes, or "" when it does not exist (yet).
+std::string read_file_if_exists(const std::string& path);
+
 // A fresh, empty directory under the system's temporary directory.
 std::string make_temp_dir();
 

@@ -49,6 +49,8 @@ class InProcessTransport final : public Transport {
                      Tensor& out) override;
   bool try_receive(const MessageKey& key, const Shape& shape, Allocator allocator, Tensor& out) override;
   WaitStatus all_reduce_sum(RankId rank, double& value, Deadline deadline) override;
+  // A sent message sits in its destination's inbox: nothing to wait for.
+  WaitStatus complete_sends(RankId, Deadline) override { return aborted() ? WaitStatus::kAborted : WaitStatus::kOk; }
   void abort() override;
   bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
   void reset() override;

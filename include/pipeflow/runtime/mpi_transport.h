@@ -42,19 +42,25 @@ class MpiTransport final : public Transport {
                      Tensor& out) override;
   bool try_receive(const MessageKey& key, const Shape& shape, Allocator allocator, Tensor& out) override;
   WaitStatus all_reduce_sum(RankId rank, double& value, Deadline deadline) override;
+  WaitStatus complete_sends(RankId rank, Deadline deadline) override;
   void abort() override { aborted_.store(true, std::memory_order_release); }
   bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
-  // Waits (60 s at most) for the sends still in flight, cancels what is left,
-  // and clears the aborted state.
+  // Clears the aborted state. Sends still in flight (only after a failed
+  // step: complete_sends ends every good one) are abandoned with their
+  // buffers (abandon_buffer): the job is ending.
   void reset() override;
 
   int tag(const MessageKey& key) const;
+  // The messages sent and not yet completed, as describe() names them.
+  std::vector<std::string> sends_in_flight() const;
 
  private:
   struct PendingSend {
+    MessageKey key;
     MPI_Request request = MPI_REQUEST_NULL;
     Tensor payload;
   };
+  void abandon_sends();
   // Tests every pending send and drops those done.
   void progress_sends();
   void check_count(const MessageKey& key, const MPI_Status& status, std::int64_t expected) const;

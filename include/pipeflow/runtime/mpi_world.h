@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -59,6 +60,13 @@ class MpiWorld {
   // Ends every process of the job (MPI_Abort) with `status`: for a process
   // that failed, after it has printed why, so that no peer waits for it.
   [[noreturn]] static void abort_job(int status);
+  // Prints "pipeflow: error in MPI process R of N on HOST: ERROR" and ends
+  // the job with status 1, at once: nothing is unwound, so no buffer an
+  // unfinished transfer still uses is freed. A process other than world
+  // rank 0 first pauses a second: when every process fails alike (a bad
+  // configuration), rank 0's abort ends the others in that pause and the
+  // message comes once.
+  [[noreturn]] static void fail_job(std::string_view error);
 
  private:
   int rank_ = 0;
@@ -74,11 +82,16 @@ void check_mpi(int code, std::string_view call);
 // or `abort` becomes true (kAborted). A wait first spins (MPI_Test in a
 // loop: the message is usually near), then yields the core between tests,
 // and after a millisecond sleeps 50 µs between them, so an oversubscribed
-// process does not starve the peer it waits for. A point-to-point request
-// (`cancel`) that did not complete is cancelled; a collective cannot be, and
-// the caller must end the job (MpiWorld::abort_job) before its buffers go.
-WaitStatus wait_for(MPI_Request& request, Deadline deadline, const std::atomic<bool>* abort = nullptr,
-                    bool cancel = false);
+// process does not starve the peer it waits for. A request that did not
+// complete stays active: its buffer must outlive it (the caller abandons
+// both and the job ends: MpiWorld::abort_job). Cancelling is no way out: a
+// cancelled transfer already under way can still block its MPI_Wait.
+WaitStatus wait_for(MPI_Request& request, Deadline deadline, const std::atomic<bool>* abort = nullptr);
+
+// Keeps `buffer` alive for the rest of the process: the buffer of a transfer
+// that did not complete, which MPI may still read or write. Only on the way
+// to ending the job after a failure (the memory is never given back).
+void abandon_buffer(std::shared_ptr<void> buffer);
 
 // The processes of one run: the world, this process's pipeline (its
 // replica's p ranks, ranked by pipeline rank) and its data-parallel group

@@ -96,6 +96,9 @@ class RankWorker {
   double gradient_square_sum() const;
   Outcome all_reduce_sum(double& value);
   void apply_update(double clip, double lr);
+  // After the flush (threaded): waits until every message the rank sent has
+  // left it; Error naming the step on a timeout.
+  void complete_sends();
   // Records a flush phase of the rank that ran from `start` to now.
   void record_phase(FlushPhase phase, Clock::time_point start);
 

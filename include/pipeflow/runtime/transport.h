@@ -62,6 +62,7 @@ enum class WaitStatus { kOk, kTimedOut, kAborted };
 //   all_reduce_sum ~ MPI_Allreduce(MPI_SUM) of one double over all ranks,
 //             summed in rank order (0 + v0 + v1 + ...) so every layout and
 //             every rerun gets the same bits.
+//   complete_sends ~ MPI_Waitall over the rank's sends.
 // Messages may arrive in any order; receives match by key.
 //
 // Every blocking call takes a deadline and returns kTimedOut when it passes,
@@ -79,6 +80,9 @@ class Transport {
                              Tensor& out) = 0;
   virtual bool try_receive(const MessageKey& key, const Shape& shape, Allocator allocator, Tensor& out) = 0;
   virtual WaitStatus all_reduce_sum(RankId rank, double& value, Deadline deadline) = 0;
+  // Waits until every message `rank` sent has left it (MPI: its sends
+  // completed), so a step ends with nothing of its own in flight.
+  virtual WaitStatus complete_sends(RankId rank, Deadline deadline) = 0;
 
   // Wakes every waiter with kAborted; later calls return kAborted at once.
   virtual void abort() = 0;

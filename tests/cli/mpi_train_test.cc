@@ -1,0 +1,327 @@
+// pipeflow train under mpirun: every schedule family, pipeline and data
+// parallel layouts, against the in-process and the unpipelined run; a
+// checkpoint moving between layouts; and what the other processes do when
+// one fails.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pipeflow/core/file.h"
+#include "pipeflow/nn/safetensors.h"
+#include "run_pipeflow.h"
+
+namespace pipeflow::testing {
+namespace {
+
+// 4 blocks of width 32; a global batch of 8 sequences of 16 bytes in
+// micro-batches of 2 (gradient_accumulation_steps follows data_parallel).
+std::string config_text(const std::string& out_dir, const std::string& schedule, int stages, int virtual_stages,
+                        const std::string& extra = "") {
+  return R"({
+  "model": {"n_layer": 4, "n_head": 2, "n_embd": 32, "n_ctx": 16, "vocab_size": 256},
+  "train_batch_size": 8,
+  "train_micro_batch_size_per_gpu": 2,
+  "gradient_clipping": 1.0,
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+  "pipeline": {"stages": )" + std::to_string(stages) + R"(, "schedule": ")" + schedule +
+         R"(", "virtual_stages": )" + std::to_string(virtual_stages) + R"(, "partition_method": "uniform"},
+  "steps": 3,
+  "eval_interval": 0,
+  "seed": 11,)" + extra + R"(
+  "out_dir": ")" + out_dir + R"("
+})";
+}
+
+std::string write_config(const std::string& path, const std::string& text) {
+  write_file_atomic(path, text);
+  return path;
+}
+
+std::vector<double> losses(const std::string& out_dir) {
+  std::istringstream lines(read_file(out_dir + "/metrics.jsonl"));
+  std::vector<double> values;
+  for (std::string line; std::getline(lines, line);) values.push_back(nlohmann::json::parse(line)["loss"]);
+  return values;
+}
+
+// The largest difference between two weight files, relative to the largest
+// weight. Not per tensor: the attention's key bias has a gradient of exactly
+// 0 in exact arithmetic, so its float gradient is rounding noise, which
+// AdamW normalises into steps of about lr whatever the summation order; such
+// a tensor differs by ~1e-4 of itself between any two orders of the same sums.
+double weight_difference(const std::string& a_path, const std::string& b_path) {
+  const nn::SafetensorsFile a = nn::SafetensorsFile::read(a_path);
+  const nn::SafetensorsFile b = nn::SafetensorsFile::read(b_path);
+  EXPECT_EQ(a.names().size(), b.names().size());
+  double scale = 0;
+  double diff = 0;
+  for (const std::string& name : a.names()) {
+    const Tensor x = a.floats(name);
+    const Tensor y = b.floats(name);
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      scale = std::max(scale, static_cast<double>(std::abs(y.data()[i])));
+      diff = std::max(diff, static_cast<double>(std::abs(x.data()[i] - y.data()[i])));
+    }
+  }
+  return diff / scale;
+}
+
+void expect_same_run(const std::string& run, const std::string& reference, const std::string& what) {
+  const std::vector<double> got = losses(run);
+  const std::vector<double> want = losses(reference);
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << what << ", step " << i;
+  }
+  EXPECT_LT(weight_difference(run + "/weights.safetensors", reference + "/weights.safetensors"), 1e-5) << what;
+}
+
+struct Layout {
+  std::string schedule;
+  int stages;
+  int virtual_stages;
+  int data_parallel;
+};
+
+std::string describe(const Layout& l) {
+  return l.schedule + " pp " + std::to_string(l.stages) + " v " + std::to_string(l.virtual_stages) + " dp " +
+         std::to_string(l.data_parallel);
+}
+
+class MpiTrain : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = make_temp_dir(); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Trains `layout` (under mpirun when it has more than one process) into dir_/NAME.
+  std::string train(const Layout& layout, const std::string& name, const std::string& extra = "",
+                    const std::string& flags = "") {
+    const std::string out = dir_ + "/" + name;
+    const std::string config = write_config(
+        dir_ + "/" + name + ".json", config_text(out, layout.schedule, layout.stages, layout.virtual_stages, extra));
+    const int processes = layout.stages * layout.data_parallel;
+    const std::string arguments = "train --config " + config + " " + flags;
+    const CommandResult result = processes == 1 && layout.data_parallel == 1
+                                     ? run_pipeflow(arguments)
+                                     : run_mpirun(processes, arguments);
+    EXPECT_EQ(result.exit_code, 0) << describe(layout) << "\n" << result.err;
+    return out;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(MpiTrain, EverySchedulesLossesAndWeightsEqualTheInProcessAndTheUnpipelinedRun) {
+  const std::string unpipelined = train({"1f1b", 1, 1, 1}, "unpipelined");
+  for (const Layout& layout : {Layout{"gpipe", 2, 1, 1}, Layout{"1f1b", 2, 1, 1}, Layout{"interleaved-1f1b", 2, 2, 1},
+                               Layout{"looped-bfs", 2, 2, 1}, Layout{"zb-h1", 2, 1, 1}, Layout{"zb-h2", 2, 1, 1},
+                               Layout{"zbv", 2, 2, 1}, Layout{"dualpipev", 2, 2, 1}}) {
+    const std::string name = layout.schedule;
+    const std::string in_process = train(layout, name + "-threads", "", "");
+    const std::string under_mpi = dir_ + "/" + name + "-mpi";
+    const std::string config = write_config(
+        under_mpi + ".json", config_text(under_mpi, layout.schedule, layout.stages, layout.virtual_stages));
+    const CommandResult result = run_mpirun(layout.stages, "train --config " + config);
+    ASSERT_EQ(result.exit_code, 0) << describe(layout) << "\n" << result.err;
+    expect_same_run(under_mpi, in_process, describe(layout) + " under MPI vs in-process");
+    expect_same_run(under_mpi, unpipelined, describe(layout) + " under MPI vs unpipelined");
+  }
+}
+
+TEST_F(MpiTrain, PipelineAndDataParallelLayoutsOfFourProcessesEqualTheUnpipelinedRun) {
+  const std::string unpipelined = train({"1f1b", 1, 1, 1}, "unpipelined");
+  for (const Layout& layout : {Layout{"1f1b", 4, 1, 1}, Layout{"1f1b", 2, 1, 2}, Layout{"1f1b", 1, 1, 4}}) {
+    const std::string name = "pp" + std::to_string(layout.stages) + "dp" + std::to_string(layout.data_parallel);
+    const std::string out = train(layout, name);
+    expect_same_run(out, unpipelined, describe(layout));
+    const std::string err_of_layout = read_file(out + "/report.md");
+    EXPECT_NE(err_of_layout.find(std::to_string(layout.stages * layout.data_parallel) + " MPI processes (pipeline " +
+                                 std::to_string(layout.stages) + " x data parallel " +
+                                 std::to_string(layout.data_parallel) + ")"),
+              std::string::npos)
+        << err_of_layout;
+  }
+}
+
+TEST_F(MpiTrain, PrintsTheRankLayoutAndDerivesDataParallelFromTheProcessCount) {
+  const std::string out = dir_ + "/layout";
+  const std::string config = write_config(dir_ + "/layout.json", config_text(out, "1f1b", 2, 1));
+  const CommandResult result = run_mpirun(4, "train --config " + config + " --steps 1");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  for (const char* line : {"4 MPI processes (pipeline 2 x data parallel 2)", "pipeline (data-parallel rank 0): world "
+                           "ranks 0 2", "pipeline (data-parallel rank 1): world ranks 1 3",
+                           "data-parallel group (pipeline rank 0): world ranks 0 1",
+                           "data-parallel group (pipeline rank 1): world ranks 2 3"}) {
+    EXPECT_NE(result.err.find(line), std::string::npos) << line << "\n" << result.err;
+  }
+  // Rank 0 alone prints: one header, one line per step.
+  const std::string header = "pipeflow train: GPT-2";
+  EXPECT_EQ(result.err.find(header), result.err.rfind(header)) << result.err;
+
+  const CommandResult disagree = run_mpirun(4, "train --config " + config + " --steps 1 --data-parallel 1");
+  EXPECT_NE(disagree.exit_code, 0);
+  EXPECT_NE(disagree.err.find("mpirun started 4 processes; the run needs pipeline.stages × data_parallel = 2 × 1 = 2"),
+            std::string::npos)
+      << disagree.err;
+  // Every process fails alike: rank 0 alone says so.
+  EXPECT_NE(disagree.err.find("pipeflow: error in MPI process 0 of 4"), std::string::npos) << disagree.err;
+  EXPECT_EQ(disagree.err.find("error in MPI process 1 of 4"), std::string::npos) << disagree.err;
+  const CommandResult odd = run_mpirun(3, "train --config " + config + " --steps 1");
+  EXPECT_NE(odd.exit_code, 0);
+  EXPECT_NE(odd.err.find("mpirun started 3 processes, not a multiple of pipeline.stages = 2"), std::string::npos)
+      << odd.err;
+  const CommandResult threads = run_pipeflow("train --config " + config + " --steps 1 --data-parallel 2");
+  EXPECT_NE(threads.exit_code, 0);
+  EXPECT_NE(threads.err.find("run mpirun -np 4 pipeflow train"), std::string::npos) << threads.err;
+}
+
+// A checkpoint written by pp 2 × dp 2 holds the whole model by name: pp 4
+// under MPI and one process resume from it, and end where an uninterrupted
+// run ends.
+TEST_F(MpiTrain, ACheckpointOfTwoByTwoResumesUnderFourStagesAndInOneProcess) {
+  const std::string checkpointed = "\"checkpoint\": {\"interval\": 1},";
+  const std::string whole = train({"1f1b", 1, 1, 1}, "whole", "", "--steps 4");
+  const std::string first = train({"1f1b", 2, 1, 2}, "first", checkpointed, "--steps 2");
+  ASSERT_TRUE(std::filesystem::exists(first + "/checkpoints/step_2.safetensors"));
+  const std::string resume = "--steps 4 --resume " + first + "/checkpoints/step_2.safetensors";
+  const std::string pp4 = train({"1f1b", 4, 1, 1}, "pp4", "", resume);
+  const std::string threads = train({"1f1b", 2, 1, 1}, "threads", "", resume);
+  const std::vector<double> all = losses(whole);
+  for (const std::string& run : {pp4, threads}) {
+    const std::vector<double> tail = losses(run);
+    ASSERT_EQ(tail.size(), 2u) << run;
+    for (std::size_t i = 0; i < 2; ++i) EXPECT_NEAR(tail[i], all[i + 2], 1e-5 * all[i + 2]) << run << " step " << i;
+    EXPECT_LT(weight_difference(run + "/weights.safetensors", whole + "/weights.safetensors"), 1e-5) << run;
+  }
+}
+
+// The pids of the job's pipeflow processes, by world rank (from their
+// environment: mpirun sets OMPI_COMM_WORLD_RANK).
+std::vector<pid_t> ranks_of_job(const std::string& marker, int processes) {
+  std::vector<pid_t> pids(static_cast<std::size_t>(processes), 0);
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (!std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream cmdline(entry.path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    if (args.find(marker) == std::string::npos || args.rfind(PIPEFLOW_BINARY, 0) != 0) continue;
+    std::ifstream environ(entry.path() / "environ");
+    std::string env((std::istreambuf_iterator<char>(environ)), std::istreambuf_iterator<char>());
+    const std::string key = std::string("OMPI_COMM_WORLD_RANK=");
+    const std::size_t at = env.find(key);
+    if (at == std::string::npos) continue;
+    const int rank = std::stoi(env.substr(at + key.size()));
+    if (rank >= 0 && rank < processes) pids[static_cast<std::size_t>(rank)] = std::stoi(name);
+  }
+  return pids;
+}
+
+struct FailedJob {
+  int exit_code = -1;
+  std::string err;
+  double seconds = 0;  // from the fault until mpirun returned
+  std::vector<pid_t> ranks;
+};
+
+// Starts a long 2-process run, waits for its first step, does `fault` to
+// world rank 1, and waits (at most 120 s) for mpirun to end.
+template <typename Fault>
+FailedJob fail_rank_one(const std::string& dir, Fault fault, const std::string& flags) {
+  const std::string out = dir + "/faulty";
+  const std::string config = write_config(dir + "/faulty.json", config_text(out, "1f1b", 2, 1));
+  const std::string err_path = dir + "/err";
+  const std::string command = "exec " + mpirun_command(2) + " " + PIPEFLOW_BINARY + " train --config " + config +
+                              " --steps 100000 " + flags + " >/dev/null 2>" + err_path;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  FailedJob job;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline &&
+         read_file_if_exists(err_path).find("step 1/100000 ") == std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // in the middle of later steps
+  job.ranks = ranks_of_job(config, 2);
+  const auto start = std::chrono::steady_clock::now();
+  if (job.ranks[1] != 0) fault(job.ranks[1]);
+  int status = 0;
+  for (;;) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) break;
+    if (std::chrono::steady_clock::now() > start + std::chrono::seconds(120)) {
+      ::kill(pid, SIGKILL);  // a hang fails the test, and does not outlive it
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  job.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  job.err = read_file(err_path);
+  return job;
+}
+
+// Running, not a zombie (an ended process whose new parent has not reaped it yet).
+bool alive(pid_t pid) {
+  if (pid == 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::size_t state = text.rfind(") ");
+  return state != std::string::npos && text.at(state + 2) != 'Z' && text.at(state + 2) != 'X';
+}
+
+TEST(MpiTrainFaults, ARankKilledEndsTheJobNamingIt) {
+  const std::string dir = make_temp_dir();
+  const FailedJob job = fail_rank_one(dir, [](pid_t rank) { ::kill(rank, SIGKILL); }, "");
+  ASSERT_NE(job.ranks[1], 0) << "the job never reached step 1:\n" << job.err;
+  EXPECT_NE(job.exit_code, 0);
+  EXPECT_LT(job.seconds, 30) << job.err;
+  EXPECT_NE(job.err.find("rank 1"), std::string::npos) << job.err;
+  EXPECT_NE(job.err.find("signal 9"), std::string::npos) << job.err;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(alive(job.ranks[0])) << "rank 0 outlived the job";
+  std::filesystem::remove_all(dir);
+}
+
+// A rank that stops answering (SIGSTOP): its peer times out after --timeout,
+// says where it waited and for what, and ends the job.
+TEST(MpiTrainFaults, ARankThatHangsMakesItsPeerTimeOutAndEndTheJob) {
+  const std::string dir = make_temp_dir();
+  const FailedJob job = fail_rank_one(dir, [](pid_t rank) { ::kill(rank, SIGSTOP); }, "--timeout 3");
+  ASSERT_NE(job.ranks[1], 0) << "the job never reached step 1:\n" << job.err;
+  EXPECT_NE(job.exit_code, 0);
+  EXPECT_LT(job.seconds, 60) << job.err;
+  EXPECT_NE(job.err.find("pipeflow: error in MPI process 0 of 2"), std::string::npos) << job.err;
+  EXPECT_NE(job.err.find("timed out after 3"), std::string::npos) << job.err;
+  // What it waited for: the message from rank 1, or (stopped between the
+  // pipeline's actions) a collective of every rank.
+  EXPECT_TRUE(job.err.find("rank 1 -> rank 0") != std::string::npos ||
+              job.err.find("waiting for every") != std::string::npos)
+      << job.err;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (const pid_t rank : job.ranks) {
+    if (alive(rank)) ::kill(rank, SIGKILL);
+    EXPECT_FALSE(alive(rank)) << "process " << rank << " outlived the job";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pipeflow::testing
