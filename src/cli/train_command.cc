@@ -143,8 +143,10 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   }
   if (reporter) print_summary(outcome, settings);
   if (outcome.stop_signal != 0) {
-    fmt::print(stderr, "pipeflow: stopped by signal {}: resume with --resume {}\n", outcome.stop_signal,
-               settings.checkpoint_directory().string());
+    if (reporter) {
+      fmt::print(stderr, "pipeflow: stopped by signal {}: resume with --resume {}\n", outcome.stop_signal,
+                 settings.checkpoint_directory().string());
+    }
     throw ExitStatus{128 + outcome.stop_signal};
   }
 }

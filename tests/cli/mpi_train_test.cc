@@ -323,5 +323,43 @@ TEST(MpiTrainFaults, ARankThatHangsMakesItsPeerTimeOutAndEndTheJob) {
   std::filesystem::remove_all(dir);
 }
 
+// SIGTERM to mpirun reaches every process: all stop after the same step,
+// one checkpoint is written, rank 0 alone says so, no process is left.
+TEST(MpiTrainFaults, SigtermToMpirunStopsEveryProcessAfterOneCheckpoint) {
+  const std::string dir = make_temp_dir();
+  const std::string out = dir + "/stopped";
+  const std::string config = write_config(dir + "/stopped.json", config_text(out, "1f1b", 2, 1));
+  const std::string err_path = dir + "/err";
+  const std::string command = "exec " + mpirun_command(2) + " " + PIPEFLOW_BINARY + " train --config " + config +
+                              " --steps 100000 >/dev/null 2>" + err_path;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline &&
+         read_file_if_exists(err_path).find("step 1/100000 ") == std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::vector<pid_t> ranks = ranks_of_job(config, 2);
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const std::string err = read_file(err_path);
+  EXPECT_NE(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0) << err;
+  const std::string stopped = "pipeflow: stopped by signal 15: resume with --resume " + out + "/checkpoints";
+  ASSERT_NE(err.find(stopped), std::string::npos) << err;
+  EXPECT_EQ(err.find(stopped), err.rfind(stopped)) << err;
+  std::vector<std::filesystem::path> checkpoints;
+  for (const auto& entry : std::filesystem::directory_iterator(out + "/checkpoints")) checkpoints.push_back(entry);
+  ASSERT_EQ(checkpoints.size(), 1u);
+  const nn::SafetensorsFile checkpoint = nn::SafetensorsFile::read(checkpoints.front());
+  EXPECT_EQ(checkpoints.front().filename().string(),
+            "step_" + std::to_string(checkpoint.metadata_count("steps_done")) + ".safetensors");
+  for (const pid_t rank : ranks) EXPECT_FALSE(alive(rank)) << "process " << rank << " outlived the job";
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace pipeflow::testing
