@@ -44,11 +44,12 @@ void add_grad_command(CLI::App& app) {
                                                      "type:REGEX, balanced, counts:..., bounds:...)")
       ->capture_default_str();
   sub->callback([command, sub] {
-    std::error_code not_found;
-    if (std::filesystem::equivalent(command->out, command->weights, not_found)) {
-      fail("--out {} is the weights file --weights {}: writing the gradients would replace the weights; choose "
-           "another --out",
-           command->out, command->weights);
+    for (const auto& [flag, input] : {std::pair{"--weights", &command->weights}, std::pair{"--batch", &command->batch}}) {
+      std::error_code not_found;
+      if (std::filesystem::equivalent(command->out, *input, not_found)) {
+        fail("--out {} is the file of {} {}: writing the gradients would replace it; choose another --out",
+             command->out, flag, *input);
+      }
     }
     const nn::SafetensorsFile weights = nn::SafetensorsFile::read(command->weights);
     const nn::GptConfig config = nn::read_config(weights);

@@ -2,10 +2,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
 #include <sstream>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -45,13 +48,18 @@ std::string metrics_jsonl(const std::vector<StepLog>& log) {
 
 std::string earlier_metrics(const std::filesystem::path& path, std::int64_t before) {
   if (!std::filesystem::exists(path)) return "";
-  std::istringstream lines(read_file(path));
+  std::istringstream lines(read_file(path, kMaxMetricsFileBytes, "metrics file"));
   std::string kept;
   int number = 0;
   for (std::string line; std::getline(lines, line);) {
     ++number;
-    const auto json = nlohmann::json::parse(line, nullptr, false);
-    if (json.is_discarded() || !json.contains("step") || !json["step"].is_number_integer()) {
+    nlohmann::json json;
+    try {
+      json = parse_json(line, fmt::format("{} line {}", path.string(), number));
+    } catch (const Error&) {
+      json = nullptr;  // reported below, as any other line that is no metrics line
+    }
+    if (!json.is_object() || !json.contains("step") || !json["step"].is_number_integer()) {
       fail("{} line {} is no metrics line (JSON with a \"step\"): move the file away or resume into another "
            "out_dir",
            path.string(), number);

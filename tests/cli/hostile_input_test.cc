@@ -73,8 +73,34 @@ TEST(HostileInput, GradOutMayNotBeTheWeights) {
   ASSERT_EQ(run_pipeflow("init --layers 1 --heads 1 --width 8 --context 4 --seed 1 --out " + weights).exit_code, 0);
   const std::string before = read_file(weights);
   expect_error(run_pipeflow("grad --weights " + weights + " --batch " + weights + " --out " + dir + "/./w.safetensors"),
-               "writing the gradients would replace the weights; choose another --out");
+               "is the file of --weights " + weights + ": writing the gradients would replace it; choose another --out");
   EXPECT_EQ(read_file(weights), before);
+}
+
+TEST(HostileInput, GradOutMayNotBeTheBatch) {
+  const std::string dir = make_temp_dir();
+  const std::string weights = dir + "/w.safetensors";
+  ASSERT_EQ(run_pipeflow("init --layers 1 --heads 1 --width 8 --context 4 --seed 1 --out " + weights).exit_code, 0);
+  const std::string batch = dir + "/batch.safetensors";
+  write_file_atomic(batch, read_file(weights));  // any file: the check comes before it is read
+  const std::string before = read_file(batch);
+  expect_error(run_pipeflow("grad --weights " + weights + " --batch " + batch + " --out " + batch),
+               "is the file of --batch " + batch + ": writing the gradients would replace it; choose another --out");
+  EXPECT_EQ(read_file(batch), before);
+}
+
+// A metrics.jsonl of 100 000 nested '[' in the out_dir of a resumed run
+// used to go to nlohmann's parser without a depth limit.
+TEST(HostileInput, ADeeplyNestedMetricsLineIsNoMetricsLine) {
+  const std::string dir = make_temp_dir();
+  const std::string out = dir + "/out";
+  write_file_atomic(dir + "/run.json", R"({"model": {"n_layer": 1, "n_head": 1, "n_embd": 8, "n_ctx": 4,
+    "vocab_size": 256}, "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "steps": 1,
+    "checkpoint": {"interval": 1}, "out_dir": ")" + out + R"("})");
+  ASSERT_EQ(run_pipeflow("train --config " + dir + "/run.json").exit_code, 0);
+  write_file_atomic(out + "/metrics.jsonl", std::string(100000, '[') + "\n");
+  expect_error(run_pipeflow("train --config " + dir + "/run.json --steps 2 --resume " + out),
+               "metrics.jsonl line 1 is no metrics line (JSON with a \"step\")");
 }
 
 // data.path at /dev/zero used to be read without end.

@@ -24,6 +24,8 @@ std::string read_file(const std::filesystem::path& path, std::size_t max_bytes, 
 // Hugging Face config.json a few KB, a schedule of the largest size Schedule
 // accepts in JSON about 60 MB).
 inline constexpr std::size_t kMaxConfigFileBytes = std::size_t{16} << 20;
+// metrics.jsonl: about 1 KB a step, so a million steps fit.
+inline constexpr std::size_t kMaxMetricsFileBytes = std::size_t{1} << 30;
 
 // Writes a file so that readers see either the old content or the whole new
 // content, never a part: the bytes go to a temporary file beside the target,
