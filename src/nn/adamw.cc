@@ -1,15 +1,33 @@
 #include "pipeflow/nn/adamw.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "pipeflow/core/error.h"
 #include <string>
 
 namespace pipeflow::nn {
 
-AdamW::AdamW(Stage& stage, OptimizerConfig options)
+OptimizerShard OptimizerShard::of(std::int64_t total, int parts, int index) {
+  const std::int64_t chunk = (total + parts - 1) / parts;
+  const std::int64_t begin = std::min(total, chunk * index);
+  return {begin, std::min(total, begin + chunk)};
+}
+
+AdamW::AdamW(Stage& stage, OptimizerConfig options) : AdamW(stage, options, {0, stage.layout().total()}) {}
+
+AdamW::AdamW(Stage& stage, OptimizerConfig options, OptimizerShard shard)
     : stage_(&stage),
       options_(options),
-      m_({stage.layout().total()}, {nullptr, &stage.weight_memory()}),
-      v_({stage.layout().total()}, {nullptr, &stage.weight_memory()}) {}
+      shard_(shard),
+      m_({shard.size()}, {nullptr, &stage.weight_memory()}),
+      v_({shard.size()}, {nullptr, &stage.weight_memory()}) {
+  if (shard.begin < 0 || shard.begin > shard.end || shard.end > stage.layout().total()) {
+    fail("{}: optimizer shard [{}, {}) lies outside its {} parameters", stage.options().name, shard.begin, shard.end,
+         stage.layout().total());
+  }
+}
 
 void AdamW::step(double lr) {
   ++steps_;
@@ -24,18 +42,22 @@ void AdamW::step(double lr) {
   const float eps = static_cast<float>(options_.eps);
   float* params = stage_->parameters().data();
   const float* grads = stage_->gradients().data();
-  float* m = m_.data();
-  float* v = v_.data();
+  // moments are indexed from the shard's start
+  float* m = m_.data() - shard_.begin;
+  float* v = v_.data() - shard_.begin;
   for (const ParameterInfo& info : stage_->layout().entries()) {
+    const std::int64_t first = std::max(info.offset, shard_.begin);
+    const std::int64_t last = std::min(info.offset + info.numel(), shard_.end);
+    if (first >= last) continue;
     const double decay = info.decay ? options_.weight_decay : 0.0;
     // Decoupled (AdamW) shrinks the weight; L2 (Adam) adds decay · p to the gradient.
     const float keep = options_.adam_w_mode ? static_cast<float>(1 - lr * decay) : 1.0f;
     const float l2 = options_.adam_w_mode ? 0.0f : static_cast<float>(decay);
-    float* __restrict p = params + info.offset;
-    const float* __restrict g = grads + info.offset;
-    float* __restrict mi = m + info.offset;
-    float* __restrict vi = v + info.offset;
-    for (std::int64_t i = 0; i < info.numel(); ++i) {
+    float* __restrict p = params + first;
+    const float* __restrict g = grads + first;
+    float* __restrict mi = m + first;
+    float* __restrict vi = v + first;
+    for (std::int64_t i = 0; i < last - first; ++i) {
       const float gi = g[i] + l2 * p[i];
       mi[i] = mi[i] + one_minus_beta1 * (gi - mi[i]);
       vi[i] = vi[i] * beta2 + one_minus_beta2 * gi * gi;
@@ -46,24 +68,41 @@ void AdamW::step(double lr) {
 }
 
 void AdamW::add_state(SafetensorsWriter& writer) const {
-  for (const ParameterInfo& info : stage_->layout().entries()) {
+  if (shard_.size() != stage_->layout().total()) {
+    fail("{}: the optimizer holds moments of elements [{}, {}) only; gather the shards to save them", stage_->options().name,
+         shard_.begin, shard_.end);
+  }
+  add_moments(writer, stage_->layout(), m_.span(), v_.span(), steps_);
+}
+
+void AdamW::add_moments(SafetensorsWriter& writer, const ParameterLayout& layout, std::span<const float> m,
+                        std::span<const float> v, std::int64_t steps) {
+  for (const ParameterInfo& info : layout.entries()) {
     const auto offset = static_cast<std::size_t>(info.offset);
     const auto count = static_cast<std::size_t>(info.numel());
     std::string name = "exp_avg." + info.name;
     if (writer.contains(name)) continue;
-    writer.add(std::move(name), m_.span().subspan(offset, count), info.shape);
-    writer.add("exp_avg_sq." + info.name, v_.span().subspan(offset, count), info.shape);
+    writer.add(std::move(name), m.subspan(offset, count), info.shape);
+    writer.add("exp_avg_sq." + info.name, v.subspan(offset, count), info.shape);
   }
-  writer.set_metadata("adamw_step", std::to_string(steps_));
+  writer.set_metadata("adamw_step", std::to_string(steps));
 }
 
 void AdamW::load_state(const SafetensorsFile& file) {
   const std::int64_t steps = file.metadata_count("adamw_step");
+  std::vector<float> whole;
   for (const ParameterInfo& info : stage_->layout().entries()) {
-    const auto offset = static_cast<std::size_t>(info.offset);
-    const auto count = static_cast<std::size_t>(info.numel());
-    file.read_floats("exp_avg." + info.name, info.shape, m_.span().subspan(offset, count));
-    file.read_floats("exp_avg_sq." + info.name, info.shape, v_.span().subspan(offset, count));
+    const std::int64_t first = std::max(info.offset, shard_.begin);
+    const std::int64_t last = std::min(info.offset + info.numel(), shard_.end);
+    if (first >= last) continue;
+    whole.resize(static_cast<std::size_t>(info.numel()));
+    const auto part = std::span<const float>(whole).subspan(static_cast<std::size_t>(first - info.offset),
+                                                          static_cast<std::size_t>(last - first));
+    const auto into = static_cast<std::size_t>(first - shard_.begin);
+    file.read_floats("exp_avg." + info.name, info.shape, whole);
+    std::copy(part.begin(), part.end(), m_.span().begin() + static_cast<std::ptrdiff_t>(into));
+    file.read_floats("exp_avg_sq." + info.name, info.shape, whole);
+    std::copy(part.begin(), part.end(), v_.span().begin() + static_cast<std::ptrdiff_t>(into));
   }
   steps_ = steps;
 }

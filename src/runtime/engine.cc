@@ -153,7 +153,10 @@ PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& sche
       const nn::LayerRange range{boundaries_[i], boundaries_[i + 1]};
       stages_[i] = std::make_unique<nn::Stage>(config_, range,
                                                nn::StageOptions{options_.recompute_interval, fmt::format("stage {}", s)});
-      optimizers_[i] = std::make_unique<nn::AdamW>(*stages_[i], options_.optimizer);
+      optimizers_[i] = std::make_unique<nn::AdamW>(
+          *stages_[i], options_.optimizer,
+          nn::OptimizerShard::of(stages_[i]->layout().total(), sharded() ? options_.data_parallel : 1,
+                                 sharded() ? options_.data_rank : 0));
     }
   }
   std::vector<nn::Stage*> stages;
@@ -224,7 +227,22 @@ nn::SafetensorsWriter PipelineEngine::model_state(bool with_optimizer) const {
   }
   if (with_optimizer) {
     for (const auto& optimizer : optimizers_) {
-      if (optimizer) optimizer->add_state(writer);
+      if (!optimizer) continue;
+      if (!sharded()) {
+        optimizer->add_state(writer);
+        continue;
+      }
+      // ZeRO-1: every replica's moments of the stage, put together.
+      const nn::OptimizerShard& shard = optimizer->shard();
+      const nn::ParameterLayout& layout = stage(optimizer_stage(*optimizer)).layout();
+      std::vector<float> m(static_cast<std::size_t>(layout.total()));
+      std::vector<float> v(m.size());
+      std::copy(optimizer->exp_avg().begin(), optimizer->exp_avg().end(), m.begin() + shard.begin);
+      std::copy(optimizer->exp_avg_sq().begin(), optimizer->exp_avg_sq().end(), v.begin() + shard.begin);
+      const Deadline deadline = deadline_after(options_.timeout);
+      MpiGroups::all_gather_parts(processes_->data(), m, deadline, "every replica's AdamW moments (ZeRO-1)");
+      MpiGroups::all_gather_parts(processes_->data(), v, deadline, "every replica's AdamW moments (ZeRO-1)");
+      nn::AdamW::add_moments(writer, layout, m, v, optimizer->steps());
     }
   }
   if (processes_ == nullptr) return writer;
@@ -422,6 +440,7 @@ RankWorker::Outcome PipelineEngine::flush_step(FlushStep step, RankWorker& w, St
       if (mode == StepMode::kTrain && std::isfinite(flush.grad_norm(r, run))) {
         flush.updating.store(true);
         w.apply_update(clip_coefficient(mode, flush.grad_norm(r, run)), lr);
+        if (sharded()) gather_parameters(w);
       }
       return RankWorker::Outcome::kDone;
   }
@@ -508,6 +527,42 @@ void PipelineEngine::reduce_data_parallel(RankWorker& w) {
   for (const StageId s : schedule_.stages_of(w.rank())) {
     MpiGroups::all_reduce_sum(processes_->data(), stage(s).gradients(), deadline_after(options_.timeout),
                               fmt::format("the data-parallel all-reduce of stage {}'s gradients", s));
+  }
+  w.record_phase(FlushPhase::kDataParallelGradients, start);
+}
+
+std::int64_t PipelineEngine::optimizer_state_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& optimizer : optimizers_) {
+    if (optimizer) bytes += 2 * static_cast<std::int64_t>(sizeof(float)) * optimizer->shard().size();
+  }
+  return bytes;
+}
+
+std::int64_t PipelineEngine::local_parameter_count() const {
+  std::int64_t count = 0;
+  for (const auto& stage : stages_) {
+    if (stage) count += stage->layout().total();
+  }
+  return count;
+}
+
+bool PipelineEngine::sharded() const { return options_.shard_optimizer && options_.data_parallel > 1; }
+
+StageId PipelineEngine::optimizer_stage(const nn::AdamW& optimizer) const {
+  for (std::size_t s = 0; s < optimizers_.size(); ++s) {
+    if (optimizers_[s].get() == &optimizer) return StageId(static_cast<int>(s));
+  }
+  fail("an optimizer of no stage");
+}
+
+// ZeRO-1: each replica updated its shard of the rank's stages; every
+// replica gets the others'.
+void PipelineEngine::gather_parameters(RankWorker& w) {
+  const Clock::time_point start = Clock::now();
+  for (const StageId s : schedule_.stages_of(w.rank())) {
+    MpiGroups::all_gather_parts(processes_->data(), stage(s).parameters(), deadline_after(options_.timeout),
+                                fmt::format("every replica's updated shard of stage {} (ZeRO-1)", s));
   }
   w.record_phase(FlushPhase::kDataParallelGradients, start);
 }

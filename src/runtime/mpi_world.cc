@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/nn/adamw.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -135,6 +136,12 @@ void abandon_buffer(std::shared_ptr<void> buffer) {
 
 namespace {
 
+std::string timed_out(Clock::time_point start, std::string_view what) {
+  return fmt::format("timed out after {:.0f} s waiting for {} (a peer process is stuck or gone; raise --timeout if "
+                     "it is only slow)",
+                     std::chrono::duration<double>(Clock::now() - start).count(), what);
+}
+
 // A collective's wait: an Error naming `what` when the deadline passes (the
 // buffer, `keep`, abandoned to the transfer).
 template <typename Buffer>
@@ -142,9 +149,14 @@ void wait_collective(MPI_Request& request, Deadline deadline, std::string_view w
   const Clock::time_point start = Clock::now();
   if (wait_for(request, deadline) == WaitStatus::kOk) return;
   abandon_buffer(std::make_shared<Buffer>(std::move(keep)));
-  fail("timed out after {:.0f} s waiting for {} (a peer process is stuck or gone; raise --timeout if it is only "
-       "slow)",
-       std::chrono::duration<double>(Clock::now() - start).count(), what);
+  fail("{}", timed_out(start, what));
+}
+
+// A collective's wait on the caller's buffer, which cannot be abandoned: the
+// job ends at once when the deadline passes.
+void wait_or_end_job(MPI_Request& request, Deadline deadline, std::string_view what) {
+  const Clock::time_point start = Clock::now();
+  if (wait_for(request, deadline) != WaitStatus::kOk) MpiWorld::fail_job(timed_out(start, what));
 }
 
 }  // namespace
@@ -206,17 +218,10 @@ double MpiGroups::measure_clock_offset() const {
 void MpiGroups::all_reduce_sum(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what) {
   constexpr std::size_t kInFlight = 2;
   std::vector<MPI_Request> requests;
-  // The caller's buffer cannot be abandoned: end the process at once.
-  const auto wait_for_bucket = [&](MPI_Request& request) {
-    if (wait_for(request, deadline) == WaitStatus::kOk) return;
-    MpiWorld::fail_job(fmt::format("timed out waiting for {} (a peer process is stuck or gone; raise --timeout if "
-                                   "it is only slow)",
-                                   what));
-  };
   for (std::size_t begin = 0; begin < values.size(); begin += kBucketFloats) {
     const std::size_t count = std::min(kBucketFloats, values.size() - begin);
     if (requests.size() == kInFlight) {
-      wait_for_bucket(requests.front());
+      wait_or_end_job(requests.front(), deadline, what);
       requests.erase(requests.begin());
     }
     requests.emplace_back();
@@ -224,7 +229,25 @@ void MpiGroups::all_reduce_sum(MPI_Comm comm, std::span<float> values, Deadline 
                              &requests.back()),
               "MPI_Iallreduce");
   }
-  for (MPI_Request& request : requests) wait_for_bucket(request);
+  for (MPI_Request& request : requests) wait_or_end_job(request, deadline, what);
+}
+
+void MpiGroups::all_gather_parts(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  std::vector<int> counts;
+  std::vector<int> offsets;
+  const auto total = static_cast<std::int64_t>(values.size());
+  for (int k = 0; k < size; ++k) {
+    const nn::OptimizerShard part = nn::OptimizerShard::of(total, size, k);
+    counts.push_back(as_int(static_cast<std::size_t>(part.size()), what));
+    offsets.push_back(as_int(static_cast<std::size_t>(part.begin), what));
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values.data(), counts.data(), offsets.data(),
+                            MPI_FLOAT, comm, &request),
+            "MPI_Iallgatherv");
+  wait_or_end_job(request, deadline, what);
 }
 
 std::vector<double> MpiGroups::all_gather(MPI_Comm comm, std::span<const double> values, Deadline deadline,

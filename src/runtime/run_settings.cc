@@ -38,9 +38,9 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
     fail("{}: tensor_parallel = {}: pipeflow train runs no tensor parallelism; set it to 1", source,
          run.tensor_parallel);
   }
-  if (run.zero != ZeroStage::kNone) {
-    fail("{}: zero_optimization.stage = {}: pipeflow train does not shard optimizer states yet; remove it "
-         "(pipeflow simulate models it)",
+  if (run.zero != ZeroStage::kNone && run.zero != ZeroStage::kOne) {
+    fail("{}: zero_optimization.stage = {}: pipeflow train shards the optimizer states (stage 1) and not yet the "
+         "gradients or the weights; use 0 or 1 (pipeflow simulate models every stage)",
          source, static_cast<int>(run.zero));
   }
   if (run.comm_mode != CommMode::kOverlapped) {
@@ -69,6 +69,7 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   s.hardware = run.hardware;
   s.engine.micro_batch = resolved.batch.micro;
   s.engine.data_parallel = run.data_parallel;
+  s.engine.shard_optimizer = run.zero == ZeroStage::kOne;
   s.engine.seq_length = resolved.seq_length;
   s.engine.recompute_interval = run.pipeline.recompute_interval;
   s.engine.optimizer = run.optimizer;

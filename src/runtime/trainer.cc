@@ -141,9 +141,20 @@ std::string Run::placement() const {
     return fmt::format("one worker thread per rank on a machine with {} cores", usable_cores());
   }
   const RankLayout& layout = processes_->layout();
-  return fmt::format("{} MPI processes (pipeline {} x data parallel {}), {} on this machine ({}, {} cores)",
-                     layout.world_size(), layout.pipeline, layout.data_parallel, processes_->processes_on_host(),
-                     processes_->host(), std::thread::hardware_concurrency());
+  std::string text = fmt::format("{} MPI processes (pipeline {} x data parallel {}), {} on this machine ({}, {} cores)",
+                                 layout.world_size(), layout.pipeline, layout.data_parallel,
+                                 processes_->processes_on_host(), processes_->host(),
+                                 std::thread::hardware_concurrency());
+  if (settings_.engine.shard_optimizer && layout.data_parallel > 1) {
+    // pipeflow's fp32 AdamW: 8 bytes of moments per parameter, 1/d of them kept
+    const std::int64_t psi = engine_->local_parameter_count();
+    const std::int64_t kept = engine_->optimizer_state_bytes();
+    const double formula = 8.0 * static_cast<double>(psi) * (1 - 1.0 / layout.data_parallel);
+    text += fmt::format("; ZeRO-1: this process keeps {} of {} bytes of AdamW moments, saving {} (8Ψ(1 - 1/d) = {:.0f} "
+                        "for its Ψ = {} parameters, d = {})",
+                        kept, 8 * psi, 8 * psi - kept, formula, psi, layout.data_parallel);
+  }
+  return text;
 }
 
 std::string Run::oversubscription() const {

@@ -158,6 +158,32 @@ TEST_F(MpiTrain, PipelineAndDataParallelLayoutsOfFourProcessesEqualTheUnpipeline
   }
 }
 
+// ZeRO-1 shards the AdamW moments over the replicas; the arithmetic is the
+// same, so the weights and checkpoints are the same bits, and the memory
+// saved is pipeflow's fp32 AdamW formula 8Ψ(1 - 1/d).
+TEST_F(MpiTrain, ZeroStageOneGivesTheSameBitsAndSavesEightPsiTimesOneMinusOneOverD) {
+  const std::string zero = "\"zero_optimization\": {\"stage\": 1}, \"checkpoint\": {\"interval\": 3},";
+  const std::string plain = "\"checkpoint\": {\"interval\": 3},";
+  for (const Layout& layout : {Layout{"1f1b", 2, 1, 2}, Layout{"1f1b", 1, 1, 4}}) {
+    const std::string tag = "pp" + std::to_string(layout.stages) + "dp" + std::to_string(layout.data_parallel);
+    const std::string sharded = train(layout, tag + "-zero1", zero);
+    const std::string replicated = train(layout, tag + "-zero0", plain);
+    EXPECT_EQ(read_file(sharded + "/weights.safetensors"), read_file(replicated + "/weights.safetensors")) << tag;
+    EXPECT_EQ(read_file(sharded + "/checkpoints/step_3.safetensors"),
+              read_file(replicated + "/checkpoints/step_3.safetensors"))
+        << tag;
+    // Rank 0 holds stage 0: of 4 blocks of width 32, the embedding and blocks 0-1 at pp 2, everything at pp 1.
+    const std::int64_t psi = layout.stages == 1 ? 59584 : 8192 + 512 + 2 * 12704;
+    const std::int64_t d = layout.data_parallel;
+    const std::int64_t kept = 8 * ((psi + d - 1) / d);
+    const std::string saving = "ZeRO-1: this process keeps " + std::to_string(kept) + " of " +
+                               std::to_string(8 * psi) + " bytes of AdamW moments, saving " +
+                               std::to_string(8 * psi - kept) + " (8Ψ(1 - 1/d) = " + std::to_string(8 * psi * (d - 1) / d) +
+                               " for its Ψ = " + std::to_string(psi) + " parameters, d = " + std::to_string(d) + ")";
+    EXPECT_NE(read_file(sharded + "/report.md").find(saving), std::string::npos) << saving;
+  }
+}
+
 TEST_F(MpiTrain, PrintsTheRankLayoutAndDerivesDataParallelFromTheProcessCount) {
   const std::string out = dir_ + "/layout";
   const std::string config = write_config(dir_ + "/layout.json", config_text(out, "1f1b", 2, 1));

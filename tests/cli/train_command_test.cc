@@ -345,7 +345,7 @@ TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
             "pipeflow: error: " + dir +
                 "/run.json: data path \"/nonexistent\" is not there: name text files, or leave data out for the "
                 "fortunes corpus\n");
-  EXPECT_NE(error_of(small + R"("zero_optimization": {"stage": 1}})").find("zero_optimization.stage = 1: "),
+  EXPECT_NE(error_of(small + R"("zero_optimization": {"stage": 2}})").find("zero_optimization.stage = 2: "),
             std::string::npos);
   EXPECT_NE(error_of(small + R"("comm_mode": "blocking"})").find("comm_mode = \"blocking\": "), std::string::npos);
   std::filesystem::remove_all(dir);

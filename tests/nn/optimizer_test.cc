@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -86,6 +88,60 @@ TEST(AdamW, TrainingResumedFromSavedStateIsBitIdentical) {
   EXPECT_EQ(std::memcmp(straight.parameters().data(), resumed.parameters().data(), straight.parameters().size_bytes()),
             0);
   EXPECT_EQ(resumed_optimizer.steps(), 3);
+}
+
+// ZeRO stage 1 (docs/RUNTIME.md): three data-parallel replicas with the
+// same gradients, each optimizer owning a third of the elements and updating
+// only those; the shards put together (the all-gather) are the unsharded
+// update bit for bit, each optimizer keeps 8 bytes of moments per element of
+// its shard only, and a whole optimizer's saved moments load into a shard.
+TEST(AdamW, ShardsOfThreeReplicasPutTogetherAreTheWholeUpdate) {
+  constexpr int kReplicas = 3;
+  Stage whole(kConfig, all_layers(kConfig));
+  whole.init_gpt2(8);
+  AdamW whole_optimizer(whole, {.lr = 3e-3, .weight_decay = 0.1});
+  const std::int64_t total = whole.layout().total();
+  std::vector<std::unique_ptr<Stage>> replicas;
+  std::vector<std::unique_ptr<AdamW>> optimizers;
+  std::int64_t covered = 0;
+  for (int k = 0; k < kReplicas; ++k) {
+    replicas.push_back(std::make_unique<Stage>(kConfig, all_layers(kConfig)));
+    replicas.back()->init_gpt2(8);
+    const OptimizerShard shard = OptimizerShard::of(total, kReplicas, k);
+    EXPECT_EQ(shard.begin, covered);
+    covered = shard.end;
+    const std::int64_t before = replicas.back()->weight_memory().live_bytes();
+    optimizers.push_back(std::make_unique<AdamW>(*replicas.back(), OptimizerConfig{.lr = 3e-3, .weight_decay = 0.1},
+                                                 shard));
+    EXPECT_EQ(replicas.back()->weight_memory().live_bytes() - before, 8 * shard.size());
+  }
+  EXPECT_EQ(covered, total);
+  for (int step = 0; step < 3; ++step) {
+    train_step(whole, whole_optimizer, 40 + step);  // its gradients serve every replica
+    std::vector<float> gathered(static_cast<std::size_t>(total));
+    for (int k = 0; k < kReplicas; ++k) {
+      Stage& replica = *replicas[static_cast<std::size_t>(k)];
+      std::copy(whole.gradients().begin(), whole.gradients().end(), replica.gradients().begin());
+      AdamW& optimizer = *optimizers[static_cast<std::size_t>(k)];
+      optimizer.step(3e-3);
+      const OptimizerShard shard = optimizer.shard();
+      std::copy(replica.parameters().begin() + shard.begin, replica.parameters().begin() + shard.end,
+                gathered.begin() + shard.begin);
+    }
+    EXPECT_EQ(std::memcmp(gathered.data(), whole.parameters().data(), whole.parameters().size_bytes()), 0)
+        << "step " << step;
+    for (auto& replica : replicas) std::copy(gathered.begin(), gathered.end(), replica->parameters().begin());
+  }
+  SafetensorsWriter writer;
+  whole_optimizer.add_state(writer);
+  const SafetensorsFile saved = SafetensorsFile::parse(writer.serialize(), "moments");
+  AdamW loaded(*replicas[1], {.lr = 3e-3}, OptimizerShard::of(total, kReplicas, 1));
+  loaded.load_state(saved);
+  EXPECT_EQ(loaded.steps(), 3);
+  EXPECT_TRUE(std::equal(loaded.exp_avg_sq().begin(), loaded.exp_avg_sq().end(),
+                         optimizers[1]->exp_avg_sq().begin()));
+  EXPECT_NE(error_of([&] { optimizers[1]->add_state(writer); }).find("gather the shards to save them"),
+            std::string::npos);
 }
 
 // What the runtime does (docs/NN.md): two stages, two micro-batches with

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "pipeflow/config/run_config.h"
 #include "pipeflow/nn/safetensors.h"
@@ -22,29 +23,57 @@ namespace pipeflow::nn {
 // account; both copies of a tied wte (embedding and head on different stages)
 // see the same summed gradient and therefore stay identical.
 //
+// ZeRO stage 1: an optimizer may own a shard of the stage's flat parameter
+// vector (elements [begin, end)): it keeps moments for those elements only
+// (8 bytes each instead of 8 per parameter) and updates only them; the
+// caller all-gathers the updated shards of the data-parallel replicas.
+//
 // Thread safety: one optimizer per stage, used by the stage's thread.
+struct OptimizerShard {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  std::int64_t size() const { return end - begin; }
+  // Part `index` of `parts` equal contiguous parts of `total` elements (the
+  // last ones shorter, or empty, when `parts` does not divide it).
+  static OptimizerShard of(std::int64_t total, int parts, int index);
+};
+
 class AdamW {
  public:
-  // The stage must outlive the optimizer.
+  // The stage must outlive the optimizer. Without a shard: every element.
   AdamW(Stage& stage, OptimizerConfig options);
+  AdamW(Stage& stage, OptimizerConfig options, OptimizerShard shard);
 
-  // One update from the stage's (accumulated, reduced, clipped) gradients.
+  // One update from the stage's (accumulated, reduced, clipped) gradients,
+  // of the shard's elements.
   void step(double lr);
   std::int64_t steps() const { return steps_; }
   const OptimizerConfig& options() const { return options_; }
+  const OptimizerShard& shard() const { return shard_; }
+  // The moments of the shard's elements.
+  std::span<const float> exp_avg() const { return m_.span(); }
+  std::span<const float> exp_avg_sq() const { return v_.span(); }
 
   // The moments as "exp_avg.<name>" and "exp_avg_sq.<name>" tensors, the step
   // count as __metadata__ "adamw_step", to save beside the weights. Moments
   // the writer already holds are skipped: the tied wte's copy on another
-  // stage, whose moments are equal (the same summed gradients).
+  // stage, whose moments are equal (the same summed gradients). The
+  // optimizer must own every element (a sharded one's moments are gathered
+  // first: add_moments).
   void add_state(SafetensorsWriter& writer) const;
-  // Reads this stage's moments by name, so a file written by the optimizers
-  // of another partition of the same model loads too.
+  // The same from the whole stage's moments `m` and `v` (the shards of every
+  // replica put together) and the step count.
+  static void add_moments(SafetensorsWriter& writer, const ParameterLayout& layout, std::span<const float> m,
+                          std::span<const float> v, std::int64_t steps);
+  // Reads this stage's moments by name (those of the shard's elements), so a
+  // file written by the optimizers of another partition, or another shard
+  // count, of the same model loads too.
   void load_state(const SafetensorsFile& file);
 
  private:
   Stage* stage_;
   OptimizerConfig options_;
+  OptimizerShard shard_;
   Tensor m_;
   Tensor v_;
   std::int64_t steps_ = 0;

@@ -142,6 +142,10 @@ class PipelineEngine {
   const nn::Stage& stage(StageId s) const;
   // Parameters of stage s, wherever it runs.
   std::int64_t stage_parameter_count(StageId s) const;
+  // The AdamW moments this process holds (8 bytes per element of each
+  // optimizer's shard), and its stages' parameters Ψ.
+  std::int64_t optimizer_state_bytes() const;
+  std::int64_t local_parameter_count() const;
   // Under MPI: this process's groups; nullptr in one process.
   const MpiGroups* processes() const { return processes_; }
   // Whether this process reports the run (prints, writes the files): always
@@ -176,6 +180,10 @@ class PipelineEngine {
   // replica 0's processes (a collective); the whole model in one process.
   nn::SafetensorsWriter model_state(bool with_optimizer) const;
   void reduce_data_parallel(RankWorker& w);
+  // ZeRO-1 in force: the optimizers hold shards (EngineOptions::shard_optimizer, d > 1).
+  bool sharded() const;
+  StageId optimizer_stage(const nn::AdamW& optimizer) const;
+  void gather_parameters(RankWorker& w);
   void gather_results(StepResult& result, Clock::time_point epoch) const;
   void run_threaded(StepMode mode, double lr, Flush& flush);
   void run_serial(StepMode mode, double lr, Flush& flush);

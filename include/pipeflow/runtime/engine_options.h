@@ -33,6 +33,11 @@ struct EngineOptions {
   // data_rank · m … data_rank · m + m − 1 of the step's global batch.
   int data_parallel = 1;
   int data_rank = 0;
+  // ZeRO stage 1 (zero_optimization.stage 1): with data_parallel > 1, each
+  // replica's AdamW keeps the moments of 1/data_parallel of every stage's
+  // parameters (nn::OptimizerShard), updates those, and the replicas
+  // all-gather the updated parameters.
+  bool shard_optimizer = false;
   // For tests: called on the worker's thread before each of its actions
   // (an exception or a delay there acts as a failing or a slow worker).
   std::function<void(RankId, const Action&)> before_action;

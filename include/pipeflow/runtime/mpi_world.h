@@ -129,6 +129,9 @@ class MpiGroups {
   // every rank's `values` (the same count on each), rank by rank;
   static std::vector<double> all_gather(MPI_Comm comm, std::span<const double> values, Deadline deadline,
                                         std::string_view what);
+  // every rank's part of `values` everywhere, in place: rank k's part is
+  // nn::OptimizerShard::of(values.size(), ranks, k) and already in place;
+  static void all_gather_parts(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what);
   // every rank's bytes at rank 0 (empty elsewhere), rank by rank.
   static std::vector<std::string> gather_bytes(MPI_Comm comm, const std::string& bytes, Deadline deadline,
                                                std::string_view what);
