@@ -52,10 +52,9 @@ std::string write_chrome_trace(const Timeline& timeline) {
     if (e.action) event["args"] = {{"action", to_string(*e.action)}};
     events.push_back(std::move(event));
   }
-  const nlohmann::json trace = {
-      {"traceEvents", std::move(events)},
-      {"displayTimeUnit", "ms"},
-      {"otherData", {{"title", timeline.title}, {"num_ranks", timeline.num_ranks}, {"time_unit", timeline.time_unit}}}};
+  nlohmann::json other = {{"title", timeline.title}, {"num_ranks", timeline.num_ranks}, {"time_unit", timeline.time_unit}};
+  if (!timeline.run_metadata.is_null()) other["pipeflow"] = timeline.run_metadata;
+  const nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", other}};
   return trace.dump() + "\n";
 }
 
@@ -72,6 +71,7 @@ Timeline read_chrome_trace(std::string_view text, const std::string& source) {
     timeline.title = other.value("title", std::string());
     timeline.time_unit = other.value("time_unit", std::string("s"));
     int ranks = other.value("num_ranks", 0);
+    if (other.contains("pipeflow")) timeline.run_metadata = other["pipeflow"];
     const nlohmann::json& events = trace["traceEvents"];
     for (std::size_t i = 0; i < events.size(); ++i) {
       if (!events[i].is_object()) fail("{}: traceEvents[{}] is not an object", source, i);

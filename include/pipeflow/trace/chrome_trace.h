@@ -13,7 +13,7 @@ namespace pipeflow {
 // microseconds; one process (pid 0) with one track per rank (tid = rank,
 // named "rank r" by a thread_name metadata event); "cat" is the event
 // category's name and args.action the action's text when there is one. The
-// title and the number of ranks travel in otherData, so that
+// title, the number of ranks and the run metadata (otherData.pipeflow) travel in otherData, so that
 // read_chrome_trace(write_chrome_trace(t)) gives t back.
 std::string write_chrome_trace(const Timeline& timeline);
 
