@@ -111,5 +111,28 @@ TEST(AnalyzeCommand, TheHtmlReportRendersInChromiumWithTheTimelineAndTheNumbersO
   EXPECT_NE(dom.find(fmt::format("bubble {:.1f}%", 100 * json["bubble"].get<double>())), std::string::npos);
 }
 
+TEST(SweepCommand, PrintsTheTableAndWritesPlotsWhosePointsAreTheJsons) {
+  const std::string dir = make_temp_dir();
+  const std::string args =
+      "sweep --model gpt2-124m --hardware a100-80g --stages 4 --global-batch 32 --seq 1024 "
+      "--vary microbatches=4,8,16 --svg " + dir + "/sweep.svg";
+  const CommandResult table = run_pipeflow(args);
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_EQ(table.out.rfind("microbatches  step time  bubble  peak memory  tokens/s\n", 0), 0u) << table.out;
+  const CommandResult r = run_pipeflow(args + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);
+  const std::string svg = read_file(dir + "/sweep.svg");
+  EXPECT_EQ(XmlCheck(svg).run(), "");
+  const std::size_t bubbles = svg.find("data-metric=\"bubble_ratio\"");
+  ASSERT_NE(bubbles, std::string::npos);
+  std::size_t at = bubbles;
+  for (const auto& point : json["points"]) {
+    at = svg.find("data-value=\"", at) + 12;
+    EXPECT_EQ(std::stod(svg.substr(at, svg.find('"', at) - at)), point["bubble_ratio"].get<double>());
+  }
+  EXPECT_EQ(run_pipeflow("sweep --vary speed=1").exit_code, 1);
+}
+
 }  // namespace
 }  // namespace pipeflow::testing
