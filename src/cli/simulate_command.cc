@@ -32,8 +32,7 @@ struct SimulateCommand {
 
 void run(const SimulateCommand& command) {
   const RunOverrides overrides = command.flags.overrides();
-  const RunConfig config =
-      command.config.empty() ? default_run_config(overrides) : load_run_config(command.config, overrides);
+  const RunConfig config = run_config_of(command.config, overrides);
   print_config_notes(config);
   const ResolvedRun resolved = resolve(config);
   const Layout layout = layout_of(resolved);

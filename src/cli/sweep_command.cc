@@ -23,9 +23,7 @@ struct SweepCommand {
 void run(const SweepCommand& command) {
   std::vector<SweepAxis> axes;
   for (const std::string& text : command.vary) axes.push_back(parse_sweep_axis(text));
-  const ConfigSource source = [&](const RunOverrides& overrides) {
-    return command.config.empty() ? default_run_config(overrides) : load_run_config(command.config, overrides);
-  };
+  const ConfigSource source = [&](const RunOverrides& overrides) { return run_config_of(command.config, overrides); };
   const Sweep sweep = run_sweep(source, command.flags.overrides(), axes);
   if (!command.svg.empty()) write_output(sweep_svg(sweep), command.svg);
   write_output(command.json ? sweep_json(sweep) : sweep_text(sweep), "");

@@ -71,6 +71,29 @@ TEST(Analyze, GpipeAndOneFOneBIdleIsAllFillAndDrainAndTheCriticalPathIsTheStep) 
   }
 }
 
+TEST(Analyze, ReadsATraceOfAnotherProgramWhoseEventsArePyTorchActionNames) {
+  // 2 ranks, 1 micro-batch, GPipe, times in microseconds; categories of its own; stage 1's backward slow.
+  TraceInput input;
+  input.source = "torch.json";
+  input.timeline = read_chrome_trace(R"({"traceEvents": [
+      {"name": "0F0", "cat": "user_annotation", "ph": "X", "pid": 1, "tid": 0, "ts": 0, "dur": 10},
+      {"name": "1F0", "cat": "user_annotation", "ph": "X", "pid": 1, "tid": 1, "ts": 12, "dur": 10},
+      {"name": "1B0", "cat": "user_annotation", "ph": "X", "pid": 1, "tid": 1, "ts": 22, "dur": 40},
+      {"name": "0B0", "cat": "user_annotation", "ph": "X", "pid": 1, "tid": 0, "ts": 64, "dur": 20},
+      {"name": "ProfilerStep#1", "ph": "X", "pid": 1, "tid": 0, "ts": 84, "dur": 1}]})",
+                                     input.source);
+  const Analysis a = analyze(input);
+  EXPECT_DOUBLE_EQ(a.step_s, 85e-6);
+  ASSERT_EQ(a.stage_compute_s.size(), 2u);
+  EXPECT_NEAR(a.stage_compute_s[0], 30e-6, 1e-15);
+  EXPECT_NEAR(a.stage_compute_s[1], 50e-6, 1e-15);
+  EXPECT_NEAR(a.imbalance, 50.0 / 40, 1e-12);
+  EXPECT_EQ(a.critical_path.actions, (std::vector<std::string>{"0F0", "1F0", "1B0", "0B0"}));
+  EXPECT_NEAR(a.critical_path.compute_s, 80e-6, 1e-15);
+  EXPECT_NEAR(a.ranks[0].flush_s, 1e-6, 1e-15);  // the profiler's own event: other
+  EXPECT_NEAR(a.ranks[0].fill_s, 54e-6, 1e-15);   // rank 0 waits 0F0's end to 0B0's start
+}
+
 TEST(Analyze, ASlowStageIsNamedFirstWithTheGainOfTheRebalancedPartition) {
   // gpt2-124m has 14 pipeline layers: stage 1 gets 6 blocks, the others 2 or 3 layers.
   const Analysis a = analyze(simulated_trace(config_of(R"({

@@ -19,6 +19,10 @@ std::string write_chrome_trace(const Timeline& timeline);
 
 // Reads the "X" events of a Chrome trace (other phases are skipped). Throws
 // Error naming the source and the event index for a malformed event.
+// Traces of other programs: an event without args.action whose name is an
+// action in PyTorch pipelining's text form ("0F1", "1B0", "2I3") is that
+// action, and a "cat" that is none of pipeflow's categories is then taken
+// from the action's kind (tid must still be the pipeline rank).
 Timeline read_chrome_trace(std::string_view text, const std::string& source);
 
 }  // namespace pipeflow
