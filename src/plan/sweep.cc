@@ -39,7 +39,12 @@ void apply(const std::string& key, const std::string& value, RunOverrides& o) {
   if (key == "tensor-parallel") o.tensor_parallel = positive(key, value);
   if (key == "data-parallel") o.data_parallel = positive(key, value);
   if (key == "seq-length") o.seq_length = positive(key, value);
-  if (key == "schedule") o.schedule = value;
+  if (key == "schedule") {
+    // NAME:V sets the virtual stages with the schedule (interleaved-1f1b:2 beside 1f1b).
+    const std::size_t colon = value.find(':');
+    o.schedule = value.substr(0, colon);
+    if (colon != std::string::npos) o.virtual_stages = positive(key, value.substr(colon + 1));
+  }
   if (key == "recompute") o.recompute = value;
   if (key == "partition") o.partition = value;
   if (key == "comm") o.comm_mode = value;

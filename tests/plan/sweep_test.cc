@@ -74,6 +74,16 @@ TEST(Sweep, ThePlotsAreWellFormedAndHoldTheNumbersOfTheJson) {
   }
 }
 
+TEST(Sweep, AScheduleMayNameItsVirtualStages) {
+  const Sweep sweep = run_sweep(kConfig, {}, {parse_sweep_axis("schedule=1f1b,interleaved-1f1b:2")});
+  ASSERT_EQ(sweep.points.size(), 2u);
+  EXPECT_EQ(sweep.points[1].error, "");
+  RunOverrides o;
+  o.schedule = "interleaved-1f1b";
+  o.virtual_stages = 2;
+  EXPECT_DOUBLE_EQ(sweep.points[1].step_time_s, predict(layout_of(resolve(kConfig(o)))).result.step_time_s);
+}
+
 TEST(Sweep, RejectsAnUnknownKeyAndABadValue) {
   EXPECT_EQ(error_of([] { parse_sweep_axis("speed=1,2"); }),
             "--vary speed=1,2: give KEY=V1,V2,... with KEY one of microbatches, micro-batch, global-batch, stages, "

@@ -18,7 +18,8 @@ namespace pipeflow {
 //   microbatches     micro-batches per step, the global batch fixed (the micro-batch size follows)
 //   micro-batch      the micro-batch size (train_micro_batch_size_per_gpu), m fixed
 //   global-batch     train_batch_size
-//   stages, schedule, virtual, recompute, partition, comm, tensor-parallel,
+//   schedule         a schedule's name, or NAME:V with its virtual stages (interleaved-1f1b:2)
+//   stages, virtual, recompute, partition, comm, tensor-parallel,
 //   data-parallel, seq-length   the keys of the flags of the same names
 struct SweepAxis {
   std::string key;
