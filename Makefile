@@ -13,7 +13,7 @@ DEBS := cmake g++ ninja-build pkg-config \
         libfmt-dev nlohmann-json3-dev libcli11-dev \
         libopenblas-dev libopenmpi-dev openmpi-bin \
         libgtest-dev libbenchmark-dev fortunes \
-        clang libclang-rt-14-dev
+        clang libclang-rt-14-dev chromium-headless-shell
 
 FUZZ_RUNS ?= 30000
 

@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   pipeflow::cli::add_calibrate_command(app);
   pipeflow::cli::add_train_command(app);
   pipeflow::cli::add_simulate_command(app);
+  pipeflow::cli::add_analyze_command(app);
+  pipeflow::cli::add_sweep_command(app);
 
   try {
     app.parse(argc, argv);

@@ -68,4 +68,8 @@ void print_config_notes(const RunConfig& config) {
   if (!config.pipeline.file_note.empty()) fmt::print(stderr, "{}\n", config.pipeline.file_note);
 }
 
+RunConfig run_config_of(const std::string& config_path, const RunOverrides& overrides) {
+  return config_path.empty() ? default_run_config(overrides) : load_run_config(config_path, overrides);
+}
+
 }  // namespace pipeflow::cli

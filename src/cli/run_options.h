@@ -29,6 +29,10 @@ class RunFlags {
   bool sequence_parallel_ = false;
 };
 
+// The run configuration of a command: the file `config_path` (empty: the
+// defaults) with the flags' overrides.
+RunConfig run_config_of(const std::string& config_path, const RunOverrides& overrides);
+
 // On standard error: the configuration's warnings, and how its schedule file
 // was read (the CSV dialect), as train and simulate both say them.
 void print_config_notes(const RunConfig& config);

@@ -13,6 +13,7 @@
 #include "pipeflow/sim/layout.h"
 #include "pipeflow/sim/prediction.h"
 #include "pipeflow/sim/report.h"
+#include "pipeflow/sim/run_metadata.h"
 #include "pipeflow/trace/chrome_trace.h"
 #include "pipeflow/trace/svg.h"
 #include "run_options.h"
@@ -31,10 +32,10 @@ struct SimulateCommand {
 
 void run(const SimulateCommand& command) {
   const RunOverrides overrides = command.flags.overrides();
-  const RunConfig config =
-      command.config.empty() ? default_run_config(overrides) : load_run_config(command.config, overrides);
+  const RunConfig config = run_config_of(command.config, overrides);
   print_config_notes(config);
-  const Layout layout = layout_of(resolve(config));
+  const ResolvedRun resolved = resolve(config);
+  const Layout layout = layout_of(resolved);
   std::optional<MeasuredProfile> profile;
   if (!command.profile.empty()) profile = load_profile(command.profile);
   const Prediction p = predict(layout, profile ? &*profile : nullptr);
@@ -44,7 +45,10 @@ void run(const SimulateCommand& command) {
     const std::string title =
         fmt::format("{} {}: {} ranks, {} micro-batches, simulated{}", layout.model.name, layout.schedule,
                     p.schedule.num_ranks(), p.microbatches, profile ? " from a measured profile" : "");
-    const Timeline timeline = simulation_timeline(p.schedule, p.result, title);
+    Timeline timeline = simulation_timeline(p.schedule, p.result, title);
+    timeline.run_metadata = run_metadata_json(
+        resolved.config, profile ? *profile : profile_of_costs(p.costs.costs, "pipeflow simulate: the cost model"),
+        profile.has_value(), "pipeflow simulate");
     if (!command.trace.empty()) write_output(write_chrome_trace(timeline), command.trace);
     if (!command.svg.empty()) write_output(render_svg(timeline), command.svg);
   }

@@ -89,7 +89,7 @@ void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSet
              last.tokens_per_s, format_percent(last.bubble_measured), format_percent(last.bubble_predicted));
   fmt::print("sample:\n{}\n", runtime::printable(outcome.sample));
   fmt::print("wrote {}/report.md, metrics.jsonl, timeline.svg, trace.json, predicted.svg, profile.json, "
-             "weights.safetensors\n",
+             "run_config.json, weights.safetensors\n",
              settings.out_dir.string());
   if (settings.save_interval > 0) {
     fmt::print("checkpoints every {} steps in {}\n", settings.save_interval,

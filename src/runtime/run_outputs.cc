@@ -6,6 +6,7 @@
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/runtime/metrics_log.h"
 #include "pipeflow/sim/profile.h"
+#include "pipeflow/sim/run_metadata.h"
 #include "pipeflow/trace/chrome_trace.h"
 #include "pipeflow/trace/svg.h"
 
@@ -37,11 +38,15 @@ std::vector<std::filesystem::path> write_run_outputs(const RunRecord& record, co
   if (!settings.emulate) {
     measured = measured_timeline(last, schedule.num_ranks(), measured.title + ", with the flush", true);
   }
+  const MeasuredProfile profile =
+      measured_profile(*record.costs, engine,
+                       fmt::format("pipeflow train {}, median action costs of {}", settings.config_source,
+                                   record.cost_steps));
+  measured.run_metadata = run_metadata_json(settings.config, profile, true, "pipeflow train");
   write("trace.json", write_chrome_trace(measured));
   write("predicted.svg", render_svg(predicted));
-  write("profile.json", profile_to_json(measured_profile(*record.costs, engine,
-                                                         fmt::format("pipeflow train {}, median action costs of {}",
-                                                                     settings.config_source, record.cost_steps))));
+  write("profile.json", profile_to_json(profile));
+  write("run_config.json", settings.config_text);
   nn::write_weights(dir / "weights.safetensors", model);
   files.push_back(dir / "weights.safetensors");
   write("report.md", training_report(record));

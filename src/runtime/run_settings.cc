@@ -94,6 +94,7 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   s.checkpoint_dir = run.checkpoint.dir;
   s.resume = run.checkpoint.load;
   s.config_text = run_config_to_json(run);
+  s.config = run;
   s.config_source = source;
   return s;
 }

@@ -1,6 +1,7 @@
 #include "pipeflow/trace/chrome_trace.h"
 
 #include <algorithm>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "pipeflow/core/error.h"
@@ -15,17 +16,41 @@ nlohmann::json metadata(std::string_view name, int tid, const std::string& value
   return {{"name", name}, {"ph", "M"}, {"pid", 0}, {"tid", tid}, {"args", {{"name", value}}}};
 }
 
+// PyTorch pipelining's action names ("0F1", "1SEND_B0") as event names.
+std::optional<Action> action_named(const std::string& name) {
+  if (name.empty() || name.front() < '0' || name.front() > '9') return std::nullopt;
+  try {
+    return parse_action(name);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+bool is_event_category(const std::string& text) {
+  try {
+    parse_event_category(text);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 TraceEvent read_event(const nlohmann::json& e, std::size_t index, const std::string& source) {
   try {
     TraceEvent event;
     event.rank = RankId(e.at("tid").get<int>());
     event.name = e.at("name").get<std::string>();
-    event.category = parse_event_category(e.value("cat", std::string("other")));
     event.start_s = e.at("ts").get<double>() / kMicroseconds;
     event.duration_s = e.value("dur", 0.0) / kMicroseconds;
     if (e.contains("args") && e["args"].contains("action")) {
       event.action = parse_action(e["args"]["action"].get<std::string>());
+    } else {
+      event.action = action_named(event.name);
     }
+    // An action named by another program keeps its own category names: the action's kind gives ours.
+    const std::string category = e.value("cat", std::string("other"));
+    event.category = event.action && !is_event_category(category) ? category_of(event.action->kind)
+                                                                   : parse_event_category(category);
     if (event.rank.value() < 0) fail("tid {} is not a rank", event.rank.value());
     return event;
   } catch (const nlohmann::json::exception& error) {
@@ -52,10 +77,9 @@ std::string write_chrome_trace(const Timeline& timeline) {
     if (e.action) event["args"] = {{"action", to_string(*e.action)}};
     events.push_back(std::move(event));
   }
-  const nlohmann::json trace = {
-      {"traceEvents", std::move(events)},
-      {"displayTimeUnit", "ms"},
-      {"otherData", {{"title", timeline.title}, {"num_ranks", timeline.num_ranks}, {"time_unit", timeline.time_unit}}}};
+  nlohmann::json other = {{"title", timeline.title}, {"num_ranks", timeline.num_ranks}, {"time_unit", timeline.time_unit}};
+  if (!timeline.run_metadata.is_null()) other["pipeflow"] = timeline.run_metadata;
+  const nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", other}};
   return trace.dump() + "\n";
 }
 
@@ -72,6 +96,7 @@ Timeline read_chrome_trace(std::string_view text, const std::string& source) {
     timeline.title = other.value("title", std::string());
     timeline.time_unit = other.value("time_unit", std::string("s"));
     int ranks = other.value("num_ranks", 0);
+    if (other.contains("pipeflow")) timeline.run_metadata = other["pipeflow"];
     const nlohmann::json& events = trace["traceEvents"];
     for (std::size_t i = 0; i < events.size(); ++i) {
       if (!events[i].is_object()) fail("{}: traceEvents[{}] is not an object", source, i);

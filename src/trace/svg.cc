@@ -59,19 +59,6 @@ std::string hex(Rgb c, double amount = 0) {
   return fmt::format("#{:02x}{:02x}{:02x}", mix(c.r), mix(c.g), mix(c.b));
 }
 
-std::string escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 std::string number(double v) { return fmt::format("{:.2f}", v); }
 
@@ -103,7 +90,7 @@ class SvgTimeline {
 
   std::string render() const {
     const BubbleStats bubble = bubble_stats(t_);
-    const std::string title = fmt::format("{} — bubble {}", escape(t_.title), format_percent(bubble.overall));
+    const std::string title = fmt::format("{} — bubble {}", xml_escape(t_.title), format_percent(bubble.overall));
     const double axis_y = kTop + t_.num_ranks * (kRowHeight + kRowGap);
     // Bold 15px text: up to about 10 px per character.
     const double width = std::max(kLeft + chart_ + kRight, kLeft + 10.5 * static_cast<double>(title.size()) + 20);
@@ -146,14 +133,14 @@ class SvgTimeline {
     const double top = comm ? y + kRowHeight - kCommHeight : y + 1;
     const double height = comm ? kCommHeight : kRowHeight - 2;
     std::string out = fmt::format("<rect class=\"{}\"", to_string(e.category));
-    if (is_compute(e.category) && e.action) out += fmt::format(" data-action=\"{}\"", escape(e.name));
+    if (is_compute(e.category) && e.action) out += fmt::format(" data-action=\"{}\"", xml_escape(e.name));
     // The white separator is 1.2 px of every box: on narrower boxes (a long
     // step, thousands of actions per row) it would wash the colours out.
     const char* separator = width >= kSeparatedWidth ? " stroke=\"#ffffff\" stroke-width=\"0.6\"" : "";
     out += fmt::format(" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"{}><title>{} {} {:g}+{:g}</title>"
                        "</rect>\n",
                        number(x(e.start_s)), number(top), number(width), number(height), fill(e), separator,
-                       escape(e.name), to_string(e.category), e.start_s - origin_, e.duration_s);
+                       xml_escape(e.name), to_string(e.category), e.start_s - origin_, e.duration_s);
     const std::string label = e.action ? std::to_string(e.action->microbatch.value()) : std::string();
     if (is_compute(e.category) && !label.empty() && width >= 7.0 * static_cast<double>(label.size()) + 4) {
       const bool light = e.action && chunks_ > 1 && chunk(e) > 0;
@@ -194,7 +181,7 @@ class SvgTimeline {
       }
     }
     out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">time ({})</text>\n", number(kLeft + chart_),
-                       number(y + 30), escape(t_.time_unit));
+                       number(y + 30), xml_escape(t_.time_unit));
     return out + "</g>\n";
   }
 
@@ -244,7 +231,7 @@ class SvgTimeline {
       out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\" stroke=\"#999999\"/>\n",
                          number(left), number(top), entries[i].fill);
       out += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>\n", number(left + 16), number(top + 10),
-                         escape(entries[i].label));
+                         xml_escape(entries[i].label));
     }
     return out + "</g>\n";
   }
@@ -269,6 +256,20 @@ void check_svg_events(std::size_t events) {
 std::string render_svg(const Timeline& timeline) {
   check_svg_events(timeline.events.size());
   return SvgTimeline(timeline).render();
+}
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
 }
 
 }  // namespace pipeflow

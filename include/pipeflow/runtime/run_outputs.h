@@ -12,9 +12,10 @@ namespace pipeflow::runtime {
 // Writes what a finished training run leaves in `record.settings->out_dir`
 // (each file atomically; see train() in trainer.h): metrics.jsonl
 // (`earlier_metrics`, then this run's lines), timeline.svg and trace.json
-// of `last` (replayed with --emulate), predicted.svg, profile.json,
-// weights.safetensors (`model`: the engine's, assembled) and report.md.
-// Returns the paths written.
+// of `last` (replayed with --emulate; the trace carries the run's metadata,
+// sim/run_metadata.h), predicted.svg, profile.json, run_config.json (the
+// resolved configuration, settings.config_text), weights.safetensors
+// (`model`: the engine's, assembled) and report.md. Returns the paths written.
 std::vector<std::filesystem::path> write_run_outputs(const RunRecord& record, const PipelineEngine& engine,
                                                      const nn::Stage& model, const StepResult& last,
                                                      const std::string& earlier_metrics);

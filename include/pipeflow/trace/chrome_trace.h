@@ -13,12 +13,16 @@ namespace pipeflow {
 // microseconds; one process (pid 0) with one track per rank (tid = rank,
 // named "rank r" by a thread_name metadata event); "cat" is the event
 // category's name and args.action the action's text when there is one. The
-// title and the number of ranks travel in otherData, so that
+// title, the number of ranks and the run metadata (otherData.pipeflow) travel in otherData, so that
 // read_chrome_trace(write_chrome_trace(t)) gives t back.
 std::string write_chrome_trace(const Timeline& timeline);
 
 // Reads the "X" events of a Chrome trace (other phases are skipped). Throws
 // Error naming the source and the event index for a malformed event.
+// Traces of other programs: an event without args.action whose name is an
+// action in PyTorch pipelining's text form ("0F1", "1B0", "2I3") is that
+// action, and a "cat" that is none of pipeflow's categories is then taken
+// from the action's kind (tid must still be the pipeline rank).
 Timeline read_chrome_trace(std::string_view text, const std::string& source);
 
 }  // namespace pipeflow

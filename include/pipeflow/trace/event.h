@@ -1,5 +1,6 @@
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -58,6 +59,10 @@ struct Timeline {
   // The unit of start_s and duration_s as shown to people: "s" for measured
   // and simulated timelines, "unit" for the unit-cost dry run.
   std::string time_unit = "s";
+  // What the program that made the timeline says about its run (pipeflow's
+  // resolved configuration, hardware and per-stage costs: sim/run_metadata.h),
+  // carried as otherData.pipeflow of a Chrome trace; null: nothing.
+  nlohmann::json run_metadata;
 
   double start_s() const;     // earliest start (0 if empty)
   double end_s() const;       // latest end (0 if empty)

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "pipeflow/trace/event.h"
 
@@ -24,5 +25,9 @@ std::string render_svg(const Timeline& timeline);
 // Throws the Error render_svg would for a timeline of `events` events, so a
 // caller can refuse before building the timeline.
 void check_svg_events(std::size_t events);
+
+// `text` with &, <, > and " written as entities: for XML and HTML text and
+// attribute values.
+std::string xml_escape(std::string_view text);
 
 }  // namespace pipeflow

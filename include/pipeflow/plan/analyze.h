@@ -1,0 +1,140 @@
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipeflow/sim/layout.h"
+#include "pipeflow/sim/prediction.h"
+#include "pipeflow/sim/run_metadata.h"
+#include "pipeflow/trace/event.h"
+
+namespace pipeflow {
+
+// `pipeflow analyze`: reads one step's trace back, says where its time went,
+// and predicts what each change would gain by re-simulating the changed
+// setup (docs/ANALYZE.md).
+//
+// The figures of the trace itself come from its events (any Chrome trace
+// whose events carry pipeline actions, args.action, as pipeflow writes
+// them). The advice needs the run behind the trace: the run metadata that
+// `pipeflow train` and `pipeflow simulate` write into it (sim/run_metadata.h).
+
+// A trace and what it says about its run.
+struct TraceInput {
+  std::string source;  // the file read
+  Timeline timeline;
+  std::optional<RunMetadata> run;  // absent: the trace has no otherData.pipeflow
+};
+
+// A Chrome trace is read up to this size.
+inline constexpr std::size_t kMaxTraceFileBytes = std::size_t{1} << 30;
+
+// `path`: a Chrome-trace file, or a run directory of `pipeflow train` (its
+// trace.json). Throws Error naming the path for what is not there or not a
+// trace.
+TraceInput load_trace_input(const std::filesystem::path& path);
+
+// Where one rank's step went. busy + comm + wait + flush + idle = the step
+// (the timeline's makespan); idle + wait = fill + stall + drain.
+struct RankUsage {
+  double busy_s = 0;   // F, B, I, W
+  double comm_s = 0;   // send and receive events (the rank held by a transfer)
+  double wait_s = 0;   // wait events: a send or receive waiting for its partner
+  double flush_s = 0;  // the data-parallel all-reduce and the optimizer step
+  double idle_s = 0;   // no event
+  // Idle and waits by phase: the warm-up runs until the rank's first backward (B or
+  // I) starts, the cool-down from its last forward's end; between them is
+  // the steady state. With equal stage costs and free messages GPipe's and
+  // 1F1B's idle is all fill and drain, and a stall is a slow stage or link.
+  double fill_s = 0;   // idle in the warm-up
+  double stall_s = 0;  // idle in the steady state
+  double drain_s = 0;  // idle in the cool-down
+};
+
+// The chain of actions that set the step's length, walked back from the
+// action that ends last: each action's predecessor is whichever ended later
+// of the previous compute action on its rank and the action whose output it
+// needs (F: the previous stage's F; B or I: the next stage's B or I, the last
+// stage's own F; W: its own I).
+struct CriticalPath {
+  std::vector<std::string> actions;  // first to last, in the action IR's text
+  double length_s = 0;               // first start to last end
+  double compute_s = 0;              // the actions' own durations
+  std::vector<double> compute_by_stage_s;  // of compute_s, per stage
+};
+
+// A change to the run and what re-simulating it predicts.
+struct Advice {
+  std::string kind;     // "partition", "microbatches", "schedule", "recompute", "overlap"
+  std::string finding;  // what the trace shows that this addresses
+  std::string change;   // what to change, as the keys or flags to set
+  std::vector<std::string> details;  // e.g. which layers move where
+  Layout layout;        // the changed setup, as re-simulated
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  double bubble_ratio = 0;
+  double peak_memory_bytes = 0;  // the largest rank's
+  double gain = 0;               // tokens/s over the re-simulated run's, minus 1
+};
+
+struct Analysis {
+  std::string source;
+  std::string title;
+  std::string time_unit = "s";
+  int num_ranks = 0;
+  double step_s = 0;  // the timeline's makespan
+  std::vector<RankUsage> ranks;
+  double bubble = 0;  // 1 − Σ busy / (ranks · step)
+  double fill_drain_share = 0;  // Σ (fill + drain) / (ranks · step)
+  double stall_share = 0;       // Σ stall / (ranks · step)
+  double comm_wait_share = 0;   // Σ (comm + wait) / (ranks · step)
+  std::vector<double> stage_compute_s;  // compute per stage over the step, from the actions
+  double imbalance = 1;                 // slowest stage over the mean (1: balanced)
+  CriticalPath critical_path;
+
+  // From the run metadata (absent: none in the trace).
+  std::optional<Prediction> baseline;  // the run re-simulated unchanged
+  // The schedule's own bubble: its execution with every stage's costs the
+  // mean stage's and free messages (GPipe's and 1F1B's (p−1)/(m+p−1)).
+  std::optional<double> theoretical_bubble;
+  std::vector<double> peak_memory_bytes;  // per rank, the re-simulation's
+  double memory_skew = 1;                 // largest over smallest
+  // Highest gain first. A change whose peak memory exceeds both the
+  // device's and the run's is not advice but a note.
+  std::vector<Advice> advice;
+  std::vector<std::string> notes;  // what could not be done, and why
+};
+
+// Analyses `input`. Throws Error for a timeline without events, or run
+// metadata whose configuration does not resolve.
+Analysis analyze(const TraceInput& input);
+
+// The run a metadata record describes, and its re-simulation: the cost
+// model, or the measured costs when the trace has them. A changed partition,
+// or a split backward (I, W) where the run measured full ones, takes the
+// cost model's durations scaled by the measured over modelled total of each
+// action kind (I and W by B's when the run had none).
+class Resimulator {
+ public:
+  explicit Resimulator(const RunMetadata& run);
+  const Layout& layout() const { return layout_; }
+  Prediction predict(const Layout& changed) const;
+
+ private:
+  Layout layout_;
+  std::optional<MeasuredProfile> measured_;
+  std::vector<int> boundaries_;  // the run's partition
+  std::vector<double> scale_;    // per compute kind F, B, I, W: measured / modelled
+  bool measured_split_ = false;  // the run measured I and W
+};
+
+// The terminal summary, the JSON form (pretty, 2 spaces) and a
+// self-contained HTML page (inline SVG timeline, tables, the advice).
+std::string analysis_text(const Analysis& analysis);
+std::string analysis_json(const Analysis& analysis);
+std::string analysis_html(const Analysis& analysis, const Timeline& timeline);
+
+}  // namespace pipeflow

@@ -1,0 +1,472 @@
+#include "pipeflow/plan/analyze.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+#include "pipeflow/core/units.h"
+#include "pipeflow/schedule/generators.h"
+#include "pipeflow/sim/cost_model.h"
+#include "pipeflow/trace/chrome_trace.h"
+
+namespace pipeflow {
+namespace {
+
+constexpr std::array<ActionKind, 4> kComputeKinds = {ActionKind::kForward, ActionKind::kBackward,
+                                                     ActionKind::kBackwardInput, ActionKind::kBackwardWeight};
+
+// ---- the trace's own figures ----
+
+std::vector<RankUsage> rank_usage(const Timeline& timeline) {
+  const double start = timeline.start_s();
+  const double end = timeline.end_s();
+  std::vector<std::vector<const TraceEvent*>> by_rank(timeline.num_ranks);
+  for (const TraceEvent& e : timeline.events) by_rank[e.rank.value()].push_back(&e);
+  std::vector<RankUsage> usage(timeline.num_ranks);
+  for (int r = 0; r < timeline.num_ranks; ++r) {
+    std::vector<const TraceEvent*>& events = by_rank[r];
+    std::sort(events.begin(), events.end(), [](const TraceEvent* a, const TraceEvent* b) {
+      return a->start_s < b->start_s;
+    });
+    RankUsage& u = usage[r];
+    // The warm-up ends where the rank's first backward starts, the
+    // cool-down begins where its last forward ends.
+    double first_backward = end, last_forward_end = start;
+    for (const TraceEvent* e : events) {
+      switch (e->category) {
+        case EventCategory::kForward:
+          u.busy_s += e->duration_s;
+          last_forward_end = std::max(last_forward_end, e->end_s());
+          break;
+        case EventCategory::kBackward:
+        case EventCategory::kBackwardInput:
+          first_backward = std::min(first_backward, e->start_s);
+          u.busy_s += e->duration_s;
+          break;
+        case EventCategory::kBackwardWeight:
+          u.busy_s += e->duration_s;
+          break;
+        case EventCategory::kSend:
+        case EventCategory::kRecv:
+          u.comm_s += e->duration_s;
+          break;
+        case EventCategory::kWait:
+          u.wait_s += e->duration_s;
+          break;
+        case EventCategory::kAllreduce:
+        case EventCategory::kOptimizer:
+        case EventCategory::kOther:
+          u.flush_s += e->duration_s;
+          break;
+      }
+    }
+    const double cool_down = std::max(last_forward_end, first_backward);
+    // Idle: the gaps between the rank's events, by the phase they fall in.
+    double cursor = start;
+    auto add_gap = [&](double from, double to) {
+      if (to <= from) return;
+      const double fill = std::max(0.0, std::min(to, first_backward) - from);
+      const double drain = std::max(0.0, to - std::max(from, cool_down));
+      u.fill_s += fill;
+      u.drain_s += drain;
+      u.stall_s += (to - from) - fill - drain;
+    };
+    for (const TraceEvent* e : events) {
+      add_gap(cursor, e->start_s);
+      if (e->category == EventCategory::kWait) add_gap(std::max(cursor, e->start_s), e->end_s());
+      cursor = std::max(cursor, e->end_s());
+    }
+    add_gap(cursor, end);
+    u.idle_s = u.fill_s + u.stall_s + u.drain_s - u.wait_s;
+  }
+  return usage;
+}
+
+struct ActionEvents {
+  std::map<Action, const TraceEvent*> by_action;
+  int num_stages = 0;
+};
+
+ActionEvents compute_actions(const Timeline& timeline) {
+  ActionEvents a;
+  for (const TraceEvent& e : timeline.events) {
+    if (!e.action || !is_compute(e.action->kind)) continue;
+    a.by_action[*e.action] = &e;
+    a.num_stages = std::max(a.num_stages, e.action->stage.value() + 1);
+  }
+  return a;
+}
+
+const TraceEvent* find(const ActionEvents& a, StageId stage, ActionKind kind, MicrobatchId mb) {
+  const auto it = a.by_action.find(Action{stage, kind, mb});
+  return it == a.by_action.end() ? nullptr : it->second;
+}
+
+// The action whose output `action` needs (see CriticalPath).
+const TraceEvent* data_predecessor(const ActionEvents& a, const Action& action) {
+  const int s = action.stage.value();
+  switch (action.kind) {
+    case ActionKind::kForward:
+      return s > 0 ? find(a, StageId(s - 1), ActionKind::kForward, action.microbatch) : nullptr;
+    case ActionKind::kBackward:
+    case ActionKind::kBackwardInput:
+      if (s + 1 == a.num_stages) return find(a, action.stage, ActionKind::kForward, action.microbatch);
+      if (const TraceEvent* b = find(a, StageId(s + 1), ActionKind::kBackward, action.microbatch)) return b;
+      return find(a, StageId(s + 1), ActionKind::kBackwardInput, action.microbatch);
+    case ActionKind::kBackwardWeight:
+      return find(a, action.stage, ActionKind::kBackwardInput, action.microbatch);
+    default:
+      return nullptr;
+  }
+}
+
+CriticalPath critical_path(const ActionEvents& a) {
+  CriticalPath path;
+  path.compute_by_stage_s.assign(a.num_stages, 0.0);
+  if (a.by_action.empty()) return path;
+  // The compute actions of each rank in time order, to find the previous one.
+  std::map<int, std::vector<const TraceEvent*>> by_rank;
+  for (const auto& [action, e] : a.by_action) by_rank[e->rank.value()].push_back(e);
+  for (auto& [rank, events] : by_rank) {
+    std::sort(events.begin(), events.end(), [](const TraceEvent* x, const TraceEvent* y) {
+      return x->start_s < y->start_s;
+    });
+  }
+  auto previous_on_rank = [&](const TraceEvent* e) -> const TraceEvent* {
+    const auto& events = by_rank[e->rank.value()];
+    const auto it = std::lower_bound(events.begin(), events.end(), e, [](const TraceEvent* x, const TraceEvent* y) {
+      return x->start_s < y->start_s;
+    });
+    return it == events.begin() ? nullptr : *std::prev(it);
+  };
+  const TraceEvent* e = std::max_element(a.by_action.begin(), a.by_action.end(), [](const auto& x, const auto& y) {
+                          return x.second->end_s() < y.second->end_s();
+                        })->second;
+  const double end = e->end_s();
+  std::vector<const TraceEvent*> chain;
+  while (e != nullptr) {
+    chain.push_back(e);
+    const TraceEvent* on_rank = previous_on_rank(e);
+    const TraceEvent* data = data_predecessor(a, *e->action);
+    if (on_rank == nullptr || (data != nullptr && data->end_s() > on_rank->end_s())) on_rank = data;
+    e = on_rank;
+  }
+  std::reverse(chain.begin(), chain.end());
+  for (const TraceEvent* step : chain) {
+    path.actions.push_back(to_string(*step->action));
+    path.compute_s += step->duration_s;
+    path.compute_by_stage_s[step->action->stage.value()] += step->duration_s;
+  }
+  path.length_s = end - chain.front()->start_s;
+  return path;
+}
+
+// ---- re-simulation ----
+
+std::size_t kind_index(ActionKind kind) {
+  return static_cast<std::size_t>(std::find(kComputeKinds.begin(), kComputeKinds.end(), kind) - kComputeKinds.begin());
+}
+
+double peak_memory(const Prediction& p) {
+  double peak = 0;
+  for (const RankResult& r : p.result.ranks) peak = std::max(peak, r.peak_memory_bytes);
+  return peak;
+}
+
+std::string stage_layers(const Partition& partition, std::size_t stage) {
+  const StagePlan& s = partition.stages[stage];
+  return s.layer_names.size() == 1 ? s.layer_names.front()
+                                   : s.layer_names.front() + ".." + s.layer_names.back();
+}
+
+bool splits_backward(const Schedule& schedule) {
+  for (int r = 0; r < schedule.num_ranks(); ++r) {
+    for (const Action& action : schedule.actions(RankId(r))) {
+      if (action.kind == ActionKind::kBackwardInput) return true;
+    }
+  }
+  return false;
+}
+
+// ---- advice ----
+
+struct Candidate {
+  std::string kind, finding, change;
+  std::vector<std::string> details;
+  Layout layout;
+};
+
+Layout with_microbatches(Layout layout, int microbatches) {
+  layout.global_batch = layout.micro_batch * microbatches * layout.data_parallel;
+  return layout;
+}
+
+// Whether the schedule `name` runs at (p, m, v).
+bool schedule_runs(const std::string& name, int p, int m, int v) {
+  try {
+    make_schedule(name, p, m, v);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::vector<Candidate> candidates(const Analysis& a, const Layout& run, int m) {
+  std::vector<Candidate> out;
+  const Prediction& base = *a.baseline;
+  const int p = run.pipeline_parallel;
+  const bool generated = !run.file_schedule.has_value();
+
+  // A rebalanced partition.
+  if (run.partition.kind != PartitionMethod::Kind::kBalanced) {
+    Layout changed = run;
+    changed.partition = PartitionMethod{PartitionMethod::Kind::kBalanced, {}, {}};
+    const Partition& before = base.costs.partition;
+    const Partition after = layout_costs(changed, base.schedule).partition;
+    if (after.boundaries != before.boundaries) {
+      Candidate c{"partition",
+                  fmt::format("stage imbalance {:.2f} (the slowest stage's compute over the mean)", a.imbalance),
+                  "pipeline.partition_method \"balanced\" (--partition balanced)",
+                  {},
+                  changed};
+      for (std::size_t s = 0; s < after.stages.size(); ++s) {
+        if (before.boundaries[s] == after.boundaries[s] && before.boundaries[s + 1] == after.boundaries[s + 1]) continue;
+        c.details.push_back(fmt::format("stage {}: {} -> {}", s, stage_layers(before, s), stage_layers(after, s)));
+      }
+      out.push_back(std::move(c));
+    }
+  }
+
+  // More micro-batches; GPipe, which holds every micro-batch's activations,
+  // moves to 1F1B (the same bubble, at most p in flight) as it does.
+  if (generated) {
+    Layout changed = with_microbatches(run, 2 * m);
+    std::string change = fmt::format("{} micro-batches per step (gradient_accumulation_steps {}, global batch {})",
+                                     2 * m, 2 * m, changed.global_batch);
+    if (run.schedule == "gpipe") {
+      changed.schedule = "1f1b";
+      change = "pipeline.schedule \"1f1b\" (--schedule 1f1b) with " + change;
+    }
+    if (schedule_runs(changed.schedule, p, 2 * m, changed.virtual_stages)) {
+      out.push_back({"microbatches",
+                     fmt::format("fill and drain idle {} of the step with {} micro-batches on {} stages",
+                                 format_percent(a.fill_drain_share), m, p),
+                     change, {}, changed});
+    }
+  }
+
+  // Another schedule, the next step up from 1F1B: interleaving or zero
+  // bubble (every one that runs here is simulated; the best is kept).
+  if (generated && run.schedule != "gpipe") {
+    const int layers = static_cast<int>(pipeline_layers(run.model, parallel_config(run)).size());
+    for (const auto& [name, v] :
+         std::vector<std::pair<std::string, int>>{{"interleaved-1f1b", 2}, {"zb-h1", 1}, {"zbv", 2}}) {
+      if (name == run.schedule || p * v > layers || !schedule_runs(name, p, m, v)) continue;
+      Layout changed = run;
+      changed.schedule = name;
+      changed.virtual_stages = v;
+      out.push_back({"schedule",
+                     fmt::format("bubble {} with {}: the schedule's own bubble is {}", format_percent(a.bubble),
+                                 run.schedule, format_percent(a.theoretical_bubble.value_or(0))),
+                     v > 1 ? fmt::format("pipeline.schedule \"{}\" with virtual_stages {} (--schedule {} --virtual {})",
+                                         name, v, name, v)
+                           : fmt::format("pipeline.schedule \"{}\" (--schedule {})", name, name),
+                     {}, changed});
+    }
+  }
+
+  // Communication overlapped with compute.
+  if (run.comm_mode == CommMode::kBlocking) {
+    Layout changed = run;
+    changed.comm_mode = CommMode::kOverlapped;
+    out.push_back({"overlap",
+                   fmt::format("communication and waits {} of the step, with blocking sends and receives",
+                               format_percent(a.comm_wait_share)),
+                   "comm_mode \"overlapped\" (--comm overlapped): a separate communication stream", {}, changed});
+  }
+
+  // Recompute: off when memory allows, on when it does not fit.
+  if (run.recompute != Recompute::kNone) {
+    Layout changed = run;
+    changed.recompute = Recompute::kNone;
+    out.push_back({"recompute", fmt::format("recompute {} repeats forward work in the backward", to_string(run.recompute)),
+                   "recompute \"none\" (--recompute none)", {}, changed});
+  } else if (peak_memory(base) > run.hardware.memory_bytes) {
+    Layout changed = run;
+    changed.recompute = Recompute::kSelective;
+    out.push_back({"recompute",
+                   fmt::format("peak memory {} exceeds the device's {}", format_bytes(peak_memory(base)),
+                               format_bytes(run.hardware.memory_bytes)),
+                   "recompute \"selective\" (--recompute selective)", {}, changed});
+  }
+  return out;
+}
+
+}  // namespace
+
+Resimulator::Resimulator(const RunMetadata& run) : layout_(layout_of(resolve(run.config))) {
+  if (!run.costs_measured) return;
+  measured_ = run.costs;
+  const LayoutCosts modelled = layout_costs(layout_, layout_schedule(layout_));
+  boundaries_ = modelled.partition.boundaries;
+  for (ActionKind kind : kComputeKinds) {
+    double measured = 0, model = 0;
+    for (const ProfiledStage& s : run.costs.stages) measured += s.costs.duration(kind);
+    for (const StageCosts& s : modelled.costs.stages) model += s.duration(kind);
+    scale_.push_back(model > 0 ? measured / model : 1.0);
+  }
+  // A run with full backwards measured no I or W: a split backward takes B's calibration.
+  measured_split_ = scale_[kind_index(ActionKind::kBackwardInput)] > 0;
+  if (!measured_split_) {
+    scale_[kind_index(ActionKind::kBackwardInput)] = scale_[kind_index(ActionKind::kBackward)];
+    scale_[kind_index(ActionKind::kBackwardWeight)] = scale_[kind_index(ActionKind::kBackward)];
+  }
+}
+
+Prediction Resimulator::predict(const Layout& changed) const {
+  if (!measured_) return pipeflow::predict(changed);
+  const Schedule schedule = layout_schedule(changed);
+  const LayoutCosts modelled = layout_costs(changed, schedule);
+  if (modelled.partition.boundaries == boundaries_ && (measured_split_ || !splits_backward(schedule))) {
+    return pipeflow::predict(changed, &*measured_);
+  }
+  // Another cut, or a split backward the run did not measure: the cost
+  // model's durations, calibrated by the run's.
+  MeasuredProfile scaled{measured_->source + ", scaled to another partition by the cost model", {}, measured_->link};
+  for (const StageCosts& stage : modelled.costs.stages) {
+    ProfiledStage s{stage, {}};
+    for (ActionKind kind : kComputeKinds) s.costs.set_duration(kind, stage.duration(kind) * scale_[kind_index(kind)]);
+    scaled.stages.push_back(std::move(s));
+  }
+  return pipeflow::predict(changed, &scaled);
+}
+
+namespace {
+
+// The schedule's own bubble (Analysis::theoretical_bubble).
+double schedule_bubble(const Prediction& base) {
+  SimulationCosts uniform;
+  StageCosts mean;
+  const std::vector<StageCosts>& stages = base.costs.costs.stages;
+  for (ActionKind kind : kComputeKinds) {
+    double sum = 0;
+    for (const StageCosts& s : stages) sum += s.duration(kind);
+    mean.set_duration(kind, sum / static_cast<double>(stages.size()));
+  }
+  uniform.stages.assign(stages.size(), mean);
+  return simulate(layout_schedule(base.layout), uniform).pipeline_bubble_ratio;
+}
+
+void advise(Analysis& a, const Resimulator& sim) {
+  const Prediction& base = *a.baseline;
+  const double capacity = base.layout.hardware.memory_bytes;
+  const double base_peak = peak_memory(base);
+  std::optional<Advice> best_schedule;
+  for (Candidate& c : candidates(a, sim.layout(), base.microbatches)) {
+    std::optional<Prediction> predicted;
+    try {
+      predicted = sim.predict(c.layout);
+    } catch (const Error& error) {
+      a.notes.push_back(fmt::format("{} ({}) could not be simulated: {}", c.kind, c.change, error.what()));
+      continue;
+    }
+    const Prediction& p = *predicted;
+    Advice advice{std::move(c.kind), std::move(c.finding), std::move(c.change), std::move(c.details), c.layout,
+                  p.result.step_time_s, p.tokens_per_s, p.result.bubble_ratio, peak_memory(p), 0};
+    advice.gain = p.tokens_per_s / base.tokens_per_s - 1;
+    const bool fixes_memory = base_peak > capacity && advice.peak_memory_bytes <= capacity;
+    if (advice.gain <= 1e-9 && !fixes_memory) continue;
+    if (advice.peak_memory_bytes > capacity && advice.peak_memory_bytes > base_peak) {
+      a.notes.push_back(fmt::format("{} ({}) would gain {:+.1f}% but needs {} per device, over the {} of {}",
+                                    advice.kind, advice.change, 100 * advice.gain,
+                                    format_bytes(advice.peak_memory_bytes), format_bytes(capacity),
+                                    base.layout.hardware.name));
+      continue;
+    }
+    if (advice.kind == "schedule") {
+      if (!best_schedule || advice.gain > best_schedule->gain) best_schedule = std::move(advice);
+      continue;
+    }
+    a.advice.push_back(std::move(advice));
+  }
+  if (best_schedule) a.advice.push_back(std::move(*best_schedule));
+  std::stable_sort(a.advice.begin(), a.advice.end(), [](const Advice& x, const Advice& y) { return x.gain > y.gain; });
+}
+
+}  // namespace
+
+Analysis analyze(const TraceInput& input) {
+  const Timeline& t = input.timeline;
+  if (t.events.empty() || t.num_ranks < 1) {
+    fail("{}: the trace has no events (\"X\" events, tid = rank): nothing to analyse", input.source);
+  }
+  Analysis a;
+  a.source = input.source;
+  a.title = t.title;
+  a.time_unit = t.time_unit;
+  a.num_ranks = t.num_ranks;
+  a.step_s = t.makespan_s();
+  a.ranks = rank_usage(t);
+  double busy = 0, fill_drain = 0, stall = 0, comm_wait = 0;
+  for (const RankUsage& u : a.ranks) {
+    busy += u.busy_s;
+    fill_drain += u.fill_s + u.drain_s;
+    stall += u.stall_s;
+    comm_wait += u.comm_s + u.wait_s;
+  }
+  const double total = a.step_s * a.num_ranks;
+  if (total > 0) {
+    a.bubble = 1 - busy / total;
+    a.fill_drain_share = fill_drain / total;
+    a.stall_share = stall / total;
+    a.comm_wait_share = comm_wait / total;
+  }
+  const ActionEvents actions = compute_actions(t);
+  a.stage_compute_s.assign(actions.num_stages, 0.0);
+  for (const auto& [action, e] : actions.by_action) a.stage_compute_s[action.stage.value()] += e->duration_s;
+  if (!a.stage_compute_s.empty()) {
+    const double mean = std::accumulate(a.stage_compute_s.begin(), a.stage_compute_s.end(), 0.0) /
+                        static_cast<double>(a.stage_compute_s.size());
+    if (mean > 0) a.imbalance = *std::max_element(a.stage_compute_s.begin(), a.stage_compute_s.end()) / mean;
+  } else {
+    a.notes.push_back("no event names a pipeline action (args.action such as \"0F1\"): no stages, no critical path");
+  }
+  a.critical_path = critical_path(actions);
+
+  if (!input.run) {
+    a.notes.push_back(
+        "the trace carries no run metadata (otherData.pipeflow, written by pipeflow train and simulate): no "
+        "re-simulation, no advice");
+    return a;
+  }
+  const Resimulator sim(*input.run);
+  a.baseline = sim.predict(sim.layout());
+  a.theoretical_bubble = schedule_bubble(*a.baseline);
+  for (const RankResult& r : a.baseline->result.ranks) a.peak_memory_bytes.push_back(r.peak_memory_bytes);
+  const auto [low, high] = std::minmax_element(a.peak_memory_bytes.begin(), a.peak_memory_bytes.end());
+  if (*low > 0) a.memory_skew = *high / *low;
+  advise(a, sim);
+  return a;
+}
+
+TraceInput load_trace_input(const std::filesystem::path& path) {
+  std::filesystem::path file = path;
+  if (std::filesystem::is_directory(path)) {
+    file = path / "trace.json";
+    if (!std::filesystem::exists(file)) {
+      fail("{} is a directory without trace.json: give a run directory of pipeflow train or a Chrome-trace file",
+           path.string());
+    }
+  }
+  TraceInput input;
+  input.source = file.string();
+  input.timeline = read_chrome_trace(read_file(file, kMaxTraceFileBytes, "Chrome trace"), input.source);
+  if (!input.timeline.run_metadata.is_null()) input.run = read_run_metadata(input.timeline.run_metadata, input.source);
+  return input;
+}
+
+}  // namespace pipeflow

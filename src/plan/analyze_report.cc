@@ -1,0 +1,221 @@
+// The three forms of an Analysis: terminal text, JSON, and one HTML page.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "pipeflow/core/table.h"
+#include "pipeflow/core/units.h"
+#include "pipeflow/plan/analyze.h"
+#include "pipeflow/trace/svg.h"
+
+namespace pipeflow {
+namespace {
+
+// Seconds as the timeline shows them: "12.3 ms", or plain numbers for the
+// unit-cost dry run.
+std::string duration(const Analysis& a, double seconds) {
+  return a.time_unit == "s" ? format_seconds(seconds) : fmt::format("{:.3g} {}", seconds, a.time_unit);
+}
+
+std::string gain_text(const Advice& advice) {
+  return fmt::format("{:+.1f}%", 100 * advice.gain);
+}
+
+// The rows of the per-rank table, shared by the text and the HTML.
+std::vector<std::string> rank_header() {
+  return {"rank", "busy", "comm", "wait", "flush", "idle", "fill", "stall", "drain", "peak memory"};
+}
+std::vector<std::string> rank_row(const Analysis& a, std::size_t r) {
+  const RankUsage& u = a.ranks[r];
+  return {std::to_string(r),      duration(a, u.busy_s),  duration(a, u.comm_s),  duration(a, u.wait_s),
+          duration(a, u.flush_s), duration(a, u.idle_s),  duration(a, u.fill_s),  duration(a, u.stall_s),
+          duration(a, u.drain_s),
+          r < a.peak_memory_bytes.size() ? format_bytes(a.peak_memory_bytes[r]) : std::string("-")};
+}
+
+std::vector<std::string> advice_header() { return {"#", "gain", "change", "step", "tokens/s", "bubble", "peak memory"}; }
+std::vector<std::string> advice_row(std::size_t i, const Advice& advice) {
+  return {std::to_string(i + 1),
+          gain_text(advice),
+          advice.change,
+          format_seconds(advice.step_time_s),
+          fmt::format("{:.0f}", advice.tokens_per_s),
+          format_percent(advice.bubble_ratio),
+          format_bytes(advice.peak_memory_bytes)};
+}
+
+std::vector<std::string> summary_lines(const Analysis& a) {
+  std::vector<std::string> lines;
+  lines.push_back(fmt::format("step {} on {} ranks; bubble {}{}", duration(a, a.step_s), a.num_ranks,
+                              format_percent(a.bubble),
+                              a.theoretical_bubble
+                                  ? fmt::format(" (the schedule's own: {})", format_percent(*a.theoretical_bubble))
+                                  : std::string()));
+  lines.push_back(fmt::format("idle: fill and drain {}, steady-state stalls {}; communication and waits {}",
+                              format_percent(a.fill_drain_share), format_percent(a.stall_share),
+                              format_percent(a.comm_wait_share)));
+  lines.push_back(fmt::format("stage imbalance {:.2f} (slowest stage's compute over the mean)", a.imbalance));
+  if (!a.peak_memory_bytes.empty()) {
+    lines.push_back(fmt::format("peak memory per rank (re-simulated): skew {:.2f} (largest over smallest)",
+                                a.memory_skew));
+  }
+  const CriticalPath& c = a.critical_path;
+  if (!c.actions.empty()) {
+    lines.push_back(fmt::format("critical path: {} actions over {}, {} of it compute ({} .. {})", c.actions.size(),
+                                duration(a, c.length_s), duration(a, c.compute_s), c.actions.front(),
+                                c.actions.back()));
+  }
+  if (a.baseline) {
+    lines.push_back(fmt::format("re-simulated as run: step {}, {:.0f} tokens/s, bubble {}",
+                                format_seconds(a.baseline->result.step_time_s), a.baseline->tokens_per_s,
+                                format_percent(a.baseline->result.bubble_ratio)));
+  }
+  return lines;
+}
+
+}  // namespace
+
+std::string analysis_text(const Analysis& a) {
+  std::string out = fmt::format("{}{}\n", a.source, a.title.empty() ? std::string() : fmt::format(": {}", a.title));
+  for (const std::string& line : summary_lines(a)) out += line + "\n";
+  TextTable ranks(rank_header());
+  for (std::size_t r = 0; r < a.ranks.size(); ++r) ranks.add_row(rank_row(a, r));
+  out += fmt::format("\n{}", ranks.render());
+  if (!a.stage_compute_s.empty()) {
+    TextTable stages({"stage", "compute", "of the mean", "on the critical path"});
+    const double mean = a.imbalance > 0 ? *std::max_element(a.stage_compute_s.begin(), a.stage_compute_s.end()) /
+                                              a.imbalance
+                                        : 0;
+    for (std::size_t s = 0; s < a.stage_compute_s.size(); ++s) {
+      stages.add_row({std::to_string(s), duration(a, a.stage_compute_s[s]),
+                      fmt::format("{:.2f}", mean > 0 ? a.stage_compute_s[s] / mean : 0),
+                      duration(a, a.critical_path.compute_by_stage_s[s])});
+    }
+    out += fmt::format("\n{}", stages.render());
+  }
+  if (!a.advice.empty()) {
+    out += "\nadvice, by predicted gain in tokens/s (each change re-simulated alone):\n";
+    for (std::size_t i = 0; i < a.advice.size(); ++i) {
+      const Advice& advice = a.advice[i];
+      out += fmt::format("{}. {} {}: {}\n   because {}\n", i + 1, gain_text(advice), advice.kind, advice.change,
+                         advice.finding);
+      for (const std::string& detail : advice.details) out += fmt::format("   {}\n", detail);
+      out += fmt::format("   predicted: step {}, {:.0f} tokens/s, bubble {}, peak memory {}\n",
+                         format_seconds(advice.step_time_s), advice.tokens_per_s, format_percent(advice.bubble_ratio),
+                         format_bytes(advice.peak_memory_bytes));
+    }
+  }
+  for (const std::string& note : a.notes) out += fmt::format("note: {}\n", note);
+  return out;
+}
+
+std::string analysis_json(const Analysis& a) {
+  nlohmann::ordered_json json;
+  json["source"] = a.source;
+  json["title"] = a.title;
+  json["time_unit"] = a.time_unit;
+  json["ranks_count"] = a.num_ranks;
+  json["step_s"] = a.step_s;
+  json["bubble"] = a.bubble;
+  json["theoretical_bubble"] = a.theoretical_bubble ? nlohmann::ordered_json(*a.theoretical_bubble) : nullptr;
+  json["fill_drain_share"] = a.fill_drain_share;
+  json["stall_share"] = a.stall_share;
+  json["comm_wait_share"] = a.comm_wait_share;
+  json["imbalance"] = a.imbalance;
+  json["memory_skew"] = a.memory_skew;
+  json["ranks"] = nlohmann::ordered_json::array();
+  for (std::size_t r = 0; r < a.ranks.size(); ++r) {
+    const RankUsage& u = a.ranks[r];
+    nlohmann::ordered_json rank = {{"rank", r},          {"busy_s", u.busy_s},   {"comm_s", u.comm_s},
+                                   {"wait_s", u.wait_s}, {"flush_s", u.flush_s}, {"idle_s", u.idle_s},
+                                   {"fill_s", u.fill_s}, {"stall_s", u.stall_s}, {"drain_s", u.drain_s}};
+    if (r < a.peak_memory_bytes.size()) rank["peak_memory_bytes"] = a.peak_memory_bytes[r];
+    json["ranks"].push_back(rank);
+  }
+  json["stage_compute_s"] = a.stage_compute_s;
+  json["critical_path"] = {{"length_s", a.critical_path.length_s},
+                           {"compute_s", a.critical_path.compute_s},
+                           {"compute_by_stage_s", a.critical_path.compute_by_stage_s},
+                           {"actions", a.critical_path.actions}};
+  if (a.baseline) {
+    json["resimulated"] = {{"step_time_s", a.baseline->result.step_time_s},
+                           {"tokens_per_s", a.baseline->tokens_per_s},
+                           {"bubble_ratio", a.baseline->result.bubble_ratio}};
+  }
+  json["advice"] = nlohmann::ordered_json::array();
+  for (const Advice& advice : a.advice) {
+    json["advice"].push_back({{"kind", advice.kind},
+                              {"gain", advice.gain},
+                              {"change", advice.change},
+                              {"finding", advice.finding},
+                              {"details", advice.details},
+                              {"step_time_s", advice.step_time_s},
+                              {"tokens_per_s", advice.tokens_per_s},
+                              {"bubble_ratio", advice.bubble_ratio},
+                              {"peak_memory_bytes", advice.peak_memory_bytes}});
+  }
+  json["notes"] = a.notes;
+  return json.dump(2) + "\n";
+}
+
+namespace {
+
+std::string html_table(const std::string& id, const std::vector<std::string>& header,
+                       const std::vector<std::vector<std::string>>& rows) {
+  std::string out = fmt::format("<table id=\"{}\">\n<tr>", id);
+  for (const std::string& h : header) out += fmt::format("<th>{}</th>", xml_escape(h));
+  out += "</tr>\n";
+  for (const auto& row : rows) {
+    out += "<tr>";
+    for (const std::string& cell : row) out += fmt::format("<td>{}</td>", xml_escape(cell));
+    out += "</tr>\n";
+  }
+  return out + "</table>\n";
+}
+
+// The SVG without its XML declaration, to sit inside the page.
+std::string inline_svg(const Timeline& timeline) {
+  std::string svg = render_svg(timeline);
+  const std::size_t start = svg.find("<svg");
+  return start == std::string::npos ? svg : svg.substr(start);
+}
+
+}  // namespace
+
+std::string analysis_html(const Analysis& a, const Timeline& timeline) {
+  std::string body;
+  body += fmt::format("<h1>pipeflow analyze: {}</h1>\n<p class=\"source\">{}</p>\n", xml_escape(a.title),
+                      xml_escape(a.source));
+  body += "<ul id=\"summary\">\n";
+  for (const std::string& line : summary_lines(a)) body += fmt::format("<li>{}</li>\n", xml_escape(line));
+  body += fmt::format("</ul>\n<h2>Timeline</h2>\n<div id=\"timeline\">{}</div>\n", inline_svg(timeline));
+  body += "<h2>Advice</h2>\n";
+  if (a.advice.empty()) {
+    body += "<p>No advice.</p>\n";
+  } else {
+    std::vector<std::vector<std::string>> rows;
+    for (std::size_t i = 0; i < a.advice.size(); ++i) rows.push_back(advice_row(i, a.advice[i]));
+    body += html_table("advice", advice_header(), rows);
+    body += "<ol id=\"advice-details\">\n";
+    for (const Advice& advice : a.advice) {
+      body += fmt::format("<li><b>{}</b>: {} (because {})", xml_escape(advice.kind), xml_escape(advice.change),
+                          xml_escape(advice.finding));
+      for (const std::string& detail : advice.details) body += fmt::format("<br>{}", xml_escape(detail));
+      body += "</li>\n";
+    }
+    body += "</ol>\n";
+  }
+  body += "<h2>Ranks</h2>\n";
+  std::vector<std::vector<std::string>> rank_rows;
+  for (std::size_t r = 0; r < a.ranks.size(); ++r) rank_rows.push_back(rank_row(a, r));
+  body += html_table("ranks", rank_header(), rank_rows);
+  for (const std::string& note : a.notes) body += fmt::format("<p class=\"note\">{}</p>\n", xml_escape(note));
+  return fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>pipeflow analyze</title>\n"
+      "<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}"
+      "td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}"
+      "#timeline{{overflow-x:auto}}</style>\n</head>\n<body>\n{}</body>\n</html>\n",
+      body);
+}
+
+}  // namespace pipeflow

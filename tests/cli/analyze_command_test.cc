@@ -1,0 +1,138 @@
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "../trace/xml_check.h"
+#include "pipeflow/core/file.h"
+#include "run_pipeflow.h"
+
+namespace pipeflow::testing {
+namespace {
+
+const std::string kSource = PIPEFLOW_SOURCE_DIR;
+
+// The course's case study (docs/ANALYZE.md): 4 stages of 2 cards, GPipe, 16
+// micro-batches, a slow link between stages, embedding and head counted as
+// whole layers by the uniform partition.
+std::string case_study_trace(const std::string& dir) {
+  const std::string trace = dir + "/trace.json";
+  const CommandResult r =
+      run_pipeflow("simulate --config examples/analyze/case_study.json --trace " + trace, kSource);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return trace;
+}
+
+TEST(AnalyzeCommand, TheCaseStudyGivesTheCoursesThreeFixesRankedByGain) {
+  const std::string dir = make_temp_dir();
+  const CommandResult r = run_pipeflow("analyze " + case_study_trace(dir) + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);
+  EXPECT_GT(json["bubble"].get<double>(), 0.3);  // about the course's 65% device utilisation
+  EXPECT_LT(json["bubble"].get<double>(), 0.4);
+  EXPECT_GT(json["comm_wait_share"].get<double>(), 0.2);
+  std::vector<std::string> kinds;
+  for (const auto& advice : json["advice"]) kinds.push_back(advice["kind"]);
+  EXPECT_EQ(kinds, (std::vector<std::string>{"overlap", "microbatches", "partition"}));
+  EXPECT_NE(json["advice"][1]["change"].get<std::string>().find("\"1f1b\""), std::string::npos);
+  // Stage 0 takes a block from stage 1, and the head's stage gives one up the line too.
+  const auto& moves = json["advice"][2]["details"];
+  ASSERT_FALSE(moves.empty());
+  EXPECT_EQ(moves[0], "stage 1: block.8..block.16 -> block.8..block.15");
+}
+
+TEST(AnalyzeCommand, ARunDirectoryOfTrainIsAnalysedFromItsTraceWithMeasuredCosts) {
+  const std::string dir = make_temp_dir();
+  const CommandResult train = run_pipeflow(
+      "train --config examples/train_1f1b_2stage_small.json --steps 3 --out-dir " + dir + " --partition uniform",
+      kSource);
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  const nlohmann::json config = nlohmann::json::parse(read_file(dir + "/run_config.json"));
+  EXPECT_TRUE(config.contains("model"));
+  const CommandResult r = run_pipeflow("analyze " + dir + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json["ranks"].size(), 2u);
+  EXPECT_TRUE(json.contains("resimulated"));
+  EXPECT_EQ(json["source"], dir + "/trace.json");
+}
+
+// Renders `html` in headless Chromium and returns the DOM it built.
+std::string rendered_dom(const std::string& html_path) {
+  const std::string out = html_path + ".dom";
+  const std::string command = fmt::format(
+      "chromium-headless-shell --no-sandbox --headless --disable-gpu --dump-dom 'file://{}' >'{}' 2>/dev/null", html_path,
+      out);
+  const int status = std::system(command.c_str());
+  if (status != 0) {
+    ADD_FAILURE() << "chromium-headless-shell failed (" << status
+                  << "): install the Debian package chromium-headless-shell (make test does)";
+    return "";
+  }
+  return read_file(out);
+}
+
+TEST(AnalyzeCommand, TheHtmlReportRendersInChromiumWithTheTimelineAndTheNumbersOfTheJson) {
+  const std::string dir = make_temp_dir();
+  const std::string trace = case_study_trace(dir);
+  const std::string html = dir + "/report.html";
+  const CommandResult r = run_pipeflow("analyze " + trace + " --json --html " + html);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);
+  const std::string page = read_file(html);
+  const std::size_t svg_start = page.find("<svg");
+  ASSERT_NE(svg_start, std::string::npos);
+  const std::size_t svg_end = page.find("</svg>", svg_start);
+  EXPECT_EQ(XmlCheck(page.substr(svg_start, svg_end + 6 - svg_start)).run(), "");
+
+  const std::string dom = rendered_dom(html);
+  ASSERT_FALSE(dom.empty());
+  // The timeline: one row per rank, and a box per compute action (GPipe: 2 per micro-batch and stage).
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(dom.find(fmt::format("data-rank=\"{}\"", rank)), std::string::npos) << rank;
+  }
+  std::size_t boxes = 0;
+  for (std::size_t at = dom.find("data-action="); at != std::string::npos; at = dom.find("data-action=", at + 1)) {
+    ++boxes;
+  }
+  EXPECT_EQ(boxes, 2u * 16 * 4);
+  // The advice table: the JSON's gains, in its order.
+  std::size_t cursor = dom.find("<table id=\"advice\">");
+  ASSERT_NE(cursor, std::string::npos);
+  for (const auto& advice : json["advice"]) {
+    const std::string gain = fmt::format("<td>{:+.1f}%</td>", 100 * advice["gain"].get<double>());
+    cursor = dom.find(gain, cursor);
+    EXPECT_NE(cursor, std::string::npos) << gain;
+  }
+  EXPECT_NE(dom.find(fmt::format("bubble {:.1f}%", 100 * json["bubble"].get<double>())), std::string::npos);
+}
+
+TEST(SweepCommand, PrintsTheTableAndWritesPlotsWhosePointsAreTheJsons) {
+  const std::string dir = make_temp_dir();
+  const std::string args =
+      "sweep --model gpt2-124m --hardware a100-80g --stages 4 --global-batch 32 --seq 1024 "
+      "--vary microbatches=4,8,16 --svg " + dir + "/sweep.svg";
+  const CommandResult table = run_pipeflow(args);
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_EQ(table.out.rfind("microbatches  step time  bubble  peak memory  tokens/s\n", 0), 0u) << table.out;
+  const CommandResult r = run_pipeflow(args + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);
+  const std::string svg = read_file(dir + "/sweep.svg");
+  EXPECT_EQ(XmlCheck(svg).run(), "");
+  const std::size_t bubbles = svg.find("data-metric=\"bubble_ratio\"");
+  ASSERT_NE(bubbles, std::string::npos);
+  std::size_t at = bubbles;
+  for (const auto& point : json["points"]) {
+    at = svg.find("data-value=\"", at) + 12;
+    EXPECT_EQ(std::stod(svg.substr(at, svg.find('"', at) - at)), point["bubble_ratio"].get<double>());
+  }
+  EXPECT_EQ(run_pipeflow("sweep --vary speed=1").exit_code, 1);
+}
+
+}  // namespace
+}  // namespace pipeflow::testing
