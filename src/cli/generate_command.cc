@@ -92,9 +92,9 @@ nlohmann::ordered_json to_json(const std::vector<std::string>& prompts, const ru
 
 void print_report(const std::vector<std::string>& prompts, const runtime::InferenceResult& result,
                   const GenerateCommand& command, const nn::GptConfig& config) {
-  fmt::print("tokens/s {:.1f} ({} new tokens for {} in {}; {} stages, {} micro-batches)\n", result.tokens_per_s(),
-             result.new_tokens(), format_count(static_cast<std::int64_t>(prompts.size()), "prompt"),
-             format_seconds(result.seconds), command.stages, command.microbatches);
+  fmt::print("tokens/s {:.1f} ({} new tokens for {} in {}; {}, {})\n", result.tokens_per_s(), result.new_tokens(),
+             format_count(static_cast<std::int64_t>(prompts.size()), "prompt"), format_seconds(result.seconds),
+             format_count(command.stages, "stage"), format_count(command.microbatches, "micro-batch", "micro-batches"));
   fmt::print("time to first token {}\n", format_seconds(result.time_to_first_token_s));
   for (std::size_t r = 0; r < result.stages.size(); ++r) {
     const runtime::StageInference& stage = result.stages[r];

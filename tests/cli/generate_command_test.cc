@@ -74,15 +74,16 @@ TEST_F(GenerateCommand, TextStreamsThePromptAndContinuationOnTheFirstLine) {
     lines.push_back(result.out.substr(begin, end - begin));
     begin = end + 1;
   }
-  ASSERT_EQ(lines.size(), 2U + 3U) << result.out;
+  // The text, tokens/s, time to first token, one line per stage.
+  ASSERT_EQ(lines.size(), 3U + 3U) << result.out;
   EXPECT_TRUE(lines[0].starts_with("hello")) << lines[0];
   EXPECT_GE(lines[0].size(), 5U + 6U);
   EXPECT_TRUE(lines[1].starts_with("tokens/s ")) << lines[1];
   EXPECT_NE(lines[1].find("(6 new tokens for 1 prompt in "), std::string::npos) << lines[1];
   EXPECT_TRUE(lines[2].starts_with("time to first token ")) << lines[2];
   EXPECT_TRUE(lines[3].starts_with("stage 0 (embedding..")) << lines[3];
-  EXPECT_NE(lines[4].find("..head): busy "), std::string::npos) << lines[4];
-  EXPECT_NE(lines[4].find(", kv cache "), std::string::npos) << lines[4];
+  EXPECT_NE(lines[5].find("..head): busy "), std::string::npos) << lines[5];
+  EXPECT_NE(lines[5].find(", kv cache 8.00 KiB"), std::string::npos) << lines[5];
 }
 
 TEST_F(GenerateCommand, BadInputIsAnErrorNamingTheRule) {
