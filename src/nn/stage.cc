@@ -376,13 +376,16 @@ LayerShape BasicStage<T>::check_cached_input(const BasicKvCache<T>& cache, const
     fail("{}: the kv cache was made for {} blocks and context {}, this stage has {} and {}", where(), cache.blocks(),
          cache.context(), blocks_.size(), config_.context);
   }
+  if (rows.counts.empty()) fail("{}: an inference batch needs at least one sequence", where());
   if (rows.first < 0 || rows.first + static_cast<int>(rows.counts.size()) > cache.sequences()) {
     fail("{}: sequences {}..{} are outside the kv cache's {}", where(), rows.first,
          rows.first + static_cast<int>(rows.counts.size()) - 1, cache.sequences());
   }
   for (std::size_t i = 0; i < rows.counts.size(); ++i) {
     const int sequence = rows.first + static_cast<int>(i);
-    if (rows.counts[i] < 1) fail("{}: sequence {} has {} new positions, needs at least 1", where(), sequence, rows.counts[i]);
+    if (rows.counts[i] < 1) {
+      fail("{}: sequence {} has {} new positions, needs at least 1", where(), sequence, rows.counts[i]);
+    }
     if (cache.length(sequence) + rows.counts[i] > config_.context) {
       fail("{}: sequence {} would hold {} + {} positions, over the model's context of {}", where(), sequence,
            cache.length(sequence), rows.counts[i], config_.context);

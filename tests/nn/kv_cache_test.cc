@@ -103,6 +103,9 @@ TEST(KvCache, ContextAndVocabularyAreChecked) {
   EXPECT_NE(error_of([&] { model->forward_cached(cache, {0, {5}}, {.tokens = random_tokens(1, 5, 256, 2)}); })
                 .find("would hold 20 + 5 positions, over the model's context of 24"),
             std::string::npos);
+  EXPECT_NE(error_of([&] { model->forward_cached(cache, {0, {}}, {.tokens = row_of({3})}); })
+                .find("an inference batch needs at least one sequence"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { model->forward_cached(cache, {1, {1}}, {.tokens = row_of({3})}); })
                 .find("outside the kv cache's 1"),
             std::string::npos);
