@@ -21,6 +21,7 @@ struct GenerateCommand {
   std::string prompts_file;
   int stages = 1;
   int microbatches = 1;
+  std::string partition = "parameters";
   nn::SamplingOptions sampling;
   bool json = false;
 };
@@ -121,6 +122,10 @@ void add_generate_command(CLI::App& app) {
   sub->add_option("--microbatches", command->microbatches,
                   "Groups of prompts circulating through the stages (at most the number of prompts)")
       ->capture_default_str();
+  sub->add_option("--partition", command->partition,
+                  "How to cut the layers into stages (uniform, parameters, type:REGEX, balanced, counts:..., "
+                  "bounds:...)")
+      ->capture_default_str();
   sub->add_option("--max-new-tokens", command->sampling.new_tokens, "Tokens generated for every prompt")->required();
   sub->add_option("--temperature", command->sampling.temperature, "0: greedy; > 0: sample softmax(logits / T)")
       ->capture_default_str();
@@ -142,7 +147,7 @@ void add_generate_command(CLI::App& app) {
     std::vector<std::vector<std::int32_t>> tokens;
     for (const std::string& text : texts) tokens.push_back(nn::encode_text(text));
     const nn::SafetensorsFile weights = nn::SafetensorsFile::read(command->weights);
-    runtime::InferencePipeline pipeline(weights, command->stages);
+    runtime::InferencePipeline pipeline(weights, command->stages, parse_partition_method(command->partition));
     runtime::InferenceOptions options{.microbatches = command->microbatches, .sampling = command->sampling};
     // One prompt streams: its tokens are printed as the last stage samples them.
     const bool stream = texts.size() == 1 && !command->json;

@@ -66,7 +66,8 @@ TEST_F(GenerateCommand, JsonHoldsTheUnpipelinedTokensAndTheStageFigures) {
 
 TEST_F(GenerateCommand, TextStreamsThePromptAndContinuationOnTheFirstLine) {
   const CommandResult result =
-      run_pipeflow("generate --weights " + weights_ + " --prompt hello --stages 3 --max-new-tokens 6");
+      run_pipeflow("generate --weights " + weights_ + " --prompt hello --stages 3 --partition uniform "
+                   "--max-new-tokens 6");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   std::vector<std::string> lines;
   for (std::size_t begin = 0; begin < result.out.size();) {
@@ -81,9 +82,13 @@ TEST_F(GenerateCommand, TextStreamsThePromptAndContinuationOnTheFirstLine) {
   EXPECT_TRUE(lines[1].starts_with("tokens/s ")) << lines[1];
   EXPECT_NE(lines[1].find("(6 new tokens for 1 prompt in "), std::string::npos) << lines[1];
   EXPECT_TRUE(lines[2].starts_with("time to first token ")) << lines[2];
-  EXPECT_TRUE(lines[3].starts_with("stage 0 (embedding..")) << lines[3];
-  EXPECT_NE(lines[5].find("..head): busy "), std::string::npos) << lines[5];
-  EXPECT_NE(lines[5].find(", kv cache 8.00 KiB"), std::string::npos) << lines[5];
+  // Uniform: 5 pipeline layers in 3 stages of 2, 2, 1.
+  EXPECT_TRUE(lines[3].starts_with("stage 0 (embedding..block.0): busy ")) << lines[3];
+  EXPECT_TRUE(lines[4].starts_with("stage 1 (block.1..block.2): busy ")) << lines[4];
+  // 2 · 2 blocks · 32 features · 4 bytes · 32 positions.
+  EXPECT_TRUE(lines[4].ends_with(", kv cache 16.0 KiB")) << lines[4];
+  EXPECT_TRUE(lines[5].starts_with("stage 2 (head..head): busy ")) << lines[5];
+  EXPECT_TRUE(lines[5].ends_with(", kv cache 0 B")) << lines[5];
 }
 
 TEST_F(GenerateCommand, BadInputIsAnErrorNamingTheRule) {
