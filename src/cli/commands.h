@@ -28,6 +28,10 @@ struct ExitStatus {
   int status = 0;
 };
 
+// Refuses a negative --seed, which CLI11 would wrap into a huge unsigned
+// value (init_command.cc).
+CLI::Validator non_negative_seed();
+
 // Writes `text` to `path` atomically, or to standard output if `path` is empty.
 void write_output(const std::string& text, const std::string& path);
 

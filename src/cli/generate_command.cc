@@ -135,6 +135,7 @@ void add_generate_command(CLI::App& app) {
                   "Sample only among the most likely tokens whose probabilities sum to P (1: all)")
       ->capture_default_str();
   sub->add_option("--seed", command->sampling.seed, "Seed of the sampling (each prompt its own stream)")
+      ->check(non_negative_seed())
       ->capture_default_str();
   sub->add_flag("--json", command->json, "Print one JSON object instead of text");
   sub->callback([command, sub] {

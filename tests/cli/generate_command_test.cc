@@ -104,6 +104,8 @@ TEST_F(GenerateCommand, BadInputIsAnErrorNamingTheRule) {
   EXPECT_NE(run_pipeflow(base + "--prompt a --prompts x.txt").exit_code, 0);
   const CommandResult top_p = run_pipeflow(base + "--prompt a --temperature 1 --top-p 0");
   EXPECT_EQ(top_p.err, "pipeflow: error: --top-p 0: must lie in (0, 1] (1 keeps every token)\n");
+  EXPECT_EQ(run_pipeflow(base + "--prompt a --seed -1").err,
+            "pipeflow: error: --seed: seed -1 is negative: give an integer >= 0 (run with --help for the options)\n");
   const std::string small = dir_ + "/small.safetensors";
   ASSERT_EQ(run_pipeflow("init --layers 1 --heads 2 --width 16 --context 16 --vocab 64 --out " + small).exit_code, 0);
   const CommandResult vocab = run_pipeflow("generate --weights " + small + " --prompt hi --max-new-tokens 2");
