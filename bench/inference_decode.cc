@@ -5,7 +5,9 @@
 //    groups of sequences circulating (runtime/inference.h), alternately,
 //    `--rounds` times. Per round pair: tokens/s pipelined / tokens/s
 //    unpipelined; printed as minimum / median / maximum. The greedy tokens of
-//    both runs are compared every round (a fast wrong answer shows).
+//    both runs are compared every round (a fast wrong answer shows). Beside
+//    it, the process CPU time of the two runs: the work each did, which the
+//    load of other processes does not change (waits that spin count).
 // 2. Cached decode against recomputing the whole prefix: the time of one new
 //    token at prefix lengths 32, 128 and the full context, with the KV cache
 //    (Stage::forward_cached of one row) and without (Stage::logits of the
@@ -18,6 +20,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -94,11 +97,14 @@ void pipelined_decode(const Options& o) {
   const runtime::InferenceOptions many{.microbatches = o.microbatches, .sampling = {.new_tokens = o.new_tokens}};
   std::printf("decode: GPT-2 %d layers, width %d, %d heads; %d sequences, prompts of %d tokens, %d new tokens each\n",
               o.model.n_layer, o.model.n_embd, o.model.n_head, o.sequences, o.prompt, o.new_tokens);
-  std::vector<double> ratios, base_rates, pipe_rates, busy;
+  std::vector<double> ratios, base_rates, pipe_rates, busy, cpu_ratios;
   int wrong = 0;
   for (int round = 0; round < o.rounds; ++round) {
+    const std::clock_t base_from = std::clock();
     const runtime::InferenceResult base = unpipelined.generate(prompts, one);
+    const std::clock_t pipe_from = std::clock();
     const runtime::InferenceResult pipe = pipelined.generate(prompts, many);
+    cpu_ratios.push_back(static_cast<double>(std::clock() - pipe_from) / static_cast<double>(pipe_from - base_from));
     wrong += base.tokens != pipe.tokens;
     base_rates.push_back(base.tokens_per_s());
     pipe_rates.push_back(pipe.tokens_per_s());
@@ -113,6 +119,8 @@ void pipelined_decode(const Options& o) {
   std::printf("  pipelined / unpipelined over %d rounds: min %.2fx, median %.2fx, max %.2fx; rounds with different "
               "tokens: %d\n",
               o.rounds, sorted.front(), median(ratios), sorted.back(), wrong);
+  std::printf("  process CPU time pipelined / unpipelined (the work, whatever the load): median %.2fx\n",
+              median(cpu_ratios));
 }
 
 void cached_against_recomputed(const Options& o) {
