@@ -22,12 +22,17 @@ void add_train_command(CLI::App& app);      // train_command.cc
 void add_simulate_command(CLI::App& app);   // simulate_command.cc
 void add_analyze_command(CLI::App& app);    // analyze_command.cc
 void add_sweep_command(CLI::App& app);      // sweep_command.cc
+void add_generate_command(CLI::App& app);   // generate_command.cc
 
 // Thrown by a command that has done its work but must end the process with
 // `status` (train stopped by a signal: 128 + its number); main returns it.
 struct ExitStatus {
   int status = 0;
 };
+
+// Refuses a negative --seed, which CLI11 would wrap into a huge unsigned
+// value (init_command.cc).
+CLI::Validator non_negative_seed();
 
 // Writes `text` to `path` atomically, or to standard output if `path` is empty.
 void write_output(const std::string& text, const std::string& path);

@@ -18,6 +18,14 @@ struct InitCommand {
 
 }  // namespace
 
+CLI::Validator non_negative_seed() {
+  return CLI::Validator(
+      [](const std::string& value) {
+        return value.starts_with('-') ? "seed " + value + " is negative: give an integer >= 0" : std::string();
+      },
+      "SEED >= 0");
+}
+
 void add_init_command(CLI::App& app) {
   auto command = std::make_shared<InitCommand>();
   CLI::App* sub = app.add_subcommand("init", "Write GPT-2 initial weights (safetensors, Hugging Face names)");
@@ -27,11 +35,7 @@ void add_init_command(CLI::App& app) {
   sub->add_option("--context", command->config.context, "Positions (n_ctx, block size)")->required();
   sub->add_option("--vocab", command->config.vocab_size, "Vocabulary size (256: bytes)")->capture_default_str();
   sub->add_option("--seed", command->seed, "Seed of the GPT-2 initialisation")
-      ->check(CLI::Validator(
-          [](const std::string& value) {
-            return value.starts_with('-') ? "seed " + value + " is negative: give an integer >= 0" : std::string();
-          },
-          "SEED >= 0"))
+      ->check(non_negative_seed())
       ->capture_default_str();
   sub->add_option("--out", command->out, "Weights file to write")->required();
   sub->callback([command] {

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   pipeflow::cli::add_simulate_command(app);
   pipeflow::cli::add_analyze_command(app);
   pipeflow::cli::add_sweep_command(app);
+  pipeflow::cli::add_generate_command(app);
 
   try {
     app.parse(argc, argv);

@@ -23,4 +23,9 @@ ZeroStage zero_stage_from_int(int stage) {
   return static_cast<ZeroStage>(stage);
 }
 
+std::int64_t kv_cache_bytes(int layers, int kv_heads, int head_dim, int bytes_per_value, std::int64_t context,
+                            std::int64_t batch) {
+  return 2 * static_cast<std::int64_t>(layers) * kv_heads * head_dim * bytes_per_value * context * batch;
+}
+
 }  // namespace pipeflow

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/tensor/embedding.h"
 
 namespace pipeflow::nn {
 namespace {
@@ -359,6 +360,82 @@ BasicTensor<T> BasicStage<T>::logits(const IntTensor& tokens) {
     for (auto& saved : state.blocks_) saved = {};
   }
   return head_->logits(flow.x, state.shape_, allocator());
+}
+
+// --- Inference with a key/value cache ---
+
+template <class T>
+BasicKvCache<T> BasicStage<T>::make_kv_cache(int sequences) const {
+  return BasicKvCache<T>(static_cast<int>(blocks_.size()), sequences, config_.context, config_.n_embd, options_.name);
+}
+
+template <class T>
+LayerShape BasicStage<T>::check_cached_input(const BasicKvCache<T>& cache, const SequenceRows& rows,
+                                             const Input& input) const {
+  if (cache.blocks() != static_cast<int>(blocks_.size()) || cache.context() != config_.context) {
+    fail("{}: the kv cache was made for {} blocks and context {}, this stage has {} and {}", where(), cache.blocks(),
+         cache.context(), blocks_.size(), config_.context);
+  }
+  if (rows.counts.empty()) fail("{}: an inference batch needs at least one sequence", where());
+  if (rows.first < 0 || rows.first + static_cast<int>(rows.counts.size()) > cache.sequences()) {
+    fail("{}: sequences {}..{} are outside the kv cache's {}", where(), rows.first,
+         rows.first + static_cast<int>(rows.counts.size()) - 1, cache.sequences());
+  }
+  for (std::size_t i = 0; i < rows.counts.size(); ++i) {
+    const int sequence = rows.first + static_cast<int>(i);
+    if (rows.counts[i] < 1) {
+      fail("{}: sequence {} has {} new positions, needs at least 1", where(), sequence, rows.counts[i]);
+    }
+    if (cache.length(sequence) + rows.counts[i] > config_.context) {
+      fail("{}: sequence {} would hold {} + {} positions, over the model's context of {}", where(), sequence,
+           cache.length(sequence), rows.counts[i], config_.context);
+    }
+  }
+  const LayerShape shape{1, rows.total(), config_.n_embd, config_.n_head, config_.vocab_size};
+  if (!input.targets.empty()) fail("{}: inference takes no targets", where());
+  if (has_embedding()) {
+    check_tokens(input.tokens, "tokens", shape);
+  } else if (!(input.activation.shape() == Shape{1, shape.t, shape.c})) {
+    fail("{}: needs an activation [1, {}, {}] from the previous stage, got {}", where(), shape.t, shape.c,
+         shape_text(input.activation.shape()));
+  }
+  check_tensor_sizes(shape);
+  return shape;
+}
+
+template <class T>
+BasicTensor<T> BasicStage<T>::forward_cached(BasicKvCache<T>& cache, const SequenceRows& rows, Input input) {
+  const LayerShape shape = check_cached_input(cache, rows, input);
+  const int c = shape.c;
+  BasicTensor<T> x = std::move(input.activation);
+  x.charge_to(&activation_memory_);
+  if (has_embedding()) {
+    x = BasicTensor<T>::uninitialized({1, shape.t, c}, allocator());
+    const T* wte = parameter("wte.weight").data();
+    const T* wpe = parameter("wpe.weight").data();
+    int row = 0;
+    for (std::size_t i = 0; i < rows.counts.size(); ++i) {
+      const int past = cache.length(rows.first + static_cast<int>(i));
+      embedding_forward(x.data() + static_cast<long>(row) * c, input.tokens.data() + row, wte,
+                        wpe + static_cast<long>(past) * c, 1, rows.counts[i], c);
+      row += rows.counts[i];
+    }
+  }
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    x = blocks_[i].forward_cached(std::move(x), cache, static_cast<int>(i), rows, shape, allocator());
+  }
+  for (std::size_t i = 0; i < rows.counts.size(); ++i) cache.advance(rows.first + static_cast<int>(i), rows.counts[i]);
+  if (!has_head()) return x;
+  const int n = static_cast<int>(rows.counts.size());
+  auto last_rows = BasicTensor<T>::uninitialized({1, n, c}, allocator());
+  int row = 0;
+  for (int i = 0; i < n; ++i) {
+    row += rows.counts[static_cast<std::size_t>(i)];
+    std::copy_n(x.data() + static_cast<long>(row - 1) * c, c, last_rows.data() + static_cast<long>(i) * c);
+  }
+  auto logits = head_->logits(last_rows, {1, n, c, shape.nh, shape.v}, allocator());
+  logits.reshape({n, shape.v});
+  return logits;
 }
 
 // --- Gradients ---

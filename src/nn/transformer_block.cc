@@ -1,5 +1,7 @@
 #include "pipeflow/nn/transformer_block.h"
 
+#include <algorithm>
+
 #include "pipeflow/tensor/attention.h"
 #include "pipeflow/tensor/gelu.h"
 #include "pipeflow/tensor/layernorm.h"
@@ -8,13 +10,11 @@
 namespace pipeflow::nn {
 
 template <class T>
-BasicTensor<T> TransformerBlock<T>::forward(BlockSaved<T>& s, BasicTensor<T> x, const LayerShape& shape,
-                                            Allocator allocator) const {
+void TransformerBlock<T>::project_qkv(BlockSaved<T>& s, const LayerShape& shape, Allocator allocator) const {
   const int n = shape.rows();
   const int c = shape.c;
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
-  s.x = std::move(x);
   s.ln_1 = make({shape.b, shape.t, c});
   s.ln_1_mean = make({n});
   s.ln_1_rstd = make({n});
@@ -23,9 +23,15 @@ BasicTensor<T> TransformerBlock<T>::forward(BlockSaved<T>& s, BasicTensor<T> x, 
   s.qkv = make({shape.b, shape.t, 3 * c});
   linear_forward(s.qkv.data(), s.ln_1.data(), w.attn_weight, w.attn_bias, static_cast<const T*>(nullptr), n, c,
                  3 * c);
-  s.probs = make({shape.b, shape.nh, shape.t, shape.t});
-  s.attn_y = make({shape.b, shape.t, c});
-  attention_forward(s.attn_y.data(), s.probs.data(), s.qkv.data(), shape.b, shape.t, c, shape.nh);
+}
+
+template <class T>
+BasicTensor<T> TransformerBlock<T>::project_and_mlp(BlockSaved<T>& s, const LayerShape& shape,
+                                                    Allocator allocator) const {
+  const int n = shape.rows();
+  const int c = shape.c;
+  const auto& w = weights_;
+  auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   s.x2 = make({shape.b, shape.t, c});
   linear_forward(s.x2.data(), s.attn_y.data(), w.attn_proj_weight, w.attn_proj_bias, s.x.data(), n, c, c);
   s.ln_2 = make({shape.b, shape.t, c});
@@ -40,6 +46,47 @@ BasicTensor<T> TransformerBlock<T>::forward(BlockSaved<T>& s, BasicTensor<T> x, 
   auto y = make({shape.b, shape.t, c});
   linear_forward(y.data(), s.g.data(), w.fc_proj_weight, w.fc_proj_bias, s.x2.data(), n, 4 * c, c);
   return y;
+}
+
+template <class T>
+BasicTensor<T> TransformerBlock<T>::forward(BlockSaved<T>& s, BasicTensor<T> x, const LayerShape& shape,
+                                            Allocator allocator) const {
+  s.x = std::move(x);
+  project_qkv(s, shape, allocator);
+  s.probs = BasicTensor<T>::uninitialized({shape.b, shape.nh, shape.t, shape.t}, allocator);
+  s.attn_y = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
+  attention_forward(s.attn_y.data(), s.probs.data(), s.qkv.data(), shape.b, shape.t, shape.c, shape.nh);
+  return project_and_mlp(s, shape, allocator);
+}
+
+template <class T>
+BasicTensor<T> TransformerBlock<T>::forward_cached(BasicTensor<T> x, BasicKvCache<T>& cache, int block,
+                                                   const SequenceRows& rows, const LayerShape& shape,
+                                                   Allocator allocator) const {
+  const int c = shape.c;
+  BlockSaved<T> s;
+  s.x = std::move(x);
+  project_qkv(s, shape, allocator);
+  s.attn_y = BasicTensor<T>::uninitialized({shape.b, shape.t, c}, allocator);
+  int row = 0;
+  for (std::size_t i = 0; i < rows.counts.size(); ++i) {
+    const int sequence = rows.first + static_cast<int>(i);
+    const int count = rows.counts[i];
+    const int past = cache.length(sequence);
+    T* keys = cache.keys(block, sequence);
+    T* values = cache.values(block, sequence);
+    const T* qkv = s.qkv.data() + static_cast<long>(row) * 3 * c;
+    for (int r = 0; r < count; ++r) {
+      const T* k = qkv + static_cast<long>(r) * 3 * c + c;
+      std::copy(k, k + c, keys + static_cast<long>(past + r) * c);
+      std::copy(k + c, k + 2 * c, values + static_cast<long>(past + r) * c);
+    }
+    auto scores = BasicTensor<T>::uninitialized({count, past + count}, allocator);
+    attention_forward_cached(s.attn_y.data() + static_cast<long>(row) * c, scores.data(), qkv, 3 * c, keys, values,
+                             count, past, c, shape.nh);
+    row += count;
+  }
+  return project_and_mlp(s, shape, allocator);
 }
 
 template <class T>

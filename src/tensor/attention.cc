@@ -100,8 +100,27 @@ void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const 
   }
 }
 
+template <class T>
+void attention_forward_cached(T* y, T* scores, const T* q, int ldq, const T* keys, const T* values, int rows,
+                              int past, int c, int nh) {
+  const int hs = c / nh;
+  const int total = past + rows;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  for (int head = 0; head < nh; ++head) {
+    gemm<T>(Transpose::kNo, Transpose::kYes, rows, total, hs, scale, q + head * hs, ldq, keys + head * hs, c, T(0),
+            scores, total);
+    for (int row = 0; row < rows; ++row) causal_softmax_row(scores + static_cast<long>(row) * total, past + row, total);
+    gemm<T>(Transpose::kNo, Transpose::kNo, rows, hs, total, T(1), scores, total, values + head * hs, c, T(0),
+            y + head * hs, c);
+  }
+}
+
 template void attention_forward<float>(float*, float*, const float*, int, int, int, int);
 template void attention_forward<double>(double*, double*, const double*, int, int, int, int);
+template void attention_forward_cached<float>(float*, float*, const float*, int, const float*, const float*, int,
+                                              int, int, int);
+template void attention_forward_cached<double>(double*, double*, const double*, int, const double*, const double*,
+                                               int, int, int, int);
 template void attention_backward<float>(float*, float*, const float*, const float*, const float*, int, int, int,
                                         int);
 template void attention_backward<double>(double*, double*, const double*, const double*, const double*, int, int,

@@ -28,6 +28,7 @@ inline Tensor random_activation(int b, int t, int c, std::uint64_t seed) {
 }
 
 using pipeflow::testing::error_of;
+using pipeflow::testing::max_relative_error;
 using pipeflow::testing::relative_error;
 
 }  // namespace pipeflow::nn::testing

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -27,6 +28,24 @@ double relative_error(const A& a, const B& b) {
     norm += static_cast<double>(b[i]) * b[i];
   }
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+// max |a − b| / max |b| in double (max |a − b| when b is zero): the issue's
+// measure for logits, where a few large entries decide the sample. Sizes as
+// relative_error.
+template <class A, class B>
+double max_relative_error(const A& a, const B& b) {
+  if (a.size() != b.size()) {
+    ADD_FAILURE() << "max_relative_error compares " << a.size() << " values with a reference of " << b.size();
+    return std::numeric_limits<double>::infinity();
+  }
+  double diff = 0;
+  double top = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    top = std::max(top, std::abs(static_cast<double>(b[i])));
+  }
+  return top > 0 ? diff / top : diff;
 }
 
 }  // namespace pipeflow::testing

@@ -49,6 +49,31 @@ TEST(Gemm, StridedViewsMultiplyOneColumnBlock) {
   EXPECT_EQ(c, (std::vector<float>{11, 12, 13, 14, 15, 16}));
 }
 
+// One row of C (a decode step) goes through gemv: every combination of
+// transposes, a strided A, alpha and beta give the definition.
+TEST(Gemm, OneRowMatchesTheDefinitionForEveryTranspose) {
+  const int n = 7, k = 5;
+  const auto a = random_floats(3 * k, 6);  // as [k, 3] (lda 3, column 1) or one row
+  const auto b = random_floats(n * k, 7);  // as [n, k] (Bᵀ stored) or [k, n]
+  for (const Transpose ta : {Transpose::kNo, Transpose::kYes}) {
+    for (const Transpose tb : {Transpose::kNo, Transpose::kYes}) {
+      std::vector<float> c(n, 2.0f);
+      const int lda = ta == Transpose::kYes ? 3 : k;
+      gemm<float>(ta, tb, 1, n, k, 0.5f, a.data() + (ta == Transpose::kYes ? 1 : 0), lda, b.data(),
+                  tb == Transpose::kYes ? k : n, 3.0f, c.data(), n);
+      for (int j = 0; j < n; ++j) {
+        double total = 0;
+        for (int p = 0; p < k; ++p) {
+          const double left = ta == Transpose::kYes ? a[p * 3 + 1] : a[p];
+          const double right = tb == Transpose::kYes ? b[j * k + p] : b[p * n + j];
+          total += left * right;
+        }
+        EXPECT_NEAR(c[j], 0.5 * total + 3.0 * 2.0, 1e-5) << j;
+      }
+    }
+  }
+}
+
 // Two workers multiplying at once must each get exactly what a lone call gets:
 // the contract pipeline workers rely on (one BLAS thread per worker).
 TEST(Gemm, ConcurrentCallsFromTwoThreadsAreBitIdenticalToSerialOnes) {

@@ -30,6 +30,13 @@ struct ModelStateBytes {
 ModelStateBytes model_state_bytes(std::int64_t parameters, ZeroStage stage, int data_parallel,
                                   StateAccounting accounting = StateAccounting::kMixedPrecisionAdam);
 
+// Bytes of the key/value cache of inference: every one of `layers`
+// attention layers keeps a key and a value vector of kv_heads · head_dim
+// elements per position, for `context` positions of `batch` sequences:
+//   2 · layers · kv_heads · head_dim · bytes_per_value · context · batch.
+std::int64_t kv_cache_bytes(int layers, int kv_heads, int head_dim, int bytes_per_value, std::int64_t context,
+                            std::int64_t batch);
+
 // 0..3 (DeepSpeed's zero_optimization.stage); anything else is an Error.
 ZeroStage zero_stage_from_int(int stage);
 

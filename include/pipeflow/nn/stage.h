@@ -10,6 +10,7 @@
 
 #include "pipeflow/nn/embedding_layer.h"
 #include "pipeflow/nn/gpt_config.h"
+#include "pipeflow/nn/kv_cache.h"
 #include "pipeflow/nn/lm_head.h"
 #include "pipeflow/nn/parameter_layout.h"
 #include "pipeflow/nn/transformer_block.h"
@@ -160,6 +161,20 @@ class BasicStage {
   // Inference on a stage holding the whole model: logits [B, T, V].
   BasicTensor<T> logits(const IntTensor& tokens);
 
+  // --- Inference with a key/value cache (any range of layers) ---
+  // A cache for this stage's blocks with room for `sequences` sequences of
+  // the model's context, named after the stage.
+  BasicKvCache<T> make_kv_cache(int sequences) const;
+  // Runs the new rows of the sequences `rows` names through this stage's
+  // layers, appending their keys and values to `cache` (and advancing its
+  // lengths). Takes tokens [1, R] on the stage holding the embedding, else
+  // the previous stage's activation [1, R, C]; returns the activation
+  // [1, R, C] for the next stage or, on the stage holding the head, the
+  // logits [n, V] of the last new row of each of the n sequences. Errors
+  // name a sequence that would pass the context and a token outside the
+  // vocabulary.
+  BasicTensor<T> forward_cached(BasicKvCache<T>& cache, const SequenceRows& rows, Input input);
+
   // --- Between the last micro-batch and the optimizer step ---
   void zero_gradients();
   // Σ g² over this stage's gradients, in double, counting each model
@@ -192,6 +207,7 @@ class BasicStage {
   LayerShape check_input(const Input& input, bool with_targets) const;
   void check_tensor_sizes(const LayerShape& shape) const;
   void check_tokens(const IntTensor& tokens, const char* what, const LayerShape& shape) const;
+  LayerShape check_cached_input(const BasicKvCache<T>& cache, const SequenceRows& rows, const Input& input) const;
   void require_phase(const State& state, typename State::Phase phase, const char* pass) const;
   bool checkpointing() const { return options_.recompute_interval > 0; }
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include "pipeflow/nn/kv_cache.h"
 #include "pipeflow/nn/layer_shape.h"
 #include "pipeflow/tensor/tensor.h"
 
@@ -59,7 +60,21 @@ class TransformerBlock {
                                 Allocator allocator) const;
   void backward_weight(BlockSaved<T>& saved, const LayerShape& shape) const;
 
+  // Inference: x [1, R, C] holds the new rows of the sequences `rows` names;
+  // their keys and values are written into `cache` (block `block`) at each
+  // sequence's length, and each row attends to its sequence's cached
+  // positions up to its own. Returns y [1, R, C]; keeps nothing else.
+  // The caller checks that every sequence stays within the cache's context.
+  BasicTensor<T> forward_cached(BasicTensor<T> x, BasicKvCache<T>& cache, int block, const SequenceRows& rows,
+                                const LayerShape& shape, Allocator allocator) const;
+
  private:
+  // The parts of forward around attention, shared with forward_cached:
+  // ln_1 and the qkv projection of saved.x; then from saved.attn_y the
+  // projection and residual, ln_2 and the MLP with its residual.
+  void project_qkv(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
+  BasicTensor<T> project_and_mlp(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
+
   BlockParams<const T*> weights_;
   BlockParams<T*> grads_;
 };

@@ -22,4 +22,15 @@ template <class T>
 void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const T* qkv, int b, int t, int c,
                         int nh);
 
+// Inference with a key/value cache, one sequence: `rows` new queries at
+// positions past … past + rows − 1 attend to the cached keys and values of
+// positions 0 … past + rows − 1 (the new rows' own k and v already written
+// there), causally. q [rows, ldq] (head h in columns h·hs …), keys and
+// values [past + rows, c] with the same head columns, y [rows, c].
+// `scores` holds rows · (past + rows) elements. Row by row this computes
+// what attention_forward computes for the same positions.
+template <class T>
+void attention_forward_cached(T* y, T* scores, const T* q, int ldq, const T* keys, const T* values, int rows,
+                              int past, int c, int nh);
+
 }  // namespace pipeflow

@@ -1,0 +1,109 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "pipeflow/model/partition.h"
+#include "pipeflow/nn/safetensors.h"
+#include "pipeflow/nn/sampling.h"
+#include "pipeflow/nn/stage.h"
+
+namespace pipeflow::runtime {
+
+// One token as the last stage samples it.
+struct GeneratedToken {
+  int sequence = 0;               // index of its prompt
+  int step = 0;                   // 0: the first new token (from the prefill)
+  std::int32_t token = 0;
+  std::span<const float> logits;  // [V] it was sampled from; valid during the call
+};
+
+struct InferenceOptions {
+  // Groups of sequences circulating through the stages (DeepSpeed's
+  // micro-batches of an InferenceSchedule); at most the number of prompts.
+  int microbatches = 1;
+  // new_tokens is the number generated for every prompt. Each sequence
+  // draws from its own generator, seeded derive_seed(seed, sequence), so a
+  // prompt's tokens do not depend on the stages, the micro-batches or the
+  // other prompts.
+  nn::SamplingOptions sampling;
+  // Every wait for a message times out with an error after this long.
+  std::chrono::duration<double> timeout = std::chrono::seconds(60);
+  // Called on the last stage's thread for every token, in order for each
+  // sequence (streaming); must not throw.
+  std::function<void(const GeneratedToken&)> on_token = {};
+};
+
+struct StageInference {
+  nn::LayerRange layers;
+  double busy_s = 0;               // in its forwards and sampling
+  double busy_share = 0;           // busy_s / the whole generation
+  std::int64_t kv_cache_bytes = 0; // allocated, as its memory account counts them
+};
+
+struct InferenceResult {
+  std::vector<std::vector<std::int32_t>> tokens;  // the new tokens of each prompt
+  double seconds = 0;                // the whole generation, prefill included
+  double time_to_first_token_s = 0;  // until every prompt has its first new token (the prefill)
+  std::vector<StageInference> stages;
+
+  std::int64_t new_tokens() const;
+  double tokens_per_s() const { return seconds > 0 ? static_cast<double>(new_tokens()) / seconds : 0; }
+};
+
+// Autoregressive generation through a pipeline of stages on persistent
+// threads, in-process: each stage holds a contiguous range of layers and a
+// key/value cache for its blocks, preallocated for the model's context and
+// every sequence of a call (its bytes in the stage's memory account).
+//
+// The schedule is forward only. Prefill is DeepSpeed's InferenceSchedule:
+// the prompts, cut into m groups, pass the p stages in order, m + p − 1
+// steps (stage r forwards group g at step g + r). Then each group's new
+// tokens go from the last stage back to the first and the group passes again
+// one token per sequence, so stage r decodes one group while stage r + 1
+// decodes another: with m >= p every stage is busy in steady state. The last
+// stage samples (nn::sample_token); a token travels to the first stage as a
+// float (exact: a vocabulary holds at most 2^24 ids).
+//
+// Messages go through the in-process transport under the training runtime's
+// keys: activations and tokens are kActivation messages, micro-batch id
+// step · m + group.
+//
+// Thread safety: one thread calls generate at a time.
+class InferencePipeline {
+ public:
+  // DeepSpeed's `parameters`, pipeflow's default partition everywhere.
+  static inline const PartitionMethod kByParameters{PartitionMethod::Kind::kParameters, {}, {}};
+
+  // The stages cut from `model`'s layers by `partition` (weights copied).
+  InferencePipeline(const nn::Stage& model, int stages, const PartitionMethod& partition = kByParameters);
+  // The stages loaded from a weights file (model_file.h).
+  InferencePipeline(const nn::SafetensorsFile& weights, int stages,
+                    const PartitionMethod& partition = kByParameters);
+  ~InferencePipeline();
+  InferencePipeline(const InferencePipeline&) = delete;
+  InferencePipeline& operator=(const InferencePipeline&) = delete;
+
+  const nn::GptConfig& config() const { return config_; }
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+
+  // Generates options.sampling.new_tokens tokens for every prompt. Errors
+  // name the prompt: empty, a token outside the vocabulary, or more
+  // positions than the context holds (prompt + new tokens − 1, since the
+  // last token is never fed back).
+  InferenceResult generate(const std::vector<std::vector<std::int32_t>>& prompts, const InferenceOptions& options);
+
+ private:
+  struct Workers;
+  void start(const std::vector<int>& boundaries);
+
+  nn::GptConfig config_;
+  std::vector<std::unique_ptr<nn::Stage>> stages_;
+  std::unique_ptr<Workers> workers_;
+};
+
+}  // namespace pipeflow::runtime

@@ -1,0 +1,179 @@
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+#include "pipeflow/core/units.h"
+#include "pipeflow/runtime/inference.h"
+
+namespace pipeflow::cli {
+namespace {
+
+struct GenerateCommand {
+  std::string weights;
+  std::string prompt;
+  std::string prompts_file;
+  int stages = 1;
+  int microbatches = 1;
+  std::string partition = "parameters";
+  nn::SamplingOptions sampling;
+  bool json = false;
+};
+
+// One prompt a line; a final newline ends the last line (it starts no empty
+// prompt); a carriage return before a newline is dropped.
+std::vector<std::string> read_prompts(const std::string& path) {
+  const std::string text = read_file(path, kMaxConfigFileBytes, "prompts file");
+  std::vector<std::string> prompts;
+  std::size_t begin = 0;
+  while (begin < text.size()) {
+    std::size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(begin, end - begin);
+    if (line.ends_with('\r')) line.pop_back();
+    prompts.push_back(std::move(line));
+    begin = end + 1;
+  }
+  if (prompts.empty()) fail("--prompts {}: the file holds no prompt (one a line)", path);
+  return prompts;
+}
+
+// Text on one line: newline, tab, carriage return and backslash as C escapes,
+// other control bytes as \xHH; the rest as it is.
+std::string one_line(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\\') {
+      out += "\\\\";
+    } else if (byte < 0x20 || byte == 0x7f) {
+      out += fmt::format("\\x{:02x}", byte);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+nlohmann::ordered_json to_json(const std::vector<std::string>& prompts, const runtime::InferenceResult& result,
+                               const GenerateCommand& command, const nn::GptConfig& config) {
+  nlohmann::ordered_json json;
+  json["tokens_per_s"] = result.tokens_per_s();
+  json["time_to_first_token_s"] = result.time_to_first_token_s;
+  json["seconds"] = result.seconds;
+  json["new_tokens"] = result.new_tokens();
+  json["microbatches"] = command.microbatches;
+  json["stages"] = nlohmann::ordered_json::array();
+  for (const runtime::StageInference& stage : result.stages) {
+    json["stages"].push_back({{"first_layer", nn::pipeline_layer_name(config, stage.layers.first)},
+                              {"last_layer", nn::pipeline_layer_name(config, stage.layers.last - 1)},
+                              {"busy_share", stage.busy_share},
+                              {"kv_cache_bytes", stage.kv_cache_bytes}});
+  }
+  json["outputs"] = nlohmann::ordered_json::array();
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    json["outputs"].push_back({{"prompt", prompts[i]},
+                               {"continuation", nn::decode_tokens(result.tokens[i])},
+                               {"tokens", result.tokens[i]}});
+  }
+  return json;
+}
+
+void print_report(const std::vector<std::string>& prompts, const runtime::InferenceResult& result,
+                  const GenerateCommand& command, const nn::GptConfig& config) {
+  fmt::print("tokens/s {:.1f} ({} new tokens for {} in {}; {}, {})\n", result.tokens_per_s(), result.new_tokens(),
+             format_count(static_cast<std::int64_t>(prompts.size()), "prompt"), format_seconds(result.seconds),
+             format_count(command.stages, "stage"), format_count(command.microbatches, "micro-batch", "micro-batches"));
+  fmt::print("time to first token {}\n", format_seconds(result.time_to_first_token_s));
+  for (std::size_t r = 0; r < result.stages.size(); ++r) {
+    const runtime::StageInference& stage = result.stages[r];
+    fmt::print("stage {} ({}..{}): busy {}, kv cache {}\n", r, nn::pipeline_layer_name(config, stage.layers.first),
+               nn::pipeline_layer_name(config, stage.layers.last - 1), format_percent(stage.busy_share),
+               format_bytes(static_cast<double>(stage.kv_cache_bytes)));
+  }
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto command = std::make_shared<GenerateCommand>();
+  CLI::App* sub = app.add_subcommand(
+      "generate", "Continue prompts with a GPT-2 weights file: pipelined inference with a KV cache per stage");
+  sub->add_option("--weights", command->weights, "Weights (safetensors with the model shape in __metadata__)")
+      ->required();
+  auto* prompt = sub->add_option("--prompt", command->prompt,
+                                 "Text to continue (byte-level; an empty prompt starts from a newline)");
+  auto* prompts = sub->add_option("--prompts", command->prompts_file, "File of prompts, one a line");
+  prompt->excludes(prompts);
+  sub->add_option("--stages", command->stages, "Pipeline stages (threads), each with its layers' KV cache")
+      ->capture_default_str();
+  sub->add_option("--microbatches", command->microbatches,
+                  "Groups of prompts circulating through the stages (at most the number of prompts)")
+      ->capture_default_str();
+  sub->add_option("--partition", command->partition,
+                  "How to cut the layers into stages (uniform, parameters, type:REGEX, balanced, counts:..., "
+                  "bounds:...)")
+      ->capture_default_str();
+  sub->add_option("--max-new-tokens", command->sampling.new_tokens, "Tokens generated for every prompt")->required();
+  sub->add_option("--temperature", command->sampling.temperature, "0: greedy; > 0: sample softmax(logits / T)")
+      ->capture_default_str();
+  sub->add_option("--top-k", command->sampling.top_k, "Sample only among the K most likely tokens (0: all)")
+      ->capture_default_str();
+  sub->add_option("--top-p", command->sampling.top_p,
+                  "Sample only among the most likely tokens whose probabilities sum to P (1: all)")
+      ->capture_default_str();
+  sub->add_option("--seed", command->sampling.seed, "Seed of the sampling (each prompt its own stream)")
+      ->check(non_negative_seed())
+      ->capture_default_str();
+  sub->add_flag("--json", command->json, "Print one JSON object instead of text");
+  sub->callback([command, sub] {
+    if (sub->count("--prompt") == 0 && sub->count("--prompts") == 0) {
+      fail("generate needs --prompt TEXT or --prompts FILE (one prompt a line)");
+    }
+    command->sampling.validate();
+    const std::vector<std::string> texts =
+        sub->count("--prompts") > 0 ? read_prompts(command->prompts_file) : std::vector<std::string>{command->prompt};
+    std::vector<std::vector<std::int32_t>> tokens;
+    for (const std::string& text : texts) tokens.push_back(nn::encode_text(text));
+    const nn::SafetensorsFile weights = nn::SafetensorsFile::read(command->weights);
+    runtime::InferencePipeline pipeline(weights, command->stages, parse_partition_method(command->partition));
+    runtime::InferenceOptions options{.microbatches = command->microbatches, .sampling = command->sampling};
+    // One prompt streams: its tokens are printed as the last stage samples them.
+    const bool stream = texts.size() == 1 && !command->json;
+    if (stream) {
+      options.on_token = [prompt = one_line(texts[0])](const runtime::GeneratedToken& token) {
+        if (token.step == 0) fmt::print("{}", prompt);  // once the prompt has passed every check
+        fmt::print("{}", one_line(nn::decode_tokens(std::span(&token.token, 1))));
+        std::fflush(stdout);
+      };
+    }
+    const runtime::InferenceResult result = pipeline.generate(tokens, options);
+    if (command->json) {
+      fmt::print("{}\n", to_json(texts, result, *command, pipeline.config())
+                             .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+      return;
+    }
+    if (stream) {
+      fmt::print("\n");
+    } else {
+      for (std::size_t i = 0; i < texts.size(); ++i) {
+        fmt::print("{}{}\n", one_line(texts[i]), one_line(nn::decode_tokens(result.tokens[i])));
+      }
+    }
+    print_report(texts, result, *command, pipeline.config());
+  });
+}
+
+}  // namespace pipeflow::cli

@@ -1,0 +1,262 @@
+#include "pipeflow/runtime/inference.h"
+
+#include <fmt/format.h>
+
+#include <exception>
+#include <memory>
+#include <mutex>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/model/hardware.h"
+#include "pipeflow/nn/model_file.h"
+#include "pipeflow/runtime/in_process_transport.h"
+#include "pipeflow/runtime/rank_threads.h"
+#include "pipeflow/runtime/report.h"
+#include "pipeflow/runtime/stage_partition.h"
+
+namespace pipeflow::runtime {
+namespace {
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+void check_prompts(const std::vector<std::vector<std::int32_t>>& prompts, const nn::GptConfig& config,
+                   int new_tokens) {
+  if (prompts.empty()) fail("generation needs at least one prompt");
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const auto& prompt = prompts[i];
+    const auto length = static_cast<std::int64_t>(prompt.size());
+    if (prompt.empty()) fail("prompt {} is empty: give at least one token (an empty text prompt is a newline)", i);
+    for (std::size_t j = 0; j < prompt.size(); ++j) {
+      if (prompt[j] < 0 || prompt[j] >= config.vocab_size) {
+        fail("prompt {}: token {} at position {} is outside the vocabulary [0, {}) of the model", i, prompt[j], j,
+             config.vocab_size);
+      }
+    }
+    if (length > config.context) {
+      fail("prompt {} has {} tokens, longer than the model's context of {}: shorten it", i, length, config.context);
+    }
+    if (length + new_tokens - 1 > config.context) {
+      fail("prompt {} has {} tokens: with --max-new-tokens {} the sequence reaches {} positions, over the model's "
+           "context of {} (the kv cache holds that many): lower --max-new-tokens to {} or shorten the prompt",
+           i, length, new_tokens, length + new_tokens - 1, config.context, config.context - length + 1);
+    }
+  }
+}
+
+// One generate call: the caches, the transport and what the ranks record.
+// Rank r runs run_rank(r) on its own thread; each touches only its own
+// stage, cache and busy time, the last rank alone the tokens.
+class Decode {
+ public:
+  Decode(const std::vector<std::unique_ptr<nn::Stage>>& stages,
+         const std::vector<std::vector<std::int32_t>>& prompts, const InferenceOptions& options)
+      : stages_(stages),
+        prompts_(prompts),
+        options_(options),
+        p_(static_cast<int>(stages.size())),
+        m_(options.microbatches),
+        timeout_(std::chrono::duration_cast<Clock::duration>(options.timeout)),
+        transport_(std::vector<int>(stages.size(), m_ + 1),
+                   p_ <= usable_cores() ? kHandoffSpin : std::chrono::nanoseconds(0)),
+        busy_(stages.size(), 0.0) {
+    const int sequences = static_cast<int>(prompts.size());
+    for (int g = 0; g <= m_; ++g) first_.push_back(sequences * g / m_);
+    for (const auto& stage : stages) {
+      // A cache does not move (its tensor is charged to its own account): new
+      // constructs it in place from make_kv_cache's result.
+      caches_.emplace_back(new nn::KvCache(stage->make_kv_cache(sequences)));
+    }
+    result_.tokens.resize(prompts.size());
+    for (int s = 0; s < sequences; ++s) rngs_.emplace_back(nn::derive_seed(options.sampling.seed, s));
+  }
+
+  // Prefill (step 0), then one token per step, group after group.
+  void run_rank(int r, Clock::time_point start) {
+    for (int step = 0; step < options_.sampling.new_tokens; ++step) {
+      for (int g = 0; g < m_; ++g) {
+        nn::SequenceRows rows{first_[static_cast<std::size_t>(g)], {}};
+        for (int s = rows.first; s < first_[static_cast<std::size_t>(g) + 1]; ++s) {
+          rows.counts.push_back(step == 0 ? static_cast<int>(prompts_[static_cast<std::size_t>(s)].size()) : 1);
+        }
+        nn::StageInput input;
+        if (!receive_input(r, step, g, rows, input)) return;
+        const Clock::time_point busy_from = Clock::now();
+        Tensor out = stages_[static_cast<std::size_t>(r)]->forward_cached(*caches_[static_cast<std::size_t>(r)], rows,
+                                                                          std::move(input));
+        if (r + 1 < p_) {
+          busy_[static_cast<std::size_t>(r)] += seconds_since(busy_from);
+          if (!wait(r, transport_.send(key(r, r + 1, step, g), std::move(out), deadline()), key(r, r + 1, step, g))) {
+            return;
+          }
+          continue;
+        }
+        Tensor tokens = sample(step, rows, out);
+        busy_[static_cast<std::size_t>(r)] += seconds_since(busy_from);
+        if (step == 0 && g == m_ - 1) result_.time_to_first_token_s = seconds_since(start);
+        if (p_ > 1 && step + 1 < options_.sampling.new_tokens &&
+            !wait(r, transport_.send(key(r, 0, step, g), std::move(tokens), deadline()), key(r, 0, step, g))) {
+          return;
+        }
+      }
+    }
+  }
+
+  void abort() { transport_.abort(); }
+
+  InferenceResult result(const std::vector<std::unique_ptr<nn::Stage>>& stages, double seconds) {
+    result_.seconds = seconds;
+    for (std::size_t i = 0; i < stages.size(); ++i) {
+      result_.stages.push_back({.layers = stages[i]->layers(),
+                                .busy_s = busy_[i],
+                                .busy_share = seconds > 0 ? busy_[i] / seconds : 0,
+                                .kv_cache_bytes = caches_[i]->memory().live_bytes()});
+    }
+    return std::move(result_);
+  }
+
+ private:
+  // The message from rank `from` to rank `to` of group g at `step`: an
+  // activation to the next stage, or the sampled tokens back to the first.
+  MessageKey key(int from, int to, int step, int g) const {
+    return {RankId(from), RankId(to), StageId(from), MicrobatchId(step * m_ + g)};
+  }
+  Deadline deadline() const { return Clock::now() + timeout_; }
+
+  // False when another rank failed (the transport was aborted).
+  bool wait(int r, WaitStatus status, const MessageKey& key) const {
+    if (status == WaitStatus::kTimedOut) {
+      fail("rank {} waited {} s for the {} and gave up: another stage stalled", r, options_.timeout.count(),
+           describe(key));
+    }
+    return status == WaitStatus::kOk;
+  }
+
+  // The first stage's tokens: the prompts at step 0, then the tokens the last
+  // stage sampled at the step before; every other stage's activation.
+  bool receive_input(int r, int step, int g, const nn::SequenceRows& rows, nn::StageInput& input) {
+    nn::Stage& stage = *stages_[static_cast<std::size_t>(r)];
+    const int begin = rows.first;
+    const int count = static_cast<int>(rows.counts.size());
+    if (r > 0) {
+      const MessageKey from = key(r - 1, r, step, g);
+      return wait(r, transport_.receive(from, Shape{1, rows.total(), stage.config().n_embd}, stage.allocator(),
+                                        deadline(), input.activation),
+                  from);
+    }
+    input.tokens = IntTensor(Shape{1, rows.total()});
+    if (step == 0) {
+      std::int32_t* out = input.tokens.data();
+      for (int s = begin; s < begin + count; ++s) {
+        const auto& prompt = prompts_[static_cast<std::size_t>(s)];
+        out = std::copy(prompt.begin(), prompt.end(), out);
+      }
+    } else if (p_ == 1) {
+      for (int i = 0; i < count; ++i) input.tokens[i] = result_.tokens[static_cast<std::size_t>(begin + i)].back();
+    } else {
+      const MessageKey from = key(p_ - 1, 0, step - 1, g);
+      Tensor tokens;
+      if (!wait(r, transport_.receive(from, Shape{1, count}, stage.allocator(), deadline(), tokens), from)) {
+        return false;
+      }
+      for (int i = 0; i < count; ++i) input.tokens[i] = static_cast<std::int32_t>(tokens[i]);
+    }
+    return true;
+  }
+
+  // On the last stage: one token per sequence from its logits row, recorded
+  // and reported; returned as floats for the first stage.
+  Tensor sample(int step, const nn::SequenceRows& rows, const Tensor& logits) {
+    nn::Stage& stage = *stages_.back();
+    const auto vocab = static_cast<std::size_t>(stage.config().vocab_size);
+    Tensor tokens(Shape{1, static_cast<std::int64_t>(rows.counts.size())}, stage.allocator());
+    for (std::size_t i = 0; i < rows.counts.size(); ++i) {
+      const int s = rows.first + static_cast<int>(i);
+      const auto row = logits.span().subspan(i * vocab, vocab);
+      const std::int32_t token = nn::sample_token(row, options_.sampling, rngs_[static_cast<std::size_t>(s)]);
+      result_.tokens[static_cast<std::size_t>(s)].push_back(token);
+      tokens[static_cast<std::int64_t>(i)] = static_cast<float>(token);
+      if (options_.on_token) options_.on_token({s, step, token, row});
+    }
+    return tokens;
+  }
+
+  const std::vector<std::unique_ptr<nn::Stage>>& stages_;
+  const std::vector<std::vector<std::int32_t>>& prompts_;
+  const InferenceOptions& options_;
+  const int p_;
+  const int m_;
+  const Clock::duration timeout_;
+  std::vector<int> first_;  // group g holds sequences first_[g] … first_[g + 1] − 1
+  std::vector<std::unique_ptr<nn::KvCache>> caches_;
+  InProcessTransport transport_;
+  std::vector<double> busy_;
+  std::vector<nn::Rng> rngs_;  // per sequence, used by the last rank only
+  InferenceResult result_;
+};
+
+}  // namespace
+
+std::int64_t InferenceResult::new_tokens() const {
+  std::int64_t total = 0;
+  for (const auto& sequence : tokens) total += static_cast<std::int64_t>(sequence.size());
+  return total;
+}
+
+struct InferencePipeline::Workers {
+  explicit Workers(int ranks) : threads(ranks) {}
+  RankThreads threads;
+};
+
+InferencePipeline::InferencePipeline(const nn::Stage& model, int stages, const PartitionMethod& partition)
+    : config_(model.config()) {
+  if (stages < 1) fail("--stages {}: must be at least 1", stages);
+  start(partition_model(config_, stages, partition, 1, config_.context, hardware_preset("cpu")));
+  for (auto& stage : stages_) stage->copy_parameters_from(model);
+}
+
+InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, int stages,
+                                     const PartitionMethod& partition)
+    : config_(nn::read_config(weights)) {
+  if (stages < 1) fail("--stages {}: must be at least 1", stages);
+  start(partition_model(config_, stages, partition, 1, config_.context, hardware_preset("cpu")));
+  for (auto& stage : stages_) nn::load_parameters(*stage, weights);
+}
+
+InferencePipeline::~InferencePipeline() = default;
+
+void InferencePipeline::start(const std::vector<int>& boundaries) {
+  for (std::size_t i = 0; i + 1 < boundaries.size(); ++i) {
+    stages_.push_back(std::make_unique<nn::Stage>(config_, nn::LayerRange{boundaries[i], boundaries[i + 1]},
+                                                  nn::StageOptions{.name = fmt::format("stage {}", i)}));
+  }
+  workers_ = std::make_unique<Workers>(num_stages());
+}
+
+InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::int32_t>>& prompts,
+                                            const InferenceOptions& options) {
+  options.sampling.validate();
+  check_prompts(prompts, config_, options.sampling.new_tokens);
+  const int sequences = static_cast<int>(prompts.size());
+  if (options.microbatches < 1 || options.microbatches > sequences) {
+    fail("--microbatches {}: must lie in [1, {}] (the number of prompts): each micro-batch is a group of at least "
+         "one sequence",
+         options.microbatches, sequences);
+  }
+  Decode decode(stages_, prompts, options);
+  std::mutex error_mutex;
+  std::exception_ptr error;
+  const Clock::time_point start = Clock::now();
+  workers_->threads.run([&](int r) {
+    try {
+      decode.run_rank(r, start);
+    } catch (...) {
+      const std::lock_guard lock(error_mutex);
+      if (!error) error = std::current_exception();
+      decode.abort();
+    }
+  });
+  if (error) std::rethrow_exception(error);
+  return decode.result(stages_, seconds_since(start));
+}
+
+}  // namespace pipeflow::runtime

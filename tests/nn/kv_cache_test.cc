@@ -1,0 +1,141 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "pipeflow/model/model_states.h"
+#include "pipeflow/nn/sampling.h"
+#include "pipeflow/nn/stage.h"
+#include "test_support.h"
+
+namespace pipeflow::nn {
+namespace {
+
+using testing::error_of;
+using testing::max_relative_error;
+using testing::random_tokens;
+
+const GptConfig kModel{.vocab_size = 256, .context = 24, .n_layer = 3, .n_head = 4, .n_embd = 32};
+
+std::unique_ptr<Stage> whole_model() {
+  auto model = std::make_unique<Stage>(kModel, all_layers(kModel));
+  model->init_gpt2(5);
+  return model;
+}
+
+// The logits of the last position of `prefix`, recomputed without a cache.
+std::vector<float> full_logits(Stage& model, const std::vector<std::int32_t>& prefix) {
+  IntTensor tokens{Shape{1, static_cast<std::int64_t>(prefix.size())}};
+  std::copy(prefix.begin(), prefix.end(), tokens.data());
+  const Tensor logits = model.logits(tokens);
+  const auto last = logits.span().subspan((prefix.size() - 1) * kModel.vocab_size, kModel.vocab_size);
+  return {last.begin(), last.end()};
+}
+
+IntTensor row_of(const std::vector<std::int32_t>& tokens) {
+  IntTensor out{Shape{1, static_cast<std::int64_t>(tokens.size())}};
+  std::copy(tokens.begin(), tokens.end(), out.data());
+  return out;
+}
+
+TEST(KvCache, BytesAllocatedAreTheFormula) {
+  // 2 · layers · kv_heads · head_dim · bytes · context · batch, kv_heads = NH, head_dim = C / NH.
+  for (const LayerRange range : {all_layers(kModel), LayerRange{0, 2}, LayerRange{2, 5}, LayerRange{4, 5}}) {
+    const Stage stage(kModel, range);
+    const int blocks = std::min(range.last, kModel.n_layer + 1) - std::max(range.first, 1);
+    for (const int sequences : {1, 3}) {
+      const KvCache cache = stage.make_kv_cache(sequences);
+      EXPECT_EQ(cache.memory().live_bytes(),
+                kv_cache_bytes(blocks, kModel.n_head, kModel.n_embd / kModel.n_head, 4, kModel.context, sequences));
+    }
+  }
+  EXPECT_EQ(kv_cache_bytes(3, 4, 8, 4, 24, 2), 2 * 3 * 32 * 4 * 24 * 2);
+  const BasicStage<double> wide(kModel, all_layers(kModel));
+  EXPECT_EQ(wide.make_kv_cache(2).memory().live_bytes(), kv_cache_bytes(3, 4, 8, 8, 24, 2));
+}
+
+TEST(KvCache, CachedDecodeMatchesFullRecomputationAtEveryStep) {
+  auto model = whole_model();
+  // Two sequences with prompts of 5 and 2 tokens in one batch, then one
+  // token each per step, fed from a fixed stream.
+  std::vector<std::vector<std::int32_t>> sequences = {{10, 20, 30, 40, 50}, {7, 8}};
+  KvCache cache = model->make_kv_cache(2);
+  Tensor logits = model->forward_cached(cache, {0, {5, 2}}, {.tokens = row_of({10, 20, 30, 40, 50, 7, 8})});
+  ASSERT_EQ(logits.shape(), (Shape{2, kModel.vocab_size}));
+  const IntTensor stream = random_tokens(1, 40, kModel.vocab_size, 9);
+  for (int step = 0; step < 15; ++step) {
+    for (int s = 0; s < 2; ++s) {
+      const auto expected = full_logits(*model, sequences[static_cast<std::size_t>(s)]);
+      const auto got = logits.span().subspan(static_cast<std::size_t>(s) * kModel.vocab_size, kModel.vocab_size);
+      EXPECT_LT(max_relative_error(got, expected), 1e-5) << "sequence " << s << " step " << step;
+      sequences[static_cast<std::size_t>(s)].push_back(stream[2 * step + s]);
+    }
+    EXPECT_EQ(cache.length(0), static_cast<int>(sequences[0].size()) - 1);
+    logits = model->forward_cached(cache, {0, {1, 1}}, {.tokens = row_of({stream[2 * step], stream[2 * step + 1]})});
+  }
+}
+
+TEST(KvCache, StagesChainedEqualTheWholeModel) {
+  auto model = whole_model();
+  Stage front(kModel, {0, 2});
+  Stage back(kModel, {2, kModel.pipeline_layers()});
+  front.copy_parameters_from(*model);
+  back.copy_parameters_from(*model);
+  KvCache whole_cache = model->make_kv_cache(1);
+  KvCache front_cache = front.make_kv_cache(1);
+  KvCache back_cache = back.make_kv_cache(1);
+  const std::vector<std::int32_t> prompt = {1, 2, 3, 4};
+  const Tensor expected = model->forward_cached(whole_cache, {0, {4}}, {.tokens = row_of(prompt)});
+  Tensor x = front.forward_cached(front_cache, {0, {4}}, {.tokens = row_of(prompt)});
+  const Tensor got = back.forward_cached(back_cache, {0, {4}}, {.activation = std::move(x)});
+  EXPECT_LT(max_relative_error(got.span(), expected.span()), 1e-6);
+  EXPECT_EQ(front_cache.length(0), 4);
+  EXPECT_EQ(back_cache.length(0), 4);
+}
+
+TEST(KvCache, ContextAndVocabularyAreChecked) {
+  auto model = whole_model();
+  KvCache cache = model->make_kv_cache(1);
+  EXPECT_NE(error_of([&] { model->forward_cached(cache, {0, {2}}, {.tokens = row_of({1, 256})}); })
+                .find("outside the vocabulary [0, 256)"),
+            std::string::npos);
+  model->forward_cached(cache, {0, {20}}, {.tokens = random_tokens(1, 20, 256, 1)});
+  EXPECT_NE(error_of([&] { model->forward_cached(cache, {0, {5}}, {.tokens = random_tokens(1, 5, 256, 2)}); })
+                .find("would hold 20 + 5 positions, over the model's context of 24"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { model->forward_cached(cache, {0, {}}, {.tokens = row_of({3})}); })
+                .find("an inference batch needs at least one sequence"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { model->forward_cached(cache, {1, {1}}, {.tokens = row_of({3})}); })
+                .find("outside the kv cache's 1"),
+            std::string::npos);
+}
+
+TEST(Sampling, TopKAndTopPKeepOnlyTheMostLikely) {
+  const std::vector<float> logits = {0.5f, 3.0f, 2.9f, -1.0f, 2.8f};
+  Rng rng(1);
+  // top_k 1 and a tiny top_p are greedy at any temperature.
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ(sample_token(logits, {.temperature = 5.0, .top_k = 1}, rng), 1);
+    EXPECT_EQ(sample_token(logits, {.temperature = 5.0, .top_p = 1e-6}, rng), 1);
+  }
+  // top_k 2 draws only tokens 1 and 2, and both.
+  std::vector<int> seen(logits.size());
+  for (int i = 0; i < 400; ++i) ++seen[static_cast<std::size_t>(sample_token(logits, {.temperature = 1.0, .top_k = 2}, rng))];
+  EXPECT_EQ(seen[0] + seen[3] + seen[4], 0);
+  EXPECT_GT(seen[1], 0);
+  EXPECT_GT(seen[2], 0);
+  // Probabilities at temperature 1: 0.354, 0.320, 0.290 for tokens 1, 2, 4,
+  // the rest 0.036: top_p 0.6 keeps tokens 1 and 2 (0.674 >= 0.6).
+  std::fill(seen.begin(), seen.end(), 0);
+  for (int i = 0; i < 400; ++i) ++seen[static_cast<std::size_t>(sample_token(logits, {.temperature = 1.0, .top_p = 0.6}, rng))];
+  EXPECT_EQ(seen[0] + seen[3] + seen[4], 0);
+  EXPECT_GT(seen[2], 0);
+  EXPECT_NE(error_of([] { SamplingOptions{.top_p = 0}.validate(); }).find("--top-p 0: must lie in (0, 1]"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { SamplingOptions{.temperature = -1}.validate(); }).find("--temperature -1"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace pipeflow::nn

@@ -1,0 +1,139 @@
+#include "pipeflow/runtime/inference.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "pipeflow/model/model_states.h"
+#include "test_support.h"
+
+namespace pipeflow::runtime {
+namespace {
+
+using nn::testing::error_of;
+using pipeflow::testing::max_relative_error;
+
+// 6 blocks, width 32, 2 heads, context 16 (test_support.h's kTiny): enough
+// layers for 4 stages.
+const nn::GptConfig& kModel = testing::kTiny;
+
+std::unique_ptr<nn::Stage> whole_model() {
+  auto model = std::make_unique<nn::Stage>(kModel, nn::all_layers(kModel));
+  model->init_gpt2(21);
+  return model;
+}
+
+// Three prompts of different lengths.
+const std::vector<std::vector<std::int32_t>> kPrompts = {{104, 101, 108, 108, 111}, {10}, {97, 32, 98}};
+constexpr int kNewTokens = 9;
+
+// Every sampled token and the logits it came from, per sequence and step.
+struct Recorded {
+  std::vector<std::vector<std::vector<float>>> logits =
+      std::vector<std::vector<std::vector<float>>>(kPrompts.size());
+};
+
+InferenceResult run(InferencePipeline& pipeline, int microbatches, const nn::SamplingOptions& sampling,
+                    Recorded* recorded = nullptr) {
+  InferenceOptions options{.microbatches = microbatches, .sampling = sampling, .timeout = std::chrono::seconds(20)};
+  if (recorded != nullptr) {
+    options.on_token = [recorded](const GeneratedToken& token) {
+      auto& steps = recorded->logits[static_cast<std::size_t>(token.sequence)];
+      EXPECT_EQ(static_cast<int>(steps.size()), token.step);
+      steps.emplace_back(token.logits.begin(), token.logits.end());
+    };
+  }
+  return pipeline.generate(kPrompts, options);
+}
+
+TEST(Inference, GreedyTokensAndLogitsEqualFullRecomputationForEveryLayout) {
+  auto model = whole_model();
+  const nn::SamplingOptions greedy{.new_tokens = kNewTokens};
+  for (int stages = 1; stages <= 4; ++stages) {
+    InferencePipeline pipeline(*model, stages);
+    for (int microbatches = 1; microbatches <= 3; ++microbatches) {
+      Recorded recorded;
+      const InferenceResult result = run(pipeline, microbatches, greedy, &recorded);
+      for (std::size_t s = 0; s < kPrompts.size(); ++s) {
+        // The unpipelined generation without a cache: every token recomputes the whole prefix.
+        EXPECT_EQ(result.tokens[s], nn::generate(*model, kPrompts[s], greedy))
+            << "P = " << stages << ", M = " << microbatches << ", sequence " << s;
+        std::vector<std::int32_t> prefix = kPrompts[s];
+        for (int step = 0; step < kNewTokens; ++step) {
+          IntTensor tokens{Shape{1, static_cast<std::int64_t>(prefix.size())}};
+          std::copy(prefix.begin(), prefix.end(), tokens.data());
+          const Tensor full = model->logits(tokens);
+          const auto expected = full.span().subspan((prefix.size() - 1) * kModel.vocab_size, kModel.vocab_size);
+          EXPECT_LT(max_relative_error(recorded.logits[s][static_cast<std::size_t>(step)], expected), 1e-5)
+              << "P = " << stages << ", M = " << microbatches << ", sequence " << s << ", step " << step;
+          prefix.push_back(result.tokens[s][static_cast<std::size_t>(step)]);
+        }
+      }
+    }
+  }
+}
+
+TEST(Inference, SampledTokensDependOnlyOnTheSeed) {
+  auto model = whole_model();
+  const nn::SamplingOptions sampling{.new_tokens = kNewTokens, .temperature = 0.9, .seed = 4, .top_k = 40,
+                                     .top_p = 0.95};
+  InferencePipeline unpipelined(*model, 1);
+  const auto expected = run(unpipelined, 1, sampling).tokens;
+  for (int stages = 2; stages <= 3; ++stages) {
+    InferencePipeline pipeline(*model, stages);
+    for (int microbatches = 1; microbatches <= 3; ++microbatches) {
+      EXPECT_EQ(run(pipeline, microbatches, sampling).tokens, expected) << "P = " << stages << ", M = " << microbatches;
+    }
+  }
+  InferencePipeline pipeline(*model, 2);
+  auto reseeded = sampling;
+  reseeded.seed = 5;
+  EXPECT_NE(run(pipeline, 2, reseeded).tokens, expected);
+}
+
+TEST(Inference, KvCacheBytesPerStageAreTheFormula) {
+  auto model = whole_model();
+  InferencePipeline pipeline(*model, 3);
+  const InferenceResult result = run(pipeline, 2, {.new_tokens = 2});
+  ASSERT_EQ(result.stages.size(), 3U);
+  std::int64_t total = 0;
+  for (const StageInference& stage : result.stages) {
+    const nn::LayerRange& l = stage.layers;
+    const int blocks = std::min(l.last, kModel.n_layer + 1) - std::max(l.first, 1);
+    EXPECT_EQ(stage.kv_cache_bytes, kv_cache_bytes(blocks, kModel.n_head, kModel.n_embd / kModel.n_head, 4,
+                                                   kModel.context, static_cast<std::int64_t>(kPrompts.size())));
+    EXPECT_GT(stage.busy_s, 0);
+    total += stage.kv_cache_bytes;
+  }
+  // Cut across stages, the cache is the whole model's.
+  EXPECT_EQ(total, kv_cache_bytes(kModel.n_layer, kModel.n_head, kModel.n_embd / kModel.n_head, 4, kModel.context,
+                                  static_cast<std::int64_t>(kPrompts.size())));
+  EXPECT_EQ(result.new_tokens(), 2 * static_cast<std::int64_t>(kPrompts.size()));
+}
+
+TEST(Inference, BadPromptsAndLayoutsAreErrors) {
+  auto model = whole_model();
+  InferencePipeline pipeline(*model, 2);
+  auto error = [&](const std::vector<std::vector<std::int32_t>>& prompts, int microbatches, int new_tokens) {
+    return error_of([&] {
+      pipeline.generate(prompts, {.microbatches = microbatches, .sampling = {.new_tokens = new_tokens}});
+    });
+  };
+  EXPECT_NE(error({std::vector<std::int32_t>(17, 1)}, 1, 1)
+                .find("prompt 0 has 17 tokens, longer than the model's context of 16"),
+            std::string::npos);
+  EXPECT_NE(error({{1, 2}, std::vector<std::int32_t>(10, 1)}, 1, 8)
+                .find("prompt 1 has 10 tokens: with --max-new-tokens 8 the sequence reaches 17 positions, over the "
+                      "model's context of 16 (the kv cache holds that many): lower --max-new-tokens to 7"),
+            std::string::npos);
+  EXPECT_NE(error({{1, 300}}, 1, 1).find("prompt 0: token 300 at position 1 is outside the vocabulary [0, 256)"),
+            std::string::npos);
+  EXPECT_NE(error({{}}, 1, 1).find("prompt 0 is empty"), std::string::npos);
+  EXPECT_NE(error({{1}, {2}}, 3, 1).find("--microbatches 3: must lie in [1, 2]"), std::string::npos);
+  // A full context is allowed: 10 + 7 − 1 = 16 positions.
+  EXPECT_EQ(error({std::vector<std::int32_t>(10, 1)}, 1, 7), "(no error)");
+}
+
+}  // namespace
+}  // namespace pipeflow::runtime
