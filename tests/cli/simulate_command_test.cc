@@ -25,7 +25,7 @@ TEST(SimulateCommand, TheIssuesExamplePrintsTablesAndWarnsAboutRankZerosMemory) 
                         0),
             0u)
       << r.out;
-  EXPECT_NE(r.out.find("step time  bubble  pipeline bubble  steady step  steady bubble  tokens/s"),
+  EXPECT_NE(r.out.find("step time  bubble  pipeline bubble  ZB bubble rate  steady step  steady bubble  tokens/s"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("steady: steps back to back"), std::string::npos) << r.out;
@@ -45,7 +45,7 @@ TEST(SimulateCommand, JsonHasTheKeysAndEveryRanksTimeAddsUpToTheStep) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json json = nlohmann::json::parse(r.out);
   for (const char* key : {"step_time_s", "bubble_ratio", "pipeline_time_s", "pipeline_bubble_ratio",
-                          "steady_step_time_s", "steady_bubble_ratio", "steady_state_converged", "tokens_per_s", "mfu",
+                          "zero_bubble_rate", "steady_step_time_s", "steady_bubble_ratio", "steady_state_converged", "tokens_per_s", "mfu",
                           "tflops_per_device", "ranks"}) {
     EXPECT_TRUE(json.contains(key)) << key;
   }

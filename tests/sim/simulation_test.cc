@@ -508,6 +508,7 @@ TEST(Simulate, DataParallelAllReduceAndOptimizerFollowEachRanksLastAction) {
   }
   EXPECT_DOUBLE_EQ(r.bubble_ratio, 1 - 24.0 / 34.0);
   EXPECT_DOUBLE_EQ(r.pipeline_bubble_ratio, 3.0 / 15.0);
+  EXPECT_DOUBLE_EQ(r.zero_bubble_rate, 1 - 12.0 / 15.0);  // every rank computes 12: the same figure
   // The trace of the step counts the same way.
   const Timeline timeline = simulation_timeline(schedule, r, "dp");
   EXPECT_DOUBLE_EQ(timeline.end_s(), 17);
