@@ -21,6 +21,7 @@ void add_calibrate_command(CLI::App& app);  // calibrate_command.cc
 void add_train_command(CLI::App& app);      // train_command.cc
 void add_simulate_command(CLI::App& app);   // simulate_command.cc
 void add_plan_command(CLI::App& app);       // plan_command.cc
+void add_advise_batch_command(CLI::App& app);  // advise_batch_command.cc
 
 // Thrown by a command that has done its work but must end the process with
 // `status` (train stopped by a signal: 128 + its number); main returns it.

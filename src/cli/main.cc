@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   pipeflow::cli::add_train_command(app);
   pipeflow::cli::add_simulate_command(app);
   pipeflow::cli::add_plan_command(app);
+  pipeflow::cli::add_advise_batch_command(app);
 
   try {
     app.parse(argc, argv);

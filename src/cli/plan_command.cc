@@ -3,6 +3,9 @@
 // DeepSpeed or Megatron-LM configuration.
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -110,7 +113,9 @@ std::string json_report(const PlanRequest& request, const PlanResult& result) {
                                   {"memory_headroom_bytes", c.headroom_bytes}});
   }
   nlohmann::ordered_json rejected;
-  for (int r = 0; r < kRejectReasons; ++r) rejected[std::string(to_string(static_cast<RejectReason>(r)))] = result.rejected[r];
+  for (int r = 0; r < kRejectReasons; ++r) {
+    rejected[std::string(to_string(static_cast<RejectReason>(r)))] = result.rejected[r];
+  }
   json["rejected"] = rejected;
   return json.dump(2) + "\n";
 }
@@ -163,7 +168,7 @@ std::string megatron_arguments(const Layout& l) {
       "--micro-batch-size {} --global-batch-size {} --bf16",
       m.layers, m.hidden, m.heads, m.ffn, l.seq_length, std::max(m.max_positions, l.seq_length), l.tensor_parallel,
       l.pipeline_parallel, l.micro_batch, l.global_batch);
-  if (l.schedule == "interleaved-1f1b") {
+  if (l.schedule == "interleaved-1f1b" && l.virtual_stages > 1) {
     args += fmt::format(" --num-layers-per-virtual-pipeline-stage {}",
                         m.layers / (l.pipeline_parallel * l.virtual_stages));
   }
@@ -179,7 +184,8 @@ std::string megatron_arguments(const Layout& l) {
 // The best layout a framework can express: the plan's best if it can, else
 // a search within what it runs (noted on standard error).
 Layout expressible(const PlanCommand& command, const PlanResult& plan, const char* framework,
-                   std::vector<std::string> schedules, std::vector<Recompute> recomputes, bool whole_blocks) {
+                   const std::vector<std::string>& schedules, const std::vector<Recompute>& recomputes,
+                   bool whole_blocks) {
   const auto fits = [&](const Layout& l) {
     const bool schedule = std::find(schedules.begin(), schedules.end(), l.schedule) != schedules.end();
     const bool recompute = std::find(recomputes.begin(), recomputes.end(), l.recompute) != recomputes.end();
@@ -189,8 +195,8 @@ Layout expressible(const PlanCommand& command, const PlanResult& plan, const cha
   const Layout& best = plan.best.front().layout;
   if (fits(best)) return best;
   PlanRequest request = make_request(command);
-  request.schedules = std::move(schedules);
-  request.recomputes = std::move(recomputes);
+  request.schedules = schedules;
+  request.recomputes = recomputes;
   request.top_k = std::max(request.top_k, 32);
   const PlanResult within = plan_layouts(request);
   for (const PlanCandidate& c : within.best) {
@@ -206,14 +212,36 @@ Layout expressible(const PlanCommand& command, const PlanResult& plan, const cha
        framework, within.best.size());
 }
 
+// On a terminal, a line redrawn in place on standard error while the
+// search simulates; nothing elsewhere.
+void show_progress(PlanRequest& request) {
+  if (isatty(STDERR_FILENO) == 0) return;
+  request.progress = [shown = std::int64_t{-1}](std::int64_t done, std::int64_t queued) mutable {
+    const std::int64_t percent = 100 * done / std::max<std::int64_t>(queued, 1);
+    if (percent == shown) return;
+    shown = percent;
+    const int bar = static_cast<int>(percent / 5);
+    fmt::print(stderr, "\rsimulating [{}{}] {}/{} candidates (the bound usually stops it early)", std::string(bar, '='),
+               std::string(20 - bar, ' '), done, queued);
+    std::fflush(stderr);
+  };
+}
+
 void run(const PlanCommand& command) {
   PlanRequest request = make_request(command);
+  show_progress(request);
   const PlanResult result = plan_layouts(request);
+  if (request.progress) fmt::print(stderr, "\r\033[K");
   write_output(command.json ? json_report(request, result) : text_report(request, result), "");
   const Layout& best = result.best.front().layout;
   if (!command.write_config.empty()) write_output(pipeflow_config(command, best), command.write_config);
   if (!command.deepspeed.empty()) {
     const Layout l = expressible(command, result, "DeepSpeed", {"1f1b"}, {Recompute::kNone, Recompute::kFull}, false);
+    if (l.tensor_parallel > 1) {
+      log_warning("DeepSpeed's configuration has no tensor-parallel key: run {} with Megatron-DeepSpeed's "
+                  "--tensor-model-parallel-size {}{}",
+                  command.deepspeed, l.tensor_parallel, l.sequence_parallel ? " --sequence-parallel" : "");
+    }
     write_output(deepspeed_config(l), command.deepspeed);
   }
   if (!command.megatron.empty()) {

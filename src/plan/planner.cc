@@ -95,7 +95,10 @@ class Search {
 
   PlanResult run(bool use_time_bound) {
     enumerate();
-    std::sort(queue_.begin(), queue_.end(), [](const Queued& a, const Queued& b) { return a.bound_s < b.bound_s; });
+    // Stable: among equal bounds, enumeration order (the schedule registry's,
+    // simplest first), which also breaks exact ties in the ranking.
+    std::stable_sort(queue_.begin(), queue_.end(),
+                     [](const Queued& a, const Queued& b) { return a.bound_s < b.bound_s; });
     for (std::size_t i = 0; i < queue_.size(); ++i) {
       const Queued& q = queue_[i];
       if (use_time_bound && result_.best.size() >= static_cast<std::size_t>(request_.top_k) &&

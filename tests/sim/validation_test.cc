@@ -52,13 +52,17 @@ const std::vector<PublishedRun>& published_runs() {
       {"Narayanan 2021 T1", "529.6B", 105, 20480, 128, 8, 35, 9, 2520, 3, R::kFull, false, 163, false, 175.785},
       {"Narayanan 2021 T1", "1008B", 128, 25600, 160, 8, 64, 6, 3072, 2, R::kFull, false, 163, false, 176.374},
       {"Korthikanti 2022 T5", "22B full", 48, 6144, 64, 8, 1, 1, 4, 1, R::kFull, false, 1.42, false, 1.42211},
-      {"Korthikanti 2022 T5", "22B sel.+SP", 48, 6144, 64, 8, 1, 1, 4, 1, R::kSelective, true, 1.10, false, 1.04099},
+      {"Korthikanti 2022 T5", "22B sel.+SP", 48, 6144, 64, 8, 1, 1, 4, 1, R::kSelective, true, 1.10, false,
+       1.04099},
       {"Korthikanti 2022 T5", "175B full", 96, 12288, 96, 8, 8, 1, 64, 2, R::kFull, false, 18.13, false, 18.0675},
-      {"Korthikanti 2022 T5", "175B sel.+SP", 96, 12288, 96, 8, 8, 1, 64, 2, R::kSelective, true, 13.75, false, 13.2525},
+      {"Korthikanti 2022 T5", "175B sel.+SP", 96, 12288, 96, 8, 8, 1, 64, 2, R::kSelective, true, 13.75, false,
+       13.2525},
       {"Korthikanti 2022 T5", "530B full", 105, 20480, 128, 8, 35, 1, 280, 3, R::kFull, false, 49.05, false, 49.7704},
-      {"Korthikanti 2022 T5", "530B sel.+SP", 105, 20480, 128, 8, 35, 1, 280, 3, R::kSelective, true, 37.83, false, 37.124},
+      {"Korthikanti 2022 T5", "530B sel.+SP", 105, 20480, 128, 8, 35, 1, 280, 3, R::kSelective, true, 37.83, false,
+       37.124},
       {"Korthikanti 2022 T5", "1T full", 128, 25600, 160, 8, 64, 1, 512, 2, R::kFull, false, 94.42, true, 94.4696},
-      {"Korthikanti 2022 T5", "1T sel.+SP", 128, 25600, 160, 8, 64, 1, 512, 2, R::kSelective, true, 71.49, false, 70.9102},
+      {"Korthikanti 2022 T5", "1T sel.+SP", 128, 25600, 160, 8, 64, 1, 512, 2, R::kSelective, true, 71.49, false,
+       70.9102},
   };
   return runs;
 }

@@ -22,7 +22,7 @@ namespace pipeflow {
 //    "intra_node_latency_s": 3e-6,
 //    "inter_node_bandwidth_bytes_per_s": 25e9,  one direction, per device
 //    "inter_node_latency_s": 8e-6,
-//    "efficiency": 0.8,                         large-GEMM FLOP/s achieved / peak
+//    "efficiency": 0.745,                       large-GEMM FLOP/s achieved / peak
 //    "matmul_half_size": 60,                    GEMM size at half that efficiency (0: flat)
 //    "memory_efficiency": 0.85,                 streaming kernels' share of HBM bandwidth
 //    "collective_efficiency": 0.77,             all-reduce bus bandwidth / link bandwidth
@@ -33,7 +33,7 @@ namespace pipeflow {
 // published runs it reproduces):
 //   matmul       a GEMM of m×k by k×n runs at peak × efficiency × x/(x + x½),
 //                with x = 1/(1/m + 1/n + 1/k) — proportional to the GEMM's
-//                arithmetic intensity (FLOPs per byte moved = x/e) — and
+//                arithmetic intensity (FLOPs per byte moved = 2x/e) — and
 //                x½ = matmul_half_size. Large square GEMMs approach
 //                `efficiency`; thin ones (the attention core's, k = head
 //                width) fall well below it. matmul_half_size = 0 makes the
@@ -42,6 +42,8 @@ namespace pipeflow {
 //   memory-bound bytes / (memory bandwidth × memory_efficiency).
 //   collectives  ring all-reduce at link bandwidth × collective_efficiency
 //                (NCCL's bus bandwidth); point-to-point at link bandwidth.
+// A file without these keys: efficiency kDefaultEfficiency, a flat curve,
+// memory_efficiency and collective_efficiency 1.
 struct HardwareProfile {
   std::string name;
   double peak_flop_per_s = 0;

@@ -82,7 +82,8 @@ struct PlanResult {
 // recompute none / selective / full, ZeRO 0 and 1 (1 only with d > 1),
 // each partition method; sequence parallelism on whenever t > 1 and t
 // divides s (it only removes work and memory in the cost model). Every
-// candidate that fits is simulated; ranked by step time, ties by headroom.
+// candidate that fits is simulated; ranked by step time, ties by headroom,
+// then by enumeration order (the schedule registry's: simplest first).
 //
 // Two bounds, both provable, skip work without changing the answer:
 //   memory   a rank's model states alone over the limit: out of memory
