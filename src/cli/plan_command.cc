@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "pipeflow/core/error.h"
@@ -29,6 +30,7 @@ struct PlanCommand {
   int seq_length = 0;
   int top = 5;
   double memory_fraction = 0.8;
+  std::vector<std::string> partitions = {"parameters"};
   bool json = false;
   std::string write_config;
   std::string deepspeed;
@@ -44,15 +46,18 @@ PlanRequest make_request(const PlanCommand& command) {
   request.seq_length = command.seq_length;
   request.top_k = command.top;
   request.memory_fraction = command.memory_fraction;
+  request.partitions.clear();
+  for (const std::string& method : command.partitions) request.partitions.push_back(parse_partition_method(method));
   return request;
 }
 
 std::string layout_line(const Layout& l) {
   std::string schedule = l.schedule;
   if (l.virtual_stages > 1) schedule += fmt::format(" v={}", l.virtual_stages);
-  return fmt::format("tp {} × pp {} × dp {}, b {} (m {}), {}, recompute {}{}, zero {}", l.tensor_parallel,
+  return fmt::format("tp {} × pp {} × dp {}, b {} (m {}), {}, recompute {}{}, zero {}, {}", l.tensor_parallel,
                      l.pipeline_parallel, l.data_parallel, l.micro_batch, microbatches_per_step(l), schedule,
-                     to_string(l.recompute), l.sequence_parallel ? " + SP" : "", static_cast<int>(l.zero));
+                     to_string(l.recompute), l.sequence_parallel ? " + SP" : "", static_cast<int>(l.zero),
+                     to_string(l.partition));
 }
 
 std::string peaks_text(const PlanCandidate& c) {
@@ -264,6 +269,10 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--seq,--seq-length", c->seq_length, "Tokens per sequence")->required();
   sub->add_option("--top", c->top, "Layouts to list")->capture_default_str();
   sub->add_option("--memory-fraction", c->memory_fraction, "Share of device memory a stage may fill")
+      ->capture_default_str();
+  sub->add_option("--partition", c->partitions,
+                  "Partition methods to try, comma-separated (each doubles the search; e.g. parameters,balanced)")
+      ->delimiter(',')
       ->capture_default_str();
   sub->add_flag("--json", c->json, "Print one JSON object instead of tables");
   sub->add_option("--write-config", c->write_config, "Write the best layout as a pipeflow run configuration");

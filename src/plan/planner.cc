@@ -40,10 +40,14 @@ std::vector<int> stages_of(Placement placement, int rank, int ranks, int chunks)
   return stages;
 }
 
-// The time bound of plan_layouts (planner.h): the largest, over ranks, of
-// m · Σ(F + B − F&B overlap) + all-reduce + optimizer.
+// The time bound of plan_layouts (planner.h): the largest, over ranks r, of
+// the forwards of stages 0 .. r − 1 (no action of r's first stage, r, can
+// start before one micro-batch's forward has passed them; an overlapped
+// F&B cell lasts at least its F) + m · Σ(F + B − F&B overlap) of r's stages
+// + r's all-reduce + its optimizer step.
 double step_lower_bound(const LayoutCosts& costs, Placement placement, int ranks, int chunks, int microbatches) {
   double bound = 0;
+  double fill = 0;  // Σ F of the stages before rank r's first
   for (int r = 0; r < ranks; ++r) {
     double busy = 0, gradient_bytes = 0, optimizer = 0;
     for (int s : stages_of(placement, r, ranks, chunks)) {
@@ -54,7 +58,8 @@ double step_lower_bound(const LayoutCosts& costs, Placement placement, int ranks
     }
     const LinkCost& link = costs.costs.data_parallel_links[static_cast<std::size_t>(r)];
     const double all_reduce = ring_all_reduce_seconds(gradient_bytes, costs.costs.data_parallel, link);
-    bound = std::max(bound, microbatches * busy + all_reduce + optimizer);
+    bound = std::max(bound, fill + microbatches * busy + all_reduce + optimizer);
+    fill += costs.costs.stages[static_cast<std::size_t>(r)].forward_s;
   }
   return bound;
 }

@@ -33,8 +33,13 @@ void expect_same_layout(const Layout& a, const Layout& b) {
 
 // The time bound skips candidates but never the best: the ranked list equals
 // the exhaustive simulation's, layout for layout.
+// The third cluster's memory limit leaves only pipelined or tensor-parallel
+// layouts, where the bound's fill term matters.
 TEST(Planner, TheBoundedSearchFindsTheExhaustiveSearchsBest) {
-  for (PlanRequest request : {small_cluster("gpt2-124m", 8, 16, 1024), small_cluster("gpt3-1.3b", 8, 32, 2048)}) {
+  PlanRequest tight = small_cluster("gpt3-6.7b", 8, 16, 2048);
+  tight.memory_fraction = 0.25;
+  for (PlanRequest request :
+       {small_cluster("gpt2-124m", 8, 16, 1024), small_cluster("gpt3-1.3b", 8, 32, 2048), tight}) {
     request.top_k = 3;
     const PlanResult bounded = plan_layouts(request);
     const PlanResult exhaustive = plan_layouts_exhaustively(request);
@@ -49,6 +54,8 @@ TEST(Planner, TheBoundedSearchFindsTheExhaustiveSearchsBest) {
     EXPECT_LT(bounded.simulated, exhaustive.simulated) << request.model.name;
     EXPECT_EQ(exhaustive.pruned, 0);
   }
+  const PlanResult pipelined = plan_layouts(tight);
+  EXPECT_GT(pipelined.best.front().layout.pipeline_parallel * pipelined.best.front().layout.tensor_parallel, 1);
 }
 
 // Every layout returned fits by the simulator's own account, and its figures

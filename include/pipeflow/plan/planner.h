@@ -88,9 +88,10 @@ struct PlanResult {
 // Two bounds, both provable, skip work without changing the answer:
 //   memory   a rank's model states alone over the limit: out of memory
 //            without simulating (its peak is at least its model states);
-//   time     the simulated step is at least, on every rank, its compute
-//            (m · Σ of its stages' F + B) plus its all-reduce and optimizer
-//            step, which the simulator runs after the rank's last action;
+//   time     the simulated step is at least, on every rank r, the forwards
+//            of stages 0 .. r − 1 (r's first stage waits for them), its
+//            compute (m · Σ of its stages' F + B) and its all-reduce and
+//            optimizer step, which the simulator runs after its last action;
 //            candidates are simulated in increasing order of that bound and
 //            the search stops when it exceeds the top_k-th best step found.
 // Throws Error when no layout fits, naming the rejection counts.
