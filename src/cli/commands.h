@@ -23,6 +23,8 @@ void add_simulate_command(CLI::App& app);   // simulate_command.cc
 void add_analyze_command(CLI::App& app);    // analyze_command.cc
 void add_sweep_command(CLI::App& app);      // sweep_command.cc
 void add_generate_command(CLI::App& app);   // generate_command.cc
+void add_plan_command(CLI::App& app);       // plan_command.cc
+void add_advise_batch_command(CLI::App& app);  // advise_batch_command.cc
 
 // Thrown by a command that has done its work but must end the process with
 // `status` (train stopped by a signal: 128 + its number); main returns it.

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   pipeflow::cli::add_analyze_command(app);
   pipeflow::cli::add_sweep_command(app);
   pipeflow::cli::add_generate_command(app);
+  pipeflow::cli::add_plan_command(app);
+  pipeflow::cli::add_advise_batch_command(app);
 
   try {
     app.parse(argc, argv);

@@ -1,5 +1,8 @@
 #include "pipeflow/sim/cost_model.h"
 
+#include <array>
+#include <optional>
+
 #include "pipeflow/core/error.h"
 #include "pipeflow/model/model_states.h"
 #include "pipeflow/schedule/generators.h"
@@ -12,38 +15,48 @@ int first_device(const Layout& layout, RankId rank) {
   return rank.value() * layout.tensor_parallel * layout.data_parallel;
 }
 
+// The seconds of one layer of each kind, priced once per stage.
+struct KindSeconds {
+  LayerSeconds compute;
+  TensorParallelSeconds tensor;
+  double weight_gradient_bytes = 0;
+};
+
 StageCosts price_stage(const Layout& layout, const std::vector<PipelineLayer>& layers, const StagePlan& plan,
                        const LinkCost& tensor_link) {
   const ModelSpec& model = layout.model;
   const ParallelConfig config = parallel_config(layout);
   const HardwareProfile& hw = layout.hardware;
-  const LayerTotals totals = sum_layers(layers, plan.first, plan.end);
 
   StageCosts stage;
-  double tp_forward = 0;
-  double tp_backward = 0;
+  std::array<std::optional<KindSeconds>, 3> kinds;
+  double recompute_s = 0;
   for (int i = plan.first; i < plan.end; ++i) {
-    const PipelineLayer& layer = layers[static_cast<std::size_t>(i)];
-    const TensorParallelSeconds tp = tensor_parallel_seconds(model, config, layer.kind, tensor_link);
-    tp_forward += tp.forward_s;
-    tp_backward += tp.backward_input_s;
-    stage.weight_gradient_bytes += weight_gradient_bytes(model, config, layer.kind);
+    const LayerKind kind = layers[static_cast<std::size_t>(i)].kind;
+    std::optional<KindSeconds>& priced = kinds[static_cast<std::size_t>(kind)];
+    if (!priced) {
+      priced = KindSeconds{layer_compute_seconds(model, config, kind, hw),
+                           tensor_parallel_seconds(model, config, kind, tensor_link),
+                           weight_gradient_bytes(model, config, kind)};
+    }
+    stage.forward_s += priced->compute.forward_s + priced->tensor.forward_s;
+    stage.backward_input_s += priced->compute.backward_input_s + priced->tensor.backward_input_s;
+    recompute_s += priced->compute.recompute_s;
+    stage.backward_weight_s += priced->compute.backward_weight_s;
+    stage.weight_gradient_bytes += priced->weight_gradient_bytes;
   }
-  stage.forward_s = compute_seconds(totals.forward_flops, hw) + tp_forward;
-  stage.backward_input_s =
-      compute_seconds(totals.backward_input_flops + totals.recompute_flops, hw) + tp_backward;
-  stage.backward_weight_s = compute_seconds(totals.backward_weight_flops, hw);
+  stage.backward_input_s += recompute_s;
   stage.backward_s = stage.backward_input_s + stage.backward_weight_s;
   stage.output_bytes = layers[static_cast<std::size_t>(plan.end - 1)].output_bytes;
 
   const std::int64_t parameters = plan.parameters;
   stage.model_state_bytes = model_state_bytes(parameters, layout.zero, layout.data_parallel).total();
-  stage.activation_bytes = totals.activation_bytes;
+  stage.activation_bytes = sum_layers(layers, plan.first, plan.end).activation_bytes;
   stage.gradient_bytes = kGradientBytesPerParameter * static_cast<double>(parameters);
   const double local = layout.zero == ZeroStage::kNone
                            ? static_cast<double>(parameters)
                            : static_cast<double>(parameters) / layout.data_parallel;
-  stage.optimizer_s = kOptimizerBytesPerParameter * local / hw.memory_bandwidth_bytes_per_s;
+  stage.optimizer_s = memory_seconds(hw, kOptimizerBytesPerParameter * local);
   return stage;
 }
 
@@ -77,7 +90,7 @@ std::vector<LinkCost> data_parallel_links(const Layout& layout, int ranks) {
   for (int r = 0; r < ranks; ++r) {
     const int first = first_device(layout, RankId(r));
     const int last = first + (layout.data_parallel - 1) * layout.tensor_parallel;
-    links.push_back(link_cost(link_between(layout.hardware, first, last)));
+    links.push_back(collective_link_cost(link_between(layout.hardware, first, last), layout.hardware));
   }
   return links;
 }
@@ -124,6 +137,131 @@ TensorParallelSeconds tensor_parallel_seconds(const ModelSpec& model, const Para
 
 LinkCost link_cost(const Link& link) { return LinkCost{link.latency_s, link.bandwidth_bytes_per_s}; }
 
+LinkCost collective_link_cost(const Link& link, const HardwareProfile& hardware) {
+  return LinkCost{link.latency_s, link.bandwidth_bytes_per_s * hardware.collective_efficiency};
+}
+
+namespace {
+
+// A GEMM of one layer, per micro-batch and device: m×k by k×n, `count` of them.
+struct Gemm {
+  double m, n, k, count = 1;
+};
+
+double gemms_seconds(const HardwareProfile& hw, std::initializer_list<Gemm> gemms) {
+  double seconds = 0;
+  for (const Gemm& g : gemms) seconds += matmul_seconds(hw, g.m, g.n, g.k, g.count);
+  return seconds;
+}
+
+// The block's memory-bound kernels, bytes per micro-batch and device, as
+// Megatron-LM fuses them (apex LayerNorm, bias-GELU / SwiGLU, bias-dropout-
+// add, scale-mask-softmax; attention unfused, as in the published runs). Per
+// element of a tensor of e bytes, a dropout mask 1 byte:
+//   forward   LayerNorm ×2: read, write (2e); bias-dropout-add ×2: read the
+//             branch and the residual, write, mask (3e + drop); activation
+//             on the f/t-wide MLP: read, write (2e; SwiGLU reads gate and
+//             up: 3e); softmax on b·(a/t)·s² scores: read, write (2e), its
+//             dropout read, write, mask (2e + 1)
+//   backward  LayerNorm: read input and gradient, write (3e); dropout-add:
+//             read gradient and mask, write (2e + drop); activation: read
+//             input and gradient, write (3e; SwiGLU 5e); softmax: read
+//             probabilities and gradient, write (3e); its dropout (2e + 1)
+// Tensors of width h are whole on every tensor-parallel rank without
+// sequence parallelism (÷t with it); the MLP's and the scores are ÷t.
+struct BlockMemoryBytes {
+  double forward = 0;         // everything but the attention core
+  double core_forward = 0;    // softmax and its dropout
+  double backward = 0;        // everything but the attention core
+  double core_backward = 0;
+};
+
+BlockMemoryBytes block_memory_bytes(const ModelSpec& model, const ParallelConfig& c) {
+  const double e = c.bytes_per_element;
+  const double drop = model.dropout ? 1 : 0;
+  const double t = c.tensor_parallel;
+  const double sp = c.sequence_parallel ? t : 1;
+  const double tokens = static_cast<double>(c.micro_batch) * c.seq_length;
+  const double wide = tokens * model.hidden / sp;
+  const double mlp = tokens * model.ffn / t;
+  const double scores = c.micro_batch * (model.heads / t) * static_cast<double>(c.seq_length) * c.seq_length;
+  const bool gpt = model.architecture == Architecture::kGpt;
+  BlockMemoryBytes bytes;
+  bytes.forward = 2 * (2 * e) * wide + 2 * (3 * e + drop) * wide + (gpt ? 2 * e : 3 * e) * mlp;
+  bytes.backward = 2 * (3 * e) * wide + 2 * (2 * e + drop) * wide + (gpt ? 3 * e : 5 * e) * mlp;
+  bytes.core_forward = (2 * e + drop * (2 * e + 1)) * scores;
+  bytes.core_backward = (3 * e + drop * (2 * e + 1)) * scores;
+  return bytes;
+}
+
+LayerSeconds block_seconds(const ModelSpec& model, const ParallelConfig& c, const HardwareProfile& hw) {
+  const double t = c.tensor_parallel;
+  const double tokens = static_cast<double>(c.micro_batch) * c.seq_length;
+  const double h = model.hidden;
+  const double f = model.ffn;
+  const bool gpt = model.architecture == Architecture::kGpt;
+  const double qkv = gpt ? 3 * h : h + kv_width(model);
+  const double up = gpt ? f : 2 * f;
+  // Forward GEMMs; a backward half (dX: m×n by n×k, dW: k×m by m×n) has the
+  // same FLOPs and the same size x, hence the same seconds.
+  const double linear = gemms_seconds(hw, {{tokens, qkv / t, h}, {tokens, h, h / t}, {tokens, up / t, h},
+                                           {tokens, h, f / t}});
+  const double head_width = h / model.heads;
+  const double heads = c.micro_batch * model.heads / t;
+  const double s = c.seq_length;
+  // QKᵀ (s×d by d×s) and probs·V (s×s by s×d) per head; backward twice that.
+  const double core = gemms_seconds(hw, {{s, s, head_width, heads}, {s, head_width, s, heads}});
+  const BlockMemoryBytes bytes = block_memory_bytes(model, c);
+  const double core_forward = core + memory_seconds(hw, bytes.core_forward);
+  LayerSeconds out;
+  out.forward_s = linear + core_forward + memory_seconds(hw, bytes.forward);
+  out.backward_input_s = linear + 2 * core + memory_seconds(hw, bytes.backward + bytes.core_backward);
+  out.backward_weight_s = linear;
+  out.recompute_s = c.recompute == Recompute::kFull        ? out.forward_s
+                    : c.recompute == Recompute::kSelective ? core_forward
+                                                           : 0;
+  return out;
+}
+
+}  // namespace
+
+LayerSeconds layer_compute_seconds(const ModelSpec& model, const ParallelConfig& c, LayerKind kind,
+                                   const HardwareProfile& hw) {
+  const double e = c.bytes_per_element;
+  const double t = c.tensor_parallel;
+  const double sp = c.sequence_parallel ? t : 1;
+  const double tokens = static_cast<double>(c.micro_batch) * c.seq_length;
+  const double wide = tokens * model.hidden / sp;
+  switch (kind) {
+    case LayerKind::kBlock:
+      return block_seconds(model, c, hw);
+    case LayerKind::kEmbedding: {
+      // Gather: read the rows, write the output (2e); backward: scatter-add
+      // the gradient into the fp32 table gradient (read e, read and write 4 + 4).
+      LayerSeconds out;
+      out.forward_s = memory_seconds(hw, 2 * e * wide);
+      out.backward_weight_s = memory_seconds(hw, (e + 8) * wide);
+      return out;
+    }
+    case LayerKind::kHead: {
+      // The final norm (2e forward, 3e backward per element of width h); the
+      // LM head's GEMM (m = tokens, n = V/t, k = h); the vocabulary-parallel
+      // cross entropy over b·s·V/t logits: forward reads them (e), writes the
+      // fp32 copy (4), reads it for the max and the sum of exponentials (4),
+      // writes the softmax it keeps (4); backward reads that (4) and writes
+      // the logits' gradient (e).
+      const double logits = tokens * static_cast<double>(model.vocab) / t;
+      const double gemm = matmul_seconds(hw, tokens, static_cast<double>(model.vocab) / t, model.hidden);
+      LayerSeconds out;
+      out.forward_s = gemm + memory_seconds(hw, 2 * e * wide + (e + 12) * logits);
+      out.backward_input_s = gemm + memory_seconds(hw, 3 * e * wide + (4 + e) * logits);
+      out.backward_weight_s = gemm;
+      return out;
+    }
+  }
+  return {};
+}
+
 Schedule layout_schedule(const Layout& layout) {
   if (layout.file_schedule) return *layout.file_schedule;
   return make_schedule(layout.schedule, layout.pipeline_parallel, microbatches_per_step(layout),
@@ -152,7 +290,7 @@ LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule) {
   out.partition = partition_layers(layers, schedule.num_stages(), layout.partition, layout.hardware);
 
   const LinkCost tensor_link =
-      link_cost(link_between(layout.hardware, 0, layout.tensor_parallel - 1));
+      collective_link_cost(link_between(layout.hardware, 0, layout.tensor_parallel - 1), layout.hardware);
   for (const StagePlan& plan : out.partition.stages) {
     out.costs.stages.push_back(price_stage(layout, layers, plan, tensor_link));
   }

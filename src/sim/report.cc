@@ -44,10 +44,11 @@ std::string prediction_text(const Prediction& p) {
   std::string out = describe_layout(p) + "\n\n";
   const SteadyState& steady = *r.steady_state;
   const std::string estimate = steady.converged ? "" : "~";
-  TextTable summary({"step time", "bubble", "pipeline bubble", "steady step", "steady bubble", "tokens/s", "MFU",
-                     "HFU", "per device"});
+  TextTable summary({"step time", "bubble", "pipeline bubble", "ZB bubble rate", "steady step", "steady bubble",
+                     "tokens/s", "MFU", "HFU", "per device"});
   summary.add_row({format_seconds(r.step_time_s), format_percent(r.bubble_ratio),
-                   format_percent(r.pipeline_bubble_ratio), estimate + format_seconds(steady.step_time_s),
+                   format_percent(r.pipeline_bubble_ratio), format_percent(r.zero_bubble_rate),
+                   estimate + format_seconds(steady.step_time_s),
                    estimate + format_percent(steady.bubble_ratio), fmt::format("{:.0f}", p.tokens_per_s),
                    format_percent(p.mfu), format_percent(p.hfu),
                    fmt::format("{} ({} with recompute)", format_si(p.tflops_per_device * 1e12, "FLOP/s"),
@@ -85,31 +86,36 @@ std::string prediction_text(const Prediction& p) {
   return out;
 }
 
+nlohmann::ordered_json layout_json(const Layout& l, int microbatches, int virtual_stages) {
+  return {{"devices", l.devices},
+          {"tensor_parallel", l.tensor_parallel},
+          {"pipeline_parallel", l.pipeline_parallel},
+          {"data_parallel", l.data_parallel},
+          {"micro_batch", l.micro_batch},
+          {"global_batch", l.global_batch},
+          {"microbatches", microbatches},
+          {"seq_length", l.seq_length},
+          {"schedule", l.schedule},
+          {"virtual_stages", virtual_stages},
+          {"recompute", to_string(l.recompute)},
+          {"sequence_parallel", l.sequence_parallel},
+          {"partition", to_string(l.partition)},
+          {"zero_stage", static_cast<int>(l.zero)},
+          {"comm_mode", l.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped"}};
+}
+
 std::string prediction_json(const Prediction& p) {
   const SimulationResult& r = p.result;
   const Layout& l = p.layout;
   nlohmann::ordered_json json;
   json["model"] = l.model.name;
   json["hardware"] = l.hardware.name;
-  json["layout"] = {{"devices", l.devices},
-                    {"tensor_parallel", l.tensor_parallel},
-                    {"pipeline_parallel", l.pipeline_parallel},
-                    {"data_parallel", l.data_parallel},
-                    {"micro_batch", l.micro_batch},
-                    {"global_batch", l.global_batch},
-                    {"microbatches", p.microbatches},
-                    {"seq_length", l.seq_length},
-                    {"schedule", l.schedule},
-                    {"virtual_stages", p.schedule.stages_per_rank()},
-                    {"recompute", to_string(l.recompute)},
-                    {"sequence_parallel", l.sequence_parallel},
-                    {"partition", to_string(l.partition)},
-                    {"zero_stage", static_cast<int>(l.zero)},
-                    {"comm_mode", l.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped"}};
+  json["layout"] = layout_json(l, p.microbatches, p.schedule.stages_per_rank());
   json["step_time_s"] = r.step_time_s;
   json["pipeline_time_s"] = r.pipeline_time_s;
   json["bubble_ratio"] = r.bubble_ratio;
   json["pipeline_bubble_ratio"] = r.pipeline_bubble_ratio;
+  json["zero_bubble_rate"] = r.zero_bubble_rate;
   json["steady_step_time_s"] = r.steady_state->step_time_s;
   json["steady_bubble_ratio"] = r.steady_state->bubble_ratio;
   json["steady_state_converged"] = r.steady_state->converged;

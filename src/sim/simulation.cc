@@ -312,13 +312,16 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
   result.step_time_s = std::max(result.step_time_s, result.pipeline_time_s);
 
   double busy = 0;
+  double busiest = 0;
   for (RankResult& out : result.ranks) {
     out.idle_s = result.step_time_s - out.busy_s - out.comm_s - out.optimizer_s;
     out.bubble_ratio = result.step_time_s > 0 ? 1 - out.busy_s / result.step_time_s : 0;
     busy += out.busy_s;
+    busiest = std::max(busiest, out.busy_s);
   }
   const double capacity = result.step_time_s * schedule.num_ranks();
   result.bubble_ratio = capacity > 0 ? 1 - busy / capacity : 0;
+  result.zero_bubble_rate = result.pipeline_time_s > 0 ? 1 - busiest / result.pipeline_time_s : 0;
   if (options.steady_state) {
     if (options.max_steady_steps < 2) {
       fail("max_steady_steps is {}: the steady state needs at least 2 steps back to back", options.max_steady_steps);

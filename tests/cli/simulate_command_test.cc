@@ -25,7 +25,7 @@ TEST(SimulateCommand, TheIssuesExamplePrintsTablesAndWarnsAboutRankZerosMemory) 
                         0),
             0u)
       << r.out;
-  EXPECT_NE(r.out.find("step time  bubble  pipeline bubble  steady step  steady bubble  tokens/s"),
+  EXPECT_NE(r.out.find("step time  bubble  pipeline bubble  ZB bubble rate  steady step  steady bubble  tokens/s"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("steady: steps back to back"), std::string::npos) << r.out;
@@ -45,7 +45,7 @@ TEST(SimulateCommand, JsonHasTheKeysAndEveryRanksTimeAddsUpToTheStep) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json json = nlohmann::json::parse(r.out);
   for (const char* key : {"step_time_s", "bubble_ratio", "pipeline_time_s", "pipeline_bubble_ratio",
-                          "steady_step_time_s", "steady_bubble_ratio", "steady_state_converged", "tokens_per_s", "mfu",
+                          "zero_bubble_rate", "steady_step_time_s", "steady_bubble_ratio", "steady_state_converged", "tokens_per_s", "mfu",
                           "tflops_per_device", "ranks"}) {
     EXPECT_TRUE(json.contains(key)) << key;
   }
@@ -70,9 +70,11 @@ TEST(SimulateCommand, JsonHasTheKeysAndEveryRanksTimeAddsUpToTheStep) {
 }
 
 // Steps back to back: ZB-H2's ramp-down overlaps the next step's ramp-up
-// (gpt3-175b, tp 8 × pp 8, 16 micro-batches: its bubble falls from 15.8% to
-// 7.5%); 1F1B's rank 0 spans its whole step, so it gains nothing (up to
-// rounding).
+// (gpt3-175b, tp 8 × pp 8, 16 micro-batches: its bubble falls from 16.0% to
+// 11.9%; 15.8% to 7.5% before the cost model priced the head's cross entropy
+// and the other memory-bound kernels, which make the last stage the
+// heaviest and bound the period); 1F1B's rank 0 spans its whole step, so it
+// gains nothing (up to rounding).
 TEST(SimulateCommand, SteadyStateIsShorterOnlyForZeroBubbleSchedules) {
   const std::string layout =
       "simulate --json --model gpt3-175b --hardware a100-80g --tp 8 --pp 8 --devices 64 --global-batch 16 "
@@ -81,12 +83,12 @@ TEST(SimulateCommand, SteadyStateIsShorterOnlyForZeroBubbleSchedules) {
   ASSERT_EQ(zb.exit_code, 0) << zb.err;
   const nlohmann::json h2 = nlohmann::json::parse(zb.out);
   EXPECT_TRUE(h2["steady_state_converged"].get<bool>());
-  EXPECT_LT(h2["steady_step_time_s"].get<double>(), h2["step_time_s"].get<double>() * 0.95);
-  EXPECT_LT(h2["steady_bubble_ratio"].get<double>(), h2["bubble_ratio"].get<double>() / 2);
+  EXPECT_LT(h2["steady_step_time_s"].get<double>(), h2["step_time_s"].get<double>() * 0.96);
+  EXPECT_LT(h2["steady_bubble_ratio"].get<double>(), h2["bubble_ratio"].get<double>() * 0.8);
   EXPECT_GE(h2["steady_bubble_ratio"].get<double>(), 0);
   // The figures docs/SIMULATOR.md quotes for this layout.
-  EXPECT_NEAR(h2["bubble_ratio"].get<double>(), 0.158, 5e-4);
-  EXPECT_NEAR(h2["steady_bubble_ratio"].get<double>(), 0.075, 5e-4);
+  EXPECT_NEAR(h2["bubble_ratio"].get<double>(), 0.160, 5e-4);
+  EXPECT_NEAR(h2["steady_bubble_ratio"].get<double>(), 0.119, 5e-4);
   const CommandResult one = run_pipeflow(layout + "1f1b");
   ASSERT_EQ(one.exit_code, 0) << one.err;
   const nlohmann::json f1b = nlohmann::json::parse(one.out);

@@ -484,6 +484,23 @@ TEST(Simulate, OverlappedTransfersCountOnTheCommunicationStreamNotTheRank) {
   EXPECT_NEAR(r.ranks[0].busy_s + r.ranks[0].comm_s + r.ranks[0].idle_s, r.step_time_s, kTight);
 }
 
+// GPipe, p = 2, m = 1, rank 1 twice as slow (F 2, B 4 against F 1, B 2):
+// rank 0 F [0, 1], rank 1 F [1, 3] B [3, 7], rank 0 B [7, 9]. pipeflow's
+// bubble counts both ranks' idle time, 1 − (3 + 6)/(2 · 9) = 1/2; the
+// zero-bubble paper's rate only the busiest rank's, 1 − 6/9 = 1/3.
+TEST(Simulate, TheZeroBubbleRateCountsTheBusiestRank) {
+  const Schedule schedule = make_gpipe(2, 1);
+  SimulationCosts costs = uniform_costs(schedule, {1, 1, 1});
+  costs.stages[1].forward_s = 2;
+  costs.stages[1].backward_input_s = 2;
+  costs.stages[1].backward_weight_s = 2;
+  costs.stages[1].backward_s = 4;
+  const SimulationResult r = simulate(schedule, costs);
+  EXPECT_DOUBLE_EQ(r.pipeline_time_s, 9);
+  EXPECT_DOUBLE_EQ(r.pipeline_bubble_ratio, 0.5);
+  EXPECT_DOUBLE_EQ(r.zero_bubble_rate, 1 - 6.0 / 9);
+}
+
 TEST(Simulate, DataParallelAllReduceAndOptimizerFollowEachRanksLastAction) {
   const Schedule schedule = make_1f1b(2, 4);
   SimulationCosts costs = uniform_costs(schedule);
@@ -508,6 +525,7 @@ TEST(Simulate, DataParallelAllReduceAndOptimizerFollowEachRanksLastAction) {
   }
   EXPECT_DOUBLE_EQ(r.bubble_ratio, 1 - 24.0 / 34.0);
   EXPECT_DOUBLE_EQ(r.pipeline_bubble_ratio, 3.0 / 15.0);
+  EXPECT_DOUBLE_EQ(r.zero_bubble_rate, 1 - 12.0 / 15.0);  // every rank computes 12: the same figure
   // The trace of the step counts the same way.
   const Timeline timeline = simulation_timeline(schedule, r, "dp");
   EXPECT_DOUBLE_EQ(timeline.end_s(), 17);

@@ -10,8 +10,9 @@ namespace pipeflow {
 // A device and its interconnect, as the cost model sees them. All figures in
 // SI base units: FLOP/s, bytes, bytes/s, seconds. A plain value.
 //
-// JSON form (every key below; `efficiency`, `estimated` and `note` optional;
-// unknown keys are errors naming their path):
+// JSON form (every key below; `efficiency`, `matmul_half_size`,
+// `memory_efficiency`, `collective_efficiency`, `estimated` and `note`
+// optional; unknown keys are errors naming their path):
 //   {"name": "a100-80g",
 //    "peak_flop_per_s": 312e12,                 dense bf16/fp16 tensor peak
 //    "memory_bytes": 85899345920,
@@ -21,22 +22,28 @@ namespace pipeflow {
 //    "intra_node_latency_s": 3e-6,
 //    "inter_node_bandwidth_bytes_per_s": 25e9,  one direction, per device
 //    "inter_node_latency_s": 8e-6,
-//    "efficiency": 0.5,                         matmul FLOP/s achieved / peak
+//    "efficiency": 0.745,                       large-GEMM FLOP/s achieved / peak
+//    "matmul_half_size": 60,                    GEMM size at half that efficiency (0: flat)
+//    "memory_efficiency": 0.85,                 streaming kernels' share of HBM bandwidth
+//    "collective_efficiency": 0.77,             all-reduce bus bandwidth / link bandwidth
 //    "estimated": ["intra_node_latency_s"],     keys that are not datasheet figures
 //    "note": "free text"}
 //
-// efficiency: the share of peak the layers' matrix multiplications sustain
-// while a stage computes (kernel efficiency). It is not the end-to-end MFU:
-// the simulator adds the pipeline bubble, communication and the optimizer on
-// top, so MFU comes out lower. The GPU figures are fitted, not measured:
-// a100 0.65 reproduces Megatron-LM's 1T run (Narayanan et al. 2021: 163
-// TFLOP/s per GPU, 52% of peak) and Korthikanti et al. 2022's 530B run (54.2%
-// MFU) within a few percent once the simulated bubble and communication are
-// added, and the narrower models of Narayanan's Table 1 11-20% optimistic
-// (one factor cannot follow GEMM efficiency growing with the width;
-// docs/SIMULATOR.md); h100/h200 0.5 and ascend-910b 0.4 scale that by
-// the lower end-to-end MFU published for them (Llama 3 405B on H100: 38-43%,
-// Dubey et al. 2024). kDefaultEfficiency = 0.5 fills a profile without one.
+// The compute model (docs/VALIDATION.md has every constant's source and the
+// published runs it reproduces):
+//   matmul       a GEMM of m×k by k×n runs at peak × efficiency × x/(x + x½),
+//                with x = 1/(1/m + 1/n + 1/k) — proportional to the GEMM's
+//                arithmetic intensity (FLOPs per byte moved = 2x/e) — and
+//                x½ = matmul_half_size. Large square GEMMs approach
+//                `efficiency`; thin ones (the attention core's, k = head
+//                width) fall well below it. matmul_half_size = 0 makes the
+//                curve flat (every GEMM at `efficiency`), what `calibrate`
+//                writes: its efficiency is a measured step's.
+//   memory-bound bytes / (memory bandwidth × memory_efficiency).
+//   collectives  ring all-reduce at link bandwidth × collective_efficiency
+//                (NCCL's bus bandwidth); point-to-point at link bandwidth.
+// A file without these keys: efficiency kDefaultEfficiency, a flat curve,
+// memory_efficiency and collective_efficiency 1.
 struct HardwareProfile {
   std::string name;
   double peak_flop_per_s = 0;
@@ -48,6 +55,9 @@ struct HardwareProfile {
   double inter_node_bandwidth_bytes_per_s = 0;
   double inter_node_latency_s = 0;
   double efficiency = 0.5;
+  double matmul_half_size = 0;
+  double memory_efficiency = 1;
+  double collective_efficiency = 1;
   std::vector<std::string> estimated;  // JSON keys whose values are estimates, not datasheet figures
   std::string note;
 
@@ -88,7 +98,16 @@ struct Link {
 
 Link link_between(const HardwareProfile& profile, int device_a, int device_b);
 
-// Seconds to run `flops` model FLOPs at the achieved rate.
+// Seconds to run `flops` model FLOPs at the achieved rate (peak ×
+// efficiency, the curve's plateau): the partitioner's balance of stages.
 double compute_seconds(double flops, const HardwareProfile& profile);
+
+// The share of peak a GEMM of m×k by k×n sustains: efficiency × x/(x + x½)
+// (the curve above).
+double matmul_efficiency(const HardwareProfile& profile, double m, double n, double k);
+// Seconds for `count` independent GEMMs of that shape (a batched GEMM).
+double matmul_seconds(const HardwareProfile& profile, double m, double n, double k, double count = 1);
+// Seconds for a memory-bound kernel that moves `bytes` through HBM.
+double memory_seconds(const HardwareProfile& profile, double bytes);
 
 }  // namespace pipeflow

@@ -13,14 +13,20 @@ namespace pipeflow {
 // The cost model: a layout becomes per-stage durations, messages, links and
 // memory for simulate(). Every figure and its source is in docs/SIMULATOR.md;
 // in short:
-//   compute      FLOPs / (peak × efficiency) (model's compute_seconds; no
-//                memory-bound term), I carrying any recomputation;
+//   compute      per layer (layer_compute_seconds): each GEMM at the
+//                hardware's efficiency for its shape (model's matmul_seconds),
+//                the attention core's batched GEMMs likewise (thin: k = head
+//                width), memory-bound kernels (norms, activations, softmax,
+//                dropout, cross entropy, embedding) by the bytes they move
+//                over HBM; I carrying any recomputation;
 //   tensor par.  ring all-reduces of the b·s·h activation on the tensor-parallel
 //                group's link: 2 per block in the forward, 2 in I (4 with full
 //                recompute, which repeats the forward's), 1 in the embedding's
 //                forward, 1 in the head's I; fully exposed;
 //   messages     the stage's last layer's output_bytes on the link between the
 //                two ranks' first devices;
+//   collectives  tensor- and data-parallel all-reduces at the link's
+//                bandwidth × the hardware's collective_efficiency;
 //   data par.    a ring all-reduce of kGradientBytesPerParameter per parameter
 //                of the rank, over its d replicas (ZeRO's reduce-scatter plus
 //                all-gather moves the same volume);
@@ -59,6 +65,21 @@ TensorParallelSeconds tensor_parallel_seconds(const ModelSpec& model, const Para
                                               const LinkCost& link);
 
 LinkCost link_cost(const Link& link);
+// The link as a collective sees it: bandwidth × collective_efficiency.
+LinkCost collective_link_cost(const Link& link, const HardwareProfile& hardware);
+
+// The compute seconds of one layer per micro-batch and device, without
+// tensor-parallel communication; recompute_s is the forward work the
+// backward repeats under the layout's recompute mode (the whole forward
+// for full, the attention core with its softmax for selective).
+struct LayerSeconds {
+  double forward_s = 0;
+  double backward_input_s = 0;
+  double backward_weight_s = 0;
+  double recompute_s = 0;
+};
+LayerSeconds layer_compute_seconds(const ModelSpec& model, const ParallelConfig& config, LayerKind kind,
+                                   const HardwareProfile& hardware);
 
 struct LayoutCosts {
   Partition partition;  // one stage per schedule stage, on the layout's hardware

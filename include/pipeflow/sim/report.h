@@ -1,5 +1,7 @@
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 
 #include "pipeflow/sim/prediction.h"
@@ -15,5 +17,8 @@ std::string prediction_text(const Prediction& prediction);
 // (simulate's layout keys), step_time_s, bubble_ratio, tokens_per_s, mfu, ...,
 // ranks[], stages[], warnings[].
 std::string prediction_json(const Prediction& prediction);
+// simulate's layout keys (devices, tensor_parallel, ..., comm_mode) of a
+// layout run with `microbatches` per replica and `virtual_stages` chunks per rank.
+nlohmann::ordered_json layout_json(const Layout& layout, int microbatches, int virtual_stages);
 
 }  // namespace pipeflow

@@ -152,13 +152,18 @@ struct SteadyState {
 // parallelism and optimizer time the step is the pipeline's makespan and this
 // equals bubble_fraction(execution) exactly. pipeline_bubble_ratio is
 // bubble_fraction(execution): the pipeline alone, what the closed forms of the
-// schedules (GPipe's (p−1)/(m+p−1), ...) give.
+// schedules (GPipe's (p−1)/(m+p−1), ...) give. zero_bubble_rate is the
+// zero-bubble paper's bubble rate (Qi et al. 2023, their Table 4): (cost −
+// m·(T_F + T_B + T_W)) / cost with cost the pipeline's makespan and the
+// busiest rank's compute for m·(T_F + T_B + T_W); equal to
+// pipeline_bubble_ratio when every rank computes as long, smaller otherwise.
 struct SimulationResult {
   Execution execution;  // the pipeline part, as execute() timed it
   double pipeline_time_s = 0;  // execution.makespan
   double step_time_s = 0;      // latest end of any rank's optimizer step
   double bubble_ratio = 0;
   double pipeline_bubble_ratio = 0;
+  double zero_bubble_rate = 0;
   std::vector<RankResult> ranks;
   // Steps back to back (SteadyState); simulated only when asked for
   // (SimulateOptions::steady_state), as it executes the schedule again.

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# pipeflow plan's search on a 1T model and 3072 devices, bounded against exhaustive (bench/plan_search.cc).
+set -euo pipefail
+"$1/bench/bench_plan_search"

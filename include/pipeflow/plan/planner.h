@@ -1,0 +1,104 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pipeflow/model/hardware.h"
+#include "pipeflow/model/model_spec.h"
+#include "pipeflow/model/partition.h"
+#include "pipeflow/sim/layout.h"
+
+namespace pipeflow {
+
+// What `pipeflow plan` searches: every layout of `model` on `devices`
+// devices of `hardware` for a global batch of `global_batch` sequences of
+// `seq_length` tokens.
+struct PlanRequest {
+  ModelSpec model;
+  HardwareProfile hardware;
+  int devices = 1;
+  int global_batch = 1;
+  int seq_length = 0;
+  int top_k = 5;
+  // Every stage's predicted peak memory must stay within this share of the
+  // device's memory (the course's rule: 0.8).
+  double memory_fraction = 0.8;
+  // Partition methods tried for every layout.
+  std::vector<PartitionMethod> partitions = {PartitionMethod{PartitionMethod::Kind::kParameters, {}, {}}};
+  // The most model chunks per rank tried for schedules that take --virtual.
+  int max_virtual = 4;
+  // Only these schedules (registry names) and recompute modes; empty: all.
+  // An export to a framework that runs fewer of them searches within them.
+  std::vector<std::string> schedules;
+  std::vector<Recompute> recomputes;
+  // Called after each candidate simulated: (simulated so far, queued in all).
+  std::function<void(std::int64_t, std::int64_t)> progress;
+};
+
+// One layout the simulator priced, with the figures the ranking shows.
+struct PlanCandidate {
+  Layout layout;
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;
+  double tflops_per_device = 0;
+  double bubble_ratio = 0;           // pipeflow's: idle share of the step (simulation.h)
+  double zero_bubble_rate = 0;       // the zero-bubble paper's bubble rate
+  double communication_share = 0;    // ranks' mean communication time / step
+  double recompute_overhead = 0;     // recomputed FLOPs / model FLOPs
+  std::vector<double> stage_peak_bytes;  // per pipeline rank
+  double headroom_bytes = 0;         // memory_fraction × device memory − the largest peak
+};
+
+// Why a candidate was not ranked; counted in PlanResult::rejected.
+enum class RejectReason {
+  kIndivisibleBatch,  // B is not a whole number of micro-batches b on each of the d replicas
+  kTensorParallel,    // t does not divide the heads (or kv heads)
+  kTooFewLayers,      // p · v stages for fewer pipeline layers
+  kSchedule,          // the schedule's constraints reject (p, m, v)
+  kOutOfMemory,       // a rank's peak (or its model states alone) over memory_fraction × memory
+};
+inline constexpr int kRejectReasons = 5;
+std::string_view to_string(RejectReason reason);  // "indivisible batch", ...
+
+struct PlanResult {
+  std::vector<PlanCandidate> best;  // at most top_k, best first
+  std::int64_t candidates = 0;      // every combination enumerated
+  std::int64_t simulated = 0;
+  std::int64_t fitting = 0;         // simulated and within the memory limit
+  // Skipped by the bound: their lower bound on the step time exceeded the
+  // top_k-th best step time already simulated (see plan_layouts).
+  std::int64_t pruned = 0;
+  std::int64_t rejected[kRejectReasons] = {};
+  // candidates = Σ rejected + fitting + pruned.
+};
+
+// Searches every dp × tp × pp = devices (t within a node, dividing the
+// heads), micro-batch b (powers of two up to B / d), every registered
+// schedule whose constraints accept (p, m, v) with m = B / (b · d), v = 1
+// or 2..max_virtual for schedules that take chunks (2 for the V-shaped),
+// recompute none / selective / full, ZeRO 0 and 1 (1 only with d > 1),
+// each partition method; sequence parallelism on whenever t > 1 and t
+// divides s (it only removes work and memory in the cost model). Every
+// candidate that fits is simulated; ranked by step time, ties by headroom,
+// then by enumeration order (the schedule registry's: simplest first).
+//
+// Two bounds, both provable, skip work without changing the answer:
+//   memory   a rank's model states alone over the limit: out of memory
+//            without simulating (its peak is at least its model states);
+//   time     the simulated step is at least, on every rank r, the forwards
+//            of stages 0 .. r − 1 (r's first stage waits for them), its
+//            compute (m · Σ of its stages' F + B) and its all-reduce and
+//            optimizer step, which the simulator runs after its last action;
+//            candidates are simulated in increasing order of that bound and
+//            the search stops when it exceeds the top_k-th best step found.
+// Throws Error when no layout fits, naming the rejection counts.
+PlanResult plan_layouts(const PlanRequest& request);
+
+// The same search without the time bound: every candidate that passes the
+// memory bound is simulated (what the tests compare plan_layouts with).
+PlanResult plan_layouts_exhaustively(const PlanRequest& request);
+
+}  // namespace pipeflow

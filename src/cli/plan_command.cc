@@ -1,0 +1,284 @@
+// `pipeflow plan`: searches every layout of a model on a cluster, ranks the
+// ones that fit by simulated step time, and exports the best as a pipeflow,
+// DeepSpeed or Megatron-LM configuration.
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/log.h"
+#include "pipeflow/core/table.h"
+#include "pipeflow/core/units.h"
+#include "pipeflow/plan/planner.h"
+#include "pipeflow/sim/report.h"
+
+namespace pipeflow::cli {
+namespace {
+
+struct PlanCommand {
+  std::string model;
+  std::string hardware = "a100-80g";
+  int devices = 0;
+  int global_batch = 0;
+  int seq_length = 0;
+  int top = 5;
+  double memory_fraction = 0.8;
+  std::vector<std::string> partitions = {"parameters"};
+  bool json = false;
+  std::string write_config;
+  std::string deepspeed;
+  std::string megatron;
+};
+
+PlanRequest make_request(const PlanCommand& command) {
+  PlanRequest request;
+  request.model = resolve_model(command.model);
+  request.hardware = resolve_hardware(command.hardware);
+  request.devices = command.devices;
+  request.global_batch = command.global_batch;
+  request.seq_length = command.seq_length;
+  request.top_k = command.top;
+  request.memory_fraction = command.memory_fraction;
+  request.partitions.clear();
+  for (const std::string& method : command.partitions) request.partitions.push_back(parse_partition_method(method));
+  return request;
+}
+
+std::string layout_line(const Layout& l) {
+  std::string schedule = l.schedule;
+  if (l.virtual_stages > 1) schedule += fmt::format(" v={}", l.virtual_stages);
+  return fmt::format("tp {} × pp {} × dp {}, b {} (m {}), {}, recompute {}{}, zero {}, {}", l.tensor_parallel,
+                     l.pipeline_parallel, l.data_parallel, l.micro_batch, microbatches_per_step(l), schedule,
+                     to_string(l.recompute), l.sequence_parallel ? " + SP" : "", static_cast<int>(l.zero),
+                     to_string(l.partition));
+}
+
+std::string peaks_text(const PlanCandidate& c) {
+  double low = c.stage_peak_bytes.front(), high = low;
+  for (double bytes : c.stage_peak_bytes) {
+    low = std::min(low, bytes);
+    high = std::max(high, bytes);
+  }
+  return low == high ? format_bytes(high) : format_bytes(low) + " .. " + format_bytes(high);
+}
+
+std::string text_report(const PlanRequest& request, const PlanResult& result) {
+  std::string out = fmt::format(
+      "{} on {} × {}, global batch {} × {} tokens: {} candidates, {} simulated, {} skipped by the time bound\n",
+      request.model.name, request.devices, request.hardware.name, request.global_batch, request.seq_length,
+      result.candidates, result.simulated, result.pruned);
+  TextTable table({"#", "layout", "step", "tokens/s", "MFU", "bubble", "ZB rate", "comm", "recompute",
+                   "peak memory per stage"});
+  for (std::size_t i = 0; i < result.best.size(); ++i) {
+    const PlanCandidate& c = result.best[i];
+    table.add_row({std::to_string(i + 1), layout_line(c.layout), format_seconds(c.step_time_s),
+                   fmt::format("{:.0f}", c.tokens_per_s), format_percent(c.mfu), format_percent(c.bubble_ratio),
+                   format_percent(c.zero_bubble_rate), format_percent(c.communication_share),
+                   format_percent(c.recompute_overhead), peaks_text(c)});
+  }
+  out += table.render();
+  out += fmt::format("memory limit: {} × {} = {} per device\nrejected:", request.memory_fraction,
+                     format_bytes(request.hardware.memory_bytes),
+                     format_bytes(request.memory_fraction * request.hardware.memory_bytes));
+  for (int r = 0; r < kRejectReasons; ++r) {
+    out += fmt::format(" {} {}{}", result.rejected[r], to_string(static_cast<RejectReason>(r)),
+                       r + 1 < kRejectReasons ? "," : "\n");
+  }
+  return out;
+}
+
+std::string json_report(const PlanRequest& request, const PlanResult& result) {
+  nlohmann::ordered_json json;
+  json["model"] = request.model.name;
+  json["hardware"] = request.hardware.name;
+  json["memory_fraction"] = request.memory_fraction;
+  json["candidates_enumerated"] = result.candidates;
+  json["simulated"] = result.simulated;
+  json["pruned_by_time_bound"] = result.pruned;
+  json["candidates"] = nlohmann::ordered_json::array();
+  for (const PlanCandidate& c : result.best) {
+    json["candidates"].push_back({{"layout", layout_json(c.layout, microbatches_per_step(c.layout),
+                                                         c.layout.virtual_stages)},
+                                  {"step_time_s", c.step_time_s},
+                                  {"tokens_per_s", c.tokens_per_s},
+                                  {"mfu", c.mfu},
+                                  {"tflops_per_device", c.tflops_per_device},
+                                  {"bubble_ratio", c.bubble_ratio},
+                                  {"zero_bubble_rate", c.zero_bubble_rate},
+                                  {"communication_share", c.communication_share},
+                                  {"recompute_overhead", c.recompute_overhead},
+                                  {"stage_peak_memory_bytes", c.stage_peak_bytes},
+                                  {"memory_headroom_bytes", c.headroom_bytes}});
+  }
+  nlohmann::ordered_json rejected;
+  for (int r = 0; r < kRejectReasons; ++r) {
+    rejected[std::string(to_string(static_cast<RejectReason>(r)))] = result.rejected[r];
+  }
+  json["rejected"] = rejected;
+  return json.dump(2) + "\n";
+}
+
+// A run configuration `pipeflow simulate --config` reads (and `train` where
+// it supports the layout).
+std::string pipeflow_config(const PlanCommand& command, const Layout& l) {
+  nlohmann::ordered_json json;
+  json["model"] = command.model;
+  json["hardware"] = command.hardware;
+  json["devices"] = l.devices;
+  json["tensor_parallel"] = l.tensor_parallel;
+  json["data_parallel"] = l.data_parallel;
+  json["sequence_parallel"] = l.sequence_parallel;
+  json["recompute"] = to_string(l.recompute);
+  json["seq_length"] = l.seq_length;
+  json["train_batch_size"] = l.global_batch;
+  json["train_micro_batch_size_per_gpu"] = l.micro_batch;
+  json["zero_optimization"] = {{"stage", static_cast<int>(l.zero)}};
+  json["pipeline"] = {{"stages", l.pipeline_parallel},
+                      {"schedule", l.schedule},
+                      {"virtual_stages", l.virtual_stages},
+                      {"partition_method", to_string(l.partition)}};
+  return json.dump(2) + "\n";
+}
+
+// DeepSpeed's pipeline engine runs 1F1B only, without tensor parallelism of
+// its own, and checkpoints whole layers (activation_checkpoint_interval 1 =
+// full recomputation); the best layout it can express is searched for.
+std::string deepspeed_config(const Layout& l) {
+  nlohmann::ordered_json json;
+  json["train_batch_size"] = l.global_batch;
+  json["train_micro_batch_size_per_gpu"] = l.micro_batch;
+  json["gradient_accumulation_steps"] = microbatches_per_step(l);
+  json["bf16"] = {{"enabled", true}};
+  json["zero_optimization"] = {{"stage", static_cast<int>(l.zero)}};
+  json["pipeline"] = {{"stages", l.pipeline_parallel},
+                      {"partition_method", to_string(l.partition)},
+                      {"activation_checkpoint_interval", l.recompute == Recompute::kFull ? 1 : 0}};
+  return json.dump(2) + "\n";
+}
+
+// Megatron-LM's arguments: 1F1B, or its interleaved schedule with
+// --num-layers-per-virtual-pipeline-stage; blocks split evenly over stages.
+std::string megatron_arguments(const Layout& l) {
+  const ModelSpec& m = l.model;
+  std::string args = fmt::format(
+      "--num-layers {} --hidden-size {} --num-attention-heads {} --ffn-hidden-size {} --seq-length {} "
+      "--max-position-embeddings {} --tensor-model-parallel-size {} --pipeline-model-parallel-size {} "
+      "--micro-batch-size {} --global-batch-size {} --bf16",
+      m.layers, m.hidden, m.heads, m.ffn, l.seq_length, std::max(m.max_positions, l.seq_length), l.tensor_parallel,
+      l.pipeline_parallel, l.micro_batch, l.global_batch);
+  if (l.schedule == "interleaved-1f1b" && l.virtual_stages > 1) {
+    args += fmt::format(" --num-layers-per-virtual-pipeline-stage {}",
+                        m.layers / (l.pipeline_parallel * l.virtual_stages));
+  }
+  if (l.sequence_parallel) args += " --sequence-parallel";
+  if (l.recompute == Recompute::kSelective) args += " --recompute-granularity selective";
+  if (l.recompute == Recompute::kFull) {
+    args += " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1";
+  }
+  if (l.zero == ZeroStage::kOne) args += " --use-distributed-optimizer";
+  return args + "\n";
+}
+
+// The best layout a framework can express: the plan's best if it can, else
+// a search within what it runs (noted on standard error).
+Layout expressible(const PlanCommand& command, const PlanResult& plan, const char* framework,
+                   const std::vector<std::string>& schedules, const std::vector<Recompute>& recomputes,
+                   bool whole_blocks) {
+  const auto fits = [&](const Layout& l) {
+    const bool schedule = std::find(schedules.begin(), schedules.end(), l.schedule) != schedules.end();
+    const bool recompute = std::find(recomputes.begin(), recomputes.end(), l.recompute) != recomputes.end();
+    const bool blocks = !whole_blocks || l.model.layers % (l.pipeline_parallel * l.virtual_stages) == 0;
+    return schedule && recompute && blocks;
+  };
+  const Layout& best = plan.best.front().layout;
+  if (fits(best)) return best;
+  PlanRequest request = make_request(command);
+  request.schedules = schedules;
+  request.recomputes = recomputes;
+  request.top_k = std::max(request.top_k, 32);
+  const PlanResult within = plan_layouts(request);
+  for (const PlanCandidate& c : within.best) {
+    if (fits(c.layout)) {
+      log_warning("{} cannot run the best layout ({}): writing the best it can express, {} ({} step against {})",
+                  framework, layout_line(best), layout_line(c.layout), format_seconds(c.step_time_s),
+                  format_seconds(plan.best.front().step_time_s));
+      return c.layout;
+    }
+  }
+  fail("{} can express none of the {} best layouts (blocks must split evenly over its stages): try another "
+       "--devices or --global-batch",
+       framework, within.best.size());
+}
+
+// On a terminal, a line redrawn in place on standard error while the
+// search simulates; nothing elsewhere.
+void show_progress(PlanRequest& request) {
+  if (isatty(STDERR_FILENO) == 0) return;
+  request.progress = [shown = std::int64_t{-1}](std::int64_t done, std::int64_t queued) mutable {
+    const std::int64_t percent = 100 * done / std::max<std::int64_t>(queued, 1);
+    if (percent == shown) return;
+    shown = percent;
+    const int bar = static_cast<int>(percent / 5);
+    fmt::print(stderr, "\rsimulating [{}{}] {}/{} candidates (the bound usually stops it early)", std::string(bar, '='),
+               std::string(20 - bar, ' '), done, queued);
+    std::fflush(stderr);
+  };
+}
+
+void run(const PlanCommand& command) {
+  PlanRequest request = make_request(command);
+  show_progress(request);
+  const PlanResult result = plan_layouts(request);
+  if (request.progress) fmt::print(stderr, "\r\033[K");
+  write_output(command.json ? json_report(request, result) : text_report(request, result), "");
+  const Layout& best = result.best.front().layout;
+  if (!command.write_config.empty()) write_output(pipeflow_config(command, best), command.write_config);
+  if (!command.deepspeed.empty()) {
+    const Layout l = expressible(command, result, "DeepSpeed", {"1f1b"}, {Recompute::kNone, Recompute::kFull}, false);
+    if (l.tensor_parallel > 1) {
+      log_warning("DeepSpeed's configuration has no tensor-parallel key: run {} with Megatron-DeepSpeed's "
+                  "--tensor-model-parallel-size {}{}",
+                  command.deepspeed, l.tensor_parallel, l.sequence_parallel ? " --sequence-parallel" : "");
+    }
+    write_output(deepspeed_config(l), command.deepspeed);
+  }
+  if (!command.megatron.empty()) {
+    const Layout l = expressible(command, result, "Megatron-LM", {"1f1b", "interleaved-1f1b"},
+                                 {Recompute::kNone, Recompute::kSelective, Recompute::kFull}, true);
+    write_output(megatron_arguments(l), command.megatron);
+  }
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto c = std::make_shared<PlanCommand>();
+  CLI::App* sub = app.add_subcommand(
+      "plan", "Search every layout of a model on a cluster and rank those that fit by simulated step time");
+  sub->add_option("--model", c->model, "Model preset name or Hugging Face config.json")->required();
+  sub->add_option("--hardware", c->hardware, "Hardware preset name or hardware JSON file")->capture_default_str();
+  sub->add_option("--devices", c->devices, "Devices in all (dp × tp × pp)")->required();
+  sub->add_option("--global-batch", c->global_batch, "Sequences per optimizer step")->required();
+  sub->add_option("--seq,--seq-length", c->seq_length, "Tokens per sequence")->required();
+  sub->add_option("--top", c->top, "Layouts to list")->capture_default_str();
+  sub->add_option("--memory-fraction", c->memory_fraction, "Share of device memory a stage may fill")
+      ->capture_default_str();
+  sub->add_option("--partition", c->partitions,
+                  "Partition methods to try, comma-separated (each doubles the search; e.g. parameters,balanced)")
+      ->delimiter(',')
+      ->capture_default_str();
+  sub->add_flag("--json", c->json, "Print one JSON object instead of tables");
+  sub->add_option("--write-config", c->write_config, "Write the best layout as a pipeflow run configuration");
+  sub->add_option("--deepspeed", c->deepspeed, "Write the best layout DeepSpeed can run as its JSON configuration");
+  sub->add_option("--megatron", c->megatron, "Write the best layout Megatron-LM can run as its arguments");
+  sub->callback([c] { run(*c); });
+}
+
+}  // namespace pipeflow::cli

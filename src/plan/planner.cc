@@ -1,0 +1,302 @@
+#include "pipeflow/plan/planner.h"
+
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <array>
+#include <map>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/units.h"
+#include "pipeflow/schedule/generators.h"
+#include "pipeflow/sim/cost_model.h"
+#include "pipeflow/sim/simulation.h"
+
+namespace pipeflow {
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d) {
+    if (n % d == 0) out.push_back(d);
+  }
+  return out;
+}
+
+// A candidate that passed every check but simulation, with the costs it
+// shares with the other schedules of its layout and its lower bound.
+struct Queued {
+  Layout layout;
+  std::shared_ptr<const LayoutCosts> costs;
+  double bound_s = 0;
+};
+
+// The stages rank r holds under a placement (schedule.h): loop, r + k·p;
+// V, r and 2p − 1 − r.
+std::vector<int> stages_of(Placement placement, int rank, int ranks, int chunks) {
+  if (placement == Placement::kV) return {rank, 2 * ranks - 1 - rank};
+  std::vector<int> stages;
+  for (int k = 0; k < chunks; ++k) stages.push_back(rank + k * ranks);
+  return stages;
+}
+
+// The time bound of plan_layouts (planner.h): the largest, over ranks r, of
+// the forwards of stages 0 .. r − 1 (no action of r's first stage, r, can
+// start before one micro-batch's forward has passed them; an overlapped
+// F&B cell lasts at least its F) + m · Σ(F + B − F&B overlap) of r's stages
+// + r's all-reduce + its optimizer step.
+double step_lower_bound(const LayoutCosts& costs, Placement placement, int ranks, int chunks, int microbatches) {
+  double bound = 0;
+  double fill = 0;  // Σ F of the stages before rank r's first
+  for (int r = 0; r < ranks; ++r) {
+    double busy = 0, gradient_bytes = 0, optimizer = 0;
+    for (int s : stages_of(placement, r, ranks, chunks)) {
+      const StageCosts& c = costs.costs.stages[static_cast<std::size_t>(s)];
+      busy += c.forward_s + c.backward_s - c.forward_backward_overlap_s;
+      gradient_bytes += c.gradient_bytes;
+      optimizer += c.optimizer_s;
+    }
+    const LinkCost& link = costs.costs.data_parallel_links[static_cast<std::size_t>(r)];
+    const double all_reduce = ring_all_reduce_seconds(gradient_bytes, costs.costs.data_parallel, link);
+    bound = std::max(bound, fill + microbatches * busy + all_reduce + optimizer);
+    fill += costs.costs.stages[static_cast<std::size_t>(r)].forward_s;
+  }
+  return bound;
+}
+
+// The largest model-state bytes of any rank: a lower bound on its peak.
+double largest_model_states(const LayoutCosts& costs, Placement placement, int ranks, int chunks) {
+  double largest = 0;
+  for (int r = 0; r < ranks; ++r) {
+    double states = 0;
+    for (int s : stages_of(placement, r, ranks, chunks)) {
+      states += costs.costs.stages[static_cast<std::size_t>(s)].model_state_bytes;
+    }
+    largest = std::max(largest, states);
+  }
+  return largest;
+}
+
+class Search {
+ public:
+  explicit Search(const PlanRequest& request) : request_(request) {
+    validate_model(request.model);
+    validate_hardware(request.hardware);
+    if (request.devices < 1) fail("devices = {}: must be >= 1", request.devices);
+    if (request.global_batch < 1) fail("global batch = {}: must be >= 1 sequence", request.global_batch);
+    if (request.seq_length < 1) fail("seq length = {}: must be >= 1 token", request.seq_length);
+    if (request.top_k < 1) fail("top = {}: must be >= 1 (the layouts to list)", request.top_k);
+    if (!(request.memory_fraction > 0 && request.memory_fraction <= 1)) {
+      fail("memory fraction = {}: must be in (0, 1] (the share of device memory a stage may fill; the course "
+           "uses 0.8)",
+           request.memory_fraction);
+    }
+    if (request.partitions.empty()) fail("internal: no partition method to search");
+    for (const std::string& name : request.schedules) {
+      if (find_schedule(name) == nullptr) fail("schedule '{}': use one of {}", name, known_schedule_names());
+    }
+    limit_bytes_ = request.memory_fraction * request.hardware.memory_bytes;
+  }
+
+  PlanResult run(bool use_time_bound) {
+    enumerate();
+    // Stable: among equal bounds, enumeration order (the schedule registry's,
+    // simplest first), which also breaks exact ties in the ranking.
+    std::stable_sort(queue_.begin(), queue_.end(),
+                     [](const Queued& a, const Queued& b) { return a.bound_s < b.bound_s; });
+    for (std::size_t i = 0; i < queue_.size(); ++i) {
+      const Queued& q = queue_[i];
+      if (use_time_bound && result_.best.size() >= static_cast<std::size_t>(request_.top_k) &&
+          q.bound_s > result_.best.back().step_time_s) {
+        result_.pruned = static_cast<std::int64_t>(queue_.size() - i);
+        break;
+      }
+      score(q);
+      if (request_.progress) request_.progress(result_.simulated, static_cast<std::int64_t>(queue_.size()));
+    }
+    if (result_.best.empty()) {
+      std::string counts;
+      for (int r = 0; r < kRejectReasons; ++r) {
+        counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", result_.rejected[r],
+                              to_string(static_cast<RejectReason>(r)));
+      }
+      fail("no layout of {} on {} × {} fits: {} candidates rejected ({}); use more devices, a larger "
+           "--memory-fraction, or another global batch",
+           request_.model.name, request_.devices, request_.hardware.name, result_.candidates, counts);
+    }
+    return std::move(result_);
+  }
+
+ private:
+  void reject(RejectReason reason, std::int64_t count = 1) { result_.rejected[static_cast<int>(reason)] += count; }
+
+  // Schedules × chunk counts for one layout: (schedule, v).
+  std::vector<std::pair<const ScheduleInfo*, int>> schedule_choices(int pipeline) const {
+    std::vector<std::pair<const ScheduleInfo*, int>> choices;
+    for (const ScheduleInfo& info : list_schedules()) {
+      const std::vector<std::string>& only = request_.schedules;
+      if (!only.empty() && std::find(only.begin(), only.end(), info.name) == only.end()) continue;
+      if (info.placement == Placement::kV) {
+        choices.emplace_back(&info, 2);
+      } else if (info.takes_virtual && pipeline > 1) {
+        for (int v = 2; v <= request_.max_virtual; ++v) choices.emplace_back(&info, v);
+      } else {
+        choices.emplace_back(&info, 1);
+      }
+    }
+    return choices;
+  }
+
+  void enumerate() {
+    const ModelSpec& model = request_.model;
+    const int pipeline_layers_count = model.layers + 2;
+    const int per_node = request_.hardware.devices_per_node;
+    const std::vector<int> micro_batches = [&] {
+      std::vector<int> sizes;
+      for (int b = 1; b <= request_.global_batch; b *= 2) sizes.push_back(b);
+      return sizes;
+    }();
+    const std::vector<Recompute> recomputes =
+        request_.recomputes.empty() ? std::vector{Recompute::kNone, Recompute::kSelective, Recompute::kFull}
+                                    : request_.recomputes;
+    for (int tp : divisors(request_.devices)) {
+      if (tp > per_node) continue;  // tensor parallelism stays within a node
+      for (int pp : divisors(request_.devices / tp)) {
+        const int dp = request_.devices / (tp * pp);
+        const auto choices = schedule_choices(pp);
+        const std::int64_t per_batch = static_cast<std::int64_t>(choices.size()) * recomputes.size() *
+                                       (dp > 1 ? 2 : 1) * request_.partitions.size();
+        for (int b : micro_batches) {
+          result_.candidates += per_batch;
+          if (request_.global_batch % (b * dp) != 0) {
+            reject(RejectReason::kIndivisibleBatch, per_batch);
+            continue;
+          }
+          if (model.heads % tp != 0 || model.kv_heads % tp != 0) {
+            reject(RejectReason::kTensorParallel, per_batch);
+            continue;
+          }
+          const int m = request_.global_batch / (b * dp);
+          for (Recompute recompute : recomputes) {
+            for (ZeroStage zero : {ZeroStage::kNone, ZeroStage::kOne}) {
+              if (zero == ZeroStage::kOne && dp == 1) continue;
+              for (const PartitionMethod& partition : request_.partitions) {
+                Layout layout;
+                layout.model = model;
+                layout.hardware = request_.hardware;
+                layout.devices = request_.devices;
+                layout.tensor_parallel = tp;
+                layout.pipeline_parallel = pp;
+                layout.data_parallel = dp;
+                layout.micro_batch = b;
+                layout.global_batch = request_.global_batch;
+                layout.seq_length = request_.seq_length;
+                layout.recompute = recompute;
+                layout.sequence_parallel = tp > 1 && request_.seq_length % tp == 0;
+                layout.partition = partition;
+                layout.zero = zero;
+                enqueue_schedules(layout, choices, m, pipeline_layers_count);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // Costs are shared by every schedule of one placement and chunk count.
+  void enqueue_schedules(Layout layout, const std::vector<std::pair<const ScheduleInfo*, int>>& choices, int m,
+                         int layer_count) {
+    std::map<std::pair<Placement, int>, std::shared_ptr<const LayoutCosts>> shared;
+    for (const auto& [info, v] : choices) {
+      const int p = layout.pipeline_parallel;
+      if (p * v > layer_count) {
+        reject(RejectReason::kTooFewLayers);
+        continue;
+      }
+      try {
+        info->check(p, m, v);
+      } catch (const Error&) {
+        reject(RejectReason::kSchedule);
+        continue;
+      }
+      layout.schedule = info->name;
+      layout.virtual_stages = v;
+      std::shared_ptr<const LayoutCosts>& costs = shared[{info->placement, v}];
+      if (!costs) costs = std::make_shared<const LayoutCosts>(layout_costs(layout, layout_schedule(layout)));
+      if (largest_model_states(*costs, info->placement, p, v) > limit_bytes_) {
+        reject(RejectReason::kOutOfMemory);
+        continue;
+      }
+      queue_.push_back(Queued{layout, costs, step_lower_bound(*costs, info->placement, p, v, m)});
+    }
+  }
+
+  void score(const Queued& q) {
+    ++result_.simulated;
+    const Schedule schedule = layout_schedule(q.layout);
+    const SimulationResult sim = simulate(schedule, q.costs->costs);
+    PlanCandidate c;
+    double largest = 0, comm = 0;
+    for (const RankResult& rank : sim.ranks) {
+      c.stage_peak_bytes.push_back(rank.peak_memory_bytes);
+      largest = std::max(largest, rank.peak_memory_bytes);
+      comm += rank.comm_s + rank.overlapped_comm_s;
+    }
+    if (largest > limit_bytes_) {
+      reject(RejectReason::kOutOfMemory);
+      return;
+    }
+    ++result_.fitting;
+    const double step = sim.step_time_s;
+    const LayoutCosts& costs = *q.costs;
+    c.layout = q.layout;
+    c.step_time_s = step;
+    c.tokens_per_s = costs.tokens_per_step / step;
+    c.tflops_per_device = costs.model_flops_per_step / (step * q.layout.devices) / 1e12;
+    c.mfu = c.tflops_per_device * 1e12 / q.layout.hardware.peak_flop_per_s;
+    c.bubble_ratio = sim.bubble_ratio;
+    c.zero_bubble_rate = sim.zero_bubble_rate;
+    c.communication_share = comm / (static_cast<double>(sim.ranks.size()) * step);
+    c.recompute_overhead = costs.hardware_flops_per_step / costs.model_flops_per_step - 1;
+    c.headroom_bytes = limit_bytes_ - largest;
+    insert(std::move(c));
+  }
+
+  // Keeps the top_k, best first: shorter step, then more headroom.
+  void insert(PlanCandidate c) {
+    std::vector<PlanCandidate>& best = result_.best;
+    const auto better = [](const PlanCandidate& a, const PlanCandidate& b) {
+      if (a.step_time_s != b.step_time_s) return a.step_time_s < b.step_time_s;
+      return a.headroom_bytes > b.headroom_bytes;
+    };
+    const auto at = std::upper_bound(best.begin(), best.end(), c, better);
+    if (at - best.begin() >= request_.top_k) return;
+    best.insert(at, std::move(c));
+    if (best.size() > static_cast<std::size_t>(request_.top_k)) best.pop_back();
+  }
+
+  const PlanRequest& request_;
+  double limit_bytes_ = 0;
+  std::vector<Queued> queue_;
+  PlanResult result_;
+};
+
+}  // namespace
+
+std::string_view to_string(RejectReason reason) {
+  switch (reason) {
+    case RejectReason::kIndivisibleBatch: return "indivisible batch";
+    case RejectReason::kTensorParallel: return "tensor parallel does not divide the heads";
+    case RejectReason::kTooFewLayers: return "more stages than layers";
+    case RejectReason::kSchedule: return "schedule constraint";
+    case RejectReason::kOutOfMemory: return "out of memory";
+  }
+  return "?";
+}
+
+PlanResult plan_layouts(const PlanRequest& request) { return Search(request).run(true); }
+
+PlanResult plan_layouts_exhaustively(const PlanRequest& request) { return Search(request).run(false); }
+
+}  // namespace pipeflow

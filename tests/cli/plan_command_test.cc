@@ -1,0 +1,61 @@
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "pipeflow/core/file.h"
+#include "run_pipeflow.h"
+
+namespace pipeflow::testing {
+namespace {
+
+const std::string kSmall = "plan --model gpt3-1.3b --hardware a100-80g --devices 8 --global-batch 32 --seq 2048";
+
+TEST(PlanCommand, ListsTheTopLayoutsAndTheRejections) {
+  const CommandResult r = run_pipeflow(kSmall + " --top 3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("gpt3-1.3b on 8 × a100-80g, global batch 32 × 2048 tokens: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("#  layout"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n3  tp "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\n4  tp "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("memory limit: 0.8 × 80.0 GiB = 64.0 GiB per device\nrejected: "), std::string::npos) << r.out;
+}
+
+// The JSON's best layout, written as a pipeflow configuration, simulates to
+// the same step time.
+TEST(PlanCommand, JsonBestFirstAndTheWrittenConfigSimulatesToTheSameStep) {
+  const std::string dir = make_temp_dir();
+  const CommandResult r = run_pipeflow(kSmall + " --json --write-config plan.json --deepspeed ds.json --megatron "
+                                                "megatron.txt",
+                                       dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);
+  ASSERT_FALSE(json["candidates"].empty());
+  for (const char* key : {"layout", "step_time_s", "tokens_per_s", "mfu", "tflops_per_device", "bubble_ratio",
+                          "zero_bubble_rate", "stage_peak_memory_bytes"}) {
+    EXPECT_TRUE(json["candidates"][0].contains(key)) << key;
+  }
+  for (const char* reason : {"indivisible batch", "schedule constraint", "out of memory"}) {
+    EXPECT_TRUE(json["rejected"].contains(reason)) << reason;
+  }
+  double previous = 0;
+  for (const auto& c : json["candidates"]) {
+    EXPECT_GE(c["step_time_s"].get<double>(), previous);
+    previous = c["step_time_s"].get<double>();
+  }
+  const CommandResult simulated = run_pipeflow("simulate --config plan.json --json", dir);
+  ASSERT_EQ(simulated.exit_code, 0) << simulated.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(simulated.out)["step_time_s"].get<double>(),
+                   json["candidates"][0]["step_time_s"].get<double>());
+  const nlohmann::json deepspeed = nlohmann::json::parse(read_file(dir + "/ds.json"));
+  EXPECT_EQ(deepspeed["train_batch_size"], 32);
+  EXPECT_NE(read_file(dir + "/megatron.txt").find("--global-batch-size 32"), std::string::npos);
+}
+
+TEST(PlanCommand, NothingFitsExitsNonZeroWithTheCounts) {
+  const CommandResult r = run_pipeflow("plan --model gpt3-175b --devices 8 --global-batch 8 --seq 2048");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no layout of gpt3-175b on 8 × a100-80g fits"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace pipeflow::testing

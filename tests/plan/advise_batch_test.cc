@@ -1,0 +1,71 @@
+#include "pipeflow/plan/advise_batch.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../support/error_of.h"
+
+namespace pipeflow {
+namespace {
+
+using testing::error_of;
+
+BatchAdviceRequest request(long long base_batch, double base_lr, long long warmup, long long target_batch) {
+  BatchAdviceRequest r;
+  r.base_batch = base_batch;
+  r.base_lr = base_lr;
+  r.base_warmup_steps = warmup;
+  r.target_batch = target_batch;
+  return r;
+}
+
+// Goyal et al. 2017's ImageNet recipe: batch 256 at 0.1, 8192 at 3.2.
+TEST(AdviseBatch, SgdScalesLinearlyAndKeepsTheWarmupsSamples) {
+  BatchAdviceRequest sgd = request(256, 0.1, 3200, 8192);
+  sgd.optimizer = OptimizerFamily::kSgd;
+  const BatchAdvice advice = advise_batch(sgd);
+  EXPECT_DOUBLE_EQ(advice.scale, 32);
+  EXPECT_DOUBLE_EQ(advice.lr, 3.2);
+  EXPECT_EQ(advice.warmup_steps, 100);
+  EXPECT_EQ(advice.rule, "linear scaling with warmup (Goyal et al. 2017)");
+}
+
+// Adam: lr · √k; a batch 4x larger doubles the rate.
+TEST(AdviseBatch, AdamScalesByTheSquareRoot) {
+  const BatchAdvice advice = advise_batch(request(512, 6e-4, 2000, 2048));
+  EXPECT_DOUBLE_EQ(advice.lr, 1.2e-3);
+  EXPECT_EQ(advice.warmup_steps, 500);
+  EXPECT_EQ(advice.rule, "square-root scaling (Malladi et al. 2022)");
+  ASSERT_EQ(advice.warnings.size(), 1u);  // the critical batch is unknown
+  EXPECT_NE(advice.warnings[0].find("critical batch size is unknown"), std::string::npos);
+}
+
+// McCandlish et al. 2018: S/S_min = 1 + B_noise/B, E/E_min = 1 + B/B_noise.
+TEST(AdviseBatch, PastTheNoiseScaleWarnsWithTheSamplesItWastes) {
+  BatchAdviceRequest past = request(256, 1e-4, 100, 4096);
+  past.noise_scale = 1024;
+  const BatchAdvice advice = advise_batch(past);
+  EXPECT_DOUBLE_EQ(*advice.steps_over_minimum, 1.25);
+  EXPECT_DOUBLE_EQ(*advice.samples_over_minimum, 5);
+  ASSERT_EQ(advice.warnings.size(), 1u);
+  EXPECT_NE(advice.warnings[0].find("past the critical batch size (gradient noise scale 1024"), std::string::npos)
+      << advice.warnings[0];
+  BatchAdviceRequest near = request(256, 1e-4, 100, 512);
+  near.noise_scale = 1024;
+  const BatchAdvice within = advise_batch(near);
+  EXPECT_TRUE(within.warnings.empty());
+}
+
+TEST(AdviseBatch, BadInputNamesTheOption) {
+  EXPECT_EQ(error_of([] { advise_batch(request(0, 1e-4, 0, 8)); }),
+            "--base-batch 0: must be >= 1 sequence");
+  EXPECT_EQ(error_of([] { advise_batch(request(8, -1, 0, 8)); }),
+            "--base-lr -1: must be a positive learning rate (the one the base batch trains well with)");
+  EXPECT_EQ(error_of([] { parse_optimizer_family("lamb"); }),
+            "optimizer 'lamb': use adam (Adam, AdamW: the square-root rule) or sgd (SGD with momentum: the linear "
+            "rule)");
+}
+
+}  // namespace
+}  // namespace pipeflow

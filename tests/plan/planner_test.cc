@@ -1,0 +1,111 @@
+#include "pipeflow/plan/planner.h"
+
+#include <gtest/gtest.h>
+
+#include "../support/error_of.h"
+#include "pipeflow/sim/prediction.h"
+
+namespace pipeflow {
+namespace {
+
+using testing::error_of;
+
+PlanRequest small_cluster(const char* model, int devices, int global_batch, int seq_length) {
+  PlanRequest request;
+  request.model = model_preset(model);
+  request.hardware = hardware_preset("a100-80g");
+  request.devices = devices;
+  request.global_batch = global_batch;
+  request.seq_length = seq_length;
+  return request;
+}
+
+void expect_same_layout(const Layout& a, const Layout& b) {
+  EXPECT_EQ(a.tensor_parallel, b.tensor_parallel);
+  EXPECT_EQ(a.pipeline_parallel, b.pipeline_parallel);
+  EXPECT_EQ(a.data_parallel, b.data_parallel);
+  EXPECT_EQ(a.micro_batch, b.micro_batch);
+  EXPECT_EQ(a.schedule, b.schedule);
+  EXPECT_EQ(a.virtual_stages, b.virtual_stages);
+  EXPECT_EQ(a.recompute, b.recompute);
+  EXPECT_EQ(a.zero, b.zero);
+}
+
+// The time bound skips candidates but never the best: the ranked list equals
+// the exhaustive simulation's, layout for layout.
+// The third cluster's memory limit leaves only pipelined or tensor-parallel
+// layouts, where the bound's fill term matters.
+TEST(Planner, TheBoundedSearchFindsTheExhaustiveSearchsBest) {
+  PlanRequest tight = small_cluster("gpt3-6.7b", 8, 16, 2048);
+  tight.memory_fraction = 0.25;
+  for (PlanRequest request :
+       {small_cluster("gpt2-124m", 8, 16, 1024), small_cluster("gpt3-1.3b", 8, 32, 2048), tight}) {
+    request.top_k = 3;
+    const PlanResult bounded = plan_layouts(request);
+    const PlanResult exhaustive = plan_layouts_exhaustively(request);
+    ASSERT_EQ(bounded.best.size(), 3u);
+    ASSERT_EQ(exhaustive.best.size(), 3u);
+    for (std::size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(bounded.best[i].step_time_s, exhaustive.best[i].step_time_s) << request.model.name << " #" << i;
+      expect_same_layout(bounded.best[i].layout, exhaustive.best[i].layout);
+    }
+    EXPECT_EQ(bounded.candidates, exhaustive.candidates);
+    EXPECT_GT(bounded.pruned, 0) << request.model.name;
+    EXPECT_LT(bounded.simulated, exhaustive.simulated) << request.model.name;
+    EXPECT_EQ(exhaustive.pruned, 0);
+  }
+  const PlanResult pipelined = plan_layouts(tight);
+  EXPECT_GT(pipelined.best.front().layout.pipeline_parallel * pipelined.best.front().layout.tensor_parallel, 1);
+}
+
+// Every layout returned fits by the simulator's own account, and its figures
+// are simulate's.
+TEST(Planner, EveryLayoutReturnedFitsAsTheSimulatorSays) {
+  PlanRequest request = small_cluster("gpt3-6.7b", 8, 16, 2048);
+  request.top_k = 5;
+  request.memory_fraction = 0.5;
+  const PlanResult result = plan_layouts(request);
+  ASSERT_FALSE(result.best.empty());
+  EXPECT_GT(result.rejected[static_cast<int>(RejectReason::kOutOfMemory)], 0);
+  for (const PlanCandidate& c : result.best) {
+    const Prediction p = predict(c.layout);
+    EXPECT_DOUBLE_EQ(p.result.step_time_s, c.step_time_s);
+    EXPECT_DOUBLE_EQ(p.tokens_per_s, c.tokens_per_s);
+    EXPECT_DOUBLE_EQ(p.mfu, c.mfu);
+    ASSERT_EQ(p.result.ranks.size(), c.stage_peak_bytes.size());
+    for (std::size_t r = 0; r < p.result.ranks.size(); ++r) {
+      EXPECT_LE(p.result.ranks[r].peak_memory_bytes, 0.5 * request.hardware.memory_bytes);
+      EXPECT_DOUBLE_EQ(p.result.ranks[r].peak_memory_bytes, c.stage_peak_bytes[r]);
+    }
+  }
+  for (std::size_t i = 1; i < result.best.size(); ++i) {
+    EXPECT_LE(result.best[i - 1].step_time_s, result.best[i].step_time_s);
+  }
+}
+
+// 4 devices, B = 6: d = 4 leaves 1.5 sequences a replica, b = 4 divides no
+// replica's share: every candidate is accounted for, once.
+TEST(Planner, CountsEveryCandidateAndItsRejections) {
+  const PlanRequest request = small_cluster("gpt2-124m", 4, 6, 512);
+  for (const PlanResult& result : {plan_layouts(request), plan_layouts_exhaustively(request)}) {
+    std::int64_t rejected = 0;
+    for (std::int64_t count : result.rejected) rejected += count;
+    EXPECT_EQ(rejected + result.fitting + result.pruned, result.candidates);
+    EXPECT_GT(result.rejected[static_cast<int>(RejectReason::kIndivisibleBatch)], 0);
+    EXPECT_GT(result.rejected[static_cast<int>(RejectReason::kSchedule)], 0);
+  }
+}
+
+TEST(Planner, NothingFitsIsAnErrorWithTheCounts) {
+  PlanRequest request = small_cluster("gpt3-175b", 8, 8, 2048);
+  const std::string error = error_of([&] { plan_layouts(request); });
+  EXPECT_NE(error.find("no layout of gpt3-175b on 8 × a100-80g fits"), std::string::npos) << error;
+  EXPECT_NE(error.find("out of memory"), std::string::npos) << error;
+  request.memory_fraction = 1.5;
+  EXPECT_EQ(error_of([&] { plan_layouts(request); }),
+            "memory fraction = 1.5: must be in (0, 1] (the share of device memory a stage may fill; the course uses "
+            "0.8)");
+}
+
+}  // namespace
+}  // namespace pipeflow
