@@ -2,7 +2,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <string>
+#include <string_view>
+
+namespace pipeflow::runtime {
+class MpiWorld;
+}  // namespace pipeflow::runtime
 
 namespace pipeflow::cli {
 
@@ -20,12 +26,19 @@ void add_grad_command(CLI::App& app);       // grad_command.cc
 void add_calibrate_command(CLI::App& app);  // calibrate_command.cc
 void add_train_command(CLI::App& app);      // train_command.cc
 void add_simulate_command(CLI::App& app);   // simulate_command.cc
+void add_commbench_command(CLI::App& app);  // commbench_command.cc
 
 // Thrown by a command that has done its work but must end the process with
 // `status` (train stopped by a signal: 128 + its number); main returns it.
 struct ExitStatus {
   int status = 0;
 };
+
+// Under mpirun: runs `body`; a process whose body throws prints why, naming
+// itself ("pipeflow COMMAND: error in MPI process R of N on HOST: ..."), and
+// ends the whole job (MpiWorld::abort_job), so that no peer waits for it
+// until its timeout. ExitStatus passes through. (mpi_job.cc)
+void run_in_mpi_job(std::string_view command, const runtime::MpiWorld& mpi, const std::function<void()>& body);
 
 // Writes `text` to `path` atomically, or to standard output if `path` is empty.
 void write_output(const std::string& text, const std::string& path);

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   pipeflow::cli::add_calibrate_command(app);
   pipeflow::cli::add_train_command(app);
   pipeflow::cli::add_simulate_command(app);
+  pipeflow::cli::add_commbench_command(app);
 
   try {
     app.parse(argc, argv);

@@ -10,15 +10,18 @@
 #include "pipeflow/core/file.h"
 
 namespace pipeflow::testing {
+namespace {
 
-CommandResult run_pipeflow(const std::string& arguments, const std::string& working_dir, const std::string& setup) {
+// Runs `launcher` (may be empty) + the pipeflow executable + `arguments`.
+CommandResult run_command(const std::string& launcher, const std::string& arguments, const std::string& working_dir,
+                          const std::string& setup) {
   const std::string dir = make_temp_dir();
   const std::string out_path = dir + "/stdout";
   const std::string err_path = dir + "/stderr";
   std::string command;
   if (!working_dir.empty()) command = "cd '" + working_dir + "' && ";
   if (!setup.empty()) command += setup + "; ";
-  command += std::string(PIPEFLOW_BINARY) + " " + arguments + " >" + out_path + " 2>" + err_path;
+  command += launcher + std::string(PIPEFLOW_BINARY) + " " + arguments + " >" + out_path + " 2>" + err_path;
   const int status = std::system(command.c_str());
   CommandResult result;
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -26,6 +29,17 @@ CommandResult run_pipeflow(const std::string& arguments, const std::string& work
   result.err = read_file(err_path);
   std::filesystem::remove_all(dir);
   return result;
+}
+
+}  // namespace
+
+CommandResult run_pipeflow(const std::string& arguments, const std::string& working_dir, const std::string& setup) {
+  return run_command("", arguments, working_dir, setup);
+}
+
+CommandResult run_pipeflow_under_mpirun(int processes, const std::string& arguments) {
+  return run_command("mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(processes) + " ", arguments,
+                     "", "");
 }
 
 std::string make_temp_dir() {

@@ -16,6 +16,10 @@ struct CommandResult {
 CommandResult run_pipeflow(const std::string& arguments, const std::string& working_dir = "",
                            const std::string& setup = "");
 
+// Runs `processes` copies of the pipeflow executable under mpirun (as root
+// and with more processes than cores allowed, as CI runs it).
+CommandResult run_pipeflow_under_mpirun(int processes, const std::string& arguments);
+
 // A fresh, empty directory under the system's temporary directory.
 std::string make_temp_dir();
 
