@@ -37,9 +37,14 @@ CommandResult run_pipeflow(const std::string& arguments, const std::string& work
   return run_command("", arguments, working_dir, setup);
 }
 
+// Without leak detection: OpenMPI leaves blocks allocated by the modules it
+// unloads in MPI_Finalize, which LeakSanitizer (the asan preset) reports
+// from an unknown module, so no suppression can name them.
 CommandResult run_pipeflow_under_mpirun(int processes, const std::string& arguments) {
-  return run_command("mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(processes) + " ", arguments,
-                     "", "");
+  return run_command("ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 mpirun --allow-run-as-root "
+                     "--oversubscribe -np " +
+                         std::to_string(processes) + " ",
+                     arguments, "", "");
 }
 
 std::string make_temp_dir() {

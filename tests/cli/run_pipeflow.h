@@ -17,7 +17,8 @@ CommandResult run_pipeflow(const std::string& arguments, const std::string& work
                            const std::string& setup = "");
 
 // Runs `processes` copies of the pipeflow executable under mpirun (as root
-// and with more processes than cores allowed, as CI runs it).
+// and with more processes than cores allowed, as CI runs it), without
+// LeakSanitizer's leak check (OpenMPI's own blocks at exit).
 CommandResult run_pipeflow_under_mpirun(int processes, const std::string& arguments);
 
 // A fresh, empty directory under the system's temporary directory.
