@@ -273,12 +273,17 @@ CommbenchResult run_commbench(const MpiWorld& world, const CommbenchOptions& opt
     int peer = -1;
     if (rank % 2 == phase && rank + 1 < processes) peer = rank + 1;
     if (rank >= 1 && (rank - 1) % 2 == phase) peer = rank - 1;
-    if (peer < 0) continue;
-    PingPong ping_pong(comm, rank, peer, processes, options);
-    for (std::size_t s = 0; s < count; ++s) {
-      const PingPongTimes times = ping_pong.measure(sizes[s]);
-      if (rank < peer) pings[s] = times;
+    if (peer >= 0) {
+      PingPong ping_pong(comm, rank, peer, processes, options);
+      for (std::size_t s = 0; s < count; ++s) {
+        const PingPongTimes times = ping_pong.measure(sizes[s]);
+        if (rank < peer) pings[s] = times;
+      }
     }
+    // Every process starts the next phase (or the all-reduce) together: one
+    // idle in this phase would otherwise spend all of it in its next first
+    // wait and could pass that wait's deadline. Blocking, as the baseline is.
+    check_mpi(MPI_Barrier(comm), "MPI_Barrier");
   }
   std::vector<AllReduceTimes> reduces(count);
   std::vector<float> buffer;

@@ -29,8 +29,9 @@ namespace pipeflow::runtime {
 // trip), algbw = bytes / time, busbw = algbw for point-to-point and
 // algbw · 2(n − 1)/n for all-reduce (n processes); GB = 1e9 bytes. With
 // more than 2 processes the links r <-> r + 1 are measured in two phases
-// (even r, then odd r), pairs of a phase at once, and a row holds the
-// slowest link's time; an all-reduce row the slowest process's.
+// (even r, then odd r; a barrier after each), pairs of a phase at once, and
+// a row holds the slowest link's time; an all-reduce row the slowest
+// process's.
 //
 // Every round fills the sent buffers with a pattern of the size and the
 // round and checks what came back (the echo, the sum), outside the timed
