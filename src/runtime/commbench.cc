@@ -65,6 +65,7 @@ class PingPong {
         peer_(peer),
         pinger_(self < peer),
         baseline_tag_(3 * processes),  // above every tag of MpiTransport's (3 directions × processes stages × 1)
+        go_tag_(3 * processes + 1),
         options_(options),
         transport_(comm, RankId(self), processes, 1) {}
   PingPong(const PingPong&) = delete;
@@ -100,6 +101,19 @@ class PingPong {
                       .direction = forward ? Direction::kActivation : Direction::kGradient};
   }
 
+  // Before a timed leg: the pinger has filled its message (milliseconds for
+  // large ones) and says go; the ponger, in a blocking receive meanwhile,
+  // posts its receive right after. Without it the ponger's receive would
+  // have waited past wait_for's millisecond of spinning and would notice
+  // the message only after a sleep: a cost of the fill, not of the link.
+  void go() {
+    if (pinger_) {
+      check_mpi(MPI_Send(nullptr, 0, MPI_BYTE, peer_, go_tag_, comm_), "MPI_Send");
+    } else {
+      check_mpi(MPI_Recv(nullptr, 0, MPI_BYTE, peer_, go_tag_, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+    }
+  }
+
   void check(WaitStatus status, std::int64_t floats) const {
     if (status == WaitStatus::kOk) return;
     fail("commbench p2p: rank {} got no message of {} from rank {} within {:.0f} s (the peer is stuck or gone; "
@@ -114,12 +128,14 @@ class PingPong {
     const Deadline deadline = deadline_after(options_.timeout);
     Tensor received;
     if (!pinger_) {
+      go();
       check(transport_.receive(key(true), shape, allocator, deadline, received), floats);
       check(transport_.send(key(false), std::move(received), deadline), floats);
       return 0;
     }
     Tensor message = Tensor::uninitialized(shape, allocator);
     fill(message.span(), round, kP2pSalt);
+    go();
     const Clock::time_point start = Clock::now();
     check(transport_.send(key(true), std::move(message), deadline), floats);
     check(transport_.receive(key(false), shape, allocator, deadline, received), floats);
@@ -131,12 +147,14 @@ class PingPong {
   double baseline_round(std::int64_t floats, int round, std::int64_t* wrong) {
     const int count = static_cast<int>(floats);
     if (!pinger_) {
+      go();
       check_mpi(MPI_Recv(baseline_receive_.data(), count, MPI_FLOAT, peer_, baseline_tag_, comm_, MPI_STATUS_IGNORE),
                 "MPI_Recv");
       check_mpi(MPI_Send(baseline_receive_.data(), count, MPI_FLOAT, peer_, baseline_tag_, comm_), "MPI_Send");
       return 0;
     }
     fill(baseline_send_, round, kBaselineSalt);
+    go();
     const Clock::time_point start = Clock::now();
     check_mpi(MPI_Send(baseline_send_.data(), count, MPI_FLOAT, peer_, baseline_tag_, comm_), "MPI_Send");
     check_mpi(MPI_Recv(baseline_receive_.data(), count, MPI_FLOAT, peer_, baseline_tag_, comm_, MPI_STATUS_IGNORE),
@@ -151,6 +169,7 @@ class PingPong {
   int peer_;
   bool pinger_;
   int baseline_tag_;
+  int go_tag_;
   const CommbenchOptions& options_;
   BufferPool pool_;  // before the transport: its pending sends hold the pool's tensors until it is destroyed
   MpiTransport transport_;
