@@ -2,7 +2,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <string>
+#include <string_view>
+
+namespace pipeflow::runtime {
+class MpiWorld;
+}  // namespace pipeflow::runtime
 
 namespace pipeflow::cli {
 
@@ -25,6 +31,7 @@ void add_sweep_command(CLI::App& app);      // sweep_command.cc
 void add_generate_command(CLI::App& app);   // generate_command.cc
 void add_plan_command(CLI::App& app);       // plan_command.cc
 void add_advise_batch_command(CLI::App& app);  // advise_batch_command.cc
+void add_commbench_command(CLI::App& app);  // commbench_command.cc
 
 // Thrown by a command that has done its work but must end the process with
 // `status` (train stopped by a signal: 128 + its number); main returns it.
@@ -35,6 +42,11 @@ struct ExitStatus {
 // Refuses a negative --seed, which CLI11 would wrap into a huge unsigned
 // value (init_command.cc).
 CLI::Validator non_negative_seed();
+// Under mpirun: runs `body`; a process whose body throws prints why, naming
+// itself ("pipeflow: error in MPI process R of N on HOST: ..."), and ends
+// the whole job (MpiWorld::fail_job), so that no peer waits for it until its
+// timeout. ExitStatus passes through. (mpi_job.cc)
+void run_in_mpi_job(const std::function<void()>& body);
 
 // Writes `text` to `path` atomically, or to standard output if `path` is empty.
 void write_output(const std::string& text, const std::string& path);

@@ -151,18 +151,11 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   }
 }
 
-// Under mpirun, a process that fails says which it is and ends the whole
-// job (MPI_Abort), so that no peer waits for it until its timeout.
+// Under mpirun, a process that fails ends the whole job (run_in_mpi_job).
 void run(const TrainCommand& c) {
   if (!runtime::MpiWorld::launched_by_mpirun()) return run(c, nullptr);
   const runtime::MpiWorld mpi;
-  try {
-    run(c, &mpi);
-  } catch (const ExitStatus&) {
-    throw;
-  } catch (const std::exception& error) {
-    runtime::MpiWorld::fail_job(error.what());
-  }
+  run_in_mpi_job([&] { run(c, &mpi); });
 }
 
 }  // namespace

@@ -3,7 +3,11 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cctype>
 #include <cmath>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow {
 namespace {
@@ -61,6 +65,36 @@ std::string format_parameters(double count) {
   if (count >= 1e6) return fmt::format("{:.1f}M", count / 1e6);
   if (count >= 1e3) return fmt::format("{:.1f}K", count / 1e3);
   return fmt::format("{:.0f}", count);
+}
+
+std::int64_t parse_byte_size(std::string_view text, std::string_view option) {
+  constexpr std::int64_t kLargest = std::int64_t{1} << 62;
+  const auto bad = [&](std::string_view rule) {
+    fail("{} {}: {}; write a whole number of bytes with an optional K, M or G (powers of 1024), e.g. 4096, 1K "
+         "or 64M",
+         option, quoted_excerpt(text), rule);
+  };
+  std::size_t digits = 0;
+  std::int64_t number = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])) != 0) {
+    if (number > kLargest / 10) bad("too large");
+    number = number * 10 + (text[digits] - '0');
+    ++digits;
+  }
+  if (digits == 0) bad("not a byte count");
+  std::string suffix(text.substr(digits));
+  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  int shift = 0;
+  if (!suffix.empty() && suffix != "B") {
+    const std::string_view units = "KMG";
+    const std::size_t unit = units.find(suffix.front());
+    if (unit == std::string_view::npos || (suffix.size() > 1 && suffix.substr(1) != "B" && suffix.substr(1) != "IB")) {
+      bad("unknown unit");
+    }
+    shift = 10 * static_cast<int>(unit + 1);
+  }
+  if (number > (kLargest >> shift)) bad("too large (at most 2^62 bytes)");
+  return number << shift;
 }
 
 }  // namespace pipeflow

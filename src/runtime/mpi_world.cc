@@ -75,6 +75,7 @@ MpiWorld::MpiWorld() {
   check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host),
             "MPI_Comm_split_type");
   MPI_Comm_size(host, &processes_on_host_);
+  check_mpi(MPI_Allreduce(&rank_, &first_rank_on_host_, 1, MPI_INT, MPI_MIN, host), "MPI_Allreduce (host)");
   MPI_Comm_free(&host);
 }
 

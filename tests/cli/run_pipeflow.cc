@@ -10,7 +10,6 @@
 #include "pipeflow/core/file.h"
 
 namespace pipeflow::testing {
-
 namespace {
 
 CommandResult run_command(const std::string& launcher, const std::string& arguments, const std::string& working_dir,
@@ -37,8 +36,13 @@ CommandResult run_pipeflow(const std::string& arguments, const std::string& work
   return run_command("", arguments, working_dir, setup);
 }
 
+// Without leak detection: OpenMPI leaves blocks allocated by the modules it
+// unloads in MPI_Finalize, which LeakSanitizer (the asan preset) reports
+// from an unknown module, so no suppression can name them.
 std::string mpirun_command(int processes) {
-  return "mpirun --allow-run-as-root --oversubscribe --timeout 300 -np " + std::to_string(processes);
+  return "env ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 mpirun --allow-run-as-root --oversubscribe "
+         "--timeout 300 -np " +
+         std::to_string(processes);
 }
 
 CommandResult run_mpirun(int processes, const std::string& arguments) {

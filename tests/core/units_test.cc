@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "pipeflow/core/error.h"
 #include "pipeflow/core/table.h"
 
 namespace pipeflow {
@@ -29,6 +30,29 @@ TEST(Units, CountsInTheSingularForOne) {
   EXPECT_EQ(format_count(0, "rank"), "0 ranks");
   EXPECT_EQ(format_count(4, "micro-batch", "micro-batches"), "4 micro-batches");
   EXPECT_EQ(format_count(1, "micro-batch", "micro-batches"), "1 micro-batch");
+}
+
+TEST(Units, ByteSizesInPowersOf1024) {
+  EXPECT_EQ(parse_byte_size("4096", "--min-bytes"), 4096);
+  EXPECT_EQ(parse_byte_size("1K", "--min-bytes"), 1024);
+  EXPECT_EQ(parse_byte_size("64M", "--max-bytes"), 64 << 20);
+  EXPECT_EQ(parse_byte_size("2GiB", "--max-bytes"), std::int64_t{2} << 30);
+  EXPECT_EQ(parse_byte_size("8kb", "--max-bytes"), 8192);
+  EXPECT_EQ(parse_byte_size("16B", "--max-bytes"), 16);
+}
+
+TEST(Units, ByteSizeErrorsNameTheOptionAndTheValue) {
+  for (const char* text : {"", "K", "1T", "1Kx", "-1", "1.5M", "99999999999999999999", "8G9"}) {
+    try {
+      parse_byte_size(text, "--max-bytes");
+      ADD_FAILURE() << text;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("--max-bytes \"" + std::string(text) + "\""), std::string::npos)
+          << error.what();
+    }
+  }
+  EXPECT_EQ(parse_byte_size("4294967296G", "--max-bytes"), std::int64_t{1} << 62);
+  EXPECT_THROW(parse_byte_size("4294967297G", "--max-bytes"), Error);
 }
 
 TEST(TextTable, AlignsNumericColumnsRight) {

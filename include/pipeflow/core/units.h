@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace pipeflow {
 
@@ -17,5 +18,11 @@ std::string format_percent(double fraction);    // "15.8%"
 std::string format_parameters(double count);    // parameter counts as people write them: "124.4M", "174.60B"
 // "1 rank", "4 ranks"; `plural` for nouns that do not just add an s.
 std::string format_count(std::int64_t count, const std::string& singular, const std::string& plural = "");
+
+// A byte count as nccl-tests' options write it: a whole number with an
+// optional K, M or G (powers of 1024; "KiB", "MiB", "GiB" too): "4096", "1K",
+// "64M". Throws Error naming `option` and the value otherwise, or when it
+// exceeds 2^62 bytes.
+std::int64_t parse_byte_size(std::string_view text, std::string_view option);
 
 }  // namespace pipeflow

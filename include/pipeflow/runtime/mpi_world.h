@@ -56,6 +56,9 @@ class MpiWorld {
   // processes run on it (MPI_COMM_TYPE_SHARED).
   const std::string& host() const { return host_; }
   int processes_on_host() const { return processes_on_host_; }
+  // The lowest world rank on this machine: equal for two processes exactly
+  // when they share a machine.
+  int first_rank_on_host() const { return first_rank_on_host_; }
 
   // Ends every process of the job (MPI_Abort) with `status`: for a process
   // that failed, after it has printed why, so that no peer waits for it.
@@ -73,6 +76,7 @@ class MpiWorld {
   int size_ = 1;
   std::string host_;
   int processes_on_host_ = 1;
+  int first_rank_on_host_ = 0;
 };
 
 // Throws an Error "MPI_Isend failed: <MPI's message>" unless `code` is MPI_SUCCESS.

@@ -1,0 +1,89 @@
+#include <fmt/format.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "commands.h"
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+#include "pipeflow/core/units.h"
+#include "pipeflow/runtime/commbench.h"
+#include "pipeflow/runtime/mpi_world.h"
+
+namespace pipeflow::cli {
+namespace {
+
+struct CommbenchCommand {
+  std::string min_bytes = "1K";
+  std::string max_bytes = "64M";
+  int iters = 20;
+  int warmup = 5;
+  double timeout_s = 60;
+  bool json = false;
+  std::string save_hardware;
+  std::string hardware = "cpu";
+
+  runtime::CommbenchOptions options() const {
+    runtime::CommbenchOptions o{.min_bytes = parse_byte_size(min_bytes, "--min-bytes"),
+                                .max_bytes = parse_byte_size(max_bytes, "--max-bytes"),
+                                .iters = iters,
+                                .warmup = warmup,
+                                .timeout = std::chrono::duration<double>(timeout_s)};
+    runtime::validate_commbench_options(o);
+    return o;
+  }
+};
+
+void run(const runtime::CommbenchOptions& options, const HardwareProfile& base, const CommbenchCommand& c,
+         const runtime::MpiWorld& mpi) {
+  const runtime::CommbenchResult result = runtime::run_commbench(mpi, options);
+  if (mpi.rank() != 0) return;
+  write_output(c.json ? runtime::commbench_json(result) : runtime::commbench_text(result), "");
+  if (!c.save_hardware.empty()) {
+    write_file_atomic(c.save_hardware, hardware_to_json(runtime::with_measured_links(base, result)));
+    fmt::print(stderr, "wrote {}: pipeflow simulate --hardware {} reads it\n", c.save_hardware, c.save_hardware);
+  }
+}
+
+// The options and the base profile are checked before MPI starts (each
+// process reports a bad one as any command does); after that a failing
+// process ends the whole job.
+void run(const CommbenchCommand& c) {
+  const runtime::CommbenchOptions options = c.options();
+  const HardwareProfile base = resolve_hardware(c.hardware);
+  if (!runtime::MpiWorld::launched_by_mpirun()) {
+    fail("commbench measures the links between the processes of an MPI job: start it with mpirun, e.g. "
+         "mpirun -np 2 pipeflow commbench (as root add --allow-run-as-root; more processes than cores: "
+         "--oversubscribe)");
+  }
+  const runtime::MpiWorld mpi;
+  run_in_mpi_job([&] { run(options, base, c, mpi); });
+}
+
+}  // namespace
+
+void add_commbench_command(CLI::App& app) {
+  auto c = std::make_shared<CommbenchCommand>();
+  CLI::App* sub = app.add_subcommand(
+      "commbench",
+      "Under mpirun: point-to-point and all-reduce latency and bandwidth between the processes, against raw MPI "
+      "(like nccl-tests)");
+  sub->add_option("--min-bytes", c->min_bytes, "Smallest message, a power of two (K, M, G: powers of 1024)")
+      ->capture_default_str();
+  sub->add_option("--max-bytes", c->max_bytes, "Largest message, a power of two")->capture_default_str();
+  sub->add_option("--iters", c->iters, "Timed rounds per size")->capture_default_str();
+  sub->add_option("--warmup", c->warmup, "Untimed rounds per size before them")->capture_default_str();
+  sub->add_option("--timeout", c->timeout_s, "Longest any wait for a peer may take, in seconds")
+      ->capture_default_str();
+  sub->add_flag("--json", c->json, "Print the rows as JSON (nccl-tests' columns) instead of a table");
+  sub->add_option("--save-hardware", c->save_hardware,
+                  "Write a hardware profile with the measured link latency and bandwidth (atomically), for "
+                  "pipeflow simulate --hardware FILE");
+  sub->add_option("--hardware", c->hardware,
+                  "The profile --save-hardware starts from: a preset or a JSON file (e.g. pipeflow calibrate's)")
+      ->capture_default_str();
+  sub->callback([c] { run(*c); });
+}
+
+}  // namespace pipeflow::cli
