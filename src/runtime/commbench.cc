@@ -131,6 +131,7 @@ class PingPong {
       go();
       check(transport_.receive(key(true), shape, allocator, deadline, received), floats);
       check(transport_.send(key(false), std::move(received), deadline), floats);
+      check(transport_.complete_sends(RankId(self_), deadline), floats);  // nothing left in flight between rounds
       return 0;
     }
     Tensor message = Tensor::uninitialized(shape, allocator);
@@ -140,6 +141,7 @@ class PingPong {
     check(transport_.send(key(true), std::move(message), deadline), floats);
     check(transport_.receive(key(false), shape, allocator, deadline, received), floats);
     const double trip = seconds_since(start);
+    check(transport_.complete_sends(RankId(self_), deadline), floats);
     if (wrong != nullptr) *wrong += count_wrong(received.span(), round, kP2pSalt);
     return trip;
   }

@@ -81,7 +81,9 @@ TEST(Commbench, TheProfileTakesTheSlowestLinkOfEachKindThroughItsEnds) {
   EXPECT_DOUBLE_EQ(p.inter_node_bandwidth_bytes_per_s, 4096 / (8e-6 - 5e-6));
   EXPECT_EQ(p.peak_flop_per_s, h100.peak_flop_per_s);
   EXPECT_EQ(p.devices_per_node, h100.devices_per_node);
-  EXPECT_EQ(p.estimated, std::vector<std::string>{"efficiency"});  // the latencies were estimates, now measured
+  // the latencies were estimates, now measured; the compute and memory figures stay estimates
+  EXPECT_EQ(p.estimated, (std::vector<std::string>{"efficiency", "matmul_half_size", "memory_efficiency",
+                                                   "collective_efficiency"}));
   EXPECT_NE(p.note.find("h100 with links measured by pipeflow commbench (4 processes on 2 hosts, 1.00 KiB to "
                         "4.00 KiB"),
             std::string::npos)
@@ -99,7 +101,8 @@ TEST(Commbench, AKindNotMeasuredKeepsTheBaseFigures) {
   EXPECT_DOUBLE_EQ(p.intra_node_latency_s, 2e-6);
   EXPECT_EQ(p.inter_node_latency_s, h100.inter_node_latency_s);
   EXPECT_EQ(p.inter_node_bandwidth_bytes_per_s, h100.inter_node_bandwidth_bytes_per_s);
-  EXPECT_EQ(p.estimated, (std::vector<std::string>{"inter_node_latency_s", "efficiency"}));
+  EXPECT_EQ(p.estimated, (std::vector<std::string>{"inter_node_latency_s", "efficiency", "matmul_half_size",
+                                                   "memory_efficiency", "collective_efficiency"}));
 }
 
 TEST(Commbench, AProfileNeedsTwoSizesAndALargestMessageThatTookLonger) {
