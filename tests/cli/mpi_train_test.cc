@@ -313,6 +313,17 @@ bool alive(pid_t pid) {
   return state != std::string::npos && text.at(state + 2) != 'Z' && text.at(state + 2) != 'X';
 }
 
+// A process may still be tearing down (MPI_Finalize, the sanitizers' exit
+// work) for a moment after mpirun returned: "no process outlives the job"
+// means each one is gone within 10 s of it.
+bool ends_within_10_s(pid_t pid) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (alive(pid) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return !alive(pid);
+}
+
 TEST(MpiTrainFaults, ARankKilledEndsTheJobNamingIt) {
   const std::string dir = make_temp_dir();
   const FailedJob job = fail_rank_one(dir, [](pid_t rank) { ::kill(rank, SIGKILL); }, "");
@@ -321,8 +332,7 @@ TEST(MpiTrainFaults, ARankKilledEndsTheJobNamingIt) {
   EXPECT_LT(job.seconds, 30) << job.err;
   EXPECT_NE(job.err.find("rank 1"), std::string::npos) << job.err;
   EXPECT_NE(job.err.find("signal 9"), std::string::npos) << job.err;
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_FALSE(alive(job.ranks[0])) << "rank 0 outlived the job";
+  EXPECT_TRUE(ends_within_10_s(job.ranks[0])) << "rank 0 outlived the job";
   std::filesystem::remove_all(dir);
 }
 
@@ -342,10 +352,10 @@ TEST(MpiTrainFaults, ARankThatHangsMakesItsPeerTimeOutAndEndTheJob) {
               job.err.find("waited for every") != std::string::npos ||
               job.err.find("waiting for every") != std::string::npos)
       << job.err;
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   for (const pid_t rank : job.ranks) {
-    if (alive(rank)) ::kill(rank, SIGKILL);
-    EXPECT_FALSE(alive(rank)) << "process " << rank << " outlived the job";
+    const bool ended = ends_within_10_s(rank);
+    if (!ended) ::kill(rank, SIGKILL);  // does not outlive the test either
+    EXPECT_TRUE(ended) << "process " << rank << " outlived the job";
   }
   std::filesystem::remove_all(dir);
 }
@@ -374,6 +384,7 @@ TEST(MpiTrainFaults, SigtermToMpirunStopsEveryProcessAfterOneCheckpoint) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   const std::string err = read_file(err_path);
+  ASSERT_TRUE(ranks[0] != 0 && ranks[1] != 0) << "the job never reached step 1:\n" << err;
   EXPECT_NE(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0) << err;
   const std::string stopped = "pipeflow: stopped by signal 15: resume with --resume " + out + "/checkpoints";
   ASSERT_NE(err.find(stopped), std::string::npos) << err;
@@ -384,7 +395,7 @@ TEST(MpiTrainFaults, SigtermToMpirunStopsEveryProcessAfterOneCheckpoint) {
   const nn::SafetensorsFile checkpoint = nn::SafetensorsFile::read(checkpoints.front());
   EXPECT_EQ(checkpoints.front().filename().string(),
             "step_" + std::to_string(checkpoint.metadata_count("steps_done")) + ".safetensors");
-  for (const pid_t rank : ranks) EXPECT_FALSE(alive(rank)) << "process " << rank << " outlived the job";
+  for (const pid_t rank : ranks) EXPECT_TRUE(ends_within_10_s(rank)) << "process " << rank << " outlived the job";
   std::filesystem::remove_all(dir);
 }
 
