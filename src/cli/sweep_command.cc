@@ -73,7 +73,7 @@ MeasuredPoint train_point(const SweepCommand& c, const ResolvedRun& run, const s
   m.tokens_per_s = last.tokens_per_s;
   const double tokens_per_step = static_cast<double>(run.batch.global) * run.seq_length;
   for (const runtime::StepLog& step : outcome.log) {
-    m.tokens_seen.push_back(static_cast<double>(step.step) * tokens_per_step);
+    m.tokens_seen.push_back(static_cast<double>(step.step + 1) * tokens_per_step);
     m.loss.push_back(step.loss);
   }
   m.val_loss = last.val_loss;

@@ -365,7 +365,7 @@ double legend(std::string& out, const Sweep& sweep, double y) {
                      kLeft + kPanelW, y + 10);
   const double x = 10 + kPanelW * static_cast<double>(kTrainedMetrics.size()) + kLeft;
   for (std::size_t k = 0; k < sweep.points.size(); ++k) {
-    key(x, y + 18 * static_cast<double>(k), kColours[k % kColours.size()], setting_text(sweep.points[k]));
+    key(x, y + 18 * static_cast<double>(k), kColours[k % kColours.size()], point_name(sweep.axes, sweep.points[k].setting));
   }
   return std::max(bottom, y + 18 * static_cast<double>(sweep.points.size()));
 }

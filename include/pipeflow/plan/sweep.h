@@ -23,8 +23,8 @@ namespace pipeflow {
 //   schedule         a schedule's name, or NAME:V with its virtual stages (interleaved-1f1b:2)
 //   stages, virtual, recompute, partition, comm, tensor-parallel,
 //   data-parallel, seq-length   the keys of the flags of the same names
-// or a key path of the run configuration (pipeline.microbatches is not one:
-// pipeline.stages, optimizer.params.lr, model.n_layer, ...): each value is
+// or a key path of the run configuration (pipeline.stages,
+// optimizer.params.lr, model.n_layer of an inline model, ...): each value is
 // read as JSON (a number, true, false), else as a string.
 struct SweepAxis {
   std::string key;
@@ -50,7 +50,7 @@ struct MeasuredPoint {
   double bubble_ratio = 0;
   double peak_activation_bytes = 0;  // the largest rank's
   double tokens_per_s = 0;
-  std::vector<double> tokens_seen;  // after each step: step · B · T
+  std::vector<double> tokens_seen;  // after each step: (its index + 1) · B · T
   std::vector<double> loss;         // each step's training loss
   std::optional<double> val_loss;   // the validation loss after the last step
   std::string out_dir;              // where the run's files went
