@@ -66,7 +66,8 @@ void write_safetensors_index(const std::filesystem::path& folder, const std::vec
   write_file_atomic(folder / kSafetensorsIndex, index.dump(2) + "\n");
 }
 
-SafetensorsFile read_sharded(const std::filesystem::path& folder) {
+SafetensorsFile read_sharded(const std::filesystem::path& folder,
+                             const std::function<void(const SafetensorsFile&)>& check) {
   const std::map<std::string, std::string> map = read_weight_map(folder);
   const std::string index = (folder / kSafetensorsIndex).string();
   std::map<std::string, std::size_t> part_of_file;  // shard file -> its place in parts
@@ -75,6 +76,7 @@ SafetensorsFile read_sharded(const std::filesystem::path& folder) {
   for (auto& [file, part] : part_of_file) {
     part = parts.size();
     parts.push_back(SafetensorsFile::read(folder / file));
+    if (check) check(parts.back());
     for (const std::string& name : parts.back().names()) {
       const auto mapped = map.find(name);
       if (mapped == map.end()) {

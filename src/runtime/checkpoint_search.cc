@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/nn/model_file.h"
 #include "pipeflow/nn/safetensors_index.h"
 
 namespace pipeflow::runtime {
@@ -75,7 +76,7 @@ std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::
 }
 
 nn::SafetensorsFile read_checkpoint(const std::filesystem::path& checkpoint) {
-  return std::filesystem::is_directory(checkpoint) ? nn::read_sharded(checkpoint)
+  return std::filesystem::is_directory(checkpoint) ? nn::read_sharded(checkpoint, nn::check_values)
                                                    : nn::SafetensorsFile::read(checkpoint);
 }
 

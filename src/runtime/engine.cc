@@ -63,23 +63,6 @@ void check_boundaries(const nn::GptConfig& config, const Schedule& schedule, con
   }
 }
 
-// A weights file or checkpoint holding a NaN or Inf would train on silently
-// into NaN, and a negative second moment makes AdamW's square root NaN: such
-// a file is refused before anything of it is loaded.
-void check_values(const nn::SafetensorsFile& file) {
-  for (const std::string& name : file.names()) {
-    if (file.entry(name).dtype != nn::Dtype::kF32) continue;
-    const Tensor values = file.floats(name);
-    const bool second_moment = name.starts_with("exp_avg_sq.");
-    for (std::int64_t i = 0; i < values.numel(); ++i) {
-      const float v = values.data()[i];
-      if (std::isfinite(v) && !(second_moment && v < 0)) continue;
-      fail("{}: tensor {} holds {} at index {}: {}; start from another file or an earlier checkpoint", file.source(),
-           name, v, i, second_moment ? "a second moment must be finite and >= 0" : "values must be finite");
-    }
-  }
-}
-
 // The first non-finite value of `values` within the tensors of `layout`: the tensor's name.
 std::optional<std::string> non_finite_tensor(const nn::ParameterLayout& layout, std::span<const float> values) {
   for (const nn::ParameterInfo& info : layout.entries()) {
@@ -213,7 +196,7 @@ void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
          file.source(), stored.n_layer, stored.n_head, stored.n_embd, stored.context, stored.vocab_size,
          config_.n_layer, config_.n_head, config_.n_embd, config_.context, config_.vocab_size);
   }
-  check_values(file);
+  nn::check_values(file);
   for (auto& stage : stages_) {
     if (stage) nn::load_parameters(*stage, file);
   }

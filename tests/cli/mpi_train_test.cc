@@ -294,7 +294,8 @@ TEST_F(MpiTrain, AnIncompleteOrCorruptShardedCheckpointFallsBackToTheOneBefore) 
   const std::string first = train({"1f1b", 2, 1, 2}, "first", "\"checkpoint\": {\"interval\": 1},", "--steps 2");
   const std::string incomplete = dir_ + "/incomplete";
   const std::string corrupt = dir_ + "/corrupt";
-  for (const std::string& copy : {incomplete, corrupt}) {
+  const std::string nonfinite = dir_ + "/nonfinite";
+  for (const std::string& copy : {incomplete, corrupt, nonfinite}) {
     std::filesystem::copy(first + "/checkpoints", copy, std::filesystem::copy_options::recursive);
   }
   std::filesystem::remove(incomplete + "/step_2/model.safetensors.index.json");
@@ -303,24 +304,35 @@ TEST_F(MpiTrain, AnIncompleteOrCorruptShardedCheckpointFallsBackToTheOneBefore) 
   std::string bytes = read_file(shard);
   bytes.back() = static_cast<char>(bytes.back() ^ 1);  // in the last tensor
   write_file_atomic(shard, bytes);
+  // a NaN under a valid CRC32
+  const std::string nan_shard = nonfinite + "/step_2/model-00002-of-00002.safetensors";
+  const nn::SafetensorsFile intact = nn::SafetensorsFile::read(nan_shard);
+  nn::SafetensorsWriter with_nan;
+  for (const auto& [key, value] : intact.metadata()) with_nan.set_metadata(key, value);
+  for (const std::string& name : intact.names()) {
+    Tensor values = intact.floats(name);
+    if (name == names.front()) values.data()[0] = std::nanf("");
+    with_nan.add(name, values.span(), values.shape());
+  }
+  with_nan.write(nan_shard);
 
   const std::string config = write_config(dir_ + "/resumed.json", config_text(dir_ + "/resumed", "1f1b", 2, 1));
-  const CommandResult skipped = run_pipeflow("train --config " + config + " --steps 3 --resume " + incomplete);
-  ASSERT_EQ(skipped.exit_code, 0) << skipped.err;
-  EXPECT_NE(skipped.err.find("warning: not resuming from " + incomplete + "/step_2: " + incomplete +
-                             "/step_2: no model.safetensors.index.json: the checkpoint is incomplete"),
-            std::string::npos)
-      << skipped.err;
-  EXPECT_NE(skipped.err.find("resuming after 1 step from " + incomplete + "/step_1"), std::string::npos)
-      << skipped.err;
-
-  const CommandResult refused = run_pipeflow("train --config " + config + " --steps 3 --resume " + corrupt);
-  ASSERT_EQ(refused.exit_code, 0) << refused.err;
-  EXPECT_NE(refused.err.find("warning: not resuming from " + corrupt + "/step_2: " + shard + ": tensor " +
-                             names.back() + ": CRC32"),
-            std::string::npos)
-      << refused.err;
-  EXPECT_NE(refused.err.find("resuming after 1 step from " + corrupt + "/step_1"), std::string::npos) << refused.err;
+  struct Refused {
+    std::string checkpoints;
+    std::string warning;  // after "warning: not resuming from DIR/step_2: "
+  };
+  for (const Refused& bad :
+       {Refused{incomplete, incomplete + "/step_2: no model.safetensors.index.json: the checkpoint is incomplete"},
+        Refused{corrupt, shard + ": tensor " + names.back() + ": CRC32"},
+        Refused{nonfinite, nan_shard + ": tensor " + names.front() + " holds nan at index 0: values must be finite"}}) {
+    const CommandResult resumed = run_pipeflow("train --config " + config + " --steps 3 --resume " + bad.checkpoints);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    EXPECT_NE(resumed.err.find("warning: not resuming from " + bad.checkpoints + "/step_2: " + bad.warning),
+              std::string::npos)
+        << resumed.err;
+    EXPECT_NE(resumed.err.find("resuming after 1 step from " + bad.checkpoints + "/step_1"), std::string::npos)
+        << resumed.err;
+  }
 }
 
 // The pids of the job's pipeflow processes, by world rank (from their

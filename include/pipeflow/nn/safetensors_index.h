@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,8 +42,10 @@ void write_safetensors_index(const std::filesystem::path& folder, const std::vec
 // the index. Error naming the folder when it has no index (an incomplete
 // checkpoint), and naming the file when the index names a shard file that is
 // not a plain file name of the folder, a tensor its shard lacks, or a shard
-// holds a tensor the index maps elsewhere.
-SafetensorsFile read_sharded(const std::filesystem::path& folder);
+// holds a tensor the index maps elsewhere. `check`, if given, sees each shard
+// before the merge (its errors then name the shard file).
+SafetensorsFile read_sharded(const std::filesystem::path& folder,
+                             const std::function<void(const SafetensorsFile&)>& check = {});
 // The __metadata__ of the first shard the index names (no tensors): what
 // SafetensorsFile::read_metadata gives for one file.
 SafetensorsFile read_sharded_metadata(const std::filesystem::path& folder);
