@@ -289,7 +289,8 @@ TEST_F(MpiTrain, ACheckpointOfTwoByTwoResumesUnderFourStagesAndInOneProcess) {
 
 // A sharded checkpoint without its index (a writer stopped before it), or
 // with a shard whose bytes changed, is passed over for the one before it,
-// with a warning naming the folder, or the shard file and the tensor.
+// with a warning naming the folder, or the shard file and the tensor (a
+// CRC32 that does not match, a NaN under a valid CRC32).
 TEST_F(MpiTrain, AnIncompleteOrCorruptShardedCheckpointFallsBackToTheOneBefore) {
   const std::string first = train({"1f1b", 2, 1, 2}, "first", "\"checkpoint\": {\"interval\": 1},", "--steps 2");
   const std::string incomplete = dir_ + "/incomplete";
@@ -317,6 +318,14 @@ TEST_F(MpiTrain, AnIncompleteOrCorruptShardedCheckpointFallsBackToTheOneBefore) 
   with_nan.write(nan_shard);
 
   const std::string config = write_config(dir_ + "/resumed.json", config_text(dir_ + "/resumed", "1f1b", 2, 1));
+  // and a shard's temporary that a killed writer left in a checkpoint folder goes at the next start
+  const pid_t writer = ::fork();
+  if (writer == 0) ::_exit(0);
+  ::waitpid(writer, nullptr, 0);
+  std::filesystem::create_directories(dir_ + "/resumed/checkpoints/step_1");
+  const std::string left =
+      dir_ + "/resumed/checkpoints/step_1/model-00001-of-00002.safetensors.tmp." + std::to_string(writer);
+  write_file_atomic(left, "x");
   struct Refused {
     std::string checkpoints;
     std::string warning;  // after "warning: not resuming from DIR/step_2: "
@@ -332,7 +341,11 @@ TEST_F(MpiTrain, AnIncompleteOrCorruptShardedCheckpointFallsBackToTheOneBefore) 
         << resumed.err;
     EXPECT_NE(resumed.err.find("resuming after 1 step from " + bad.checkpoints + "/step_1"), std::string::npos)
         << resumed.err;
+    if (bad.checkpoints == incomplete) {
+      EXPECT_NE(resumed.err.find("removed " + left), std::string::npos) << resumed.err;
+    }
   }
+  EXPECT_FALSE(std::filesystem::exists(left));
 }
 
 // The pids of the job's pipeflow processes, by world rank (from their
