@@ -93,6 +93,11 @@ void run_inference(const PlanCommand& command) {
   request.memory_fraction = command.memory_fraction;
   const InferencePlan plan = plan_inference(request);
   write_output(command.json ? inference_json_report(request, plan) : inference_report(request, plan), "");
+  if (plan.fitting.empty()) {
+    fail("no stage count of 1 .. {} fits (reasons above): use more --devices, fewer --sequences, a shorter "
+         "--context or a larger --memory-fraction",
+         request.max_stages);
+  }
 }
 
 PlanRequest make_request(const PlanCommand& command) {

@@ -74,6 +74,12 @@ TEST(PlanCommand, InferenceListsTheStageCountsThatFitAndWhyOthersDoNot) {
   const auto j = nlohmann::json::parse(json.out);
   EXPECT_EQ(j["fitting"].size() + j["rejected"].size(), 16u);
   EXPECT_EQ(j["rejected"][0]["stages"], 1);
+  const CommandResult none = run_pipeflow(
+      "plan --inference --model llama3-405b --hardware h100 --devices 16 --context 131072 --sequences 8");
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.out.find("no stage count fits\ndoes not fit:\n"), std::string::npos) << none.out;
+  EXPECT_EQ(none.err, "pipeflow: error: no stage count of 1 .. 16 fits (reasons above): use more --devices, fewer "
+                      "--sequences, a shorter --context or a larger --memory-fraction\n");
   const CommandResult training = run_pipeflow("plan --model llama3-8b --devices 8");
   EXPECT_NE(training.exit_code, 0);
   EXPECT_NE(training.err.find("plan needs --global-batch and --seq (or --inference for generation)"),
