@@ -58,7 +58,9 @@ std::string inference_report(const InferencePlanRequest& request, const Inferenc
   }
   out += plan.fitting.empty() ? "no stage count fits\n" : table.render();
   if (!plan.rejected.empty()) out += "does not fit:\n";
-  for (const InferenceOption& o : plan.rejected) out += fmt::format("  {}: {}\n", format_count(o.stages, "stage"), o.rejected);
+  for (const InferenceOption& o : plan.rejected) {
+    out += fmt::format("  {}: {}\n", format_count(o.stages, "stage"), o.rejected);
+  }
   return out;
 }
 
@@ -71,7 +73,9 @@ std::string inference_json_report(const InferencePlanRequest& request, const Inf
   json["fitting"] = nlohmann::ordered_json::array();
   for (const InferenceOption& o : plan.fitting) json["fitting"].push_back(inference_json(o.prediction));
   json["rejected"] = nlohmann::ordered_json::array();
-  for (const InferenceOption& o : plan.rejected) json["rejected"].push_back({{"stages", o.stages}, {"reason", o.rejected}});
+  for (const InferenceOption& o : plan.rejected) {
+    json["rejected"].push_back({{"stages", o.stages}, {"reason", o.rejected}});
+  }
   return json.dump(2) + "\n";
 }
 
@@ -84,10 +88,14 @@ void run_inference(const PlanCommand& command) {
   request.setup.hardware = resolve_hardware(command.hardware);
   // Resolved here, so that the report's heading names them.
   const std::int64_t model_context = request.setup.model.max_positions;
-  request.setup.context = command.context > 0 ? command.context : command.seq_length > 0 ? command.seq_length : model_context;
+  request.setup.context = command.context > 0      ? command.context
+                          : command.seq_length > 0 ? command.seq_length
+                                                   : model_context;
   request.setup.sequences = command.sequences;
   request.setup.prompt_tokens = command.prompt_tokens > 0 ? command.prompt_tokens : request.setup.context;
-  if (command.partitions.size() != 1) fail("--inference takes one --partition method (got {})", command.partitions.size());
+  if (command.partitions.size() != 1) {
+    fail("--inference takes one --partition method (got {})", command.partitions.size());
+  }
   request.setup.partition = parse_partition_method(command.partitions.front());
   request.max_stages = command.devices;
   request.memory_fraction = command.memory_fraction;
