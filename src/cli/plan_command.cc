@@ -35,7 +35,78 @@ struct PlanCommand {
   std::string write_config;
   std::string deepspeed;
   std::string megatron;
+  // --inference: the stage counts that fit generation instead.
+  bool inference = false;
+  std::int64_t context = 0;
+  int sequences = 1;
+  std::int64_t prompt_tokens = 0;
 };
+
+std::string inference_report(const InferencePlanRequest& request, const InferencePlan& plan) {
+  const InferenceSetup& s = request.setup;
+  std::string out = fmt::format(
+      "{} on 1 .. {} × {}: {}, context {} tokens, prompts of {} tokens; memory limit {} × {} = {} per device\n",
+      s.model.name, request.max_stages, s.hardware.name, format_count(s.sequences, "sequence"),
+      s.context, s.prompt_tokens,
+      request.memory_fraction, format_bytes(s.hardware.memory_bytes), format_bytes(plan.limit_bytes));
+  TextTable table({"#", "stages", "micro-batches", "time to first token", "per token", "tokens/s", "peak memory"});
+  for (std::size_t i = 0; i < plan.fitting.size(); ++i) {
+    const InferencePrediction& p = plan.fitting[i].prediction;
+    table.add_row({std::to_string(i + 1), std::to_string(plan.fitting[i].stages),
+                   std::to_string(p.setup.microbatches), format_seconds(p.time_to_first_token_s),
+                   format_seconds(p.per_token_s), fmt::format("{:.1f}", p.tokens_per_s), format_bytes(p.peak_bytes())});
+  }
+  out += plan.fitting.empty() ? "no stage count fits\n" : table.render();
+  if (!plan.rejected.empty()) out += "does not fit:\n";
+  for (const InferenceOption& o : plan.rejected) {
+    out += fmt::format("  {}: {}\n", format_count(o.stages, "stage"), o.rejected);
+  }
+  return out;
+}
+
+std::string inference_json_report(const InferencePlanRequest& request, const InferencePlan& plan) {
+  nlohmann::ordered_json json;
+  json["model"] = request.setup.model.name;
+  json["hardware"] = request.setup.hardware.name;
+  json["memory_fraction"] = request.memory_fraction;
+  json["memory_limit_bytes"] = plan.limit_bytes;
+  json["fitting"] = nlohmann::ordered_json::array();
+  for (const InferenceOption& o : plan.fitting) json["fitting"].push_back(inference_json(o.prediction));
+  json["rejected"] = nlohmann::ordered_json::array();
+  for (const InferenceOption& o : plan.rejected) {
+    json["rejected"].push_back({{"stages", o.stages}, {"reason", o.rejected}});
+  }
+  return json.dump(2) + "\n";
+}
+
+void run_inference(const PlanCommand& command) {
+  if (!command.write_config.empty() || !command.deepspeed.empty() || !command.megatron.empty()) {
+    fail("--write-config, --deepspeed and --megatron export a training layout: leave them out with --inference");
+  }
+  InferencePlanRequest request;
+  request.setup.model = resolve_model(command.model);
+  request.setup.hardware = resolve_hardware(command.hardware);
+  // Resolved here, so that the report's heading names them.
+  const std::int64_t model_context = request.setup.model.max_positions;
+  request.setup.context = command.context > 0      ? command.context
+                          : command.seq_length > 0 ? command.seq_length
+                                                   : model_context;
+  request.setup.sequences = command.sequences;
+  request.setup.prompt_tokens = command.prompt_tokens > 0 ? command.prompt_tokens : request.setup.context;
+  if (command.partitions.size() != 1) {
+    fail("--inference takes one --partition method (got {})", command.partitions.size());
+  }
+  request.setup.partition = parse_partition_method(command.partitions.front());
+  request.max_stages = command.devices;
+  request.memory_fraction = command.memory_fraction;
+  const InferencePlan plan = plan_inference(request);
+  write_output(command.json ? inference_json_report(request, plan) : inference_report(request, plan), "");
+  if (plan.fitting.empty()) {
+    fail("no stage count of 1 .. {} fits (reasons above): use more --devices, fewer --sequences, a shorter "
+         "--context or a larger --memory-fraction",
+         request.max_stages);
+  }
+}
 
 PlanRequest make_request(const PlanCommand& command) {
   PlanRequest request;
@@ -233,6 +304,10 @@ void show_progress(PlanRequest& request) {
 }
 
 void run(const PlanCommand& command) {
+  if (command.inference) return run_inference(command);
+  if (command.global_batch == 0 || command.seq_length == 0) {
+    fail("plan needs --global-batch and --seq (or --inference for generation)");
+  }
   PlanRequest request = make_request(command);
   show_progress(request);
   const PlanResult result = plan_layouts(request);
@@ -265,8 +340,9 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--model", c->model, "Model preset name or Hugging Face config.json")->required();
   sub->add_option("--hardware", c->hardware, "Hardware preset name or hardware JSON file")->capture_default_str();
   sub->add_option("--devices", c->devices, "Devices in all (dp × tp × pp)")->required();
-  sub->add_option("--global-batch", c->global_batch, "Sequences per optimizer step")->required();
-  sub->add_option("--seq,--seq-length", c->seq_length, "Tokens per sequence")->required();
+  sub->add_option("--global-batch", c->global_batch, "Sequences per optimizer step (required but with --inference)");
+  sub->add_option("--seq,--seq-length", c->seq_length,
+                  "Tokens per sequence (required but with --inference, where it is the context)");
   sub->add_option("--top", c->top, "Layouts to list")->capture_default_str();
   sub->add_option("--memory-fraction", c->memory_fraction, "Share of device memory a stage may fill")
       ->capture_default_str();
@@ -278,6 +354,13 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--write-config", c->write_config, "Write the best layout as a pipeflow run configuration");
   sub->add_option("--deepspeed", c->deepspeed, "Write the best layout DeepSpeed can run as its JSON configuration");
   sub->add_option("--megatron", c->megatron, "Write the best layout Megatron-LM can run as its arguments");
+  sub->add_flag("--inference", c->inference,
+                "List the pipeline stage counts (1 .. --devices) that fit generation, with time to first token, "
+                "per-token latency and tokens/s (docs/INFERENCE.md)");
+  sub->add_option("--context", c->context, "--inference: tokens of each sequence the KV cache holds (default --seq, "
+                                           "else the model's)");
+  sub->add_option("--sequences", c->sequences, "--inference: concurrent sequences")->capture_default_str();
+  sub->add_option("--prompt-tokens", c->prompt_tokens, "--inference: tokens of each prompt (default the context)");
   sub->callback([c] { run(*c); });
 }
 

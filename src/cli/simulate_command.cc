@@ -9,8 +9,10 @@
 
 #include "commands.h"
 #include "pipeflow/config/run_config.h"
+#include "pipeflow/core/error.h"
 #include "pipeflow/core/log.h"
 #include "pipeflow/sim/layout.h"
+#include "pipeflow/sim/inference.h"
 #include "pipeflow/sim/prediction.h"
 #include "pipeflow/sim/report.h"
 #include "pipeflow/sim/run_metadata.h"
@@ -28,9 +30,48 @@ struct SimulateCommand {
   std::string svg;
   bool json = false;
   RunFlags flags;
+  // --inference: generation instead of a training step.
+  bool inference = false;
+  std::int64_t context = 0;
+  int sequences = 1;
+  std::int64_t prompt_tokens = 0;
+  int microbatches = 0;
 };
 
+// The inference setup of the configuration (model, hardware, stages,
+// partition; seq_length as the context unless --context) and the flags.
+InferenceSetup inference_setup(const RunConfig& config, std::int64_t context, int sequences,
+                               std::int64_t prompt_tokens, int microbatches) {
+  if (!config.model) fail("--inference needs a model: give --model (a preset or a config.json)");
+  if (config.tensor_parallel != 1 || config.data_parallel != 1) {
+    fail("--inference prices pipeline stages only (got tensor_parallel {} and data_parallel {}): leave both at 1",
+         config.tensor_parallel, config.data_parallel);
+  }
+  InferenceSetup setup;
+  setup.model = *config.model;
+  setup.hardware = config.hardware;
+  setup.stages = config.pipeline.stages;
+  setup.partition = config.pipeline.partition_method;
+  setup.context = context > 0 ? context : config.seq_length;
+  setup.sequences = sequences;
+  setup.prompt_tokens = prompt_tokens;
+  setup.microbatches = microbatches;
+  return setup;
+}
+
+void run_inference(const SimulateCommand& command) {
+  if (!command.profile.empty() || !command.trace.empty() || !command.svg.empty()) {
+    fail("--profile, --trace and --svg describe a training step: leave them out with --inference");
+  }
+  const RunConfig config = run_config_of(command.config, command.flags.overrides());
+  print_config_notes(config);
+  const InferencePrediction p = predict_inference(inference_setup(config, command.context, command.sequences,
+                                                                  command.prompt_tokens, command.microbatches));
+  write_output(command.json ? inference_json(p).dump(2) + "\n" : inference_text(p), "");
+}
+
 void run(const SimulateCommand& command) {
+  if (command.inference) return run_inference(command);
   const RunOverrides overrides = command.flags.overrides();
   const RunConfig config = run_config_of(command.config, overrides);
   print_config_notes(config);
@@ -67,6 +108,15 @@ void add_simulate_command(CLI::App& app) {
   sub->add_option("--trace", c->trace, "Write the simulated timeline as Chrome-trace JSON (Perfetto)");
   sub->add_option("--svg", c->svg, "Write the simulated timeline as SVG");
   sub->add_flag("--json", c->json, "Print one JSON object instead of tables");
+  sub->add_flag("--inference", c->inference,
+                "Predict generation instead: time to first token, per-token latency, tokens/s and memory per stage "
+                "(docs/INFERENCE.md)");
+  sub->add_option("--context", c->context,
+                  "--inference: tokens of each sequence the KV cache holds (default --seq-length, else the model's)");
+  sub->add_option("--sequences", c->sequences, "--inference: concurrent sequences")->capture_default_str();
+  sub->add_option("--prompt-tokens", c->prompt_tokens, "--inference: tokens of each prompt (default the context)");
+  sub->add_option("--microbatches", c->microbatches,
+                  "--inference: groups of sequences in flight (default min(stages, sequences))");
   sub->callback([c] { run(*c); });
 }
 

@@ -195,6 +195,9 @@ void read_schedule_file(const Config& section, PipelineConfig& p) {
   p.file_schedule =
       with_value_context(section, "schedule_file", [&] { return load_schedule_file(p.schedule_file, &notes); });
   p.file_note = describe_schedule_file(p.schedule_file, notes);
+  if (p.file_schedule->is_inference()) {
+    section.fail_value("schedule_file", "is a forward-only inference schedule: training needs a backward");
+  }
   p.schedule.clear();
 }
 
@@ -225,9 +228,9 @@ PipelineConfig read_pipeline(const Config& config) {
                                                   "0 for no checkpointing, k to recompute every block");
   if (!p.file_schedule) {
     p.schedule = lower(section.get("schedule", p.schedule));
-    if (find_schedule(p.schedule) == nullptr) {
-      section.fail_value("schedule", fmt::format("known schedules are {}", known_schedule_names()));
-    }
+    const ScheduleInfo* info = find_schedule(p.schedule);
+    if (info == nullptr) section.fail_value("schedule", fmt::format("known schedules are {}", known_schedule_names()));
+    with_value_context(section, "schedule", [&] { require_training_schedule(*info); });
   }
   p.virtual_stages = positive(section, "virtual_stages", p.virtual_stages, "model chunks per rank");
   if (p.file_schedule) {

@@ -15,6 +15,14 @@
 namespace pipeflow {
 namespace {
 
+void check_memory_fraction(double fraction) {
+  if (!(fraction > 0 && fraction <= 1)) {
+    fail("memory fraction = {}: must be in (0, 1] (the share of device memory a stage may fill; the course "
+         "uses 0.8)",
+         fraction);
+  }
+}
+
 std::vector<int> divisors(int n) {
   std::vector<int> out;
   for (int d = 1; d <= n; ++d) {
@@ -86,14 +94,12 @@ class Search {
     if (request.global_batch < 1) fail("global batch = {}: must be >= 1 sequence", request.global_batch);
     if (request.seq_length < 1) fail("seq length = {}: must be >= 1 token", request.seq_length);
     if (request.top_k < 1) fail("top = {}: must be >= 1 (the layouts to list)", request.top_k);
-    if (!(request.memory_fraction > 0 && request.memory_fraction <= 1)) {
-      fail("memory fraction = {}: must be in (0, 1] (the share of device memory a stage may fill; the course "
-           "uses 0.8)",
-           request.memory_fraction);
-    }
+    check_memory_fraction(request.memory_fraction);
     if (request.partitions.empty()) fail("internal: no partition method to search");
     for (const std::string& name : request.schedules) {
-      if (find_schedule(name) == nullptr) fail("schedule '{}': use one of {}", name, known_schedule_names());
+      const ScheduleInfo* info = find_schedule(name);
+      if (info == nullptr) fail("schedule '{}': use one of {}", name, known_schedule_names());
+      require_training_schedule(*info);
     }
     limit_bytes_ = request.memory_fraction * request.hardware.memory_bytes;
   }
@@ -134,6 +140,7 @@ class Search {
   std::vector<std::pair<const ScheduleInfo*, int>> schedule_choices(int pipeline) const {
     std::vector<std::pair<const ScheduleInfo*, int>> choices;
     for (const ScheduleInfo& info : list_schedules()) {
+      if (info.inference) continue;
       const std::vector<std::string>& only = request_.schedules;
       if (!only.empty() && std::find(only.begin(), only.end(), info.name) == only.end()) continue;
       if (info.placement == Placement::kV) {
@@ -298,5 +305,45 @@ std::string_view to_string(RejectReason reason) {
 PlanResult plan_layouts(const PlanRequest& request) { return Search(request).run(true); }
 
 PlanResult plan_layouts_exhaustively(const PlanRequest& request) { return Search(request).run(false); }
+
+InferencePlan plan_inference(const InferencePlanRequest& request) {
+  if (request.max_stages < 1) fail("devices = {}: must be >= 1 (the most pipeline stages to try)", request.max_stages);
+  check_memory_fraction(request.memory_fraction);
+  InferencePlan plan;
+  plan.limit_bytes = request.memory_fraction * request.setup.hardware.memory_bytes;
+  for (int p = 1; p <= request.max_stages; ++p) {
+    InferenceOption option;
+    option.stages = p;
+    InferenceSetup setup = request.setup;
+    setup.stages = p;
+    try {
+      option.prediction = predict_inference(setup);
+    } catch (const Error& error) {
+      option.rejected = error.what();
+      plan.rejected.push_back(std::move(option));
+      continue;
+    }
+    const std::vector<InferenceStage>& stages = option.prediction.stages;
+    const auto peak = std::max_element(stages.begin(), stages.end(), [](const auto& a, const auto& b) {
+      return a.peak_bytes() < b.peak_bytes();
+    });
+    if (peak->peak_bytes() > plan.limit_bytes) {
+      option.rejected = fmt::format(
+          "out of memory: stage {} needs {} (weights {}, KV cache {}, activations {}) > {}", peak - stages.begin(),
+          format_bytes(peak->peak_bytes()), format_bytes(peak->weight_bytes), format_bytes(peak->kv_cache_bytes),
+          format_bytes(peak->activation_bytes), format_bytes(plan.limit_bytes));
+      plan.rejected.push_back(std::move(option));
+    } else {
+      plan.fitting.push_back(std::move(option));
+    }
+  }
+  std::stable_sort(plan.fitting.begin(), plan.fitting.end(), [](const InferenceOption& a, const InferenceOption& b) {
+    const InferencePrediction& x = a.prediction;
+    const InferencePrediction& y = b.prediction;
+    if (x.tokens_per_s != y.tokens_per_s) return x.tokens_per_s > y.tokens_per_s;
+    return x.time_to_first_token_s < y.time_to_first_token_s;
+  });
+  return plan;
+}
 
 }  // namespace pipeflow

@@ -13,6 +13,7 @@
 #include "pipeflow/runtime/rank_threads.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/stage_partition.h"
+#include "pipeflow/schedule/generators.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -55,6 +56,7 @@ class Decode {
         options_(options),
         p_(static_cast<int>(stages.size())),
         m_(options.microbatches),
+        round_(make_schedule("inference", p_, m_)),
         timeout_(std::chrono::duration_cast<Clock::duration>(options.timeout)),
         transport_(std::vector<int>(stages.size(), m_ + 1),
                    p_ <= usable_cores() ? kHandoffSpin : std::chrono::nanoseconds(0)),
@@ -70,10 +72,13 @@ class Decode {
     for (int s = 0; s < sequences; ++s) rngs_.emplace_back(nn::derive_seed(options.sampling.seed, s));
   }
 
-  // Prefill (step 0), then one token per step, group after group.
+  // Prefill (step 0), then one token per step: each step runs rank r's list
+  // of the registry's inference schedule (the forward of its stage for
+  // group 0, 1, ..., m - 1).
   void run_rank(int r, Clock::time_point start) {
     for (int step = 0; step < options_.sampling.new_tokens; ++step) {
-      for (int g = 0; g < m_; ++g) {
+      for (const Action& action : round_.actions(RankId(r))) {
+        const int g = action.microbatch.value();
         nn::SequenceRows rows{first_[static_cast<std::size_t>(g)], {}};
         for (int s = rows.first; s < first_[static_cast<std::size_t>(g) + 1]; ++s) {
           rows.counts.push_back(step == 0 ? static_cast<int>(prompts_[static_cast<std::size_t>(s)].size()) : 1);
@@ -185,6 +190,7 @@ class Decode {
   const InferenceOptions& options_;
   const int p_;
   const int m_;
+  const Schedule round_;
   const Clock::duration timeout_;
   std::vector<int> first_;  // group g holds sequences first_[g] … first_[g + 1] − 1
   std::vector<std::unique_ptr<nn::KvCache>> caches_;

@@ -322,6 +322,15 @@ Schedule make_dualpipev(int ranks, int microbatches) {
   });
 }
 
+Schedule make_inference(int ranks, int microbatches) {
+  require_basics("inference", ranks, microbatches);
+  Schedule schedule = build("inference", ranks, ranks, microbatches, Placement::kLoop, [&](RankPlan& plan, int r) {
+    for (int k = 0; k < microbatches; ++k) plan.forward(r);
+  });
+  schedule.set_inference(true);
+  return schedule;
+}
+
 const std::vector<ScheduleInfo>& list_schedules() {
   static const std::vector<ScheduleInfo> kSchedules = {
       {.name = "gpipe",
@@ -377,6 +386,13 @@ const std::vector<ScheduleInfo>& list_schedules() {
        .placement = Placement::kV,
        .require = require_v_shape,
        .generate = [](int p, int m, int) { return make_dualpipev(p, m); }},
+      {.name = "inference",
+       .description = "forward only: each micro-batch through the stages in order (generation's prefill)",
+       .constraints = "any stages, microbatches >= 1; no backward, not for training",
+       .source = "DeepSpeed InferenceSchedule (m + p - 1 steps)",
+       .inference = true,
+       .require = require_basics,
+       .generate = [](int p, int m, int) { return make_inference(p, m); }},
   };
   return kSchedules;
 }
@@ -391,6 +407,14 @@ void ScheduleInfo::check(int ranks, int microbatches, int virtual_per_rank) cons
          name, virtual_per_rank);
   }
   require(name, ranks, microbatches, virtual_per_rank);
+}
+
+void require_training_schedule(const ScheduleInfo& info) {
+  if (info.inference) {
+    fail("{} is a forward-only inference schedule, with no backward to train with: use a training schedule "
+         "(gpipe, 1f1b, ...), or pipeflow generate for inference",
+         info.name);
+  }
 }
 
 const ScheduleInfo* find_schedule(std::string_view name) {

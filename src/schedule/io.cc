@@ -372,6 +372,7 @@ std::string write_json(const Schedule& schedule) {
   out += fmt::format("  \"stages\": {},\n", schedule.num_stages());
   out += fmt::format("  \"placement\": \"{}\",\n", to_string(schedule.placement()));
   out += fmt::format("  \"microbatches\": {},\n", schedule.num_microbatches());
+  if (schedule.is_inference()) out += "  \"inference\": true,\n";
   out += "  \"actions\": [\n";
   for (int r = 0; r < schedule.num_ranks(); ++r) {
     std::string row;
@@ -391,6 +392,7 @@ Schedule read_json(std::string_view text, const std::string& source) {
   const nlohmann::json& actions = config.raw("actions");
   Schedule schedule(config.require<std::string>("name"), config.require<int>("ranks"), config.require<int>("stages"),
                     config.require<int>("microbatches"), placement_text == "v" ? Placement::kV : Placement::kLoop);
+  schedule.set_inference(config.get("inference", false));
   config.check_no_unknown_keys();
   if (!actions.is_array() || static_cast<int>(actions.size()) != schedule.num_ranks()) {
     config.fail_value("actions", fmt::format("must be a list of {} lists of actions, one per rank", schedule.num_ranks()));

@@ -20,8 +20,10 @@ struct Message {
 };
 
 Schedule empty_like(const Schedule& schedule) {
-  return Schedule(schedule.name(), schedule.num_ranks(), schedule.num_stages(), schedule.num_microbatches(),
-                  schedule.placement());
+  Schedule out(schedule.name(), schedule.num_ranks(), schedule.num_stages(), schedule.num_microbatches(),
+               schedule.placement());
+  out.set_inference(schedule.is_inference());
+  return out;
 }
 
 // The unit-cost timing of a compute-only schedule, searchable by action and time.

@@ -102,6 +102,12 @@ class Validator {
                           stages_ - 1, microbatches_ - 1));
           continue;
         }
+        if (s_.is_inference() && is_compute(a.kind) && a.kind != ActionKind::kForward) {
+          add("forward-only", here,
+              fmt::format("{} is a backward, but an inference schedule runs forwards only: remove it, or mark the "
+                          "schedule as training",
+                          to_string(a)));
+        }
         const RankId home = s_.rank_of(a.stage);
         if (home.value() != r) {
           add("placement", here,
@@ -135,6 +141,7 @@ class Validator {
         const int w = count(s, ActionKind::kBackwardWeight, k);
         const std::string what = fmt::format("stage {} micro-batch {}", s, k);
         if (f == 0) add("count", gradient_at(s, k), fmt::format("{} has no forward ({}F{})", what, s, k));
+        if (s_.is_inference()) continue;  // its backwards are forward-only violations
         if (b == 0 && i == 0 && w == 0) {
           add("count", at(s, ActionKind::kForward, k),
               fmt::format("{} has no backward: it needs {}B{}, or {}I{} and {}W{}", what, s, k, s, k, s, k));
@@ -310,7 +317,8 @@ std::string join_ints(const std::vector<int>& values) {
 
 std::string describe(const Schedule& schedule) {
   auto count = [](std::size_t n, const char* one, const char* many) { return fmt::format("{} {}", n, n == 1 ? one : many); };
-  return fmt::format("{}: {}, {} ({} placement), {}, {}, {}", schedule.name(),
+  return fmt::format("{}: {}{}, {} ({} placement), {}, {}, {}", schedule.name(),
+                     schedule.is_inference() ? "inference (forward only), " : "",
                      count(static_cast<std::size_t>(schedule.num_ranks()), "rank", "ranks"),
                      count(static_cast<std::size_t>(schedule.num_stages()), "stage", "stages"), to_string(schedule.placement()),
                      count(static_cast<std::size_t>(schedule.num_microbatches()), "micro-batch", "micro-batches"),
@@ -342,6 +350,7 @@ std::string ValidationReport::summary(const Schedule& schedule) const {
                        dry_run->makespan, schedule.has_communication() ? ", rendezvous send/recv" : "",
                        format_percent(bubble_fraction(*dry_run)));
   }
+  if (schedule.is_inference()) return out + "forward only: no activation is kept for a backward\n";
   out += fmt::format("peak in-flight micro-batch chunks per rank: {}\n", join_ints(peak_inflight));
   if (split_backward) {
     out += fmt::format("peak in-flight until W per rank: {}\n", join_ints(peak_inflight_until_weight));

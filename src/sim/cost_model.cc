@@ -1,5 +1,6 @@
 #include "pipeflow/sim/cost_model.h"
 
+#include <algorithm>
 #include <array>
 #include <optional>
 
@@ -194,7 +195,16 @@ BlockMemoryBytes block_memory_bytes(const ModelSpec& model, const ParallelConfig
   return bytes;
 }
 
-LayerSeconds block_seconds(const ModelSpec& model, const ParallelConfig& c, const HardwareProfile& hw) {
+// The block's forward GEMMs per micro-batch and device: the four linear
+// layers, and the attention core (QKᵀ, s×d by d×s, and probs·V, s×s by s×d,
+// per head). A backward half (dX: m×n by n×k, dW: k×m by m×n) has the same
+// FLOPs and the same size x, hence the same seconds.
+struct BlockGemmSeconds {
+  double linear = 0;
+  double core = 0;
+};
+
+BlockGemmSeconds block_gemm_seconds(const ModelSpec& model, const ParallelConfig& c, const HardwareProfile& hw) {
   const double t = c.tensor_parallel;
   const double tokens = static_cast<double>(c.micro_batch) * c.seq_length;
   const double h = model.hidden;
@@ -202,15 +212,15 @@ LayerSeconds block_seconds(const ModelSpec& model, const ParallelConfig& c, cons
   const bool gpt = model.architecture == Architecture::kGpt;
   const double qkv = gpt ? 3 * h : h + kv_width(model);
   const double up = gpt ? f : 2 * f;
-  // Forward GEMMs; a backward half (dX: m×n by n×k, dW: k×m by m×n) has the
-  // same FLOPs and the same size x, hence the same seconds.
-  const double linear = gemms_seconds(hw, {{tokens, qkv / t, h}, {tokens, h, h / t}, {tokens, up / t, h},
-                                           {tokens, h, f / t}});
   const double head_width = h / model.heads;
   const double heads = c.micro_batch * model.heads / t;
   const double s = c.seq_length;
-  // QKᵀ (s×d by d×s) and probs·V (s×s by s×d) per head; backward twice that.
-  const double core = gemms_seconds(hw, {{s, s, head_width, heads}, {s, head_width, s, heads}});
+  return {gemms_seconds(hw, {{tokens, qkv / t, h}, {tokens, h, h / t}, {tokens, up / t, h}, {tokens, h, f / t}}),
+          gemms_seconds(hw, {{s, s, head_width, heads}, {s, head_width, s, heads}})};
+}
+
+LayerSeconds block_seconds(const ModelSpec& model, const ParallelConfig& c, const HardwareProfile& hw) {
+  const auto [linear, core] = block_gemm_seconds(model, c, hw);
   const BlockMemoryBytes bytes = block_memory_bytes(model, c);
   const double core_forward = core + memory_seconds(hw, bytes.core_forward);
   LayerSeconds out;
@@ -260,6 +270,47 @@ LayerSeconds layer_compute_seconds(const ModelSpec& model, const ParallelConfig&
     }
   }
   return {};
+}
+
+double layer_prefill_seconds(const ModelSpec& model, const ParallelConfig& c, LayerKind kind,
+                             const HardwareProfile& hw) {
+  const double e = c.bytes_per_element;
+  const double rows = c.micro_batch;  // each sequence's last row reaches the LM head
+  switch (kind) {
+    case LayerKind::kBlock: {
+      const BlockGemmSeconds gemms = block_gemm_seconds(model, c, hw);
+      return gemms.linear + gemms.core + memory_seconds(hw, block_memory_bytes(model, c).forward);
+    }
+    case LayerKind::kEmbedding:
+      return layer_compute_seconds(model, c, kind, hw).forward_s;
+    case LayerKind::kHead:
+      return matmul_seconds(hw, rows, static_cast<double>(model.vocab), model.hidden) +
+             memory_seconds(hw, 2 * e * rows * model.hidden + e * rows * static_cast<double>(model.vocab));
+  }
+  return 0;
+}
+
+DecodeWork layer_decode_work(const ModelSpec& model, const PipelineLayer& layer, int sequences,
+                             std::int64_t cached, int bytes_per_element) {
+  const double n = sequences;
+  const double e = bytes_per_element;
+  const double weights = static_cast<double>(layer.parameters + layer.tied_parameters);
+  switch (layer.kind) {
+    case LayerKind::kEmbedding:
+      return {e * n * model.hidden, 0};
+    case LayerKind::kHead:
+      return {e * weights, 2 * n * weights};
+    case LayerKind::kBlock: {
+      const double kv = static_cast<double>(
+          kv_cache_bytes(1, model.kv_heads, model.hidden / model.heads, bytes_per_element, cached, sequences));
+      return {e * weights + kv, 2 * n * weights + 4 * n * static_cast<double>(cached) * model.hidden};
+    }
+  }
+  return {};
+}
+
+double decode_seconds(const DecodeWork& work, const HardwareProfile& hw) {
+  return std::max(memory_seconds(hw, work.bytes), compute_seconds(work.flops, hw));
 }
 
 Schedule layout_schedule(const Layout& layout) {

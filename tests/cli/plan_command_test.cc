@@ -57,5 +57,35 @@ TEST(PlanCommand, NothingFitsExitsNonZeroWithTheCounts) {
   EXPECT_NE(r.err.find("no layout of gpt3-175b on 8 × a100-80g fits"), std::string::npos) << r.err;
 }
 
+TEST(PlanCommand, InferenceListsTheStageCountsThatFitAndWhyOthersDoNot) {
+  const CommandResult r =
+      run_pipeflow("plan --inference --model llama3-405b --hardware h100 --devices 16 --context 131072");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("llama3-405b on 1 .. 16 × h100: 1 sequence, context 131072 tokens, prompts of 131072 tokens; "
+                        "memory limit 0.8 × 80.0 GiB = 64.0 GiB per device\n",
+                        0),
+            0u)
+      << r.out;
+  EXPECT_NE(r.out.find("#  stages  micro-batches  time to first token"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("does not fit:\n  1 stage: out of memory: stage 0 needs"), std::string::npos) << r.out;
+  const CommandResult json =
+      run_pipeflow("plan --inference --model llama3-405b --hardware h100 --devices 16 --context 131072 --json");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const auto j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(j["fitting"].size() + j["rejected"].size(), 16u);
+  EXPECT_EQ(j["rejected"][0]["stages"], 1);
+  const CommandResult none = run_pipeflow(
+      "plan --inference --model llama3-405b --hardware h100 --devices 16 --context 131072 --sequences 8");
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.out.find("no stage count fits\ndoes not fit:\n"), std::string::npos) << none.out;
+  EXPECT_EQ(none.err, "pipeflow: error: no stage count of 1 .. 16 fits (reasons above): use more --devices, fewer "
+                      "--sequences, a shorter --context or a larger --memory-fraction\n");
+  const CommandResult training = run_pipeflow("plan --model llama3-8b --devices 8");
+  EXPECT_NE(training.exit_code, 0);
+  EXPECT_NE(training.err.find("plan needs --global-batch and --seq (or --inference for generation)"),
+            std::string::npos)
+      << training.err;
+}
+
 }  // namespace
 }  // namespace pipeflow::testing

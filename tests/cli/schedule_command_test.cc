@@ -127,6 +127,42 @@ TEST(ValidateCommand, BadCsvPrintsEveryViolationWithTheGridAndExitsOne) {
   EXPECT_EQ(result.err, "pipeflow: error: " + path + ": 2 violations (listed above)\n");
 }
 
+// A forward-only CSV is a training schedule missing its backwards unless
+// --inference says otherwise; the JSON carries the mark itself.
+TEST(ValidateCommand, InferenceAcceptsAForwardOnlyCsv) {
+  const std::string dir = make_temp_dir();
+  for (const char* format : {"csv", "json"}) {
+    const std::string path = dir + "/prefill." + format;
+    ASSERT_EQ(run_pipeflow("schedule --schedule inference --stages 3 --microbatches 4 --lowered --format " +
+                           std::string(format) + " -o " + path)
+                  .exit_code,
+              0);
+    const CommandResult plain = run_pipeflow("validate " + path);
+    const CommandResult inference = run_pipeflow("validate --inference " + path);
+    EXPECT_EQ(inference.exit_code, 0) << inference.out;
+    const bool json = std::string(format) == "json";
+    // A CSV's schedule is named after the file, a JSON's by its "name".
+    EXPECT_EQ(inference.out.rfind(std::string("OK ") + (json ? "inference" : "prefill.csv") +
+                                      ": inference (forward only), 3 ranks",
+                                  0),
+              0u)
+        << inference.out;
+    if (json) {
+      EXPECT_EQ(plain.exit_code, 0) << plain.out;
+    } else {
+      EXPECT_EQ(plain.exit_code, 1);
+      EXPECT_NE(plain.out.find("count: rank 0 step 0: stage 0 micro-batch 0 has no backward"), std::string::npos)
+          << plain.out;
+    }
+  }
+  const CommandResult grid = run_pipeflow("schedule --schedule inference --stages 2 --microbatches 3");
+  ASSERT_EQ(grid.exit_code, 0) << grid.err;
+  EXPECT_NE(grid.out.find("unit-cost makespan 4 (F=1, B=2, I=W=1, no transfer time), bubble 25.0%\n"),
+            std::string::npos)
+      << grid.out;
+  EXPECT_NE(run_pipeflow("schedule --list").out.find("inference         forward only"), std::string::npos);
+}
+
 TEST(ValidateCommand, MalformedCsvNamesRowColumnAndToken) {
   const std::string dir = make_temp_dir();
   write_file_atomic(dir + "/bad.csv", "0F0,0B0\n1F0,1Z0,1B0\n");

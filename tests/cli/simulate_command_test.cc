@@ -204,5 +204,35 @@ TEST(SimulateCommand, BrokenLayoutsFailWithOneLineNamingTheFix) {
   EXPECT_EQ(model.err.rfind("pipeflow: error: the command line: no model:", 0), 0u) << model.err;
 }
 
+TEST(SimulateCommand, InferencePrintsLatencyThroughputAndMemoryPerStage) {
+  const std::string command = "simulate --inference --model llama3-70b --hardware h100 --stages 4 --context 32768 "
+                              "--sequences 8";
+  const CommandResult text = run_pipeflow(command);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_EQ(text.out.rfind("llama3-70b on 4 × h100 (80.0 GiB per device), bf16: 8 sequences of 32768-token "
+                           "context, prompts of 32768 tokens, 4 micro-batches of at most 2 sequences\n",
+                           0),
+            0u)
+      << text.out;
+  EXPECT_NE(text.out.find("stage  layers"), std::string::npos) << text.out;
+  const CommandResult json = run_pipeflow(command + " --json");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const auto j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(j["stages"].size(), 4u);
+  EXPECT_EQ(j["group_sizes"], nlohmann::json::array({2, 2, 2, 2}));
+  double kv = 0;
+  for (const auto& stage : j["stages"]) kv += stage["kv_cache_bytes"].get<double>();
+  EXPECT_EQ(kv, 80.0 * 1024 * 1024 * 1024);  // 320 KiB per token × 32768 tokens × 8 sequences
+  EXPECT_NEAR(j["tokens_per_s"].get<double>(), 8 / j["per_token_s"].get<double>(), 1e-9);
+  EXPECT_GT(j["time_to_first_token_s"].get<double>(), 0);
+
+  const CommandResult traced = run_pipeflow(command + " --trace t.json");
+  EXPECT_NE(traced.exit_code, 0);
+  EXPECT_NE(traced.err.find("--profile, --trace and --svg describe a training step"), std::string::npos) << traced.err;
+  const CommandResult no_model = run_pipeflow("simulate --inference --stages 2");
+  EXPECT_NE(no_model.exit_code, 0);
+  EXPECT_NE(no_model.err.find("--inference needs a model: give --model"), std::string::npos) << no_model.err;
+}
+
 }  // namespace
 }  // namespace pipeflow::testing

@@ -241,7 +241,10 @@ TEST(RunConfig, BadValuesNameThePathTheValueTheRuleAndTheFix) {
             "run.json: pipeline.stages = 0: must be a positive integer: the number of pipeline ranks");
   EXPECT_EQ(parse_error(R"({"pipeline": {"schedule": "2f2b"}})"),
             "run.json: pipeline.schedule = \"2f2b\": known schedules are gpipe, 1f1b, interleaved-1f1b, looped-bfs, "
-            "zb-h1, zb-h2, zbv, dualpipev");
+            "zb-h1, zb-h2, zbv, dualpipev, inference");
+  EXPECT_EQ(parse_error(R"({"pipeline": {"schedule": "inference"}})"),
+            "run.json: pipeline.schedule = \"inference\": inference is a forward-only inference schedule, with no "
+            "backward to train with: use a training schedule (gpipe, 1f1b, ...), or pipeflow generate for inference");
   EXPECT_EQ(parse_error(R"({"pipeline": {"partition_method": "bogus"}})"),
             "run.json: pipeline.partition_method = \"bogus\": unknown partition method 'bogus': use uniform, "
             "parameters, type:REGEX, balanced, counts:N,N,... or bounds:0,B,...,LAYERS");

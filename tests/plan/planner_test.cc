@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "../support/error_of.h"
+#include "pipeflow/core/units.h"
 #include "pipeflow/sim/prediction.h"
 
 namespace pipeflow {
@@ -103,6 +104,52 @@ TEST(Planner, NothingFitsIsAnErrorWithTheCounts) {
   EXPECT_NE(error.find("out of memory"), std::string::npos) << error;
   request.memory_fraction = 1.5;
   EXPECT_EQ(error_of([&] { plan_layouts(request); }),
+            "memory fraction = 1.5: must be in (0, 1] (the share of device memory a stage may fill; the course uses "
+            "0.8)");
+}
+
+// Llama 3 405B at 128K context: 756 GiB of bf16 weights and a 63 GiB cache
+// cannot sit on one 80 GB device; cut into enough stages they do.
+TEST(InferencePlan, Llama405BAt128KFitsOnlyOnSeveralStages) {
+  InferencePlanRequest request;
+  request.setup.model = model_preset("llama3-405b");
+  request.setup.hardware = hardware_preset("h100");
+  request.setup.context = 131072;
+  request.max_stages = 16;
+  const InferencePlan plan = plan_inference(request);
+  EXPECT_EQ(plan.limit_bytes, 0.8 * 80 * kGiB);
+  ASSERT_FALSE(plan.rejected.empty());
+  ASSERT_FALSE(plan.fitting.empty());
+  EXPECT_EQ(plan.rejected.front().stages, 1);
+  EXPECT_EQ(plan.rejected.front().rejected.rfind("out of memory: stage 0 needs ", 0), 0u) << plan.rejected.front().rejected;
+  int fewest = request.max_stages;
+  for (const InferenceOption& o : plan.fitting) {
+    EXPECT_LE(o.prediction.peak_bytes(), plan.limit_bytes);
+    fewest = std::min(fewest, o.stages);
+  }
+  for (const InferenceOption& o : plan.rejected) {
+    EXPECT_LT(o.stages, fewest);  // more stages never need more memory per stage
+    ASSERT_FALSE(o.prediction.stages.empty());
+    EXPECT_GT(o.prediction.peak_bytes(), plan.limit_bytes);
+  }
+  EXPECT_EQ(fewest, 15);  // 14 stages: the last holds 64.3 GiB
+  EXPECT_EQ(plan.rejected.size() + plan.fitting.size(), 16u);
+  for (std::size_t i = 1; i < plan.fitting.size(); ++i) {
+    EXPECT_GE(plan.fitting[i - 1].prediction.tokens_per_s, plan.fitting[i].prediction.tokens_per_s);
+  }
+  // Too many stages for the layers (128 pipeline layers) is a reason, not an error.
+  request.setup.model = model_preset("llama3-8b");
+  request.setup.context = 8192;
+  request.max_stages = 35;
+  const InferencePlan small = plan_inference(request);
+  EXPECT_EQ(small.rejected.size(), 1u);
+  EXPECT_EQ(small.rejected.front().rejected,
+            "stages = 35: llama3-8b has 34 pipeline layers (embedding, 32 blocks, head) and every stage needs one; "
+            "use 34 stages or fewer");
+  EXPECT_EQ(error_of([&] {
+              request.memory_fraction = 1.5;
+              plan_inference(request);
+            }),
             "memory fraction = 1.5: must be in (0, 1] (the share of device memory a stage may fill; the course uses "
             "0.8)");
 }

@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "pipeflow/model/hardware.h"
 #include "pipeflow/model/model_states.h"
+#include "pipeflow/runtime/stage_partition.h"
+#include "pipeflow/sim/inference.h"
 #include "test_support.h"
 
 namespace pipeflow::runtime {
@@ -105,6 +108,20 @@ TEST(Inference, KvCacheBytesPerStageAreTheFormula) {
                                                    kModel.context, static_cast<std::int64_t>(kPrompts.size())));
     EXPECT_GT(stage.busy_s, 0);
     total += stage.kv_cache_bytes;
+  }
+  // The cost model's cache per stage (simulate --inference) is what the stages allocate.
+  InferenceSetup setup;
+  setup.model = model_spec(kModel);
+  setup.hardware = hardware_preset("cpu");
+  setup.stages = 3;
+  setup.sequences = static_cast<int>(kPrompts.size());
+  setup.context = kModel.context;
+  setup.bytes_per_value = 4;
+  const InferencePrediction predicted = predict_inference(setup);
+  for (std::size_t r = 0; r < result.stages.size(); ++r) {
+    EXPECT_EQ(predicted.stages.at(r).first_layer, result.stages[r].layers.first);
+    EXPECT_EQ(predicted.stages.at(r).end_layer, result.stages[r].layers.last);
+    EXPECT_EQ(predicted.stages.at(r).kv_cache_bytes, static_cast<double>(result.stages[r].kv_cache_bytes));
   }
   // Cut across stages, the cache is the whole model's.
   EXPECT_EQ(total, kv_cache_bytes(kModel.n_layer, kModel.n_head, kModel.n_embd / kModel.n_head, 4, kModel.context,

@@ -313,11 +313,11 @@ TEST(Registry, ListsEveryGeneratorAndDispatches) {
     EXPECT_EQ(find_schedule(info.name), &info);
   }
   EXPECT_EQ(names, (std::vector<std::string>{"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2",
-                                              "zbv", "dualpipev"}));
+                                              "zbv", "dualpipev", "inference"}));
   EXPECT_EQ(make_schedule("ZBV", 2, 4, 2).num_stages(), 4);
   EXPECT_EQ(error_of([] { make_schedule("pipedream", 2, 4, 1); }),
             "unknown schedule \"pipedream\": known schedules are gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, "
-            "zb-h2, zbv, dualpipev");
+            "zb-h2, zbv, dualpipev, inference");
   EXPECT_EQ(error_of([] { make_schedule("gpipe", 2, 4, 2); }),
             "gpipe holds one stage per rank (got virtual 2): use interleaved-1f1b or looped-bfs for several chunks "
             "per rank");
@@ -344,7 +344,46 @@ TEST(Registry, LookupIgnoresCaseAndNamesEveryScheduleInOrder) {
   EXPECT_EQ(find_schedule("DualPipeV"), find_schedule("dualpipev"));
   EXPECT_NE(find_schedule("dualpipev"), nullptr);
   EXPECT_EQ(find_schedule("pipedream"), nullptr);
-  EXPECT_EQ(known_schedule_names(), "gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, zb-h2, zbv, dualpipev");
+  EXPECT_EQ(known_schedule_names(),
+            "gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1, zb-h2, zbv, dualpipev, inference");
+}
+
+// DeepSpeed's InferenceSchedule: m + p - 1 steps of F = 1, bubble
+// (p - 1)/(m + p - 1), stage r forwarding micro-batch k at step k + r.
+TEST(Inference, ForwardOnlyInMPlusPMinusOneSteps) {
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 4 * p; ++m) {
+      const Schedule schedule = make_schedule("inference", p, m);
+      EXPECT_TRUE(schedule.is_inference());
+      EXPECT_EQ(schedule.total_actions(), static_cast<std::size_t>(p * m));
+      const ValidationReport report = validate(schedule);
+      ASSERT_TRUE(report.ok()) << report.render(schedule);
+      EXPECT_EQ(report.dry_run->makespan, m + p - 1) << p << " " << m;
+      EXPECT_NEAR(bubble_fraction(*report.dry_run), static_cast<double>(p - 1) / (m + p - 1), 1e-12);
+      for (int r = 0; r < p; ++r) {
+        const auto& timed = report.dry_run->ranks[static_cast<std::size_t>(r)];
+        for (int k = 0; k < m; ++k) {
+          EXPECT_EQ(timed[static_cast<std::size_t>(k)].action, (Action{StageId(r), ActionKind::kForward, MicrobatchId(k)}));
+          EXPECT_EQ(timed[static_cast<std::size_t>(k)].start, k + r);
+        }
+      }
+      const Schedule lowered = insert_send_recv(schedule);
+      EXPECT_TRUE(lowered.is_inference());
+      const ValidationReport lowered_report = validate(lowered);
+      ASSERT_TRUE(lowered_report.ok()) << lowered_report.render(lowered);
+      EXPECT_EQ(lowered_report.dry_run->makespan, m + p - 1);
+    }
+  }
+  EXPECT_EQ(error_of([] { make_schedule("inference", 2, 4, 2); }),
+            "inference holds one stage per rank (got virtual 2): use interleaved-1f1b or looped-bfs for several "
+            "chunks per rank");
+}
+
+TEST(Inference, TrainingRefusesIt) {
+  EXPECT_EQ(error_of([] { require_training_schedule(*find_schedule("inference")); }),
+            "inference is a forward-only inference schedule, with no backward to train with: use a training "
+            "schedule (gpipe, 1f1b, ...), or pipeflow generate for inference");
+  require_training_schedule(*find_schedule("1f1b"));
 }
 
 }  // namespace

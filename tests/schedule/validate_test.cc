@@ -42,6 +42,54 @@ TEST(Validate, GoodScheduleHasNoViolationsAndASummary) {
             "peak in-flight micro-batch chunks per rank: 4 3 2 1\n");
 }
 
+// An inference schedule runs forwards only: the same forwards that are a
+// training schedule missing its backwards are a valid inference schedule,
+// and a backward in an inference schedule is the violation.
+TEST(Validate, InferenceScheduleHasNoBackward) {
+  Schedule forwards = hand(2, 2, 2, Placement::kLoop, {"0F0 0F1", "1F0 1F1"});
+  EXPECT_EQ(messages(validate(forwards)),
+            (Messages{"count: rank 0 step 0: stage 0 micro-batch 0 has no backward: it needs 0B0, or 0I0 and 0W0",
+                      "count: rank 0 step 1: stage 0 micro-batch 1 has no backward: it needs 0B1, or 0I1 and 0W1",
+                      "count: rank 1 step 0: stage 1 micro-batch 0 has no backward: it needs 1B0, or 1I0 and 1W0",
+                      "count: rank 1 step 1: stage 1 micro-batch 1 has no backward: it needs 1B1, or 1I1 and 1W1"}));
+  forwards.set_inference(true);
+  const ValidationReport report = validate(forwards);
+  EXPECT_TRUE(report.ok());
+  EXPECT_EQ(report.summary(forwards),
+            "hand: inference (forward only), 2 ranks, 2 stages (loop placement), 2 micro-batches, compute-only, 4 "
+            "actions\n"
+            "unit-cost makespan 3 (F=1, B=2, I=W=1, no transfer time), bubble 33.3%\n"
+            "forward only: no activation is kept for a backward\n");
+
+  Schedule with_backward = hand(1, 1, 2, Placement::kLoop, {"0F0 0B0 0F1 0I1 0W1"});
+  with_backward.set_inference(true);
+  EXPECT_EQ(messages(validate(with_backward)),
+            (Messages{"forward-only: rank 0 step 1: 0B0 is a backward, but an inference schedule runs forwards only: "
+                      "remove it, or mark the schedule as training",
+                      "forward-only: rank 0 step 3: 0I1 is a backward, but an inference schedule runs forwards only: "
+                      "remove it, or mark the schedule as training",
+                      "forward-only: rank 0 step 4: 0W1 is a backward, but an inference schedule runs forwards only: "
+                      "remove it, or mark the schedule as training"}));
+  Schedule missing_forward = hand(1, 1, 2, Placement::kLoop, {"0F0"});
+  missing_forward.set_inference(true);
+  EXPECT_EQ(messages(validate(missing_forward)), Messages{"count: stage 0 micro-batch 1 has no forward (0F1)"});
+}
+
+// JSON carries the mark; a CSV cannot, and reads as training.
+TEST(Validate, InferenceMarkRoundTripsThroughJsonNotCsv) {
+  const Schedule schedule = make_schedule("inference", 3, 4);
+  const std::string json = write_json(schedule);
+  EXPECT_NE(json.find("\"inference\": true,"), std::string::npos);
+  const Schedule read = read_json(json, "x.json");
+  EXPECT_TRUE(read.is_inference());
+  EXPECT_TRUE(validate(read).ok());
+  EXPECT_EQ(write_json(make_schedule("1f1b", 3, 4)).find("inference"), std::string::npos);
+  EXPECT_FALSE(read_json(write_json(make_schedule("1f1b", 3, 4)), "y.json").is_inference());
+  const Schedule csv = read_csv(write_csv(schedule), "x.csv");
+  EXPECT_FALSE(csv.is_inference());
+  EXPECT_EQ(validate(csv).violations.size(), 12u);  // every (stage, micro-batch) lacks its backward
+}
+
 TEST(Validate, SplitBackwardSummaryAlsoCountsUntilW) {
   const Schedule schedule = make_zb_h1(2, 2);
   const ValidationReport report = validate(schedule);

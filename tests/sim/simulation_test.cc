@@ -613,6 +613,7 @@ TEST(SimulateMemory, SplitBackwardHoldsTheWeightGradientShareUntilW) {
 TEST(SimulateMemory, EveryScheduleHoldsItsEnginesPeakInFlightMicrobatches) {
   constexpr double kActivation = 1e6;
   for (const ScheduleInfo& info : list_schedules()) {
+    if (info.inference) continue;  // forward only: no activation is held for a backward
     for (int p : {2, 3, 4}) {
       for (int m : {2 * p, 3 * p + 1}) {
         const Schedule schedule = make_schedule(info.name, p, m, info.takes_virtual ? 2 : 1);

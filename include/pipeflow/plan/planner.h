@@ -8,6 +8,7 @@
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/model/model_spec.h"
 #include "pipeflow/model/partition.h"
+#include "pipeflow/sim/inference.h"
 #include "pipeflow/sim/layout.h"
 
 namespace pipeflow {
@@ -100,5 +101,32 @@ PlanResult plan_layouts(const PlanRequest& request);
 // The same search without the time bound: every candidate that passes the
 // memory bound is simulated (what the tests compare plan_layouts with).
 PlanResult plan_layouts_exhaustively(const PlanRequest& request);
+
+// `pipeflow plan --inference`: how many stages (one device each) the setup
+// needs to fit, and what each stage count gives. Every P in 1 .. max_stages
+// is predicted (predict_inference, setup.stages replaced; setup.microbatches
+// 0 picks min(P, sequences) for each); it fits when every stage's peak is
+// within memory_fraction × the device's memory, as the training plan's rule.
+struct InferencePlanRequest {
+  InferenceSetup setup;
+  int max_stages = 1;
+  double memory_fraction = 0.8;
+};
+
+struct InferenceOption {
+  int stages = 0;
+  InferencePrediction prediction;  // no stages when the setup cannot run at this P
+  std::string rejected;                           // why it does not fit; empty when it fits
+};
+
+struct InferencePlan {
+  double limit_bytes = 0;                // memory_fraction × device memory
+  std::vector<InferenceOption> fitting;  // by tokens/s, then time to first token, then fewer stages
+  std::vector<InferenceOption> rejected; // in increasing P
+};
+
+// Throws Error for max_stages < 1 or a memory fraction outside (0, 1]; a
+// setup no P fits is no error (every option says why).
+InferencePlan plan_inference(const InferencePlanRequest& request);
 
 }  // namespace pipeflow

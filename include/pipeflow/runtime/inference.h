@@ -60,7 +60,8 @@ struct InferenceResult {
 // key/value cache for its blocks, preallocated for the model's context and
 // every sequence of a call (its bytes in the stage's memory account).
 //
-// The schedule is forward only. Prefill is DeepSpeed's InferenceSchedule:
+// The schedule is forward only. Prefill is DeepSpeed's InferenceSchedule,
+// the registry's `inference` schedule, whose rank lists every step follows:
 // the prompts, cut into m groups, pass the p stages in order, m + p − 1
 // steps (stage r forwards group g at step g + r). Then each group's new
 // tokens go from the last stage back to the first and the group passes again

@@ -110,6 +110,14 @@ Schedule make_zbv(int ranks, int microbatches);
 // chunks (the README's PP + 1).
 Schedule make_dualpipev(int ranks, int microbatches);
 
+// Inference (DeepSpeed's InferenceSchedule; the prefill of `pipeflow
+// generate`): forward only, rank r runs the forwards of micro-batches
+// 0 .. m - 1 of its stage in order, so stage r forwards micro-batch k at step
+// k + r. is_inference() is true: the validator expects no backward. Any
+// p, m >= 1. Makespan m + p - 1 with F = 1 (DeepSpeed's m + p - 1 steps);
+// bubble (p - 1)/(m + p - 1).
+Schedule make_inference(int ranks, int microbatches);
+
 // The schedule registry: one entry per generator, everything pipeflow knows
 // about a schedule by its name. make_schedule, `pipeflow schedule --list`
 // and the run configuration's check of pipeline.schedule all read it, so
@@ -121,6 +129,7 @@ struct ScheduleInfo {
   std::string source;       // paper / repository
   Placement placement = Placement::kLoop;
   bool takes_virtual = false;  // whether --virtual V applies (v chunks per rank, loop placement)
+  bool inference = false;      // forward only (no backward): generation's prefill, never training
   // Throws the generator's pipeflow::Error, naming the rule and the fix, for
   // ranks, microbatches and virtual_per_rank it cannot schedule; the
   // generator itself calls the same function.
@@ -133,8 +142,11 @@ struct ScheduleInfo {
   void check(int ranks, int microbatches, int virtual_per_rank) const;
 };
 
-// Every generator, in the order above.
+// Every generator, in the order above: the training schedules, then inference.
 const std::vector<ScheduleInfo>& list_schedules();
+
+// Throws unless `info` is a training schedule (training needs a backward).
+void require_training_schedule(const ScheduleInfo& info);
 
 // The entry called `name`, in any case ("ZBV" is zbv), or nullptr.
 const ScheduleInfo* find_schedule(std::string_view name);

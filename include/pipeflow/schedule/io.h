@@ -58,7 +58,9 @@ std::string write_csv(const Schedule& schedule);
 Schedule read_csv(std::string_view text, const std::string& source, CsvReadNotes* notes = nullptr);
 
 // JSON: {"name", "ranks", "stages", "placement": "loop"|"v", "microbatches",
-// "actions": [[text per action] per rank]}. read_json rejects unknown keys
+// "inference" (optional, true for a forward-only schedule; written only
+// then), "actions": [[text per action] per rank]}. A CSV cannot say it: read
+// it, then set_inference (`pipeflow validate --inference`). read_json rejects unknown keys
 // and names the key path of any bad value.
 std::string write_json(const Schedule& schedule);
 Schedule read_json(std::string_view text, const std::string& source);

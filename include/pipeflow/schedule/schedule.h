@@ -30,6 +30,10 @@ std::string_view to_string(Placement placement);  // "loop", "v"
 // A schedule is "compute-only" while it holds only F/B/I/W actions and
 // "lowered" once it holds SEND/RECV actions (has_communication()).
 //
+// A training schedule runs a backward for every forward; an inference
+// schedule (is_inference(), DeepSpeed's InferenceSchedule) runs forwards
+// only, and the validator reports any backward in it.
+//
 // Thread safety: const member functions may be called from several threads;
 // mutation needs exclusive access.
 class Schedule {
@@ -64,6 +68,11 @@ class Schedule {
   int chunk_of(StageId stage) const { return stage.value() / num_ranks_; }
   bool is_last_stage(StageId stage) const { return stage.value() == num_stages_ - 1; }
 
+  bool is_inference() const { return inference_; }
+  // Marks the schedule forward-only (what a generator of the inference
+  // family, a JSON file's "inference": true or `validate --inference` says).
+  void set_inference(bool inference) { inference_ = inference; }
+
   // The rank a SEND's message goes to or a RECV's comes from: the rank of
   // partner(message)'s stage. Empty where that stage does not exist -- RECV_F
   // and SEND_B of the first stage, SEND_F and RECV_B of the last -- which a
@@ -88,6 +97,7 @@ class Schedule {
   int num_stages_;
   int num_microbatches_;
   Placement placement_;
+  bool inference_ = false;
   std::vector<std::vector<Action>> actions_;
 };
 

@@ -50,7 +50,9 @@ struct ValidationReport {
 //   range:      stages and micro-batches within the schedule;
 //   placement:  every action on the rank its stage is placed on;
 //   count:      per (stage, micro-batch) exactly one F and either one B or
-//               one I and one W; no action twice;
+//               one I and one W (an inference schedule: the F alone); no
+//               action twice;
+//   forward-only: an inference schedule holds no B, I or W;
 //   order:      on a stage, F before I/B, I before W;
 //   dependency: a forward after the previous stage's forward and a backward
 //               after the next stage's backward (the last stage: after its own

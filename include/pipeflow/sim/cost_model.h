@@ -81,6 +81,36 @@ struct LayerSeconds {
 LayerSeconds layer_compute_seconds(const ModelSpec& model, const ParallelConfig& config, LayerKind kind,
                                    const HardwareProfile& hardware);
 
+// Inference (`simulate --inference`, `plan --inference`; docs/INFERENCE.md),
+// per group of config.micro_batch sequences on one device (t = 1), weights,
+// activations and the KV cache in config.bytes_per_element:
+//   prefill  compute-bound: the forward of the prompts' micro_batch ·
+//            seq_length tokens; the attention core fused (FlashAttention:
+//            its scores never reach HBM, so no softmax traffic), the LM head
+//            only on each sequence's last row (what sampling needs);
+//   decode   one new token per sequence with `cached` positions in the cache:
+//            bandwidth-bound, the larger of the bytes it reads over HBM —
+//            every weight of the layer (the head's tied copy included) and
+//            its K and V of the cached positions, 2 · kv_heads · head_dim · e
+//            · cached per sequence; the embedding gathers only n rows — and
+//            its FLOPs (2 per weight per sequence, 4 · cached · h per
+//            sequence for the attention) at the achieved rate (roofline).
+double layer_prefill_seconds(const ModelSpec& model, const ParallelConfig& config, LayerKind kind,
+                             const HardwareProfile& hardware);
+struct DecodeWork {
+  double bytes = 0;  // read over HBM
+  double flops = 0;
+  DecodeWork& operator+=(const DecodeWork& other) {
+    bytes += other.bytes;
+    flops += other.flops;
+    return *this;
+  }
+};
+DecodeWork layer_decode_work(const ModelSpec& model, const PipelineLayer& layer, int sequences, std::int64_t cached,
+                             int bytes_per_element);
+// max(memory_seconds(bytes), compute_seconds(flops)).
+double decode_seconds(const DecodeWork& work, const HardwareProfile& hardware);
+
 struct LayoutCosts {
   Partition partition;  // one stage per schedule stage, on the layout's hardware
   SimulationCosts costs;

@@ -1,0 +1,88 @@
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "pipeflow/model/hardware.h"
+#include "pipeflow/model/model_spec.h"
+#include "pipeflow/model/partition.h"
+
+namespace pipeflow {
+
+// What `simulate --inference` prices: `sequences` concurrent sequences of a
+// model cut into `stages` pipeline stages, one device each (no tensor or
+// data parallelism), the sequences in `microbatches` groups as `pipeflow
+// generate` cuts them (group g holds ⌊S·g/M⌋ … ⌊S·(g+1)/M⌋ − 1).
+struct InferenceSetup {
+  ModelSpec model;
+  HardwareProfile hardware;
+  int stages = 1;
+  int microbatches = 0;           // M; 0: min(stages, sequences), the fewest that keep every stage busy
+  int sequences = 1;              // S
+  std::int64_t context = 0;       // positions of each sequence the KV cache holds (0: the model's)
+  std::int64_t prompt_tokens = 0;  // tokens of each prompt; 0: the context (the longest prefill)
+  int bytes_per_value = 2;        // bf16 weights, activations and cache
+  PartitionMethod partition = PartitionMethod{PartitionMethod::Kind::kParameters, {}, {}};
+};
+
+// The prefill processes a group's prompts in chunks of at most this many
+// tokens (as vLLM and TensorRT-LLM's chunked prefill do), so a stage holds
+// one chunk's activations, not the whole prompt's; the time is that of the
+// whole prompt (the same GEMMs), and the next stage starts when the group's
+// prefill is done.
+inline constexpr std::int64_t kPrefillChunkTokens = 8192;
+
+struct InferenceStage {
+  int first_layer = 0;  // pipeline layers [first_layer, end_layer)
+  int end_layer = 0;
+  std::string layers;   // "embedding .. block.19"
+  int blocks = 0;
+  std::int64_t parameters = 0;  // a tied copy held here included
+  double weight_bytes = 0;      // parameters · bytes_per_value
+  // 2 · blocks · kv_heads · head_dim · bytes · context · sequences.
+  double kv_cache_bytes = 0;
+  // Prefill: one chunk of the largest group, e · tokens · (2h + qkv + up) on
+  // a stage with a block (its input and output, the QKV projection, the
+  // MLP's up projection), e · tokens · 2h otherwise.
+  double activation_bytes = 0;
+  double prefill_s = 0;  // the largest group's prompts
+  double decode_s = 0;   // one token of the largest group, the cache full
+  double peak_bytes() const { return weight_bytes + kv_cache_bytes + activation_bytes; }
+};
+
+struct InferencePrediction {
+  InferenceSetup setup;  // microbatches, context and prompt_tokens resolved
+  std::vector<InferenceStage> stages;
+  std::vector<int> group_sizes;  // sequences per group
+  // Prefill: the inference schedule (m + p − 1 steps) simulated with each
+  // stage's prefill of each group and the activations' transfers; every
+  // prompt has its first token at its end.
+  double time_to_first_token_s = 0;
+  double prefill_bubble = 0;  // idle share of the prefill
+  // Decode: every group passes the stages once per token and its tokens go
+  // back from the last stage to the first. With d(r, g) the decode of group
+  // g on stage r and c(r, g) its transfer onward (the last stage's: the
+  // token ids back to the first; none on one stage), one round gives every
+  // sequence a token and lasts
+  //   max( max_r Σ_g d(r, g),  max_g Σ_r (d(r, g) + c(r, g)) ):
+  // the busiest stage, or one group's trip around the ring. With M ≥ P
+  // equal groups and stages the first term wins: no stage waits.
+  double per_token_s = 0;
+  double tokens_per_s = 0;  // sequences / per_token_s
+  double peak_bytes() const;  // the largest stage's
+};
+
+// Throws Error naming the field and the fix for a setup that cannot run:
+// stages, sequences or microbatches < 1, more groups than sequences, more
+// stages than pipeline layers, a prompt longer than the context, a GPT
+// context above its position table.
+InferencePrediction predict_inference(const InferenceSetup& setup);
+
+// What `simulate --inference` prints: the setup, the latencies and
+// throughput, and a table of the stages; or the same as one JSON object.
+std::string inference_text(const InferencePrediction& prediction);
+nlohmann::ordered_json inference_json(const InferencePrediction& prediction);
+
+}  // namespace pipeflow
