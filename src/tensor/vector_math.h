@@ -39,7 +39,10 @@ inline float exp_approx(float x) {
   p = std::fma(p, r, 0.5f);
   p = std::fma(p, r, 1.0f);
   p = std::fma(p, r, 1.0f);
-  const std::int32_t exponent = (static_cast<std::int32_t>(n) + 127) << 23;
+  // NaN fails both clamps and reaches here: converting it to an integer is
+  // undefined, so it takes 2^0, and the NaN in p is the result.
+  const float whole = n == n ? n : 0.0f;
+  const std::int32_t exponent = (static_cast<std::int32_t>(whole) + 127) << 23;
   return p * std::bit_cast<float>(exponent);
 }
 

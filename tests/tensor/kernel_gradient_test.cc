@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "finite_difference.h"
@@ -189,6 +190,20 @@ TEST(KernelPrecision, FloatGeluAttentionAndCrossEntropyAgreeWithDouble) {
   const double loss = softmax_cross_entropy_forward(p.data(), targets.data(), 4, v);
   const double loss_f = softmax_cross_entropy_forward(p_f.data(), targets.data(), 4, v);
   EXPECT_NEAR(loss_f, loss, 1e-5 * loss);
+}
+
+// A NaN input (weights gone bad) stays NaN through the polynomial exp, so
+// the loss says so; it is never turned into a number (UBSan: converting NaN
+// to an integer is undefined).
+TEST(KernelPrecision, FloatGeluKeepsNaNAndInfinity) {
+  const float nan = std::nanf("");
+  const float in[] = {nan, -nan, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  float out[4];
+  gelu_forward(out, in, 4);
+  EXPECT_TRUE(std::isnan(out[0]));
+  EXPECT_TRUE(std::isnan(out[1]));
+  EXPECT_EQ(out[2], std::numeric_limits<float>::infinity());
+  EXPECT_FALSE(std::isfinite(out[3]));  // −∞ · 0 in x/2 · (1 + tanh(…)): not a number, never a finite one
 }
 
 }  // namespace
