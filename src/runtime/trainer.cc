@@ -358,10 +358,12 @@ TrainOutcome Run::run() {
     outcome.log.push_back(std::move(log));
     progress_.step(outcome.log.back(), std::chrono::duration<double>(Clock::now() - start).count());
     check_skipped(outcome.log);
-    if (stopping || (settings_.save_interval > 0 && (last || (step + 1) % settings_.save_interval == 0))) {
-      write_checkpoint(step + 1);
-    }
-    if (outcome.log.back().val_loss && reporter()) write_metrics(outcome.log);
+    const bool checkpoint =
+        stopping || (settings_.save_interval > 0 && (last || (step + 1) % settings_.save_interval == 0));
+    if (checkpoint) write_checkpoint(step + 1);
+    // With each checkpoint the metrics of its steps, so that a run resumed
+    // from it after any failure keeps a line for every step.
+    if ((checkpoint || outcome.log.back().val_loss) && reporter()) write_metrics(outcome.log);
   }
   const std::int64_t steps_done = first_step_ + static_cast<std::int64_t>(outcome.log.size());
   if (steps_done < settings_.steps) {

@@ -348,6 +348,36 @@ TEST_F(MpiTrain, AnIncompleteOrCorruptShardedCheckpointFallsBackToTheOneBefore) 
   EXPECT_FALSE(std::filesystem::exists(left));
 }
 
+// A rank that throws while its peer waits on it: world rank 1 cannot write
+// its shard of step 2's checkpoint (a directory stands at the path), and
+// rank 0 waits for the shards' names. The job ends at once, naming process 1
+// and what it could not do; step 2 gets no index, so a resume falls back to
+// step 1 and continues the run the failure cut short.
+TEST_F(MpiTrain, ARankThatThrowsEndsTheJobNamingItAndTheLastGoodCheckpointResumes) {
+  const std::string straight = train({"1f1b", 2, 1, 1}, "straight", "", "--steps 3");
+  const std::string out = dir_ + "/failing";
+  const std::string blocked = out + "/checkpoints/step_2/model-00002-of-00002.safetensors";
+  std::filesystem::create_directories(blocked);
+  write_file_atomic(blocked + "/in_the_way", "x");
+  const std::string config =
+      write_config(out + ".json", config_text(out, "1f1b", 2, 1, "\"checkpoint\": {\"interval\": 1},"));
+  const auto start = std::chrono::steady_clock::now();
+  const CommandResult failed = run_mpirun(2, "train --config " + config);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(failed.exit_code, 0);
+  EXPECT_LT(seconds, 60) << failed.err;
+  EXPECT_NE(failed.err.find("pipeflow: error in MPI process 1 of 2"), std::string::npos) << failed.err;
+  EXPECT_NE(failed.err.find("cannot write " + blocked + ": Is a directory"), std::string::npos) << failed.err;
+  EXPECT_FALSE(std::filesystem::exists(out + "/checkpoints/step_2/model.safetensors.index.json"));
+
+  std::filesystem::remove_all(blocked);
+  const CommandResult resumed = run_mpirun(2, "train --config " + config + " --resume " + out);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resuming after 1 step from " + out + "/checkpoints/step_1"), std::string::npos)
+      << resumed.err;
+  EXPECT_EQ(losses(out), losses(straight));
+}
+
 // The pids of the job's pipeflow processes, by world rank (from their
 // environment: mpirun sets OMPI_COMM_WORLD_RANK).
 std::vector<pid_t> ranks_of_job(const std::string& marker, int processes) {

@@ -291,6 +291,8 @@ TEST(Trainer, AWorkerThrowingMidStepEndsTheRunAndTheLastGoodCheckpointResumesIt)
   EXPECT_EQ(testing::error_of([&] { train(failing, progress); }), "injected failure at 1B2");
   const auto checkpoints = failing.out_dir / "checkpoints";
   EXPECT_EQ(checkpoints_in(checkpoints), std::vector<std::filesystem::path>{checkpoints / "step_2.safetensors"});
+  EXPECT_EQ(read_file(failing.out_dir / "metrics.jsonl").find("\"step\":2,"), std::string::npos);  // steps 0 and 1 only
+  EXPECT_NE(read_file(failing.out_dir / "metrics.jsonl").find("\"step\":1,"), std::string::npos);
   for (const auto& entry : std::filesystem::recursive_directory_iterator(failing.out_dir)) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
   }
@@ -302,6 +304,12 @@ TEST(Trainer, AWorkerThrowingMidStepEndsTheRunAndTheLastGoodCheckpointResumesIt)
   ASSERT_EQ(rest.log.size(), 2u);
   for (std::size_t i = 0; i < 2; ++i) EXPECT_EQ(rest.log[i].loss, straight.log[i + 2].loss);
   EXPECT_EQ(read_file(resumed.out_dir / "weights.safetensors"), read_file(settings.out_dir / "weights.safetensors"));
+  std::istringstream metrics(read_file(resumed.out_dir / "metrics.jsonl"));  // a line for every step
+  std::int64_t expected_step = 0;
+  for (std::string line; std::getline(metrics, line); ++expected_step) {
+    EXPECT_EQ(nlohmann::json::parse(line)["step"], expected_step);
+  }
+  EXPECT_EQ(expected_step, 4);
   std::fclose(log);
   std::filesystem::remove_all(dir);
 }

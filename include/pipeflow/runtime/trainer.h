@@ -120,7 +120,8 @@ static_assert(StopRequest::is_always_lock_free);
 // engine, runs `steps` steps, validates every eval_interval steps and after
 // the last, and writes into out_dir:
 //   metrics.jsonl       one JSON object per step (StepLog; rewritten
-//                       atomically at each validation and at the end)
+//                       atomically at each validation, each checkpoint
+//                       and the end)
 //   report.md           configuration, partition, per-rank measured vs predicted,
 //                       bubble, memory, tokens/s, loss curve, the sample
 //   timeline.svg        the last step's pipeline, measured (emulated with --emulate)
