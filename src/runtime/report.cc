@@ -207,11 +207,12 @@ std::string noise_scale_section(const RunRecord& run) {
                  "signal over so few measurements; train longer).\n";
   }
   const double noise = *last->noise_scale;
+  const bool past = static_cast<double>(big) > noise;
   out += fmt::format("B_simple ≈ {:.1f} sequences at step {}: the global batch of {} is {} it{}.\n", noise,
-                     last->step, big, static_cast<double>(big) > noise ? "past" : "within",
-                     static_cast<double>(big) > noise
-                         ? " (past the critical batch size, a larger batch wastes samples: pipeflow advise-batch)"
-                         : "");
+                     last->step, big, past ? "past" : "within",
+                     past ? "; past the critical batch size a larger batch wastes samples (pipeflow advise-batch "
+                            "--metrics)"
+                          : "");
   return out;
 }
 
