@@ -279,10 +279,7 @@ StepLog Run::train_step(std::int64_t step) {
               .peak_activation_bytes = {},
               .peak_activation_bytes_predicted = {},
               .val_loss = std::nullopt,
-              .skipped = result.skipped,
-              .grad_square_small = std::nullopt,
-              .grad_square_big = std::nullopt,
-              .noise_scale = std::nullopt};
+              .skipped = result.skipped};
   for (const RankFigures& rank : figures.ranks) {
     log.busy_s.push_back(rank.compute_s);
     log.idle_s.push_back(figures.pipeline_s - rank.compute_s);

@@ -141,7 +141,9 @@ TEST(Trainer, LogsTheGradientNoiseScaleOnTheStepsThatMeasureIt) {
     const double small = json["grad_square_small"];
     average.add(noise_scale_sample(small, 2, big, 8));
     EXPECT_EQ(json.contains("noise_scale"), average.value().has_value()) << line;
-    if (average.value()) EXPECT_DOUBLE_EQ(json["noise_scale"].get<double>(), *average.value()) << line;
+    if (average.value()) {
+      EXPECT_DOUBLE_EQ(json["noise_scale"].get<double>(), *average.value()) << line;
+    }
   }
   EXPECT_EQ(measured, 3);
   const std::string report = read_file(settings.out_dir / "report.md");
