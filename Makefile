@@ -1,8 +1,8 @@
 # The two commands of the README: `make run` (the main job) and `make test`.
 # Both install the Debian packages they need first (tools/install_deps.sh).
 # CI (.ci/run) also runs `make check-sanitizers`: the whole suite under
-# ASan + UBSan and every fuzz target for FUZZ_RUNS inputs (test-tsan: the
-# runtime's tests under TSan).
+# ASan + UBSan, every fuzz target for FUZZ_RUNS inputs (one clang build for
+# both) and the runtime's tests under TSan.
 
 PRESET ?= release
 BUILD_DIR := build/$(PRESET)
@@ -49,12 +49,13 @@ test-tsan: deps
 	@cmake --build --preset tsan -j $(JOBS)
 	@ctest --preset tsan
 
+# The fuzz targets are built by the asan preset, beside the tests.
 fuzz: deps
-	@cmake --preset fuzz >/dev/null
-	@cmake --build --preset fuzz -j $(JOBS)
-	@bash tools/fuzz.sh build/fuzz $(FUZZ_RUNS)
+	@cmake --preset asan >/dev/null
+	@cmake --build --preset asan -j $(JOBS) --target fuzz_targets
+	@bash tools/fuzz.sh build/asan $(FUZZ_RUNS)
 
-check-sanitizers: test-asan fuzz
+check-sanitizers: test-asan fuzz test-tsan
 
 clean:
 	rm -rf build

@@ -5,11 +5,9 @@
 # The load average is printed around it: other work on the cores shows there.
 # Usage: bench/commbench.sh [build-dir]   (NP=... for more processes)
 set -euo pipefail
-build_dir=${1:-build/release}
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/common.sh"
 pipeflow="$build_dir/pipeflow"
-[ -x "$pipeflow" ] || { echo "missing $pipeflow: build first (make build)" >&2; exit 1; }
-load() { echo "load: $(uptime | sed 's/.*load average/load average/')"; }
+need "$pipeflow"
 as_root=()
 [ "$(id -u)" = 0 ] && as_root=(--allow-run-as-root)
 load

@@ -7,11 +7,9 @@
 # pipelined run cannot get its two cores and the ratio says so.
 # Usage: bench/inference_decode.sh [build-dir]   (ROUNDS=... to change)
 set -euo pipefail
-build_dir=${1:-build/release}
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/common.sh"
 bench="$build_dir/bench/bench_inference_decode"
-[ -x "$bench" ] || { echo "missing $bench: build first (make build)" >&2; exit 1; }
-load() { echo "load: $(uptime | sed 's/.*load average/load average/')"; }
+need "$bench"
 load
 "$bench" --rounds "${ROUNDS:-7}"
 load

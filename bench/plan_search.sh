@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
 # pipeflow plan's search on a 1T model and 3072 devices, bounded against exhaustive (bench/plan_search.cc).
 set -euo pipefail
-"$1/bench/bench_plan_search"
+source "$(dirname "$0")/common.sh"
+"$build_dir/bench/bench_plan_search"

@@ -2,11 +2,10 @@
 # Runs every benchmark script bench/*.sh in name order. Each script takes the
 # build directory and prints its ratios; docs/PERFORMANCE.md records them.
 set -euo pipefail
-build_dir=${1:-build/release}
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/common.sh"
 status=0
 for script in bench/*.sh; do
-  [ "$script" = bench/run_all.sh ] && continue
+  case "$script" in bench/run_all.sh | bench/common.sh) continue ;; esac
   echo "== $script"
   bash "$script" "$build_dir" || status=1
 done

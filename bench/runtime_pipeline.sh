@@ -8,11 +8,9 @@
 # and the ratios say so.
 # Usage: bench/runtime_pipeline.sh [build-dir]   (STEPS=... to change)
 set -euo pipefail
-build_dir=${1:-build/release}
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/common.sh"
 bench="$build_dir/bench/bench_runtime_pipeline"
-[ -x "$bench" ] || { echo "missing $bench: build first (make build)" >&2; exit 1; }
-load() { echo "load: $(uptime | sed 's/.*load average/load average/')"; }
+need "$bench"
 load
 "$bench" --layers 4 --width 64 --heads 4 --context 32 --micro-batch 4 --microbatches 8 --steps "${STEPS:-20}"
 load

@@ -7,11 +7,10 @@
 # skipped, with a message, where it is missing.
 # Usage: bench/train_step.sh [build-dir]   (PYTHON=... for another interpreter)
 set -euo pipefail
-build_dir=${1:-build/release}
+source "$(dirname "$0")/common.sh"
 rounds=${ROUNDS:-3}
-cd "$(dirname "$0")/.."
 bench="$build_dir/bench/bench_train_step"
-[ -x "$bench" ] || { echo "missing $bench: build first (make build)" >&2; exit 1; }
+need "$bench"
 
 python=${PYTHON:-/usr/bin/python3}
 have_torch=1

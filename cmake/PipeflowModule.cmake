@@ -119,6 +119,11 @@ function(pipeflow_module name)
   add_library(pipeflow::${name} ALIAS pipeflow_${name})
   target_include_directories(pipeflow_${name} PUBLIC ${PROJECT_SOURCE_DIR}/include)
   target_link_libraries(pipeflow_${name} PUBLIC ${deps} PRIVATE pipeflow_warnings pipeflow_optimise)
+  if(PIPEFLOW_FUZZ)
+    # Coverage for libFuzzer in the libraries the fuzz targets link; the
+    # sanitizer runtime gives tests that link them its no-op callbacks.
+    target_compile_options(pipeflow_${name} PRIVATE -fsanitize=fuzzer-no-link)
+  endif()
   set_property(GLOBAL APPEND PROPERTY PIPEFLOW_MODULES pipeflow::${name})
 
   file(GLOB tests CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/${name}/*_test.cc)

@@ -3,21 +3,21 @@
 # committed seed corpus (fuzz/corpus/<target>/, read only: new inputs go to a
 # temporary folder), from a fixed seed, so that a run explores the same inputs
 # every time (CI checks what was checked here; a longer search is
-# `tools/fuzz.sh build/fuzz 1000000`, with any seed). A crash, a sanitizer report, an exception other than
+# `tools/fuzz.sh build/asan 1000000`, with any seed). A crash, a sanitizer report, an exception other than
 # pipeflow::Error, more than 1 GiB of memory or an input that takes over 10 s
-# fails the run; the input is saved as build/fuzz/crash-<target>-* to become
+# fails the run; the input is saved as build/asan/crash-<target>-* to become
 # a regression test.
 # Usage: tools/fuzz.sh [build-dir] [inputs per target] [seed]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build_dir=${1:-build/fuzz}
+build_dir=${1:-build/asan}
 runs=${2:-${FUZZ_RUNS:-30000}}
 seed=${3:-1}
 status=0
 for corpus in fuzz/corpus/*/; do
   target=$(basename "$corpus")
   binary="$build_dir/fuzz/${target}_fuzz"
-  [ -x "$binary" ] || { echo "missing $binary: build with the fuzz preset first" >&2; exit 1; }
+  [ -x "$binary" ] || { echo "missing $binary: build with the asan preset first (make fuzz)" >&2; exit 1; }
   scratch=$(mktemp -d)
   echo "fuzz: $target, $runs inputs from seed $seed"
   if ! "$binary" -runs="$runs" -seed="$seed" -rss_limit_mb=1024 -timeout=10 -max_len=262144 \

@@ -1,32 +1,100 @@
 // `pipeflow sweep`: simulates a layout over one or two varied settings and
-// prints a table (or JSON), optionally with SVG plots.
+// prints a table (or JSON), optionally with SVG plots; with --train it also
+// trains every point (pipeflow train in this process) and sets the measured
+// figures and the loss curves beside the predicted ones.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "commands.h"
 #include "pipeflow/config/run_config.h"
+#include "pipeflow/core/error.h"
 #include "pipeflow/plan/sweep.h"
+#include "pipeflow/runtime/progress.h"
+#include "pipeflow/runtime/run_settings.h"
+#include "pipeflow/runtime/trainer.h"
 #include "run_options.h"
 
 namespace pipeflow::cli {
 namespace {
 
 struct SweepCommand {
+  CLI::App* app = nullptr;
   std::string config;
   std::vector<std::string> vary;
   std::string svg;
   bool json = false;
+  std::string lr_rule = "sqrt";
+  bool train = false;
+  int steps = 0;
+  std::string out_dir;
+  bool emulate = false;
+  double timeout_s = 60;
   RunFlags flags;
+
+  RunOverrides overrides() const {
+    RunOverrides o = flags.overrides();
+    if (app->count("--steps") > 0) o.steps = steps;
+    if (app->count("--out-dir") > 0) o.out_dir = out_dir;
+    return o;
+  }
 };
 
-void run(const SweepCommand& command) {
-  std::vector<SweepAxis> axes;
-  for (const std::string& text : command.vary) axes.push_back(parse_sweep_axis(text));
-  const ConfigSource source = [&](const RunOverrides& overrides) { return run_config_of(command.config, overrides); };
-  const Sweep sweep = run_sweep(source, command.flags.overrides(), axes);
-  if (!command.svg.empty()) write_output(sweep_svg(sweep), command.svg);
-  write_output(command.json ? sweep_json(sweep) : sweep_text(sweep), "");
+// One point as `pipeflow train` runs it, into out_dir/NAME (and its
+// checkpoints, if any, into checkpoint.dir/NAME): progress on standard error.
+MeasuredPoint train_point(const SweepCommand& c, const ResolvedRun& run, const std::string& name) {
+  runtime::TrainSettings settings = runtime::train_settings(run);
+  if (!settings.resume.empty()) {
+    fail("{}: checkpoint.load = \"{}\": a trained sweep starts every point afresh; remove checkpoint.load",
+         run.config.source, settings.resume.string());
+  }
+  settings.out_dir /= name;
+  if (!settings.checkpoint_dir.empty()) settings.checkpoint_dir /= name;
+  settings.emulate = c.emulate;
+  settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);
+  fmt::print(stderr, "pipeflow sweep: training {} ({} steps) into {}\n", name, settings.steps,
+             settings.out_dir.string());
+  runtime::ProgressPrinter progress(stderr, isatty(fileno(stderr)) == 1, settings.steps, settings.emulate,
+                                    settings.steps_per_print);
+  const runtime::TrainOutcome outcome = runtime::train(settings, progress);
+  const runtime::StepLog& last = outcome.log.back();
+  MeasuredPoint m;
+  m.step_time_s = last.step_time_s;
+  m.bubble_ratio = last.bubble_measured;
+  for (std::int64_t bytes : last.peak_activation_bytes) {
+    m.peak_activation_bytes = std::max(m.peak_activation_bytes, static_cast<double>(bytes));
+  }
+  m.tokens_per_s = last.tokens_per_s;
+  const double tokens_per_step = static_cast<double>(run.batch.global) * run.seq_length;
+  for (const runtime::StepLog& step : outcome.log) {
+    m.tokens_seen.push_back(static_cast<double>(step.step + 1) * tokens_per_step);
+    m.loss.push_back(step.loss);
+  }
+  m.val_loss = last.val_loss;
+  m.out_dir = settings.out_dir.string();
+  return m;
+}
+
+void run(const SweepCommand& c) {
+  if (!c.train) {
+    for (const char* flag : {"--steps", "--out-dir", "--emulate", "--timeout"}) {
+      if (c.app->count(flag) > 0) fail("{} is an option of the training runs: give it with --train", flag);
+    }
+  }
+  if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
+  SweepRequest request{c.overrides(), {}, parse_lr_rule(c.lr_rule), {}};
+  for (const std::string& text : c.vary) request.axes.push_back(parse_sweep_axis(text));
+  if (c.train) request.train = [&](const ResolvedRun& run, const std::string& name) { return train_point(c, run, name); };
+  const ConfigSource source = [&](const RunOverrides& overrides) { return run_config_of(c.config, overrides); };
+  const Sweep sweep = run_sweep(source, request);
+  if (!c.svg.empty()) write_output(sweep_svg(sweep), c.svg);
+  write_output(c.json ? sweep_json(sweep) : sweep_text(sweep), "");
 }
 
 }  // namespace
@@ -34,14 +102,29 @@ void run(const SweepCommand& command) {
 void add_sweep_command(CLI::App& app) {
   auto c = std::make_shared<SweepCommand>();
   CLI::App* sub = app.add_subcommand(
-      "sweep", "Simulate a layout over one or two varied settings: step time, bubble, peak memory, tokens/s");
+      "sweep", "Simulate (or --train) a layout over one or two varied settings: step time, bubble, memory, tokens/s, "
+               "loss");
+  c->app = sub;
   sub->add_option("--config", c->config, "Run configuration JSON (the keys of pipeflow train); flags override it");
   c->flags.add_to(sub);
   sub->add_option("--vary", c->vary,
-                  "KEY=V1,V2,... (once or twice); KEY: microbatches (global batch fixed), micro-batch, global-batch, "
-                  "stages, schedule, virtual, recompute, partition, comm, tensor-parallel, data-parallel, seq-length")
+                  "KEY=V1,V2,... (once or twice); KEY: microbatches (global batch fixed), micro-batch, global-batch "
+                  "(its learning rate by --lr-rule), stages, schedule, virtual, recompute, partition, comm, "
+                  "tensor-parallel, data-parallel, seq-length, or a key path of the configuration "
+                  "(optimizer.params.lr, model.n_layer, ...)")
       ->required();
-  sub->add_option("--svg", c->svg, "Write plots of the four figures against the first setting as SVG");
+  sub->add_option("--lr-rule", c->lr_rule,
+                  "How a varied global batch scales the learning rate: sqrt (Adam, AdamW), linear (SGD) or none")
+      ->capture_default_str();
+  sub->add_flag("--train", c->train,
+                "Also train every point as pipeflow train does (its steps, into out_dir/KEY=VALUE) and show the "
+                "measured figures and loss beside the predicted");
+  sub->add_option("--steps", c->steps, "With --train: optimizer steps of each run (key: steps)");
+  sub->add_option("--out-dir", c->out_dir, "With --train: the directory of the runs' directories (key: out_dir)");
+  sub->add_flag("--emulate", c->emulate, "With --train: run the actions one at a time and replay their durations");
+  sub->add_option("--timeout", c->timeout_s, "With --train: longest any wait for a peer may take, in seconds")
+      ->capture_default_str();
+  sub->add_option("--svg", c->svg, "Write plots of the figures against the first setting as SVG");
   sub->add_flag("--json", c->json, "Print one JSON object instead of the table");
   sub->callback([c] { run(*c); });
 }

@@ -76,8 +76,10 @@ void AdamW::add_state(SafetensorsWriter& writer) const {
 }
 
 void AdamW::add_moments(SafetensorsWriter& writer, const ParameterLayout& layout, std::span<const float> m,
-                        std::span<const float> v, std::int64_t steps) {
+                        std::span<const float> v, std::int64_t steps,
+                        const std::function<bool(const ParameterInfo&)>& include) {
   for (const ParameterInfo& info : layout.entries()) {
+    if (include && !include(info)) continue;
     const auto offset = static_cast<std::size_t>(info.offset);
     const auto count = static_cast<std::size_t>(info.numel());
     std::string name = "exp_avg." + info.name;

@@ -1,5 +1,6 @@
 #include "pipeflow/nn/model_file.h"
 
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -49,6 +50,20 @@ void add_gradients(SafetensorsWriter& writer, const Stage& stage) {
 void load_parameters(Stage& stage, const SafetensorsFile& file) {
   for (const ParameterInfo& info : stage.layout().entries()) {
     file.read_floats(info.name, info.shape, stage.parameter(info.name));
+  }
+}
+
+void check_values(const SafetensorsFile& file) {
+  for (const std::string& name : file.names()) {
+    if (file.entry(name).dtype != Dtype::kF32) continue;
+    const Tensor values = file.floats(name);
+    const bool second_moment = name.starts_with("exp_avg_sq.");
+    for (std::int64_t i = 0; i < values.numel(); ++i) {
+      const float v = values.data()[i];
+      if (std::isfinite(v) && !(second_moment && v < 0)) continue;
+      fail("{}: tensor {} holds {} at index {}: {}; start from another file or an earlier checkpoint", file.source(),
+           name, v, i, second_moment ? "a second moment must be finite and >= 0" : "values must be finite");
+    }
   }
 }
 

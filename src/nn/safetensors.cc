@@ -258,6 +258,25 @@ void SafetensorsFile::read_floats(std::string_view name, const Shape& shape, std
   std::memcpy(out.data(), data(found), found.end - found.begin);
 }
 
+SafetensorsFile SafetensorsFile::merge(const std::vector<SafetensorsFile>& parts, std::string source) {
+  SafetensorsWriter merged;
+  for (const SafetensorsFile& part : parts) {
+    for (const auto& [key, value] : part.metadata()) merged.set_metadata(key, value);
+    for (const std::string& name : part.names()) {
+      if (merged.contains(name)) continue;
+      const SafetensorsEntry& found = part.entry(name);
+      merged.add_bytes(name, found.dtype, found.shape, part.data(found), found.end - found.begin);
+    }
+  }
+  return parse(merged.serialize(), std::move(source));
+}
+
+std::vector<std::string> SafetensorsWriter::names() const {
+  std::vector<std::string> names;
+  for (const Pending& tensor : tensors_) names.push_back(tensor.name);
+  return names;
+}
+
 void SafetensorsWriter::add_bytes(std::string name, Dtype dtype, const Shape& shape, const void* data,
                                   std::size_t bytes) {
   if (static_cast<std::size_t>(shape.numel()) * element_bytes(dtype) != bytes) {

@@ -1,30 +1,51 @@
 #include "pipeflow/runtime/checkpoint_search.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
-#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "pipeflow/core/error.h"
-#include "pipeflow/nn/safetensors.h"
+#include "pipeflow/nn/model_file.h"
+#include "pipeflow/nn/safetensors_index.h"
 
 namespace pipeflow::runtime {
+namespace {
+
+constexpr std::string_view kPrefix = "step_", kSuffix = ".safetensors";
+
+// N of step_N (a folder) or step_N.safetensors (a file); none for another name.
+std::optional<std::int64_t> steps_of(const std::filesystem::path& path, bool folder) {
+  const std::string name = path.filename().string();
+  const std::string_view suffix = folder ? "" : kSuffix;
+  if (!name.starts_with(kPrefix) || !name.ends_with(suffix)) return std::nullopt;
+  const std::string_view digits =
+      std::string_view(name).substr(kPrefix.size(), name.size() - kPrefix.size() - suffix.size());
+  std::int64_t steps = -1;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), steps);
+  if (digits.empty() || error != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
+  return steps;
+}
+
+bool is_sharded_checkpoint(const std::filesystem::path& dir) {
+  return std::filesystem::exists(dir / nn::kSafetensorsIndex) || steps_of(dir, true).has_value();
+}
+
+}  // namespace
+
+std::filesystem::path checkpoint_path(const std::filesystem::path& dir, std::int64_t steps_done, bool sharded) {
+  return dir / fmt::format("step_{}{}", steps_done, sharded ? "" : kSuffix);
+}
 
 std::vector<std::filesystem::path> checkpoints_in(const std::filesystem::path& dir) {
   std::vector<std::pair<std::int64_t, std::filesystem::path>> found;
-  constexpr std::string_view kPrefix = "step_", kSuffix = ".safetensors";
   std::error_code missing;
   for (const auto& entry : std::filesystem::directory_iterator(dir, missing)) {
-    const std::string name = entry.path().filename().string();
-    if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) continue;
-    const std::string_view digits =
-        std::string_view(name).substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
-    std::int64_t steps = -1;
-    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), steps);
-    if (error != std::errc() || end != digits.data() + digits.size()) continue;
-    found.emplace_back(steps, entry.path());
+    if (const auto steps = steps_of(entry.path(), entry.is_directory())) found.emplace_back(*steps, entry.path());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::filesystem::path> paths;
@@ -34,27 +55,41 @@ std::vector<std::filesystem::path> checkpoints_in(const std::filesystem::path& d
 
 std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::path& path) {
   if (!std::filesystem::exists(path)) {
-    fail("checkpoint.load = {}: no such file or directory: give a checkpoint file, the directory that "
+    fail("checkpoint.load = {}: no such file or directory: give a checkpoint file or folder, the directory that "
          "checkpoint.dir names or the run's out_dir",
          path.string());
   }
-  if (!std::filesystem::is_directory(path)) return {path};
+  if (!std::filesystem::is_directory(path)) {
+    if (path.filename() == nn::kSafetensorsIndex) return {path.parent_path()};
+    return {path};
+  }
+  if (is_sharded_checkpoint(path)) return {path};
   std::vector<std::filesystem::path> found = checkpoints_in(path);
   if (found.empty()) found = checkpoints_in(path / "checkpoints");
   if (found.empty()) {
-    fail("checkpoint.load = {}: neither the directory nor its checkpoints/ holds a step_N.safetensors: give a "
-         "checkpoint file",
+    fail("checkpoint.load = {}: neither the directory nor its checkpoints/ holds a step_N.safetensors or a step_N "
+         "folder: give a checkpoint",
          path.string());
   }
   std::reverse(found.begin(), found.end());
   return found;
 }
 
+nn::SafetensorsFile read_checkpoint(const std::filesystem::path& checkpoint) {
+  return std::filesystem::is_directory(checkpoint) ? nn::read_sharded(checkpoint, nn::check_values)
+                                                   : nn::SafetensorsFile::read(checkpoint);
+}
+
+nn::SafetensorsFile read_checkpoint_metadata(const std::filesystem::path& checkpoint) {
+  return std::filesystem::is_directory(checkpoint) ? nn::read_sharded_metadata(checkpoint)
+                                                   : nn::SafetensorsFile::read_metadata(checkpoint);
+}
+
 std::filesystem::path checkpoint_to_resume(const std::filesystem::path& path) {
   const std::vector<std::filesystem::path> candidates = checkpoints_to_resume(path);
   for (const std::filesystem::path& candidate : candidates) {
     try {
-      nn::SafetensorsFile::read_metadata(candidate);
+      read_checkpoint_metadata(candidate);
       return candidate;
     } catch (const Error&) {
       // the trainer warns about it when it falls back past it

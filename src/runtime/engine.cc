@@ -7,6 +7,9 @@
 #include <cstring>
 #include <cmath>
 #include <exception>
+#include <map>
+#include <set>
+#include <sstream>
 #include <mutex>
 #include <optional>
 
@@ -14,6 +17,7 @@
 #include "pipeflow/nn/gradient_clipping.h"
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/nn/parameter_layout.h"
+#include "pipeflow/nn/safetensors_index.h"
 #include "pipeflow/schedule/passes.h"
 #include "pipeflow/runtime/in_process_transport.h"
 #include "pipeflow/runtime/mpi_transport.h"
@@ -55,23 +59,6 @@ void check_boundaries(const nn::GptConfig& config, const Schedule& schedule, con
       fail("partition boundaries [{}] must increase: stage {} would hold no layer (a schedule of {} stages needs "
            "at least {} pipeline layers)",
            fmt::join(b, ", "), i - 1, stages, stages);
-    }
-  }
-}
-
-// A weights file or checkpoint holding a NaN or Inf would train on silently
-// into NaN, and a negative second moment makes AdamW's square root NaN: such
-// a file is refused before anything of it is loaded.
-void check_values(const nn::SafetensorsFile& file) {
-  for (const std::string& name : file.names()) {
-    if (file.entry(name).dtype != nn::Dtype::kF32) continue;
-    const Tensor values = file.floats(name);
-    const bool second_moment = name.starts_with("exp_avg_sq.");
-    for (std::int64_t i = 0; i < values.numel(); ++i) {
-      const float v = values.data()[i];
-      if (std::isfinite(v) && !(second_moment && v < 0)) continue;
-      fail("{}: tensor {} holds {} at index {}: {}; start from another file or an earlier checkpoint", file.source(),
-           name, v, i, second_moment ? "a second moment must be finite and >= 0" : "values must be finite");
     }
   }
 }
@@ -209,61 +196,65 @@ void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
          file.source(), stored.n_layer, stored.n_head, stored.n_embd, stored.context, stored.vocab_size,
          config_.n_layer, config_.n_head, config_.n_embd, config_.context, config_.vocab_size);
   }
-  check_values(file);
+  nn::check_values(file);
   for (auto& stage : stages_) {
     if (stage) nn::load_parameters(*stage, file);
   }
 }
 
-nn::SafetensorsWriter PipelineEngine::model_state(bool with_optimizer) const {
+nn::SafetensorsWriter PipelineEngine::local_state(bool with_optimizer) const {
   nn::SafetensorsWriter writer;
   nn::write_config(writer, config_);
-  const nn::ParameterLayout whole_model(config_, nn::all_layers(config_));
-  for (const nn::ParameterInfo& info : whole_model.entries()) {
-    // the tied wte from the embedding's stage, the first that holds it
-    const auto held = std::find_if(stages_.begin(), stages_.end(),
-                                   [&](const auto& st) { return st && st->layout().find(info.name) != nullptr; });
-    if (held != stages_.end()) writer.add(info.name, (*held)->parameter(info.name), info.shape);
+  // The stages that hold each tensor name, in stage order: a checkpoint keeps the first's copy (the embedding's wte).
+  std::map<std::string, std::size_t, std::less<>> first_holder;
+  std::vector<nn::ParameterLayout> layouts;
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    layouts.emplace_back(config_, nn::LayerRange{boundaries_[i], boundaries_[i + 1]});
+    for (const nn::ParameterInfo& info : layouts.back().entries()) first_holder.emplace(info.name, i);
   }
-  if (with_optimizer) {
-    for (const auto& optimizer : optimizers_) {
-      if (!optimizer) continue;
-      if (!sharded()) {
-        optimizer->add_state(writer);
-        continue;
-      }
-      // ZeRO-1: every replica's moments of the stage, put together.
-      const nn::OptimizerShard& shard = optimizer->shard();
-      const nn::ParameterLayout& layout = stage(optimizer_stage(*optimizer)).layout();
-      std::vector<float> m(static_cast<std::size_t>(layout.total()));
-      std::vector<float> v(m.size());
-      std::copy(optimizer->exp_avg().begin(), optimizer->exp_avg().end(), m.begin() + shard.begin);
-      std::copy(optimizer->exp_avg_sq().begin(), optimizer->exp_avg_sq().end(), v.begin() + shard.begin);
-      const Deadline deadline = deadline_after(options_.timeout);
-      MpiGroups::all_gather_parts(processes_->data(), m, deadline, "every replica's AdamW moments (ZeRO-1)");
-      MpiGroups::all_gather_parts(processes_->data(), v, deadline, "every replica's AdamW moments (ZeRO-1)");
-      nn::AdamW::add_moments(writer, layout, m, v, optimizer->steps());
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    if (!stages_[i]) continue;
+    for (const nn::ParameterInfo& info : layouts[i].entries()) {
+      if (first_holder.at(info.name) == i) writer.add(info.name, stages_[i]->parameter(info.name), info.shape);
     }
   }
-  if (processes_ == nullptr) return writer;
-  // Replica 0's ranks send their part to world rank 0 (pipeline rank 0 of
-  // replica 0), which keeps the first copy of each name (rank order: the
-  // embedding's wte before the head's).
-  if (processes_->data_rank() != 0) return writer;
+  if (!with_optimizer) return writer;
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    if (!optimizers_[i]) continue;
+    const nn::AdamW& optimizer = *optimizers_[i];
+    const auto owned = [&, i](const nn::ParameterInfo& info) { return first_holder.at(info.name) == i; };
+    if (!sharded()) {
+      nn::AdamW::add_moments(writer, layouts[i], optimizer.exp_avg(), optimizer.exp_avg_sq(), optimizer.steps(),
+                             owned);
+      continue;
+    }
+    // ZeRO-1: every replica's moments of the stage, put together at data-parallel rank 0.
+    const nn::OptimizerShard& shard = optimizer.shard();
+    std::vector<float> m(static_cast<std::size_t>(layouts[i].total()));
+    std::vector<float> v(m.size());
+    std::copy(optimizer.exp_avg().begin(), optimizer.exp_avg().end(), m.begin() + shard.begin);
+    std::copy(optimizer.exp_avg_sq().begin(), optimizer.exp_avg_sq().end(), v.begin() + shard.begin);
+    const Deadline deadline = deadline_after(options_.timeout);
+    MpiGroups::gather_parts(processes_->data(), m, deadline, "every replica's AdamW moments (ZeRO-1)");
+    MpiGroups::gather_parts(processes_->data(), v, deadline, "every replica's AdamW moments (ZeRO-1)");
+    nn::AdamW::add_moments(writer, layouts[i], m, v, optimizer.steps(), owned);
+  }
+  return writer;
+}
+
+std::optional<nn::SafetensorsFile> PipelineEngine::gathered_parameters() const {
+  // Replica 0's ranks send their tensors to world rank 0 (pipeline rank 0 of replica 0).
+  if (processes_->data_rank() != 0) return std::nullopt;
   const std::vector<std::string> parts =
-      MpiGroups::gather_bytes(processes_->pipeline(), writer.serialize(), deadline_after(options_.timeout),
+      MpiGroups::gather_bytes(processes_->pipeline(), local_state(false).serialize(),
+                              deadline_after(options_.timeout),
                               "every pipeline rank's tensors (for the whole model at rank 0)");
-  nn::SafetensorsWriter merged;
+  if (!is_reporter()) return std::nullopt;
+  std::vector<nn::SafetensorsFile> files;
   for (std::size_t r = 0; r < parts.size(); ++r) {
-    const nn::SafetensorsFile part = nn::SafetensorsFile::parse(parts[r], fmt::format("pipeline rank {}'s tensors", r));
-    for (const auto& [key, value] : part.metadata()) merged.set_metadata(key, value);
-    for (const std::string& name : part.names()) {
-      if (merged.contains(name)) continue;
-      const Tensor values = part.floats(name);
-      merged.add(name, values.span(), part.entry(name).shape);
-    }
+    files.push_back(nn::SafetensorsFile::parse(parts[r], fmt::format("pipeline rank {}'s tensors", r)));
   }
-  return merged;
+  return nn::SafetensorsFile::merge(files, "the gathered model");
 }
 
 void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const {
@@ -273,9 +264,48 @@ void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::in
     fail("not writing checkpoint {}: {} is not finite; the run diverged (lower optimizer.params.lr)", path.string(),
          *bad);
   }
-  nn::SafetensorsWriter writer = model_state(true);
-  writer.set_metadata("steps_done", std::to_string(steps_done));
-  if (is_reporter()) writer.write(path);
+  if (processes_ == nullptr) {
+    nn::SafetensorsWriter writer = local_state(true);
+    writer.set_metadata("steps_done", std::to_string(steps_done));
+    writer.write(path);
+    return;
+  }
+  // Replica 0's ranks write a shard each (ZeRO-1: the other replicas send their moments first).
+  const bool writes = processes_->data_rank() == 0;
+  if (!writes && !sharded()) return;
+  nn::SafetensorsWriter shard = local_state(true);
+  if (!writes) return;
+  shard.set_metadata("steps_done", std::to_string(steps_done));
+  const int ranks = schedule_.num_ranks();
+  const std::string file = nn::shard_file_name(processes_->pipeline_rank(), ranks);
+  std::filesystem::create_directories(path);
+  // An index left by an earlier write of this folder goes before any shard changes.
+  std::filesystem::remove(path / nn::kSafetensorsIndex);
+  shard.write(path / file);
+  // Every shard is on disk before world rank 0 writes the index (the gather is the barrier).
+  std::string listing = std::to_string(shard.data_bytes());
+  for (const std::string& name : shard.names()) listing += "\n" + name;
+  const std::vector<std::string> listings = MpiGroups::gather_bytes(
+      processes_->pipeline(), listing, deadline_after(options_.timeout), "every pipeline rank's checkpoint shard");
+  if (!is_reporter()) return;
+  std::vector<nn::ShardContents> shards;
+  std::set<std::string> files;
+  for (std::size_t r = 0; r < listings.size(); ++r) {
+    std::istringstream lines(listings[r]);  // its data bytes, then a tensor name a line
+    nn::ShardContents contents{.file = nn::shard_file_name(static_cast<int>(r), ranks), .names = {}, .bytes = 0};
+    std::string line;
+    std::getline(lines, line);
+    contents.bytes = std::stoull(line);
+    while (std::getline(lines, line)) contents.names.push_back(line);
+    files.insert(contents.file);
+    shards.push_back(std::move(contents));
+  }
+  // Shards of an earlier write of this folder by another layout are not this checkpoint's.
+  for (const auto& entry : std::filesystem::directory_iterator(path)) {
+    const std::string name = entry.path().filename().string();
+    if (nn::is_shard_file_name(name) && !files.contains(name)) std::filesystem::remove(entry.path());
+  }
+  nn::write_safetensors_index(path, shards);
 }
 
 std::int64_t PipelineEngine::load_checkpoint(const nn::SafetensorsFile& file) {
@@ -313,10 +343,10 @@ std::span<const float> PipelineEngine::gradient(std::string_view name) const { r
 std::unique_ptr<nn::Stage> PipelineEngine::assemble_model(bool with_gradients) const {
   if (processes_ != nullptr) {
     if (with_gradients) fail("the gradients of a whole model are assembled in one process only");
-    const nn::SafetensorsWriter state = model_state(false);
-    if (!is_reporter()) return nullptr;
+    const std::optional<nn::SafetensorsFile> state = gathered_parameters();
+    if (!state) return nullptr;
     auto model = std::make_unique<nn::Stage>(config_, nn::all_layers(config_), nn::StageOptions{0, "model"});
-    nn::load_parameters(*model, nn::SafetensorsFile::parse(state.serialize(), "the gathered model"));
+    nn::load_parameters(*model, *state);
     return model;
   }
   auto model = std::make_unique<nn::Stage>(config_, nn::all_layers(config_), nn::StageOptions{0, "model"});
@@ -562,13 +592,6 @@ std::int64_t PipelineEngine::local_parameter_count() const {
 }
 
 bool PipelineEngine::sharded() const { return options_.shard_optimizer && options_.data_parallel > 1; }
-
-StageId PipelineEngine::optimizer_stage(const nn::AdamW& optimizer) const {
-  for (std::size_t s = 0; s < optimizers_.size(); ++s) {
-    if (optimizers_[s].get() == &optimizer) return StageId(static_cast<int>(s));
-  }
-  fail("an optimizer of no stage");
-}
 
 // ZeRO-1: each replica updated its shard of the rank's stages; every
 // replica gets the others'.

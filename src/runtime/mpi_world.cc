@@ -233,21 +233,46 @@ void MpiGroups::all_reduce_sum(MPI_Comm comm, std::span<float> values, Deadline 
   for (MPI_Request& request : requests) wait_or_end_job(request, deadline, what);
 }
 
-void MpiGroups::all_gather_parts(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what) {
-  int size = 0;
-  MPI_Comm_size(comm, &size);
+namespace {
+
+// The counts and offsets of every rank's part of `total` floats (nn::OptimizerShard::of).
+std::pair<std::vector<int>, std::vector<int>> parts_of(std::int64_t total, int size, std::string_view what) {
   std::vector<int> counts;
   std::vector<int> offsets;
-  const auto total = static_cast<std::int64_t>(values.size());
   for (int k = 0; k < size; ++k) {
     const nn::OptimizerShard part = nn::OptimizerShard::of(total, size, k);
     counts.push_back(as_int(static_cast<std::size_t>(part.size()), what));
     offsets.push_back(as_int(static_cast<std::size_t>(part.begin), what));
   }
+  return {std::move(counts), std::move(offsets)};
+}
+
+}  // namespace
+
+void MpiGroups::all_gather_parts(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  const auto [counts, offsets] = parts_of(static_cast<std::int64_t>(values.size()), size, what);
   MPI_Request request = MPI_REQUEST_NULL;
   check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values.data(), counts.data(), offsets.data(),
                             MPI_FLOAT, comm, &request),
             "MPI_Iallgatherv");
+  wait_or_end_job(request, deadline, what);
+}
+
+void MpiGroups::gather_parts(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what) {
+  int size = 0;
+  int rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  const auto [counts, offsets] = parts_of(static_cast<std::int64_t>(values.size()), size, what);
+  const auto k = static_cast<std::size_t>(rank);
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(rank == 0 ? MPI_Igatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values.data(), counts.data(),
+                                     offsets.data(), MPI_FLOAT, 0, comm, &request)
+                      : MPI_Igatherv(values.data() + offsets[k], counts[k], MPI_FLOAT, nullptr, nullptr, nullptr,
+                                     MPI_FLOAT, 0, comm, &request),
+            "MPI_Igatherv");
   wait_or_end_job(request, deadline, what);
 }
 

@@ -4,6 +4,7 @@
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/nn/model_file.h"
+#include "pipeflow/runtime/checkpoint_search.h"
 
 namespace pipeflow::runtime {
 
@@ -25,7 +26,7 @@ nn::GptConfig gpt_config(const ModelSpec& spec, const std::string& source) {
 }
 
 ModelFromFile model_of_file(const std::filesystem::path& path) {
-  const nn::GptConfig c = nn::read_config(nn::SafetensorsFile::read_metadata(path));
+  const nn::GptConfig c = nn::read_config(read_checkpoint_metadata(path));
   return {gpt_model(fmt::format("gpt-{}x{}", c.n_layer, c.n_embd), c.n_layer, c.n_embd, c.n_head, c.vocab_size,
                     c.context),
           path.string()};

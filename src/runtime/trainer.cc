@@ -173,7 +173,11 @@ std::string Run::oversubscription() const {
 
 void Run::remove_stale_temporaries() const {
   if (!reporter()) return;
-  for (const auto& dir : {settings_.checkpoint_directory(), settings_.out_dir}) {
+  std::vector<std::filesystem::path> dirs{settings_.checkpoint_directory(), settings_.out_dir};
+  for (const auto& checkpoint : checkpoints_in(settings_.checkpoint_directory())) {
+    if (std::filesystem::is_directory(checkpoint)) dirs.push_back(checkpoint);  // its shards' temporaries
+  }
+  for (const auto& dir : dirs) {
     for (const auto& removed : pipeflow::remove_stale_temporaries(dir)) {
       progress_.message(fmt::format("removed {}: a temporary file left by a writer that was stopped", removed.string()));
     }
@@ -188,7 +192,7 @@ std::int64_t Run::resume() {
   // A checkpoint cut short, corrupted or holding NaN falls back to the one before it.
   for (const std::filesystem::path& candidate : candidates) {
     try {
-      done = engine_->load_checkpoint(nn::SafetensorsFile::read(candidate));
+      done = engine_->load_checkpoint(read_checkpoint(candidate));
       file = candidate;
       break;
     } catch (const Error& error) {
@@ -208,7 +212,7 @@ std::int64_t Run::resume() {
 }
 
 std::filesystem::path Run::checkpoint_path(std::int64_t steps_done) const {
-  return settings_.checkpoint_directory() / fmt::format("step_{}.safetensors", steps_done);
+  return runtime::checkpoint_path(settings_.checkpoint_directory(), steps_done, processes_ != nullptr);
 }
 
 void Run::write_checkpoint(std::int64_t steps_done) const {
@@ -218,7 +222,7 @@ void Run::write_checkpoint(std::int64_t steps_done) const {
   if (!reporter() || settings_.checkpoint_keep == 0) return;
   const std::vector<std::filesystem::path> written = checkpoints_in(dir);
   const std::size_t keep = static_cast<std::size_t>(settings_.checkpoint_keep);
-  for (std::size_t i = 0; i + keep < written.size(); ++i) std::filesystem::remove(written[i]);
+  for (std::size_t i = 0; i + keep < written.size(); ++i) std::filesystem::remove_all(written[i]);
 }
 
 void Run::announce() const {

@@ -10,6 +10,7 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/nn/model_file.h"
+#include "pipeflow/nn/safetensors_index.h"
 #include "test_support.h"
 
 namespace pipeflow::nn {
@@ -131,6 +132,55 @@ TEST(ModelFile, WeightsRoundTripWithTheShapeInTheMetadata) {
   EXPECT_TRUE(std::equal(model.parameter("wte.weight").begin(), model.parameter("wte.weight").end(),
                          tail.parameter("wte.weight").begin()));
   std::filesystem::remove(path);
+}
+
+// Hugging Face's sharded layout: the shards and an index naming each
+// tensor's shard; the reader merges them, and refuses an index that does
+// not match its shards, or a folder without one.
+TEST(ShardedSafetensors, ShardsAndTheirIndexReadAsOneFile) {
+  const auto folder = std::filesystem::temp_directory_path() / "pipeflow-sharded";
+  std::filesystem::remove_all(folder);
+  std::filesystem::create_directories(folder);
+  EXPECT_EQ(shard_file_name(0, 2), "model-00001-of-00002.safetensors");
+  EXPECT_TRUE(is_shard_file_name("model-00002-of-00002.safetensors"));
+  EXPECT_FALSE(is_shard_file_name("model-2-of-2.safetensors"));
+  const std::vector<float> a = {1, 2, 3}, b = {4, 5};
+  SafetensorsWriter first, second;
+  first.add("a", a, {3});
+  first.set_metadata("steps_done", "7");
+  second.add("b", b, {2});
+  first.write(folder / shard_file_name(0, 2));
+  second.write(folder / shard_file_name(1, 2));
+  using testing::error_of;
+  EXPECT_EQ(error_of([&] { read_sharded(folder); }),
+            folder.string() + ": no model.safetensors.index.json: the checkpoint is incomplete (its index is written "
+                              "last, after every shard: a writer stopped before it); resume from another checkpoint");
+  write_safetensors_index(folder, {{shard_file_name(0, 2), first.names(), first.data_bytes()},
+                                   {shard_file_name(1, 2), second.names(), second.data_bytes()}});
+  const auto index = nlohmann::json::parse(read_file(folder / kSafetensorsIndex));
+  EXPECT_EQ(index["metadata"]["total_size"], 20);
+  EXPECT_EQ(index["weight_map"]["b"], "model-00002-of-00002.safetensors");
+  const SafetensorsFile merged = read_sharded(folder);
+  EXPECT_EQ(merged.source(), (folder / kSafetensorsIndex).string());
+  EXPECT_EQ(merged.names(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(merged.floats("b")[1], 5.0f);
+  EXPECT_EQ(merged.metadata("steps_done"), "7");
+  EXPECT_EQ(read_sharded_metadata(folder).metadata("steps_done"), "7");
+
+  write_safetensors_index(folder, {{shard_file_name(0, 2), {"a", "b"}, 20}});
+  EXPECT_EQ(error_of([&] { read_sharded(folder); }),
+            (folder / kSafetensorsIndex).string() + ": maps tensor b to " +
+                (folder / shard_file_name(0, 2)).string() + ", which does not hold it");
+  write_safetensors_index(folder, {{shard_file_name(0, 2), {"b"}, 8}, {shard_file_name(1, 2), {"a"}, 12}});
+  EXPECT_EQ(error_of([&] { read_sharded(folder); }),
+            (folder / shard_file_name(0, 2)).string() + ": holds tensor a, which " +
+                (folder / kSafetensorsIndex).string() +
+                " maps to model-00002-of-00002.safetensors: the shard does not belong to this index");
+  write_file_atomic(folder / kSafetensorsIndex, R"({"weight_map": {"a": "../a.safetensors"}})");
+  EXPECT_EQ(error_of([&] { read_sharded(folder); }),
+            (folder / kSafetensorsIndex).string() +
+                ": weight_map.a = \"../a.safetensors\" must name a file of the folder (no directories)");
+  std::filesystem::remove_all(folder);
 }
 
 }  // namespace

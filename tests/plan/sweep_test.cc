@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "../support/error_of.h"
 #include "../trace/xml_check.h"
@@ -24,8 +27,12 @@ const ConfigSource kConfig = [](const RunOverrides& overrides) {
                           overrides);
 };
 
+Sweep sweep_of(std::vector<SweepAxis> axes, LrRule rule = LrRule::kSqrt, PointTrainer train = {}) {
+  return run_sweep(kConfig, SweepRequest{{}, std::move(axes), rule, std::move(train)});
+}
+
 TEST(Sweep, EachPointIsTheSimulationOfItsSettingAndMicrobatchesKeepTheGlobalBatch) {
-  const Sweep sweep = run_sweep(kConfig, {}, {parse_sweep_axis("microbatches=4,8,16")});
+  const Sweep sweep = sweep_of({parse_sweep_axis("microbatches=4,8,16")});
   ASSERT_EQ(sweep.points.size(), 3u);
   for (int i = 0; i < 3; ++i) {
     const int m = 4 << i;
@@ -43,7 +50,7 @@ TEST(Sweep, EachPointIsTheSimulationOfItsSettingAndMicrobatchesKeepTheGlobalBatc
 }
 
 TEST(Sweep, APointThatCannotRunSaysWhyAndTheOthersStillRun) {
-  const Sweep sweep = run_sweep(kConfig, {}, {parse_sweep_axis("schedule=1f1b,zbv"), parse_sweep_axis("microbatches=2,8")});
+  const Sweep sweep = sweep_of({parse_sweep_axis("schedule=1f1b,zbv"), parse_sweep_axis("microbatches=2,8")});
   ASSERT_EQ(sweep.points.size(), 4u);
   EXPECT_EQ(sweep.points[0].setting, (std::vector<std::string>{"1f1b", "2"}));
   EXPECT_NE(sweep.points[0].error.find("1f1b needs microbatches >= stages"), std::string::npos) << sweep.points[0].error;
@@ -53,7 +60,7 @@ TEST(Sweep, APointThatCannotRunSaysWhyAndTheOthersStillRun) {
 
 TEST(Sweep, ThePlotsAreWellFormedAndHoldTheNumbersOfTheJson) {
   const Sweep sweep =
-      run_sweep(kConfig, {}, {parse_sweep_axis("microbatches=4,8,16"), parse_sweep_axis("recompute=none,full")});
+      sweep_of({parse_sweep_axis("microbatches=4,8,16"), parse_sweep_axis("recompute=none,full")});
   const std::string svg = sweep_svg(sweep);
   EXPECT_EQ(testing::XmlCheck(svg).run(), "");
   const nlohmann::json json = nlohmann::json::parse(sweep_json(sweep));
@@ -75,7 +82,7 @@ TEST(Sweep, ThePlotsAreWellFormedAndHoldTheNumbersOfTheJson) {
 }
 
 TEST(Sweep, AScheduleMayNameItsVirtualStages) {
-  const Sweep sweep = run_sweep(kConfig, {}, {parse_sweep_axis("schedule=1f1b,interleaved-1f1b:2")});
+  const Sweep sweep = sweep_of({parse_sweep_axis("schedule=1f1b,interleaved-1f1b:2")});
   ASSERT_EQ(sweep.points.size(), 2u);
   EXPECT_EQ(sweep.points[1].error, "");
   RunOverrides o;
@@ -85,14 +92,166 @@ TEST(Sweep, AScheduleMayNameItsVirtualStages) {
 }
 
 TEST(Sweep, RejectsAnUnknownKeyAndABadValue) {
-  EXPECT_EQ(error_of([] { parse_sweep_axis("speed=1,2"); }),
-            "--vary speed=1,2: give KEY=V1,V2,... with KEY one of microbatches, micro-batch, global-batch, stages, "
-            "schedule, virtual, recompute, partition, comm, tensor-parallel, data-parallel, seq-length");
+  EXPECT_EQ(error_of([] { parse_sweep_axis("1,2"); }),
+            "--vary 1,2: give KEY=V1,V2,... with KEY one of microbatches, micro-batch, global-batch, stages, "
+            "schedule, virtual, recompute, partition, comm, tensor-parallel, data-parallel, seq-length or a key path "
+            "of the run configuration (pipeline.stages, optimizer.params.lr, ...)");
   EXPECT_EQ(error_of([] { parse_sweep_axis("stages=2,,4"); }),
             "--vary stages=2,,4: an empty value; separate values by single commas");
-  const Sweep sweep = run_sweep(kConfig, {}, {parse_sweep_axis("microbatches=3")});
+  const Sweep sweep = sweep_of({parse_sweep_axis("microbatches=3")});
   EXPECT_EQ(sweep.points[0].error,
             "--vary microbatches=3: the global batch 32 is not a whole number of 3 micro-batches on each of 1 replicas");
+}
+
+TEST(Sweep, AVariedGlobalBatchScalesTheLearningRateByTheChosenRule) {
+  // The base: 32 sequences at the default lr 1e-3. advise-batch's rules in closed form.
+  for (const auto& [rule, factor] : std::vector<std::pair<LrRule, double (*)(double)>>{
+           {LrRule::kSqrt, [](double k) { return std::sqrt(k); }},
+           {LrRule::kLinear, [](double k) { return k; }},
+           {LrRule::kNone, [](double) { return 1.0; }}}) {
+    const Sweep sweep = sweep_of({parse_sweep_axis("global-batch=8,32,128")}, rule);
+    ASSERT_EQ(sweep.points.size(), 3u);
+    EXPECT_EQ(sweep.points[0].lr, 1e-3 * factor(8.0 / 32)) << to_string(rule);
+    EXPECT_EQ(sweep.points[1].lr, 1e-3);
+    EXPECT_EQ(sweep.points[2].lr, 1e-3 * factor(128.0 / 32)) << to_string(rule);
+    EXPECT_NE(sweep_text(sweep).find(fmt::format("{:.4g}", 1e-3 * factor(0.25))), std::string::npos);
+  }
+  EXPECT_EQ(parse_lr_rule("linear"), LrRule::kLinear);
+  EXPECT_EQ(error_of([] { parse_lr_rule("cubic"); }),
+            "--lr-rule cubic: use sqrt (Adam, AdamW: advise-batch's rule), linear (SGD's) or none (the configured "
+            "rate at every global batch)");
+}
+
+TEST(Sweep, TheRuleScalesTheWarmupsTargetWhenTheSchedulerHasOne) {
+  const ConfigSource warmup = [](const RunOverrides& overrides) {
+    return parse_run_config(Config::parse(R"({"model": "gpt2-124m", "hardware": "a100-80g", "seq_length": 1024,
+        "train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "optimizer": {"params": {"lr": 5}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 4e-4, "warmup_num_steps": 10}},
+        "pipeline": {"stages": 2}})",
+                                          "run.json"),
+                            overrides);
+  };
+  const Sweep sweep = run_sweep(warmup, SweepRequest{{}, {parse_sweep_axis("global-batch=64")}, LrRule::kLinear, {}});
+  EXPECT_EQ(sweep.points[0].error, "");
+  EXPECT_EQ(sweep.points[0].lr, 4e-4 * 4);
+}
+
+TEST(Sweep, AKeyPathVariesThatKeyOfTheConfiguration) {
+  const Sweep by_path = sweep_of({parse_sweep_axis("pipeline.stages=2,4"), parse_sweep_axis("optimizer.params.lr=0.5")});
+  const Sweep by_option = sweep_of({parse_sweep_axis("stages=2,4")});
+  ASSERT_EQ(by_path.points.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(by_path.points[i].error, "");
+    EXPECT_EQ(by_path.points[i].step_time_s, by_option.points[i].step_time_s);
+    EXPECT_EQ(by_path.points[i].peak_memory_bytes, by_option.points[i].peak_memory_bytes);
+    EXPECT_EQ(by_path.points[i].lr, 0.5);
+  }
+  RunOverrides four;
+  four.stages = 4;
+  EXPECT_EQ(by_path.points[1].step_time_s, predict(layout_of(resolve(kConfig(four)))).result.step_time_s);
+
+  // An inline model's shape; a string value.
+  const ConfigSource inline_model = [](const RunOverrides& overrides) {
+    return parse_run_config(Config::parse(R"({"model": {"n_layer": 4, "n_head": 4, "n_embd": 64, "n_ctx": 32},
+        "train_batch_size": 8, "pipeline": {"stages": 2}})",
+                                          "run.json"),
+                            overrides);
+  };
+  const Sweep layers = run_sweep(
+      inline_model, SweepRequest{{}, {parse_sweep_axis("model.n_layer=2,8"), parse_sweep_axis("pipeline.schedule=gpipe")},
+                                 LrRule::kSqrt, {}});
+  ASSERT_EQ(layers.points.size(), 2u);
+  const RunConfig eight = parse_run_config(Config::parse(R"({"model": {"n_layer": 8, "n_head": 4, "n_embd": 64,
+      "n_ctx": 32}, "train_batch_size": 8, "pipeline": {"stages": 2, "schedule": "gpipe"}})",
+                                                         "run.json"));
+  EXPECT_EQ(layers.points[1].error, "");
+  EXPECT_EQ(layers.points[1].step_time_s, predict(layout_of(resolve(eight))).result.step_time_s);
+  EXPECT_LT(layers.points[0].step_time_s, layers.points[1].step_time_s);
+}
+
+TEST(Sweep, AnUnknownKeyIsAnErrorNamingItAndListingTheValidOnes) {
+  const std::string error = error_of([] { sweep_of({parse_sweep_axis("pipeline.speed=1,2")}); });
+  EXPECT_EQ(error.rfind("--vary pipeline.speed: pipeline.speed is neither an option (microbatches, micro-batch, "
+                        "global-batch, stages, schedule, virtual, recompute, partition, comm, tensor-parallel, "
+                        "data-parallel, seq-length) nor a key path of run.json (",
+                        0),
+            0u)
+      << error;
+  for (const char* key : {"optimizer.params.lr", "pipeline.stages", "steps", "train_batch_size",
+                          "gradient_accumulation_steps", "pipeline.activation_checkpoint_interval"}) {
+    EXPECT_NE(error.find(std::string(key) + ","), std::string::npos) << key << " in " << error;
+  }
+  // A key path whose value the configuration refuses: that point says why.
+  const Sweep sweep = sweep_of({parse_sweep_axis("pipeline.stages=0,2")});
+  EXPECT_EQ(sweep.points[0].error, "run.json: pipeline.stages = 0: must be a positive integer: the number of pipeline ranks");
+  EXPECT_EQ(sweep.points[1].error, "");
+}
+
+// A stand-in for pipeflow train whose figures are closed forms of the run.
+MeasuredPoint fake_training(const ResolvedRun& run, const std::string& name, std::vector<std::string>& names) {
+  names.push_back(name);
+  const double tokens = static_cast<double>(run.batch.global) * run.seq_length;
+  MeasuredPoint m;
+  m.step_time_s = 0.001 * run.batch.global;
+  m.bubble_ratio = 0.25;
+  m.peak_activation_bytes = 1000.0 * run.batch.micro;
+  m.tokens_per_s = tokens / m.step_time_s;
+  m.tokens_seen = {tokens, 2 * tokens, 3 * tokens};
+  m.loss = {5.5, 5.0 - run.config.optimizer.lr, 4.5};
+  m.val_loss = 4.75;
+  m.out_dir = "runs/" + name;
+  return m;
+}
+
+TEST(Sweep, ATrainedSweepTrainsEachPointAndDrawsMeasuredBesidePredictedAndTheLossCurves) {
+  std::vector<std::string> names;
+  const Sweep sweep = sweep_of({parse_sweep_axis("global-batch=16,64"), parse_sweep_axis("schedule=1f1b,gpipe")},
+                              LrRule::kSqrt,
+                              [&](const ResolvedRun& run, const std::string& name) {
+                                return fake_training(run, name, names);
+                              });
+  EXPECT_EQ(names, (std::vector<std::string>{"global-batch=16,schedule=1f1b", "global-batch=16,schedule=gpipe",
+                                             "global-batch=64,schedule=1f1b", "global-batch=64,schedule=gpipe"}));
+  ASSERT_TRUE(sweep.points[3].measured);
+  EXPECT_EQ(sweep.points[3].measured->loss[1], 5.0 - 1e-3 * std::sqrt(2.0));  // trained at the rule's lr
+  const std::string text = sweep_text(sweep);
+  EXPECT_EQ(text.rfind("global-batch  schedule         lr  step time pred / meas  bubble pred / meas", 0), 0u) << text;
+  EXPECT_NE(text.find("/ 16.0 ms"), std::string::npos) << text;
+
+  const std::string svg = sweep_svg(sweep);
+  EXPECT_EQ(testing::XmlCheck(svg).run(), "");
+  const nlohmann::json json = nlohmann::json::parse(sweep_json(sweep));
+  EXPECT_TRUE(json["trained"].get<bool>());
+  // The value of the circle of `setting` and `series` in plot `metric` after `from`.
+  const auto circle_value = [&](const std::string& metric, const std::string& setting, const std::string& series,
+                                std::size_t& from) {
+    const std::size_t plot = svg.find("data-metric=\"" + metric + "\"");
+    const std::size_t end = svg.find("</g>", plot);
+    from = svg.find("data-setting=\"" + setting + "\" data-series=\"" + series + "\"", std::max(from, plot));
+    EXPECT_LT(from, end) << metric << " " << setting << " " << series;
+    const std::size_t value = svg.find("data-value=\"", from) + 12;
+    return std::stod(svg.substr(value, svg.find('"', value) - value));
+  };
+  for (const char* metric : {"step_time_s", "bubble_ratio", "peak_activation_bytes", "tokens_per_s"}) {
+    for (const auto& point : json["points"]) {
+      const std::string setting = point["global-batch"].get<std::string>() + "," + point["schedule"].get<std::string>();
+      std::size_t from = 0;
+      EXPECT_EQ(circle_value(metric, setting, "predicted", from), point[metric].get<double>());
+      from = 0;
+      EXPECT_EQ(circle_value(metric, setting, "measured", from), point["measured"][metric].get<double>());
+    }
+  }
+  for (const auto& point : json["points"]) {
+    const std::string setting = point["global-batch"].get<std::string>() + "," + point["schedule"].get<std::string>();
+    std::size_t from = 0;
+    for (std::size_t s = 0; s < 3; ++s) {
+      EXPECT_EQ(circle_value("loss", setting, "measured", from), point["measured"]["loss"][s].get<double>());
+      const std::size_t tokens = svg.find("data-tokens=\"", from) + 13;
+      EXPECT_EQ(std::stod(svg.substr(tokens, svg.find('"', tokens) - tokens)),
+                point["measured"]["tokens_seen"][s].get<double>());
+      ++from;
+    }
+  }
 }
 
 }  // namespace

@@ -2,9 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <csignal>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -307,6 +309,45 @@ TEST(Trainer, AStopRequestEndsTheRunAfterItsStepAndTheResumedRunContinuesItBitFo
   ASSERT_EQ(rest.log.size(), 3u);
   EXPECT_EQ(rest.stop_signal, 0);
   for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(rest.log[i].loss, straight.log[i + 1].loss);
+  EXPECT_EQ(read_file(resumed.out_dir / "weights.safetensors"), read_file(settings.out_dir / "weights.safetensors"));
+  std::fclose(log);
+  std::filesystem::remove_all(dir);
+}
+
+// A worker that throws in the middle of a step (rank 1, at its backward of
+// micro-batch 2 in the fourth step, while rank 0 waits on it): the run ends
+// with that error, leaves no half-written file, and the last checkpoint
+// before it (step 2) resumes into the uninterrupted run's losses bit for bit.
+TEST(Trainer, AWorkerThrowingMidStepEndsTheRunAndTheLastGoodCheckpointResumesIt) {
+  const auto dir = temp_dir("throw");
+  TrainSettings settings = short_settings(dir, 4);
+  settings.save_interval = 2;
+  std::FILE* log = std::tmpfile();
+  ProgressPrinter progress(log, false, settings.steps, false);
+  const TrainOutcome straight = train(settings, progress);
+
+  TrainSettings failing = settings;
+  failing.out_dir = dir / "failing";
+  auto times_reached = std::make_shared<std::atomic<int>>(0);
+  failing.engine.before_action = [times_reached](RankId rank, const Action& action) {
+    if (rank.value() == 1 && action == Action{StageId(1), ActionKind::kBackward, MicrobatchId(2)} &&
+        ++*times_reached == 4) {
+      throw Error("injected failure at 1B2");
+    }
+  };
+  EXPECT_EQ(testing::error_of([&] { train(failing, progress); }), "injected failure at 1B2");
+  const auto checkpoints = failing.out_dir / "checkpoints";
+  EXPECT_EQ(checkpoints_in(checkpoints), std::vector<std::filesystem::path>{checkpoints / "step_2.safetensors"});
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(failing.out_dir)) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
+  }
+
+  TrainSettings resumed = settings;
+  resumed.out_dir = failing.out_dir;
+  resumed.resume = failing.out_dir;
+  const TrainOutcome rest = train(resumed, progress);
+  ASSERT_EQ(rest.log.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_EQ(rest.log[i].loss, straight.log[i + 2].loss);
   EXPECT_EQ(read_file(resumed.out_dir / "weights.safetensors"), read_file(settings.out_dir / "weights.safetensors"));
   std::fclose(log);
   std::filesystem::remove_all(dir);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "pipeflow/config/run_config.h"
@@ -62,9 +63,11 @@ class AdamW {
   // first: add_moments).
   void add_state(SafetensorsWriter& writer) const;
   // The same from the whole stage's moments `m` and `v` (the shards of every
-  // replica put together) and the step count.
+  // replica put together) and the step count, for the parameters `include`
+  // accepts (all when empty).
   static void add_moments(SafetensorsWriter& writer, const ParameterLayout& layout, std::span<const float> m,
-                          std::span<const float> v, std::int64_t steps);
+                          std::span<const float> v, std::int64_t steps,
+                          const std::function<bool(const ParameterInfo&)>& include = {});
   // Reads this stage's moments by name (those of the shard's elements), so a
   // file written by the optimizers of another partition, or another shard
   // count, of the same model loads too.

@@ -27,6 +27,12 @@ void add_gradients(SafetensorsWriter& writer, const Stage& stage);
 // HF's attention-mask buffers); a missing one is an Error naming it.
 void load_parameters(Stage& stage, const SafetensorsFile& file);
 
+// A weights file or checkpoint holding a NaN or Inf would train on silently
+// into NaN, and a negative second moment makes AdamW's square root NaN: an
+// Error naming the file, the tensor and the index of the first such value
+// (F32 tensors; exp_avg_sq.* must also be >= 0).
+void check_values(const SafetensorsFile& file);
+
 // A whole-model weights file: config in the metadata plus every parameter.
 void write_weights(const std::filesystem::path& path, const Stage& stage);
 

@@ -45,6 +45,9 @@ class SafetensorsFile {
   // The header's __metadata__ alone, without reading the tensors' data (a
   // checkpoint's model shape before it is loaded): no tensors.
   static SafetensorsFile read_metadata(const std::filesystem::path& path);
+  // Every tensor and __metadata__ key of `parts` in one file (the tensors in
+  // part order; a name two parts hold: the first part's), `source` naming it.
+  static SafetensorsFile merge(const std::vector<SafetensorsFile>& parts, std::string source);
 
   const std::string& source() const { return source_; }
   const std::map<std::string, std::string, std::less<>>& metadata() const { return metadata_; }
@@ -88,12 +91,16 @@ class SafetensorsWriter {
   void add(std::string name, std::span<const float> values, const Shape& shape);
   void add(std::string name, std::span<const std::int32_t> values, const Shape& shape);
   bool contains(std::string_view name) const { return names_.contains(name); }
+  // The tensors' names in the order added, and their bytes together.
+  std::vector<std::string> names() const;
+  std::size_t data_bytes() const { return data_.size(); }
   void set_metadata(std::string key, std::string value);
 
   std::string serialize() const;
   void write(const std::filesystem::path& path) const;
 
  private:
+  friend class SafetensorsFile;  // merge() copies tensors' bytes as they are
   struct Pending {
     std::string name;
     Dtype dtype;

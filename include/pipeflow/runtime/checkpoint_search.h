@@ -1,22 +1,42 @@
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <vector>
 
+#include "pipeflow/nn/safetensors.h"
+
 namespace pipeflow::runtime {
 
+// A training checkpoint (PipelineEngine::write_checkpoint) is one of
+//   DIR/step_N.safetensors  one file (written in one process), or
+//   DIR/step_N/             a folder of shards, one per pipeline rank, and
+//                           model.safetensors.index.json (nn/safetensors_index.h),
+//                           written last (written under MPI);
+// N: the steps done. Both hold the whole model by tensor name.
+std::filesystem::path checkpoint_path(const std::filesystem::path& dir, std::int64_t steps_done, bool sharded);
+
 // The checkpoints to resume from (checkpoint.load, --resume), newest first:
-// `path` itself when it is a file; else the step_N.safetensors of the
-// directory by N descending, or, when it holds none, those of its
-// checkpoints/ folder (a run's out_dir). The trainer takes the first that
-// loads. Throws Error saying what to give instead when there is none.
+// `path` itself when it is a checkpoint file or folder (a folder holding the
+// index or named step_N; the index file stands for its folder); else the
+// checkpoints of the directory by N descending, or, when it holds none,
+// those of its checkpoints/ folder (a run's out_dir). The trainer takes the
+// first that loads. Throws Error saying what to give instead when there is
+// none.
 std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::path& path);
+
+// A checkpoint (file or folder) read whole, every check of its format made
+// (nn::read_sharded for a folder: an incomplete one without its index is an
+// Error naming the folder, and a shard holding a non-finite value one naming
+// the shard: nn::check_values); its header's __metadata__ alone.
+nn::SafetensorsFile read_checkpoint(const std::filesystem::path& checkpoint);
+nn::SafetensorsFile read_checkpoint_metadata(const std::filesystem::path& checkpoint);
 
 // The newest of checkpoints_to_resume(path) whose header reads (it gives the
 // model's shape), or the newest when none does.
 std::filesystem::path checkpoint_to_resume(const std::filesystem::path& path);
 
-// The step_N.safetensors in `dir`, by N ascending (none when `dir` is missing).
+// The checkpoints (files and folders) in `dir`, by N ascending (none when `dir` is missing).
 std::vector<std::filesystem::path> checkpoints_in(const std::filesystem::path& dir);
 
 }  // namespace pipeflow::runtime

@@ -92,9 +92,10 @@ struct StepResult {
 // step ends with every process holding the loss and world rank 0 holding
 // every rank's record of its replica (clocks aligned by
 // MpiGroups::clock_offset_s). The whole-model operations (write_checkpoint,
-// assemble_model) are collective: every process calls them, replica 0's
-// processes send their tensors by name, and world rank 0 alone gets the
-// result. A failure ends the job (the caller's MpiWorld::abort_job): peers
+// assemble_model) are collective: every process calls them. A checkpoint is
+// written as shards by replica 0's processes, one per pipeline rank, and
+// indexed by world rank 0; for assemble_model replica 0's processes send
+// their tensors by name, and world rank 0 alone gets the result. A failure ends the job (the caller's MpiWorld::abort_job): peers
 // cannot be told to stop a step half done.
 //
 // Thread safety: one thread drives the engine; stages may be read between
@@ -128,10 +129,16 @@ class PipelineEngine {
   // "steps_done": the next step to run). Names, not stage numbers, make it
   // independent of the layout: a run may resume under another schedule,
   // stage count or partition. Written atomically; refused (Error naming the
-  // tensor) when a parameter is not finite. Collective under MPI (world rank
-  // 0 writes the file).
+  // tensor) when a parameter is not finite. Collective under MPI: `path` is
+  // then a folder of Hugging Face-style shards (nn/safetensors_index.h): each
+  // pipeline rank of replica 0 writes its stages' tensors (the tied wte once,
+  // the embedding's) and moments (ZeRO-1: gathered from the replicas to it)
+  // as model-0000{r+1}-of-0000{p}.safetensors, atomically; after every shard
+  // is written world rank 0 writes model.safetensors.index.json, atomically,
+  // last (it removes an older index first, and shards of another layout).
   void write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const;
-  // Loads weights and moments from such a file; returns its steps_done.
+  // Loads weights and moments from such a file (or the shards merged:
+  // checkpoint_search.h read_checkpoint); returns its steps_done.
   std::int64_t load_checkpoint(const nn::SafetensorsFile& file);
 
   StepResult step(std::int64_t step, const BatchSource& source, StepMode mode = StepMode::kTrain,
@@ -181,14 +188,17 @@ class PipelineEngine {
   struct Flush;
 
   const nn::Stage& holder(std::string_view name) const;
-  // The tensors of this process's stages by name (with the optimizer's
-  // moments if `with_optimizer`), merged at world rank 0 under MPI from
-  // replica 0's processes (a collective); the whole model in one process.
-  nn::SafetensorsWriter model_state(bool with_optimizer) const;
+  // The tensors of this process's stages by name, each once (the tied wte:
+  // the embedding stage's copy), with the optimizer's moments if
+  // `with_optimizer` (ZeRO-1: gathered at data-parallel rank 0, a collective
+  // of the data-parallel group); the whole model in one process.
+  nn::SafetensorsWriter local_state(bool with_optimizer) const;
+  // Under MPI: replica 0's local_state(false) merged at world rank 0 (a
+  // collective; none elsewhere).
+  std::optional<nn::SafetensorsFile> gathered_parameters() const;
   void reduce_data_parallel(RankWorker& w);
   // ZeRO-1 in force: the optimizers hold shards (EngineOptions::shard_optimizer, d > 1).
   bool sharded() const;
-  StageId optimizer_stage(const nn::AdamW& optimizer) const;
   void gather_parameters(RankWorker& w);
   void gather_results(StepResult& result, Clock::time_point epoch) const;
   void run_threaded(StepMode mode, double lr, Flush& flush);

@@ -136,6 +136,8 @@ class MpiGroups {
   // every rank's part of `values` everywhere, in place: rank k's part is
   // nn::OptimizerShard::of(values.size(), ranks, k) and already in place;
   static void all_gather_parts(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what);
+  // the same at rank 0 alone (the others' `values` unchanged);
+  static void gather_parts(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what);
   // every rank's bytes at rank 0 (empty elsewhere), rank by rank.
   static std::vector<std::string> gather_bytes(MPI_Comm comm, const std::string& bytes, Deadline deadline,
                                                std::string_view what);

@@ -42,15 +42,18 @@ struct TrainSettings {
   std::filesystem::path out_dir = "runs/pipeflow";
   std::filesystem::path weights;  // start from this whole-model file (pipeflow init); empty: GPT-2 init
   // Checkpoints (PipelineEngine::write_checkpoint): every save_interval
-  // steps and after the last one (0: none), as checkpoint_dir/step_N.safetensors
-  // (N: steps done; empty dir: out_dir/checkpoints). `resume`: a checkpoint
-  // file, a directory or a run's out_dir (checkpoints_to_resume): the newest
+  // steps and after the last one (0: none), as checkpoint_dir/step_N.safetensors,
+  // under MPI the folder checkpoint_dir/step_N of shards and their index
+  // (checkpoint_search.h; N: steps done; empty dir: out_dir/checkpoints).
+  // `resume`: a checkpoint file or folder, its index file, a directory or a
+  // run's out_dir (checkpoints_to_resume): the newest
   // checkpoint that loads, with a warning for each newer one that does not;
   // the run continues from its steps_done up to `steps` (the total) on the
   // same data and learning-rate schedule as an uninterrupted run. After each
-  // checkpoint written, all but the newest `checkpoint_keep` step_N files of
+  // checkpoint written, all but the newest `checkpoint_keep` step_N files or folders of
   // the directory are deleted (0: none). At the start, temporaries of killed
-  // writers (NAME.tmp.PID) are removed from the directory and out_dir.
+  // writers (NAME.tmp.PID) are removed from the directory, its step_N folders
+  // and out_dir.
   int save_interval = 0;
   int checkpoint_keep = 0;
   std::filesystem::path checkpoint_dir;
