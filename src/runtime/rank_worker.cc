@@ -45,7 +45,9 @@ RankWorker::RankWorker(const Schedule& schedule, RankId rank, std::span<nn::Stag
   losses_.assign(m, std::numeric_limits<double>::quiet_NaN());
   tied_out_.resize(own_.size());
   small_tied_.resize(own_.size());
-  if (options.noise_scale_interval > 0) noise_microbatch_ = noise_microbatch(schedule, options.data_parallel).microbatch;
+  if (options.noise_scale_interval > 0) {
+    noise_microbatch_ = noise_microbatch(schedule, options.data_parallel).microbatch;
+  }
   record_.actions.reserve(actions_->size());
 }
 

@@ -104,8 +104,10 @@ struct StepLog {
   bool skipped = false;  // the loss or grad_norm was not finite: no update (StepResult::skipped)
   // The gradient noise scale (runtime/noise_scale.h), on the steps that
   // measure it (metrics.noise_scale_interval) and were not skipped:
-  std::optional<double> grad_square_small = std::nullopt;  // |G_small|²: one micro-batch's mean-loss gradient (b sequences)
-  std::optional<double> grad_square_big = std::nullopt;    // |G_big|² = grad_norm²: the global batch's (m · b · d sequences)
+  // |G_small|²: the mean-loss gradient of one micro-batch (b sequences);
+  // |G_big|² = grad_norm²: of the global batch (m · b · d sequences).
+  std::optional<double> grad_square_small = std::nullopt;
+  std::optional<double> grad_square_big = std::nullopt;
   // B_simple in sequences from the moving averages of this run's measurements
   // up to this step; none while the averaged |G|² is not positive.
   std::optional<double> noise_scale = std::nullopt;
