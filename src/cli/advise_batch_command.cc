@@ -8,6 +8,7 @@
 #include <string>
 
 #include "commands.h"
+#include "pipeflow/core/error.h"
 #include "pipeflow/plan/advise_batch.h"
 
 namespace pipeflow::cli {
@@ -20,10 +21,15 @@ struct AdviseBatchCommand {
   long long target_batch = 0;
   std::string optimizer = "adam";
   std::optional<double> noise_scale;
+  std::string metrics;
   bool json = false;
 };
 
-void run(const AdviseBatchCommand& c) {
+void run(AdviseBatchCommand c) {
+  if (!c.metrics.empty()) {
+    if (c.noise_scale) fail("--noise-scale and --metrics {}: give the noise scale one way", c.metrics);
+    c.noise_scale = noise_scale_of_metrics(c.metrics);
+  }
   const BatchAdvice advice = advise_batch({.base_batch = c.base_batch,
                                            .base_lr = c.base_lr,
                                            .base_warmup_steps = c.base_warmup,
@@ -71,6 +77,8 @@ void add_advise_batch_command(CLI::App& app) {
   sub->add_option("--target-batch", c->target_batch, "The global batch to move to")->required();
   sub->add_option("--optimizer", c->optimizer, "adam (Adam, AdamW) or sgd")->capture_default_str();
   sub->add_option("--noise-scale", c->noise_scale, "Measured gradient noise scale B_simple, in sequences");
+  sub->add_option("--metrics", c->metrics,
+                  "A pipeflow train metrics.jsonl: its last noise_scale is the noise scale");
   sub->add_flag("--json", c->json, "Print one JSON object");
   sub->callback([c] { run(*c); });
 }

@@ -433,6 +433,9 @@ RunConfig parse_keys(const Config& config) {
   run.checkpoint.keep = non_negative(checkpoint, "keep", run.checkpoint.keep, "the newest checkpoints kept, 0 for all");
   run.numerics.max_skipped_steps = positive(config.object("numerics"), "max_skipped_steps",
                                             run.numerics.max_skipped_steps, "non-finite steps in a row before stopping");
+  run.metrics.noise_scale_interval =
+      non_negative(config.object("metrics"), "noise_scale_interval", run.metrics.noise_scale_interval,
+                   "steps between measurements of the gradient noise scale, 0 for none");
   read_simulation_keys(config, run);
   config.check_no_unknown_keys();
 
@@ -589,6 +592,7 @@ std::string run_config_to_json(const RunConfig& run) {
   json["checkpoint"] = {{"interval", run.checkpoint.save_interval}, {"dir", run.checkpoint.dir},
                         {"load", run.checkpoint.load}, {"keep", run.checkpoint.keep}};
   json["numerics"] = {{"max_skipped_steps", run.numerics.max_skipped_steps}};
+  json["metrics"] = {{"noise_scale_interval", run.metrics.noise_scale_interval}};
   json["hardware"] = run.hardware_source;
   if (run.devices) json["devices"] = *run.devices;
   json["tensor_parallel"] = run.tensor_parallel;

@@ -1,10 +1,13 @@
 #include "pipeflow/plan/advise_batch.h"
 
 #include <cmath>
+#include <sstream>
 
 #include <fmt/format.h>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow {
 
@@ -70,6 +73,47 @@ BatchAdvice advise_batch(const BatchAdviceRequest& r) {
         "wastes samples; measure it and pass --noise-scale");
   }
   return advice;
+}
+
+double noise_scale_of_metrics(const std::filesystem::path& path) {
+  // Every failure names the file and the key it was read for.
+  const auto failure = [&](const std::string& what) {
+    fail("--metrics {}: {}; it should be pipeflow train's metrics.jsonl, whose last \"noise_scale\" is the "
+         "measured gradient noise scale",
+         path.string(), what);
+  };
+  std::string text;
+  try {
+    text = read_file(path, kMaxMetricsFileBytes, "metrics file");
+  } catch (const Error& error) {
+    failure(error.what());
+  }
+  std::istringstream lines(text);
+  std::optional<double> last;
+  int number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    const std::string where = fmt::format("{} line {}", path.string(), number);
+    nlohmann::json json;
+    try {
+      json = parse_json(line, where);
+    } catch (const Error& error) {
+      failure(error.what());
+    }
+    if (!json.is_object()) failure(fmt::format("line {} is not a JSON object", number));
+    if (!json.contains("noise_scale")) continue;
+    const nlohmann::json& value = json["noise_scale"];
+    if (!value.is_number() || !(value.get<double>() > 0) || !std::isfinite(value.get<double>())) {
+      fail("{}: \"noise_scale\" = {}: must be a positive number of sequences (B_simple)", where, value.dump());
+    }
+    last = value.get<double>();
+  }
+  if (!last) {
+    fail("{}: no line has \"noise_scale\" (the gradient noise scale pipeflow train measures): train with "
+         "metrics.noise_scale_interval >= 1 and more than one micro-batch per step, or pass --noise-scale",
+         path.string());
+  }
+  return *last;
 }
 
 }  // namespace pipeflow

@@ -384,20 +384,22 @@ const PipelineEngine::FlushStep PipelineEngine::kFlushOrder[] = {
 // What the ranks' flushes share within one step (each rank writes only its
 // own entries).
 struct PipelineEngine::Flush {
-  explicit Flush(std::size_t ranks) : tied_start(ranks), square_sum(ranks, 0.0) {}
+  explicit Flush(std::size_t ranks) : tied_start(ranks), square_sum(ranks, 0.0), small_square_sum(ranks, 0.0) {}
 
   // Threaded, every rank holds the all-reduced sum; serial, each its own,
   // added here in rank order as the all-reduce adds them (0 + v0 + v1 + …),
   // so both modes get the same bits.
-  double grad_norm(std::size_t rank, RunMode run) const {
-    if (run == RunMode::kThreaded) return std::sqrt(square_sum[rank]);
+  static double total(const std::vector<double>& sums, std::size_t rank, RunMode run) {
+    if (run == RunMode::kThreaded) return sums[rank];
     double sum = 0;
-    for (const double v : square_sum) sum += v;
-    return std::sqrt(sum);
+    for (const double v : sums) sum += v;
+    return sum;
   }
+  double grad_norm(std::size_t rank, RunMode run) const { return std::sqrt(total(square_sum, rank, run)); }
 
   std::vector<Clock::time_point> tied_start;
   std::vector<double> square_sum;
+  std::vector<double> small_square_sum;  // RankWorker::small_square_sum, on a step measuring the noise scale
   std::atomic<bool> updating{false};  // an optimizer update has begun on some rank
 };
 
@@ -424,7 +426,13 @@ StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, St
     run_serial(mode, result.lr, flush);
   }
   result.wall_s = std::chrono::duration<double>(Clock::now() - epoch).count();
-  result.grad_norm = flush.grad_norm(static_cast<std::size_t>(workers_.front()->rank().value()), run);
+  const auto reporting_rank = static_cast<std::size_t>(workers_.front()->rank().value());
+  result.grad_norm = flush.grad_norm(reporting_rank, run);
+  if (workers_.front()->measures_noise_scale()) {
+    // The accumulated gradient carries the loss scale 1/(m·d): undone, it is the micro-batch's mean-loss gradient.
+    const double unscale = static_cast<double>(schedule_.num_microbatches()) * options_.data_parallel;
+    result.grad_square_small = Flush::total(flush.small_square_sum, reporting_rank, run) * unscale * unscale;
+  }
   result.skipped = mode == StepMode::kTrain && !std::isfinite(result.grad_norm);
   result.clip_coefficient = result.skipped ? 1 : clip_coefficient(mode, result.grad_norm);
   finish(result, epoch);
@@ -461,8 +469,14 @@ RankWorker::Outcome PipelineEngine::flush_step(FlushStep step, RankWorker& w, St
       if (run == RunMode::kThreaded && w.all_reduce_sum(sum) == RankWorker::Outcome::kAborted) {
         return RankWorker::Outcome::kAborted;
       }
+      double small = w.small_square_sum();
+      if (w.measures_noise_scale() && run == RunMode::kThreaded &&
+          w.all_reduce_sum(small) == RankWorker::Outcome::kAborted) {
+        return RankWorker::Outcome::kAborted;
+      }
       w.record_phase(FlushPhase::kGradientNorm, start);
       flush.square_sum[r] = sum;
+      flush.small_square_sum[r] = small;
       return RankWorker::Outcome::kDone;
     }
     case FlushStep::kUpdate:

@@ -35,6 +35,10 @@ nlohmann::ordered_json to_json(const StepLog& log) {
   json["peak_activation_bytes_predicted"] = log.peak_activation_bytes_predicted;
   if (log.val_loss) json["val_loss"] = *log.val_loss;
   if (log.skipped) json["skipped"] = true;
+  if (log.grad_square_small) json["grad_square_small"] = *log.grad_square_small;
+  if (log.grad_square_big) json["grad_square_big"] = *log.grad_square_big;
+  // The key `pipeflow advise-batch --metrics` reads (plan/advise_batch.h).
+  if (log.noise_scale) json["noise_scale"] = *log.noise_scale;
   return json;
 }
 

@@ -9,6 +9,7 @@
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/units.h"
+#include "pipeflow/runtime/noise_scale.h"
 #include "pipeflow/schedule/grid.h"
 
 namespace pipeflow::runtime {
@@ -17,6 +18,12 @@ namespace {
 // After a wait that did not time out.
 RankWorker::Outcome outcome_of(WaitStatus status) {
   return status == WaitStatus::kOk ? RankWorker::Outcome::kDone : RankWorker::Outcome::kAborted;
+}
+
+double dot(std::span<const float> a, std::span<const float> b) {
+  double sum = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) sum += static_cast<double>(a[i]) * b[i];
+  return sum;
 }
 
 }  // namespace
@@ -37,6 +44,10 @@ RankWorker::RankWorker(const Schedule& schedule, RankId rank, std::span<nn::Stag
   slots_.resize(static_cast<std::size_t>(schedule.stages_per_rank()) * m);
   losses_.assign(m, std::numeric_limits<double>::quiet_NaN());
   tied_out_.resize(own_.size());
+  small_tied_.resize(own_.size());
+  if (options.noise_scale_interval > 0) {
+    noise_microbatch_ = noise_microbatch(schedule, options.data_parallel).microbatch;
+  }
   record_.actions.reserve(actions_->size());
 }
 
@@ -81,6 +92,9 @@ void RankWorker::begin_step(std::int64_t step, const BatchSource& source, Clock:
   record_.actions.clear();
   record_.phases.clear();
   record_.peak_activation_bytes = live_bytes();
+  measuring_noise_ = noise_microbatch_ && runtime::measures_noise_scale(step, options_->noise_scale_interval);
+  small_square_sum_ = 0;
+  for (auto& tied : small_tied_) tied.clear();
   (*progress_)[static_cast<std::size_t>(rank_.value())].store(0, std::memory_order_relaxed);
 }
 
@@ -124,6 +138,10 @@ RankWorker::Outcome RankWorker::run(std::size_t index, bool block) {
       break;
   }
   if (outcome != Outcome::kDone) return outcome;
+  if (measuring_noise_ && (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) &&
+      a.microbatch.value() == *noise_microbatch_) {
+    note_small_gradient(a.stage);
+  }
   timing.start_s = seconds_since_epoch(start);
   timing.end_s = seconds_since_epoch(Clock::now());
   if (is_compute(a.kind)) timing.working_bytes = st.activation_memory().peak_bytes() - own;
@@ -297,8 +315,11 @@ RankWorker::Outcome RankWorker::post_tied_gradients() {
     const RankId to = schedule_->rank_of(partner);
     if (to == rank_) continue;
     const auto gradient = st.tied_gradient();
-    Tensor copy = Tensor::uninitialized({st.config().vocab_size, st.config().n_embd}, st.allocator());
+    const bool with_small = sends_small_tied(own_[i]);
+    Tensor copy = Tensor::uninitialized({st.config().vocab_size * (with_small ? 2 : 1), st.config().n_embd},
+                                        st.allocator());
     std::copy(gradient.begin(), gradient.end(), copy.data());
+    if (with_small) std::copy(small_tied_[i].begin(), small_tied_[i].end(), copy.data() + gradient.size());
     const MessageKey key{rank_, to, own_[i], MicrobatchId(0), Direction::kTiedGradient};
     copy.charge_to(nullptr);
     const WaitStatus status = transport_->send(key, std::move(copy), deadline());
@@ -325,10 +346,11 @@ RankWorker::Outcome RankWorker::reduce_tied_gradients(bool block) {
       std::copy(mine.begin(), mine.end(), copy.data());
       st.add_tied_gradient(head.tied_gradient());
       head.add_tied_gradient(copy.span());
+      if (measuring_noise_) add_small_tied(s, small_tied_[own_index(partner)]);
       continue;
     }
     const MessageKey key{from, rank_, partner, MicrobatchId(0), Direction::kTiedGradient};
-    const Shape shape{st.config().vocab_size, st.config().n_embd};
+    const Shape shape{st.config().vocab_size * (sends_small_tied(partner) ? 2 : 1), st.config().n_embd};
     Tensor other;
     if (!block) {
       if (!transport_->try_receive(key, shape, st.allocator(), other)) {
@@ -339,9 +361,40 @@ RankWorker::Outcome RankWorker::reduce_tied_gradients(bool block) {
       if (status == WaitStatus::kTimedOut) fail_flush_timeout("the tied-gradient reduction", "the " + describe(key));
       if (status == WaitStatus::kAborted) return Outcome::kAborted;
     }
-    st.add_tied_gradient(other.span());
+    const std::span<const float> received = other.span();
+    const std::size_t n = st.tied_gradient().size();
+    if (sends_small_tied(partner)) add_small_tied(s, received.subspan(n));
+    st.add_tied_gradient(received.first(n));
   }
   return Outcome::kDone;
+}
+
+std::size_t RankWorker::own_index(StageId s) const {
+  return static_cast<std::size_t>(std::find(own_.begin(), own_.end(), s) - own_.begin());
+}
+
+// The head's side (any stage but 0, the embedding's) sends its gradient of
+// j* after its tied copy.
+bool RankWorker::sends_small_tied(StageId s) const { return measuring_noise_ && s.value() != 0; }
+
+void RankWorker::note_small_gradient(StageId s) {
+  nn::Stage& st = stage(s);
+  small_square_sum_ += st.gradient_square_sum();  // |a|² on the embedding's stage, no wte on the head's
+  if (!st.needs_tied_reduction()) return;
+  const std::span<const float> tied = st.tied_gradient();
+  small_tied_[own_index(s)].assign(tied.begin(), tied.end());
+  if (!st.has_embedding()) small_square_sum_ += dot(tied, tied);  // |b|²
+}
+
+// |a + b|² = |a|² + 2 a·b + |b|²: the embedding's rank adds the cross term.
+void RankWorker::add_small_tied(StageId embedding, std::span<const float> head_small) {
+  const std::vector<float>& mine = small_tied_[own_index(embedding)];
+  if (mine.size() != head_small.size()) {
+    fail("rank {}: the tied wte gradients of the noise micro-batch have {} and {} elements (a stage missed its "
+         "weight gradient of micro-batch {})",
+         rank_, mine.size(), head_small.size(), noise_microbatch_.value_or(-1));
+  }
+  small_square_sum_ += 2 * dot(mine, head_small);
 }
 
 double RankWorker::gradient_square_sum() const {

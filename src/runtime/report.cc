@@ -12,6 +12,7 @@
 
 #include "pipeflow/core/units.h"
 #include "pipeflow/nn/gpt_config.h"
+#include "pipeflow/runtime/noise_scale.h"
 
 namespace pipeflow::runtime {
 
@@ -177,6 +178,44 @@ std::string loss_section(const RunRecord& run) {
   return out;
 }
 
+std::string noise_scale_section(const RunRecord& run) {
+  std::string out = "\n## Gradient noise scale\n\n";
+  const EngineOptions& engine = run.settings->engine;
+  const int interval = engine.noise_scale_interval;
+  if (interval == 0) return out + "Not measured (metrics.noise_scale_interval = 0).\n";
+  const NoiseMicrobatch small = noise_microbatch(*run.schedule, engine.data_parallel);
+  if (!small.microbatch) return out + fmt::format("Not measured: {}.\n", small.obstacle);
+  const auto measured = std::count_if(run.log.begin(), run.log.end(),
+                                      [](const StepLog& l) { return l.grad_square_small.has_value(); });
+  const auto last = std::find_if(run.log.rbegin(), run.log.rend(),
+                                 [](const StepLog& l) { return l.noise_scale.has_value(); });
+  const std::int64_t big = static_cast<std::int64_t>(run.schedule->num_microbatches()) * engine.micro_batch *
+                           engine.data_parallel;
+  out += fmt::format(
+      "B_simple = tr(Σ)/|G|² (McCandlish et al. 2018, Appendix A), in sequences, from |G_small|² of one micro-batch "
+      "(b = {} sequences: micro-batch {} of data-parallel replica 0, each stage's gradient read right after its "
+      "weight gradient of it) and |G_big|² of the global batch (B = {}), {} (metrics.noise_scale_interval); "
+      "the value is the ratio of exponential moving averages (decay {}) of the two unbiased estimates, over {} "
+      "measured {} of this run. `metrics.jsonl` has `grad_square_small`, `grad_square_big` and `noise_scale` on "
+      "those steps; `pipeflow advise-batch --metrics` reads the last `noise_scale`. Cost: one more pass over the "
+      "gradients and a copy of the tied wte gradient per measured step (docs/PERFORMANCE.md).\n\n",
+      engine.micro_batch, *small.microbatch, big,
+      interval == 1 ? std::string("every step") : fmt::format("every {} steps", interval), NoiseScaleAverage::kDecay,
+      measured, measured == 1 ? "step" : "steps");
+  if (last == run.log.rend()) {
+    return out + "No estimate yet: the averaged |G|² is not positive (the small batch's noise outweighs the "
+                 "signal over so few measurements; train longer).\n";
+  }
+  const double noise = *last->noise_scale;
+  const bool past = static_cast<double>(big) > noise;
+  out += fmt::format("B_simple ≈ {:.1f} sequences at step {}: the global batch of {} is {} it{}.\n", noise,
+                     last->step, big, past ? "past" : "within",
+                     past ? "; past the critical batch size a larger batch wastes samples (pipeflow advise-batch "
+                            "--metrics)"
+                          : "");
+  return out;
+}
+
 }  // namespace
 
 std::string printable(std::string_view text) {
@@ -209,6 +248,7 @@ std::string training_report(const RunRecord& run) {
   out += partition_section(run);
   out += comparison_section(run);
   out += loss_section(run);
+  out += noise_scale_section(run);
   out += fmt::format("\n## Configuration\n\nAs read (defaults written out; flags applied):\n\n```json\n{}```\n",
                      run.settings->config_text);
   out += fmt::format(

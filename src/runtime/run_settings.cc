@@ -76,6 +76,7 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   s.engine.optimizer = run.optimizer;
   s.engine.lr_schedule = nn::LrSchedule::from_config(run.scheduler, run.optimizer.lr);
   s.engine.gradient_clipping = run.gradient_clipping;
+  s.engine.noise_scale_interval = run.metrics.noise_scale_interval;
   for (const std::string& path : run.data.paths) {
     if (!std::filesystem::exists(path) || std::filesystem::is_directory(path)) {
       fail("{}: data path \"{}\" is {}: name text files, or leave data out for the fortunes corpus", source, path,

@@ -16,6 +16,7 @@
 #include "pipeflow/runtime/measurement.h"
 #include "pipeflow/runtime/metrics_log.h"
 #include "pipeflow/runtime/mpi_world.h"
+#include "pipeflow/runtime/noise_scale.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/run_outputs.h"
@@ -94,6 +95,7 @@ class Run {
   std::vector<StepFigures> figures_;
   std::optional<StepResult> last_;
   int skipped_in_a_row_ = 0;
+  NoiseScaleAverage noise_scale_;  // over this run's measured steps (a resumed run starts afresh)
 };
 
 std::unique_ptr<PipelineEngine> Run::make_engine() const {
@@ -292,6 +294,13 @@ StepLog Run::train_step(std::int64_t step) {
     log.busy_predicted_s.push_back(rank.busy_s);
     log.idle_predicted_s.push_back(prediction_.pipeline_time_s - rank.busy_s);
     log.peak_activation_bytes_predicted.push_back(static_cast<std::int64_t>(rank.activation_bytes));
+  }
+  if (result.grad_square_small && !result.skipped) {
+    log.grad_square_small = result.grad_square_small;
+    log.grad_square_big = result.grad_norm * result.grad_norm;
+    noise_scale_.add(noise_scale_sample(*log.grad_square_small, settings_.engine.micro_batch, *log.grad_square_big,
+                                        engine_->global_batch()));
+    log.noise_scale = noise_scale_.value();
   }
   figures_.push_back(std::move(figures));
   last_ = std::move(result);

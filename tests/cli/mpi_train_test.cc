@@ -19,6 +19,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,6 +60,16 @@ std::vector<double> losses(const std::string& out_dir) {
   std::vector<double> values;
   for (std::string line; std::getline(lines, line);) values.push_back(nlohmann::json::parse(line)["loss"]);
   return values;
+}
+
+// Step 0's squared norm of one micro-batch's gradient (global micro-batch 0
+// in every layout: replica 0's first) and of the global batch's.
+std::pair<double, double> first_grad_squares(const std::string& out_dir) {
+  std::istringstream lines(read_file(out_dir + "/metrics.jsonl"));
+  std::string line;
+  std::getline(lines, line);
+  const nlohmann::json json = nlohmann::json::parse(line);
+  return {json.at("grad_square_small").get<double>(), json.at("grad_square_big").get<double>()};
 }
 
 // The largest difference between two weight files, relative to the largest
@@ -151,6 +162,11 @@ TEST_F(MpiTrain, PipelineAndDataParallelLayoutsOfFourProcessesEqualTheUnpipeline
     const std::string name = "pp" + std::to_string(layout.stages) + "dp" + std::to_string(layout.data_parallel);
     const std::string out = train(layout, name);
     expect_same_run(out, unpipelined, describe(layout));
+    // The noise scale's small batch is replica 0's micro-batch 0 whatever the layout.
+    const auto [small, big] = first_grad_squares(out);
+    const auto [small_reference, big_reference] = first_grad_squares(unpipelined);
+    EXPECT_NEAR(small, small_reference, 1e-5 * small_reference) << describe(layout);
+    EXPECT_NEAR(big, big_reference, 1e-5 * big_reference) << describe(layout);
     const std::string err_of_layout = read_file(out + "/report.md");
     EXPECT_NE(err_of_layout.find(std::to_string(layout.stages * layout.data_parallel) + " MPI processes (pipeline " +
                                  std::to_string(layout.stages) + " x data parallel " +

@@ -48,6 +48,7 @@ const char* const kEveryKey = R"({
   "out_dir": "runs/x",
   "checkpoint": {"interval": 100, "dir": "ckpt", "load": "ckpt/step-100", "keep": 2},
   "numerics": {"max_skipped_steps": 5},
+  "metrics": {"noise_scale_interval": 10},
   "hardware": "a100-80g",
   "devices": 24,
   "tensor_parallel": 2,
@@ -99,6 +100,7 @@ TEST(RunConfig, ReadsEveryKey) {
   EXPECT_EQ(run.checkpoint.load, "ckpt/step-100");
   EXPECT_EQ(run.checkpoint.keep, 2);
   EXPECT_EQ(run.numerics.max_skipped_steps, 5);
+  EXPECT_EQ(run.metrics.noise_scale_interval, 10);
   EXPECT_EQ(run.hardware.name, "a100-80g");
   EXPECT_EQ(run.devices, 24);
   EXPECT_EQ(run.tensor_parallel, 2);
@@ -285,6 +287,9 @@ TEST(RunConfig, BadValuesNameThePathTheValueTheRuleAndTheFix) {
   EXPECT_EQ(parse_error(R"({"numerics": {"max_skipped_steps": 0}})"),
             "run.json: numerics.max_skipped_steps = 0: must be a positive integer: non-finite steps in a row before "
             "stopping");
+  EXPECT_EQ(parse_error(R"({"metrics": {"noise_scale_interval": -1}})"),
+            "run.json: metrics.noise_scale_interval = -1: must be an integer >= 0: steps between measurements of the "
+            "gradient noise scale, 0 for none");
 }
 
 TEST(RunConfig, ModelIsAPresetAConfigJsonOrTheSmallGpt) {

@@ -3,6 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <string>
+
+#include <unistd.h>
+
+#include "pipeflow/core/file.h"
 
 #include "../support/error_of.h"
 
@@ -65,6 +71,47 @@ TEST(AdviseBatch, BadInputNamesTheOption) {
   EXPECT_EQ(error_of([] { parse_optimizer_family("lamb"); }),
             "optimizer 'lamb': use adam (Adam, AdamW: the square-root rule) or sgd (SGD with momentum: the linear "
             "rule)");
+}
+
+std::filesystem::path metrics_file(const std::string& name, const std::string& text) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("pipeflow_advise_" + std::to_string(::getpid()) + "_" + name + ".jsonl");
+  write_file_atomic(path, text);
+  return path;
+}
+
+// pipeflow train logs the smoothed noise scale on the steps that measure it.
+TEST(AdviseBatchMetrics, ReadsTheLastNoiseScale) {
+  const auto path = metrics_file("good", R"({"step": 0, "loss": 5.5, "noise_scale": 300.5}
+{"step": 1, "loss": 5.4}
+{"step": 2, "loss": 5.3, "grad_square_small": 2.0, "grad_square_big": 1.0, "noise_scale": 412.25}
+{"step": 3, "loss": 5.2}
+)");
+  EXPECT_DOUBLE_EQ(noise_scale_of_metrics(path), 412.25);
+  std::filesystem::remove(path);
+}
+
+TEST(AdviseBatchMetrics, AMissingOrGarbledFileNamesTheFileAndTheKey) {
+  const auto missing = std::filesystem::temp_directory_path() / "pipeflow_advise_no_such_metrics.jsonl";
+  const std::string gone = error_of([&] { noise_scale_of_metrics(missing); });
+  EXPECT_NE(gone.find("--metrics " + missing.string() + ": "), std::string::npos) << gone;
+  EXPECT_NE(gone.find("\"noise_scale\""), std::string::npos) << gone;
+
+  const auto garbled = metrics_file("garbled", "{\"step\": 0, \"noise_scale\": 3}\n{\"step\": 1, \"noi\n");
+  const std::string bad = error_of([&] { noise_scale_of_metrics(garbled); });
+  EXPECT_NE(bad.find(garbled.string() + " line 2"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("\"noise_scale\""), std::string::npos) << bad;
+
+  const auto without = metrics_file("without", "{\"step\": 0, \"loss\": 5}\n");
+  EXPECT_EQ(error_of([&] { noise_scale_of_metrics(without); }),
+            without.string() + ": no line has \"noise_scale\" (the gradient noise scale pipeflow train measures): "
+                               "train with metrics.noise_scale_interval >= 1 and more than one micro-batch per step, "
+                               "or pass --noise-scale");
+
+  const auto negative = metrics_file("negative", "{\"step\": 0, \"noise_scale\": -4}\n");
+  EXPECT_EQ(error_of([&] { noise_scale_of_metrics(negative); }),
+            negative.string() + " line 1: \"noise_scale\" = -4: must be a positive number of sequences (B_simple)");
+  for (const auto& path : {garbled, without, negative}) std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/nn/parameter_layout.h"
 #include "pipeflow/runtime/checkpoint_search.h"
+#include "pipeflow/runtime/noise_scale.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/trainer.h"
@@ -108,6 +109,52 @@ TEST(Trainer, TrainsWritesMetricsReportTimelineAndWeights) {
   EXPECT_GT(profile.stages[1].costs.backward_s, 0);
   const auto weights = nn::SafetensorsFile::read(settings.out_dir / "weights.safetensors");
   EXPECT_EQ(nn::read_config(weights), testing::kTiny);
+  std::fclose(log);
+  std::filesystem::remove_all(dir);
+}
+
+// Every other step measures the noise scale: metrics.jsonl has both squares
+// (the big one the step's grad_norm²) and B_simple from their moving
+// averages; the report says how it was measured.
+TEST(Trainer, LogsTheGradientNoiseScaleOnTheStepsThatMeasureIt) {
+  const auto dir = temp_dir("noise");
+  TrainSettings settings = short_settings(dir, 5);
+  settings.engine.noise_scale_interval = 2;
+  std::FILE* log = std::tmpfile();
+  ProgressPrinter progress(log, false, settings.steps, false);
+  train(settings, progress);
+  std::istringstream lines(read_file(settings.out_dir / "metrics.jsonl"));
+  NoiseScaleAverage average;
+  int measured = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const auto json = nlohmann::json::parse(line);
+    const bool measures = json["step"].get<int>() % 2 == 0;
+    ASSERT_EQ(json.contains("grad_square_small"), measures) << line;
+    ASSERT_EQ(json.contains("grad_square_big"), measures) << line;
+    if (!measures) {
+      EXPECT_FALSE(json.contains("noise_scale")) << line;
+      continue;
+    }
+    ++measured;
+    const double big = json["grad_square_big"];
+    const double norm = json["grad_norm"];
+    EXPECT_DOUBLE_EQ(big, norm * norm);
+    // b = 2 sequences, B = 4 micro-batches of 2.
+    const double small = json["grad_square_small"];
+    average.add(noise_scale_sample(small, 2, big, 8));
+    EXPECT_EQ(json.contains("noise_scale"), average.value().has_value()) << line;
+    if (average.value()) {
+      EXPECT_DOUBLE_EQ(json["noise_scale"].get<double>(), *average.value()) << line;
+    }
+  }
+  EXPECT_EQ(measured, 3);
+  const std::string report = read_file(settings.out_dir / "report.md");
+  EXPECT_NE(report.find("## Gradient noise scale\n\nB_simple = tr(Σ)/|G|² (McCandlish et al. 2018, Appendix A), in "
+                        "sequences, from |G_small|² of one micro-batch (b = 2 sequences: micro-batch 0 of "
+                        "data-parallel replica 0"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("over 3 measured steps of this run"), std::string::npos) << report;
   std::fclose(log);
   std::filesystem::remove_all(dir);
 }

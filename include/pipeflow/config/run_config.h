@@ -69,6 +69,8 @@ namespace pipeflow {
 //                 to resume from), keep 0 (the newest checkpoints kept; 0: all)}
 //   numerics     {max_skipped_steps 3 (steps in a row skipped for a non-finite loss or gradient
 //                 norm before the run stops)}
+//   metrics      {noise_scale_interval 1 (steps between measurements of the gradient noise
+//                 scale, runtime/noise_scale.h; 0: never)}
 // and the keys that describe the cluster (what the simulator prices):
 //   hardware "cpu"        a preset name or a hardware profile JSON path
 //   devices               tensor_parallel · pipeline.stages · data_parallel (checked if given)
@@ -140,6 +142,10 @@ struct NumericsConfig {
   int max_skipped_steps = 3;  // >= 1
 };
 
+struct MetricsConfig {
+  int noise_scale_interval = 1;  // >= 0; 0: the noise scale is not measured
+};
+
 // The three batch keys as given (before any is derived).
 struct BatchKeys {
   std::optional<int> train_batch_size;
@@ -180,6 +186,7 @@ struct RunConfig {
   std::string out_dir = "runs/pipeflow";
   CheckpointConfig checkpoint;
   NumericsConfig numerics;
+  MetricsConfig metrics;
 
   std::string hardware_source = "cpu";
   HardwareProfile hardware;

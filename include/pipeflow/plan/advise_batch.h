@@ -1,5 +1,6 @@
 #pragma once
 
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,5 +48,13 @@ struct BatchAdvice {
 // Throws Error naming the option for non-positive batches or learning rate,
 // a negative warmup or noise scale.
 BatchAdvice advise_batch(const BatchAdviceRequest& request);
+
+// The noise scale `pipeflow train` measured: the key "noise_scale" of the
+// last line of its metrics.jsonl at `path` that has it (B_simple in
+// sequences, smoothed over the run's measured steps; runtime/noise_scale.h).
+// Throws Error naming the file (and the line, and the key) when it cannot be
+// read, a line is not a JSON object, no line has the key, or the last value
+// is not a positive number.
+double noise_scale_of_metrics(const std::filesystem::path& path);
 
 }  // namespace pipeflow

@@ -45,6 +45,12 @@ struct StepResult {
   std::vector<double> microbatch_losses;
   double grad_norm = 0;         // global, over all stages, tied wte once, before clipping
   double clip_coefficient = 1;  // applied to every gradient (1: not clipped)
+  // On a step measuring the gradient noise scale (EngineOptions::
+  // noise_scale_interval): |G_small|², the squared norm of the gradient of
+  // the mean loss over one micro-batch (b sequences: micro-batch j* of
+  // runtime/noise_scale.h, of data-parallel replica 0 at world rank 0), tied
+  // wte once, before clipping; the big batch's is grad_norm².
+  std::optional<double> grad_square_small;
   // kTrain: the loss or the gradient norm was not finite, so no rank updated
   // (weights, moments and the optimizer's step count as before the step).
   bool skipped = false;

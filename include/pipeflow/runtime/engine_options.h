@@ -38,6 +38,10 @@ struct EngineOptions {
   // parameters (nn::OptimizerShard), updates those, and the replicas
   // all-gather the updated parameters.
   bool shard_optimizer = false;
+  // metrics.noise_scale_interval: every k-th step (from step 0) measures the
+  // squared norm of one micro-batch's gradient for the gradient noise scale
+  // (runtime/noise_scale.h, StepResult::grad_square_small); 0: never.
+  int noise_scale_interval = 0;
   // For tests: called on the worker's thread before each of its actions
   // (an exception or a delay there acts as a failing or a slow worker).
   std::function<void(RankId, const Action&)> before_action;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -89,11 +90,22 @@ class RankWorker {
   //     this rank), so both copies hold the sum;
   //   gradient_square_sum: Σ g² over the rank's stages, tied counted once,
   //     then (threaded) all_reduce_sum over the ranks, in rank order;
+  //     small_square_sum likewise on a step that measures the noise scale;
   //   apply_update: scales the gradients by `clip` (if < 1) and runs AdamW
   //     with `lr` on every stage (each recorded as a kOptimizer phase).
   Outcome post_tied_gradients();
   Outcome reduce_tied_gradients(bool block);
   double gradient_square_sum() const;
+  // The gradient noise scale (runtime/noise_scale.h): on a step that
+  // measures it (EngineOptions::noise_scale_interval), each stage's
+  // gradient is read right after its weight gradient of the noise
+  // micro-batch j* completes (the first B or W of the stage, so the
+  // gradient is j*'s alone): Σ g² but for the tied wte, whose two halves
+  // (embedding a, head b) are kept and the head's sent along with its tied
+  // copy, so that the embedding's rank adds |a + b|². small_square_sum is
+  // the rank's part of |g_j*|² (with the loss scale of the step).
+  bool measures_noise_scale() const { return measuring_noise_; }
+  double small_square_sum() const { return small_square_sum_; }
   Outcome all_reduce_sum(double& value);
   void apply_update(double clip, double lr);
   // After the flush (threaded): waits until every message the rank sent has
@@ -134,6 +146,10 @@ class RankWorker {
   void hand_over(Tensor tensor, StageId to, MicrobatchId j, bool gradient);
   MessageKey message_of(const Action& a) const;
   StageId tied_partner(StageId s) const;
+  std::size_t own_index(StageId s) const;
+  bool sends_small_tied(StageId s) const;
+  void note_small_gradient(StageId s);
+  void add_small_tied(StageId embedding, std::span<const float> head_small);
   std::string where_others_are() const;
   [[noreturn]] void fail_timeout(std::size_t index, const std::string& waited_for) const;
   [[noreturn]] void fail_flush_timeout(const char* phase, const std::string& waited_for) const;
@@ -150,6 +166,13 @@ class RankWorker {
   std::vector<Slot> slots_;  // [chunk * m + j]
   std::vector<double> losses_;
   std::vector<Tensor> tied_out_;  // per own stage: the copy to send
+  // The noise scale: the micro-batch measured (none: never), whether this
+  // step measures it, the rank's part of |g_j*|², and per own stage holding
+  // one side of the tied wte, that side's gradient of j*.
+  std::optional<int> noise_microbatch_;
+  bool measuring_noise_ = false;
+  double small_square_sum_ = 0;
+  std::vector<std::vector<float>> small_tied_;
   const BatchSource* source_ = nullptr;
   std::int64_t step_ = 0;
   Clock::time_point epoch_;

@@ -102,6 +102,15 @@ struct StepLog {
   std::vector<std::int64_t> peak_activation_bytes_predicted;  // per rank, the simulator's memory walk
   std::optional<double> val_loss;
   bool skipped = false;  // the loss or grad_norm was not finite: no update (StepResult::skipped)
+  // The gradient noise scale (runtime/noise_scale.h), on the steps that
+  // measure it (metrics.noise_scale_interval) and were not skipped:
+  // |G_small|²: the mean-loss gradient of one micro-batch (b sequences);
+  // |G_big|² = grad_norm²: of the global batch (m · b · d sequences).
+  std::optional<double> grad_square_small = std::nullopt;
+  std::optional<double> grad_square_big = std::nullopt;
+  // B_simple in sequences from the moving averages of this run's measurements
+  // up to this step; none while the averaged |G|² is not positive.
+  std::optional<double> noise_scale = std::nullopt;
 };
 
 struct TrainOutcome {
