@@ -9,12 +9,14 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "commands.h"
 #include "pipeflow/config/run_config.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/plan/advise_batch.h"
 #include "pipeflow/plan/sweep.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/run_settings.h"
@@ -36,6 +38,8 @@ struct SweepCommand {
   std::string out_dir;
   bool emulate = false;
   double timeout_s = 60;
+  std::optional<double> noise_scale;
+  std::string metrics;
   RunFlags flags;
 
   RunOverrides overrides() const {
@@ -88,7 +92,11 @@ void run(const SweepCommand& c) {
     }
   }
   if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
-  SweepRequest request{c.overrides(), {}, parse_lr_rule(c.lr_rule), {}};
+  SweepRequest request{c.overrides(), {}, parse_lr_rule(c.lr_rule), {}, c.noise_scale};
+  if (!c.metrics.empty()) {
+    if (c.noise_scale) fail("--noise-scale and --metrics {}: give the noise scale one way", c.metrics);
+    request.noise_scale = noise_scale_of_metrics(c.metrics);
+  }
   for (const std::string& text : c.vary) request.axes.push_back(parse_sweep_axis(text));
   if (c.train) request.train = [&](const ResolvedRun& run, const std::string& name) { return train_point(c, run, name); };
   const ConfigSource source = [&](const RunOverrides& overrides) { return run_config_of(c.config, overrides); };
@@ -124,6 +132,9 @@ void add_sweep_command(CLI::App& app) {
   sub->add_flag("--emulate", c->emulate, "With --train: run the actions one at a time and replay their durations");
   sub->add_option("--timeout", c->timeout_s, "With --train: longest any wait for a peer may take, in seconds")
       ->capture_default_str();
+  sub->add_option("--noise-scale", c->noise_scale,
+                  "Gradient noise scale B_simple in sequences: each point's samples and steps over their minimum");
+  sub->add_option("--metrics", c->metrics, "A pipeflow train metrics.jsonl: its last noise_scale is the noise scale");
   sub->add_option("--svg", c->svg, "Write plots of the figures against the first setting as SVG");
   sub->add_flag("--json", c->json, "Print one JSON object instead of the table");
   sub->callback([c] { run(*c); });

@@ -57,8 +57,9 @@ BatchAdvice advise_batch(const BatchAdviceRequest& r) {
   }
   if (r.noise_scale) {
     const double b = static_cast<double>(r.target_batch);
-    advice.steps_over_minimum = 1 + *r.noise_scale / b;
-    advice.samples_over_minimum = 1 + b / *r.noise_scale;
+    const BatchEfficiency efficiency = batch_efficiency(b, *r.noise_scale);
+    advice.steps_over_minimum = efficiency.steps_over_minimum;
+    advice.samples_over_minimum = efficiency.samples_over_minimum;
     if (b > *r.noise_scale) {
       advice.warnings.push_back(fmt::format(
           "target batch {} is past the critical batch size (gradient noise scale {:.0f}, McCandlish et al. 2018): "
@@ -73,6 +74,10 @@ BatchAdvice advise_batch(const BatchAdviceRequest& r) {
         "wastes samples; measure it and pass --noise-scale");
   }
   return advice;
+}
+
+BatchEfficiency batch_efficiency(double batch, double noise_scale) {
+  return {.steps_over_minimum = 1 + noise_scale / batch, .samples_over_minimum = 1 + batch / noise_scale};
 }
 
 double noise_scale_of_metrics(const std::filesystem::path& path) {

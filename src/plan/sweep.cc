@@ -181,6 +181,7 @@ SweepPoint run_point(const SweepContext& c, std::vector<std::string> setting) {
     RunConfig run = point_config(c, point.setting);
     point.lr = peak_lr(run);
     const ResolvedRun resolved = resolve(run);
+    point.global_batch = resolved.batch.global;
     const Prediction p = predict(layout_of(resolved));
     point.step_time_s = p.result.step_time_s;
     point.bubble_ratio = p.result.bubble_ratio;
@@ -429,7 +430,10 @@ Sweep run_sweep(const ConfigSource& config, const SweepRequest& request) {
     }
     context.base_batch = resolve_batch_sizes(base.batch_keys, base.data_parallel, base.source).global;
   }
-  Sweep sweep{axes, request.lr_rule, static_cast<bool>(request.train), {}};
+  if (request.noise_scale && !(*request.noise_scale > 0)) {
+    fail("--noise-scale {}: must be a positive number of sequences (B_simple)", *request.noise_scale);
+  }
+  Sweep sweep{axes, request.lr_rule, static_cast<bool>(request.train), request.noise_scale, {}};
   for (const std::string& first : axes[0].values) {
     if (axes.size() == 1) {
       sweep.points.push_back(run_point(context, {first}));
@@ -445,6 +449,10 @@ std::string sweep_text(const Sweep& sweep) {
   std::vector<std::string> header;
   for (const SweepAxis& axis : sweep.axes) header.push_back(axis.key);
   if (lr) header.emplace_back("lr");
+  if (sweep.noise_scale) {
+    header.emplace_back("samples / min");
+    header.emplace_back("steps / min");
+  }
   if (sweep.trained) {
     for (const char* h : {"step time pred / meas", "bubble pred / meas", "activations pred / meas",
                           "tokens/s pred / meas", "peak memory", "loss", "val loss"}) {
@@ -458,6 +466,11 @@ std::string sweep_text(const Sweep& sweep) {
   for (const SweepPoint& p : sweep.points) {
     std::vector<std::string> row = p.setting;
     if (lr) row.push_back(fmt::format("{:.4g}", p.lr));
+    if (sweep.noise_scale && p.error.empty()) {
+      const BatchEfficiency e = batch_efficiency(p.global_batch, *sweep.noise_scale);
+      row.push_back(fmt::format("{:.2f}{}", e.samples_over_minimum, p.global_batch > *sweep.noise_scale ? " *" : ""));
+      row.push_back(fmt::format("{:.2f}", e.steps_over_minimum));
+    }
     if (!p.error.empty()) {
       row.insert(row.end(), header.size() - row.size(), "-");
       errors += fmt::format("{}: {}\n", fmt::join(p.setting, ", "), p.error);
@@ -473,7 +486,14 @@ std::string sweep_text(const Sweep& sweep) {
     }
     table.add_row(std::move(row));
   }
-  return table.render() + errors;
+  std::string note;
+  if (sweep.noise_scale) {
+    note = fmt::format(
+        "samples / min, steps / min: to the same loss, over their minimum at the gradient noise scale B_simple = "
+        "{:.3g} sequences (McCandlish et al. 2018); * past it: more than twice the minimum samples\n",
+        *sweep.noise_scale);
+  }
+  return table.render() + note + errors;
 }
 
 std::string sweep_json(const Sweep& sweep) {
@@ -482,6 +502,7 @@ std::string sweep_json(const Sweep& sweep) {
   for (const SweepAxis& axis : sweep.axes) json["axes"].push_back({{"key", axis.key}, {"values", axis.values}});
   json["lr_rule"] = to_string(sweep.lr_rule);
   json["trained"] = sweep.trained;
+  if (sweep.noise_scale) json["noise_scale"] = *sweep.noise_scale;
   json["points"] = nlohmann::ordered_json::array();
   for (const SweepPoint& p : sweep.points) {
     nlohmann::ordered_json point;
@@ -492,6 +513,12 @@ std::string sweep_json(const Sweep& sweep) {
       continue;
     }
     point["lr"] = p.lr;
+    point["global_batch"] = p.global_batch;
+    if (sweep.noise_scale) {
+      const BatchEfficiency e = batch_efficiency(p.global_batch, *sweep.noise_scale);
+      point["samples_over_minimum"] = e.samples_over_minimum;
+      point["steps_over_minimum"] = e.steps_over_minimum;
+    }
     point["step_time_s"] = p.step_time_s;
     point["bubble_ratio"] = p.bubble_ratio;
     point["peak_memory_bytes"] = p.peak_memory_bytes;

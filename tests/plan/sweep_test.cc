@@ -28,7 +28,7 @@ const ConfigSource kConfig = [](const RunOverrides& overrides) {
 };
 
 Sweep sweep_of(std::vector<SweepAxis> axes, LrRule rule = LrRule::kSqrt, PointTrainer train = {}) {
-  return run_sweep(kConfig, SweepRequest{{}, std::move(axes), rule, std::move(train)});
+  return run_sweep(kConfig, SweepRequest{{}, std::move(axes), rule, std::move(train), {}});
 }
 
 TEST(Sweep, EachPointIsTheSimulationOfItsSettingAndMicrobatchesKeepTheGlobalBatch) {
@@ -122,6 +122,34 @@ TEST(Sweep, AVariedGlobalBatchScalesTheLearningRateByTheChosenRule) {
             "rate at every global batch)");
 }
 
+// The course's trade-off on one screen: a larger global batch, its bubble,
+// memory and learning rate, and past the noise scale the samples it wastes
+// (McCandlish et al. 2018: samples / minimum = 1 + B / B_noise, steps /
+// minimum = 1 + B_noise / B).
+TEST(Sweep, WithANoiseScaleEachGlobalBatchShowsItsSamplesAndStepsOverTheMinimum) {
+  SweepRequest request{{}, {parse_sweep_axis("global-batch=8,32,128")}, LrRule::kSqrt, {}, 32.0};
+  const Sweep sweep = run_sweep(kConfig, request);
+  ASSERT_EQ(sweep.points.size(), 3u);
+  const nlohmann::json json = nlohmann::json::parse(sweep_json(sweep));
+  EXPECT_EQ(json["noise_scale"], 32.0);
+  const double samples[] = {1.25, 2, 5};
+  const double steps[] = {5, 2, 1.25};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(sweep.points[i].global_batch, 8 << (2 * i));
+    EXPECT_EQ(json["points"][i]["samples_over_minimum"], samples[i]);
+    EXPECT_EQ(json["points"][i]["steps_over_minimum"], steps[i]);
+  }
+  const std::string text = sweep_text(sweep);
+  EXPECT_NE(text.find("samples / min"), std::string::npos) << text;
+  EXPECT_NE(text.find("5.00 *"), std::string::npos) << text;  // 128 is past B_simple = 32
+  EXPECT_EQ(text.find("2.00 *"), std::string::npos) << text;  // 32 is not
+  EXPECT_NE(text.find("B_simple = 32 sequences"), std::string::npos) << text;
+  EXPECT_EQ(nlohmann::json::parse(sweep_json(sweep_of({parse_sweep_axis("global-batch=8")}))).count("noise_scale"), 0u);
+  request.noise_scale = 0.0;
+  EXPECT_EQ(error_of([&] { run_sweep(kConfig, request); }),
+            "--noise-scale 0: must be a positive number of sequences (B_simple)");
+}
+
 TEST(Sweep, TheRuleScalesTheWarmupsTargetWhenTheSchedulerHasOne) {
   const ConfigSource warmup = [](const RunOverrides& overrides) {
     return parse_run_config(Config::parse(R"({"model": "gpt2-124m", "hardware": "a100-80g", "seq_length": 1024,
@@ -131,7 +159,7 @@ TEST(Sweep, TheRuleScalesTheWarmupsTargetWhenTheSchedulerHasOne) {
                                           "run.json"),
                             overrides);
   };
-  const Sweep sweep = run_sweep(warmup, SweepRequest{{}, {parse_sweep_axis("global-batch=64")}, LrRule::kLinear, {}});
+  const Sweep sweep = run_sweep(warmup, SweepRequest{{}, {parse_sweep_axis("global-batch=64")}, LrRule::kLinear, {}, {}});
   EXPECT_EQ(sweep.points[0].error, "");
   EXPECT_EQ(sweep.points[0].lr, 4e-4 * 4);
 }
@@ -159,7 +187,7 @@ TEST(Sweep, AKeyPathVariesThatKeyOfTheConfiguration) {
   };
   const Sweep layers = run_sweep(
       inline_model, SweepRequest{{}, {parse_sweep_axis("model.n_layer=2,8"), parse_sweep_axis("pipeline.schedule=gpipe")},
-                                 LrRule::kSqrt, {}});
+                                 LrRule::kSqrt, {}, {}});
   ASSERT_EQ(layers.points.size(), 2u);
   const RunConfig eight = parse_run_config(Config::parse(R"({"model": {"n_layer": 8, "n_head": 4, "n_embd": 64,
       "n_ctx": 32}, "train_batch_size": 8, "pipeline": {"stages": 2, "schedule": "gpipe"}})",

@@ -37,6 +37,16 @@ struct BatchAdvice {
   std::vector<std::string> warnings;
 };
 
+// McCandlish et al. 2018's trade-off at a global batch of `batch` sequences
+// for a gradient noise scale B_noise of `noise_scale` sequences: the steps to
+// a given loss over their minimum, 1 + B_noise / B, and the samples over
+// theirs, 1 + B / B_noise (past B = B_noise, more than twice the minimum).
+struct BatchEfficiency {
+  double steps_over_minimum = 0;
+  double samples_over_minimum = 0;
+};
+BatchEfficiency batch_efficiency(double batch, double noise_scale);
+
 // Adam: the square-root rule, lr · √k (Malladi et al. 2022, the SDE scaling
 // rule for adaptive methods; they also scale 1 − β₁, 1 − β₂ by k and ε by
 // 1/√k). SGD: the linear rule, lr · k (Goyal et al. 2017). Both keep the

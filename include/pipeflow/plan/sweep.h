@@ -65,7 +65,8 @@ struct SweepPoint {
   // Empty when the point ran; else why it could not (the schedule's
   // constraint, a batch that does not divide, a failed training run, ...).
   std::string error;
-  double lr = 0;  // the optimizer's learning rate the point runs with
+  double lr = 0;            // the optimizer's learning rate the point runs with
+  int global_batch = 0;     // B, sequences per optimizer step
   // Predicted: `pipeflow simulate` of the point's configuration.
   double step_time_s = 0;
   double bubble_ratio = 0;
@@ -79,6 +80,9 @@ struct Sweep {
   std::vector<SweepAxis> axes;     // one or two
   LrRule lr_rule = LrRule::kSqrt;
   bool trained = false;
+  // The gradient noise scale B_simple in sequences, when given: each point's
+  // samples and steps over their minimum (batch_efficiency, advise_batch.h).
+  std::optional<double> noise_scale;
   std::vector<SweepPoint> points;  // every combination, the first axis outermost
 };
 
@@ -91,6 +95,7 @@ struct SweepRequest {
   std::vector<SweepAxis> axes;
   LrRule lr_rule = LrRule::kSqrt;
   PointTrainer train;  // empty: simulate only
+  std::optional<double> noise_scale;  // Sweep::noise_scale
 };
 
 // Simulates (and with request.train, trains) every combination of the axes'
