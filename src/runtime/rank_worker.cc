@@ -43,7 +43,6 @@ RankWorker::RankWorker(const Schedule& schedule, RankId rank, std::span<nn::Stag
   const auto m = static_cast<std::size_t>(schedule.num_microbatches());
   slots_.resize(static_cast<std::size_t>(schedule.stages_per_rank()) * m);
   losses_.assign(m, std::numeric_limits<double>::quiet_NaN());
-  tied_out_.resize(own_.size());
   small_tied_.resize(own_.size());
   if (options.noise_scale_interval > 0) {
     noise_microbatch_ = noise_microbatch(schedule, options.data_parallel).microbatch;
@@ -76,7 +75,6 @@ bool RankWorker::holds_last_stage() const {
 
 void RankWorker::release() {
   for (Slot& s : slots_) s = Slot();
-  for (Tensor& t : tied_out_) t.reset();
 }
 
 void RankWorker::begin_step(std::int64_t step, const BatchSource& source, Clock::time_point epoch) {

@@ -165,7 +165,6 @@ class RankWorker {
   Progress* progress_;
   std::vector<Slot> slots_;  // [chunk * m + j]
   std::vector<double> losses_;
-  std::vector<Tensor> tied_out_;  // per own stage: the copy to send
   // The noise scale: the micro-batch measured (none: never), whether this
   // step measures it, the rank's part of |g_j*|², and per own stage holding
   // one side of the tied wte, that side's gradient of j*.
