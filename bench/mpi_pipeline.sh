@@ -60,6 +60,8 @@ print(f"pp 2 under MPI: bubble measured - predicted, points: {spread(gap)}")
 for name in ["threads", "mpi"]:
     print(f"pp 2 {name}: fraction of the ideal {spread([100 * x['ideal_fraction'] for x in runs[name]])} %")
 print(f"dp 2: MPI throughput / one process (medians): {med('dp2', 'tokens_per_s') / med('one', 'tokens_per_s'):.3f}")
+reduction = [100 * x['data_parallel_s'][0] / x['step_time_s'] for x in runs['dp2']]
+print(f"dp 2: the data-parallel reduction's share of the step {spread(reduction, '{:.2f}')} %")
 PY
   rm -rf "${out:?}"/*
 done

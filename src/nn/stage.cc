@@ -446,17 +446,20 @@ void BasicStage<T>::zero_gradients() {
 }
 
 template <class T>
-double BasicStage<T>::gradient_square_sum() const {
+double BasicStage<T>::gradient_square_sum(std::int64_t begin, std::int64_t end) const {
   double total = 0;
   for (const ParameterInfo& info : layout_.entries()) {
     if (info.name == "wte.weight" && !has_embedding()) continue;
-    const T* g = grads_.data() + info.offset;
+    const std::int64_t from = std::max(begin, info.offset);
+    const std::int64_t count = std::min(end, info.offset + info.numel()) - from;
+    if (count <= 0) continue;
+    const T* g = grads_.data() + from;
     double partial[16] = {};
     std::int64_t i = 0;
-    for (; i + 16 <= info.numel(); i += 16) {
+    for (; i + 16 <= count; i += 16) {
       for (int lane = 0; lane < 16; ++lane) partial[lane] += static_cast<double>(g[i + lane]) * g[i + lane];
     }
-    for (; i < info.numel(); ++i) partial[0] += static_cast<double>(g[i]) * g[i];
+    for (; i < count; ++i) partial[0] += static_cast<double>(g[i]) * g[i];
     for (const double p : partial) total += p;
   }
   return total;

@@ -157,6 +157,25 @@ PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& sche
     workers_.push_back(std::make_unique<RankWorker>(schedule_, r, stages, optimizers, *transport_, options_,
                                                     progress_));
   }
+  if (processes_ != nullptr && options_.data_parallel > 1) plan_early_reductions(local.front());
+}
+
+// A stage's gradients are complete after the rank's last B or W of it; one
+// holding a side of the tied wte still needs the tied exchange of the flush.
+void PipelineEngine::plan_early_reductions(RankId rank) {
+  reductions_.resize(stages_.size());
+  const std::vector<Action>& actions = schedule_.actions(rank);
+  reduce_after_.assign(actions.size(), {});
+  for (const StageId s : schedule_.stages_of(rank)) {
+    if (stage(s).needs_tied_reduction()) continue;
+    for (std::size_t i = actions.size(); i-- > 0;) {
+      const Action& a = actions[i];
+      if (a.stage == s && (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight)) {
+        reduce_after_[i].push_back(s);
+        break;
+      }
+    }
+  }
 }
 
 PipelineEngine::~PipelineEngine() {
@@ -370,15 +389,18 @@ std::int64_t PipelineEngine::tokens_per_step() const {
 }
 
 // The flush after the pipeline part, as the phases every rank runs in order.
+// The tied exchange (within a replica) comes before the data-parallel
+// reduction: after a reduce-scatter a replica holds only its part of a
+// stage's gradient, and the two sides' parts of wte are not the same elements.
 enum class PipelineEngine::FlushStep {
-  kReduceDataParallel,
   kPostTiedGradients,
   kReduceTiedGradients,
+  kReduceDataParallel,
   kGradientNorm,
   kUpdate
 };
 const PipelineEngine::FlushStep PipelineEngine::kFlushOrder[] = {
-    FlushStep::kReduceDataParallel, FlushStep::kPostTiedGradients, FlushStep::kReduceTiedGradients,
+    FlushStep::kPostTiedGradients, FlushStep::kReduceTiedGradients, FlushStep::kReduceDataParallel,
     FlushStep::kGradientNorm, FlushStep::kUpdate};
 
 // What the ranks' flushes share within one step (each rank writes only its
@@ -466,6 +488,13 @@ RankWorker::Outcome PipelineEngine::flush_step(FlushStep step, RankWorker& w, St
     case FlushStep::kGradientNorm: {
       const Clock::time_point start = Clock::now();
       double sum = w.gradient_square_sum() + loss_guard(w, schedule_.num_microbatches());
+      if (options_.data_parallel > 1) {  // the replicas' parts, in replica order
+        const std::vector<double> parts = MpiGroups::all_gather(processes_->data(), {&sum, 1},
+                                                                deadline_after(options_.timeout),
+                                                                "every replica's part of the gradient norm");
+        sum = 0;
+        for (const double part : parts) sum += part;
+      }
       if (run == RunMode::kThreaded && w.all_reduce_sum(sum) == RankWorker::Outcome::kAborted) {
         return RankWorker::Outcome::kAborted;
       }
@@ -503,6 +532,7 @@ void PipelineEngine::run_threaded(StepMode mode, double lr, Flush& flush) {
     try {
       for (std::size_t i = 0; i < w.size(); ++i) {
         if (w.run(i, true) == RankWorker::Outcome::kAborted) return;
+        post_reductions_after(i);
       }
       for (const FlushStep step : kFlushOrder) {
         if (flush_step(step, w, mode, RunMode::kThreaded, lr, flush) == RankWorker::Outcome::kAborted) return;
@@ -566,13 +596,34 @@ void PipelineEngine::run_serial(StepMode mode, double lr, Flush& flush) {
   }
 }
 
+void PipelineEngine::post_reductions_after(std::size_t index) {
+  if (reduce_after_.empty()) return;
+  for (const StageId s : reduce_after_[index]) post_reduction(s);
+}
+
+void PipelineEngine::post_reduction(StageId s) {
+  Reduction& reduction = reductions_[static_cast<std::size_t>(s.value())];
+  reduction.posted = Clock::now();
+  reduction.parts = std::make_unique<ReduceScatterParts>(
+      processes_->data(), stage(s).gradients(), fmt::format("the data-parallel reduce-scatter of stage {}'s gradients", s));
+}
+
+// Each stage's reduce-scatter (posted now unless it already was), then the
+// all-gather of the summed gradients; under ZeRO-1 each replica keeps its
+// part and the weights are gathered after the update instead. Recorded per
+// stage from the moment it was posted.
 void PipelineEngine::reduce_data_parallel(RankWorker& w) {
-  const Clock::time_point start = Clock::now();
   for (const StageId s : schedule_.stages_of(w.rank())) {
-    MpiGroups::all_reduce_sum(processes_->data(), stage(s).gradients(), deadline_after(options_.timeout),
-                              fmt::format("the data-parallel all-reduce of stage {}'s gradients", s));
+    Reduction& reduction = reductions_[static_cast<std::size_t>(s.value())];
+    if (!reduction.parts) post_reduction(s);
+    reduction.parts->finish(deadline_after(options_.timeout));
+    reduction.parts.reset();
+    if (!sharded()) {
+      MpiGroups::all_gather_parts(processes_->data(), stage(s).gradients(), deadline_after(options_.timeout),
+                                  fmt::format("every replica's summed part of stage {}'s gradients", s));
+    }
+    w.record_phase(FlushPhase::kDataParallelGradients, s, reduction.posted);
   }
-  w.record_phase(FlushPhase::kDataParallelGradients, start);
 }
 
 std::int64_t PipelineEngine::optimizer_state_bytes() const {
@@ -596,12 +647,12 @@ bool PipelineEngine::sharded() const { return options_.shard_optimizer && option
 // ZeRO-1: each replica updated its shard of the rank's stages; every
 // replica gets the others'.
 void PipelineEngine::gather_parameters(RankWorker& w) {
-  const Clock::time_point start = Clock::now();
   for (const StageId s : schedule_.stages_of(w.rank())) {
+    const Clock::time_point start = Clock::now();
     MpiGroups::all_gather_parts(processes_->data(), stage(s).parameters(), deadline_after(options_.timeout),
                                 fmt::format("every replica's updated shard of stage {} (ZeRO-1)", s));
+    w.record_phase(FlushPhase::kDataParallelGradients, s, start);
   }
-  w.record_phase(FlushPhase::kDataParallelGradients, start);
 }
 
 void PipelineEngine::finish(StepResult& result, Clock::time_point epoch) {

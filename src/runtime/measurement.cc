@@ -13,7 +13,7 @@ namespace {
 const char* phase_name(FlushPhase phase) {
   switch (phase) {
     case FlushPhase::kDataParallelGradients:
-      return "data-parallel all-reduce";
+      return "data-parallel reduction";
     case FlushPhase::kTiedGradients:
       return "tied gradients";
     case FlushPhase::kGradientNorm:
@@ -52,8 +52,8 @@ Timeline measured_timeline(const StepResult& step, int num_ranks, std::string ti
     for (const PhaseTiming& p : step.ranks[r].phases) {
       const EventCategory category =
           p.phase == FlushPhase::kOptimizer ? EventCategory::kOptimizer : EventCategory::kAllreduce;
-      const std::string name = p.phase == FlushPhase::kOptimizer ? fmt::format("optimizer stage {}", p.stage)
-                                                                  : phase_name(p.phase);
+      const bool per_stage = p.phase == FlushPhase::kOptimizer || p.phase == FlushPhase::kDataParallelGradients;
+      const std::string name = per_stage ? fmt::format("{} stage {}", phase_name(p.phase), p.stage) : phase_name(p.phase);
       timeline.events.push_back({rank, name, category, std::nullopt, p.start_s, p.end_s - p.start_s});
     }
   }
@@ -82,8 +82,12 @@ StepFigures step_figures(const StepResult& step, int num_ranks) {
     }
     rank.other_s = rank.pipeline_end_s - rank.compute_s - rank.comm_s - rank.wait_s;
     for (const PhaseTiming& p : record.phases) {
-      rank.flush_s += p.end_s - p.start_s;
+      rank.flush_s += p.end_s - std::max(p.start_s, rank.pipeline_end_s);  // a reduction may start earlier
       if (p.phase == FlushPhase::kOptimizer) rank.optimizer_s += p.end_s - p.start_s;
+      if (p.phase == FlushPhase::kDataParallelGradients) {
+        rank.data_parallel_s += p.end_s - p.start_s;
+        rank.data_parallel_overlapped_s += std::max(0.0, std::min(p.end_s, rank.pipeline_end_s) - p.start_s);
+      }
     }
     rank.bubble = bubble.per_rank[r];
     rank.peak_activation_bytes = record.peak_activation_bytes;

@@ -31,6 +31,10 @@ nlohmann::ordered_json to_json(const StepLog& log) {
   json["idle_s"] = log.idle_s;
   json["idle_predicted_s"] = log.idle_predicted_s;
   json["comm_s"] = log.comm_s;
+  if (!log.data_parallel_s.empty()) {
+    json["data_parallel_s"] = log.data_parallel_s;
+    json["data_parallel_overlapped_s"] = log.data_parallel_overlapped_s;
+  }
   json["peak_activation_bytes"] = log.peak_activation_bytes;
   json["peak_activation_bytes_predicted"] = log.peak_activation_bytes_predicted;
   if (log.val_loss) json["val_loss"] = *log.val_loss;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <cstdio>
 #include <mutex>
@@ -216,23 +217,6 @@ double MpiGroups::measure_clock_offset() const {
   return offset;
 }
 
-void MpiGroups::all_reduce_sum(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what) {
-  constexpr std::size_t kInFlight = 2;
-  std::vector<MPI_Request> requests;
-  for (std::size_t begin = 0; begin < values.size(); begin += kBucketFloats) {
-    const std::size_t count = std::min(kBucketFloats, values.size() - begin);
-    if (requests.size() == kInFlight) {
-      wait_or_end_job(requests.front(), deadline, what);
-      requests.erase(requests.begin());
-    }
-    requests.emplace_back();
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values.data() + begin, as_int(count, what), MPI_FLOAT, MPI_SUM, comm,
-                             &requests.back()),
-              "MPI_Iallreduce");
-  }
-  for (MPI_Request& request : requests) wait_or_end_job(request, deadline, what);
-}
-
 namespace {
 
 // The counts and offsets of every rank's part of `total` floats (nn::OptimizerShard::of).
@@ -258,6 +242,44 @@ void MpiGroups::all_gather_parts(MPI_Comm comm, std::span<float> values, Deadlin
                             MPI_FLOAT, comm, &request),
             "MPI_Iallgatherv");
   wait_or_end_job(request, deadline, what);
+}
+
+void MpiGroups::all_reduce_sum(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what) {
+  ReduceScatterParts(comm, values, std::string(what)).finish(deadline);
+  all_gather_parts(comm, values, deadline, what);
+}
+
+ReduceScatterParts::ReduceScatterParts(MPI_Comm comm, std::span<float> values, std::string what)
+    : values_(values), what_(std::move(what)) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank_);
+  const auto total = static_cast<std::int64_t>(values.size());
+  for (std::size_t begin = 0; begin < values.size(); begin += MpiGroups::kBucketFloats) {
+    const std::size_t end = std::min(values.size(), begin + MpiGroups::kBucketFloats);
+    Bucket& bucket = buckets_.emplace_back();
+    bucket.begin = begin;
+    for (int k = 0; k < size; ++k) {  // rank k's share: its part within [begin, end)
+      const nn::OptimizerShard part = nn::OptimizerShard::of(total, size, k);
+      const auto from = std::max(static_cast<std::int64_t>(begin), part.begin);
+      const auto to = std::min(static_cast<std::int64_t>(end), part.end);
+      bucket.counts.push_back(as_int(static_cast<std::size_t>(std::max<std::int64_t>(0, to - from)), what_));
+      if (k == rank_) bucket.mine = static_cast<std::size_t>(std::max(from, static_cast<std::int64_t>(begin)));
+    }
+    // In place, MPI takes the bucket from `values` and leaves this rank's share at the bucket's start.
+    check_mpi(MPI_Ireduce_scatter(MPI_IN_PLACE, values.data() + begin, bucket.counts.data(), MPI_FLOAT, MPI_SUM, comm,
+                                  &bucket.request),
+              "MPI_Ireduce_scatter");
+  }
+}
+
+void ReduceScatterParts::finish(Deadline deadline) {
+  for (Bucket& bucket : buckets_) {
+    wait_or_end_job(bucket.request, deadline, what_);
+    const auto count = static_cast<std::size_t>(bucket.counts[static_cast<std::size_t>(rank_)]);
+    std::memmove(values_.data() + bucket.mine, values_.data() + bucket.begin, count * sizeof(float));
+  }
+  buckets_.clear();
 }
 
 void MpiGroups::gather_parts(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what) {

@@ -397,7 +397,12 @@ void RankWorker::add_small_tied(StageId embedding, std::span<const float> head_s
 
 double RankWorker::gradient_square_sum() const {
   double total = 0;
-  for (const StageId s : own_) total += stage(s).gradient_square_sum();
+  for (const StageId s : own_) {
+    const nn::Stage& st = stage(s);
+    const nn::OptimizerShard part =
+        nn::OptimizerShard::of(st.layout().total(), options_->data_parallel, options_->data_rank);
+    total += st.gradient_square_sum(part.begin, part.end);
+  }
   return total;
 }
 
@@ -422,8 +427,10 @@ void RankWorker::complete_sends() {
   }
 }
 
-void RankWorker::record_phase(FlushPhase phase, Clock::time_point start) {
-  record_.phases.push_back({phase, own_.front(), seconds_since_epoch(start), seconds_since_epoch(Clock::now())});
+void RankWorker::record_phase(FlushPhase phase, Clock::time_point start) { record_phase(phase, own_.front(), start); }
+
+void RankWorker::record_phase(FlushPhase phase, StageId s, Clock::time_point start) {
+  record_.phases.push_back({phase, s, seconds_since_epoch(start), seconds_since_epoch(Clock::now())});
 }
 
 }  // namespace pipeflow::runtime

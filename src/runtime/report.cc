@@ -152,6 +152,23 @@ std::string comparison_section(const RunRecord& run) {
   out += "\nPredicted peak activations come from the simulator's walk over each rank's actions with the measured "
          "bytes an F (an I) leaves held per micro-batch, plus the most an action of the stage holds while it runs "
          "(its temporaries, a recomputed segment) on top of what the rank holds when it begins.\n";
+  if (run.settings->engine.data_parallel > 1) {
+    out += fmt::format(
+        "\nData-parallel reduction over the {} replicas (median per step): each stage's gradients reduce-scattered, "
+        "posted as soon as the rank has run the stage's last B or W (a stage holding a side of the tied wte after "
+        "the tied exchange), then all-gathered ({}). Overlapped: the part in flight before the rank's last "
+        "pipeline action ended.\n\n| rank | reduction | overlapped |\n|---|---|---|\n",
+        run.settings->engine.data_parallel,
+        run.settings->engine.shard_optimizer ? "ZeRO-1: the weights each replica updated from its part"
+                                             : "the summed gradients");
+    for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+      const double total = median_of(steps, [&](const StepFigures& s) { return s.ranks[r].data_parallel_s; });
+      const double overlapped =
+          median_of(steps, [&](const StepFigures& s) { return s.ranks[r].data_parallel_overlapped_s; });
+      out += fmt::format("| {} | {} | {} ({}) |\n", r, format_seconds(total), format_seconds(overlapped),
+                         format_percent(total > 0 ? overlapped / total : 0));
+    }
+  }
   return out;
 }
 

@@ -280,6 +280,8 @@ StepLog Run::train_step(std::int64_t step) {
               .idle_s = {},
               .idle_predicted_s = {},
               .comm_s = {},
+              .data_parallel_s = {},
+              .data_parallel_overlapped_s = {},
               .peak_activation_bytes = {},
               .peak_activation_bytes_predicted = {},
               .val_loss = std::nullopt,
@@ -288,6 +290,10 @@ StepLog Run::train_step(std::int64_t step) {
     log.busy_s.push_back(rank.compute_s);
     log.idle_s.push_back(figures.pipeline_s - rank.compute_s);
     log.comm_s.push_back(rank.comm_s);
+    if (settings_.engine.data_parallel > 1) {
+      log.data_parallel_s.push_back(rank.data_parallel_s);
+      log.data_parallel_overlapped_s.push_back(rank.data_parallel_overlapped_s);
+    }
     log.peak_activation_bytes.push_back(rank.peak_activation_bytes);
   }
   for (const RankResult& rank : prediction_.ranks) {

@@ -459,7 +459,8 @@ TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
   StepLog log{.step = 35, .loss = 2.314, .lr = 1e-3, .grad_norm = 0.84, .step_time_s = 0.0521,
               .step_time_predicted_s = 0.05, .tokens_per_s = 12345, .tokens_per_s_predicted = 13000,
               .bubble_measured = 0.112, .bubble_predicted = 0.109, .ideal_fraction = 0.931, .busy_s = {}, .busy_predicted_s = {},
-              .idle_s = {}, .idle_predicted_s = {}, .comm_s = {}, .peak_activation_bytes = {},
+              .idle_s = {}, .idle_predicted_s = {}, .comm_s = {}, .data_parallel_s = {},
+              .data_parallel_overlapped_s = {}, .peak_activation_bytes = {},
               .peak_activation_bytes_predicted = {}, .val_loss = {}};
   char buffer[1024] = {};
   std::FILE* out = fmemopen(buffer, sizeof buffer, "w");

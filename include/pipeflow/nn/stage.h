@@ -180,7 +180,10 @@ class BasicStage {
   // Σ g² over this stage's gradients, in double, counting each model
   // parameter once across a pipeline: a head stage's copy of the tied wte is
   // left out (the embedding stage counts it). Sum over stages, then √.
-  double gradient_square_sum() const;
+  // With [begin, end): the same over those elements of the flat gradient
+  // (a data-parallel replica's part: each replica sums its own).
+  double gradient_square_sum() const { return gradient_square_sum(0, layout_.total()); }
+  double gradient_square_sum(std::int64_t begin, std::int64_t end) const;
   void scale_gradients(double factor);
   // Whether this stage's copy of wte.weight must have its gradient summed with
   // another stage's copy (embedding and head on different stages).

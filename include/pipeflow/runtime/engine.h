@@ -87,9 +87,16 @@ struct StepResult {
 // data-parallel replica (MpiGroups::pipeline_rank, data_rank) on the calling
 // thread (mpirun binds the process to its core), holds only that rank's
 // stages and optimizers, and reaches the other ranks through an
-// MpiTransport. The flush starts with the data-parallel all-reduce of every
-// stage's gradients (a sum; the loss scale 1/(m·d) makes it the mean), and a
-// step ends with every process holding the loss and world rank 0 holding
+// MpiTransport. Each stage's gradients are summed over the data-parallel
+// replicas (the loss scale 1/(m·d) makes the sum the mean) by a
+// reduce-scatter (ReduceScatterParts), then an all-gather: of the gradients,
+// or under ZeRO-1 of the weights each replica updated from its part. A
+// stage's reduce-scatter is posted as soon as the rank has run the stage's
+// last B or W, so it overlaps the rank's remaining actions (another stage's
+// backward, on a rank of several stages), unless the stage holds one side
+// of the tied wte: that one waits for the tied exchange at the flush. The
+// gradient norm adds every replica's part, in replica order, so ZeRO-1 on
+// and off give the same bits. A step ends with every process holding the loss and world rank 0 holding
 // every rank's record of its replica (clocks aligned by
 // MpiGroups::clock_offset_s). The whole-model operations (write_checkpoint,
 // assemble_model) are collective: every process calls them. A checkpoint is
@@ -102,6 +109,7 @@ struct StepResult {
 // steps. The destructor stops and joins the rank threads.
 class RankThreads;
 class MpiGroups;
+class ReduceScatterParts;
 
 class PipelineEngine {
  public:
@@ -196,6 +204,11 @@ class PipelineEngine {
   // Under MPI: replica 0's local_state(false) merged at world rank 0 (a
   // collective; none elsewhere).
   std::optional<nn::SafetensorsFile> gathered_parameters() const;
+  // Posts the data-parallel reduce-scatter of the stages whose gradients
+  // are complete once action `index` of this process's rank has run.
+  void post_reductions_after(std::size_t index);
+  void plan_early_reductions(RankId rank);
+  void post_reduction(StageId s);
   void reduce_data_parallel(RankWorker& w);
   // ZeRO-1 in force: the optimizers hold shards (EngineOptions::shard_optimizer, d > 1).
   bool sharded() const;
@@ -218,6 +231,15 @@ class PipelineEngine {
   std::unique_ptr<Transport> transport_;
   Progress progress_;
   std::vector<std::unique_ptr<RankWorker>> workers_;  // this process's ranks, in rank order
+  // Under MPI with d > 1: by action index of this process's rank, the stages
+  // whose reduce-scatter may be posted after it; by stage, the reduction under
+  // way and when it was posted.
+  std::vector<std::vector<StageId>> reduce_after_;
+  struct Reduction {
+    std::unique_ptr<ReduceScatterParts> parts;
+    Clock::time_point posted;
+  };
+  std::vector<Reduction> reductions_;
   // Started at the first threaded step; destroyed (stopped and joined) first.
   std::unique_ptr<RankThreads> threads_;
   std::int64_t current_step_ = 0;

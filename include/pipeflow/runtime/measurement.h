@@ -31,8 +31,13 @@ struct RankFigures {
   double wait_s = 0;          // blocked in a RECV for the message
   double other_s = 0;         // the rest: thread start, bookkeeping between actions
   double pipeline_end_s = 0;  // end of the rank's last action
-  double flush_s = 0;         // tied gradients + norm + optimizer
+  double flush_s = 0;         // after pipeline_end_s: tied gradients, data parallel, norm, optimizer
   double optimizer_s = 0;
+  // The data-parallel reduction (kDataParallelGradients phases, from each
+  // stage's posting), and the part of it before the rank's last action
+  // ended: in flight while the pipeline still ran (overlapped).
+  double data_parallel_s = 0;
+  double data_parallel_overlapped_s = 0;
   double bubble = 0;          // 1 − compute_s / pipeline_s (bubble_stats per rank)
   std::int64_t peak_activation_bytes = 0;
 };

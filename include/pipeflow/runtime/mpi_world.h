@@ -125,9 +125,9 @@ class MpiGroups {
   double clock_offset_s() const { return clock_offset_s_; }
 
   // Collectives, polled until `deadline` (an Error naming `what` after it):
-  // the sum over `comm`'s ranks of `values`, in place, in buckets of at
-  // most kBucketFloats (one MPI_Iallreduce each, the next posted while
-  // earlier ones complete);
+  // the sum over `comm`'s ranks of `values`, in place: ReduceScatterParts,
+  // then all_gather_parts (the ring all-reduce's two halves), so that every
+  // element's sum has the same bits as under ZeRO-1, which stops halfway;
   static constexpr std::size_t kBucketFloats = std::size_t{1} << 22;  // 16 MiB
   static void all_reduce_sum(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what);
   // every rank's `values` (the same count on each), rank by rank;
@@ -151,6 +151,36 @@ class MpiGroups {
   MPI_Comm pipeline_ = MPI_COMM_NULL;
   MPI_Comm data_ = MPI_COMM_NULL;
   double clock_offset_s_ = 0;
+};
+
+// The sum over `comm`'s ranks of `values`, reduced and scattered: rank k's
+// part, nn::OptimizerShard::of(values.size(), ranks, k), ends as the sum
+// of every rank's part k, and the rest of `values` is unspecified. Posted by
+// the constructor, one MPI_Ireduce_scatter per bucket of at most
+// MpiGroups::kBucketFloats; MPI advances it whenever this process calls MPI
+// (the transport does between the pipeline's actions, so a reduction
+// posted before them overlaps them); finish() waits for the rest (an Error
+// naming `what` after `deadline`) and moves the part into place. `values`
+// must outlive it; a reduction never finished belongs to a job that is
+// ending (MpiWorld::fail_job).
+class ReduceScatterParts {
+ public:
+  ReduceScatterParts(MPI_Comm comm, std::span<float> values, std::string what);
+  ReduceScatterParts(const ReduceScatterParts&) = delete;
+  ReduceScatterParts& operator=(const ReduceScatterParts&) = delete;
+  void finish(Deadline deadline);
+
+ private:
+  struct Bucket {
+    std::size_t begin = 0;     // of values
+    std::size_t mine = 0;      // where this rank's share of the bucket belongs
+    std::vector<int> counts;   // each rank's share (alive until completion, as MPI requires)
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  std::span<float> values_;
+  std::string what_;
+  int rank_ = 0;
+  std::vector<Bucket> buckets_;
 };
 
 }  // namespace pipeflow::runtime

@@ -88,7 +88,9 @@ class RankWorker {
   //     sends a copy of its gradient to the stage holding the other side;
   //   reduce_tied_gradients: adds the other side's copy (received, or on
   //     this rank), so both copies hold the sum;
-  //   gradient_square_sum: Σ g² over the rank's stages, tied counted once,
+  //   gradient_square_sum: Σ g² over the rank's stages, tied counted once
+  //     (of a data-parallel replica's part of each stage, the one
+  //     nn::OptimizerShard::of gives it: the engine adds the replicas'),
   //     then (threaded) all_reduce_sum over the ranks, in rank order;
   //     small_square_sum likewise on a step that measures the noise scale;
   //   apply_update: scales the gradients by `clip` (if < 1) and runs AdamW
@@ -111,8 +113,9 @@ class RankWorker {
   // After the flush (threaded): waits until every message the rank sent has
   // left it; Error naming the step on a timeout.
   void complete_sends();
-  // Records a flush phase of the rank that ran from `start` to now.
+  // Records a flush phase of the rank (of its stage `s`) that ran from `start` to now.
   void record_phase(FlushPhase phase, Clock::time_point start);
+  void record_phase(FlushPhase phase, StageId s, Clock::time_point start);
 
   // Micro-batch j's loss (the rank holding the last stage; NaN elsewhere).
   double microbatch_loss(int j) const { return losses_[static_cast<std::size_t>(j)]; }
