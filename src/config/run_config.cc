@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "pipeflow/config/rules.h"
@@ -408,6 +409,13 @@ RunConfig parse_keys(const Config& config) {
   const int zero = config.object("zero_optimization").get("stage", 0);
   if (zero < 0 || zero > 3) config.object("zero_optimization").fail_value("stage", "must be 0, 1, 2 or 3");
   run.zero = zero_stage_from_int(zero);
+  run.reduce_bucket_size = config.object("zero_optimization").get("reduce_bucket_size", kReduceBucketSize);
+  if (run.reduce_bucket_size < 1 || run.reduce_bucket_size > std::numeric_limits<int>::max()) {
+    config.object("zero_optimization")
+        .fail_value("reduce_bucket_size", fmt::format("must lie in [1, {}]: the elements reduced over the data-parallel "
+                                                      "replicas per call (MPI counts are int)",
+                                                      std::numeric_limits<int>::max()));
+  }
   read_precision(config, "fp16");
   read_precision(config, "bf16");
   run.steps_per_print = non_negative(config, "steps_per_print", 0, "steps between progress lines, 0 for about 50");
@@ -572,7 +580,7 @@ std::string run_config_to_json(const RunConfig& run) {
                          {"weight_decay", run.optimizer.weight_decay},
                          {"adam_w_mode", run.optimizer.adam_w_mode}}}};
   if (!run.scheduler.type.empty()) json["scheduler"] = scheduler_to_json(run.scheduler);
-  json["zero_optimization"] = {{"stage", static_cast<int>(run.zero)}};
+  json["zero_optimization"] = {{"stage", static_cast<int>(run.zero)}, {"reduce_bucket_size", run.reduce_bucket_size}};
   json["steps_per_print"] = run.steps_per_print;
   json["pipeline"] = {{"stages", run.pipeline.stages},
                       {"partition_method", to_string(run.pipeline.partition_method)},

@@ -63,10 +63,15 @@ void check_boundaries(const nn::GptConfig& config, const Schedule& schedule, con
   }
 }
 
-// The first non-finite value of `values` within the tensors of `layout`: the tensor's name.
-std::optional<std::string> non_finite_tensor(const nn::ParameterLayout& layout, std::span<const float> values) {
+// The first non-finite value of `values` within the tensors of `layout`,
+// among elements [part.begin, part.end): the tensor's name.
+std::optional<std::string> non_finite_tensor(const nn::ParameterLayout& layout, std::span<const float> values,
+                                             nn::OptimizerShard part) {
   for (const nn::ParameterInfo& info : layout.entries()) {
-    const auto tensor = values.subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+    const std::int64_t from = std::max(part.begin, info.offset);
+    const std::int64_t to = std::min(part.end, info.offset + info.numel());
+    if (to <= from) continue;
+    const auto tensor = values.subspan(static_cast<std::size_t>(from), static_cast<std::size_t>(to - from));
     if (!std::all_of(tensor.begin(), tensor.end(), [](float v) { return std::isfinite(v); })) return info.name;
   }
   return std::nullopt;
@@ -163,7 +168,6 @@ PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& sche
 // A stage's gradients are complete after the rank's last B or W of it; one
 // holding a side of the tied wte still needs the tied exchange of the flush.
 void PipelineEngine::plan_early_reductions(RankId rank) {
-  reductions_.resize(stages_.size());
   const std::vector<Action>& actions = schedule_.actions(rank);
   reduce_after_.assign(actions.size(), {});
   for (const StageId s : schedule_.stages_of(rank)) {
@@ -348,8 +352,11 @@ std::optional<std::string> PipelineEngine::first_non_finite(Values values) const
     if (!stages_[s]) continue;
     const nn::Stage& stage = *stages_[s];
     const bool parameters = values == Values::kParameters;
+    // Under ZeRO-1 a replica's summed gradient is its part (the rest is its own, unsummed).
+    const nn::OptimizerShard part = nn::OptimizerShard::of(stage.layout().total(), sharded() && !parameters ? options_.data_parallel : 1,
+                                                           sharded() && !parameters ? options_.data_rank : 0);
     if (const auto name =
-            non_finite_tensor(stage.layout(), parameters ? stage.parameters() : stage.gradients())) {
+            non_finite_tensor(stage.layout(), parameters ? stage.parameters() : stage.gradients(), part)) {
       return fmt::format("stage {}'s {} {}", s, parameters ? "parameter" : "gradient of", *name);
     }
   }
@@ -598,32 +605,42 @@ void PipelineEngine::run_serial(StepMode mode, double lr, Flush& flush) {
 
 void PipelineEngine::post_reductions_after(std::size_t index) {
   if (reduce_after_.empty()) return;
+  for (Reduction& reduction : reductions_) reduction.parts->poll();
   for (const StageId s : reduce_after_[index]) post_reduction(s);
 }
 
 void PipelineEngine::post_reduction(StageId s) {
-  Reduction& reduction = reductions_[static_cast<std::size_t>(s.value())];
-  reduction.posted = Clock::now();
-  reduction.parts = std::make_unique<ReduceScatterParts>(
-      processes_->data(), stage(s).gradients(), fmt::format("the data-parallel reduce-scatter of stage {}'s gradients", s));
+  reductions_.push_back(
+      {s,
+       std::make_unique<ReduceScatterParts>(processes_->data(), stage(s).gradients(),
+                                            fmt::format("the data-parallel reduce-scatter of stage {}'s gradients", s),
+                                            static_cast<std::size_t>(options_.reduce_bucket_size)),
+       Clock::now()});
 }
 
-// Each stage's reduce-scatter (posted now unless it already was), then the
-// all-gather of the summed gradients; under ZeRO-1 each replica keeps its
-// part and the weights are gathered after the update instead. Recorded per
-// stage from the moment it was posted.
+// Every stage's reduce-scatter (the rest posted now), in the order posted,
+// then the all-gather of its summed gradients; under ZeRO-1 each replica
+// keeps its part and the weights are gathered after the update instead.
+// Each stage is recorded from its posting or the end of the stage before,
+// so that the phases do not overlap.
 void PipelineEngine::reduce_data_parallel(RankWorker& w) {
   for (const StageId s : schedule_.stages_of(w.rank())) {
-    Reduction& reduction = reductions_[static_cast<std::size_t>(s.value())];
-    if (!reduction.parts) post_reduction(s);
-    reduction.parts->finish(deadline_after(options_.timeout));
-    reduction.parts.reset();
-    if (!sharded()) {
-      MpiGroups::all_gather_parts(processes_->data(), stage(s).gradients(), deadline_after(options_.timeout),
-                                  fmt::format("every replica's summed part of stage {}'s gradients", s));
-    }
-    w.record_phase(FlushPhase::kDataParallelGradients, s, reduction.posted);
+    const bool posted = std::any_of(reductions_.begin(), reductions_.end(),
+                                    [&](const Reduction& reduction) { return reduction.stage == s; });
+    if (!posted) post_reduction(s);
   }
+  Clock::time_point previous_end = Clock::time_point::min();
+  for (Reduction& reduction : reductions_) {
+    reduction.parts->finish(deadline_after(options_.timeout));
+    if (!sharded()) {
+      MpiGroups::all_gather_parts(processes_->data(), stage(reduction.stage).gradients(),
+                                  deadline_after(options_.timeout),
+                                  fmt::format("every replica's summed part of stage {}'s gradients", reduction.stage));
+    }
+    w.record_phase(FlushPhase::kDataParallelGradients, reduction.stage, std::max(reduction.posted, previous_end));
+    previous_end = Clock::now();
+  }
+  reductions_.clear();
 }
 
 std::int64_t PipelineEngine::optimizer_state_bytes() const {
@@ -651,7 +668,7 @@ void PipelineEngine::gather_parameters(RankWorker& w) {
     const Clock::time_point start = Clock::now();
     MpiGroups::all_gather_parts(processes_->data(), stage(s).parameters(), deadline_after(options_.timeout),
                                 fmt::format("every replica's updated shard of stage {} (ZeRO-1)", s));
-    w.record_phase(FlushPhase::kDataParallelGradients, s, start);
+    w.record_phase(FlushPhase::kDataParallelWeights, s, start);
   }
 }
 

@@ -14,6 +14,8 @@ const char* phase_name(FlushPhase phase) {
   switch (phase) {
     case FlushPhase::kDataParallelGradients:
       return "data-parallel reduction";
+    case FlushPhase::kDataParallelWeights:
+      return "ZeRO-1 weight all-gather";
     case FlushPhase::kTiedGradients:
       return "tied gradients";
     case FlushPhase::kGradientNorm:
@@ -52,7 +54,7 @@ Timeline measured_timeline(const StepResult& step, int num_ranks, std::string ti
     for (const PhaseTiming& p : step.ranks[r].phases) {
       const EventCategory category =
           p.phase == FlushPhase::kOptimizer ? EventCategory::kOptimizer : EventCategory::kAllreduce;
-      const bool per_stage = p.phase == FlushPhase::kOptimizer || p.phase == FlushPhase::kDataParallelGradients;
+      const bool per_stage = p.phase != FlushPhase::kTiedGradients && p.phase != FlushPhase::kGradientNorm;
       const std::string name = per_stage ? fmt::format("{} stage {}", phase_name(p.phase), p.stage) : phase_name(p.phase);
       timeline.events.push_back({rank, name, category, std::nullopt, p.start_s, p.end_s - p.start_s});
     }
@@ -84,9 +86,9 @@ StepFigures step_figures(const StepResult& step, int num_ranks) {
     for (const PhaseTiming& p : record.phases) {
       rank.flush_s += p.end_s - std::max(p.start_s, rank.pipeline_end_s);  // a reduction may start earlier
       if (p.phase == FlushPhase::kOptimizer) rank.optimizer_s += p.end_s - p.start_s;
-      if (p.phase == FlushPhase::kDataParallelGradients) {
+      if (p.phase == FlushPhase::kDataParallelGradients || p.phase == FlushPhase::kDataParallelWeights) {
         rank.data_parallel_s += p.end_s - p.start_s;
-        rank.data_parallel_overlapped_s += std::max(0.0, std::min(p.end_s, rank.pipeline_end_s) - p.start_s);
+        rank.data_parallel_early_s += std::max(0.0, std::min(p.end_s, rank.pipeline_end_s) - p.start_s);
       }
     }
     rank.bubble = bubble.per_rank[r];

@@ -33,7 +33,7 @@ nlohmann::ordered_json to_json(const StepLog& log) {
   json["comm_s"] = log.comm_s;
   if (!log.data_parallel_s.empty()) {
     json["data_parallel_s"] = log.data_parallel_s;
-    json["data_parallel_overlapped_s"] = log.data_parallel_overlapped_s;
+    json["data_parallel_early_s"] = log.data_parallel_early_s;
   }
   json["peak_activation_bytes"] = log.peak_activation_bytes;
   json["peak_activation_bytes_predicted"] = log.peak_activation_bytes_predicted;

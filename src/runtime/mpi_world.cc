@@ -249,14 +249,16 @@ void MpiGroups::all_reduce_sum(MPI_Comm comm, std::span<float> values, Deadline 
   all_gather_parts(comm, values, deadline, what);
 }
 
-ReduceScatterParts::ReduceScatterParts(MPI_Comm comm, std::span<float> values, std::string what)
-    : values_(values), what_(std::move(what)) {
+ReduceScatterParts::ReduceScatterParts(MPI_Comm comm, std::span<float> values, std::string what,
+                                       std::size_t bucket_floats)
+    : comm_(comm), values_(values), what_(std::move(what)) {
   int size = 0;
   MPI_Comm_size(comm, &size);
   MPI_Comm_rank(comm, &rank_);
   const auto total = static_cast<std::int64_t>(values.size());
-  for (std::size_t begin = 0; begin < values.size(); begin += MpiGroups::kBucketFloats) {
-    const std::size_t end = std::min(values.size(), begin + MpiGroups::kBucketFloats);
+  buckets_.reserve((values.size() + bucket_floats - 1) / bucket_floats);
+  for (std::size_t begin = 0; begin < values.size(); begin += bucket_floats) {
+    const std::size_t end = std::min(values.size(), begin + bucket_floats);
     Bucket& bucket = buckets_.emplace_back();
     bucket.begin = begin;
     for (int k = 0; k < size; ++k) {  // rank k's share: its part within [begin, end)
@@ -264,22 +266,41 @@ ReduceScatterParts::ReduceScatterParts(MPI_Comm comm, std::span<float> values, s
       const auto from = std::max(static_cast<std::int64_t>(begin), part.begin);
       const auto to = std::min(static_cast<std::int64_t>(end), part.end);
       bucket.counts.push_back(as_int(static_cast<std::size_t>(std::max<std::int64_t>(0, to - from)), what_));
-      if (k == rank_) bucket.mine = static_cast<std::size_t>(std::max(from, static_cast<std::int64_t>(begin)));
+      if (k == rank_) bucket.mine = static_cast<std::size_t>(from);
     }
-    // In place, MPI takes the bucket from `values` and leaves this rank's share at the bucket's start.
-    check_mpi(MPI_Ireduce_scatter(MPI_IN_PLACE, values.data() + begin, bucket.counts.data(), MPI_FLOAT, MPI_SUM, comm,
-                                  &bucket.request),
-              "MPI_Ireduce_scatter");
+  }
+  while (posted_ < buckets_.size() && posted_ < kInFlight) post_next();
+}
+
+void ReduceScatterParts::post_next() {
+  Bucket& bucket = buckets_[posted_++];
+  // In place, MPI takes the bucket from `values` and leaves this rank's share at the bucket's start.
+  check_mpi(MPI_Ireduce_scatter(MPI_IN_PLACE, values_.data() + bucket.begin, bucket.counts.data(), MPI_FLOAT, MPI_SUM,
+                                comm_, &bucket.request),
+            "MPI_Ireduce_scatter");
+}
+
+void ReduceScatterParts::complete_front() {
+  const Bucket& bucket = buckets_[completed_++];
+  const auto count = static_cast<std::size_t>(bucket.counts[static_cast<std::size_t>(rank_)]);
+  std::memmove(values_.data() + bucket.mine, values_.data() + bucket.begin, count * sizeof(float));
+  if (posted_ < buckets_.size()) post_next();
+}
+
+void ReduceScatterParts::poll() {
+  while (completed_ < posted_) {
+    int done = 0;
+    check_mpi(MPI_Test(&buckets_[completed_].request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done == 0) return;
+    complete_front();
   }
 }
 
 void ReduceScatterParts::finish(Deadline deadline) {
-  for (Bucket& bucket : buckets_) {
-    wait_or_end_job(bucket.request, deadline, what_);
-    const auto count = static_cast<std::size_t>(bucket.counts[static_cast<std::size_t>(rank_)]);
-    std::memmove(values_.data() + bucket.mine, values_.data() + bucket.begin, count * sizeof(float));
+  while (completed_ < posted_) {
+    wait_or_end_job(buckets_[completed_].request, deadline, what_);
+    complete_front();
   }
-  buckets_.clear();
 }
 
 void MpiGroups::gather_parts(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what) {

@@ -156,17 +156,17 @@ std::string comparison_section(const RunRecord& run) {
     out += fmt::format(
         "\nData-parallel reduction over the {} replicas (median per step): each stage's gradients reduce-scattered, "
         "posted as soon as the rank has run the stage's last B or W (a stage holding a side of the tied wte after "
-        "the tied exchange), then all-gathered ({}). Overlapped: the part in flight before the rank's last "
-        "pipeline action ended.\n\n| rank | reduction | overlapped |\n|---|---|---|\n",
+        "the tied exchange), then all-gathered ({}). Posted early: the part in flight before the rank's last "
+        "pipeline action ended (MPI advances it between actions, not during one).\n\n| rank | reduction | posted "
+        "early |\n|---|---|---|\n",
         run.settings->engine.data_parallel,
         run.settings->engine.shard_optimizer ? "ZeRO-1: the weights each replica updated from its part"
                                              : "the summed gradients");
     for (std::size_t r = 0; r < p.ranks.size(); ++r) {
       const double total = median_of(steps, [&](const StepFigures& s) { return s.ranks[r].data_parallel_s; });
-      const double overlapped =
-          median_of(steps, [&](const StepFigures& s) { return s.ranks[r].data_parallel_overlapped_s; });
-      out += fmt::format("| {} | {} | {} ({}) |\n", r, format_seconds(total), format_seconds(overlapped),
-                         format_percent(total > 0 ? overlapped / total : 0));
+      const double early = median_of(steps, [&](const StepFigures& s) { return s.ranks[r].data_parallel_early_s; });
+      out += fmt::format("| {} | {} | {} ({}) |\n", r, format_seconds(total), format_seconds(early),
+                         format_percent(total > 0 ? early / total : 0));
     }
   }
   return out;

@@ -71,6 +71,7 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   s.engine.micro_batch = resolved.batch.micro;
   s.engine.data_parallel = run.data_parallel;
   s.engine.shard_optimizer = run.zero == ZeroStage::kOne;
+  s.engine.reduce_bucket_size = run.reduce_bucket_size;
   s.engine.seq_length = resolved.seq_length;
   s.engine.recompute_interval = run.pipeline.recompute_interval;
   s.engine.optimizer = run.optimizer;

@@ -281,7 +281,7 @@ StepLog Run::train_step(std::int64_t step) {
               .idle_predicted_s = {},
               .comm_s = {},
               .data_parallel_s = {},
-              .data_parallel_overlapped_s = {},
+              .data_parallel_early_s = {},
               .peak_activation_bytes = {},
               .peak_activation_bytes_predicted = {},
               .val_loss = std::nullopt,
@@ -292,7 +292,7 @@ StepLog Run::train_step(std::int64_t step) {
     log.comm_s.push_back(rank.comm_s);
     if (settings_.engine.data_parallel > 1) {
       log.data_parallel_s.push_back(rank.data_parallel_s);
-      log.data_parallel_overlapped_s.push_back(rank.data_parallel_overlapped_s);
+      log.data_parallel_early_s.push_back(rank.data_parallel_early_s);
     }
     log.peak_activation_bytes.push_back(rank.peak_activation_bytes);
   }

@@ -262,6 +262,9 @@ TEST(RunConfig, BadValuesNameThePathTheValueTheRuleAndTheFix) {
             "run.json: comm_mode = \"eager\": must be \"overlapped\" or \"blocking\"");
   EXPECT_EQ(parse_error(R"({"zero_optimization": {"stage": 4}})"),
             "run.json: zero_optimization.stage = 4: must be 0, 1, 2 or 3");
+  EXPECT_EQ(parse_error(R"({"zero_optimization": {"stage": 1, "reduce_bucket_size": 0}})"),
+            "run.json: zero_optimization.reduce_bucket_size = 0: must lie in [1, 2147483647]: the elements reduced "
+            "over the data-parallel replicas per call (MPI counts are int)");
   EXPECT_EQ(parse_error(R"({"data": {"validation_fraction": 1}})"),
             "run.json: data.validation_fraction = 1: must lie in [0, 1): the share of the text held out");
   EXPECT_EQ(parse_error(R"({"data": {"path": "a", "paths": ["b"]}})"),

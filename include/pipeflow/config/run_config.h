@@ -41,7 +41,9 @@ namespace pipeflow {
 //                   WarmupCosineLR  total_num_steps (required), warmup_min_ratio 0,
 //                                   warmup_num_steps 1000, cos_min_ratio 1e-4, warmup_type
 //                absent: the optimizer's lr throughout
-//   zero_optimization {stage: 0..3}  ZeRO stage (model-state sharding over data_parallel)
+//   zero_optimization {stage: 0..3  ZeRO stage (model-state sharding over data_parallel)
+//                      reduce_bucket_size 4194304}  elements per data-parallel reduce-scatter
+//                                        call (DeepSpeed's key): two are in flight at a time
 //   fp16, bf16   {enabled: false, ...}: accepted (pipeflow computes in fp32); enabled true is refused
 //   steps_per_print                  steps between progress lines (0, the default: about 50 lines a run)
 //   wall_clock_breakdown             accepted: pipeflow times every action of every step anyway
@@ -164,6 +166,10 @@ struct BatchSizes {
 // naming `source`, both sides of the rule and the fix.
 BatchSizes resolve_batch_sizes(const BatchKeys& keys, int data_parallel, const std::string& source);
 
+// Elements of a gradient bucket reduced over the data-parallel replicas at
+// a time (16 MiB of fp32), the default of zero_optimization.reduce_bucket_size.
+inline constexpr std::int64_t kReduceBucketSize = std::int64_t{1} << 22;
+
 // The configuration as written: every key read and checked on its own and
 // against the keys it is tied to, nothing derived from the model yet.
 struct RunConfig {
@@ -174,6 +180,7 @@ struct RunConfig {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   ZeroStage zero = ZeroStage::kNone;
+  std::int64_t reduce_bucket_size = kReduceBucketSize;  // zero_optimization.reduce_bucket_size
   PipelineConfig pipeline;
 
   std::string model_source;        // as written: preset, path, or "inline"; empty: none given

@@ -92,11 +92,12 @@ struct StepResult {
 // reduce-scatter (ReduceScatterParts), then an all-gather: of the gradients,
 // or under ZeRO-1 of the weights each replica updated from its part. A
 // stage's reduce-scatter is posted as soon as the rank has run the stage's
-// last B or W, so it overlaps the rank's remaining actions (another stage's
-// backward, on a rank of several stages), unless the stage holds one side
-// of the tied wte: that one waits for the tied exchange at the flush. The
-// gradient norm adds every replica's part, in replica order, so ZeRO-1 on
-// and off give the same bits. A step ends with every process holding the loss and world rank 0 holding
+// last B or W, so it is under way during the rank's remaining actions
+// (another stage's backward, on a rank of several stages), unless the
+// stage holds one side of the tied wte: that one waits for the tied
+// exchange at the flush. The gradient norm adds every replica's part, in
+// replica order, so ZeRO-1 on and off give the same bits.
+// A step ends with every process holding the loss and world rank 0 holding
 // every rank's record of its replica (clocks aligned by
 // MpiGroups::clock_offset_s). The whole-model operations (write_checkpoint,
 // assemble_model) are collective: every process calls them. A checkpoint is
@@ -204,8 +205,9 @@ class PipelineEngine {
   // Under MPI: replica 0's local_state(false) merged at world rank 0 (a
   // collective; none elsewhere).
   std::optional<nn::SafetensorsFile> gathered_parameters() const;
-  // Posts the data-parallel reduce-scatter of the stages whose gradients
-  // are complete once action `index` of this process's rank has run.
+  // Advances the reductions under way and posts the data-parallel
+  // reduce-scatter of the stages whose gradients are complete once action
+  // `index` of this process's rank has run.
   void post_reductions_after(std::size_t index);
   void plan_early_reductions(RankId rank);
   void post_reduction(StageId s);
@@ -232,10 +234,12 @@ class PipelineEngine {
   Progress progress_;
   std::vector<std::unique_ptr<RankWorker>> workers_;  // this process's ranks, in rank order
   // Under MPI with d > 1: by action index of this process's rank, the stages
-  // whose reduce-scatter may be posted after it; by stage, the reduction under
-  // way and when it was posted.
+  // whose reduce-scatter may be posted after it; the reductions of this
+  // step under way, in the order they were posted (the same on every
+  // replica, as MPI requires of a communicator's collectives).
   std::vector<std::vector<StageId>> reduce_after_;
   struct Reduction {
+    StageId stage;
     std::unique_ptr<ReduceScatterParts> parts;
     Clock::time_point posted;
   };

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <functional>
 
+#include "pipeflow/config/run_config.h"
 #include "pipeflow/core/ids.h"
 #include "pipeflow/nn/adamw.h"
 #include "pipeflow/nn/lr_schedule.h"
@@ -38,6 +39,8 @@ struct EngineOptions {
   // parameters (nn::OptimizerShard), updates those, and the replicas
   // all-gather the updated parameters.
   bool shard_optimizer = false;
+  // zero_optimization.reduce_bucket_size: elements per reduce-scatter call.
+  std::int64_t reduce_bucket_size = kReduceBucketSize;
   // metrics.noise_scale_interval: every k-th step (from step 0) measures the
   // squared norm of one micro-batch's gradient for the gradient noise scale
   // (runtime/noise_scale.h, StepResult::grad_square_small); 0: never.

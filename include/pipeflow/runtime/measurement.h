@@ -33,11 +33,12 @@ struct RankFigures {
   double pipeline_end_s = 0;  // end of the rank's last action
   double flush_s = 0;         // after pipeline_end_s: tied gradients, data parallel, norm, optimizer
   double optimizer_s = 0;
-  // The data-parallel reduction (kDataParallelGradients phases, from each
-  // stage's posting), and the part of it before the rank's last action
-  // ended: in flight while the pipeline still ran (overlapped).
+  // The data-parallel reduction (kDataParallel* phases, each stage's
+  // reduction from its posting, and ZeRO-1's weight all-gather), and the
+  // part of it before the rank's last action ended: posted early, in flight
+  // while the rank still computed (MPI advances it between actions).
   double data_parallel_s = 0;
-  double data_parallel_overlapped_s = 0;
+  double data_parallel_early_s = 0;
   double bubble = 0;          // 1 − compute_s / pipeline_s (bubble_stats per rank)
   std::int64_t peak_activation_bytes = 0;
 };

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "pipeflow/config/run_config.h"
 #include "pipeflow/runtime/transport.h"
 
 namespace pipeflow::runtime {
@@ -128,7 +129,7 @@ class MpiGroups {
   // the sum over `comm`'s ranks of `values`, in place: ReduceScatterParts,
   // then all_gather_parts (the ring all-reduce's two halves), so that every
   // element's sum has the same bits as under ZeRO-1, which stops halfway;
-  static constexpr std::size_t kBucketFloats = std::size_t{1} << 22;  // 16 MiB
+  static constexpr auto kBucketFloats = static_cast<std::size_t>(kReduceBucketSize);  // 16 MiB
   static void all_reduce_sum(MPI_Comm comm, std::span<float> values, Deadline deadline, std::string_view what);
   // every rank's `values` (the same count on each), rank by rank;
   static std::vector<double> all_gather(MPI_Comm comm, std::span<const double> values, Deadline deadline,
@@ -155,32 +156,43 @@ class MpiGroups {
 
 // The sum over `comm`'s ranks of `values`, reduced and scattered: rank k's
 // part, nn::OptimizerShard::of(values.size(), ranks, k), ends as the sum
-// of every rank's part k, and the rest of `values` is unspecified. Posted by
-// the constructor, one MPI_Ireduce_scatter per bucket of at most
-// MpiGroups::kBucketFloats; MPI advances it whenever this process calls MPI
-// (the transport does between the pipeline's actions, so a reduction
-// posted before them overlaps them); finish() waits for the rest (an Error
-// naming `what` after `deadline`) and moves the part into place. `values`
-// must outlive it; a reduction never finished belongs to a job that is
-// ending (MpiWorld::fail_job).
+// of every rank's part k, and the rest of `values` is unspecified. One
+// MPI_Ireduce_scatter per bucket of at most `bucket_floats`, two in flight
+// (each holds MPI scratch of about two buckets at the root): the
+// constructor posts the first two, poll() and finish() post the next as
+// earlier ones complete and move this rank's share of each into place.
+// MPI advances a posted bucket only inside MPI calls: the transport's
+// between the pipeline's actions, and poll(), which the engine calls after
+// each action. finish() waits for the rest (an Error naming `what` after
+// `deadline`). `values` must outlive it; one destroyed unfinished belongs
+// to a job that is ending (MpiWorld::fail_job).
 class ReduceScatterParts {
  public:
-  ReduceScatterParts(MPI_Comm comm, std::span<float> values, std::string what);
+  ReduceScatterParts(MPI_Comm comm, std::span<float> values, std::string what,
+                     std::size_t bucket_floats = MpiGroups::kBucketFloats);
   ReduceScatterParts(const ReduceScatterParts&) = delete;
   ReduceScatterParts& operator=(const ReduceScatterParts&) = delete;
+  void poll();
   void finish(Deadline deadline);
 
  private:
+  static constexpr std::size_t kInFlight = 2;
   struct Bucket {
-    std::size_t begin = 0;     // of values
-    std::size_t mine = 0;      // where this rank's share of the bucket belongs
-    std::vector<int> counts;   // each rank's share (alive until completion, as MPI requires)
+    std::size_t begin = 0;    // of values
+    std::size_t mine = 0;     // where this rank's share of the bucket belongs
+    std::vector<int> counts;  // each rank's share (alive until completion, as MPI requires)
     MPI_Request request = MPI_REQUEST_NULL;
   };
+  void post_next();
+  void complete_front();  // the oldest bucket in flight has completed
+
+  MPI_Comm comm_;
   std::span<float> values_;
   std::string what_;
   int rank_ = 0;
   std::vector<Bucket> buckets_;
+  std::size_t completed_ = 0;  // buckets_[completed_, posted_) are in flight
+  std::size_t posted_ = 0;
 };
 
 }  // namespace pipeflow::runtime

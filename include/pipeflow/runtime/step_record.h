@@ -36,7 +36,8 @@ struct ActionTiming {
 
 // The work after the pipeline flush.
 enum class FlushPhase {
-  kDataParallelGradients,  // the all-reduce of a stage's gradients over its data-parallel replicas
+  kDataParallelGradients,  // a stage's gradients summed over its data-parallel replicas (from its posting)
+  kDataParallelWeights,    // ZeRO-1: a stage's updated weights all-gathered from the replicas
   kTiedGradients,          // ReduceTiedGrads: exchange and sum the wte copies
   kGradientNorm,   // the global norm: all-reduce of the square sums
   kOptimizer,      // clipping and the AdamW step of the rank's stages
@@ -44,7 +45,7 @@ enum class FlushPhase {
 
 struct PhaseTiming {
   FlushPhase phase = FlushPhase::kOptimizer;
-  StageId stage;  // kOptimizer, kDataParallelGradients: the stage; otherwise the rank's first stage
+  StageId stage;  // kOptimizer, kDataParallel*: the stage; otherwise the rank's first stage
   double start_s = 0;
   double end_s = 0;
 };

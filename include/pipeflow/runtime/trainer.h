@@ -100,7 +100,7 @@ struct StepLog {
   std::vector<double> busy_s, busy_predicted_s, idle_s, idle_predicted_s, comm_s;
   // Per rank under MPI with d > 1 (else empty): the data-parallel reduction
   // and its part before the rank's last pipeline action ended (RankFigures).
-  std::vector<double> data_parallel_s, data_parallel_overlapped_s;
+  std::vector<double> data_parallel_s, data_parallel_early_s;
   std::vector<std::int64_t> peak_activation_bytes;  // per rank, measured
   std::vector<std::int64_t> peak_activation_bytes_predicted;  // per rank, the simulator's memory walk
   std::optional<double> val_loss;
