@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -196,12 +197,20 @@ std::string json_report(const PlanRequest& request, const PlanResult& result) {
   return json.dump(2) + "\n";
 }
 
+// A model or hardware file as an absolute path (a preset's name as it is):
+// a configuration's paths are read from the working directory of whoever
+// runs it, which need not be plan's (resolve_model's rule tells them apart).
+std::string from_anywhere(const std::string& name_or_path) {
+  const bool is_path = name_or_path.find('/') != std::string::npos || name_or_path.ends_with(".json");
+  return is_path ? std::filesystem::absolute(name_or_path).lexically_normal().string() : name_or_path;
+}
+
 // A run configuration `pipeflow simulate --config` reads (and `train` where
 // it supports the layout).
 std::string pipeflow_config(const PlanCommand& command, const Layout& l) {
   nlohmann::ordered_json json;
-  json["model"] = command.model;
-  json["hardware"] = command.hardware;
+  json["model"] = from_anywhere(command.model);
+  json["hardware"] = from_anywhere(command.hardware);
   json["devices"] = l.devices;
   json["tensor_parallel"] = l.tensor_parallel;
   json["data_parallel"] = l.data_parallel;
