@@ -31,7 +31,8 @@ struct PlanCommand {
   int seq_length = 0;
   int top = 5;
   double memory_fraction = 0.8;
-  std::vector<std::string> partitions = {"parameters"};
+  // Empty: the default, parameters and balanced (PlanRequest's); --inference: parameters.
+  std::vector<std::string> partitions;
   bool json = false;
   std::string write_config;
   std::string deepspeed;
@@ -94,10 +95,10 @@ void run_inference(const PlanCommand& command) {
                                                    : model_context;
   request.setup.sequences = command.sequences;
   request.setup.prompt_tokens = command.prompt_tokens > 0 ? command.prompt_tokens : request.setup.context;
-  if (command.partitions.size() != 1) {
+  if (command.partitions.size() > 1) {
     fail("--inference takes one --partition method (got {})", command.partitions.size());
   }
-  request.setup.partition = parse_partition_method(command.partitions.front());
+  request.setup.partition = parse_partition_method(command.partitions.empty() ? "parameters" : command.partitions.front());
   request.max_stages = command.devices;
   request.memory_fraction = command.memory_fraction;
   const InferencePlan plan = plan_inference(request);
@@ -118,8 +119,10 @@ PlanRequest make_request(const PlanCommand& command) {
   request.seq_length = command.seq_length;
   request.top_k = command.top;
   request.memory_fraction = command.memory_fraction;
-  request.partitions.clear();
-  for (const std::string& method : command.partitions) request.partitions.push_back(parse_partition_method(method));
+  if (!command.partitions.empty()) {
+    request.partitions.clear();
+    for (const std::string& method : command.partitions) request.partitions.push_back(parse_partition_method(method));
+  }
   return request;
 }
 
@@ -356,9 +359,9 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--memory-fraction", c->memory_fraction, "Share of device memory a stage may fill")
       ->capture_default_str();
   sub->add_option("--partition", c->partitions,
-                  "Partition methods to try, comma-separated (each doubles the search; e.g. parameters,balanced)")
-      ->delimiter(',')
-      ->capture_default_str();
+                  "Partition methods to try, comma-separated; each adds the layouts it cuts differently "
+                  "(default parameters,balanced; --inference: one, default parameters)")
+      ->delimiter(',');
   sub->add_flag("--json", c->json, "Print one JSON object instead of tables");
   sub->add_option("--write-config", c->write_config, "Write the best layout as a pipeflow run configuration");
   sub->add_option("--deepspeed", c->deepspeed, "Write the best layout DeepSpeed can run as its JSON configuration");

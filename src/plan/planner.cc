@@ -230,13 +230,15 @@ class Search {
       }
       layout.schedule = info->name;
       layout.virtual_stages = v;
-      std::shared_ptr<const LayoutCosts>& costs = shared[{info->placement, v}];
-      if (!costs) {
-        // The costs read the schedule's shape only (ranks, stages, placement):
-        // one without actions saves generating up to p · v · m × 3 of them.
-        const Schedule shape(info->name, p, p * v, m, info->placement);
-        costs = std::make_shared<const LayoutCosts>(layout_costs(layout, shape, cut(layout, shape)));
+      // The costs read the schedule's shape only (ranks, stages, placement):
+      // one without actions saves generating up to p · v · m × 3 of them.
+      const Schedule shape(info->name, p, p * v, m, info->placement);
+      if (repeats_a_cut(layout, shape)) {
+        reject(RejectReason::kSameCut);
+        continue;
       }
+      std::shared_ptr<const LayoutCosts>& costs = shared[{info->placement, v}];
+      if (!costs) costs = std::make_shared<const LayoutCosts>(layout_costs(layout, shape, cut(layout, shape)));
       if (largest_model_states(*costs, info->placement, p, v) > limit_bytes_) {
         reject(RejectReason::kOutOfMemory);
         continue;
@@ -253,6 +255,19 @@ class Search {
     auto it = cuts_.find(key);
     if (it == cuts_.end()) it = cuts_.emplace(key, layout_partition(layout, schedule)).first;
     return it->second;
+  }
+
+  // Whether a partition method listed before the layout's cuts its stages
+  // where its own does: then it is that method's candidate again.
+  bool repeats_a_cut(const Layout& layout, const Schedule& shape) {
+    const std::string own = to_string(layout.partition);
+    Layout other = layout;
+    for (const PartitionMethod& method : request_.partitions) {
+      if (to_string(method) == own) return false;
+      other.partition = method;
+      if (cut(other, shape).boundaries == cut(layout, shape).boundaries) return true;
+    }
+    return false;
   }
 
   // Memory first: the peaks simulate() would report follow from the action
@@ -320,6 +335,7 @@ std::string_view to_string(RejectReason reason) {
     case RejectReason::kTooFewLayers: return "more stages than layers";
     case RejectReason::kSchedule: return "schedule constraint";
     case RejectReason::kOutOfMemory: return "out of memory";
+    case RejectReason::kSameCut: return "same cut as an earlier partition method";
   }
   return "?";
 }

@@ -26,8 +26,10 @@ struct PlanRequest {
   // Every stage's predicted peak memory must stay within this share of the
   // device's memory (the course's rule: 0.8).
   double memory_fraction = 0.8;
-  // Partition methods tried for every layout.
-  std::vector<PartitionMethod> partitions = {PartitionMethod{PartitionMethod::Kind::kParameters, {}, {}}};
+  // Partition methods tried for every layout, in order: a layout a method
+  // cuts as an earlier one did is that layout again (kSameCut).
+  std::vector<PartitionMethod> partitions = {PartitionMethod{PartitionMethod::Kind::kParameters, {}, {}},
+                                             PartitionMethod{PartitionMethod::Kind::kBalanced, {}, {}}};
   // The most model chunks per rank tried for schedules that take --virtual.
   int max_virtual = 4;
   // Only these schedules (registry names) and recompute modes; empty: all.
@@ -61,8 +63,9 @@ enum class RejectReason {
   kTooFewLayers,      // p · v stages for fewer pipeline layers
   kSchedule,          // the schedule's constraints reject (p, m, v)
   kOutOfMemory,       // a rank's peak (or its model states alone) over memory_fraction × memory
+  kSameCut,           // an earlier partition method cuts the same stages: listed once
 };
-inline constexpr int kRejectReasons = 5;
+inline constexpr int kRejectReasons = 6;
 std::string_view to_string(RejectReason reason);  // "indivisible batch", ...
 
 struct PlanResult {
