@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -30,7 +31,8 @@ struct PlanCommand {
   int seq_length = 0;
   int top = 5;
   double memory_fraction = 0.8;
-  std::vector<std::string> partitions = {"parameters"};
+  // Empty: the default, parameters and balanced (PlanRequest's); --inference: parameters.
+  std::vector<std::string> partitions;
   bool json = false;
   std::string write_config;
   std::string deepspeed;
@@ -93,10 +95,10 @@ void run_inference(const PlanCommand& command) {
                                                    : model_context;
   request.setup.sequences = command.sequences;
   request.setup.prompt_tokens = command.prompt_tokens > 0 ? command.prompt_tokens : request.setup.context;
-  if (command.partitions.size() != 1) {
+  if (command.partitions.size() > 1) {
     fail("--inference takes one --partition method (got {})", command.partitions.size());
   }
-  request.setup.partition = parse_partition_method(command.partitions.front());
+  request.setup.partition = parse_partition_method(command.partitions.empty() ? "parameters" : command.partitions.front());
   request.max_stages = command.devices;
   request.memory_fraction = command.memory_fraction;
   const InferencePlan plan = plan_inference(request);
@@ -117,8 +119,10 @@ PlanRequest make_request(const PlanCommand& command) {
   request.seq_length = command.seq_length;
   request.top_k = command.top;
   request.memory_fraction = command.memory_fraction;
-  request.partitions.clear();
-  for (const std::string& method : command.partitions) request.partitions.push_back(parse_partition_method(method));
+  if (!command.partitions.empty()) {
+    request.partitions.clear();
+    for (const std::string& method : command.partitions) request.partitions.push_back(parse_partition_method(method));
+  }
   return request;
 }
 
@@ -196,12 +200,20 @@ std::string json_report(const PlanRequest& request, const PlanResult& result) {
   return json.dump(2) + "\n";
 }
 
+// A model or hardware file as an absolute path (a preset's name as it is):
+// a configuration's paths are read from the working directory of whoever
+// runs it, which need not be plan's (resolve_model's rule tells them apart).
+std::string from_anywhere(const std::string& name_or_path) {
+  const bool is_path = name_or_path.find('/') != std::string::npos || name_or_path.ends_with(".json");
+  return is_path ? std::filesystem::absolute(name_or_path).lexically_normal().string() : name_or_path;
+}
+
 // A run configuration `pipeflow simulate --config` reads (and `train` where
 // it supports the layout).
 std::string pipeflow_config(const PlanCommand& command, const Layout& l) {
   nlohmann::ordered_json json;
-  json["model"] = command.model;
-  json["hardware"] = command.hardware;
+  json["model"] = from_anywhere(command.model);
+  json["hardware"] = from_anywhere(command.hardware);
   json["devices"] = l.devices;
   json["tensor_parallel"] = l.tensor_parallel;
   json["data_parallel"] = l.data_parallel;
@@ -347,9 +359,9 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--memory-fraction", c->memory_fraction, "Share of device memory a stage may fill")
       ->capture_default_str();
   sub->add_option("--partition", c->partitions,
-                  "Partition methods to try, comma-separated (each doubles the search; e.g. parameters,balanced)")
-      ->delimiter(',')
-      ->capture_default_str();
+                  "Partition methods to try, comma-separated; each adds the layouts it cuts differently "
+                  "(default parameters,balanced; --inference: one, default parameters)")
+      ->delimiter(',');
   sub->add_flag("--json", c->json, "Print one JSON object instead of tables");
   sub->add_option("--write-config", c->write_config, "Write the best layout as a pipeflow run configuration");
   sub->add_option("--deepspeed", c->deepspeed, "Write the best layout DeepSpeed can run as its JSON configuration");

@@ -40,13 +40,32 @@ std::vector<double> prefix_sums(std::span<const double> weights) {
   return prefix;
 }
 
-// best[j][i]: the smallest possible heaviest stage when layers [0, i) form j stages.
-double min_bottleneck(const std::vector<double>& prefix, int n, int p) {
+// first[i]: the smallest k with prefix[i] - prefix[k] <= cap. A stage's sum
+// falls (or stays) as its first layer k rises, exactly in floating point
+// too (rounding is monotone), so the stages [k, i) within the cap are those
+// with k in [first[i], i]; first rises with i.
+std::vector<int> first_within(const std::vector<double>& prefix, int n, double cap) {
+  std::vector<int> first(n + 1, 0);
+  for (int i = 0, k = 0; i <= n; ++i) {
+    while (prefix[i] - prefix[k] > cap) ++k;
+    first[i] = k;
+  }
+  return first;
+}
+
+// The smallest possible heaviest stage of layers [0, n) in p stages, given
+// any partition's heaviest stage `known` (>= the answer): best[j][i] is the
+// smallest heaviest stage when layers [0, i) form j stages, each stage at
+// most `known`. The optimal partition has every stage within `known`, so
+// leaving out the heavier stages changes no result, and the DP looks at
+// about n / p last stages per state instead of n.
+double min_bottleneck(const std::vector<double>& prefix, int n, int p, double known) {
+  const std::vector<int> first = first_within(prefix, n, known);
   std::vector<std::vector<double>> best(p + 1, std::vector<double>(n + 1, kInfinity));
   best[0][0] = 0;
   for (int j = 1; j <= p; ++j) {
     for (int i = j; i <= n - (p - j); ++i) {
-      for (int k = j - 1; k < i; ++k) {
+      for (int k = std::max(j - 1, first[i]); k < i; ++k) {
         best[j][i] = std::min(best[j][i], std::max(best[j - 1][k], prefix[i] - prefix[k]));
       }
     }
@@ -57,13 +76,13 @@ double min_bottleneck(const std::vector<double>& prefix, int n, int p) {
 // light[j][i]: with every stage <= cap, the heaviest possible lightest stage
 // of j stages over layers [0, i) (-inf when impossible).
 std::vector<std::vector<double>> max_lightest(const std::vector<double>& prefix, int n, int p, double cap) {
+  const std::vector<int> first = first_within(prefix, n, cap);
   std::vector<std::vector<double>> light(p + 1, std::vector<double>(n + 1, -kInfinity));
   light[0][0] = kInfinity;
   for (int j = 1; j <= p; ++j) {
     for (int i = j; i <= n; ++i) {
-      for (int k = j - 1; k < i; ++k) {
-        const double stage = prefix[i] - prefix[k];
-        if (stage <= cap) light[j][i] = std::max(light[j][i], std::min(light[j - 1][k], stage));
+      for (int k = std::max(j - 1, first[i]); k < i; ++k) {
+        light[j][i] = std::max(light[j][i], std::min(light[j - 1][k], prefix[i] - prefix[k]));
       }
     }
   }
@@ -181,7 +200,11 @@ std::vector<int> partition_min_max(std::span<const double> weights, int stages) 
   // prefixes) count as equal, so that ties break by the rule below and not
   // by the last bits.
   const double slack = 1e-12 * prefix[n];
-  const double cap = min_bottleneck(prefix, n, stages) + slack;
+  // Uniform's heaviest stage bounds the optimum's from above.
+  const std::vector<int> uniform = partition_uniform(n, stages);
+  double known = 0;
+  for (int k = 0; k < stages; ++k) known = std::max(known, prefix[uniform[k + 1]] - prefix[uniform[k]]);
+  const double cap = min_bottleneck(prefix, n, stages, known) + slack;
   const auto light = max_lightest(prefix, n, stages, cap);
   const double floor = light[stages][n] - slack;
   // Walk back from the last stage, giving each the most layers that keep it

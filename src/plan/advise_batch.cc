@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -62,7 +63,7 @@ BatchAdvice advise_batch(const BatchAdviceRequest& r) {
     advice.samples_over_minimum = efficiency.samples_over_minimum;
     if (b > *r.noise_scale) {
       advice.warnings.push_back(fmt::format(
-          "target batch {} is past the critical batch size (gradient noise scale {:.0f}, McCandlish et al. 2018): "
+          "target batch {} is past the critical batch size (gradient noise scale {:.6g}, McCandlish et al. 2018): "
           "it needs {:.2f}x the minimum samples to reach the same loss, and doubling the batch to it saves only "
           "{:.0f}% of the steps; no learning-rate rule holds far past it",
           r.target_batch, *r.noise_scale, *advice.samples_over_minimum,
@@ -94,7 +95,9 @@ double noise_scale_of_metrics(const std::filesystem::path& path) {
     failure(error.what());
   }
   std::istringstream lines(text);
-  std::optional<double> last;
+  // Only the last value counts: the smoothed estimate of the first steps may
+  // be negative (B_simple's two terms are noisy) and settle later.
+  std::optional<std::pair<nlohmann::json, std::string>> last;  // the value, where it was
   int number = 0;
   for (std::string line; std::getline(lines, line);) {
     ++number;
@@ -106,19 +109,20 @@ double noise_scale_of_metrics(const std::filesystem::path& path) {
       failure(error.what());
     }
     if (!json.is_object()) failure(fmt::format("line {} is not a JSON object", number));
-    if (!json.contains("noise_scale")) continue;
-    const nlohmann::json& value = json["noise_scale"];
-    if (!value.is_number() || !(value.get<double>() > 0) || !std::isfinite(value.get<double>())) {
-      fail("{}: \"noise_scale\" = {}: must be a positive number of sequences (B_simple)", where, value.dump());
-    }
-    last = value.get<double>();
+    if (json.contains("noise_scale")) last = {json["noise_scale"], where};
   }
   if (!last) {
     fail("{}: no line has \"noise_scale\" (the gradient noise scale pipeflow train measures): train with "
          "metrics.noise_scale_interval >= 1 and more than one micro-batch per step, or pass --noise-scale",
          path.string());
   }
-  return *last;
+  const auto& [value, where] = *last;
+  if (!value.is_number() || !(value.get<double>() > 0) || !std::isfinite(value.get<double>())) {
+    fail("{}: \"noise_scale\" = {}: must be a positive number of sequences (B_simple); the estimate is noisy "
+         "over few steps: train longer, or pass --noise-scale",
+         where, value.dump());
+  }
+  return value.get<double>();
 }
 
 }  // namespace pipeflow

@@ -5,6 +5,7 @@
 #include <memory>
 #include <array>
 #include <map>
+#include <tuple>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/units.h"
@@ -118,7 +119,7 @@ class Search {
         break;
       }
       score(q);
-      if (request_.progress) request_.progress(result_.simulated, static_cast<std::int64_t>(queue_.size()));
+      if (request_.progress) request_.progress(static_cast<std::int64_t>(i + 1), static_cast<std::int64_t>(queue_.size()));
     }
     if (result_.best.empty()) {
       std::string counts;
@@ -229,8 +230,15 @@ class Search {
       }
       layout.schedule = info->name;
       layout.virtual_stages = v;
+      // The costs read the schedule's shape only (ranks, stages, placement):
+      // one without actions saves generating up to p · v · m × 3 of them.
+      const Schedule shape(info->name, p, p * v, m, info->placement);
+      if (repeats_a_cut(layout, shape)) {
+        reject(RejectReason::kSameCut);
+        continue;
+      }
       std::shared_ptr<const LayoutCosts>& costs = shared[{info->placement, v}];
-      if (!costs) costs = std::make_shared<const LayoutCosts>(layout_costs(layout, layout_schedule(layout)));
+      if (!costs) costs = std::make_shared<const LayoutCosts>(layout_costs(layout, shape, cut(layout, shape)));
       if (largest_model_states(*costs, info->placement, p, v) > limit_bytes_) {
         reject(RejectReason::kOutOfMemory);
         continue;
@@ -239,22 +247,48 @@ class Search {
     }
   }
 
+  // layout_partition's cut, made once per parallel_config, method and stage
+  // count: all it depends on within a search. ZeRO stages and placements of
+  // as many stages (V, and v = 2 looped) share it.
+  const Partition& cut(const Layout& layout, const Schedule& schedule) {
+    const CutKey key{parallel_config(layout), to_string(layout.partition), schedule.num_stages()};
+    auto it = cuts_.find(key);
+    if (it == cuts_.end()) it = cuts_.emplace(key, layout_partition(layout, schedule)).first;
+    return it->second;
+  }
+
+  // Whether a partition method listed before the layout's cuts its stages
+  // where its own does: then it is that method's candidate again.
+  bool repeats_a_cut(const Layout& layout, const Schedule& shape) {
+    const std::string own = to_string(layout.partition);
+    Layout other = layout;
+    for (const PartitionMethod& method : request_.partitions) {
+      if (to_string(method) == own) return false;
+      other.partition = method;
+      if (cut(other, shape).boundaries == cut(layout, shape).boundaries) return true;
+    }
+    return false;
+  }
+
+  // Memory first: the peaks simulate() would report follow from the action
+  // lists alone (peak_memory_bytes), and most candidates the bound lets
+  // through need more than the limit.
   void score(const Queued& q) {
-    ++result_.simulated;
     const Schedule schedule = layout_schedule(q.layout);
-    const SimulationResult sim = simulate(schedule, q.costs->costs);
     PlanCandidate c;
-    double largest = 0, comm = 0;
-    for (const RankResult& rank : sim.ranks) {
-      c.stage_peak_bytes.push_back(rank.peak_memory_bytes);
-      largest = std::max(largest, rank.peak_memory_bytes);
-      comm += rank.comm_s + rank.overlapped_comm_s;
+    double largest = 0;
+    for (int r = 0; r < schedule.num_ranks(); ++r) {
+      c.stage_peak_bytes.push_back(peak_memory_bytes(schedule, q.costs->costs, RankId(r)));
+      largest = std::max(largest, c.stage_peak_bytes.back());
     }
     if (largest > limit_bytes_) {
       reject(RejectReason::kOutOfMemory);
       return;
     }
-    ++result_.fitting;
+    ++result_.simulated;
+    const SimulationResult sim = simulate(schedule, q.costs->costs);
+    double comm = 0;
+    for (const RankResult& rank : sim.ranks) comm += rank.comm_s + rank.overlapped_comm_s;
     const double step = sim.step_time_s;
     const LayoutCosts& costs = *q.costs;
     c.layout = q.layout;
@@ -283,8 +317,11 @@ class Search {
     if (best.size() > static_cast<std::size_t>(request_.top_k)) best.pop_back();
   }
 
+  using CutKey = std::tuple<ParallelConfig, std::string, int>;
+
   const PlanRequest& request_;
   double limit_bytes_ = 0;
+  std::map<CutKey, Partition> cuts_;
   std::vector<Queued> queue_;
   PlanResult result_;
 };
@@ -298,6 +335,7 @@ std::string_view to_string(RejectReason reason) {
     case RejectReason::kTooFewLayers: return "more stages than layers";
     case RejectReason::kSchedule: return "schedule constraint";
     case RejectReason::kOutOfMemory: return "out of memory";
+    case RejectReason::kSameCut: return "same cut as an earlier partition method";
   }
   return "?";
 }

@@ -190,6 +190,11 @@ SweepPoint run_point(const SweepContext& c, std::vector<std::string> setting) {
       point.peak_activation_bytes = std::max(point.peak_activation_bytes, r.activation_bytes);
     }
     point.tokens_per_s = p.tokens_per_s;
+    if (c.request.noise_scale) {
+      const BatchEfficiency e = batch_efficiency(point.global_batch, *c.request.noise_scale);
+      point.samples_over_minimum = e.samples_over_minimum;
+      point.steps_over_minimum = e.steps_over_minimum;
+    }
     if (c.request.train) point.measured = c.request.train(resolved, point_name(c.request.axes, point.setting));
   } catch (const Error& error) {
     point.error = error.what();
@@ -202,20 +207,26 @@ struct Metric {
   std::string_view label;  // the plot's title
   double SweepPoint::*predicted;
   double MeasuredPoint::*measured;  // nullptr: not measured
+  std::string_view series = "predicted";  // what the solid line is (data-series)
 };
 constexpr std::array<Metric, 4> kSimulatedMetrics = {
-    {{"step_time_s", "step time (s)", &SweepPoint::step_time_s, nullptr},
-     {"bubble_ratio", "bubble", &SweepPoint::bubble_ratio, nullptr},
-     {"peak_memory_bytes", "peak memory (bytes)", &SweepPoint::peak_memory_bytes, nullptr},
-     {"tokens_per_s", "tokens/s", &SweepPoint::tokens_per_s, nullptr}}};
+    {{"step_time_s", "step time (s)", &SweepPoint::step_time_s, nullptr, "predicted"},
+     {"bubble_ratio", "bubble", &SweepPoint::bubble_ratio, nullptr, "predicted"},
+     {"peak_memory_bytes", "peak memory (bytes)", &SweepPoint::peak_memory_bytes, nullptr, "predicted"},
+     {"tokens_per_s", "tokens/s", &SweepPoint::tokens_per_s, nullptr, "predicted"}}};
 // The runtime measures activations (pipeflow train's peak activations), not
 // the model states beside them: trained sweeps compare those.
 constexpr std::array<Metric, 4> kTrainedMetrics = {
-    {{"step_time_s", "step time (s)", &SweepPoint::step_time_s, &MeasuredPoint::step_time_s},
-     {"bubble_ratio", "bubble", &SweepPoint::bubble_ratio, &MeasuredPoint::bubble_ratio},
+    {{"step_time_s", "step time (s)", &SweepPoint::step_time_s, &MeasuredPoint::step_time_s, "predicted"},
+     {"bubble_ratio", "bubble", &SweepPoint::bubble_ratio, &MeasuredPoint::bubble_ratio, "predicted"},
      {"peak_activation_bytes", "peak activations (bytes)", &SweepPoint::peak_activation_bytes,
-      &MeasuredPoint::peak_activation_bytes},
-     {"tokens_per_s", "tokens/s", &SweepPoint::tokens_per_s, &MeasuredPoint::tokens_per_s}}};
+      &MeasuredPoint::peak_activation_bytes, "predicted"},
+     {"tokens_per_s", "tokens/s", &SweepPoint::tokens_per_s, &MeasuredPoint::tokens_per_s, "predicted"}}};
+// With a noise scale: McCandlish et al. 2018's factors (batch_efficiency), a formula of the global batch.
+constexpr std::array<Metric, 2> kNoiseScaleMetrics = {
+    {{"samples_over_minimum", "samples / minimum", &SweepPoint::samples_over_minimum, nullptr, "formula"},
+     {"steps_over_minimum", "steps / minimum", &SweepPoint::steps_over_minimum, nullptr, "formula"}}};
+constexpr std::string_view kPastNoiseScale = "black";  // no line's colour
 
 const std::array<Metric, 4>& metrics_of(const Sweep& sweep) { return sweep.trained ? kTrainedMetrics : kSimulatedMetrics; }
 
@@ -282,13 +293,20 @@ struct Series {
 void metric_panel(std::string& out, const Sweep& sweep, std::size_t index, const Metric& metric) {
   const SweepAxis& x_axis = sweep.axes[0];
   const std::size_t lines = sweep.axes.size() == 2 ? sweep.axes[1].values.size() : 1;
-  double top = 0;
+  const bool factor = metric.series == "formula";  // where the noise scale lies: 2 on both factors
+  double top = factor ? 2 : 0;
   for (const SweepPoint& p : sweep.points) {
     if (!p.error.empty()) continue;
     top = std::max(top, p.*metric.predicted);
     if (metric.measured != nullptr && p.measured) top = std::max(top, *p.measured.*metric.measured);
   }
   const Panel panel = open_panel(out, index, metric.name, metric.label, top, x_axis.key);
+  if (factor) {
+    out += fmt::format("<line x1=\"{0}\" y1=\"{1:.2f}\" x2=\"{2}\" y2=\"{1:.2f}\" stroke=\"grey\" "
+                       "stroke-dasharray=\"4,3\"/>\n<text x=\"{2}\" y=\"{3:.2f}\" text-anchor=\"end\" "
+                       "fill=\"grey\">2: B = B_noise</text>\n",
+                       panel.x0, panel.y_of(2), panel.x0 + kPlotW, panel.y_of(2) - 4);
+  }
   auto x_of = [&](std::size_t i) {
     return panel.x0 + (x_axis.values.size() == 1 ? kPlotW / 2
                                                  : kPlotW * static_cast<double>(i) /
@@ -298,6 +316,7 @@ void metric_panel(std::string& out, const Sweep& sweep, std::size_t index, const
     out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x_of(i), kTop + kPlotH + 16,
                        xml_escape(x_axis.values[i]));
   }
+  std::string rings;
   for (std::size_t line = 0; line < lines; ++line) {
     const std::string_view colour = kColours[line % kColours.size()];
     Series predicted, measured;
@@ -305,15 +324,21 @@ void metric_panel(std::string& out, const Sweep& sweep, std::size_t index, const
       const SweepPoint& p = sweep.points[i * lines + line];
       if (!p.error.empty()) continue;
       const std::string setting = fmt::format("data-setting=\"{}\"", xml_escape(setting_text(p)));
+      const bool past = sweep.noise_scale && p.global_batch > *sweep.noise_scale;
       predicted.add(x_of(i), panel.y_of(p.*metric.predicted), p.*metric.predicted, colour, false,
-                    setting + " data-series=\"predicted\"");
+                    fmt::format("{} data-series=\"{}\"{}", setting, metric.series,
+                                past ? " data-past-noise-scale=\"true\"" : ""));
+      if (past) {
+        rings += fmt::format("<circle cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"6\" fill=\"none\" stroke=\"{}\"/>\n", x_of(i),
+                             panel.y_of(p.*metric.predicted), kPastNoiseScale);
+      }
       if (metric.measured == nullptr || !p.measured) continue;
       const double value = *p.measured.*metric.measured;
       measured.add(x_of(i), panel.y_of(value), value, colour, true, setting + " data-series=\"measured\"");
     }
     out += predicted.render(colour, false) + measured.render(colour, true);
   }
-  out += "</g>\n";
+  out += rings + "</g>\n";
 }
 
 // Trained: each point's loss against the tokens it has seen, one line per point.
@@ -346,7 +371,8 @@ void loss_panel(std::string& out, const Sweep& sweep, std::size_t index) {
 }
 
 // Colour keys under the plots: a line per value of the second axis, and
-// (trained) per point for the loss plot.
+// (trained) per point for the loss plot; then, with a noise scale, what the
+// black rings mean.
 double legend(std::string& out, const Sweep& sweep, double y) {
   const auto key = [&](double x, double at, std::string_view colour, const std::string& text) {
     out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>\n",
@@ -360,15 +386,26 @@ double legend(std::string& out, const Sweep& sweep, double y) {
     }
     bottom = y + 18 * static_cast<double>(sweep.axes[1].values.size());
   }
-  if (!sweep.trained) return bottom;
-  out += fmt::format("<text x=\"{}\" y=\"{}\">solid, filled: predicted (pipeflow simulate); dashed, hollow: "
-                     "measured (pipeflow train)</text>\n",
-                     kLeft + kPanelW, y + 10);
-  const double x = 10 + kPanelW * static_cast<double>(kTrainedMetrics.size()) + kLeft;
-  for (std::size_t k = 0; k < sweep.points.size(); ++k) {
-    key(x, y + 18 * static_cast<double>(k), kColours[k % kColours.size()], point_name(sweep.axes, sweep.points[k].setting));
+  if (sweep.trained) {
+    out += fmt::format("<text x=\"{}\" y=\"{}\">solid, filled: predicted (pipeflow simulate); dashed, hollow: "
+                       "measured (pipeflow train)</text>\n",
+                       kLeft + kPanelW, y + 10);
+    const double x = 10 + kPanelW * static_cast<double>(kTrainedMetrics.size()) + kLeft;
+    for (std::size_t k = 0; k < sweep.points.size(); ++k) {
+      key(x, y + 18 * static_cast<double>(k), kColours[k % kColours.size()],
+          point_name(sweep.axes, sweep.points[k].setting));
+    }
+    bottom = std::max(bottom, y + 18 * static_cast<double>(sweep.points.size()));
   }
-  return std::max(bottom, y + 18 * static_cast<double>(sweep.points.size()));
+  if (sweep.noise_scale) {
+    const double at = std::max(bottom, sweep.trained ? y + 18 : y);
+    out += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"6\" fill=\"none\" stroke=\"{}\"/><text x=\"{}\" y=\"{}\">"
+                       "past the noise scale B_simple = {:.3g} sequences (samples / minimum over 2): more samples "
+                       "than twice the minimum to the same loss (McCandlish et al. 2018)</text>\n",
+                       kLeft + 6, at + 6, kPastNoiseScale, kLeft + 18, at + 10, *sweep.noise_scale);
+    bottom = at + 18;
+  }
+  return bottom;
 }
 
 }  // namespace
@@ -467,9 +504,8 @@ std::string sweep_text(const Sweep& sweep) {
     std::vector<std::string> row = p.setting;
     if (lr) row.push_back(fmt::format("{:.4g}", p.lr));
     if (sweep.noise_scale && p.error.empty()) {
-      const BatchEfficiency e = batch_efficiency(p.global_batch, *sweep.noise_scale);
-      row.push_back(fmt::format("{:.2f}{}", e.samples_over_minimum, p.global_batch > *sweep.noise_scale ? " *" : ""));
-      row.push_back(fmt::format("{:.2f}", e.steps_over_minimum));
+      row.push_back(fmt::format("{:.2f}{}", p.samples_over_minimum, p.global_batch > *sweep.noise_scale ? " *" : ""));
+      row.push_back(fmt::format("{:.2f}", p.steps_over_minimum));
     }
     if (!p.error.empty()) {
       row.insert(row.end(), header.size() - row.size(), "-");
@@ -515,9 +551,8 @@ std::string sweep_json(const Sweep& sweep) {
     point["lr"] = p.lr;
     point["global_batch"] = p.global_batch;
     if (sweep.noise_scale) {
-      const BatchEfficiency e = batch_efficiency(p.global_batch, *sweep.noise_scale);
-      point["samples_over_minimum"] = e.samples_over_minimum;
-      point["steps_over_minimum"] = e.steps_over_minimum;
+      point["samples_over_minimum"] = p.samples_over_minimum;
+      point["steps_over_minimum"] = p.steps_over_minimum;
     }
     point["step_time_s"] = p.step_time_s;
     point["bubble_ratio"] = p.bubble_ratio;
@@ -539,10 +574,13 @@ std::string sweep_json(const Sweep& sweep) {
 
 std::string sweep_svg(const Sweep& sweep) {
   const std::array<Metric, 4>& metrics = metrics_of(sweep);
-  const std::size_t panels = metrics.size() + (sweep.trained ? 1 : 0);
+  std::size_t panels = metrics.size() + (sweep.trained ? 1 : 0);
   std::string body;
   for (std::size_t k = 0; k < metrics.size(); ++k) metric_panel(body, sweep, k, metrics[k]);
   if (sweep.trained) loss_panel(body, sweep, metrics.size());
+  if (sweep.noise_scale) {
+    for (const Metric& metric : kNoiseScaleMetrics) metric_panel(body, sweep, panels++, metric);
+  }
   const double bottom = legend(body, sweep, kPanelH + 20);
   const double width = kPanelW * static_cast<double>(panels) + 20;
   const double height = bottom + 10;

@@ -319,15 +319,18 @@ Schedule layout_schedule(const Layout& layout) {
                        layout.virtual_stages);
 }
 
-LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule) {
+namespace {
+
+// The layout's pipeline layers, after checking that the layout, its
+// hardware and the schedule agree and that every stage gets a layer.
+std::vector<PipelineLayer> checked_layers(const Layout& layout, const Schedule& schedule) {
   validate_layout(layout);
   validate_hardware(layout.hardware);
   if (schedule.num_ranks() != layout.pipeline_parallel) {
     fail("internal: schedule {} has {} ranks but the layout {} pipeline stages", schedule.name(),
          schedule.num_ranks(), layout.pipeline_parallel);
   }
-  const ParallelConfig config = parallel_config(layout);
-  const std::vector<PipelineLayer> layers = pipeline_layers(layout.model, config);
+  std::vector<PipelineLayer> layers = pipeline_layers(layout.model, parallel_config(layout));
   if (schedule.num_stages() > static_cast<int>(layers.size())) {
     const std::string stages = schedule.stages_per_rank() == 1
                                    ? fmt::format("{} stages", schedule.num_stages())
@@ -337,8 +340,28 @@ LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule) {
          "pipeline stages or virtual stages",
          stages, layout.model.name, layers.size(), layout.model.layers);
   }
+  return layers;
+}
+
+}  // namespace
+
+Partition layout_partition(const Layout& layout, const Schedule& schedule) {
+  return partition_layers(checked_layers(layout, schedule), schedule.num_stages(), layout.partition, layout.hardware);
+}
+
+LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule) {
+  return layout_costs(layout, schedule, layout_partition(layout, schedule));
+}
+
+LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule, Partition partition) {
+  const std::vector<PipelineLayer> layers = checked_layers(layout, schedule);
+  if (static_cast<int>(partition.stages.size()) != schedule.num_stages()) {
+    fail("internal: a partition of {} stages for schedule {}'s {}", partition.stages.size(), schedule.name(),
+         schedule.num_stages());
+  }
+  const ParallelConfig config = parallel_config(layout);
   LayoutCosts out;
-  out.partition = partition_layers(layers, schedule.num_stages(), layout.partition, layout.hardware);
+  out.partition = std::move(partition);
 
   const LinkCost tensor_link =
       collective_link_cost(link_between(layout.hardware, 0, layout.tensor_parallel - 1), layout.hardware);

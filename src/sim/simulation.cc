@@ -18,8 +18,12 @@ void check_cost(double value, std::string_view what, int stage) {
   }
 }
 
+bool usable(const LinkCost& link) {
+  return std::isfinite(link.latency_s) && link.latency_s >= 0 && link.bandwidth_bytes_per_s > 0;
+}
+
 void check_link(const LinkCost& link, std::string_view what) {
-  if (!std::isfinite(link.latency_s) || link.latency_s < 0 || !(link.bandwidth_bytes_per_s > 0)) {
+  if (!usable(link)) {
     fail("{} has latency {} s and bandwidth {} B/s: latency must be finite and >= 0, bandwidth > 0", what,
          link.latency_s, link.bandwidth_bytes_per_s);
   }
@@ -115,18 +119,17 @@ struct MemoryPeak {
   int inflight = 0;
 };
 
-MemoryPeak walk_memory(const std::vector<TimedAction>& timed, const SimulationCosts& costs) {
+MemoryPeak walk_memory(const std::vector<Action>& actions, const SimulationCosts& costs) {
   MemoryPeak peak;
   double held = 0;
   int inflight = 0;
-  for (const TimedAction& t : timed) {
-    const StageCosts& c = costs.stages[static_cast<std::size_t>(t.action.stage.value())];
-    if (is_compute(t.action.kind)) {
-      const double working =
-          t.action.kind == ActionKind::kForward ? c.forward_working_bytes : c.backward_working_bytes;
+  for (const Action& a : actions) {
+    const StageCosts& c = costs.stages[static_cast<std::size_t>(a.stage.value())];
+    if (is_compute(a.kind)) {
+      const double working = a.kind == ActionKind::kForward ? c.forward_working_bytes : c.backward_working_bytes;
       if (held + working > peak.bytes) peak = {held + working, inflight};
     }
-    switch (t.action.kind) {
+    switch (a.kind) {
       case ActionKind::kForward:
         held += c.activation_bytes;
         ++inflight;
@@ -148,6 +151,26 @@ MemoryPeak walk_memory(const std::vector<TimedAction>& timed, const SimulationCo
     if (held > peak.bytes) peak = {held, inflight};
   }
   return peak;
+}
+
+// A rank's memory (simulate's walk, in simulation.h): the model states and
+// buffers of its stages, and the activations its list holds at its peak.
+struct RankMemory {
+  double model_states_bytes = 0;
+  double comm_buffer_bytes = 0;
+  MemoryPeak activations;
+  double peak_bytes() const { return model_states_bytes + activations.bytes + comm_buffer_bytes; }
+};
+
+RankMemory rank_memory(const Schedule& schedule, const SimulationCosts& costs, RankId rank) {
+  RankMemory out;
+  for (StageId s : schedule.stages_of(rank)) {
+    const StageCosts& c = costs.stages[static_cast<std::size_t>(s.value())];
+    out.model_states_bytes += c.model_state_bytes;
+    out.comm_buffer_bytes += c.comm_buffer_bytes;
+  }
+  out.activations = walk_memory(schedule.actions(rank), costs);
+  return out;
 }
 
 // One rank's figures except idle and bubble, which need the step's end:
@@ -178,8 +201,6 @@ RankResult rank_result(const Schedule& schedule, bool lowered, const SimulationC
     const StageCosts& c = costs.stages[static_cast<std::size_t>(s.value())];
     gradient_bytes += c.gradient_bytes;
     out.optimizer_s += c.optimizer_s;
-    out.model_states_bytes += c.model_state_bytes;
-    out.comm_buffer_bytes += c.comm_buffer_bytes;
   }
   const LinkCost dp_link = costs.data_parallel_links.empty()
                                ? LinkCost{}
@@ -187,10 +208,13 @@ RankResult rank_result(const Schedule& schedule, bool lowered, const SimulationC
   out.all_reduce_s = ring_all_reduce_seconds(gradient_bytes, costs.data_parallel, dp_link);
   out.comm_s += out.all_reduce_s;
 
-  const MemoryPeak peak = walk_memory(timed, costs);
-  out.activation_bytes = peak.bytes;
-  out.peak_inflight = peak.inflight;
-  out.peak_memory_bytes = out.model_states_bytes + out.activation_bytes + out.comm_buffer_bytes;
+  // The executor ran the whole list in order (simulate fails on a deadlock): the walk over the list is the run's.
+  const RankMemory memory = rank_memory(schedule, costs, rank);
+  out.model_states_bytes = memory.model_states_bytes;
+  out.comm_buffer_bytes = memory.comm_buffer_bytes;
+  out.activation_bytes = memory.activations.bytes;
+  out.peak_inflight = memory.activations.inflight;
+  out.peak_memory_bytes = memory.peak_bytes();
   return out;
 }
 
@@ -265,7 +289,8 @@ std::uint64_t LinkTable::key(RankId from, RankId to) {
 }
 
 void LinkTable::set(RankId from, RankId to, LinkCost link) {
-  check_link(link, fmt::format("the link from rank {} to rank {}", from, to));
+  // The name is formatted for the error only: a search sets thousands of links.
+  if (!usable(link)) check_link(link, fmt::format("the link from rank {} to rank {}", from, to));
   pairs_[key(from, to)] = link;
 }
 
@@ -329,6 +354,11 @@ SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs
     result.steady_state = steady_state(schedule, execution, result, options.max_steady_steps);
   }
   return result;
+}
+
+double peak_memory_bytes(const Schedule& schedule, const SimulationCosts& costs, RankId rank) {
+  check_costs(schedule, costs);
+  return rank_memory(schedule, costs, rank).peak_bytes();
 }
 
 Timeline simulation_timeline(const Schedule& schedule, const SimulationResult& result, std::string title) {

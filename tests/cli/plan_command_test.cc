@@ -51,6 +51,32 @@ TEST(PlanCommand, JsonBestFirstAndTheWrittenConfigSimulatesToTheSameStep) {
   EXPECT_NE(read_file(dir + "/megatron.txt").find("--global-batch-size 32"), std::string::npos);
 }
 
+// A model given as a file: the written configuration names it by its
+// absolute path, so that it simulates from any directory, and `train` runs
+// the layout (here 2 data-parallel replicas under MPI) for a step.
+TEST(PlanCommand, TheWrittenConfigOfAModelFileRunsFromAnywhereAndTrains) {
+  const std::string dir = make_temp_dir();
+  write_file_atomic(dir + "/tiny.json",
+                    R"({"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 256, "n_positions": 64,
+                        "attn_pdrop": 0, "resid_pdrop": 0, "embd_pdrop": 0})");
+  const CommandResult r = run_pipeflow("plan --model tiny.json --devices 2 --global-batch 4 --seq 32 --json "
+                                       "--write-config configs/best.json",
+                                       dir, "mkdir configs");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json config = nlohmann::json::parse(read_file(dir + "/configs/best.json"));
+  EXPECT_EQ(config["model"], dir + "/tiny.json");
+  EXPECT_EQ(config["hardware"], "a100-80g");
+  const CommandResult simulated = run_pipeflow("simulate --config " + dir + "/configs/best.json --json", "/");
+  ASSERT_EQ(simulated.exit_code, 0) << simulated.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(simulated.out)["step_time_s"].get<double>(),
+                   nlohmann::json::parse(r.out)["candidates"][0]["step_time_s"].get<double>());
+  ASSERT_EQ(config["data_parallel"], 2);  // the best here: what train runs as MPI processes
+  const CommandResult trained =
+      run_mpirun(2, "train --config " + dir + "/configs/best.json --steps 1 --out-dir " + dir + "/run");
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  EXPECT_NE(read_file_if_exists(dir + "/run/metrics.jsonl"), "");
+}
+
 TEST(PlanCommand, NothingFitsExitsNonZeroWithTheCounts) {
   const CommandResult r = run_pipeflow("plan --model gpt3-175b --devices 8 --global-batch 8 --seq 2048");
   EXPECT_NE(r.exit_code, 0);

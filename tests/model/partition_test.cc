@@ -87,6 +87,73 @@ TEST(Partition, MinMaxEqualsBruteForceOnRandomWeights) {
   }
 }
 
+// partition_min_max without its shortcuts: every last stage of every state
+// in both DPs (O(p · n²)), the same expressions and tie rule otherwise.
+std::vector<int> min_max_by_full_dp(const std::vector<double>& weights, int p) {
+  const int n = static_cast<int>(weights.size());
+  const double infinity = std::numeric_limits<double>::infinity();
+  std::vector<double> prefix(n + 1, 0.0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + weights[i];
+  std::vector<std::vector<double>> best(p + 1, std::vector<double>(n + 1, infinity));
+  best[0][0] = 0;
+  for (int j = 1; j <= p; ++j) {
+    for (int i = j; i <= n - (p - j); ++i) {
+      for (int k = j - 1; k < i; ++k) best[j][i] = std::min(best[j][i], std::max(best[j - 1][k], prefix[i] - prefix[k]));
+    }
+  }
+  const double slack = 1e-12 * prefix[n];
+  const double cap = best[p][n] + slack;
+  std::vector<std::vector<double>> light(p + 1, std::vector<double>(n + 1, -infinity));
+  light[0][0] = infinity;
+  for (int j = 1; j <= p; ++j) {
+    for (int i = j; i <= n; ++i) {
+      for (int k = j - 1; k < i; ++k) {
+        const double stage = prefix[i] - prefix[k];
+        if (stage <= cap) light[j][i] = std::max(light[j][i], std::min(light[j - 1][k], stage));
+      }
+    }
+  }
+  const double floor = light[p][n] - slack;
+  std::vector<int> bounds(p + 1, 0);
+  bounds[p] = n;
+  for (int j = p; j >= 1; --j) {
+    for (int k = j - 1; k < bounds[j]; ++k) {
+      const double stage = prefix[bounds[j]] - prefix[k];
+      if (stage <= cap && stage >= floor && light[j - 1][k] >= floor) {
+        bounds[j - 1] = k;
+        break;
+      }
+    }
+  }
+  return bounds;
+}
+
+// The DPs look only at stages within a known heaviest stage (uniform's, then
+// the optimum's): the cut is the full DP's, boundary for boundary, on
+// pipelines as long as the 1T model's (130 layers) and at every stage count.
+TEST(Partition, MinMaxEqualsTheFullDpExactly) {
+  std::mt19937 random(20261203);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int n = trial < 30 ? 2 + static_cast<int>(random() % 40) : 130;
+    std::vector<double> weights(n);
+    // Blocks alike with an odd embedding and head (a model's shape), small
+    // integers (ties), or reals.
+    for (int i = 0; i < n; ++i) {
+      const double block = trial % 3 == 0 ? 7.0 : trial % 3 == 1 ? static_cast<double>(random() % 10)
+                                                                  : random() / 65536.0;
+      weights[i] = trial % 3 == 0 && (i == 0 || i == n - 1) ? 1.0 + static_cast<double>(random() % 20) : block;
+    }
+    for (int p = 1; p <= n; p += 1 + static_cast<int>(random() % 7)) {
+      ASSERT_EQ(partition_min_max(weights, p), min_max_by_full_dp(weights, p)) << "trial " << trial << " p " << p;
+    }
+  }
+  const auto layers = gpt2_layers();
+  for (int p = 1; p <= 14; ++p) {
+    const std::vector<double> seconds = layer_seconds(layers, hardware_preset("a100-80g"));
+    EXPECT_EQ(partition_min_max(seconds, p), min_max_by_full_dp(seconds, p)) << p;
+  }
+}
+
 TEST(Partition, MinMaxPutsTiedLayersOnLaterStages) {
   const std::vector<double> equal(6, 1.0);
   EXPECT_EQ(partition_min_max(equal, 3), (std::vector<int>{0, 2, 4, 6}));

@@ -108,10 +108,14 @@ TEST(AdviseBatchMetrics, AMissingOrGarbledFileNamesTheFileAndTheKey) {
                                "train with metrics.noise_scale_interval >= 1 and more than one micro-batch per step, "
                                "or pass --noise-scale");
 
-  const auto negative = metrics_file("negative", "{\"step\": 0, \"noise_scale\": -4}\n");
+  const auto negative = metrics_file("negative", "{\"step\": 0, \"noise_scale\": 5}\n{\"step\": 1, \"noise_scale\": -4}\n");
   EXPECT_EQ(error_of([&] { noise_scale_of_metrics(negative); }),
-            negative.string() + " line 1: \"noise_scale\" = -4: must be a positive number of sequences (B_simple)");
-  for (const auto& path : {garbled, without, negative}) std::filesystem::remove(path);
+            negative.string() + " line 2: \"noise_scale\" = -4: must be a positive number of sequences (B_simple); "
+                                "the estimate is noisy over few steps: train longer, or pass --noise-scale");
+  // A first step's negative estimate that settles is no error: the last value counts.
+  const auto settles = metrics_file("settles", "{\"step\": 0, \"noise_scale\": -0.15}\n{\"step\": 1, \"noise_scale\": 0.17}\n");
+  EXPECT_EQ(noise_scale_of_metrics(settles), 0.17);
+  for (const auto& path : {garbled, without, negative, settles}) std::filesystem::remove(path);
 }
 
 }  // namespace

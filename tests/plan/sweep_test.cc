@@ -58,6 +58,32 @@ TEST(Sweep, APointThatCannotRunSaysWhyAndTheOthersStillRun) {
   EXPECT_NE(sweep.points[2].error, "");  // zbv at v = 1 is refused
 }
 
+// Each plotted point of `metric` in `svg` is exactly the JSON's number; the
+// points past the noise scale (global batch over it) say so.
+void expect_plot_holds_the_json(const std::string& svg, const nlohmann::json& json, const std::string& metric,
+                                const std::vector<std::string>& keys) {
+  const std::size_t plot = svg.find("data-metric=\"" + metric + "\"");
+  ASSERT_NE(plot, std::string::npos) << metric;
+  const std::size_t end = svg.find("</g>", plot);
+  for (const auto& point : json["points"]) {
+    std::string setting;
+    for (const std::string& key : keys) {
+      if (!setting.empty()) setting += ',';
+      setting += point[key].get<std::string>();
+    }
+    const std::size_t circle = svg.find("data-setting=\"" + setting + "\"", plot);
+    ASSERT_LT(circle, end) << metric << " " << setting;
+    const std::size_t value = svg.find("data-value=\"", circle) + 12;
+    EXPECT_EQ(std::stod(svg.substr(value, svg.find('"', value) - value)), point[metric].get<double>())
+        << metric << " " << setting;
+    const bool past = json.contains("noise_scale") && point["global_batch"].get<double>() > json["noise_scale"];
+    EXPECT_EQ(svg.substr(circle, svg.find("/>", circle) - circle).find("data-past-noise-scale=\"true\"") !=
+                  std::string::npos,
+              past)
+        << metric << " " << setting;
+  }
+}
+
 TEST(Sweep, ThePlotsAreWellFormedAndHoldTheNumbersOfTheJson) {
   const Sweep sweep =
       sweep_of({parse_sweep_axis("microbatches=4,8,16"), parse_sweep_axis("recompute=none,full")});
@@ -66,19 +92,33 @@ TEST(Sweep, ThePlotsAreWellFormedAndHoldTheNumbersOfTheJson) {
   const nlohmann::json json = nlohmann::json::parse(sweep_json(sweep));
   ASSERT_EQ(json["points"].size(), 6u);
   for (const char* metric : {"step_time_s", "bubble_ratio", "peak_memory_bytes", "tokens_per_s"}) {
-    const std::size_t plot = svg.find(std::string("data-metric=\"") + metric + "\"");
-    ASSERT_NE(plot, std::string::npos) << metric;
-    // Each point's value is somewhere in this plot, exactly as the JSON has it.
-    const std::size_t end = svg.find("</g>", plot);
-    for (const auto& point : json["points"]) {
-      const std::string setting = point["microbatches"].get<std::string>() + "," + point["recompute"].get<std::string>();
-      const std::size_t circle = svg.find("data-setting=\"" + setting + "\"", plot);
-      ASSERT_LT(circle, end) << metric << " " << setting;
-      const std::size_t value = svg.find("data-value=\"", circle) + 12;
-      EXPECT_EQ(std::stod(svg.substr(value, svg.find('"', value) - value)), point[metric].get<double>())
-          << metric << " " << setting;
-    }
+    expect_plot_holds_the_json(svg, json, metric, {"microbatches", "recompute"});
   }
+  EXPECT_EQ(svg.find("samples_over_minimum"), std::string::npos);  // no noise scale, no factors
+}
+
+// With a noise scale the factors are plotted too, against the first axis,
+// a line per value of the second; in every plot the points past B_noise =
+// 32 are ringed.
+TEST(Sweep, WithANoiseScaleThePlotsHoldTheSamplesAndStepsOverTheMinimum) {
+  const SweepRequest request{
+      {}, {parse_sweep_axis("global-batch=8,32,128"), parse_sweep_axis("recompute=none,full")}, LrRule::kSqrt, {}, 32.0};
+  const Sweep sweep = run_sweep(kConfig, request);
+  const std::string svg = sweep_svg(sweep);
+  EXPECT_EQ(testing::XmlCheck(svg).run(), "");
+  const nlohmann::json json = nlohmann::json::parse(sweep_json(sweep));
+  ASSERT_EQ(json["points"].size(), 6u);
+  for (const char* metric : {"step_time_s", "bubble_ratio", "peak_memory_bytes", "tokens_per_s",
+                             "samples_over_minimum", "steps_over_minimum"}) {
+    expect_plot_holds_the_json(svg, json, metric, {"global-batch", "recompute"});
+  }
+  EXPECT_EQ(json["points"][4]["samples_over_minimum"], 5.0);  // 1 + 128 / 32
+  EXPECT_EQ(json["points"][0]["steps_over_minimum"], 5.0);    // 1 + 32 / 8
+  // Six plots × two lines × the one batch past 32, each ringed once.
+  std::size_t rings = 0;
+  for (std::size_t at = svg.find("r=\"6\""); at != std::string::npos; at = svg.find("r=\"6\"", at + 1)) ++rings;
+  EXPECT_EQ(rings, 6 * 2 * 1 + 1);  // and the legend's
+  EXPECT_NE(svg.find("past the noise scale B_simple = 32 sequences"), std::string::npos);
 }
 
 TEST(Sweep, AScheduleMayNameItsVirtualStages) {

@@ -670,6 +670,40 @@ TEST(SimulateMemory, PeakIsModelStatesPlusActivationsPlusBuffersOfTheRanksStages
   EXPECT_DOUBLE_EQ(rank0.peak_memory_bytes, 4000 + 40 + 4);
 }
 
+// What a search checks before it simulates: the peak from the action lists
+// alone equals simulate()'s, bit for bit, for every training schedule,
+// compute-only and lowered, with uneven per-stage memory and working bytes,
+// under durations that make ranks wait.
+TEST(SimulateMemory, ThePeakWithoutExecutingIsSimulatesPeak) {
+  for (const ScheduleInfo& info : list_schedules()) {
+    if (info.inference) continue;
+    const Schedule compute_only = make_schedule(info.name, 3, 7, info.takes_virtual ? 2 : 1);
+    for (const Schedule& schedule : {compute_only, insert_send_recv(compute_only)}) {
+      SimulationCosts costs = uniform_costs(schedule, {1.3, 0.7, 0.4});
+      for (int s = 0; s < schedule.num_stages(); ++s) {
+        StageCosts& stage = costs.stages[static_cast<std::size_t>(s)];
+        stage.activation_bytes = 1e6 * (s + 1);
+        stage.weight_gradient_bytes = 3e5 * (s + 2);
+        stage.forward_working_bytes = 7e5 * (s % 2);
+        stage.backward_working_bytes = 9e5;
+        stage.model_state_bytes = 1e9 + s;
+        stage.comm_buffer_bytes = 1e3 * s;
+      }
+      const SimulationResult r = simulate(schedule, costs);
+      for (int rank = 0; rank < schedule.num_ranks(); ++rank) {
+        EXPECT_EQ(peak_memory_bytes(schedule, costs, RankId(rank)),
+                  r.ranks[static_cast<std::size_t>(rank)].peak_memory_bytes)
+            << info.name << (schedule.has_communication() ? " lowered" : "") << " rank " << rank;
+      }
+    }
+  }
+  const Schedule schedule = make_1f1b(2, 2);
+  SimulationCosts costs = uniform_costs(schedule);
+  costs.stages.pop_back();
+  EXPECT_EQ(error_of([&] { peak_memory_bytes(schedule, costs, RankId(0)); }),
+            "simulation costs give 1 stages but schedule 1f1b has 2: give one StageCosts per stage");
+}
+
 TEST(SimulateErrors, StageCountNegativeCostsAndDeadlocksAreNamed) {
   const Schedule schedule = make_1f1b(2, 2);
   SimulationCosts costs = uniform_costs(schedule);

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <compare>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -31,6 +33,8 @@ struct ParallelConfig {
   // et al. 2021 §4.1): each rank sends 1/t of the message. Implied by
   // sequence parallelism, whose activations are already split.
   bool scatter_gather = false;
+
+  friend auto operator<=>(const ParallelConfig&, const ParallelConfig&) = default;
 };
 
 enum class LayerKind { kEmbedding, kBlock, kHead };

@@ -26,15 +26,18 @@ struct PlanRequest {
   // Every stage's predicted peak memory must stay within this share of the
   // device's memory (the course's rule: 0.8).
   double memory_fraction = 0.8;
-  // Partition methods tried for every layout.
-  std::vector<PartitionMethod> partitions = {PartitionMethod{PartitionMethod::Kind::kParameters, {}, {}}};
+  // Partition methods tried for every layout, in order: a layout a method
+  // cuts as an earlier one did is that layout again (kSameCut).
+  std::vector<PartitionMethod> partitions = {PartitionMethod{PartitionMethod::Kind::kParameters, {}, {}},
+                                             PartitionMethod{PartitionMethod::Kind::kBalanced, {}, {}}};
   // The most model chunks per rank tried for schedules that take --virtual.
   int max_virtual = 4;
   // Only these schedules (registry names) and recompute modes; empty: all.
   // An export to a framework that runs fewer of them searches within them.
   std::vector<std::string> schedules;
   std::vector<Recompute> recomputes;
-  // Called after each candidate simulated: (simulated so far, queued in all).
+  // Called after each queued candidate is checked (and, if it fits,
+  // simulated): (checked so far, queued in all).
   std::function<void(std::int64_t, std::int64_t)> progress;
 };
 
@@ -60,20 +63,20 @@ enum class RejectReason {
   kTooFewLayers,      // p · v stages for fewer pipeline layers
   kSchedule,          // the schedule's constraints reject (p, m, v)
   kOutOfMemory,       // a rank's peak (or its model states alone) over memory_fraction × memory
+  kSameCut,           // an earlier partition method cuts the same stages: listed once
 };
-inline constexpr int kRejectReasons = 5;
+inline constexpr int kRejectReasons = 6;
 std::string_view to_string(RejectReason reason);  // "indivisible batch", ...
 
 struct PlanResult {
   std::vector<PlanCandidate> best;  // at most top_k, best first
   std::int64_t candidates = 0;      // every combination enumerated
-  std::int64_t simulated = 0;
-  std::int64_t fitting = 0;         // simulated and within the memory limit
+  std::int64_t simulated = 0;       // each within the memory limit (checked first)
   // Skipped by the bound: their lower bound on the step time exceeded the
   // top_k-th best step time already simulated (see plan_layouts).
   std::int64_t pruned = 0;
   std::int64_t rejected[kRejectReasons] = {};
-  // candidates = Σ rejected + fitting + pruned.
+  // candidates = Σ rejected + simulated + pruned.
 };
 
 // Searches every dp × tp × pp = devices (t within a node, dividing the
@@ -86,20 +89,29 @@ struct PlanResult {
 // candidate that fits is simulated; ranked by step time, ties by headroom,
 // then by enumeration order (the schedule registry's: simplest first).
 //
-// Two bounds, both provable, skip work without changing the answer:
+// Work is skipped, never a candidate that could rank:
 //   memory   a rank's model states alone over the limit: out of memory
-//            without simulating (its peak is at least its model states);
+//            before its schedule is made (a peak is at least the model
+//            states); the rest have their ranks' peaks walked from the
+//            schedule's action lists, exactly the peaks simulate() reports
+//            (peak_memory_bytes: memory follows the order of actions, not
+//            their times), and only those that fit are simulated;
 //   time     the simulated step is at least, on every rank r, the forwards
 //            of stages 0 .. r − 1 (r's first stage waits for them), its
 //            compute (m · Σ of its stages' F + B) and its all-reduce and
 //            optimizer step, which the simulator runs after its last action;
 //            candidates are simulated in increasing order of that bound and
-//            the search stops when it exceeds the top_k-th best step found.
+//            the search stops when it exceeds the top_k-th best step found;
+//   sharing  the costs are priced once per layout, placement and chunk count
+//            (every schedule of that shape shares them), from the shape of
+//            the schedule alone, and the layers are cut (layout_partition)
+//            once per micro-batch size, tensor parallelism, recompute,
+//            partition method and stage count.
 // Throws Error when no layout fits, naming the rejection counts.
 PlanResult plan_layouts(const PlanRequest& request);
 
-// The same search without the time bound: every candidate that passes the
-// memory bound is simulated (what the tests compare plan_layouts with).
+// The same search without the time bound: every candidate that fits is
+// simulated (what the tests compare plan_layouts with).
 PlanResult plan_layouts_exhaustively(const PlanRequest& request);
 
 // `pipeflow plan --inference`: how many stages (one device each) the setup

@@ -73,6 +73,9 @@ struct SweepPoint {
   double peak_memory_bytes = 0;      // the largest rank's
   double peak_activation_bytes = 0;  // the largest rank's activations and weight gradients held at its peak
   double tokens_per_s = 0;
+  // With the sweep's noise scale: batch_efficiency at global_batch.
+  double samples_over_minimum = 0;
+  double steps_over_minimum = 0;
   std::optional<MeasuredPoint> measured;  // trained sweeps
 };
 
@@ -112,10 +115,13 @@ std::string sweep_json(const Sweep& sweep);
 // Plots side by side against the first axis, one line per value of the
 // second: step time, bubble, peak memory (trained: peak activations) and
 // tokens/s, the predicted line solid and, trained, the measured one dashed
-// beside it; trained, loss against tokens seen with one line per point.
-// Every plotted number is a <circle> whose data-value is the JSON's number
-// (data-series "predicted" or "measured"; the loss plot's also carry
-// data-tokens).
+// beside it; trained, loss against tokens seen with one line per point;
+// with a noise scale, the samples and the steps over their minimum with a
+// dashed line at 2 (where B = B_noise), and in every plot a black ring round
+// each predicted point past the noise scale. Every plotted number is a <circle> whose data-value is
+// the JSON's number (data-series "predicted", "measured" or, for the
+// factors, "formula"; the loss plot's also carry data-tokens, the points
+// past the noise scale data-past-noise-scale="true").
 std::string sweep_svg(const Sweep& sweep);
 
 }  // namespace pipeflow

@@ -124,6 +124,17 @@ struct LayoutCosts {
 // be the layout's (layout_schedule) or have its ranks and stages.
 LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule);
 
+// The cut layout_costs makes: the layout's pipeline layers into
+// schedule.num_stages() stages by its partition method. It depends on the
+// model, the hardware, parallel_config(layout), the method and the stage
+// count only.
+Partition layout_partition(const Layout& layout, const Schedule& schedule);
+
+// layout_costs with the cut given: layout_partition(layout, schedule)'s, or
+// that of a layout equal in what the cut depends on (a search prices many
+// layouts that share a cut, and makes each cut once).
+LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule, Partition partition);
+
 // The schedule of the layout: its schedule file's as written (compute-only
 // or lowered), else the compute-only one of its generator with p ranks, m
 // micro-batches and v chunks per rank.

@@ -195,6 +195,12 @@ struct SimulateOptions {
 // Thread safety: a pure function of its arguments.
 SimulationResult simulate(const Schedule& schedule, const SimulationCosts& costs, SimulateOptions options = {});
 
+// A rank's peak memory as simulate() reports it (RankResult::
+// peak_memory_bytes) without executing the schedule: the memory walk above
+// follows the order of the rank's actions, not their times. What a search
+// checks before it simulates. Throws Error for costs simulate() rejects.
+double peak_memory_bytes(const Schedule& schedule, const SimulationCosts& costs, RankId rank);
+
 // The ExecutionCosts simulate() hands to execute(): exposed so the runtime and
 // the trace can time a schedule with exactly the simulator's costs. The
 // result refers to `schedule` and `costs`, which must outlive it.
