@@ -60,8 +60,7 @@ std::vector<RankUsage> rank_usage(const Timeline& timeline) {
         case EventCategory::kAllreduce:
         case EventCategory::kOptimizer:
         case EventCategory::kOther:
-          u.flush_s += e->duration_s;
-          break;
+          break;  // flush: below, where it is not under another event
       }
     }
     const double cool_down = std::max(last_forward_end, first_backward);
@@ -75,6 +74,20 @@ std::vector<RankUsage> rank_usage(const Timeline& timeline) {
       u.drain_s += drain;
       u.stall_s += (to - from) - fill - drain;
     };
+    // A flush event counts where no action runs beside it (a data-parallel
+    // reduction posted while the rank still computes), so the figures add up.
+    const auto is_flush = [](const TraceEvent* e) {
+      return e->category == EventCategory::kAllreduce || e->category == EventCategory::kOptimizer ||
+             e->category == EventCategory::kOther;
+    };
+    for (const TraceEvent* flush : events) {
+      if (!is_flush(flush)) continue;
+      u.flush_s += flush->duration_s;
+      for (const TraceEvent* e : events) {
+        if (is_flush(e)) continue;
+        u.flush_s -= std::max(0.0, std::min(flush->end_s(), e->end_s()) - std::max(flush->start_s, e->start_s));
+      }
+    }
     for (const TraceEvent* e : events) {
       add_gap(cursor, e->start_s);
       if (e->category == EventCategory::kWait) add_gap(std::max(cursor, e->start_s), e->end_s());

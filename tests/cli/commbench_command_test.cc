@@ -34,16 +34,19 @@ void expect_rows(const nlohmann::json& rows, std::int64_t max_bytes, double bus_
 TEST(CommbenchCommand, TwoProcessesGiveNcclTestsRowsAndAProfileThatSimulateReads) {
   const std::string dir = make_temp_dir();
   const std::string profile_path = dir + "/link.json";
+  // Up to 16 MiB (some 3 ms one way here), so that a loaded machine's pause
+  // in the 1 KiB rounds cannot make them slower than the largest message,
+  // which --save-hardware refuses.
   const CommandResult r = run_mpirun(
-      2, "commbench --json --max-bytes 1M --iters 3 --warmup 1 --save-hardware " + profile_path);
+      2, "commbench --json --max-bytes 16M --iters 3 --warmup 1 --save-hardware " + profile_path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json json = nlohmann::json::parse(r.out);  // rank 0 alone prints
   EXPECT_EQ(json.at("processes"), 2);
   EXPECT_EQ(json.at("hosts"), 1);
   EXPECT_EQ(json.at("iters"), 3);
-  expect_rows(json.at("p2p"), 1 << 20, 1.0, "p2p");
-  expect_rows(json.at("baseline"), 1 << 20, 1.0, "baseline");
-  expect_rows(json.at("all_reduce"), 1 << 20, 2.0 * (2 - 1) / 2, "all_reduce");
+  expect_rows(json.at("p2p"), 1 << 24, 1.0, "p2p");
+  expect_rows(json.at("baseline"), 1 << 24, 1.0, "baseline");
+  expect_rows(json.at("all_reduce"), 1 << 24, 2.0 * (2 - 1) / 2, "all_reduce");
 
   // The one link is within the machine: latency = the 1 KiB one-way time,
   // bandwidth = 1 MiB / (its time − latency); the inter-node figures stay cpu's.
@@ -53,7 +56,7 @@ TEST(CommbenchCommand, TwoProcessesGiveNcclTestsRowsAndAProfileThatSimulateReads
   const double last_s = json["p2p"].back().at("time_us").get<double>() * 1e-6;
   EXPECT_EQ(profile.name, "cpu-commbench");
   EXPECT_NEAR(profile.intra_node_latency_s, first_s, 1e-12 * first_s);
-  EXPECT_NEAR(profile.intra_node_bandwidth_bytes_per_s, (1 << 20) / (last_s - first_s),
+  EXPECT_NEAR(profile.intra_node_bandwidth_bytes_per_s, (1 << 24) / (last_s - first_s),
               1e-9 * profile.intra_node_bandwidth_bytes_per_s);
   EXPECT_EQ(profile.inter_node_latency_s, cpu.inter_node_latency_s);
   EXPECT_EQ(profile.inter_node_bandwidth_bytes_per_s, cpu.inter_node_bandwidth_bytes_per_s);

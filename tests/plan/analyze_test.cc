@@ -94,6 +94,27 @@ TEST(Analyze, ReadsATraceOfAnotherProgramWhoseEventsArePyTorchActionNames) {
   EXPECT_NEAR(a.ranks[0].fill_s, 54e-6, 1e-15);   // rank 0 waits 0F0's end to 0B0's start
 }
 
+// pipeflow's own trace under MPI with data parallelism: a stage's reduction
+// is posted while the rank still computes another stage; only its part
+// after the compute counts as flush, so busy + flush + idle is the step.
+TEST(Analyze, AReductionPostedDuringComputeCountsAsFlushOnlyWhereNothingElseRuns) {
+  TraceInput input;
+  input.source = "trace.json";
+  input.timeline = read_chrome_trace(R"({"traceEvents": [
+      {"name": "0F0", "cat": "forward", "ph": "X", "pid": 0, "tid": 0, "ts": 0, "dur": 10},
+      {"name": "2B0", "cat": "backward", "ph": "X", "pid": 0, "tid": 0, "ts": 10, "dur": 20},
+      {"name": "data-parallel reduction stage 2", "cat": "allreduce", "ph": "X", "pid": 0, "tid": 0, "ts": 30,
+       "dur": 25},
+      {"name": "0B0", "cat": "backward", "ph": "X", "pid": 0, "tid": 0, "ts": 30, "dur": 20},
+      {"name": "optimizer stage 0", "cat": "optimizer", "ph": "X", "pid": 0, "tid": 0, "ts": 55, "dur": 5}]})",
+                                     input.source);
+  const Analysis a = analyze(input);
+  EXPECT_DOUBLE_EQ(a.step_s, 60e-6);
+  EXPECT_NEAR(a.ranks[0].busy_s, 50e-6, 1e-15);
+  EXPECT_NEAR(a.ranks[0].flush_s, 10e-6, 1e-15);  // 5 µs of the reduction after 0B0, and the optimizer
+  EXPECT_NEAR(a.ranks[0].idle_s, 0, 1e-15);
+}
+
 TEST(Analyze, ASlowStageIsNamedFirstWithTheGainOfTheRebalancedPartition) {
   // gpt2-124m has 14 pipeline layers: stage 1 gets 6 blocks, the others 2 or 3 layers.
   const Analysis a = analyze(simulated_trace(config_of(R"({

@@ -43,7 +43,7 @@ struct RankUsage {
   double busy_s = 0;   // F, B, I, W
   double comm_s = 0;   // send and receive events (the rank held by a transfer)
   double wait_s = 0;   // wait events: a send or receive waiting for its partner
-  double flush_s = 0;  // the data-parallel all-reduce and the optimizer step
+  double flush_s = 0;  // the data-parallel reduction (where no earlier event covers it) and the optimizer step
   double idle_s = 0;   // no event
   // Idle and waits by phase: the warm-up runs until the rank's first backward (B or
   // I) starts, the cool-down from its last forward's end; between them is
