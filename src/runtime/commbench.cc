@@ -373,7 +373,8 @@ std::string commbench_text(const CommbenchResult& result) {
       "p2p: ping-pong between neighbouring pipeline ranks r <-> r+1 through pipeflow's MPI transport "
       "(MPI_Isend/MPI_Irecv, polled), time one way, busbw = algbw\n"
       "baseline: the same ping-pong with blocking MPI_Send/MPI_Recv, interleaved round by round\n"
-      "all-reduce: a float sum over every process (MPI_Iallreduce in 16 MiB buckets), busbw = algbw x 2(n-1)/n\n",
+      "all-reduce: a float sum over every process (reduce-scatter then all-gather in 16 MiB buckets, the "
+      "data-parallel gradient path), busbw = algbw x 2(n-1)/n\n",
       format_count(result.processes, "process", "processes"), format_count(result.hosts, "host"),
       result.options.iters, result.options.warmup);
   TextTable table({"size", "p2p us", "p2p GB/s", "wrong", "baseline us", "baseline GB/s", "wrong", "p2p/baseline",
