@@ -140,7 +140,8 @@ TEST_F(GenerateCommand, BadInputIsAnErrorNamingTheRule) {
 
 // Greedy: 2 and 4 processes, 1 and 2 groups of sequences, give the tokens of
 // one stage in one process, which are the library's generation without a
-// cache (nn::generate), for every prompt.
+// cache (nn::generate), for every prompt; sampled, 3 processes give those of
+// one stage.
 TEST_F(GenerateCommand, UnderMpirunEveryLayoutGivesTheUnpipelinedTokens) {
   const std::string base =
       "generate --weights " + weights_ + " --prompts " + prompts_file() + " --max-new-tokens 10 --json";
@@ -176,6 +177,14 @@ TEST_F(GenerateCommand, UnderMpirunEveryLayoutGivesTheUnpipelinedTokens) {
       EXPECT_EQ(json["new_tokens"].get<int>(), 40);
     }
   }
+  // Sampled: each prompt's own generator on the last stage, wherever that runs.
+  const std::string sampled = base + " --temperature 0.8 --top-k 20 --seed 3";
+  const CommandResult one = run_pipeflow(sampled);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const CommandResult three = run_mpirun(3, sampled + " --microbatches 3");
+  ASSERT_EQ(three.exit_code, 0) << three.err;
+  EXPECT_EQ(tokens_of(three.out), tokens_of(one.out));
+  EXPECT_NE(tokens_of(one.out), expected);
 }
 
 TEST_F(GenerateCommand, UnderMpirunOnePromptStreamsOnRankZeroAlone) {
