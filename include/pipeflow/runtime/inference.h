@@ -60,7 +60,7 @@ struct InferenceResult {
 };
 
 // Autoregressive generation through a pipeline of stages on persistent
-// threads, in-process: each stage holds a contiguous range of layers and a
+// threads in one process, or one stage per process under mpirun: each stage holds a contiguous range of layers and a
 // key/value cache for its blocks, preallocated for the model's context and
 // every sequence of a call (its bytes in the stage's memory account).
 //
@@ -78,7 +78,6 @@ struct InferenceResult {
 // keys: activations and tokens are kActivation messages, micro-batch id
 // step · m + group.
 //
-// Thread safety: one thread calls generate at a time.
 // Under mpirun (an MpiGroups of p pipeline ranks given): this process runs
 // stage MpiGroups::pipeline_rank() alone, on the calling thread (mpirun binds
 // the process to its core), loading only its layers from the weights, and
@@ -89,6 +88,8 @@ struct InferenceResult {
 // tokens and every stage's figures (gathered); another process's holds the
 // figures alone. A process whose wait fails ends the job
 // (MpiWorld::fail_job): a peer cannot be told to stop half way.
+//
+// Thread safety: one thread calls generate at a time.
 class InferencePipeline {
  public:
   // DeepSpeed's `parameters`, pipeflow's default partition everywhere.
