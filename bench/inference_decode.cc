@@ -11,7 +11,8 @@
 // 2. Cached decode against recomputing the whole prefix: the time of one new
 //    token at prefix lengths 32, 128 and the full context, with the KV cache
 //    (Stage::forward_cached of one row) and without (Stage::logits of the
-//    whole prefix, as nn::generate does); the ratio, median of `--repeats`.
+//    whole prefix, as nn::generate does); the ratio, median of `--repeats`
+//    (0: skipped).
 //
 //   bench_inference_decode [--stages 2 --microbatches 2 --sequences 16 --prompt 16 --new-tokens 48
 //                           --layers 8 --heads 8 --width 512 --context 128 --rounds 7
@@ -164,6 +165,6 @@ void cached_against_recomputed(const Options& o) {
 int main(int argc, char** argv) {
   const Options options = parse(argc, argv);
   pipelined_decode(options);
-  cached_against_recomputed(options);
+  if (options.repeats > 0) cached_against_recomputed(options);
   return 0;
 }

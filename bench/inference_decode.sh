@@ -3,7 +3,11 @@
 # tokens/s with 2 stages on 2 threads and 2 groups of sequences against 1
 # stage on 1 thread, the same prompts, alternately; then one new token with
 # the KV cache against recomputing the prefix at 32, 128 and the full context.
-# The load average is printed around it: with other work on the cores the
+# Then what bounds the ratio: the work of cutting the sequences into 2 groups
+# on one thread; what two cores give, two single-thread copies at once (each
+# pinned to its core) against one alone; and the pipelined decode of the
+# smallest and the largest model measured (hand-offs against weight traffic).
+# The load average is printed around each: with other work on the cores the
 # pipelined run cannot get its two cores and the ratio says so.
 # Usage: bench/inference_decode.sh [build-dir]   (ROUNDS=... to change)
 set -euo pipefail
@@ -12,4 +16,19 @@ bench="$build_dir/bench/bench_inference_decode"
 need "$bench"
 load
 "$bench" --rounds "${ROUNDS:-7}"
+load
+echo "== grouping alone: 2 groups of 8 on one thread against 1 group of 16"
+"$bench" --rounds 3 --stages 1 --microbatches 2 --repeats 0 | grep -E "median|rounds"
+load
+echo "== two cores: the unpipelined run alone, then two copies at once (cores 0 and 1)"
+taskset -c 0 "$bench" --rounds 3 --stages 1 --microbatches 1 --repeats 0 | grep "1 stage, 1 group"
+taskset -c 0 "$bench" --rounds 3 --stages 1 --microbatches 1 --repeats 0 | grep "1 stage, 1 group" | sed 's/^/  core 0 beside core 1:/' &
+taskset -c 1 "$bench" --rounds 3 --stages 1 --microbatches 1 --repeats 0 | grep "1 stage, 1 group" | sed 's/^/  core 1 beside core 0:/'
+wait
+load
+echo "== smallest: 4 layers, width 128, 4 sequences"
+"$bench" --rounds 5 --layers 4 --width 128 --heads 4 --sequences 4 --repeats 0
+load
+echo "== largest: 8 layers, width 1024, 64 sequences (2 groups of 32)"
+"$bench" --rounds 3 --width 1024 --heads 16 --sequences 64 --new-tokens 16 --context 64 --repeats 0
 load

@@ -47,6 +47,9 @@ CLI::Validator non_negative_seed();
 // the whole job (MpiWorld::fail_job), so that no peer waits for it until its
 // timeout. ExitStatus passes through. (mpi_job.cc)
 void run_in_mpi_job(const std::function<void()>& body);
+// body(nullptr) in a process that mpirun did not start; under mpirun,
+// body(&world) in run_in_mpi_job, with MPI up for the body's life. (mpi_job.cc)
+void run_here_or_in_mpi_job(const std::function<void(const runtime::MpiWorld*)>& body);
 
 // Writes `text` to `path` atomically, or to standard output if `path` is empty.
 void write_output(const std::string& text, const std::string& path);

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,7 +11,9 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/core/units.h"
+#include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/runtime/inference.h"
+#include "pipeflow/runtime/mpi_world.h"
 
 namespace pipeflow::cli {
 namespace {
@@ -19,6 +22,7 @@ struct GenerateCommand {
   std::string weights;
   std::string prompt;
   std::string prompts_file;
+  bool from_file = false;  // --prompts given
   int stages = 1;
   int microbatches = 1;
   std::string partition = "parameters";
@@ -105,19 +109,73 @@ void print_report(const std::vector<std::string>& prompts, const runtime::Infere
   }
 }
 
+// Under mpirun: one stage per process, the text and the figures on world
+// rank 0 alone.
+void run(GenerateCommand& command, bool stages_given, const runtime::MpiWorld* mpi) {
+  const std::vector<std::string> texts = command.from_file ? read_prompts(command.prompts_file)
+                                                            : std::vector<std::string>{command.prompt};
+  std::vector<std::vector<std::int32_t>> tokens;
+  for (const std::string& text : texts) tokens.push_back(nn::encode_text(text));
+  const nn::SafetensorsFile weights = runtime::read_checkpoint(command.weights);
+  const PartitionMethod partition = parse_partition_method(command.partition);
+  std::optional<runtime::MpiGroups> processes;
+  std::optional<runtime::InferencePipeline> pipeline;
+  if (mpi != nullptr) {
+    if (stages_given && command.stages != mpi->size()) {
+      fail("--stages {} and mpirun -np {}: under mpirun each process runs one stage; give --stages {} or leave it "
+           "out",
+           command.stages, mpi->size(), mpi->size());
+    }
+    command.stages = mpi->size();
+    processes.emplace(*mpi, runtime::RankLayout{.pipeline = mpi->size(), .data_parallel = 1});
+    pipeline.emplace(weights, *processes, partition);
+  } else {
+    pipeline.emplace(weights, command.stages, partition);
+  }
+  const bool reporter = mpi == nullptr || mpi->rank() == 0;
+  runtime::InferenceOptions options{.microbatches = command.microbatches, .sampling = command.sampling};
+  // One prompt streams: its tokens are printed as they come.
+  const bool stream = reporter && texts.size() == 1 && !command.json;
+  if (stream) {
+    options.on_token = [prompt = one_line(texts[0])](const runtime::GeneratedToken& token) {
+      if (token.step == 0) fmt::print("{}", prompt);  // once the prompt has passed every check
+      fmt::print("{}", one_line(nn::decode_tokens(std::span(&token.token, 1))));
+      std::fflush(stdout);
+    };
+  }
+  const runtime::InferenceResult result = pipeline->generate(tokens, options);
+  if (!reporter) return;
+  if (command.json) {
+    fmt::print("{}\n", to_json(texts, result, command, pipeline->config())
+                           .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+    return;
+  }
+  if (stream) {
+    fmt::print("\n");
+  } else {
+    for (std::size_t i = 0; i < texts.size(); ++i) {
+      fmt::print("{}{}\n", one_line(texts[i]), one_line(nn::decode_tokens(result.tokens[i])));
+    }
+  }
+  print_report(texts, result, command, pipeline->config());
+}
+
 }  // namespace
 
 void add_generate_command(CLI::App& app) {
   auto command = std::make_shared<GenerateCommand>();
   CLI::App* sub = app.add_subcommand(
       "generate", "Continue prompts with a GPT-2 weights file: pipelined inference with a KV cache per stage");
-  sub->add_option("--weights", command->weights, "Weights (safetensors with the model shape in __metadata__)")
+  sub->add_option("--weights", command->weights,
+                  "Weights (safetensors with the model shape in __metadata__), or a checkpoint of train: a "
+                  "sharded step_N folder or its model.safetensors.index.json")
       ->required();
   auto* prompt = sub->add_option("--prompt", command->prompt,
                                  "Text to continue (byte-level; an empty prompt starts from a newline)");
   auto* prompts = sub->add_option("--prompts", command->prompts_file, "File of prompts, one a line");
   prompt->excludes(prompts);
-  sub->add_option("--stages", command->stages, "Pipeline stages (threads), each with its layers' KV cache")
+  sub->add_option("--stages", command->stages,
+                  "Pipeline stages (threads; under mpirun the processes), each with its layers' KV cache")
       ->capture_default_str();
   sub->add_option("--microbatches", command->microbatches,
                   "Groups of prompts circulating through the stages (at most the number of prompts)")
@@ -143,36 +201,9 @@ void add_generate_command(CLI::App& app) {
       fail("generate needs --prompt TEXT or --prompts FILE (one prompt a line)");
     }
     command->sampling.validate();
-    const std::vector<std::string> texts =
-        sub->count("--prompts") > 0 ? read_prompts(command->prompts_file) : std::vector<std::string>{command->prompt};
-    std::vector<std::vector<std::int32_t>> tokens;
-    for (const std::string& text : texts) tokens.push_back(nn::encode_text(text));
-    const nn::SafetensorsFile weights = nn::SafetensorsFile::read(command->weights);
-    runtime::InferencePipeline pipeline(weights, command->stages, parse_partition_method(command->partition));
-    runtime::InferenceOptions options{.microbatches = command->microbatches, .sampling = command->sampling};
-    // One prompt streams: its tokens are printed as the last stage samples them.
-    const bool stream = texts.size() == 1 && !command->json;
-    if (stream) {
-      options.on_token = [prompt = one_line(texts[0])](const runtime::GeneratedToken& token) {
-        if (token.step == 0) fmt::print("{}", prompt);  // once the prompt has passed every check
-        fmt::print("{}", one_line(nn::decode_tokens(std::span(&token.token, 1))));
-        std::fflush(stdout);
-      };
-    }
-    const runtime::InferenceResult result = pipeline.generate(tokens, options);
-    if (command->json) {
-      fmt::print("{}\n", to_json(texts, result, *command, pipeline.config())
-                             .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
-      return;
-    }
-    if (stream) {
-      fmt::print("\n");
-    } else {
-      for (std::size_t i = 0; i < texts.size(); ++i) {
-        fmt::print("{}{}\n", one_line(texts[i]), one_line(nn::decode_tokens(result.tokens[i])));
-      }
-    }
-    print_report(texts, result, *command, pipeline.config());
+    command->from_file = sub->count("--prompts") > 0;
+    const bool stages_given = sub->count("--stages") > 0;
+    run_here_or_in_mpi_job([&](const runtime::MpiWorld* mpi) { run(*command, stages_given, mpi); });
   });
 }
 

@@ -10,6 +10,7 @@
 #include "pipeflow/nn/batch.h"
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/runtime/batch_gradients.h"
+#include "pipeflow/runtime/checkpoint_search.h"
 
 namespace pipeflow::cli {
 namespace {
@@ -31,7 +32,9 @@ void add_grad_command(CLI::App& app) {
   auto command = std::make_shared<GradCommand>();
   CLI::App* sub = app.add_subcommand(
       "grad", "Loss and every gradient of one batch, unpipelined or through the pipeline runtime with a schedule");
-  sub->add_option("--weights", command->weights, "Weights (safetensors with the model shape in __metadata__)")
+  sub->add_option("--weights", command->weights,
+                  "Weights (safetensors with the model shape in __metadata__), or a checkpoint of train: a "
+                  "sharded step_N folder or its model.safetensors.index.json")
       ->required();
   sub->add_option("--batch", command->batch, "safetensors file with int32 tokens [B, T+1]")->required();
   sub->add_option("--out", command->out, "Gradients file to write (same names as the weights)")->required();
@@ -51,7 +54,7 @@ void add_grad_command(CLI::App& app) {
              command->out, flag, *input);
       }
     }
-    const nn::SafetensorsFile weights = nn::SafetensorsFile::read(command->weights);
+    const nn::SafetensorsFile weights = runtime::read_checkpoint(command->weights);
     const nn::GptConfig config = nn::read_config(weights);
     IntTensor tokens = nn::SafetensorsFile::read(command->batch).ints("tokens");
     nn::check_sequences(tokens);

@@ -15,4 +15,10 @@ void run_in_mpi_job(const std::function<void()>& body) {
   }
 }
 
+void run_here_or_in_mpi_job(const std::function<void(const runtime::MpiWorld*)>& body) {
+  if (!runtime::MpiWorld::launched_by_mpirun()) return body(nullptr);
+  const runtime::MpiWorld world;
+  run_in_mpi_job([&] { body(&world); });
+}
+
 }  // namespace pipeflow::cli

@@ -153,9 +153,7 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
 
 // Under mpirun, a process that fails ends the whole job (run_in_mpi_job).
 void run(const TrainCommand& c) {
-  if (!runtime::MpiWorld::launched_by_mpirun()) return run(c, nullptr);
-  const runtime::MpiWorld mpi;
-  run_in_mpi_job([&] { run(c, &mpi); });
+  run_here_or_in_mpi_job([&](const runtime::MpiWorld* mpi) { run(c, mpi); });
 }
 
 }  // namespace

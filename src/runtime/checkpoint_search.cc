@@ -31,6 +31,11 @@ std::optional<std::int64_t> steps_of(const std::filesystem::path& path, bool fol
   return steps;
 }
 
+// The folder of a sharded checkpoint's index file; any other path as it is.
+std::filesystem::path without_index(const std::filesystem::path& path) {
+  return path.filename() == nn::kSafetensorsIndex ? path.parent_path() : path;
+}
+
 bool is_sharded_checkpoint(const std::filesystem::path& dir) {
   return std::filesystem::exists(dir / nn::kSafetensorsIndex) || steps_of(dir, true).has_value();
 }
@@ -60,8 +65,7 @@ std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::
          path.string());
   }
   if (!std::filesystem::is_directory(path)) {
-    if (path.filename() == nn::kSafetensorsIndex) return {path.parent_path()};
-    return {path};
+    return {without_index(path)};
   }
   if (is_sharded_checkpoint(path)) return {path};
   std::vector<std::filesystem::path> found = checkpoints_in(path);
@@ -75,12 +79,14 @@ std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::
   return found;
 }
 
-nn::SafetensorsFile read_checkpoint(const std::filesystem::path& checkpoint) {
+nn::SafetensorsFile read_checkpoint(const std::filesystem::path& path) {
+  const std::filesystem::path checkpoint = without_index(path);
   return std::filesystem::is_directory(checkpoint) ? nn::read_sharded(checkpoint, nn::check_values)
                                                    : nn::SafetensorsFile::read(checkpoint);
 }
 
-nn::SafetensorsFile read_checkpoint_metadata(const std::filesystem::path& checkpoint) {
+nn::SafetensorsFile read_checkpoint_metadata(const std::filesystem::path& path) {
+  const std::filesystem::path checkpoint = without_index(path);
   return std::filesystem::is_directory(checkpoint) ? nn::read_sharded_metadata(checkpoint)
                                                    : nn::SafetensorsFile::read_metadata(checkpoint);
 }

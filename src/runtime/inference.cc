@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -10,6 +12,8 @@
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/runtime/in_process_transport.h"
+#include "pipeflow/runtime/mpi_transport.h"
+#include "pipeflow/runtime/mpi_world.h"
 #include "pipeflow/runtime/rank_threads.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/stage_partition.h"
@@ -49,24 +53,32 @@ void check_prompts(const std::vector<std::vector<std::int32_t>>& prompts, const 
 // stage, cache and busy time, the last rank alone the tokens.
 class Decode {
  public:
-  Decode(const std::vector<std::unique_ptr<nn::Stage>>& stages,
+  Decode(const std::vector<std::unique_ptr<nn::Stage>>& stages, const MpiGroups* processes,
          const std::vector<std::vector<std::int32_t>>& prompts, const InferenceOptions& options)
       : stages_(stages),
+        processes_(processes),
         prompts_(prompts),
         options_(options),
         p_(static_cast<int>(stages.size())),
         m_(options.microbatches),
+        collects_(processes != nullptr && p_ > 1),
         round_(make_schedule("inference", p_, m_)),
         timeout_(std::chrono::duration_cast<Clock::duration>(options.timeout)),
-        transport_(std::vector<int>(stages.size(), m_ + 1),
-                   p_ <= usable_cores() ? kHandoffSpin : std::chrono::nanoseconds(0)),
         busy_(stages.size(), 0.0) {
     const int sequences = static_cast<int>(prompts.size());
     for (int g = 0; g <= m_; ++g) first_.push_back(sequences * g / m_);
     for (const auto& stage : stages) {
       // A cache does not move (its tensor is charged to its own account): new
       // constructs it in place from make_kv_cache's result.
-      caches_.emplace_back(new nn::KvCache(stage->make_kv_cache(sequences)));
+      caches_.emplace_back(stage ? new nn::KvCache(stage->make_kv_cache(sequences)) : nullptr);
+    }
+    if (processes != nullptr) {
+      // Message ids run over every step (step · m + group).
+      transport_ = std::make_unique<MpiTransport>(processes->pipeline(), RankId(processes->pipeline_rank()), p_,
+                                                  m_ * options.sampling.new_tokens);
+    } else {
+      transport_ = std::make_unique<InProcessTransport>(
+          std::vector<int>(stages.size(), m_ + 1), p_ <= usable_cores() ? kHandoffSpin : std::chrono::nanoseconds(0));
     }
     result_.tokens.resize(prompts.size());
     for (int s = 0; s < sequences; ++s) rngs_.emplace_back(nn::derive_seed(options.sampling.seed, s));
@@ -90,7 +102,7 @@ class Decode {
                                                                           std::move(input));
         if (r + 1 < p_) {
           busy_[static_cast<std::size_t>(r)] += seconds_since(busy_from);
-          if (!wait(r, transport_.send(key(r, r + 1, step, g), std::move(out), deadline()), key(r, r + 1, step, g))) {
+          if (!wait(r, transport_->send(key(r, r + 1, step, g), std::move(out), deadline()), key(r, r + 1, step, g))) {
             return;
           }
           continue;
@@ -98,23 +110,53 @@ class Decode {
         Tensor tokens = sample(step, rows, out);
         busy_[static_cast<std::size_t>(r)] += seconds_since(busy_from);
         if (step == 0 && g == m_ - 1) result_.time_to_first_token_s = seconds_since(start);
-        if (p_ > 1 && step + 1 < options_.sampling.new_tokens &&
-            !wait(r, transport_.send(key(r, 0, step, g), std::move(tokens), deadline()), key(r, 0, step, g))) {
+        if (p_ > 1 && (step + 1 < options_.sampling.new_tokens || collects_) &&
+            !wait(r, transport_->send(key(r, 0, step, g), std::move(tokens), deadline()), key(r, 0, step, g))) {
           return;
         }
       }
     }
+    if (r == 0 && collects_) {  // the last step's tokens, which no stage forwards
+      for (int g = 0; g < m_; ++g) {
+        Tensor tokens;
+        if (!receive_tokens(options_.sampling.new_tokens - 1, g, tokens)) return;
+      }
+    }
+    if (transport_->complete_sends(RankId(r), deadline()) == WaitStatus::kTimedOut) {
+      fail("rank {} waited {} s for its last messages to leave and gave up: another stage stalled", r,
+           options_.timeout.count());
+    }
   }
 
-  void abort() { transport_.abort(); }
+  void abort() { transport_->abort(); }
 
-  InferenceResult result(const std::vector<std::unique_ptr<nn::Stage>>& stages, double seconds) {
-    result_.seconds = seconds;
-    for (std::size_t i = 0; i < stages.size(); ++i) {
-      result_.stages.push_back({.layers = stages[i]->layers(),
+  // Under MPI every process calls it: the figures are gathered from all.
+  InferenceResult result(const std::vector<int>& boundaries, double seconds) {
+    const auto p = static_cast<std::size_t>(p_);
+    std::vector<double> kv_bytes(p, 0.0), seconds_of(p, seconds), first_token(p, result_.time_to_first_token_s);
+    for (std::size_t i = 0; i < p; ++i) {
+      if (caches_[i]) kv_bytes[i] = static_cast<double>(caches_[i]->memory().live_bytes());
+    }
+    if (processes_ != nullptr) {
+      const auto r = static_cast<std::size_t>(processes_->pipeline_rank());
+      const std::array<double, 4> mine{busy_[r], kv_bytes[r], result_.time_to_first_token_s, seconds};
+      const std::vector<double> all = MpiGroups::all_gather(processes_->world(), mine, deadline(),
+                                                            "every stage's figures of the generation");
+      for (std::size_t i = 0; i < p; ++i) {
+        busy_[i] = all[4 * i];
+        kv_bytes[i] = all[4 * i + 1];
+        first_token[i] = all[4 * i + 2];
+        seconds_of[i] = all[4 * i + 3];
+      }
+    }
+    // The last stage samples the first tokens; the slowest process ends the generation.
+    result_.time_to_first_token_s = first_token.back();
+    result_.seconds = *std::max_element(seconds_of.begin(), seconds_of.end());
+    for (std::size_t i = 0; i < p; ++i) {
+      result_.stages.push_back({.layers = {boundaries[i], boundaries[i + 1]},
                                 .busy_s = busy_[i],
-                                .busy_share = seconds > 0 ? busy_[i] / seconds : 0,
-                                .kv_cache_bytes = caches_[i]->memory().live_bytes()});
+                                .busy_share = result_.seconds > 0 ? busy_[i] / result_.seconds : 0,
+                                .kv_cache_bytes = static_cast<std::int64_t>(kv_bytes[i])});
     }
     return std::move(result_);
   }
@@ -144,8 +186,8 @@ class Decode {
     const int count = static_cast<int>(rows.counts.size());
     if (r > 0) {
       const MessageKey from = key(r - 1, r, step, g);
-      return wait(r, transport_.receive(from, Shape{1, rows.total(), stage.config().n_embd}, stage.allocator(),
-                                        deadline(), input.activation),
+      return wait(r, transport_->receive(from, Shape{1, rows.total(), stage.config().n_embd}, stage.allocator(),
+                                         deadline(), input.activation),
                   from);
     }
     input.tokens = IntTensor(Shape{1, rows.total()});
@@ -158,14 +200,31 @@ class Decode {
     } else if (p_ == 1) {
       for (int i = 0; i < count; ++i) input.tokens[i] = result_.tokens[static_cast<std::size_t>(begin + i)].back();
     } else {
-      const MessageKey from = key(p_ - 1, 0, step - 1, g);
       Tensor tokens;
-      if (!wait(r, transport_.receive(from, Shape{1, count}, stage.allocator(), deadline(), tokens), from)) {
-        return false;
-      }
+      if (!receive_tokens(step - 1, g, tokens)) return false;
       for (int i = 0; i < count; ++i) input.tokens[i] = static_cast<std::int32_t>(tokens[i]);
     }
     return true;
+  }
+
+  // On the first stage: the tokens the last stage sampled for group g at
+  // `step`; recorded and reported here when this process collects them.
+  bool receive_tokens(int step, int g, Tensor& tokens) {
+    const int begin = first_[static_cast<std::size_t>(g)];
+    const int count = first_[static_cast<std::size_t>(g) + 1] - begin;
+    const MessageKey from = key(p_ - 1, 0, step, g);
+    if (!wait(0, transport_->receive(from, Shape{1, count}, stages_.front()->allocator(), deadline(), tokens), from)) {
+      return false;
+    }
+    if (collects_) {
+      for (int i = 0; i < count; ++i) record(begin + i, step, static_cast<std::int32_t>(tokens[i]), {});
+    }
+    return true;
+  }
+
+  void record(int sequence, int step, std::int32_t token, std::span<const float> logits) {
+    result_.tokens[static_cast<std::size_t>(sequence)].push_back(token);
+    if (options_.on_token) options_.on_token({sequence, step, token, logits});
   }
 
   // On the last stage: one token per sequence from its logits row, recorded
@@ -178,23 +237,24 @@ class Decode {
       const int s = rows.first + static_cast<int>(i);
       const auto row = logits.span().subspan(i * vocab, vocab);
       const std::int32_t token = nn::sample_token(row, options_.sampling, rngs_[static_cast<std::size_t>(s)]);
-      result_.tokens[static_cast<std::size_t>(s)].push_back(token);
+      if (!collects_) record(s, step, token, row);
       tokens[static_cast<std::int64_t>(i)] = static_cast<float>(token);
-      if (options_.on_token) options_.on_token({s, step, token, row});
     }
     return tokens;
   }
 
-  const std::vector<std::unique_ptr<nn::Stage>>& stages_;
+  const std::vector<std::unique_ptr<nn::Stage>>& stages_;  // null: another process's
+  const MpiGroups* processes_;
   const std::vector<std::vector<std::int32_t>>& prompts_;
   const InferenceOptions& options_;
   const int p_;
   const int m_;
+  const bool collects_;  // under MPI, rank 0 records the tokens the last stage sends it
   const Schedule round_;
   const Clock::duration timeout_;
   std::vector<int> first_;  // group g holds sequences first_[g] … first_[g + 1] − 1
-  std::vector<std::unique_ptr<nn::KvCache>> caches_;
-  InProcessTransport transport_;
+  std::vector<std::unique_ptr<nn::KvCache>> caches_;  // null for another process's stage
+  std::unique_ptr<Transport> transport_;
   std::vector<double> busy_;
   std::vector<nn::Rng> rngs_;  // per sequence, used by the last rank only
   InferenceResult result_;
@@ -215,27 +275,42 @@ struct InferencePipeline::Workers {
 
 InferencePipeline::InferencePipeline(const nn::Stage& model, int stages, const PartitionMethod& partition)
     : config_(model.config()) {
-  if (stages < 1) fail("--stages {}: must be at least 1", stages);
-  start(partition_model(config_, stages, partition, 1, config_.context, hardware_preset("cpu")));
+  start(stages, partition);
   for (auto& stage : stages_) stage->copy_parameters_from(model);
 }
 
 InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, int stages,
                                      const PartitionMethod& partition)
     : config_(nn::read_config(weights)) {
-  if (stages < 1) fail("--stages {}: must be at least 1", stages);
-  start(partition_model(config_, stages, partition, 1, config_.context, hardware_preset("cpu")));
+  start(stages, partition);
   for (auto& stage : stages_) nn::load_parameters(*stage, weights);
+}
+
+InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, const MpiGroups& processes,
+                                     const PartitionMethod& partition)
+    : config_(nn::read_config(weights)), processes_(&processes) {
+  if (processes.layout().data_parallel != 1) {
+    fail("{} processes in pipelines of {}: generate runs one pipeline; start mpirun -np {}",
+         processes.layout().world_size(), processes.layout().pipeline, processes.layout().pipeline);
+  }
+  start(processes.layout().pipeline, partition);
+  nn::load_parameters(*stages_[static_cast<std::size_t>(processes.pipeline_rank())], weights);
 }
 
 InferencePipeline::~InferencePipeline() = default;
 
-void InferencePipeline::start(const std::vector<int>& boundaries) {
-  for (std::size_t i = 0; i + 1 < boundaries.size(); ++i) {
-    stages_.push_back(std::make_unique<nn::Stage>(config_, nn::LayerRange{boundaries[i], boundaries[i + 1]},
-                                                  nn::StageOptions{.name = fmt::format("stage {}", i)}));
+void InferencePipeline::start(int stages, const PartitionMethod& partition) {
+  if (stages < 1) fail("--stages {}: must be at least 1", stages);
+  boundaries_ = partition_model(config_, stages, partition, 1, config_.context, hardware_preset("cpu"));
+  for (int i = 0; i < stages; ++i) {
+    const bool here = processes_ == nullptr || processes_->pipeline_rank() == i;
+    const auto b = static_cast<std::size_t>(i);
+    stages_.push_back(here ? std::make_unique<nn::Stage>(config_, nn::LayerRange{boundaries_[b], boundaries_[b + 1]},
+                                                         nn::StageOptions{.name = fmt::format("stage {}", i)})
+                           : nullptr);
   }
-  workers_ = std::make_unique<Workers>(num_stages());
+  // Under MPI the one stage runs on the calling thread.
+  if (processes_ == nullptr) workers_ = std::make_unique<Workers>(num_stages());
 }
 
 InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::int32_t>>& prompts,
@@ -248,7 +323,20 @@ InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::i
          "one sequence",
          options.microbatches, sequences);
   }
-  Decode decode(stages_, prompts, options);
+  Decode decode(stages_, processes_, prompts, options);
+  if (processes_ != nullptr) {
+    // Every process starts together: the loading of weights is not the generation's time.
+    MpiGroups::all_gather(processes_->world(), std::array<double, 1>{0.0}, deadline_after(options.timeout),
+                          "the start of the generation");
+    const Clock::time_point start = Clock::now();
+    try {
+      decode.run_rank(processes_->pipeline_rank(), start);
+    } catch (const std::exception& error) {
+      // Transfers of this process may still be under way: end the job from here.
+      MpiWorld::fail_job(error.what());
+    }
+    return decode.result(boundaries_, seconds_since(start));
+  }
   std::mutex error_mutex;
   std::exception_ptr error;
   const Clock::time_point start = Clock::now();
@@ -262,7 +350,7 @@ InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::i
     }
   });
   if (error) std::rethrow_exception(error);
-  return decode.result(stages_, seconds_since(start));
+  return decode.result(boundaries_, seconds_since(start));
 }
 
 }  // namespace pipeflow::runtime

@@ -1,5 +1,8 @@
 // pipeflow generate, end to end: the tokens the pipeline prints are the
-// library's unpipelined, uncached generation from the same weights file.
+// library's unpipelined, uncached generation from the same weights file, in
+// one process and under mpirun (one stage per process, rank 0 alone
+// printing); and generate and grad read a sharded checkpoint folder (as
+// train under mpirun writes it) as --weights.
 
 #include <gtest/gtest.h>
 
@@ -15,6 +18,25 @@
 
 namespace pipeflow::testing {
 namespace {
+
+std::vector<std::vector<std::int32_t>> tokens_of(const std::string& json_text) {
+  const nlohmann::json json = nlohmann::json::parse(json_text);
+  std::vector<std::vector<std::int32_t>> tokens;
+  for (const auto& output : json.at("outputs")) {
+    tokens.push_back(output["tokens"].get<std::vector<std::int32_t>>());
+  }
+  return tokens;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  for (std::size_t begin = 0; begin < text.size();) {
+    const std::size_t end = text.find('\n', begin);
+    lines.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return lines;
+}
 
 class GenerateCommand : public ::testing::Test {
  protected:
@@ -32,6 +54,13 @@ class GenerateCommand : public ::testing::Test {
     nn::Stage model(config, nn::all_layers(config));
     nn::load_parameters(model, file);
     return nn::generate(model, nn::encode_text(prompt), {.new_tokens = new_tokens});
+  }
+
+  // Four prompts, one of them empty.
+  std::string prompts_file() const {
+    const std::string path = dir_ + "/four.txt";
+    write_file_atomic(path, "hello\n\nthe cat\nab\n");
+    return path;
   }
 
   std::string dir_;
@@ -69,12 +98,7 @@ TEST_F(GenerateCommand, TextStreamsThePromptAndContinuationOnTheFirstLine) {
       run_pipeflow("generate --weights " + weights_ + " --prompt hello --stages 3 --partition uniform "
                    "--max-new-tokens 6");
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  std::vector<std::string> lines;
-  for (std::size_t begin = 0; begin < result.out.size();) {
-    const std::size_t end = result.out.find('\n', begin);
-    lines.push_back(result.out.substr(begin, end - begin));
-    begin = end + 1;
-  }
+  const std::vector<std::string> lines = lines_of(result.out);
   // The text, tokens/s, time to first token, one line per stage.
   ASSERT_EQ(lines.size(), 3U + 3U) << result.out;
   EXPECT_TRUE(lines[0].starts_with("hello")) << lines[0];
@@ -112,6 +136,147 @@ TEST_F(GenerateCommand, BadInputIsAnErrorNamingTheRule) {
   EXPECT_EQ(vocab.exit_code, 1);
   EXPECT_EQ(vocab.err, "pipeflow: error: prompt 0: token 104 at position 0 is outside the vocabulary [0, 64) of the "
                        "model\n");
+}
+
+// Greedy: 2 and 4 processes, 1 and 2 groups of sequences, give the tokens of
+// one stage in one process, which are the library's generation without a
+// cache (nn::generate), for every prompt; sampled, 3 processes give those of
+// one stage.
+TEST_F(GenerateCommand, UnderMpirunEveryLayoutGivesTheUnpipelinedTokens) {
+  const std::string base =
+      "generate --weights " + weights_ + " --prompts " + prompts_file() + " --max-new-tokens 10 --json";
+  const CommandResult unpipelined = run_pipeflow(base);
+  ASSERT_EQ(unpipelined.exit_code, 0) << unpipelined.err;
+  const auto expected = tokens_of(unpipelined.out);
+  const std::vector<std::string> prompts = {"hello", "", "the cat", "ab"};
+  ASSERT_EQ(expected.size(), prompts.size());
+  for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(expected[i], this->expected(prompts[i], 10)) << i;
+  for (const int processes : {2, 4}) {
+    for (const int microbatches : {1, 2}) {
+      const CommandResult result =
+          run_mpirun(processes, base + " --microbatches " + std::to_string(microbatches));
+      ASSERT_EQ(result.exit_code, 0) << "np " << processes << ", M " << microbatches << "\n" << result.err;
+      // Rank 0 alone prints: one JSON object.
+      const auto json = nlohmann::json::parse(result.out);
+      EXPECT_EQ(tokens_of(result.out), expected) << "np " << processes << ", M " << microbatches;
+      // Every stage's layers and cache as the same stages in one process have them.
+      const CommandResult threads = run_pipeflow(base + " --stages " + std::to_string(processes));
+      ASSERT_EQ(threads.exit_code, 0) << threads.err;
+      const auto in_process = nlohmann::json::parse(threads.out);
+      ASSERT_EQ(json["stages"].size(), static_cast<std::size_t>(processes));
+      for (std::size_t r = 0; r < json["stages"].size(); ++r) {
+        auto stage = json["stages"][r];
+        auto same = in_process["stages"][r];
+        EXPECT_GT(stage["busy_share"].get<double>(), 0) << r;
+        EXPECT_LE(stage["busy_share"].get<double>(), 1) << r;
+        stage.erase("busy_share");
+        same.erase("busy_share");
+        EXPECT_EQ(stage, same) << r;
+      }
+      EXPECT_GT(json["time_to_first_token_s"].get<double>(), 0);
+      EXPECT_EQ(json["new_tokens"].get<int>(), 40);
+    }
+  }
+  // Sampled: each prompt's own generator on the last stage, wherever that runs.
+  const std::string sampled = base + " --temperature 0.8 --top-k 20 --seed 3";
+  const CommandResult one = run_pipeflow(sampled);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const CommandResult three = run_mpirun(3, sampled + " --microbatches 3");
+  ASSERT_EQ(three.exit_code, 0) << three.err;
+  EXPECT_EQ(tokens_of(three.out), tokens_of(one.out));
+  EXPECT_NE(tokens_of(one.out), expected);
+}
+
+TEST_F(GenerateCommand, UnderMpirunOnePromptStreamsOnRankZeroAlone) {
+  const std::string args = "generate --weights " + weights_ + " --prompt hello --max-new-tokens 6 --partition uniform";
+  const CommandResult in_process = run_pipeflow(args + " --stages 2");
+  ASSERT_EQ(in_process.exit_code, 0) << in_process.err;
+  const CommandResult result = run_mpirun(2, args);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const std::vector<std::string> lines = lines_of(result.out);
+  // The text, tokens/s, time to first token, one line per stage: once.
+  ASSERT_EQ(lines.size(), 3U + 2U) << result.out;
+  EXPECT_EQ(lines[0], lines_of(in_process.out)[0]);
+  EXPECT_NE(lines[1].find("(6 new tokens for 1 prompt in "), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find("; 2 stages, 1 micro-batch)"), std::string::npos) << lines[1];
+  // Uniform: 5 pipeline layers in 2 stages of 3 and 2.
+  EXPECT_TRUE(lines[3].starts_with("stage 0 (embedding..block.1): busy ")) << lines[3];
+  // 2 · 2 blocks · 32 features · 4 bytes · 32 positions.
+  EXPECT_TRUE(lines[3].ends_with(", kv cache 16.0 KiB")) << lines[3];
+  EXPECT_TRUE(lines[4].starts_with("stage 1 (block.2..head): busy ")) << lines[4];
+  EXPECT_TRUE(lines[4].ends_with(", kv cache 8.00 KiB")) << lines[4];
+}
+
+TEST_F(GenerateCommand, UnderMpirunABadPromptOrStageCountEndsTheJobWithTheError) {
+  const CommandResult long_prompt =
+      run_mpirun(2, "generate --weights " + weights_ + " --max-new-tokens 4 --prompt " + std::string(33, 'a'));
+  EXPECT_NE(long_prompt.exit_code, 0);
+  EXPECT_NE(long_prompt.err.find("pipeflow: error in MPI process "), std::string::npos) << long_prompt.err;
+  EXPECT_NE(long_prompt.err.find("prompt 0 has 33 tokens, longer than the model's context of 32: shorten it"),
+            std::string::npos)
+      << long_prompt.err;
+  EXPECT_EQ(long_prompt.out, "");
+  const CommandResult stages = run_mpirun(2, "generate --weights " + weights_ + " --prompt a --max-new-tokens 2 "
+                                             "--stages 3");
+  EXPECT_NE(stages.exit_code, 0);
+  EXPECT_NE(stages.err.find("--stages 3 and mpirun -np 2: under mpirun each process runs one stage; give --stages 2 "
+                            "or leave it out"),
+            std::string::npos)
+      << stages.err;
+}
+
+// train under mpirun (pp 2) writes its checkpoint as a folder of shards and
+// an index; generate and grad read the folder, or its index, as the whole
+// weights file of the same step.
+TEST_F(GenerateCommand, AShardedCheckpointFolderIsWeights) {
+  const std::string out = dir_ + "/run";
+  const std::string config = dir_ + "/run.json";
+  write_file_atomic(config, R"({
+  "model": {"n_layer": 3, "n_head": 2, "n_embd": 32, "n_ctx": 32, "vocab_size": 256},
+  "train_batch_size": 4,
+  "train_micro_batch_size_per_gpu": 2,
+  "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+  "pipeline": {"stages": 2, "schedule": "1f1b", "partition_method": "uniform"},
+  "steps": 2,
+  "eval_interval": 0,
+  "seed": 5,
+  "checkpoint": {"interval": 2},
+  "out_dir": ")" + out + R"("
+})");
+  const CommandResult trained = run_mpirun(2, "train --config " + config);
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  const std::string folder = out + "/checkpoints/step_2";
+  ASSERT_TRUE(std::filesystem::exists(folder + "/model.safetensors.index.json"));
+  const std::string base = " --prompts " + prompts_file() + " --max-new-tokens 8 --json";
+  const CommandResult whole = run_pipeflow("generate --weights " + out + "/weights.safetensors" + base);
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  const auto expected = tokens_of(whole.out);
+  for (const std::string& weights : {folder, folder + "/model.safetensors.index.json"}) {
+    const CommandResult result = run_pipeflow("generate --weights " + weights + base + " --stages 2");
+    ASSERT_EQ(result.exit_code, 0) << weights << "\n" << result.err;
+    EXPECT_EQ(tokens_of(result.out), expected) << weights;
+  }
+  const CommandResult under_mpi = run_mpirun(2, "generate --weights " + folder + base + " --microbatches 2");
+  ASSERT_EQ(under_mpi.exit_code, 0) << under_mpi.err;
+  EXPECT_EQ(tokens_of(under_mpi.out), expected);
+
+  // grad: the same loss line from the folder as from the file.
+  const std::string batch = dir_ + "/batch.safetensors";
+  {
+    nn::SafetensorsWriter writer;
+    std::vector<std::int32_t> tokens(2 * 9);
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>((7 * i) % 256);
+    writer.add("tokens", tokens, Shape{2, 9});
+    writer.write(batch);
+  }
+  const CommandResult from_file = run_pipeflow("grad --weights " + out + "/weights.safetensors --batch " + batch +
+                                               " --out " + dir_ + "/g1.safetensors");
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.err;
+  const CommandResult from_folder =
+      run_pipeflow("grad --weights " + folder + " --batch " + batch + " --out " + dir_ + "/g2.safetensors");
+  ASSERT_EQ(from_folder.exit_code, 0) << from_folder.err;
+  EXPECT_EQ(lines_of(from_folder.out)[0], lines_of(from_file.out)[0]);
+  EXPECT_EQ(read_file(dir_ + "/g1.safetensors"), read_file(dir_ + "/g2.safetensors"));
 }
 
 }  // namespace

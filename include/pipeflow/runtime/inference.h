@@ -14,12 +14,14 @@
 
 namespace pipeflow::runtime {
 
+class MpiGroups;
+
 // One token as the last stage samples it.
 struct GeneratedToken {
   int sequence = 0;               // index of its prompt
   int step = 0;                   // 0: the first new token (from the prefill)
   std::int32_t token = 0;
-  std::span<const float> logits;  // [V] it was sampled from; valid during the call
+  std::span<const float> logits;  // [V] it was sampled from; valid during the call (empty under MPI: see below)
 };
 
 struct InferenceOptions {
@@ -34,7 +36,9 @@ struct InferenceOptions {
   // Every wait for a message times out with an error after this long.
   std::chrono::duration<double> timeout = std::chrono::seconds(60);
   // Called on the last stage's thread for every token, in order for each
-  // sequence (streaming); must not throw.
+  // sequence (streaming); must not throw. Under MPI with more than one
+  // process: on world rank 0 as the tokens reach the first stage, without
+  // their logits (they stay on the last stage).
   std::function<void(const GeneratedToken&)> on_token = {};
 };
 
@@ -56,7 +60,7 @@ struct InferenceResult {
 };
 
 // Autoregressive generation through a pipeline of stages on persistent
-// threads, in-process: each stage holds a contiguous range of layers and a
+// threads in one process, or one stage per process under mpirun: each stage holds a contiguous range of layers and a
 // key/value cache for its blocks, preallocated for the model's context and
 // every sequence of a call (its bytes in the stage's memory account).
 //
@@ -74,6 +78,17 @@ struct InferenceResult {
 // keys: activations and tokens are kActivation messages, micro-batch id
 // step · m + group.
 //
+// Under mpirun (an MpiGroups of p pipeline ranks given): this process runs
+// stage MpiGroups::pipeline_rank() alone, on the calling thread (mpirun binds
+// the process to its core), loading only its layers from the weights, and
+// the messages go through the MpiTransport. The stages, the groups and the
+// order of every action are the in-process ones, so the tokens are the same.
+// The last stage sends every step's tokens to the first, the last step's
+// too, and world rank 0 collects them: its result holds every sequence's
+// tokens and every stage's figures (gathered); another process's holds the
+// figures alone. A process whose wait fails ends the job
+// (MpiWorld::fail_job): a peer cannot be told to stop half way.
+//
 // Thread safety: one thread calls generate at a time.
 class InferencePipeline {
  public:
@@ -85,12 +100,17 @@ class InferencePipeline {
   // The stages loaded from a weights file (model_file.h).
   InferencePipeline(const nn::SafetensorsFile& weights, int stages,
                     const PartitionMethod& partition = kByParameters);
+  // This process's stage of processes.layout().pipeline stages (see above).
+  InferencePipeline(const nn::SafetensorsFile& weights, const MpiGroups& processes,
+                    const PartitionMethod& partition = kByParameters);
   ~InferencePipeline();
   InferencePipeline(const InferencePipeline&) = delete;
   InferencePipeline& operator=(const InferencePipeline&) = delete;
 
   const nn::GptConfig& config() const { return config_; }
   int num_stages() const { return static_cast<int>(stages_.size()); }
+  // Whether this process runs every stage (no MpiGroups).
+  bool in_process() const { return processes_ == nullptr; }
 
   // Generates options.sampling.new_tokens tokens for every prompt. Errors
   // name the prompt: empty, a token outside the vocabulary, or more
@@ -100,10 +120,13 @@ class InferencePipeline {
 
  private:
   struct Workers;
-  void start(const std::vector<int>& boundaries);
+  // Makes the stages this process runs (all, or the MPI rank's) and their workers.
+  void start(int stages, const PartitionMethod& partition);
 
   nn::GptConfig config_;
-  std::vector<std::unique_ptr<nn::Stage>> stages_;
+  const MpiGroups* processes_ = nullptr;
+  std::vector<int> boundaries_;                     // stage i holds layers [boundaries_[i], boundaries_[i + 1])
+  std::vector<std::unique_ptr<nn::Stage>> stages_;  // one per stage; null for another process's
   std::unique_ptr<Workers> workers_;
 };
 
