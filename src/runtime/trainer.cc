@@ -124,7 +124,7 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
   if (settings_.weights.empty()) {
     engine->init_gpt2(settings_.seed);
   } else {
-    engine->load_parameters(nn::SafetensorsFile::read(settings_.weights));
+    engine->load_parameters(read_checkpoint(settings_.weights));  // a file, or a sharded folder or its index
   }
   return engine;
 }

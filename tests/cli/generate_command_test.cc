@@ -277,6 +277,15 @@ TEST_F(GenerateCommand, AShardedCheckpointFolderIsWeights) {
   ASSERT_EQ(from_folder.exit_code, 0) << from_folder.err;
   EXPECT_EQ(lines_of(from_folder.out)[0], lines_of(from_file.out)[0]);
   EXPECT_EQ(read_file(dir_ + "/g1.safetensors"), read_file(dir_ + "/g2.safetensors"));
+
+  // train --weights: a step from the folder ends where a step from the file does.
+  for (const std::string name : {"file", "folder"}) {
+    const std::string weights = name == "file" ? out + "/weights.safetensors" : folder;
+    const CommandResult further = run_pipeflow("train --config " + config + " --steps 1 --out-dir " + dir_ + "/" +
+                                               name + " --weights " + weights);
+    ASSERT_EQ(further.exit_code, 0) << name << "\n" << further.err;
+  }
+  EXPECT_EQ(read_file(dir_ + "/folder/weights.safetensors"), read_file(dir_ + "/file/weights.safetensors"));
 }
 
 }  // namespace
