@@ -98,7 +98,7 @@ void pipelined_decode(const Options& o) {
   const runtime::InferenceOptions many{.microbatches = o.microbatches, .sampling = {.new_tokens = o.new_tokens}};
   std::printf("decode: GPT-2 %d layers, width %d, %d heads; %d sequences, prompts of %d tokens, %d new tokens each\n",
               o.model.n_layer, o.model.n_embd, o.model.n_head, o.sequences, o.prompt, o.new_tokens);
-  std::vector<double> ratios, base_rates, pipe_rates, busy, cpu_ratios;
+  std::vector<double> ratios, base_rates, pipe_rates, busy, cpu_ratios, decode_ratios, base_decode, pipe_decode;
   int wrong = 0;
   for (int round = 0; round < o.rounds; ++round) {
     const std::clock_t base_from = std::clock();
@@ -110,6 +110,9 @@ void pipelined_decode(const Options& o) {
     base_rates.push_back(base.tokens_per_s());
     pipe_rates.push_back(pipe.tokens_per_s());
     ratios.push_back(pipe.tokens_per_s() / base.tokens_per_s());
+    base_decode.push_back(base.decode_tokens_per_s());
+    pipe_decode.push_back(pipe.decode_tokens_per_s());
+    decode_ratios.push_back(pipe.decode_tokens_per_s() / base.decode_tokens_per_s());
     for (const auto& stage : pipe.stages) busy.push_back(stage.busy_share);
   }
   std::vector<double> sorted = ratios;
@@ -120,6 +123,12 @@ void pipelined_decode(const Options& o) {
   std::printf("  pipelined / unpipelined over %d rounds: min %.2fx, median %.2fx, max %.2fx; rounds with different "
               "tokens: %d\n",
               o.rounds, sorted.front(), median(ratios), sorted.back(), wrong);
+  std::vector<double> sorted_decode = decode_ratios;
+  std::sort(sorted_decode.begin(), sorted_decode.end());
+  std::printf("  decode alone (after the first tokens): %.0f against %.0f tokens/s; pipelined / unpipelined: min "
+              "%.2fx, median %.2fx, max %.2fx\n",
+              median(pipe_decode), median(base_decode), sorted_decode.front(), median(decode_ratios),
+              sorted_decode.back());
   std::printf("  process CPU time pipelined / unpipelined (the work, whatever the load): median %.2fx\n",
               median(cpu_ratios));
 }

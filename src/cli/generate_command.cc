@@ -76,6 +76,7 @@ nlohmann::ordered_json to_json(const std::vector<std::string>& prompts, const ru
   nlohmann::ordered_json json;
   json["tokens_per_s"] = result.tokens_per_s();
   json["time_to_first_token_s"] = result.time_to_first_token_s;
+  json["decode_tokens_per_s"] = result.decode_tokens_per_s();
   json["seconds"] = result.seconds;
   json["new_tokens"] = result.new_tokens();
   json["microbatches"] = command.microbatches;
@@ -100,7 +101,8 @@ void print_report(const std::vector<std::string>& prompts, const runtime::Infere
   fmt::print("tokens/s {:.1f} ({} new tokens for {} in {}; {}, {})\n", result.tokens_per_s(), result.new_tokens(),
              format_count(static_cast<std::int64_t>(prompts.size()), "prompt"), format_seconds(result.seconds),
              format_count(command.stages, "stage"), format_count(command.microbatches, "micro-batch", "micro-batches"));
-  fmt::print("time to first token {}\n", format_seconds(result.time_to_first_token_s));
+  fmt::print("time to first token {}, then decode at {:.1f} tokens/s\n", format_seconds(result.time_to_first_token_s),
+             result.decode_tokens_per_s());
   for (std::size_t r = 0; r < result.stages.size(); ++r) {
     const runtime::StageInference& stage = result.stages[r];
     fmt::print("stage {} ({}..{}): busy {}, kv cache {}\n", r, nn::pipeline_layer_name(config, stage.layers.first),

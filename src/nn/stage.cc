@@ -69,11 +69,13 @@ std::string BasicStage<T>::where() const {
 
 template <class T>
 std::span<T> BasicStage<T>::parameter(std::string_view name) {
+  require_matrices("parameter");
   return slice(values_.span(), layout_.at(name));
 }
 
 template <class T>
 std::span<const T> BasicStage<T>::parameter(std::string_view name) const {
+  require_matrices("parameter");
   return slice(values_.span(), layout_.at(name));
 }
 
@@ -89,11 +91,13 @@ std::span<const T> BasicStage<T>::gradient(std::string_view name) const {
 
 template <class T>
 void BasicStage<T>::init_gpt2(std::uint64_t seed) {
+  require_matrices("init_gpt2");
   nn::init_gpt2(layout_, config_.n_layer, seed, values_.span());
 }
 
 template <class T>
 void BasicStage<T>::copy_parameters_from(const BasicStage& source) {
+  require_matrices("copy_parameters_from");
   if (!(source.config_ == config_)) fail("{}: cannot copy parameters from a model of another shape", where());
   for (const ParameterInfo& info : layout_.entries()) {
     const auto from = source.parameter(info.name);
@@ -102,6 +106,15 @@ void BasicStage<T>::copy_parameters_from(const BasicStage& source) {
 }
 
 // --- Checks ---
+
+template <class T>
+void BasicStage<T>::require_matrices(const char* what) const {
+  if (packed_) {
+    fail("{}: {} needs the weight matrices, but pack_for_inference has rearranged them into panels for decoding: "
+         "use a stage that was not packed",
+         where(), what);
+  }
+}
 
 template <class T>
 void BasicStage<T>::check_tokens(const IntTensor& tokens, const char* what, const LayerShape& shape) const {
@@ -247,6 +260,7 @@ void BasicStage<T>::recompute_segment(State& state, int segment) {
 
 template <class T>
 BasicTensor<T> BasicStage<T>::forward(State& state, Input input) {
+  require_matrices("forward");
   require_phase(state, State::Phase::kEmpty, "forward");
   state.shape_ = check_input(input, true);
   input.tokens.charge_to(&activation_memory_);
@@ -347,6 +361,7 @@ BasicTensor<T> BasicStage<T>::backward_from_loss(State& state, double loss_scale
 
 template <class T>
 BasicTensor<T> BasicStage<T>::logits(const IntTensor& tokens) {
+  require_matrices("logits");
   if (!has_embedding() || !has_head()) fail("{}: logits need a stage holding the whole model", where());
   State state;
   Input input;
@@ -411,8 +426,8 @@ BasicTensor<T> BasicStage<T>::forward_cached(BasicKvCache<T>& cache, const Seque
   x.charge_to(&activation_memory_);
   if (has_embedding()) {
     x = BasicTensor<T>::uninitialized({1, shape.t, c}, allocator());
-    const T* wte = parameter("wte.weight").data();
-    const T* wpe = parameter("wpe.weight").data();
+    const T* wte = values_.data() + layout_.at("wte.weight").offset;
+    const T* wpe = values_.data() + layout_.at("wpe.weight").offset;
     int row = 0;
     for (std::size_t i = 0; i < rows.counts.size(); ++i) {
       const int past = cache.length(rows.first + static_cast<int>(i));
@@ -478,6 +493,17 @@ void BasicStage<T>::add_tied_gradient(std::span<const T> other) {
     fail("{}: tied wte gradient has {} elements, expected {}", where(), other.size(), mine.size());
   }
   for (std::size_t i = 0; i < mine.size(); ++i) mine[i] += other[i];
+}
+
+template <class T>
+void BasicStage<T>::pack_for_inference() {
+  if (packed_) return;
+  const int first_block = std::max(range_.first, 1) - 1;  // as the constructor numbers them
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    blocks_[i].pack_weights(block_params<T*>(layout_, first_block + static_cast<int>(i), values_.data()),
+                            config_.n_embd);
+  }
+  packed_ = true;
 }
 
 template class BasicStage<float>;

@@ -6,8 +6,29 @@
 #include "pipeflow/tensor/gelu.h"
 #include "pipeflow/tensor/layernorm.h"
 #include "pipeflow/tensor/linear.h"
+#include "pipeflow/tensor/panels.h"
 
 namespace pipeflow::nn {
+
+template <class T>
+void TransformerBlock<T>::linear(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in,
+                                 int out) const {
+  if (panels_) {
+    linear_forward_panels(y, x, w, b, residual, n, in, out);
+  } else {
+    linear_forward(y, x, w, b, residual, n, in, out);
+  }
+}
+
+template <class T>
+void TransformerBlock<T>::pack_weights(const BlockParams<T*>& writable, int c) {
+  if (panels_) return;
+  pack_panels(writable.attn_weight, c, 3 * c);
+  pack_panels(writable.attn_proj_weight, c, c);
+  pack_panels(writable.fc_weight, c, 4 * c);
+  pack_panels(writable.fc_proj_weight, 4 * c, c);
+  panels_ = true;
+}
 
 template <class T>
 void TransformerBlock<T>::project_qkv(BlockSaved<T>& s, const LayerShape& shape, Allocator allocator) const {
@@ -21,7 +42,7 @@ void TransformerBlock<T>::project_qkv(BlockSaved<T>& s, const LayerShape& shape,
   layernorm_forward(s.ln_1.data(), s.ln_1_mean.data(), s.ln_1_rstd.data(), s.x.data(), w.ln_1_weight, w.ln_1_bias,
                     n, c);
   s.qkv = make({shape.b, shape.t, 3 * c});
-  linear_forward(s.qkv.data(), s.ln_1.data(), w.attn_weight, w.attn_bias, static_cast<const T*>(nullptr), n, c,
+  linear(s.qkv.data(), s.ln_1.data(), w.attn_weight, w.attn_bias, static_cast<const T*>(nullptr), n, c,
                  3 * c);
 }
 
@@ -33,18 +54,18 @@ BasicTensor<T> TransformerBlock<T>::project_and_mlp(BlockSaved<T>& s, const Laye
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   s.x2 = make({shape.b, shape.t, c});
-  linear_forward(s.x2.data(), s.attn_y.data(), w.attn_proj_weight, w.attn_proj_bias, s.x.data(), n, c, c);
+  linear(s.x2.data(), s.attn_y.data(), w.attn_proj_weight, w.attn_proj_bias, s.x.data(), n, c, c);
   s.ln_2 = make({shape.b, shape.t, c});
   s.ln_2_mean = make({n});
   s.ln_2_rstd = make({n});
   layernorm_forward(s.ln_2.data(), s.ln_2_mean.data(), s.ln_2_rstd.data(), s.x2.data(), w.ln_2_weight,
                     w.ln_2_bias, n, c);
   s.h = make({shape.b, shape.t, 4 * c});
-  linear_forward(s.h.data(), s.ln_2.data(), w.fc_weight, w.fc_bias, static_cast<const T*>(nullptr), n, c, 4 * c);
+  linear(s.h.data(), s.ln_2.data(), w.fc_weight, w.fc_bias, static_cast<const T*>(nullptr), n, c, 4 * c);
   s.g = make({shape.b, shape.t, 4 * c});
   gelu_forward(s.g.data(), s.h.data(), n * 4 * c);
   auto y = make({shape.b, shape.t, c});
-  linear_forward(y.data(), s.g.data(), w.fc_proj_weight, w.fc_proj_bias, s.x2.data(), n, 4 * c, c);
+  linear(y.data(), s.g.data(), w.fc_proj_weight, w.fc_proj_bias, s.x2.data(), n, 4 * c, c);
   return y;
 }
 

@@ -268,6 +268,12 @@ std::int64_t InferenceResult::new_tokens() const {
   return total;
 }
 
+double InferenceResult::decode_tokens_per_s() const {
+  const double decoding = seconds - time_to_first_token_s;
+  const auto after_first = static_cast<double>(new_tokens()) - static_cast<double>(tokens.size());
+  return decoding > 0 && after_first > 0 ? after_first / decoding : 0;
+}
+
 struct InferencePipeline::Workers {
   explicit Workers(int ranks) : threads(ranks) {}
   RankThreads threads;
@@ -277,6 +283,7 @@ InferencePipeline::InferencePipeline(const nn::Stage& model, int stages, const P
     : config_(model.config()) {
   start(stages, partition);
   for (auto& stage : stages_) stage->copy_parameters_from(model);
+  pack_stages();
 }
 
 InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, int stages,
@@ -284,6 +291,7 @@ InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, int sta
     : config_(nn::read_config(weights)) {
   start(stages, partition);
   for (auto& stage : stages_) nn::load_parameters(*stage, weights);
+  pack_stages();
 }
 
 InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, const MpiGroups& processes,
@@ -295,6 +303,7 @@ InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, const M
   }
   start(processes.layout().pipeline, partition);
   nn::load_parameters(*stages_[static_cast<std::size_t>(processes.pipeline_rank())], weights);
+  pack_stages();
 }
 
 InferencePipeline::~InferencePipeline() = default;
@@ -311,6 +320,12 @@ void InferencePipeline::start(int stages, const PartitionMethod& partition) {
   }
   // Under MPI the one stage runs on the calling thread.
   if (processes_ == nullptr) workers_ = std::make_unique<Workers>(num_stages());
+}
+
+void InferencePipeline::pack_stages() {
+  for (auto& stage : stages_) {
+    if (stage) stage->pack_for_inference();
+  }
 }
 
 InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::int32_t>>& prompts,

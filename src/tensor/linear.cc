@@ -3,11 +3,14 @@
 #include <cstring>
 
 #include "pipeflow/tensor/gemm.h"
+#include "pipeflow/tensor/panels.h"
 
 namespace pipeflow {
+namespace {
 
+// y[n, out] = b (+ residual), what the product then adds onto.
 template <class T>
-void linear_forward(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out) {
+void start_with_bias(T* y, const T* b, const T* residual, int n, int out) {
   for (int row = 0; row < n; ++row) {
     T* __restrict y_row = y + static_cast<long>(row) * out;
     if (residual != nullptr) {
@@ -17,7 +20,21 @@ void linear_forward(T* y, const T* x, const T* w, const T* b, const T* residual,
       std::memcpy(y_row, b, sizeof(T) * static_cast<std::size_t>(out));
     }
   }
+}
+
+}  // namespace
+
+template <class T>
+void linear_forward(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out) {
+  start_with_bias(y, b, residual, n, out);
   gemm<T>(Transpose::kNo, Transpose::kNo, n, out, in, T(1), x, in, w, out, T(1), y, out);
+}
+
+template <class T>
+void linear_forward_panels(T* y, const T* x, const T* w_panels, const T* b, const T* residual, int n, int in,
+                           int out) {
+  start_with_bias(y, b, residual, n, out);
+  panels_multiply_add(y, x, w_panels, n, in, out);
 }
 
 template <class T>
@@ -41,6 +58,7 @@ void linear_backward_weight(T* dw, T* db, const T* x, const T* dy, int n, int in
 
 #define PIPEFLOW_INSTANTIATE(T)                                                                      \
   template void linear_forward<T>(T*, const T*, const T*, const T*, const T*, int, int, int);       \
+  template void linear_forward_panels<T>(T*, const T*, const T*, const T*, const T*, int, int, int); \
   template void linear_backward_input<T>(T*, const T*, const T*, int, int, int);                    \
   template void linear_backward_weight<T>(T*, T*, const T*, const T*, int, int, int);               \
   template void add_column_sums<T>(T*, const T*, int, int);

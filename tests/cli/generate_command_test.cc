@@ -75,6 +75,10 @@ TEST_F(GenerateCommand, JsonHoldsTheUnpipelinedTokensAndTheStageFigures) {
   const auto json = nlohmann::json::parse(result.out);
   EXPECT_GT(json["tokens_per_s"].get<double>(), 0);
   EXPECT_GT(json["time_to_first_token_s"].get<double>(), 0);
+  // The decode alone: 3 prompts' 7 tokens after their first, after the first tokens.
+  const double decode_rate =
+      3 * 7 / (json["seconds"].get<double>() - json["time_to_first_token_s"].get<double>());
+  EXPECT_NEAR(json["decode_tokens_per_s"].get<double>(), decode_rate, 1e-9 * decode_rate);
   ASSERT_EQ(json["stages"].size(), 2U);
   std::int64_t kv_bytes = 0;
   for (const auto& stage : json["stages"]) {
@@ -106,6 +110,7 @@ TEST_F(GenerateCommand, TextStreamsThePromptAndContinuationOnTheFirstLine) {
   EXPECT_TRUE(lines[1].starts_with("tokens/s ")) << lines[1];
   EXPECT_NE(lines[1].find("(6 new tokens for 1 prompt in "), std::string::npos) << lines[1];
   EXPECT_TRUE(lines[2].starts_with("time to first token ")) << lines[2];
+  EXPECT_NE(lines[2].find(", then decode at "), std::string::npos) << lines[2];
   // Uniform: 5 pipeline layers in 3 stages of 2, 2, 1.
   EXPECT_TRUE(lines[3].starts_with("stage 0 (embedding..block.0): busy ")) << lines[3];
   EXPECT_TRUE(lines[4].starts_with("stage 1 (block.1..block.2): busy ")) << lines[4];

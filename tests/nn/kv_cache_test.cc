@@ -93,6 +93,45 @@ TEST(KvCache, StagesChainedEqualTheWholeModel) {
   EXPECT_EQ(back_cache.length(0), 4);
 }
 
+// A stage packed for inference decodes what the stage with matrices decodes;
+// width 40 leaves every matrix a narrower last panel. What needs the
+// matrices is refused by name.
+TEST(KvCache, AStagePackedForInferenceDecodesTheSameAndRefusesWhatNeedsTheMatrices) {
+  for (const int width : {kModel.n_embd, 40}) {
+    GptConfig config = kModel;
+    config.n_embd = width;
+    Stage model(config, all_layers(config));
+    model.init_gpt2(5);
+    Stage packed(config, all_layers(config));
+    packed.copy_parameters_from(model);
+    packed.pack_for_inference();
+    EXPECT_TRUE(packed.packed_for_inference());
+    KvCache cache = model.make_kv_cache(2);
+    KvCache packed_cache = packed.make_kv_cache(2);
+    const nn::SequenceRows prompts{0, {5, 2}};
+    const IntTensor prompt_tokens = row_of({10, 20, 30, 40, 50, 7, 8});
+    Tensor expected = model.forward_cached(cache, prompts, {.tokens = prompt_tokens.clone()});
+    Tensor got = packed.forward_cached(packed_cache, prompts, {.tokens = prompt_tokens.clone()});
+    for (int step = 0; step < 6; ++step) {
+      EXPECT_LT(max_relative_error(got.span(), expected.span()), 1e-5) << "width " << width << " step " << step;
+      const IntTensor next = row_of({3 * step + 1, 5 * step + 2});
+      expected = model.forward_cached(cache, {0, {1, 1}}, {.tokens = next.clone()});
+      got = packed.forward_cached(packed_cache, {0, {1, 1}}, {.tokens = next.clone()});
+    }
+    for (const std::string& error :
+         {error_of([&] { packed.logits(row_of({1, 2})); }), error_of([&] { (void)packed.parameter("wte.weight"); }),
+          error_of([&] { (void)packed.parameters(); }), error_of([&] { packed.init_gpt2(1); }),
+          error_of([&] { packed.copy_parameters_from(model); }),
+          error_of([&] { model.copy_parameters_from(packed); })}) {
+      EXPECT_NE(error.find("pack_for_inference has rearranged them into panels"), std::string::npos) << error;
+    }
+    MicrobatchState state;
+    EXPECT_NE(error_of([&] { packed.forward(state, {.tokens = row_of({1, 2}), .targets = row_of({2, 3})}); })
+                  .find("forward needs the weight matrices"),
+              std::string::npos);
+  }
+}
+
 TEST(KvCache, ContextAndVocabularyAreChecked) {
   auto model = whole_model();
   KvCache cache = model->make_kv_cache(1);

@@ -127,8 +127,14 @@ class BasicStage {
 
   // --- Parameters and gradients ---
   const ParameterLayout& layout() const { return layout_; }
-  std::span<T> parameters() { return values_.span(); }
-  std::span<const T> parameters() const { return values_.span(); }
+  std::span<T> parameters() {
+    require_matrices("parameters");
+    return values_.span();
+  }
+  std::span<const T> parameters() const {
+    require_matrices("parameters");
+    return values_.span();
+  }
   std::span<T> gradients() { return grads_.span(); }
   std::span<const T> gradients() const { return grads_.span(); }
   // One tensor by name (Error if this stage does not hold it).
@@ -174,6 +180,17 @@ class BasicStage {
   // name a sequence that would pass the context and a token outside the
   // vocabulary.
   BasicTensor<T> forward_cached(BasicKvCache<T>& cache, const SequenceRows& rows, Input input);
+  // Rearranges every block's weight matrices into column panels in place
+  // (tensor/panels.h), for forward_cached's products of a few rows: a decode
+  // step multiplies each matrix by one row per sequence of a group, and the
+  // panels are read once, in order, where sgemm would repack the matrix on
+  // every call. The same bytes: nothing is copied or kept beside them. A
+  // row's result does not depend on the other rows of its group. From then
+  // on the stage serves forward_cached alone: forward (training), logits,
+  // init_gpt2, copy_parameters_from and reading or writing parameters are
+  // refused with an error.
+  void pack_for_inference();
+  bool packed_for_inference() const { return packed_; }
 
   // --- Between the last micro-batch and the optimizer step ---
   void zero_gradients();
@@ -212,6 +229,8 @@ class BasicStage {
   void check_tokens(const IntTensor& tokens, const char* what, const LayerShape& shape) const;
   LayerShape check_cached_input(const BasicKvCache<T>& cache, const SequenceRows& rows, const Input& input) const;
   void require_phase(const State& state, typename State::Phase phase, const char* pass) const;
+  // Fails, naming `what`, once pack_for_inference has run.
+  void require_matrices(const char* what) const;
   bool checkpointing() const { return options_.recompute_interval > 0; }
 
   Flow forward_layer(State& state, int local, Flow flow);
@@ -231,6 +250,7 @@ class BasicStage {
   std::optional<EmbeddingLayer<T>> embedding_;
   std::vector<TransformerBlock<T>> blocks_;
   std::optional<LmHead<T>> head_;
+  bool packed_ = false;  // pack_for_inference has run
 };
 
 using Stage = BasicStage<float>;

@@ -68,15 +68,25 @@ class TransformerBlock {
   BasicTensor<T> forward_cached(BasicTensor<T> x, BasicKvCache<T>& cache, int block, const SequenceRows& rows,
                                 const LayerShape& shape, Allocator allocator) const;
 
+  // Rearranges the four weight matrices into column panels (panels.h) in
+  // place, through `writable`, the same memory as this block's weights (of
+  // width c); forward_cached then multiplies by them. forward and the
+  // backward must not be called afterwards (BasicStage::pack_for_inference
+  // refuses them).
+  void pack_weights(const BlockParams<T*>& writable, int c);
+
  private:
   // The parts of forward around attention, shared with forward_cached:
   // ln_1 and the qkv projection of saved.x; then from saved.attn_y the
   // projection and residual, ln_2 and the MLP with its residual.
   void project_qkv(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
   BasicTensor<T> project_and_mlp(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
+  // linear_forward, or linear_forward_panels once the weights are packed.
+  void linear(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out) const;
 
   BlockParams<const T*> weights_;
   BlockParams<T*> grads_;
+  bool panels_ = false;
 };
 
 extern template class TransformerBlock<float>;

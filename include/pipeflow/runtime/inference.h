@@ -57,6 +57,9 @@ struct InferenceResult {
 
   std::int64_t new_tokens() const;
   double tokens_per_s() const { return seconds > 0 ? static_cast<double>(new_tokens()) / seconds : 0; }
+  // The decode alone: every token after each sequence's first, over the
+  // time after the first tokens (0 with one new token per sequence).
+  double decode_tokens_per_s() const;
 };
 
 // Autoregressive generation through a pipeline of stages on persistent
@@ -122,6 +125,9 @@ class InferencePipeline {
   struct Workers;
   // Makes the stages this process runs (all, or the MPI rank's) and their workers.
   void start(int stages, const PartitionMethod& partition);
+  // Once the weights are in: every stage of this process rearranges its
+  // weights for decoding (nn::BasicStage::pack_for_inference).
+  void pack_stages();
 
   nn::GptConfig config_;
   const MpiGroups* processes_ = nullptr;

@@ -11,6 +11,12 @@ namespace pipeflow {
 template <class T>
 void linear_forward(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out);
 
+// The same with w in panels (pack_panels in panels.h): for products of few
+// rows; each row's result does not depend on the others.
+template <class T>
+void linear_forward_panels(T* y, const T* x, const T* w_panels, const T* b, const T* residual, int n, int in,
+                           int out);
+
 // The input part of the backward (I): dx[n, in] = dy[n, out] · wᵀ (overwrites dx).
 template <class T>
 void linear_backward_input(T* dx, const T* dy, const T* w, int n, int in, int out);
