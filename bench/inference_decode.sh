@@ -3,10 +3,12 @@
 # tokens/s with 2 stages on 2 threads and 2 groups of sequences against 1
 # stage on 1 thread, the same prompts, alternately; then one new token with
 # the KV cache against recomputing the prefix at 32, 128 and the full context.
-# Then what bounds the ratio: the work of cutting the sequences into 2 groups
-# on one thread; what two cores give, two single-thread copies at once (each
-# pinned to its core) against one alone; and the pipelined decode of the
-# smallest and the largest model measured (hand-offs against weight traffic).
+# Then the same at 8, 32 and 64 sequences (a group's rows are what a decode
+# product multiplies each weight by). Then what bounds the ratio: the work of
+# cutting the sequences into 2 groups on one thread; what two cores give, two
+# single-thread copies at once (each pinned to its core) against one alone;
+# and the pipelined decode of the smallest and the largest model measured
+# (hand-offs against weight traffic).
 # The load average is printed around each: with other work on the cores the
 # pipelined run cannot get its two cores and the ratio says so.
 # Usage: bench/inference_decode.sh [build-dir]   (ROUNDS=... to change)
@@ -17,6 +19,11 @@ need "$bench"
 load
 "$bench" --rounds "${ROUNDS:-7}"
 load
+echo "== by batch: 8, 32 and 64 sequences (groups of 4, 16 and 32 rows)"
+for sequences in 8 32 64; do
+  "$bench" --rounds 5 --sequences "$sequences" --repeats 0 | grep -E "^decode|x;|decode alone|CPU time"
+  load
+done
 echo "== grouping alone: 2 groups of 8 on one thread against 1 group of 16"
 "$bench" --rounds 3 --stages 1 --microbatches 2 --repeats 0 | grep -E "median|rounds"
 load
