@@ -14,18 +14,19 @@ namespace {
 // A block of its own (not from a pool). One of at least a huge page (2 MiB:
 // weights, gradients, optimizer moments, key/value caches) starts on a
 // huge-page boundary and asks Linux for transparent huge pages before it is
-// first touched (madvise: the kernel's default mode gives them only to who
-// asks). A product streaming the weights from memory then misses the TLB
-// once per 2 MiB instead of once per 4 KiB: the product of 8 rows by 25 MB
-// of weights in panels took 15-25% less time, a whole decode 5-10% (both
-// docs/PERFORMANCE.md, inference). The advice is only advice: where the
+// first touched (madvise: Debian's kernels give them only to who asks). A
+// product streaming the weights from memory then misses the TLB once per
+// 2 MiB instead of once per 4 KiB: decode ran 5-10% faster
+// (docs/PERFORMANCE.md, inference). The advice is only advice: where the
 // kernel declines it, the block works the same.
 void* allocate_unpooled(std::size_t size) {
   constexpr std::size_t kHugePage = std::size_t{2} << 20;
   if (size < kHugePage) return std::aligned_alloc(BufferPool::kAlignment, size);
   void* block = nullptr;
   if (posix_memalign(&block, kHugePage, size) != 0) return nullptr;
+#ifdef MADV_HUGEPAGE
   madvise(block, size / kHugePage * kHugePage, MADV_HUGEPAGE);
+#endif
   return block;
 }
 

@@ -184,8 +184,9 @@ class BasicStage {
   // (tensor/panels.h), for forward_cached's products of a few rows: a decode
   // step multiplies each matrix by one row per sequence of a group, and the
   // panels are read once, in order, where sgemm would repack the matrix on
-  // every call. The same bytes: nothing is copied or kept beside them. A
-  // row's result does not depend on the other rows of its group. From then
+  // every call. The same bytes: no copy is kept beside them. A row's block
+  // outputs do not depend on the other rows of its group (the head's logits
+  // still go through sgemm). From then
   // on the stage serves forward_cached alone: forward (training), logits,
   // init_gpt2, copy_parameters_from and reading or writing parameters are
   // refused with an error.

@@ -12,8 +12,8 @@ namespace pipeflow {
 // arithmetic, bounds sgemm (docs/PERFORMANCE.md, inference).
 //
 // Every output element is its initial value plus x[r, 0]·w[0, j] + … +
-// x[r, in − 1]·w[in − 1, j], added in that order with fused multiply-adds,
-// whatever n is and wherever row r falls in it: a row's result does not
+// x[r, in − 1]·w[in − 1, j], added in that order (with fused multiply-adds
+// where the target has them), whatever n is and wherever row r falls in it: a row's result does not
 // depend on which other rows share the call (a group of sequences in a
 // pipelined decode gives the bits it gives alone).
 
