@@ -21,7 +21,7 @@ load
 load
 echo "== by batch: 8, 32 and 64 sequences (groups of 4, 16 and 32 rows)"
 for sequences in 8 32 64; do
-  "$bench" --rounds 5 --sequences "$sequences" --repeats 0 | grep -E "^decode|group:|x;|decode alone|CPU time"
+  "$bench" --rounds 5 --sequences "$sequences" --repeats 0 | grep -E "^decode|groups?:|x;|decode alone|CPU time"
   load
 done
 echo "== grouping alone: 2 groups of 8 on one thread against 1 group of 16"
