@@ -186,10 +186,9 @@ class BasicStage {
   // panels are read once, in order, where sgemm would repack the matrix on
   // every call. The same bytes: no copy is kept beside them. A row's block
   // outputs do not depend on the other rows of its group (the head's logits
-  // still go through sgemm). From then
-  // on the stage serves forward_cached alone: forward (training), logits,
-  // init_gpt2, copy_parameters_from and reading or writing parameters are
-  // refused with an error.
+  // still go through sgemm). From then on the stage serves forward_cached
+  // alone: forward (training), logits, init_gpt2, copy_parameters_from and
+  // reading or writing parameters are refused with an error.
   void pack_for_inference();
   bool packed_for_inference() const { return packed_; }
 
