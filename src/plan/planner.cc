@@ -261,11 +261,12 @@ class Search {
   // where its own does: then it is that method's candidate again.
   bool repeats_a_cut(const Layout& layout, const Schedule& shape) {
     const std::string own = to_string(layout.partition);
+    const std::vector<int>& own_cut = cut(layout, shape).boundaries;  // cuts_ is a map: the reference stays
     Layout other = layout;
     for (const PartitionMethod& method : request_.partitions) {
       if (to_string(method) == own) return false;
       other.partition = method;
-      if (cut(other, shape).boundaries == cut(layout, shape).boundaries) return true;
+      if (cut(other, shape).boundaries == own_cut) return true;
     }
     return false;
   }

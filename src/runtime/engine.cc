@@ -352,9 +352,10 @@ std::optional<std::string> PipelineEngine::first_non_finite(Values values) const
     if (!stages_[s]) continue;
     const nn::Stage& stage = *stages_[s];
     const bool parameters = values == Values::kParameters;
-    // Under ZeRO-1 a replica's summed gradient is its part (the rest is its own, unsummed).
-    const nn::OptimizerShard part = nn::OptimizerShard::of(stage.layout().total(), sharded() && !parameters ? options_.data_parallel : 1,
-                                                           sharded() && !parameters ? options_.data_rank : 0);
+    // Under ZeRO-1 a replica's summed gradient is its optimizer's part (the
+    // rest is its own, unsummed); the parameters are whole.
+    const nn::OptimizerShard part =
+        parameters ? nn::OptimizerShard::of(stage.layout().total(), 1, 0) : optimizers_[s]->shard();
     if (const auto name =
             non_finite_tensor(stage.layout(), parameters ? stage.parameters() : stage.gradients(), part)) {
       return fmt::format("stage {}'s {} {}", s, parameters ? "parameter" : "gradient of", *name);

@@ -133,25 +133,23 @@ class Decode {
   // Under MPI every process calls it: the figures are gathered from all.
   InferenceResult result(const std::vector<int>& boundaries, double seconds) {
     const auto p = static_cast<std::size_t>(p_);
-    std::vector<double> kv_bytes(p, 0.0), seconds_of(p, seconds), first_token(p, result_.time_to_first_token_s);
+    std::vector<double> kv_bytes(p, 0.0);
     for (std::size_t i = 0; i < p; ++i) {
       if (caches_[i]) kv_bytes[i] = static_cast<double>(caches_[i]->memory().live_bytes());
     }
+    result_.seconds = seconds;
     if (processes_ != nullptr) {
       const auto r = static_cast<std::size_t>(processes_->pipeline_rank());
       const std::array<double, 4> mine{busy_[r], kv_bytes[r], result_.time_to_first_token_s, seconds};
-      const std::vector<double> all = MpiGroups::all_gather(processes_->world(), mine, deadline(),
+      const std::vector<double> all = MpiGroups::all_gather(processes_->pipeline(), mine, deadline(),
                                                             "every stage's figures of the generation");
       for (std::size_t i = 0; i < p; ++i) {
         busy_[i] = all[4 * i];
         kv_bytes[i] = all[4 * i + 1];
-        first_token[i] = all[4 * i + 2];
-        seconds_of[i] = all[4 * i + 3];
+        result_.seconds = std::max(result_.seconds, all[4 * i + 3]);  // the slowest process ends the generation
       }
+      result_.time_to_first_token_s = all[4 * (p - 1) + 2];  // the last stage samples the first tokens
     }
-    // The last stage samples the first tokens; the slowest process ends the generation.
-    result_.time_to_first_token_s = first_token.back();
-    result_.seconds = *std::max_element(seconds_of.begin(), seconds_of.end());
     for (std::size_t i = 0; i < p; ++i) {
       result_.stages.push_back({.layers = {boundaries[i], boundaries[i + 1]},
                                 .busy_s = busy_[i],

@@ -255,18 +255,18 @@ ReduceScatterParts::ReduceScatterParts(MPI_Comm comm, std::span<float> values, s
   int size = 0;
   MPI_Comm_size(comm, &size);
   MPI_Comm_rank(comm, &rank_);
-  const auto total = static_cast<std::int64_t>(values.size());
+  const auto [counts, offsets] = parts_of(static_cast<std::int64_t>(values.size()), size, what_);
   buckets_.reserve((values.size() + bucket_floats - 1) / bucket_floats);
   for (std::size_t begin = 0; begin < values.size(); begin += bucket_floats) {
     const std::size_t end = std::min(values.size(), begin + bucket_floats);
     Bucket& bucket = buckets_.emplace_back();
     bucket.begin = begin;
     for (int k = 0; k < size; ++k) {  // rank k's share: its part within [begin, end)
-      const nn::OptimizerShard part = nn::OptimizerShard::of(total, size, k);
-      const auto from = std::max(static_cast<std::int64_t>(begin), part.begin);
-      const auto to = std::min(static_cast<std::int64_t>(end), part.end);
-      bucket.counts.push_back(as_int(static_cast<std::size_t>(std::max<std::int64_t>(0, to - from)), what_));
-      if (k == rank_) bucket.mine = static_cast<std::size_t>(from);
+      const auto k_part = static_cast<std::size_t>(k);
+      const std::size_t from = std::max(begin, static_cast<std::size_t>(offsets[k_part]));
+      const std::size_t to = std::min(end, static_cast<std::size_t>(offsets[k_part]) + counts[k_part]);
+      bucket.counts.push_back(to > from ? static_cast<int>(to - from) : 0);
+      if (k == rank_) bucket.mine = from;
     }
   }
   while (posted_ < buckets_.size() && posted_ < kInFlight) post_next();

@@ -417,7 +417,7 @@ void RankWorker::apply_update(double clip, double lr) {
     const Clock::time_point start = Clock::now();
     if (clip < 1) stage(s).scale_gradients(clip);
     optimizers_[static_cast<std::size_t>(s.value())]->step(lr);
-    record_.phases.push_back({FlushPhase::kOptimizer, s, seconds_since_epoch(start), seconds_since_epoch(Clock::now())});
+    record_phase(FlushPhase::kOptimizer, s, start);
   }
 }
 

@@ -157,6 +157,10 @@ TEST_F(GenerateCommand, UnderMpirunEveryLayoutGivesTheUnpipelinedTokens) {
   ASSERT_EQ(expected.size(), prompts.size());
   for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(expected[i], this->expected(prompts[i], 10)) << i;
   for (const int processes : {2, 4}) {
+    // Every stage's layers and cache as the same stages in one process have them.
+    const CommandResult threads = run_pipeflow(base + " --stages " + std::to_string(processes));
+    ASSERT_EQ(threads.exit_code, 0) << threads.err;
+    const auto in_process = nlohmann::json::parse(threads.out);
     for (const int microbatches : {1, 2}) {
       const CommandResult result =
           run_mpirun(processes, base + " --microbatches " + std::to_string(microbatches));
@@ -164,10 +168,6 @@ TEST_F(GenerateCommand, UnderMpirunEveryLayoutGivesTheUnpipelinedTokens) {
       // Rank 0 alone prints: one JSON object.
       const auto json = nlohmann::json::parse(result.out);
       EXPECT_EQ(tokens_of(result.out), expected) << "np " << processes << ", M " << microbatches;
-      // Every stage's layers and cache as the same stages in one process have them.
-      const CommandResult threads = run_pipeflow(base + " --stages " + std::to_string(processes));
-      ASSERT_EQ(threads.exit_code, 0) << threads.err;
-      const auto in_process = nlohmann::json::parse(threads.out);
       ASSERT_EQ(json["stages"].size(), static_cast<std::size_t>(processes));
       for (std::size_t r = 0; r < json["stages"].size(); ++r) {
         auto stage = json["stages"][r];

@@ -9,7 +9,7 @@ namespace pipeflow {
 // reads every weight once, in address order, and keeps a block of rows'
 // sums in registers, where sgemm would first copy the matrix into its own
 // packed layout on every call: at 8 to 16 rows that copy, not the
-// arithmetic, bounds sgemm (docs/PERFORMANCE.md, inference).
+// arithmetic, bounds sgemm (bench/panels_product.sh: 2.5-5.5x at 4-16 rows).
 //
 // Every output element is its initial value plus x[r, 0]·w[0, j] + … +
 // x[r, in − 1]·w[in − 1, j], added in that order (with fused multiply-adds
