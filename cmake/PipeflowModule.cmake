@@ -64,7 +64,7 @@ endfunction()
 # the module graph into a cycle.
 function(pipeflow_check_module_includes name)
   get_property(reachable GLOBAL PROPERTY PIPEFLOW_REACHABLE_${name})
-  file(GLOB files
+  file(GLOB_RECURSE files
        ${PROJECT_SOURCE_DIR}/src/${name}/*.cc ${PROJECT_SOURCE_DIR}/src/${name}/*.h
        ${PROJECT_SOURCE_DIR}/include/pipeflow/${name}/*.h
        ${PROJECT_SOURCE_DIR}/tests/${name}/*.cc ${PROJECT_SOURCE_DIR}/tests/${name}/*.h)
@@ -113,11 +113,14 @@ function(pipeflow_module name)
     return()
   endif()
   pipeflow_check_module_includes(${name})
-  file(GLOB sources CONFIGURE_DEPENDS ${src_dir}/*.cc)
+  # A module's sources may sit in rooms (src/runtime/comm/, ...); a header
+  # used only within the module lives beside its sources and is included by
+  # its path below src/<name>/ ("comm/mpi_transport.h").
+  file(GLOB_RECURSE sources CONFIGURE_DEPENDS ${src_dir}/*.cc)
   pipeflow_resolve_deps(deps ${M_DEPS})
   add_library(pipeflow_${name} STATIC ${sources})
   add_library(pipeflow::${name} ALIAS pipeflow_${name})
-  target_include_directories(pipeflow_${name} PUBLIC ${PROJECT_SOURCE_DIR}/include)
+  target_include_directories(pipeflow_${name} PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${src_dir})
   target_link_libraries(pipeflow_${name} PUBLIC ${deps} PRIVATE pipeflow_warnings pipeflow_optimise)
   if(PIPEFLOW_FUZZ)
     # Coverage for libFuzzer in the libraries the fuzz targets link; the
@@ -131,6 +134,7 @@ function(pipeflow_module name)
     add_executable(${name}_tests ${tests})
     target_link_libraries(${name}_tests PRIVATE pipeflow_${name} GTest::gtest_main
                           pipeflow_warnings pipeflow_optimise)
+    target_include_directories(${name}_tests PRIVATE ${src_dir})
     target_compile_definitions(${name}_tests PRIVATE
       PIPEFLOW_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
     gtest_discover_tests(${name}_tests TEST_PREFIX "${name}." DISCOVERY_TIMEOUT 120

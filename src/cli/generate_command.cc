@@ -14,6 +14,7 @@
 #include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/runtime/inference.h"
 #include "pipeflow/runtime/mpi_world.h"
+#include "pipeflow/runtime/rank_group.h"
 
 namespace pipeflow::cli {
 namespace {
@@ -120,8 +121,6 @@ void run(GenerateCommand& command, bool stages_given, const runtime::MpiWorld* m
   for (const std::string& text : texts) tokens.push_back(nn::encode_text(text));
   const nn::SafetensorsFile weights = runtime::read_checkpoint(command.weights);
   const PartitionMethod partition = parse_partition_method(command.partition);
-  std::optional<runtime::MpiGroups> processes;
-  std::optional<runtime::InferencePipeline> pipeline;
   if (mpi != nullptr) {
     if (stages_given && command.stages != mpi->size()) {
       fail("--stages {} and mpirun -np {}: under mpirun each process runs one stage; give --stages {} or leave it "
@@ -129,12 +128,12 @@ void run(GenerateCommand& command, bool stages_given, const runtime::MpiWorld* m
            command.stages, mpi->size(), mpi->size());
     }
     command.stages = mpi->size();
-    processes.emplace(*mpi, runtime::RankLayout{.pipeline = mpi->size(), .data_parallel = 1});
-    pipeline.emplace(weights, *processes, partition);
-  } else {
-    pipeline.emplace(weights, command.stages, partition);
   }
-  const bool reporter = mpi == nullptr || mpi->rank() == 0;
+  if (command.stages < 1) fail("--stages {}: must be at least 1", command.stages);
+  const std::unique_ptr<runtime::RankGroup> group =
+      runtime::RankGroup::make(mpi, {.pipeline = command.stages, .data_parallel = 1});
+  runtime::InferencePipeline pipeline(weights, *group, partition);
+  const bool reporter = group->is_reporter();
   runtime::InferenceOptions options{.microbatches = command.microbatches, .sampling = command.sampling};
   // One prompt streams: its tokens are printed as they come.
   const bool stream = reporter && texts.size() == 1 && !command.json;
@@ -145,10 +144,10 @@ void run(GenerateCommand& command, bool stages_given, const runtime::MpiWorld* m
       std::fflush(stdout);
     };
   }
-  const runtime::InferenceResult result = pipeline->generate(tokens, options);
+  const runtime::InferenceResult result = pipeline.generate(tokens, options);
   if (!reporter) return;
   if (command.json) {
-    fmt::print("{}\n", to_json(texts, result, command, pipeline->config())
+    fmt::print("{}\n", to_json(texts, result, command, pipeline.config())
                            .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     return;
   }
@@ -159,7 +158,7 @@ void run(GenerateCommand& command, bool stages_given, const runtime::MpiWorld* m
       fmt::print("{}{}\n", one_line(texts[i]), one_line(nn::decode_tokens(result.tokens[i])));
     }
   }
-  print_report(texts, result, command, pipeline->config());
+  print_report(texts, result, command, pipeline.config());
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "pipeflow/core/units.h"
 #include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/runtime/mpi_world.h"
+#include "pipeflow/runtime/rank_group.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/run_settings.h"
@@ -118,7 +119,7 @@ RunConfig load_config(const TrainCommand& c, const runtime::MpiWorld* mpi) {
 
 void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   const RunConfig config = load_config(c, mpi);
-  const bool reporter = mpi == nullptr || mpi->rank() == 0;
+  const bool reporter = mpi == nullptr || mpi->rank() == 0;  // before the group exists: notes on the configuration
   if (reporter) print_config_notes(config);
   // A weights file or checkpoint carries the model's shape: the configuration may leave model out.
   std::optional<ModelFromFile> model_file;
@@ -129,17 +130,15 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   settings.emulate = c.emulate;
   if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
   settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);
-  std::optional<runtime::MpiGroups> processes;
-  if (mpi != nullptr) {
-    if (settings.emulate) fail("--emulate runs every rank in one process; run it without mpirun");
-    processes.emplace(*mpi, runtime::RankLayout{.pipeline = settings.stages, .data_parallel = config.data_parallel});
-  }
+  if (mpi != nullptr && settings.emulate) fail("--emulate runs every rank in one process; run it without mpirun");
+  const std::unique_ptr<runtime::RankGroup> group =
+      runtime::RankGroup::make(mpi, {.pipeline = settings.stages, .data_parallel = config.data_parallel});
   runtime::ProgressPrinter progress(reporter ? stderr : nullptr, isatty(fileno(stderr)) == 1, settings.steps,
                                     settings.emulate, settings.steps_per_print);
   runtime::TrainOutcome outcome;
   {
     const StopSignals stop_signals;
-    outcome = runtime::train(settings, progress, &stop_request, processes ? &*processes : nullptr);
+    outcome = runtime::train(settings, progress, &stop_request, *group);
   }
   if (reporter) print_summary(outcome, settings);
   if (outcome.stop_signal != 0) {

@@ -259,6 +259,10 @@ void SafetensorsFile::read_floats(std::string_view name, const Shape& shape, std
 }
 
 SafetensorsFile SafetensorsFile::merge(const std::vector<SafetensorsFile>& parts, std::string source) {
+  return parse(merged(parts).serialize(), std::move(source));
+}
+
+SafetensorsWriter SafetensorsFile::merged(const std::vector<SafetensorsFile>& parts) {
   SafetensorsWriter merged;
   for (const SafetensorsFile& part : parts) {
     for (const auto& [key, value] : part.metadata()) merged.set_metadata(key, value);
@@ -268,7 +272,7 @@ SafetensorsFile SafetensorsFile::merge(const std::vector<SafetensorsFile>& parts
       merged.add_bytes(name, found.dtype, found.shape, part.data(found), found.end - found.begin);
     }
   }
-  return parse(merged.serialize(), std::move(source));
+  return merged;
 }
 
 std::vector<std::string> SafetensorsWriter::names() const {

@@ -37,6 +37,8 @@ struct SafetensorsEntry {
 // for it, ...). Files without those keys (other writers) load unchecked.
 //
 // Thread safety: immutable after construction; const methods may run concurrently.
+class SafetensorsWriter;
+
 class SafetensorsFile {
  public:
   static SafetensorsFile read(const std::filesystem::path& path);
@@ -48,6 +50,8 @@ class SafetensorsFile {
   // Every tensor and __metadata__ key of `parts` in one file (the tensors in
   // part order; a name two parts hold: the first part's), `source` naming it.
   static SafetensorsFile merge(const std::vector<SafetensorsFile>& parts, std::string source);
+  // The same, to write.
+  static SafetensorsWriter merged(const std::vector<SafetensorsFile>& parts);
 
   const std::string& source() const { return source_; }
   const std::map<std::string, std::string, std::less<>>& metadata() const { return metadata_; }

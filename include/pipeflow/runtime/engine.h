@@ -14,8 +14,8 @@
 #include "pipeflow/nn/stage.h"
 #include "pipeflow/runtime/batch_source.h"
 #include "pipeflow/runtime/engine_options.h"
+#include "pipeflow/runtime/rank_group.h"
 #include "pipeflow/runtime/transport.h"
-#include "pipeflow/runtime/rank_worker.h"
 #include "pipeflow/runtime/step_record.h"
 #include "pipeflow/schedule/schedule.h"
 
@@ -62,55 +62,49 @@ struct StepResult {
 };
 
 // The pipeline engine: p·v nn stages cut from a GPT-2 by layer boundaries,
-// placed on the ranks of a schedule, one RankWorker per rank over an
-// in-process transport, and an AdamW per stage.
+// placed on the ranks of a schedule, d data-parallel replicas of that
+// pipeline, one RankWorker per rank and an AdamW per stage, on the ranks of a
+// RankGroup (threads of this process, or MPI processes: the engine is written
+// once, as what each rank does, and never asks which).
 //
 // A step runs the lowered schedule: gradients accumulate over the m
-// micro-batches (loss scale 1/m), then the flush of RankWorker, so that the
-// loss, every gradient and the weights after the update equal those of one
-// unpipelined step on the same global batch (up to float rounding), whatever
-// the schedule, stage count or recompute setting. Reruns with the same seed
-// and layout give the same bits, threaded or serial.
+// micro-batches (loss scale 1/(m·d)), then the flush of RankWorker, so that
+// the loss, every gradient and the weights after the update equal those of
+// one unpipelined step on the same global batch (up to float rounding),
+// whatever the schedule, stage count, replica count or recompute setting.
+// Reruns with the same seed and layout give the same bits, threaded or
+// serial.
 //
-// Errors: a worker that fails (an exception in an action, a timeout) aborts
-// the transport, every other worker stops at its next action or wait, step()
-// waits until every rank has returned and throws the first failure's error
-// (the threads stay for the next step). The next
-// step starts clean (states and messages of the failed step are dropped),
-// unless the failure came after an optimizer update had begun on some rank:
-// then the weights are inconsistent and every later step throws.
+// Data parallelism: each stage's gradients are summed over the replicas by
+// a reduce-scatter over the data-parallel group (Communicator::
+// reduce_scatter_parts), then an all-gather: of the gradients, or under
+// ZeRO-1 of the weights each replica updated from its part. A stage's
+// reduce-scatter is posted as soon as the rank has run the stage's last B or
+// W, so it may advance during the rank's remaining actions, unless the stage
+// holds one side of the tied wte: that one waits for the tied exchange at
+// the flush. The gradient norm adds every replica's part, in replica order,
+// so ZeRO-1 on and off give the same bits.
+//
+// A step ends with every process holding the loss and the process of world
+// rank 0 holding every rank's record of replica 0 (clocks aligned by
+// RankGroup::clock_offset_s). The whole-model operations (write_checkpoint,
+// assemble_model) are collective: every process calls them.
+//
+// Errors: a rank that fails (an exception in an action, a timeout) ends the
+// step as the rank group's failure policy says: in threads, every other rank
+// stops at its next action or wait, step() throws the first failure's error
+// and the next step starts clean (states and messages of the failed step are
+// dropped), unless the failure came after an optimizer update had begun on
+// some rank: then the weights are inconsistent and every later step throws.
+// Under mpirun the job ends, naming the process.
 //
 // BLAS: each worker's matrix products run on its own thread (tensor/gemm.h
-// pins OpenBLAS to one thread), so p workers use p cores.
-//
-// Under MPI (an MpiGroups given): this process runs one pipeline rank of one
-// data-parallel replica (MpiGroups::pipeline_rank, data_rank) on the calling
-// thread (mpirun binds the process to its core), holds only that rank's
-// stages and optimizers, and reaches the other ranks through an
-// MpiTransport. Each stage's gradients are summed over the data-parallel
-// replicas (the loss scale 1/(m·d) makes the sum the mean) by a
-// reduce-scatter (ReduceScatterParts), then an all-gather: of the gradients,
-// or under ZeRO-1 of the weights each replica updated from its part. A
-// stage's reduce-scatter is posted as soon as the rank has run the stage's
-// last B or W, so it is under way during the rank's remaining actions
-// (another stage's backward, on a rank of several stages), unless the
-// stage holds one side of the tied wte: that one waits for the tied
-// exchange at the flush. The gradient norm adds every replica's part, in
-// replica order, so ZeRO-1 on and off give the same bits.
-// A step ends with every process holding the loss and world rank 0 holding
-// every rank's record of its replica (clocks aligned by
-// MpiGroups::clock_offset_s). The whole-model operations (write_checkpoint,
-// assemble_model) are collective: every process calls them. A checkpoint is
-// written as shards by replica 0's processes, one per pipeline rank, and
-// indexed by world rank 0; for assemble_model replica 0's processes send
-// their tensors by name, and world rank 0 alone gets the result. A failure ends the job (the caller's MpiWorld::abort_job): peers
-// cannot be told to stop a step half done.
+// pins OpenBLAS to one thread), so N ranks use N cores.
 //
 // Thread safety: one thread drives the engine; stages may be read between
-// steps. The destructor stops and joins the rank threads.
-class RankThreads;
-class MpiGroups;
-class ReduceScatterParts;
+// steps.
+class RankWorker;
+class PartsReduction;
 
 class PipelineEngine {
  public:
@@ -119,8 +113,13 @@ class PipelineEngine {
   // layer indices 0 = b0 < … < b_S = L + 2 (see model/partition.h); stage s
   // holds layers [b_s, b_{s+1}). Parameters start zero: init_gpt2 or
   // load_parameters fill them. Throws Error naming what does not fit.
+  // On the ranks of `group` (pipeline p = the schedule's ranks, d replicas;
+  // it must outlive the engine):
   PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
-                 EngineOptions options, const MpiGroups* processes = nullptr);
+                 EngineOptions options, RankGroup& group);
+  // On threads of this process (options.data_parallel replicas):
+  PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+                 EngineOptions options);
   ~PipelineEngine();
   PipelineEngine(const PipelineEngine&) = delete;
   PipelineEngine& operator=(const PipelineEngine&) = delete;
@@ -134,16 +133,17 @@ class PipelineEngine {
 
   // A training checkpoint: the whole model's weights as load_parameters reads
   // them (so it also serves as --weights), every stage's AdamW moments by
-  // parameter name, the optimizer's step count and `steps_done` (__metadata__
-  // "steps_done": the next step to run). Names, not stage numbers, make it
-  // independent of the layout: a run may resume under another schedule,
-  // stage count or partition. Written atomically; refused (Error naming the
-  // tensor) when a parameter is not finite. Collective under MPI: `path` is
-  // then a folder of Hugging Face-style shards (nn/safetensors_index.h): each
-  // pipeline rank of replica 0 writes its stages' tensors (the tied wte once,
-  // the embedding's) and moments (ZeRO-1: gathered from the replicas to it)
-  // as model-0000{r+1}-of-0000{p}.safetensors, atomically; after every shard
-  // is written world rank 0 writes model.safetensors.index.json, atomically,
+  // parameter name (ZeRO-1: gathered from the replicas), the optimizer's
+  // step count and `steps_done` (__metadata__ "steps_done": the next step to
+  // run). Names, not stage numbers, make it independent of the layout: a run
+  // may resume under another schedule, stage count, replica count or
+  // partition. Refused (Error naming the tensor) when a parameter is not
+  // finite. Collective. Written atomically: by one process, one file; when
+  // the ranks are spread over processes, `path` is a folder of Hugging
+  // Face-style shards (nn/safetensors_index.h): each pipeline rank of
+  // replica 0 writes its stages' tensors (the tied wte once, the
+  // embedding's) and moments as model-0000{r+1}-of-0000{p}.safetensors; after
+  // every shard is written world rank 0 writes model.safetensors.index.json,
   // last (it removes an older index first, and shards of another layout).
   void write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const;
   // Loads weights and moments from such a file (or the shards merged:
@@ -157,23 +157,21 @@ class PipelineEngine {
   const Schedule& schedule() const { return schedule_; }  // lowered
   const std::vector<int>& boundaries() const { return boundaries_; }
   const EngineOptions& options() const { return options_; }
-  int num_stages() const { return static_cast<int>(stages_.size()); }
-  // A stage this process holds (all of them in one process; Error for
-  // another process's under MPI).
+  int num_stages() const { return schedule_.num_stages(); }
+  RankGroup& group() const { return *group_; }
+  // A stage of the first replica this process holds (Error for a stage
+  // held in other processes only).
   nn::Stage& stage(StageId s);
   const nn::Stage& stage(StageId s) const;
   // Parameters of stage s, wherever it runs.
   std::int64_t stage_parameter_count(StageId s) const;
-  // The AdamW moments this process holds (8 bytes per element of each
-  // optimizer's shard), and its stages' parameters Ψ.
+  // The AdamW moments of the first replica this process holds (8 bytes per
+  // element of each optimizer's shard), and its stages' parameters Ψ.
   std::int64_t optimizer_state_bytes() const;
   std::int64_t local_parameter_count() const;
-  // Under MPI: this process's groups; nullptr in one process.
-  const MpiGroups* processes() const { return processes_; }
-  // Whether this process reports the run (prints, writes the files): always
-  // in one process, world rank 0 under MPI.
+  // Whether this process reports the run (prints, writes the files).
   bool is_reporter() const;
-  // Sequences per step (m · b) and tokens per step (m · b · T).
+  // Sequences per step (m · b · d) and tokens per step (m · b · d · T).
   std::int64_t global_batch() const;
   std::int64_t tokens_per_step() const;
 
@@ -182,70 +180,65 @@ class PipelineEngine {
   enum class Values { kParameters, kGradients };
   std::optional<std::string> first_non_finite(Values values) const;
 
-  // A tensor by name from the stage holding it (the embedding's copy for wte).
+  // A tensor by name from the first replica's stage holding it (the
+  // embedding's copy for wte).
   std::span<const float> parameter(std::string_view name) const;
   std::span<const float> gradient(std::string_view name) const;
   // The whole model in one stage (for sampling, evaluation and saving), with
-  // the gradients too if `with_gradients` (the tied wte's from the embedding's
-  // stage; in one process only). Collective under MPI: nullptr except on
-  // world rank 0.
+  // the gradients too if `with_gradients` (the tied wte's from the
+  // embedding's stage). Collective: nullptr except at world rank 0's process.
   std::unique_ptr<nn::Stage> assemble_model(bool with_gradients = false) const;
 
  private:
   enum class FlushStep;
   static const FlushStep kFlushOrder[5];
   struct Flush;
+  struct Replica;
+  struct LocalRank;
 
+  PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+                 EngineOptions options, RankGroup* group, std::unique_ptr<RankGroup> own_group);
+  Replica& first_replica() const { return *replicas_.front(); }
+  std::size_t local_index(int world_rank) const;  // in ranks_
+  LocalRank& local(int world_rank) const;
   const nn::Stage& holder(std::string_view name) const;
-  // The tensors of this process's stages by name, each once (the tied wte:
-  // the embedding stage's copy), with the optimizer's moments if
-  // `with_optimizer` (ZeRO-1: gathered at data-parallel rank 0, a collective
-  // of the data-parallel group); the whole model in one process.
-  nn::SafetensorsWriter local_state(bool with_optimizer) const;
-  // Under MPI: replica 0's local_state(false) merged at world rank 0 (a
-  // collective; none elsewhere).
-  std::optional<nn::SafetensorsFile> gathered_parameters() const;
+  // The tensors of rank r's stages by name, each once (the tied wte: the
+  // embedding stage's copy), with its gradients (`with_gradients`) or with
+  // the optimizer's moments (`with_optimizer`; ZeRO-1: gathered at
+  // data-parallel rank 0, a collective of the data-parallel group).
+  nn::SafetensorsWriter rank_state(LocalRank& r, bool with_optimizer, bool with_gradients = false) const;
+  // Replica 0's rank_state merged at world rank 0 (a collective of the
+  // pipeline; none elsewhere).
+  std::optional<nn::SafetensorsFile> gather_state(LocalRank& r, bool with_gradients) const;
+  void write_checkpoint_rank(LocalRank& r, const std::filesystem::path& path, std::int64_t steps_done) const;
   // Advances the reductions under way and posts the data-parallel
   // reduce-scatter of the stages whose gradients are complete once action
-  // `index` of this process's rank has run.
-  void post_reductions_after(std::size_t index);
-  void plan_early_reductions(RankId rank);
-  void post_reduction(StageId s);
-  void reduce_data_parallel(RankWorker& w);
+  // `index` of the rank has run.
+  void post_reductions_after(LocalRank& r, std::size_t index);
+  void plan_early_reductions(LocalRank& r);
+  void post_reduction(LocalRank& r, StageId s);
+  void reduce_data_parallel(LocalRank& r);
   // ZeRO-1 in force: the optimizers hold shards (EngineOptions::shard_optimizer, d > 1).
   bool sharded() const;
-  void gather_parameters(RankWorker& w);
-  void gather_results(StepResult& result, Clock::time_point epoch) const;
-  void run_threaded(StepMode mode, double lr, Flush& flush);
+  void gather_parameters(LocalRank& r);
+  void gather_results(LocalRank& r, StepResult& result, Clock::time_point epoch) const;
+  void run_threaded(StepMode mode, double lr, Flush& flush, StepResult& result, Clock::time_point epoch);
   void run_serial(StepMode mode, double lr, Flush& flush);
-  RankWorker::Outcome flush_step(FlushStep step, RankWorker& w, StepMode mode, RunMode run, double lr, Flush& flush);
+  void abort_transports() const;
+  // False when the rank group was aborted (another rank failed).
+  bool flush_step(FlushStep step, LocalRank& r, std::size_t index, StepMode mode, RunMode run, double lr, Flush& flush);
   double clip_coefficient(StepMode mode, double grad_norm) const;
-  void finish(StepResult& result, Clock::time_point epoch);
+  void finish_serial(StepResult& result) const;
 
   nn::GptConfig config_;
   Schedule schedule_;
   std::vector<int> boundaries_;
   EngineOptions options_;
-  // Destroyed last: the workers' and the transport's tensors come from their pools.
-  std::vector<std::unique_ptr<nn::Stage>> stages_;  // by stage; nullptr: another process's
-  std::vector<std::unique_ptr<nn::AdamW>> optimizers_;  // by stage; nullptr: another process's
-  const MpiGroups* processes_;
-  std::unique_ptr<Transport> transport_;
-  Progress progress_;
-  std::vector<std::unique_ptr<RankWorker>> workers_;  // this process's ranks, in rank order
-  // Under MPI with d > 1: by action index of this process's rank, the stages
-  // whose reduce-scatter may be posted after it; the reductions of this
-  // step under way, in the order they were posted (the same on every
-  // replica, as MPI requires of a communicator's collectives).
-  std::vector<std::vector<StageId>> reduce_after_;
-  struct Reduction {
-    StageId stage;
-    std::unique_ptr<ReduceScatterParts> parts;
-    Clock::time_point posted;
-  };
-  std::vector<Reduction> reductions_;
-  // Started at the first threaded step; destroyed (stopped and joined) first.
-  std::unique_ptr<RankThreads> threads_;
+  std::unique_ptr<RankGroup> own_group_;  // the threads of the in-process constructor
+  RankGroup* group_;
+  // Destroyed last: the workers' and the transports' tensors come from the stages' pools.
+  std::vector<std::unique_ptr<Replica>> replicas_;  // those with a rank here, by data rank
+  std::vector<std::unique_ptr<LocalRank>> ranks_;   // this process's ranks, by world rank
   std::int64_t current_step_ = 0;
   bool update_failed_ = false;
 };

@@ -11,10 +11,9 @@
 #include "pipeflow/nn/safetensors.h"
 #include "pipeflow/nn/sampling.h"
 #include "pipeflow/nn/stage.h"
+#include "pipeflow/runtime/rank_group.h"
 
 namespace pipeflow::runtime {
-
-class MpiGroups;
 
 // One token as the last stage samples it.
 struct GeneratedToken {
@@ -62,8 +61,9 @@ struct InferenceResult {
   double decode_tokens_per_s() const;
 };
 
-// Autoregressive generation through a pipeline of stages on persistent
-// threads in one process, or one stage per process under mpirun: each stage holds a contiguous range of layers and a
+// Autoregressive generation through a pipeline of stages on the ranks of a
+// RankGroup (threads of this process, or one stage per process under
+// mpirun; the code is the same): each stage holds a contiguous range of layers and a
 // key/value cache for its blocks, preallocated for the model's context and
 // every sequence of a call (its bytes in the stage's memory account).
 //
@@ -77,20 +77,17 @@ struct InferenceResult {
 // stage samples (nn::sample_token); a token travels to the first stage as a
 // float (exact: a vocabulary holds at most 2^24 ids).
 //
-// Messages go through the in-process transport under the training runtime's
-// keys: activations and tokens are kActivation messages, micro-batch id
-// step · m + group.
+// Messages go through the group's pipeline transport under the training
+// runtime's keys: activations and tokens are kActivation messages,
+// micro-batch id step · m + group.
 //
-// Under mpirun (an MpiGroups of p pipeline ranks given): this process runs
-// stage MpiGroups::pipeline_rank() alone, on the calling thread (mpirun binds
-// the process to its core), loading only its layers from the weights, and
-// the messages go through the MpiTransport. The stages, the groups and the
-// order of every action are the in-process ones, so the tokens are the same.
-// The last stage sends every step's tokens to the first, the last step's
-// too, and world rank 0 collects them: its result holds every sequence's
-// tokens and every stage's figures (gathered); another process's holds the
-// figures alone. A process whose wait fails ends the job
-// (MpiWorld::fail_job): a peer cannot be told to stop half way.
+// A process loads only the layers of the stages it runs. When the last stage
+// runs in another process than the first (under mpirun), the last stage
+// sends every step's tokens to the first, the last step's too, and world
+// rank 0 collects them (without their logits): its result holds every
+// sequence's tokens and every stage's figures (gathered); another process's
+// holds the figures alone. A failure follows the group's policy (under
+// mpirun it ends the job: a peer cannot be told to stop half way).
 //
 // Thread safety: one thread calls generate at a time.
 class InferencePipeline {
@@ -103,8 +100,9 @@ class InferencePipeline {
   // The stages loaded from a weights file (model_file.h).
   InferencePipeline(const nn::SafetensorsFile& weights, int stages,
                     const PartitionMethod& partition = kByParameters);
-  // This process's stage of processes.layout().pipeline stages (see above).
-  InferencePipeline(const nn::SafetensorsFile& weights, const MpiGroups& processes,
+  // The stages of `group`'s pipeline ranks that run here (it must outlive
+  // the pipeline, and hold one replica: data_parallel 1).
+  InferencePipeline(const nn::SafetensorsFile& weights, RankGroup& group,
                     const PartitionMethod& partition = kByParameters);
   ~InferencePipeline();
   InferencePipeline(const InferencePipeline&) = delete;
@@ -112,8 +110,6 @@ class InferencePipeline {
 
   const nn::GptConfig& config() const { return config_; }
   int num_stages() const { return static_cast<int>(stages_.size()); }
-  // Whether this process runs every stage (no MpiGroups).
-  bool in_process() const { return processes_ == nullptr; }
 
   // Generates options.sampling.new_tokens tokens for every prompt. Errors
   // name the prompt: empty, a token outside the vocabulary, or more
@@ -122,18 +118,18 @@ class InferencePipeline {
   InferenceResult generate(const std::vector<std::vector<std::int32_t>>& prompts, const InferenceOptions& options);
 
  private:
-  struct Workers;
-  // Makes the stages this process runs (all, or the MPI rank's) and their workers.
-  void start(int stages, const PartitionMethod& partition);
+  static std::unique_ptr<RankGroup> in_threads(int stages);
+  // Makes the stages this process runs.
+  void start(const PartitionMethod& partition);
   // Once the weights are in: every stage of this process rearranges its
   // weights for decoding (nn::BasicStage::pack_for_inference).
   void pack_stages();
 
   nn::GptConfig config_;
-  const MpiGroups* processes_ = nullptr;
+  std::unique_ptr<RankGroup> own_group_;  // the threads of an in-process pipeline
+  RankGroup* group_ = nullptr;
   std::vector<int> boundaries_;                     // stage i holds layers [boundaries_[i], boundaries_[i + 1])
   std::vector<std::unique_ptr<nn::Stage>> stages_;  // one per stage; null for another process's
-  std::unique_ptr<Workers> workers_;
 };
 
 }  // namespace pipeflow::runtime

@@ -17,7 +17,7 @@
 namespace pipeflow::runtime {
 
 class ProgressPrinter;
-class MpiGroups;
+class RankGroup;
 
 // Everything a training run needs, as plain values (`pipeflow train` fills
 // them from the run configuration and the command line).
@@ -150,10 +150,13 @@ static_assert(StopRequest::is_always_lock_free);
 // Progress goes to `progress`. Throws Error for a bad setting (naming it),
 // for max_skipped_steps non-finite steps in a row and for any failure of the
 // pipeline.
-// Under MPI (`processes`), every process of the job calls train() with the
-// same settings; world rank 0 alone prints and writes the files, and its
-// outcome alone holds the full log and the sample.
-TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop = nullptr,
-                   const MpiGroups* processes = nullptr);
+// On `group`'s ranks (pipeline.stages × data_parallel of them): every
+// process of the group calls train() with the same settings; the process of
+// world rank 0 alone prints and writes the files, and its outcome alone
+// holds the full log and the sample.
+TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop,
+                   RankGroup& group);
+// On threads of this process.
+TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop = nullptr);
 
 }  // namespace pipeflow::runtime

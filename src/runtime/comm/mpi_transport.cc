@@ -1,4 +1,6 @@
-#include "pipeflow/runtime/mpi_transport.h"
+#include "comm/mpi_transport.h"
+
+#include "comm/mpi.h"
 
 #include <fmt/format.h>
 

@@ -19,12 +19,8 @@
 #include "pipeflow/nn/parameter_layout.h"
 #include "pipeflow/nn/safetensors_index.h"
 #include "pipeflow/schedule/passes.h"
-#include "pipeflow/runtime/in_process_transport.h"
-#include "pipeflow/runtime/mpi_transport.h"
-#include "pipeflow/runtime/mpi_world.h"
-#include "pipeflow/runtime/rank_threads.h"
-#include "pipeflow/runtime/report.h"
 #include "pipeflow/schedule/validate.h"
+#include "engine/rank_worker.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -99,14 +95,62 @@ std::vector<int> inbox_capacities(const Schedule& schedule) {
   return capacity;
 }
 
+// What one data-parallel replica keeps in this process: the stages of its
+// ranks here (nullptr: another process's), their optimizers, the transport
+// between its pipeline ranks and how far each rank has got.
+struct PipelineEngine::Replica {
+  Replica(int data_rank, EngineOptions engine_options, std::size_t num_stages, std::size_t num_ranks)
+      : options(std::move(engine_options)), stages(num_stages), optimizers(num_stages), progress(num_ranks) {
+    options.data_rank = data_rank;
+    for (auto& entry : progress) entry.store(kInAnotherProcess);
+  }
+  EngineOptions options;  // with this replica's data_rank
+  std::vector<std::unique_ptr<nn::Stage>> stages;       // by stage
+  std::vector<std::unique_ptr<nn::AdamW>> optimizers;  // by stage
+  std::unique_ptr<Transport> transport;
+  Progress progress;
+};
+
+// One rank this process runs: its worker, its replica, its sub-groups, and
+// (with d > 1) its data-parallel reductions: by action index, the stages
+// whose reduce-scatter may be posted after it; those of this step under
+// way, in the order they were posted (the same on every replica, as a
+// group's collectives must be).
+struct PipelineEngine::LocalRank {
+  int world_rank = 0;
+  RankId rank;  // pipeline rank
+  int data_rank = 0;
+  Replica* replica = nullptr;
+  Communicator* pipeline = nullptr;
+  Communicator* data = nullptr;
+  Communicator* world = nullptr;
+  std::unique_ptr<RankWorker> worker;
+  std::vector<std::vector<StageId>> reduce_after;
+  struct Reduction {
+    StageId stage;
+    std::unique_ptr<PartsReduction> parts;
+    Clock::time_point posted;
+  };
+  std::vector<Reduction> reductions;
+};
+
 PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
-                               EngineOptions options, const MpiGroups* processes)
+                               EngineOptions options)
+    : PipelineEngine(config, schedule, std::move(boundaries), options, nullptr,
+                     RankGroup::in_threads({.pipeline = schedule.num_ranks(), .data_parallel = options.data_parallel})) {}
+
+PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+                               EngineOptions options, RankGroup& group)
+    : PipelineEngine(config, schedule, std::move(boundaries), std::move(options), &group, nullptr) {}
+
+PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+                               EngineOptions options, RankGroup* group, std::unique_ptr<RankGroup> own_group)
     : config_(config),
       schedule_(lowered_and_valid(schedule)),
       boundaries_(std::move(boundaries)),
       options_(std::move(options)),
-      processes_(processes),
-      progress_(static_cast<std::size_t>(schedule_.num_ranks())) {
+      own_group_(std::move(own_group)),
+      group_(group != nullptr ? group : own_group_.get()) {
   config_.validate();
   check_boundaries(config_, schedule_, boundaries_);
   if (options_.micro_batch < 1) fail("train_micro_batch_size_per_gpu = {}: must be >= 1", options_.micro_batch);
@@ -114,68 +158,72 @@ PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& sche
     fail("seq_length {} must lie in [1, {}] (the model's context)", options_.seq_length, config_.context);
   }
   if (options_.timeout.count() <= 0) fail("timeout = {} s: must be > 0", options_.timeout.count());
-  std::vector<RankId> local;
-  if (processes_ != nullptr) {
-    const RankLayout& layout = processes_->layout();
-    if (layout.pipeline != schedule_.num_ranks()) {
-      fail("the processes form pipelines of {} ranks and schedule {} has {}", layout.pipeline, schedule_.name(),
-           schedule_.num_ranks());
-    }
-    options_.data_parallel = layout.data_parallel;
-    options_.data_rank = processes_->data_rank();
-    local.push_back(RankId(processes_->pipeline_rank()));
-    transport_ = std::make_unique<MpiTransport>(processes_->pipeline(), local.front(), schedule_.num_stages(),
-                                                schedule_.num_microbatches());
-  } else {
-    if (options_.data_parallel != 1) {
-      fail("data_parallel = {} in one process: data-parallel replicas are MPI processes; run mpirun -np {} "
-           "pipeflow train ...",
-           options_.data_parallel, options_.data_parallel * schedule_.num_ranks());
-    }
-    for (int r = 0; r < schedule_.num_ranks(); ++r) local.push_back(RankId(r));
-    // Spinning pays only when each rank has a core of its own (RankThreads pins them then).
-    const auto spin = schedule_.num_ranks() <= usable_cores() ? kHandoffSpin : std::chrono::nanoseconds(0);
-    transport_ = std::make_unique<InProcessTransport>(inbox_capacities(schedule_), spin);
+  const RankLayout& layout = group_->layout();
+  if (layout.pipeline != schedule_.num_ranks()) {
+    fail("the ranks form pipelines of {} ranks and schedule {} has {}", layout.pipeline, schedule_.name(),
+         schedule_.num_ranks());
   }
-  stages_.resize(static_cast<std::size_t>(schedule_.num_stages()));
-  optimizers_.resize(stages_.size());
-  for (const RankId r : local) {
-    for (const StageId s : schedule_.stages_of(r)) {
+  options_.data_parallel = layout.data_parallel;
+  options_.data_rank = 0;
+  const auto num_stages = static_cast<std::size_t>(schedule_.num_stages());
+  const auto num_ranks = static_cast<std::size_t>(schedule_.num_ranks());
+  const PipelineTraffic traffic{.inbox_capacity = inbox_capacities(schedule_),
+                                .stages = schedule_.num_stages(),
+                                .microbatches = schedule_.num_microbatches()};
+  std::vector<Replica*> by_data_rank(static_cast<std::size_t>(layout.data_parallel), nullptr);
+  for (const int w : group_->local_ranks()) {
+    const int d = layout.data_rank(w);
+    Replica*& replica = by_data_rank[static_cast<std::size_t>(d)];
+    if (replica == nullptr) {
+      replicas_.push_back(std::make_unique<Replica>(d, options_, num_stages, num_ranks));
+      replica = replicas_.back().get();
+      replica->transport = group_->pipeline_transport(d, traffic);
+    }
+    auto r = std::make_unique<LocalRank>();
+    r->world_rank = w;
+    r->rank = RankId(layout.pipeline_rank(w));
+    r->data_rank = d;
+    r->replica = replica;
+    r->pipeline = &group_->pipeline(w);
+    r->data = &group_->data(w);
+    r->world = &group_->world(w);
+    for (const StageId s : schedule_.stages_of(r->rank)) {
       const auto i = static_cast<std::size_t>(s.value());
       const nn::LayerRange range{boundaries_[i], boundaries_[i + 1]};
-      stages_[i] = std::make_unique<nn::Stage>(config_, range,
-                                               nn::StageOptions{options_.recompute_interval, fmt::format("stage {}", s)});
-      optimizers_[i] = std::make_unique<nn::AdamW>(
-          *stages_[i], options_.optimizer,
-          nn::OptimizerShard::of(stages_[i]->layout().total(), sharded() ? options_.data_parallel : 1,
-                                 sharded() ? options_.data_rank : 0));
+      replica->stages[i] = std::make_unique<nn::Stage>(
+          config_, range, nn::StageOptions{options_.recompute_interval, fmt::format("stage {}", s)});
+      replica->optimizers[i] = std::make_unique<nn::AdamW>(
+          *replica->stages[i], options_.optimizer,
+          nn::OptimizerShard::of(replica->stages[i]->layout().total(), sharded() ? layout.data_parallel : 1,
+                                 sharded() ? d : 0));
     }
+    ranks_.push_back(std::move(r));
   }
-  std::vector<nn::Stage*> stages;
-  std::vector<nn::AdamW*> optimizers;
-  for (std::size_t i = 0; i < stages_.size(); ++i) {
-    stages.push_back(stages_[i].get());
-    optimizers.push_back(optimizers_[i].get());
+  for (auto& r : ranks_) {
+    Replica& replica = *r->replica;
+    std::vector<nn::Stage*> stages;
+    std::vector<nn::AdamW*> optimizers;
+    for (std::size_t i = 0; i < num_stages; ++i) {
+      stages.push_back(replica.stages[i].get());
+      optimizers.push_back(replica.optimizers[i].get());
+    }
+    r->worker = std::make_unique<RankWorker>(schedule_, r->rank, stages, optimizers, *replica.transport,
+                                             replica.options, replica.progress);
+    if (options_.data_parallel > 1) plan_early_reductions(*r);
   }
-  for (auto& entry : progress_) entry.store(kInAnotherProcess);
-  for (const RankId r : local) {
-    workers_.push_back(std::make_unique<RankWorker>(schedule_, r, stages, optimizers, *transport_, options_,
-                                                    progress_));
-  }
-  if (processes_ != nullptr && options_.data_parallel > 1) plan_early_reductions(local.front());
 }
 
 // A stage's gradients are complete after the rank's last B or W of it; one
 // holding a side of the tied wte still needs the tied exchange of the flush.
-void PipelineEngine::plan_early_reductions(RankId rank) {
-  const std::vector<Action>& actions = schedule_.actions(rank);
-  reduce_after_.assign(actions.size(), {});
-  for (const StageId s : schedule_.stages_of(rank)) {
-    if (stage(s).needs_tied_reduction()) continue;
+void PipelineEngine::plan_early_reductions(LocalRank& r) {
+  const std::vector<Action>& actions = schedule_.actions(r.rank);
+  r.reduce_after.assign(actions.size(), {});
+  for (const StageId s : schedule_.stages_of(r.rank)) {
+    if (r.replica->stages[static_cast<std::size_t>(s.value())]->needs_tied_reduction()) continue;
     for (std::size_t i = actions.size(); i-- > 0;) {
       const Action& a = actions[i];
       if (a.stage == s && (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight)) {
-        reduce_after_[i].push_back(s);
+        r.reduce_after[i].push_back(s);
         break;
       }
     }
@@ -183,19 +231,28 @@ void PipelineEngine::plan_early_reductions(RankId rank) {
 }
 
 PipelineEngine::~PipelineEngine() {
-  threads_.reset();  // stops and joins the rank threads before what they used goes
-  for (auto& worker : workers_) worker->release();
-  transport_->reset();
+  for (auto& r : ranks_) r->worker->release();
+  for (auto& replica : replicas_) replica->transport->reset();
+  ranks_.clear();
 }
 
-bool PipelineEngine::is_reporter() const { return processes_ == nullptr || processes_->is_reporter(); }
+std::size_t PipelineEngine::local_index(int world_rank) const {
+  for (std::size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_[i]->world_rank == world_rank) return i;
+  }
+  fail("world rank {} runs in another process", world_rank);
+}
+
+PipelineEngine::LocalRank& PipelineEngine::local(int world_rank) const { return *ranks_[local_index(world_rank)]; }
+
+bool PipelineEngine::is_reporter() const { return group_->is_reporter(); }
 
 nn::Stage& PipelineEngine::stage(StageId s) {
   return const_cast<nn::Stage&>(static_cast<const PipelineEngine*>(this)->stage(s));
 }
 
 const nn::Stage& PipelineEngine::stage(StageId s) const {
-  const auto& held = stages_.at(static_cast<std::size_t>(s.value()));
+  const auto& held = first_replica().stages.at(static_cast<std::size_t>(s.value()));
   if (held == nullptr) fail("stage {} runs in another process (pipeline rank {})", s, schedule_.rank_of(s));
   return *held;
 }
@@ -206,8 +263,10 @@ std::int64_t PipelineEngine::stage_parameter_count(StageId s) const {
 }
 
 void PipelineEngine::init_gpt2(std::uint64_t seed) {
-  for (auto& stage : stages_) {
-    if (stage) stage->init_gpt2(seed);
+  for (auto& replica : replicas_) {
+    for (auto& stage : replica->stages) {
+      if (stage) stage->init_gpt2(seed);
+    }
   }
 }
 
@@ -220,31 +279,37 @@ void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
          config_.n_layer, config_.n_head, config_.n_embd, config_.context, config_.vocab_size);
   }
   nn::check_values(file);
-  for (auto& stage : stages_) {
-    if (stage) nn::load_parameters(*stage, file);
+  for (auto& replica : replicas_) {
+    for (auto& stage : replica->stages) {
+      if (stage) nn::load_parameters(*stage, file);
+    }
   }
 }
 
-nn::SafetensorsWriter PipelineEngine::local_state(bool with_optimizer) const {
+nn::SafetensorsWriter PipelineEngine::rank_state(LocalRank& r, bool with_optimizer, bool with_gradients) const {
   nn::SafetensorsWriter writer;
   nn::write_config(writer, config_);
-  // The stages that hold each tensor name, in stage order: a checkpoint keeps the first's copy (the embedding's wte).
+  // The stage that holds each tensor name first: the model keeps its copy (the embedding's wte).
   std::map<std::string, std::size_t, std::less<>> first_holder;
   std::vector<nn::ParameterLayout> layouts;
-  for (std::size_t i = 0; i < stages_.size(); ++i) {
+  for (std::size_t i = 0; i < boundaries_.size() - 1; ++i) {
     layouts.emplace_back(config_, nn::LayerRange{boundaries_[i], boundaries_[i + 1]});
     for (const nn::ParameterInfo& info : layouts.back().entries()) first_holder.emplace(info.name, i);
   }
-  for (std::size_t i = 0; i < stages_.size(); ++i) {
-    if (!stages_[i]) continue;
+  const std::vector<StageId> mine = schedule_.stages_of(r.rank);
+  for (const StageId s : mine) {
+    const auto i = static_cast<std::size_t>(s.value());
+    const nn::Stage& stage = *r.replica->stages[i];
     for (const nn::ParameterInfo& info : layouts[i].entries()) {
-      if (first_holder.at(info.name) == i) writer.add(info.name, stages_[i]->parameter(info.name), info.shape);
+      if (first_holder.at(info.name) != i) continue;
+      writer.add(info.name, stage.parameter(info.name), info.shape);
+      if (with_gradients) writer.add("grad." + info.name, stage.gradient(info.name), info.shape);
     }
   }
   if (!with_optimizer) return writer;
-  for (std::size_t i = 0; i < stages_.size(); ++i) {
-    if (!optimizers_[i]) continue;
-    const nn::AdamW& optimizer = *optimizers_[i];
+  for (const StageId s : mine) {
+    const auto i = static_cast<std::size_t>(s.value());
+    const nn::AdamW& optimizer = *r.replica->optimizers[i];
     const auto owned = [&, i](const nn::ParameterInfo& info) { return first_holder.at(info.name) == i; };
     if (!sharded()) {
       nn::AdamW::add_moments(writer, layouts[i], optimizer.exp_avg(), optimizer.exp_avg_sq(), optimizer.steps(),
@@ -258,24 +323,23 @@ nn::SafetensorsWriter PipelineEngine::local_state(bool with_optimizer) const {
     std::copy(optimizer.exp_avg().begin(), optimizer.exp_avg().end(), m.begin() + shard.begin);
     std::copy(optimizer.exp_avg_sq().begin(), optimizer.exp_avg_sq().end(), v.begin() + shard.begin);
     const Deadline deadline = deadline_after(options_.timeout);
-    MpiGroups::gather_parts(processes_->data(), m, deadline, "every replica's AdamW moments (ZeRO-1)");
-    MpiGroups::gather_parts(processes_->data(), v, deadline, "every replica's AdamW moments (ZeRO-1)");
-    nn::AdamW::add_moments(writer, layouts[i], m, v, optimizer.steps(), owned);
+    r.data->gather_parts(m, deadline, "every replica's AdamW moments (ZeRO-1)");
+    r.data->gather_parts(v, deadline, "every replica's AdamW moments (ZeRO-1)");
+    if (r.data_rank == 0) nn::AdamW::add_moments(writer, layouts[i], m, v, optimizer.steps(), owned);
   }
   return writer;
 }
 
-std::optional<nn::SafetensorsFile> PipelineEngine::gathered_parameters() const {
+std::optional<nn::SafetensorsFile> PipelineEngine::gather_state(LocalRank& r, bool with_gradients) const {
   // Replica 0's ranks send their tensors to world rank 0 (pipeline rank 0 of replica 0).
-  if (processes_->data_rank() != 0) return std::nullopt;
+  if (r.data_rank != 0) return std::nullopt;
   const std::vector<std::string> parts =
-      MpiGroups::gather_bytes(processes_->pipeline(), local_state(false).serialize(),
-                              deadline_after(options_.timeout),
-                              "every pipeline rank's tensors (for the whole model at rank 0)");
-  if (!is_reporter()) return std::nullopt;
+      r.pipeline->gather_bytes(rank_state(r, false, with_gradients).serialize(), deadline_after(options_.timeout),
+                               "every pipeline rank's tensors (for the whole model at rank 0)");
+  if (r.world_rank != 0) return std::nullopt;
   std::vector<nn::SafetensorsFile> files;
-  for (std::size_t r = 0; r < parts.size(); ++r) {
-    files.push_back(nn::SafetensorsFile::parse(parts[r], fmt::format("pipeline rank {}'s tensors", r)));
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    files.push_back(nn::SafetensorsFile::parse(parts[k], fmt::format("pipeline rank {}'s tensors", k)));
   }
   return nn::SafetensorsFile::merge(files, "the gathered model");
 }
@@ -287,20 +351,30 @@ void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::in
     fail("not writing checkpoint {}: {} is not finite; the run diverged (lower optimizer.params.lr)", path.string(),
          *bad);
   }
-  if (processes_ == nullptr) {
-    nn::SafetensorsWriter writer = local_state(true);
-    writer.set_metadata("steps_done", std::to_string(steps_done));
-    writer.write(path);
+  group_->run([&](int w) { write_checkpoint_rank(local(w), path, steps_done); }, [this] { abort_transports(); });
+}
+
+// Replica 0's ranks write the checkpoint (ZeRO-1: the other replicas send
+// their moments first): one file through world rank 0, or a shard each.
+void PipelineEngine::write_checkpoint_rank(LocalRank& r, const std::filesystem::path& path,
+                                           std::int64_t steps_done) const {
+  nn::SafetensorsWriter shard = rank_state(r, true);
+  if (r.data_rank != 0) return;
+  shard.set_metadata("steps_done", std::to_string(steps_done));
+  const Deadline deadline = deadline_after(options_.timeout);
+  if (!group_->spans_processes()) {
+    const std::vector<std::string> parts =
+        r.pipeline->gather_bytes(shard.serialize(), deadline, "every pipeline rank's part of the checkpoint");
+    if (r.world_rank != 0) return;
+    std::vector<nn::SafetensorsFile> files;
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      files.push_back(nn::SafetensorsFile::parse(parts[k], fmt::format("pipeline rank {}'s part", k)));
+    }
+    nn::SafetensorsFile::merged(files).write(path);
     return;
   }
-  // Replica 0's ranks write a shard each (ZeRO-1: the other replicas send their moments first).
-  const bool writes = processes_->data_rank() == 0;
-  if (!writes && !sharded()) return;
-  nn::SafetensorsWriter shard = local_state(true);
-  if (!writes) return;
-  shard.set_metadata("steps_done", std::to_string(steps_done));
   const int ranks = schedule_.num_ranks();
-  const std::string file = nn::shard_file_name(processes_->pipeline_rank(), ranks);
+  const std::string file = nn::shard_file_name(r.rank.value(), ranks);
   std::filesystem::create_directories(path);
   // An index left by an earlier write of this folder goes before any shard changes.
   std::filesystem::remove(path / nn::kSafetensorsIndex);
@@ -308,14 +382,14 @@ void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::in
   // Every shard is on disk before world rank 0 writes the index (the gather is the barrier).
   std::string listing = std::to_string(shard.data_bytes());
   for (const std::string& name : shard.names()) listing += "\n" + name;
-  const std::vector<std::string> listings = MpiGroups::gather_bytes(
-      processes_->pipeline(), listing, deadline_after(options_.timeout), "every pipeline rank's checkpoint shard");
-  if (!is_reporter()) return;
+  const std::vector<std::string> listings =
+      r.pipeline->gather_bytes(listing, deadline, "every pipeline rank's checkpoint shard");
+  if (r.world_rank != 0) return;
   std::vector<nn::ShardContents> shards;
   std::set<std::string> files;
-  for (std::size_t r = 0; r < listings.size(); ++r) {
-    std::istringstream lines(listings[r]);  // its data bytes, then a tensor name a line
-    nn::ShardContents contents{.file = nn::shard_file_name(static_cast<int>(r), ranks), .names = {}, .bytes = 0};
+  for (std::size_t k = 0; k < listings.size(); ++k) {
+    std::istringstream lines(listings[k]);  // its data bytes, then a tensor name a line
+    nn::ShardContents contents{.file = nn::shard_file_name(static_cast<int>(k), ranks), .names = {}, .bytes = 0};
     std::string line;
     std::getline(lines, line);
     contents.bytes = std::stoull(line);
@@ -334,28 +408,34 @@ void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::in
 std::int64_t PipelineEngine::load_checkpoint(const nn::SafetensorsFile& file) {
   const std::int64_t steps_done = file.metadata_count("steps_done");
   load_parameters(file);
-  for (auto& optimizer : optimizers_) {
-    if (optimizer) optimizer->load_state(file);
+  for (auto& replica : replicas_) {
+    for (auto& optimizer : replica->optimizers) {
+      if (optimizer) optimizer->load_state(file);
+    }
   }
   return steps_done;
 }
 
 const nn::Stage& PipelineEngine::holder(std::string_view name) const {
-  for (const auto& stage : stages_) {
+  for (const auto& stage : first_replica().stages) {
     if (stage && stage->layout().find(name) != nullptr) return *stage;
   }
-  fail("the model has no tensor named {}{}", name, processes_ != nullptr ? " in this process's stages" : "");
+  fail("the model has no tensor named {}{}", name,
+       group_->local_ranks().size() < static_cast<std::size_t>(group_->layout().world_size())
+           ? " in this process's stages"
+           : "");
 }
 
 std::optional<std::string> PipelineEngine::first_non_finite(Values values) const {
-  for (std::size_t s = 0; s < stages_.size(); ++s) {
-    if (!stages_[s]) continue;
-    const nn::Stage& stage = *stages_[s];
+  const Replica& replica = first_replica();
+  for (std::size_t s = 0; s < replica.stages.size(); ++s) {
+    if (!replica.stages[s]) continue;
+    const nn::Stage& stage = *replica.stages[s];
     const bool parameters = values == Values::kParameters;
     // Under ZeRO-1 a replica's summed gradient is its optimizer's part (the
     // rest is its own, unsummed); the parameters are whole.
     const nn::OptimizerShard part =
-        parameters ? nn::OptimizerShard::of(stage.layout().total(), 1, 0) : optimizers_[s]->shard();
+        parameters ? nn::OptimizerShard::of(stage.layout().total(), 1, 0) : replica.optimizers[s]->shard();
     if (const auto name =
             non_finite_tensor(stage.layout(), parameters ? stage.parameters() : stage.gradients(), part)) {
       return fmt::format("stage {}'s {} {}", s, parameters ? "parameter" : "gradient of", *name);
@@ -368,24 +448,26 @@ std::span<const float> PipelineEngine::parameter(std::string_view name) const { 
 std::span<const float> PipelineEngine::gradient(std::string_view name) const { return holder(name).gradient(name); }
 
 std::unique_ptr<nn::Stage> PipelineEngine::assemble_model(bool with_gradients) const {
-  if (processes_ != nullptr) {
-    if (with_gradients) fail("the gradients of a whole model are assembled in one process only");
-    const std::optional<nn::SafetensorsFile> state = gathered_parameters();
-    if (!state) return nullptr;
-    auto model = std::make_unique<nn::Stage>(config_, nn::all_layers(config_), nn::StageOptions{0, "model"});
-    nn::load_parameters(*model, *state);
-    return model;
-  }
+  std::optional<nn::SafetensorsFile> state;
+  group_->run(
+      [&](int w) {
+        std::optional<nn::SafetensorsFile> gathered = gather_state(local(w), with_gradients);
+        if (gathered) state = std::move(gathered);  // world rank 0 alone
+      },
+      [this] { abort_transports(); });
+  if (!state) return nullptr;
   auto model = std::make_unique<nn::Stage>(config_, nn::all_layers(config_), nn::StageOptions{0, "model"});
-  for (const nn::ParameterInfo& info : model->layout().entries()) {
-    const nn::Stage& from = holder(info.name);
-    std::copy(from.parameter(info.name).begin(), from.parameter(info.name).end(),
-              model->parameter(info.name).begin());
-    if (with_gradients) {
-      std::copy(from.gradient(info.name).begin(), from.gradient(info.name).end(), model->gradient(info.name).begin());
+  nn::load_parameters(*model, *state);
+  if (with_gradients) {
+    for (const nn::ParameterInfo& info : model->layout().entries()) {
+      state->read_floats("grad." + info.name, info.shape, model->gradient(info.name));
     }
   }
   return model;
+}
+
+void PipelineEngine::abort_transports() const {
+  for (const auto& replica : replicas_) replica->transport->abort();
 }
 
 std::int64_t PipelineEngine::global_batch() const {
@@ -439,33 +521,41 @@ StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, St
          "the run again",
          current_step_);
   }
+  if (run == RunMode::kSerial &&
+      (ranks_.size() != static_cast<std::size_t>(group_->layout().world_size()) || options_.data_parallel > 1)) {
+    fail("an emulated (serial) step runs one pipeline with every rank in this process (data_parallel 1, no mpirun)");
+  }
   current_step_ = step;
-  transport_->reset();
+  for (auto& replica : replicas_) replica->transport->reset();
   const Clock::time_point epoch = Clock::now();
-  for (auto& worker : workers_) worker->begin_step(step, source, epoch);
+  for (auto& r : ranks_) r->worker->begin_step(step, source, epoch);
   StepResult result;
   result.step = step;
   result.mode = run;
   result.tokens = tokens_per_step();
   result.lr = options_.lr_schedule.lr(step);
-  if (processes_ != nullptr && run == RunMode::kSerial) fail("an emulated (serial) step runs in one process only");
-  Flush flush(static_cast<std::size_t>(schedule_.num_ranks()));
-  if (run == RunMode::kThreaded) {
-    run_threaded(mode, result.lr, flush);
-  } else {
-    run_serial(mode, result.lr, flush);
+  Flush flush(ranks_.size());
+  try {
+    if (run == RunMode::kThreaded) {
+      run_threaded(mode, result.lr, flush, result, epoch);
+    } else {
+      run_serial(mode, result.lr, flush);
+      result.wall_s = std::chrono::duration<double>(Clock::now() - epoch).count();
+    }
+  } catch (...) {
+    if (flush.updating.load()) update_failed_ = true;
+    for (auto& r : ranks_) r->worker->release();
+    throw;
   }
-  result.wall_s = std::chrono::duration<double>(Clock::now() - epoch).count();
-  const auto reporting_rank = static_cast<std::size_t>(workers_.front()->rank().value());
-  result.grad_norm = flush.grad_norm(reporting_rank, run);
-  if (workers_.front()->measures_noise_scale()) {
+  result.grad_norm = flush.grad_norm(0, run);
+  if (ranks_.front()->worker->measures_noise_scale()) {
     // The accumulated gradient carries the loss scale 1/(m·d): undone, it is the micro-batch's mean-loss gradient.
     const double unscale = static_cast<double>(schedule_.num_microbatches()) * options_.data_parallel;
-    result.grad_square_small = Flush::total(flush.small_square_sum, reporting_rank, run) * unscale * unscale;
+    result.grad_square_small = Flush::total(flush.small_square_sum, 0, run) * unscale * unscale;
   }
   result.skipped = mode == StepMode::kTrain && !std::isfinite(result.grad_norm);
   result.clip_coefficient = result.skipped ? 1 : clip_coefficient(mode, result.grad_norm);
-  finish(result, epoch);
+  if (run == RunMode::kSerial) finish_serial(result);
   return result;
 }
 
@@ -473,149 +563,125 @@ double PipelineEngine::clip_coefficient(StepMode mode, double grad_norm) const {
   return mode == StepMode::kTrain ? nn::clip_coefficient(grad_norm, options_.gradient_clipping) : 1.0;
 }
 
-// One phase of rank w's flush, written once for both run modes. Threaded, a
-// rank runs every phase on its own thread and waits for the other ranks'
-// tied-gradient copy and the all-reduce; serial, every rank runs a phase
-// before any runs the next, so nothing has to wait.
-RankWorker::Outcome PipelineEngine::flush_step(FlushStep step, RankWorker& w, StepMode mode, RunMode run,
-                                               double lr, Flush& flush) {
-  const auto r = static_cast<std::size_t>(w.rank().value());
+// One phase of local rank `index`'s flush, written once for both run modes.
+// Threaded, a rank runs every phase on its own thread and waits for the
+// other ranks' tied-gradient copy and the all-reduce; serial, every rank runs
+// a phase before any runs the next, so nothing has to wait.
+bool PipelineEngine::flush_step(FlushStep step, LocalRank& r, std::size_t index, StepMode mode, RunMode run,
+                                double lr, Flush& flush) {
+  RankWorker& w = *r.worker;
   switch (step) {
     case FlushStep::kReduceDataParallel:
-      if (options_.data_parallel > 1) reduce_data_parallel(w);
-      return RankWorker::Outcome::kDone;
+      if (options_.data_parallel > 1) reduce_data_parallel(r);
+      return true;
     case FlushStep::kPostTiedGradients:
-      flush.tied_start[r] = Clock::now();
-      return w.post_tied_gradients();
+      flush.tied_start[index] = Clock::now();
+      return w.post_tied_gradients() != RankWorker::Outcome::kAborted;
     case FlushStep::kReduceTiedGradients: {
       const RankWorker::Outcome outcome = w.reduce_tied_gradients(run == RunMode::kThreaded);
-      if (outcome == RankWorker::Outcome::kNotReady) fail("serial run: rank {}'s tied-gradient copy was not posted", r);
-      if (outcome == RankWorker::Outcome::kDone) w.record_phase(FlushPhase::kTiedGradients, flush.tied_start[r]);
-      return outcome;
+      if (outcome == RankWorker::Outcome::kNotReady) {
+        fail("serial run: rank {}'s tied-gradient copy was not posted", r.rank);
+      }
+      if (outcome == RankWorker::Outcome::kDone) w.record_phase(FlushPhase::kTiedGradients, flush.tied_start[index]);
+      return outcome != RankWorker::Outcome::kAborted;
     }
     case FlushStep::kGradientNorm: {
       const Clock::time_point start = Clock::now();
       double sum = w.gradient_square_sum() + loss_guard(w, schedule_.num_microbatches());
       if (options_.data_parallel > 1) {  // the replicas' parts, in replica order
-        const std::vector<double> parts = MpiGroups::all_gather(processes_->data(), {&sum, 1},
-                                                                deadline_after(options_.timeout),
-                                                                "every replica's part of the gradient norm");
+        const std::vector<double> parts = r.data->all_gather({&sum, 1}, deadline_after(options_.timeout),
+                                                             "every replica's part of the gradient norm");
         sum = 0;
         for (const double part : parts) sum += part;
       }
-      if (run == RunMode::kThreaded && w.all_reduce_sum(sum) == RankWorker::Outcome::kAborted) {
-        return RankWorker::Outcome::kAborted;
-      }
+      if (run == RunMode::kThreaded && w.all_reduce_sum(sum) == RankWorker::Outcome::kAborted) return false;
       double small = w.small_square_sum();
       if (w.measures_noise_scale() && run == RunMode::kThreaded &&
           w.all_reduce_sum(small) == RankWorker::Outcome::kAborted) {
-        return RankWorker::Outcome::kAborted;
+        return false;
       }
       w.record_phase(FlushPhase::kGradientNorm, start);
-      flush.square_sum[r] = sum;
-      flush.small_square_sum[r] = small;
-      return RankWorker::Outcome::kDone;
+      flush.square_sum[index] = sum;
+      flush.small_square_sum[index] = small;
+      return true;
     }
     case FlushStep::kUpdate:
       // Every rank holds the same norm, so all skip a non-finite step together.
-      if (mode == StepMode::kTrain && std::isfinite(flush.grad_norm(r, run))) {
+      if (mode == StepMode::kTrain && std::isfinite(flush.grad_norm(index, run))) {
         flush.updating.store(true);
-        w.apply_update(clip_coefficient(mode, flush.grad_norm(r, run)), lr);
-        if (sharded()) gather_parameters(w);
+        w.apply_update(clip_coefficient(mode, flush.grad_norm(index, run)), lr);
+        if (sharded()) gather_parameters(r);
       }
-      return RankWorker::Outcome::kDone;
+      return true;
   }
-  return RankWorker::Outcome::kDone;
+  return true;
 }
 
-// Each rank on its own persistent thread (RankThreads, started at the first
-// threaded step). A failing worker records its error and aborts the
-// transport; the others return at their next action or wait; run() returns
-// once every rank has, and the first error is rethrown.
-void PipelineEngine::run_threaded(StepMode mode, double lr, Flush& flush) {
-  std::mutex error_mutex;
-  std::exception_ptr first_error;
-  const auto job = [&](int index) {
-    RankWorker& w = *workers_[static_cast<std::size_t>(index)];
-    try {
-      for (std::size_t i = 0; i < w.size(); ++i) {
-        if (w.run(i, true) == RankWorker::Outcome::kAborted) return;
-        post_reductions_after(i);
-      }
-      for (const FlushStep step : kFlushOrder) {
-        if (flush_step(step, w, mode, RunMode::kThreaded, lr, flush) == RankWorker::Outcome::kAborted) return;
-      }
-      w.complete_sends();
-    } catch (...) {
-      {
-        std::lock_guard lock(error_mutex);
-        if (!first_error) first_error = std::current_exception();
-      }
-      transport_->abort();
+// Each rank on its own worker of the rank group: its actions, its flush,
+// then the step's results gathered. A failing rank aborts the transports;
+// the others return at their next action or wait (the group's policy).
+void PipelineEngine::run_threaded(StepMode mode, double lr, Flush& flush, StepResult& result,
+                                  Clock::time_point epoch) {
+  std::vector<StepResult> gathered(ranks_.size());
+  std::vector<Clock::time_point> ends(ranks_.size(), epoch);
+  const auto job = [&](int world_rank) {
+    const std::size_t at = local_index(world_rank);
+    LocalRank& r = *ranks_[at];
+    RankWorker& w = *r.worker;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      if (w.run(i, true) == RankWorker::Outcome::kAborted) return;
+      post_reductions_after(r, i);
     }
+    for (const FlushStep step : kFlushOrder) {
+      if (!flush_step(step, r, at, mode, RunMode::kThreaded, lr, flush)) return;
+    }
+    w.complete_sends();
+    ends[at] = Clock::now();
+    gather_results(r, gathered[at], epoch);
   };
-  if (processes_ != nullptr) {
-    job(0);  // one rank per process, on this thread: mpirun binds the process to its core
-  } else {
-    if (!threads_) threads_ = std::make_unique<RankThreads>(schedule_.num_ranks());
-    threads_->run(job);
-  }
-  if (first_error && processes_ != nullptr) {
-    // Peers in other processes cannot be told to stop a step half done, and
-    // transfers of this one may still be under way: end the job from here.
-    try {
-      std::rethrow_exception(first_error);
-    } catch (const std::exception& error) {
-      MpiWorld::fail_job(error.what());
-    }
-  }
-  if (first_error) {
-    if (flush.updating.load()) update_failed_ = true;
-    for (auto& worker : workers_) worker->release();
-    std::rethrow_exception(first_error);
-  }
+  group_->run(job, [this] { abort_transports(); });
+  // The first local rank's figures: every rank holds the losses, and world
+  // rank 0, the first of its process, the records.
+  result.microbatch_losses = std::move(gathered.front().microbatch_losses);
+  result.loss = gathered.front().loss;
+  result.ranks = std::move(gathered.front().ranks);
+  result.wall_s = std::chrono::duration<double>(*std::max_element(ends.begin(), ends.end()) - epoch).count();
 }
 
 // Every rank on this thread: passes over the ranks, each running as far as
 // its messages allow, until all lists are done; then the flush phase by phase.
 void PipelineEngine::run_serial(StepMode mode, double lr, Flush& flush) {
-  try {
-    std::vector<std::size_t> next(workers_.size(), 0);
-    for (bool done = false; !done;) {
-      done = true;
-      bool moved = false;
-      for (std::size_t r = 0; r < workers_.size(); ++r) {
-        RankWorker& w = *workers_[r];
-        while (next[r] < w.size() && w.run(next[r], false) == RankWorker::Outcome::kDone) {
-          ++next[r];
-          moved = true;
-        }
-        done = done && next[r] == w.size();
+  std::vector<std::size_t> next(ranks_.size(), 0);
+  for (bool done = false; !done;) {
+    done = true;
+    bool moved = false;
+    for (std::size_t r = 0; r < ranks_.size(); ++r) {
+      RankWorker& w = *ranks_[r]->worker;
+      while (next[r] < w.size() && w.run(next[r], false) == RankWorker::Outcome::kDone) {
+        ++next[r];
+        moved = true;
       }
-      if (!done && !moved) fail("serial run of {} is stuck although the schedule validated", schedule_.name());
+      done = done && next[r] == w.size();
     }
-    for (const FlushStep step : kFlushOrder) {
-      for (auto& worker : workers_) flush_step(step, *worker, mode, RunMode::kSerial, lr, flush);
-    }
-  } catch (...) {
-    if (flush.updating.load()) update_failed_ = true;
-    for (auto& worker : workers_) worker->release();
-    throw;
+    if (!done && !moved) fail("serial run of {} is stuck although the schedule validated", schedule_.name());
+  }
+  for (const FlushStep step : kFlushOrder) {
+    for (std::size_t r = 0; r < ranks_.size(); ++r) flush_step(step, *ranks_[r], r, mode, RunMode::kSerial, lr, flush);
   }
 }
 
-void PipelineEngine::post_reductions_after(std::size_t index) {
-  if (reduce_after_.empty()) return;
-  for (Reduction& reduction : reductions_) reduction.parts->poll();
-  for (const StageId s : reduce_after_[index]) post_reduction(s);
+void PipelineEngine::post_reductions_after(LocalRank& r, std::size_t index) {
+  if (r.reduce_after.empty()) return;
+  for (LocalRank::Reduction& reduction : r.reductions) reduction.parts->poll();
+  for (const StageId s : r.reduce_after[index]) post_reduction(r, s);
 }
 
-void PipelineEngine::post_reduction(StageId s) {
-  reductions_.push_back(
+void PipelineEngine::post_reduction(LocalRank& r, StageId s) {
+  r.reductions.push_back(
       {s,
-       std::make_unique<ReduceScatterParts>(processes_->data(), stage(s).gradients(),
-                                            fmt::format("the data-parallel reduce-scatter of stage {}'s gradients", s),
-                                            static_cast<std::size_t>(options_.reduce_bucket_size)),
+       r.data->reduce_scatter_parts(r.replica->stages[static_cast<std::size_t>(s.value())]->gradients(),
+                                    fmt::format("the data-parallel reduce-scatter of stage {}'s gradients", s),
+                                    static_cast<std::size_t>(options_.reduce_bucket_size)),
        Clock::now()});
 }
 
@@ -624,29 +690,30 @@ void PipelineEngine::post_reduction(StageId s) {
 // keeps its part and the weights are gathered after the update instead.
 // Each stage is recorded from its posting or the end of the stage before,
 // so that the phases do not overlap.
-void PipelineEngine::reduce_data_parallel(RankWorker& w) {
-  for (const StageId s : schedule_.stages_of(w.rank())) {
-    const bool posted = std::any_of(reductions_.begin(), reductions_.end(),
-                                    [&](const Reduction& reduction) { return reduction.stage == s; });
-    if (!posted) post_reduction(s);
+void PipelineEngine::reduce_data_parallel(LocalRank& r) {
+  for (const StageId s : schedule_.stages_of(r.rank)) {
+    const bool posted = std::any_of(r.reductions.begin(), r.reductions.end(),
+                                    [&](const LocalRank::Reduction& reduction) { return reduction.stage == s; });
+    if (!posted) post_reduction(r, s);
   }
   Clock::time_point previous_end = Clock::time_point::min();
-  for (Reduction& reduction : reductions_) {
+  for (LocalRank::Reduction& reduction : r.reductions) {
     reduction.parts->finish(deadline_after(options_.timeout));
     if (!sharded()) {
-      MpiGroups::all_gather_parts(processes_->data(), stage(reduction.stage).gradients(),
-                                  deadline_after(options_.timeout),
-                                  fmt::format("every replica's summed part of stage {}'s gradients", reduction.stage));
+      r.data->all_gather_parts(r.replica->stages[static_cast<std::size_t>(reduction.stage.value())]->gradients(),
+                               deadline_after(options_.timeout),
+                               fmt::format("every replica's summed part of stage {}'s gradients", reduction.stage));
     }
-    w.record_phase(FlushPhase::kDataParallelGradients, reduction.stage, std::max(reduction.posted, previous_end));
+    r.worker->record_phase(FlushPhase::kDataParallelGradients, reduction.stage,
+                           std::max(reduction.posted, previous_end));
     previous_end = Clock::now();
   }
-  reductions_.clear();
+  r.reductions.clear();
 }
 
 std::int64_t PipelineEngine::optimizer_state_bytes() const {
   std::int64_t bytes = 0;
-  for (const auto& optimizer : optimizers_) {
+  for (const auto& optimizer : first_replica().optimizers) {
     if (optimizer) bytes += 2 * static_cast<std::int64_t>(sizeof(float)) * optimizer->shard().size();
   }
   return bytes;
@@ -654,7 +721,7 @@ std::int64_t PipelineEngine::optimizer_state_bytes() const {
 
 std::int64_t PipelineEngine::local_parameter_count() const {
   std::int64_t count = 0;
-  for (const auto& stage : stages_) {
+  for (const auto& stage : first_replica().stages) {
     if (stage) count += stage->layout().total();
   }
   return count;
@@ -664,31 +731,30 @@ bool PipelineEngine::sharded() const { return options_.shard_optimizer && option
 
 // ZeRO-1: each replica updated its shard of the rank's stages; every
 // replica gets the others'.
-void PipelineEngine::gather_parameters(RankWorker& w) {
-  for (const StageId s : schedule_.stages_of(w.rank())) {
+void PipelineEngine::gather_parameters(LocalRank& r) {
+  for (const StageId s : schedule_.stages_of(r.rank)) {
     const Clock::time_point start = Clock::now();
-    MpiGroups::all_gather_parts(processes_->data(), stage(s).parameters(), deadline_after(options_.timeout),
-                                fmt::format("every replica's updated shard of stage {} (ZeRO-1)", s));
-    w.record_phase(FlushPhase::kDataParallelWeights, s, start);
+    r.data->all_gather_parts(r.replica->stages[static_cast<std::size_t>(s.value())]->parameters(),
+                             deadline_after(options_.timeout),
+                             fmt::format("every replica's updated shard of stage {} (ZeRO-1)", s));
+    r.worker->record_phase(FlushPhase::kDataParallelWeights, s, start);
   }
 }
 
-void PipelineEngine::finish(StepResult& result, Clock::time_point epoch) {
+// Every rank in this process, one pipeline: the losses from the last stage's
+// rank, every rank's record.
+void PipelineEngine::finish_serial(StepResult& result) const {
   const int m = schedule_.num_microbatches();
-  if (processes_ != nullptr) {
-    gather_results(result, epoch);
-    return;
-  }
-  for (const auto& worker : workers_) {
-    if (!worker->holds_last_stage()) continue;
+  for (const auto& r : ranks_) {
+    if (!r->worker->holds_last_stage()) continue;
     double sum = 0;
     for (int j = 0; j < m; ++j) {
-      result.microbatch_losses.push_back(worker->microbatch_loss(j));
-      sum += worker->microbatch_loss(j);
+      result.microbatch_losses.push_back(r->worker->microbatch_loss(j));
+      sum += r->worker->microbatch_loss(j);
     }
     result.loss = sum / m;
   }
-  for (const auto& worker : workers_) result.ranks.push_back(worker->record());
+  for (const auto& r : ranks_) result.ranks.push_back(r->worker->record());
 }
 
 namespace {
@@ -740,16 +806,17 @@ RankRecord parse_record(const std::string& bytes, double shift) {
 
 }  // namespace
 
-// Every process gets the losses (from the last pipeline rank of every
-// replica, in replica order); world rank 0 gets its replica's records, each
-// moved onto rank 0's epoch.
-void PipelineEngine::gather_results(StepResult& result, Clock::time_point epoch) const {
+// Every rank gets the losses (from the last pipeline rank of every replica,
+// in replica order); world rank 0 gets its replica's records, each moved
+// onto rank 0's epoch; the other ranks of replica 0's pipeline nothing, and
+// the other replicas' ranks their own.
+void PipelineEngine::gather_results(LocalRank& r, StepResult& result, Clock::time_point epoch) const {
   const int m = schedule_.num_microbatches();
-  const RankWorker& w = *workers_.front();
+  const RankWorker& w = *r.worker;
   std::vector<double> mine{w.holds_last_stage() ? 1.0 : 0.0};
   for (int j = 0; j < m; ++j) mine.push_back(w.holds_last_stage() ? w.microbatch_loss(j) : 0.0);
-  const std::vector<double> all = MpiGroups::all_gather(processes_->world(), mine, deadline_after(options_.timeout),
-                                                        "the micro-batch losses of every replica");
+  const std::vector<double> all =
+      r.world->all_gather(mine, deadline_after(options_.timeout), "the micro-batch losses of every replica");
   double sum = 0;
   for (std::size_t at = 0; at < all.size(); at += mine.size()) {
     if (all[at] != 1.0) continue;
@@ -759,15 +826,14 @@ void PipelineEngine::gather_results(StepResult& result, Clock::time_point epoch)
     }
   }
   result.loss = sum / static_cast<double>(result.microbatch_losses.size());
-  if (processes_->data_rank() != 0) {
+  if (r.data_rank != 0) {
     result.ranks.push_back(w.record());
     return;
   }
   const double epoch_s =
-      std::chrono::duration<double>(epoch.time_since_epoch()).count() - processes_->clock_offset_s();
-  const std::vector<std::string> parts = MpiGroups::gather_bytes(
-      processes_->pipeline(), record_bytes(w.record(), epoch_s), deadline_after(options_.timeout),
-      "every pipeline rank's timings of the step");
+      std::chrono::duration<double>(epoch.time_since_epoch()).count() - group_->clock_offset_s();
+  const std::vector<std::string> parts = r.pipeline->gather_bytes(
+      record_bytes(w.record(), epoch_s), deadline_after(options_.timeout), "every pipeline rank's timings of the step");
   for (const std::string& part : parts) {
     double their_epoch_s = 0;
     std::memcpy(&their_epoch_s, part.data(), sizeof their_epoch_s);

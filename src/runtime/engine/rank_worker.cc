@@ -1,4 +1,4 @@
-#include "pipeflow/runtime/rank_worker.h"
+#include "engine/rank_worker.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

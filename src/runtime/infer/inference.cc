@@ -11,11 +11,6 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/nn/model_file.h"
-#include "pipeflow/runtime/in_process_transport.h"
-#include "pipeflow/runtime/mpi_transport.h"
-#include "pipeflow/runtime/mpi_world.h"
-#include "pipeflow/runtime/rank_threads.h"
-#include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/stage_partition.h"
 #include "pipeflow/schedule/generators.h"
 
@@ -53,15 +48,14 @@ void check_prompts(const std::vector<std::vector<std::int32_t>>& prompts, const 
 // stage, cache and busy time, the last rank alone the tokens.
 class Decode {
  public:
-  Decode(const std::vector<std::unique_ptr<nn::Stage>>& stages, const MpiGroups* processes,
+  Decode(const std::vector<std::unique_ptr<nn::Stage>>& stages, RankGroup& group,
          const std::vector<std::vector<std::int32_t>>& prompts, const InferenceOptions& options)
       : stages_(stages),
-        processes_(processes),
         prompts_(prompts),
         options_(options),
         p_(static_cast<int>(stages.size())),
         m_(options.microbatches),
-        collects_(processes != nullptr && p_ > 1),
+        collects_(p_ > 1 && !group.shares_process(0, p_ - 1)),
         round_(make_schedule("inference", p_, m_)),
         timeout_(std::chrono::duration_cast<Clock::duration>(options.timeout)),
         busy_(stages.size(), 0.0) {
@@ -72,14 +66,12 @@ class Decode {
       // constructs it in place from make_kv_cache's result.
       caches_.emplace_back(stage ? new nn::KvCache(stage->make_kv_cache(sequences)) : nullptr);
     }
-    if (processes != nullptr) {
-      // Message ids run over every step (step · m + group).
-      transport_ = std::make_unique<MpiTransport>(processes->pipeline(), RankId(processes->pipeline_rank()), p_,
-                                                  m_ * options.sampling.new_tokens);
-    } else {
-      transport_ = std::make_unique<InProcessTransport>(
-          std::vector<int>(stages.size(), m_ + 1), p_ <= usable_cores() ? kHandoffSpin : std::chrono::nanoseconds(0));
-    }
+    // Message ids run over every step (step · m + group); an inbox holds a
+    // step's m messages and the last step's tokens.
+    transport_ = group.pipeline_transport(
+        0, {.inbox_capacity = std::vector<int>(stages.size(), m_ + 1),
+            .stages = p_,
+            .microbatches = m_ * options.sampling.new_tokens});
     result_.tokens.resize(prompts.size());
     for (int s = 0; s < sequences; ++s) rngs_.emplace_back(nn::derive_seed(options.sampling.seed, s));
   }
@@ -130,31 +122,25 @@ class Decode {
 
   void abort() { transport_->abort(); }
 
-  // Under MPI every process calls it: the figures are gathered from all.
-  InferenceResult result(const std::vector<int>& boundaries, double seconds) {
+  // Rank r's figures, to gather over the pipeline: its busy time, its
+  // cache's bytes, the time to the first tokens (the last rank's) and its
+  // seconds.
+  std::array<double, 4> figures(int r, double seconds) const {
+    const auto i = static_cast<std::size_t>(r);
+    const double kv_bytes = caches_[i] ? static_cast<double>(caches_[i]->memory().live_bytes()) : 0.0;
+    return {busy_[i], kv_bytes, r == p_ - 1 ? result_.time_to_first_token_s : 0.0, seconds};
+  }
+
+  // From every rank's figures, rank by rank.
+  InferenceResult result(const std::vector<int>& boundaries, const std::vector<double>& all) {
     const auto p = static_cast<std::size_t>(p_);
-    std::vector<double> kv_bytes(p, 0.0);
-    for (std::size_t i = 0; i < p; ++i) {
-      if (caches_[i]) kv_bytes[i] = static_cast<double>(caches_[i]->memory().live_bytes());
-    }
-    result_.seconds = seconds;
-    if (processes_ != nullptr) {
-      const auto r = static_cast<std::size_t>(processes_->pipeline_rank());
-      const std::array<double, 4> mine{busy_[r], kv_bytes[r], result_.time_to_first_token_s, seconds};
-      const std::vector<double> all = MpiGroups::all_gather(processes_->pipeline(), mine, deadline(),
-                                                            "every stage's figures of the generation");
-      for (std::size_t i = 0; i < p; ++i) {
-        busy_[i] = all[4 * i];
-        kv_bytes[i] = all[4 * i + 1];
-        result_.seconds = std::max(result_.seconds, all[4 * i + 3]);  // the slowest process ends the generation
-      }
-      result_.time_to_first_token_s = all[4 * (p - 1) + 2];  // the last stage samples the first tokens
-    }
+    for (std::size_t i = 0; i < p; ++i) result_.seconds = std::max(result_.seconds, all[4 * i + 3]);
+    result_.time_to_first_token_s = all[4 * (p - 1) + 2];  // the last stage samples the first tokens
     for (std::size_t i = 0; i < p; ++i) {
       result_.stages.push_back({.layers = {boundaries[i], boundaries[i + 1]},
-                                .busy_s = busy_[i],
-                                .busy_share = result_.seconds > 0 ? busy_[i] / result_.seconds : 0,
-                                .kv_cache_bytes = static_cast<std::int64_t>(kv_bytes[i])});
+                                .busy_s = all[4 * i],
+                                .busy_share = result_.seconds > 0 ? all[4 * i] / result_.seconds : 0,
+                                .kv_cache_bytes = static_cast<std::int64_t>(all[4 * i + 1])});
     }
     return std::move(result_);
   }
@@ -242,12 +228,11 @@ class Decode {
   }
 
   const std::vector<std::unique_ptr<nn::Stage>>& stages_;  // null: another process's
-  const MpiGroups* processes_;
   const std::vector<std::vector<std::int32_t>>& prompts_;
   const InferenceOptions& options_;
   const int p_;
   const int m_;
-  const bool collects_;  // under MPI, rank 0 records the tokens the last stage sends it
+  const bool collects_;  // the last stage runs in another process: rank 0 records the tokens it sends
   const Schedule round_;
   const Clock::duration timeout_;
   std::vector<int> first_;  // group g holds sequences first_[g] … first_[g + 1] − 1
@@ -272,52 +257,53 @@ double InferenceResult::decode_tokens_per_s() const {
   return decoding > 0 && after_first > 0 ? after_first / decoding : 0;
 }
 
-struct InferencePipeline::Workers {
-  explicit Workers(int ranks) : threads(ranks) {}
-  RankThreads threads;
-};
-
 InferencePipeline::InferencePipeline(const nn::Stage& model, int stages, const PartitionMethod& partition)
-    : config_(model.config()) {
-  start(stages, partition);
+    : config_(model.config()), own_group_(in_threads(stages)), group_(own_group_.get()) {
+  start(partition);
   for (auto& stage : stages_) stage->copy_parameters_from(model);
   pack_stages();
 }
 
 InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, int stages,
                                      const PartitionMethod& partition)
-    : config_(nn::read_config(weights)) {
-  start(stages, partition);
+    : config_(nn::read_config(weights)), own_group_(in_threads(stages)), group_(own_group_.get()) {
+  start(partition);
   for (auto& stage : stages_) nn::load_parameters(*stage, weights);
   pack_stages();
 }
 
-InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, const MpiGroups& processes,
+InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, RankGroup& group,
                                      const PartitionMethod& partition)
-    : config_(nn::read_config(weights)), processes_(&processes) {
-  if (processes.layout().data_parallel != 1) {
-    fail("{} processes in pipelines of {}: generate runs one pipeline; start mpirun -np {}",
-         processes.layout().world_size(), processes.layout().pipeline, processes.layout().pipeline);
+    : config_(nn::read_config(weights)), group_(&group) {
+  const RankLayout& layout = group.layout();
+  if (layout.data_parallel != 1) {
+    fail("{} ranks in pipelines of {}: generate runs one pipeline; start mpirun -np {}", layout.world_size(),
+         layout.pipeline, layout.pipeline);
   }
-  start(processes.layout().pipeline, partition);
-  nn::load_parameters(*stages_[static_cast<std::size_t>(processes.pipeline_rank())], weights);
+  start(partition);
+  for (auto& stage : stages_) {
+    if (stage) nn::load_parameters(*stage, weights);
+  }
   pack_stages();
 }
 
 InferencePipeline::~InferencePipeline() = default;
 
-void InferencePipeline::start(int stages, const PartitionMethod& partition) {
+std::unique_ptr<RankGroup> InferencePipeline::in_threads(int stages) {
   if (stages < 1) fail("--stages {}: must be at least 1", stages);
+  return RankGroup::in_threads({.pipeline = stages, .data_parallel = 1});
+}
+
+void InferencePipeline::start(const PartitionMethod& partition) {
+  const int stages = group_->layout().pipeline;
   boundaries_ = partition_model(config_, stages, partition, 1, config_.context, hardware_preset("cpu"));
   for (int i = 0; i < stages; ++i) {
-    const bool here = processes_ == nullptr || processes_->pipeline_rank() == i;
     const auto b = static_cast<std::size_t>(i);
-    stages_.push_back(here ? std::make_unique<nn::Stage>(config_, nn::LayerRange{boundaries_[b], boundaries_[b + 1]},
-                                                         nn::StageOptions{.name = fmt::format("stage {}", i)})
-                           : nullptr);
+    stages_.push_back(group_->is_local(i) ? std::make_unique<nn::Stage>(
+                                                config_, nn::LayerRange{boundaries_[b], boundaries_[b + 1]},
+                                                nn::StageOptions{.name = fmt::format("stage {}", i)})
+                                          : nullptr);
   }
-  // Under MPI the one stage runs on the calling thread.
-  if (processes_ == nullptr) workers_ = std::make_unique<Workers>(num_stages());
 }
 
 void InferencePipeline::pack_stages() {
@@ -336,34 +322,22 @@ InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::i
          "one sequence",
          options.microbatches, sequences);
   }
-  Decode decode(stages_, processes_, prompts, options);
-  if (processes_ != nullptr) {
-    // Every process starts together: the loading of weights is not the generation's time.
-    MpiGroups::all_gather(processes_->world(), std::array<double, 1>{0.0}, deadline_after(options.timeout),
-                          "the start of the generation");
-    const Clock::time_point start = Clock::now();
-    try {
-      decode.run_rank(processes_->pipeline_rank(), start);
-    } catch (const std::exception& error) {
-      // Transfers of this process may still be under way: end the job from here.
-      MpiWorld::fail_job(error.what());
-    }
-    return decode.result(boundaries_, seconds_since(start));
-  }
-  std::mutex error_mutex;
-  std::exception_ptr error;
-  const Clock::time_point start = Clock::now();
-  workers_->threads.run([&](int r) {
-    try {
-      decode.run_rank(r, start);
-    } catch (...) {
-      const std::lock_guard lock(error_mutex);
-      if (!error) error = std::current_exception();
-      decode.abort();
-    }
-  });
-  if (error) std::rethrow_exception(error);
-  return decode.result(boundaries_, seconds_since(start));
+  Decode decode(stages_, *group_, prompts, options);
+  std::vector<double> figures;
+  group_->run(
+      [&](int w) {
+        Communicator& pipeline = group_->pipeline(w);
+        // Every rank starts together: the loading of weights is not the generation's time.
+        pipeline.barrier(deadline_after(options.timeout), "the start of the generation");
+        const Clock::time_point start = Clock::now();
+        decode.run_rank(w, start);
+        std::vector<double> all = pipeline.all_gather(decode.figures(w, seconds_since(start)),
+                                                      deadline_after(options.timeout),
+                                                      "every stage's figures of the generation");
+        if (w == group_->local_ranks().front()) figures = std::move(all);
+      },
+      [&] { decode.abort(); });
+  return decode.result(boundaries_, figures);
 }
 
 }  // namespace pipeflow::runtime

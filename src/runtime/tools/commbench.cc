@@ -10,7 +10,9 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
-#include "pipeflow/runtime/mpi_transport.h"
+#include "comm/mpi.h"
+#include "pipeflow/config/run_config.h"
+#include "pipeflow/runtime/rank_group.h"
 #include "pipeflow/tensor/buffer_pool.h"
 
 namespace pipeflow::runtime {
@@ -59,15 +61,18 @@ struct PingPongTimes {
 // on either leg counts. Each round runs p2p then baseline.
 class PingPong {
  public:
-  PingPong(MPI_Comm comm, int self, int peer, int processes, const CommbenchOptions& options)
-      : comm_(comm),
+  PingPong(RankGroup& group, int self, int peer, int processes, const CommbenchOptions& options)
+      : comm_(MPI_COMM_WORLD),
         self_(self),
         peer_(peer),
         pinger_(self < peer),
-        baseline_tag_(3 * processes),  // above every tag of MpiTransport's (3 directions × processes stages × 1)
-        go_tag_(3 * processes + 1),
+        baseline_tag_(0),  // MPI_COMM_WORLD's, apart from the transport's communicator
+        go_tag_(1),
         options_(options),
-        transport_(comm, RankId(self), processes, 1) {}
+        transport_(group.pipeline_transport(
+            0, {.inbox_capacity = std::vector<int>(static_cast<std::size_t>(processes), 1),
+                .stages = processes,
+                .microbatches = 1})) {}
   PingPong(const PingPong&) = delete;
   PingPong& operator=(const PingPong&) = delete;
 
@@ -129,19 +134,19 @@ class PingPong {
     Tensor received;
     if (!pinger_) {
       go();
-      check(transport_.receive(key(true), shape, allocator, deadline, received), floats);
-      check(transport_.send(key(false), std::move(received), deadline), floats);
-      check(transport_.complete_sends(RankId(self_), deadline), floats);  // nothing left in flight between rounds
+      check(transport_->receive(key(true), shape, allocator, deadline, received), floats);
+      check(transport_->send(key(false), std::move(received), deadline), floats);
+      check(transport_->complete_sends(RankId(self_), deadline), floats);  // nothing left in flight between rounds
       return 0;
     }
     Tensor message = Tensor::uninitialized(shape, allocator);
     fill(message.span(), round, kP2pSalt);
     go();
     const Clock::time_point start = Clock::now();
-    check(transport_.send(key(true), std::move(message), deadline), floats);
-    check(transport_.receive(key(false), shape, allocator, deadline, received), floats);
+    check(transport_->send(key(true), std::move(message), deadline), floats);
+    check(transport_->receive(key(false), shape, allocator, deadline, received), floats);
     const double trip = seconds_since(start);
-    check(transport_.complete_sends(RankId(self_), deadline), floats);
+    check(transport_->complete_sends(RankId(self_), deadline), floats);
     if (wrong != nullptr) *wrong += count_wrong(received.span(), round, kP2pSalt);
     return trip;
   }
@@ -174,7 +179,7 @@ class PingPong {
   int go_tag_;
   const CommbenchOptions& options_;
   BufferPool pool_;  // before the transport: its pending sends hold the pool's tensors until it is destroyed
-  MpiTransport transport_;
+  std::unique_ptr<Transport> transport_;
   std::vector<float> baseline_send_;
   std::vector<float> baseline_receive_;
 };
@@ -190,7 +195,7 @@ struct AllReduceTimes {
   std::int64_t wrong = 0;
 };
 
-AllReduceTimes measure_all_reduce(MPI_Comm comm, int rank, int processes, std::int64_t bytes,
+AllReduceTimes measure_all_reduce(Communicator& world, int rank, int processes, std::int64_t bytes,
                                   const CommbenchOptions& options, std::vector<float>& buffer) {
   const auto floats = static_cast<std::size_t>(bytes / static_cast<std::int64_t>(sizeof(float)));
   buffer.resize(floats);
@@ -199,7 +204,7 @@ AllReduceTimes measure_all_reduce(MPI_Comm comm, int rank, int processes, std::i
   for (int round = 0; round < options.warmup + options.iters; ++round) {
     for (std::size_t i = 0; i < floats; ++i) buffer[i] = all_reduce_term(static_cast<std::int64_t>(i), rank, round);
     const Clock::time_point start = Clock::now();
-    MpiGroups::all_reduce_sum(comm, buffer, deadline_after(options.timeout), what);
+    world.all_reduce_sum(buffer, deadline_after(options.timeout), what, static_cast<std::size_t>(kReduceBucketSize));
     const double seconds = seconds_since(start);
     if (round < options.warmup) continue;
     times.time_s += seconds;
@@ -283,8 +288,9 @@ CommbenchResult run_commbench(const MpiWorld& world, const CommbenchOptions& opt
     fail("commbench measures the links between processes and mpirun started 1: run mpirun -np 2 (or more) "
          "pipeflow commbench");
   }
-  const MpiGroups groups(world, RankLayout{.pipeline = processes, .data_parallel = 1});
-  const MPI_Comm comm = groups.pipeline();
+  // The transport and the all-reduce are the training runtime's, over MPI processes.
+  const std::unique_ptr<RankGroup> group = RankGroup::in_processes(world, {.pipeline = processes, .data_parallel = 1});
+  Communicator& comm = group->world(rank);
   const std::vector<std::int64_t> sizes = message_sizes(options);
   const std::size_t count = sizes.size();
 
@@ -295,7 +301,7 @@ CommbenchResult run_commbench(const MpiWorld& world, const CommbenchOptions& opt
     if (rank % 2 == phase && rank + 1 < processes) peer = rank + 1;
     if (rank >= 1 && (rank - 1) % 2 == phase) peer = rank - 1;
     if (peer >= 0) {
-      PingPong ping_pong(comm, rank, peer, processes, options);
+      PingPong ping_pong(*group, rank, peer, processes, options);
       for (std::size_t s = 0; s < count; ++s) {
         const PingPongTimes times = ping_pong.measure(sizes[s]);
         if (rank < peer) pings[s] = times;
@@ -304,7 +310,7 @@ CommbenchResult run_commbench(const MpiWorld& world, const CommbenchOptions& opt
     // Every process starts the next phase (or the all-reduce) together: one
     // idle in this phase would otherwise spend all of it in its next first
     // wait and could pass that wait's deadline. Blocking, as the baseline is.
-    check_mpi(MPI_Barrier(comm), "MPI_Barrier");
+    check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
   }
   std::vector<AllReduceTimes> reduces(count);
   std::vector<float> buffer;
@@ -325,7 +331,7 @@ CommbenchResult run_commbench(const MpiWorld& world, const CommbenchOptions& opt
   mine.push_back(world.first_rank_on_host());
   const std::size_t stride = mine.size();
   const std::vector<double> all =
-      MpiGroups::all_gather(comm, mine, deadline_after(options.timeout), "the commbench results");
+      comm.all_gather(mine, deadline_after(options.timeout), "the commbench results");
   const auto field = [&](int r, std::size_t s, std::size_t f) {
     return all[static_cast<std::size_t>(r) * stride + s * kFields + f];
   };

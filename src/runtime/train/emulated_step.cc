@@ -1,4 +1,4 @@
-#include "pipeflow/runtime/emulated_step.h"
+#include "train/emulated_step.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "pipeflow/runtime/metrics_log.h"
+#include "train/metrics_log.h"
 
 #include <nlohmann/json.hpp>
 

@@ -8,20 +8,11 @@
 #include <functional>
 #include <thread>
 
-#include <sched.h>
-
 #include "pipeflow/core/units.h"
 #include "pipeflow/nn/gpt_config.h"
 #include "pipeflow/runtime/noise_scale.h"
 
 namespace pipeflow::runtime {
-
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
 
 namespace {
 
@@ -242,21 +233,6 @@ std::string printable(std::string_view text) {
     if ((byte < 0x20 && c != '\n' && c != '\t') || byte >= 0x7f) c = '?';
   }
   return out;
-}
-
-std::string oversubscription_note(int ranks, int cores, bool emulated) {
-  if (cores <= 0 || ranks <= cores) return "";
-  if (emulated) {
-    return fmt::format(
-        "{} ranks, {} cores: threads would time-slice, so this run is emulated: each action ran alone and the "
-        "timeline replays the measured durations with one core per rank.",
-        ranks, cores);
-  }
-  return fmt::format(
-      "{} ranks share {} cores: the workers are time-sliced, so the measured step time, tokens/s and bubble are "
-      "not those of a pipeline with one device per rank; --emulate runs each action alone and replays the measured "
-      "durations with one core per rank.",
-      ranks, cores);
 }
 
 std::string training_report(const RunRecord& run) {

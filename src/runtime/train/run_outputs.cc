@@ -1,10 +1,10 @@
-#include "pipeflow/runtime/run_outputs.h"
+#include "train/run_outputs.h"
 
 #include <fmt/format.h>
 
 #include "pipeflow/core/file.h"
 #include "pipeflow/nn/model_file.h"
-#include "pipeflow/runtime/metrics_log.h"
+#include "train/metrics_log.h"
 #include "pipeflow/sim/profile.h"
 #include "pipeflow/sim/run_metadata.h"
 #include "pipeflow/trace/chrome_trace.h"

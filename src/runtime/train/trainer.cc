@@ -11,15 +11,14 @@
 #include "pipeflow/nn/byte_dataset.h"
 #include "pipeflow/nn/sampling.h"
 #include "pipeflow/runtime/checkpoint_search.h"
-#include "pipeflow/runtime/emulated_step.h"
+#include "train/emulated_step.h"
 #include "pipeflow/runtime/engine.h"
 #include "pipeflow/runtime/measurement.h"
-#include "pipeflow/runtime/metrics_log.h"
-#include "pipeflow/runtime/mpi_world.h"
+#include "train/metrics_log.h"
 #include "pipeflow/runtime/noise_scale.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/report.h"
-#include "pipeflow/runtime/run_outputs.h"
+#include "train/run_outputs.h"
 #include "pipeflow/runtime/stage_partition.h"
 #include "pipeflow/schedule/generators.h"
 
@@ -37,11 +36,11 @@ double ideal_fraction(const StepFigures& figures, double bubble_predicted) {
 
 class Run {
  public:
-  Run(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop, const MpiGroups* processes)
+  Run(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop, RankGroup& group)
       : settings_(settings),
         progress_(progress),
         stop_(stop),
-        processes_(processes),
+        group_(group),
         dataset_(settings.data.empty() ? nn::ByteDataset::default_corpus() : settings.data,
                  {.seq_length = seq_length(), .seed = settings.seed,
                   .validation_fraction = settings.validation_fraction}),
@@ -63,8 +62,8 @@ class Run {
   void write_metrics(const std::vector<StepLog>& log) const {
     write_file_atomic(settings_.out_dir / "metrics.jsonl", earlier_metrics_ + metrics_jsonl(log));
   }
-  // The signal that stops the run, 0: none. Under MPI, the largest any
-  // process holds, so that every process stops after the same step.
+  // The signal that stops the run, 0: none: the largest any process holds,
+  // so that every process stops after the same step.
   int stop_signal() const;
   bool reporter() const { return engine_->is_reporter(); }
   std::string placement() const;
@@ -83,7 +82,7 @@ class Run {
   const TrainSettings& settings_;
   ProgressPrinter& progress_;
   const StopRequest* stop_;
-  const MpiGroups* processes_;
+  RankGroup& group_;
   nn::ByteDataset dataset_;
   DatasetSource source_;
   std::unique_ptr<PipelineEngine> engine_;
@@ -113,7 +112,7 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
     fail("{}: pipeline.stages = {} with {} ({} stages): {}", settings_.config_source, schedule.num_ranks(),
          schedule.name(), schedule.num_stages(), error.what());
   }
-  auto engine = std::make_unique<PipelineEngine>(settings_.model, schedule, boundaries, options, processes_);
+  auto engine = std::make_unique<PipelineEngine>(settings_.model, schedule, boundaries, options, group_);
   if (!settings_.resume.empty()) {
     if (!settings_.weights.empty()) {
       fail("--weights {} and checkpoint.load {}: a checkpoint holds the weights; give one of the two",
@@ -131,22 +130,20 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
 
 int Run::stop_signal() const {
   const double mine = stop_ == nullptr ? 0 : stop_->load();
-  if (processes_ == nullptr) return static_cast<int>(mine);
-  const std::vector<double> all = MpiGroups::all_gather(processes_->world(), {&mine, 1},
-                                                        deadline_after(settings_.engine.timeout),
-                                                        "every process's stop request");
-  return static_cast<int>(*std::max_element(all.begin(), all.end()));
+  double largest = 0;
+  group_.run(
+      [&](int w) {
+        const std::vector<double> all = group_.world(w).all_gather({&mine, 1}, deadline_after(settings_.engine.timeout),
+                                                                   "every process's stop request");
+        if (w == group_.local_ranks().front()) largest = *std::max_element(all.begin(), all.end());
+      },
+      [] {});
+  return static_cast<int>(largest);
 }
 
 std::string Run::placement() const {
-  if (processes_ == nullptr) {
-    return fmt::format("one worker thread per rank on a machine with {} cores", usable_cores());
-  }
-  const RankLayout& layout = processes_->layout();
-  std::string text = fmt::format("{} MPI processes (pipeline {} x data parallel {}), {} on this machine ({}, {} cores)",
-                                 layout.world_size(), layout.pipeline, layout.data_parallel,
-                                 processes_->processes_on_host(), processes_->host(),
-                                 std::thread::hardware_concurrency());
+  std::string text = group_.placement();
+  const RankLayout& layout = group_.layout();
   if (settings_.engine.shard_optimizer && layout.data_parallel > 1) {
     // pipeflow's fp32 AdamW: 8 bytes of moments per parameter, 1/d of them kept
     const std::int64_t psi = engine_->local_parameter_count();
@@ -159,17 +156,7 @@ std::string Run::placement() const {
   return text;
 }
 
-std::string Run::oversubscription() const {
-  if (processes_ == nullptr) {
-    return oversubscription_note(engine_->schedule().num_ranks(), usable_cores(), settings_.emulate);
-  }
-  const int here = processes_->processes_on_host();
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  if (here <= cores) return "";
-  return fmt::format("{} MPI processes share {} cores on this machine (oversubscribed): correct, but the measured "
-                     "step time, tokens/s and bubble are not those of a pipeline with one device per rank.",
-                     here, cores);
-}
+std::string Run::oversubscription() const { return group_.oversubscription(settings_.emulate); }
 
 void Run::remove_stale_temporaries() const {
   if (!reporter()) return;
@@ -212,7 +199,7 @@ std::int64_t Run::resume() {
 }
 
 std::filesystem::path Run::checkpoint_path(std::int64_t steps_done) const {
-  return runtime::checkpoint_path(settings_.checkpoint_directory(), steps_done, processes_ != nullptr);
+  return runtime::checkpoint_path(settings_.checkpoint_directory(), steps_done, group_.spans_processes());
 }
 
 void Run::write_checkpoint(std::int64_t steps_done) const {
@@ -235,8 +222,8 @@ void Run::announce() const {
       format_count(s.num_stages(), "stage"), format_count(s.num_microbatches(), "micro-batch", "micro-batches"),
       settings_.engine.micro_batch, seq_length(), format_count(settings_.steps, "step"),
       settings_.emulate ? ", emulated" : ""));
-  if (processes_ != nullptr) {
-    progress_.message(placement() + "; ranks (Megatron-LM's order):\n" + processes_->layout().describe());
+  if (group_.layout().world_size() > group_.layout().pipeline || group_.spans_processes()) {
+    progress_.message(placement() + "; ranks (Megatron-LM's order):\n" + group_.layout().describe());
   }
   const std::string note = oversubscription();
   if (!note.empty()) progress_.message(note);
@@ -414,9 +401,15 @@ void Run::write_outputs(TrainOutcome& outcome, const nn::Stage& model) const {
 }  // namespace
 
 TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop,
-                   const MpiGroups* processes) {
-  Run run(settings, progress, stop, processes);
+                   RankGroup& group) {
+  Run run(settings, progress, stop, group);
   return run.run();
+}
+
+TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop) {
+  const std::unique_ptr<RankGroup> group =
+      RankGroup::in_threads({.pipeline = settings.stages, .data_parallel = settings.engine.data_parallel});
+  return train(settings, progress, stop, *group);
 }
 
 }  // namespace pipeflow::runtime
