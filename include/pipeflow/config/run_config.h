@@ -261,8 +261,10 @@ struct ModelFromFile {
 
 // The run as it will run: every "absent" and "0 means" fixed once, from the
 // keys and the model's shape. Commands resolve once; Layout (sim), the
-// trainer's settings and the engine's options are projections of this and
-// check nothing again.
+// trainer's settings and the engine's options are projections of this. Not
+// yet all pure: runtime::train_settings still refuses what the runtime cannot
+// run (tensor parallelism, ZeRO-2/3, blocking sends, selective recompute),
+// and the trainer builds the schedule again (issue 21, "resolve once").
 struct ResolvedRun {
   RunConfig config;     // as given (written beside a run's outputs)
   ModelSpec model;      // what runs

@@ -69,7 +69,7 @@ struct TrainSettings {
   bool emulate = false;           // run serially and replay (RunMode::kSerial)
   int cost_steps = 3;             // steps after the first whose action costs feed the prediction
   std::string config_text;        // the run configuration, for the report and run_config.json
-  RunConfig config;               // the same, resolved: the trace's run metadata (sim/run_metadata.h)
+  RunConfig config;               // the same, as parsed (with flags applied): the trace's run metadata (sim/run_metadata.h)
   std::string config_source;      // where it came from
   int sample_tokens = 200;        // the text sample at the end
 };
