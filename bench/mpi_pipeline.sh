@@ -5,8 +5,9 @@
 # (examples/train_1f1b_2stage.json). Per model:
 #   pp 2: 2 MPI processes vs 2 threads of one process (step-time ratio,
 #         communication's share of the step, measured vs predicted bubble);
-#   dp 2: 2 MPI processes of 1 stage each vs 1 process of 1 stage on the same
-#         global batch (throughput ratio).
+#   dp 2: 2 MPI processes of 1 stage each, and 2 threads of one process
+#         (the rank group in threads), vs 1 process of 1 stage on the same
+#         global batch (throughput ratios), and threads vs MPI.
 # Steps after the first give min / median / max; the first step (buffer
 # pools warming up, MPI connections made) is shown on its own.
 # Each run is a separate process, one after the other; the load average is
@@ -37,6 +38,7 @@ for model in small make_run; do
   train "$config" mpi "" "${mpirun[@]}" -np 2
   train "$config" one "--stages 1"
   train "$config" dp2 "--stages 1 --data-parallel 2" "${mpirun[@]}" -np 2
+  train "$config" dp2threads "--stages 1 --data-parallel 2"
   load
   /usr/bin/python3 - "$out" <<'PY'
 import json, statistics, sys
@@ -45,7 +47,7 @@ def rows(name):
     return [json.loads(line) for line in open(f"{out}/{name}/metrics.jsonl")]
 def spread(values, fmt="{:.1f}"):
     return "min " + fmt.format(min(values)) + " / median " + fmt.format(statistics.median(values)) + " / max " + fmt.format(max(values))
-every = {name: rows(name) for name in ["threads", "mpi", "one", "dp2"]}
+every = {name: rows(name) for name in ["threads", "mpi", "one", "dp2", "dp2threads"]}
 runs = {name: r[1:] for name, r in every.items()}  # after the first step
 for name, r in runs.items():
     print(f"{name:8s} first step ms {every[name][0]['step_time_s'] * 1e3:.1f}; later: step ms {spread([x['step_time_s'] * 1e3 for x in r])}"
@@ -60,8 +62,11 @@ print(f"pp 2 under MPI: bubble measured - predicted, points: {spread(gap)}")
 for name in ["threads", "mpi"]:
     print(f"pp 2 {name}: fraction of the ideal {spread([100 * x['ideal_fraction'] for x in runs[name]])} %")
 print(f"dp 2: MPI throughput / one process (medians): {med('dp2', 'tokens_per_s') / med('one', 'tokens_per_s'):.3f}")
-reduction = [100 * x['data_parallel_s'][0] / x['step_time_s'] for x in runs['dp2']]
-print(f"dp 2: the data-parallel reduction's share of the step {spread(reduction, '{:.2f}')} %")
+print(f"dp 2: threads throughput / one process (medians): {med('dp2threads', 'tokens_per_s') / med('one', 'tokens_per_s'):.3f}"
+      f"  (threads / MPI: {med('dp2threads', 'tokens_per_s') / med('dp2', 'tokens_per_s'):.3f})")
+for name in ["dp2", "dp2threads"]:
+    reduction = [100 * x['data_parallel_s'][0] / x['step_time_s'] for x in runs[name]]
+    print(f"dp 2 {name}: the data-parallel reduction's share of the step {spread(reduction, '{:.2f}')} %")
 PY
   rm -rf "${out:?}"/*
 done

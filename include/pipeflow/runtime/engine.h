@@ -207,9 +207,10 @@ class PipelineEngine {
   // the optimizer's moments (`with_optimizer`; ZeRO-1: gathered at
   // data-parallel rank 0, a collective of the data-parallel group).
   nn::SafetensorsWriter rank_state(LocalRank& r, bool with_optimizer, bool with_gradients = false) const;
-  // Replica 0's rank_state merged at world rank 0 (a collective of the
-  // pipeline; none elsewhere).
-  std::optional<nn::SafetensorsFile> gather_state(LocalRank& r, bool with_gradients) const;
+  // Every pipeline rank's `part` at world rank 0 (empty elsewhere): a
+  // collective of r's pipeline; `what` names it.
+  std::vector<nn::SafetensorsFile> gather_at_world_rank_0(LocalRank& r, const nn::SafetensorsWriter& part,
+                                                          std::string_view what) const;
   void write_checkpoint_rank(LocalRank& r, const std::filesystem::path& path, std::int64_t steps_done) const;
   // Advances the reductions under way and posts the data-parallel
   // reduce-scatter of the stages whose gradients are complete once action
@@ -221,7 +222,9 @@ class PipelineEngine {
   // ZeRO-1 in force: the optimizers hold shards (EngineOptions::shard_optimizer, d > 1).
   bool sharded() const;
   void gather_parameters(LocalRank& r);
-  void gather_results(LocalRank& r, StepResult& result, Clock::time_point epoch) const;
+  // The step's losses over the world and replica 0's records at world rank
+  // 0, into `result` where it is given (the process's first rank).
+  void gather_results(LocalRank& r, StepResult* result, Clock::time_point epoch) const;
   void run_threaded(StepMode mode, double lr, Flush& flush, StepResult& result, Clock::time_point epoch);
   void run_serial(StepMode mode, double lr, Flush& flush);
   void abort_transports() const;

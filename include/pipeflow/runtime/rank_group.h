@@ -172,6 +172,12 @@ class RankGroup {
   // naming the process): peers cannot be told to stop half way.
   virtual void run(const std::function<void(int world_rank)>& job, const std::function<void()>& abort) = 0;
 
+  // The largest `value` any process of the group holds (a stop request, so
+  // that every process stops after the same step): called by the thread
+  // that owns the group, between runs, in every process; within one process
+  // there is nothing to exchange.
+  virtual double max_over_processes(double value, Deadline deadline, std::string_view what) = 0;
+
   // This process's steady clock minus world rank 0's (0 within one process).
   virtual double clock_offset_s() const = 0;
   // Where the ranks run, for the run's header: "one worker thread per rank

@@ -264,6 +264,8 @@ class ThreadGroup final : public RankGroup {
     if (first_error) std::rethrow_exception(first_error);
   }
 
+  double max_over_processes(double value, Deadline, std::string_view) override { return value; }
+
   double clock_offset_s() const override { return 0; }
 
   std::string placement() const override {

@@ -305,6 +305,11 @@ class ProcessGroup final : public RankGroup {
     }
   }
 
+  double max_over_processes(double value, Deadline deadline, std::string_view what) override {
+    const std::vector<double> all = world_comm_->all_gather({&value, 1}, deadline, what);
+    return *std::max_element(all.begin(), all.end());
+  }
+
   double clock_offset_s() const override { return clock_offset_s_; }
 
   std::string placement() const override {

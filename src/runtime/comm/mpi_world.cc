@@ -4,11 +4,8 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
-#include <limits>
 #include <cstdio>
 #include <mutex>
 #include <thread>

@@ -330,18 +330,16 @@ nn::SafetensorsWriter PipelineEngine::rank_state(LocalRank& r, bool with_optimiz
   return writer;
 }
 
-std::optional<nn::SafetensorsFile> PipelineEngine::gather_state(LocalRank& r, bool with_gradients) const {
-  // Replica 0's ranks send their tensors to world rank 0 (pipeline rank 0 of replica 0).
-  if (r.data_rank != 0) return std::nullopt;
+std::vector<nn::SafetensorsFile> PipelineEngine::gather_at_world_rank_0(LocalRank& r, const nn::SafetensorsWriter& part,
+                                                                       std::string_view what) const {
   const std::vector<std::string> parts =
-      r.pipeline->gather_bytes(rank_state(r, false, with_gradients).serialize(), deadline_after(options_.timeout),
-                               "every pipeline rank's tensors (for the whole model at rank 0)");
-  if (r.world_rank != 0) return std::nullopt;
+      r.pipeline->gather_bytes(part.serialize(), deadline_after(options_.timeout), what);
   std::vector<nn::SafetensorsFile> files;
+  if (r.world_rank != 0) return files;
   for (std::size_t k = 0; k < parts.size(); ++k) {
-    files.push_back(nn::SafetensorsFile::parse(parts[k], fmt::format("pipeline rank {}'s tensors", k)));
+    files.push_back(nn::SafetensorsFile::parse(parts[k], fmt::format("pipeline rank {}'s part of {}", k, what)));
   }
-  return nn::SafetensorsFile::merge(files, "the gathered model");
+  return files;
 }
 
 void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const {
@@ -363,14 +361,8 @@ void PipelineEngine::write_checkpoint_rank(LocalRank& r, const std::filesystem::
   shard.set_metadata("steps_done", std::to_string(steps_done));
   const Deadline deadline = deadline_after(options_.timeout);
   if (!group_->spans_processes()) {
-    const std::vector<std::string> parts =
-        r.pipeline->gather_bytes(shard.serialize(), deadline, "every pipeline rank's part of the checkpoint");
-    if (r.world_rank != 0) return;
-    std::vector<nn::SafetensorsFile> files;
-    for (std::size_t k = 0; k < parts.size(); ++k) {
-      files.push_back(nn::SafetensorsFile::parse(parts[k], fmt::format("pipeline rank {}'s part", k)));
-    }
-    nn::SafetensorsFile::merged(files).write(path);
+    const std::vector<nn::SafetensorsFile> parts = gather_at_world_rank_0(r, shard, "the checkpoint");
+    if (r.world_rank == 0) nn::SafetensorsFile::merged(parts).write(path);
     return;
   }
   const int ranks = schedule_.num_ranks();
@@ -448,11 +440,15 @@ std::span<const float> PipelineEngine::parameter(std::string_view name) const { 
 std::span<const float> PipelineEngine::gradient(std::string_view name) const { return holder(name).gradient(name); }
 
 std::unique_ptr<nn::Stage> PipelineEngine::assemble_model(bool with_gradients) const {
+  // Replica 0's ranks send their tensors to world rank 0 (pipeline rank 0 of replica 0).
   std::optional<nn::SafetensorsFile> state;
   group_->run(
       [&](int w) {
-        std::optional<nn::SafetensorsFile> gathered = gather_state(local(w), with_gradients);
-        if (gathered) state = std::move(gathered);  // world rank 0 alone
+        LocalRank& r = local(w);
+        if (r.data_rank != 0) return;
+        const std::vector<nn::SafetensorsFile> parts =
+            gather_at_world_rank_0(r, rank_state(r, false, with_gradients), "the whole model");
+        if (r.world_rank == 0) state = nn::SafetensorsFile::merge(parts, "the gathered model");
       },
       [this] { abort_transports(); });
   if (!state) return nullptr;
@@ -622,7 +618,6 @@ bool PipelineEngine::flush_step(FlushStep step, LocalRank& r, std::size_t index,
 // the others return at their next action or wait (the group's policy).
 void PipelineEngine::run_threaded(StepMode mode, double lr, Flush& flush, StepResult& result,
                                   Clock::time_point epoch) {
-  std::vector<StepResult> gathered(ranks_.size());
   std::vector<Clock::time_point> ends(ranks_.size(), epoch);
   const auto job = [&](int world_rank) {
     const std::size_t at = local_index(world_rank);
@@ -637,14 +632,11 @@ void PipelineEngine::run_threaded(StepMode mode, double lr, Flush& flush, StepRe
     }
     w.complete_sends();
     ends[at] = Clock::now();
-    gather_results(r, gathered[at], epoch);
+    // The process's first rank keeps the figures: every rank holds the
+    // losses, and world rank 0, the first of its process, the records.
+    gather_results(r, at == 0 ? &result : nullptr, epoch);
   };
   group_->run(job, [this] { abort_transports(); });
-  // The first local rank's figures: every rank holds the losses, and world
-  // rank 0, the first of its process, the records.
-  result.microbatch_losses = std::move(gathered.front().microbatch_losses);
-  result.loss = gathered.front().loss;
-  result.ranks = std::move(gathered.front().ranks);
   result.wall_s = std::chrono::duration<double>(*std::max_element(ends.begin(), ends.end()) - epoch).count();
 }
 
@@ -810,36 +802,36 @@ RankRecord parse_record(const std::string& bytes, double shift) {
 // in replica order); world rank 0 gets its replica's records, each moved
 // onto rank 0's epoch; the other ranks of replica 0's pipeline nothing, and
 // the other replicas' ranks their own.
-void PipelineEngine::gather_results(LocalRank& r, StepResult& result, Clock::time_point epoch) const {
+void PipelineEngine::gather_results(LocalRank& r, StepResult* result, Clock::time_point epoch) const {
   const int m = schedule_.num_microbatches();
   const RankWorker& w = *r.worker;
   std::vector<double> mine{w.holds_last_stage() ? 1.0 : 0.0};
   for (int j = 0; j < m; ++j) mine.push_back(w.holds_last_stage() ? w.microbatch_loss(j) : 0.0);
   const std::vector<double> all =
       r.world->all_gather(mine, deadline_after(options_.timeout), "the micro-batch losses of every replica");
+  std::vector<std::string> records;
+  const double epoch_s =
+      std::chrono::duration<double>(epoch.time_since_epoch()).count() - group_->clock_offset_s();
+  if (r.data_rank == 0) {
+    records = r.pipeline->gather_bytes(record_bytes(w.record(), epoch_s), deadline_after(options_.timeout),
+                                       "every pipeline rank's timings of the step");
+  }
+  if (result == nullptr) return;
   double sum = 0;
   for (std::size_t at = 0; at < all.size(); at += mine.size()) {
     if (all[at] != 1.0) continue;
     for (int j = 1; j <= m; ++j) {
-      result.microbatch_losses.push_back(all[at + static_cast<std::size_t>(j)]);
+      result->microbatch_losses.push_back(all[at + static_cast<std::size_t>(j)]);
       sum += all[at + static_cast<std::size_t>(j)];
     }
   }
-  result.loss = sum / static_cast<double>(result.microbatch_losses.size());
-  if (r.data_rank != 0) {
-    result.ranks.push_back(w.record());
-    return;
-  }
-  const double epoch_s =
-      std::chrono::duration<double>(epoch.time_since_epoch()).count() - group_->clock_offset_s();
-  const std::vector<std::string> parts = r.pipeline->gather_bytes(
-      record_bytes(w.record(), epoch_s), deadline_after(options_.timeout), "every pipeline rank's timings of the step");
-  for (const std::string& part : parts) {
+  result->loss = sum / static_cast<double>(result->microbatch_losses.size());
+  for (const std::string& part : records) {
     double their_epoch_s = 0;
     std::memcpy(&their_epoch_s, part.data(), sizeof their_epoch_s);
-    result.ranks.push_back(parse_record(part, their_epoch_s - epoch_s));
+    result->ranks.push_back(parse_record(part, their_epoch_s - epoch_s));
   }
-  if (result.ranks.empty()) result.ranks.push_back(w.record());
+  if (result->ranks.empty()) result->ranks.push_back(w.record());
 }
 
 }  // namespace pipeflow::runtime

@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <array>
-#include <exception>
 #include <memory>
-#include <mutex>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/model/hardware.h"
@@ -327,11 +325,12 @@ InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::i
   group_->run(
       [&](int w) {
         Communicator& pipeline = group_->pipeline(w);
+        const int r = pipeline.rank();
         // Every rank starts together: the loading of weights is not the generation's time.
         pipeline.barrier(deadline_after(options.timeout), "the start of the generation");
         const Clock::time_point start = Clock::now();
-        decode.run_rank(w, start);
-        std::vector<double> all = pipeline.all_gather(decode.figures(w, seconds_since(start)),
+        decode.run_rank(r, start);
+        std::vector<double> all = pipeline.all_gather(decode.figures(r, seconds_since(start)),
                                                       deadline_after(options.timeout),
                                                       "every stage's figures of the generation");
         if (w == group_->local_ranks().front()) figures = std::move(all);

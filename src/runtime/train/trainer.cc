@@ -130,15 +130,8 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
 
 int Run::stop_signal() const {
   const double mine = stop_ == nullptr ? 0 : stop_->load();
-  double largest = 0;
-  group_.run(
-      [&](int w) {
-        const std::vector<double> all = group_.world(w).all_gather({&mine, 1}, deadline_after(settings_.engine.timeout),
-                                                                   "every process's stop request");
-        if (w == group_.local_ranks().front()) largest = *std::max_element(all.begin(), all.end());
-      },
-      [] {});
-  return static_cast<int>(largest);
+  return static_cast<int>(
+      group_.max_over_processes(mine, deadline_after(settings_.engine.timeout), "every process's stop request"));
 }
 
 std::string Run::placement() const {
@@ -222,7 +215,7 @@ void Run::announce() const {
       format_count(s.num_stages(), "stage"), format_count(s.num_microbatches(), "micro-batch", "micro-batches"),
       settings_.engine.micro_batch, seq_length(), format_count(settings_.steps, "step"),
       settings_.emulate ? ", emulated" : ""));
-  if (group_.layout().world_size() > group_.layout().pipeline || group_.spans_processes()) {
+  if (group_.layout().data_parallel > 1 || group_.spans_processes()) {
     progress_.message(placement() + "; ranks (Megatron-LM's order):\n" + group_.layout().describe());
   }
   const std::string note = oversubscription();
