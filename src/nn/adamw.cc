@@ -15,9 +15,9 @@ OptimizerShard OptimizerShard::of(std::int64_t total, int parts, int index) {
   return {begin, std::min(total, begin + chunk)};
 }
 
-AdamW::AdamW(Stage& stage, OptimizerConfig options) : AdamW(stage, options, {0, stage.layout().total()}) {}
+AdamW::AdamW(Stage& stage, AdamWOptions options) : AdamW(stage, options, {0, stage.layout().total()}) {}
 
-AdamW::AdamW(Stage& stage, OptimizerConfig options, OptimizerShard shard)
+AdamW::AdamW(Stage& stage, AdamWOptions options, OptimizerShard shard)
     : stage_(&stage),
       options_(options),
       shard_(shard),
@@ -51,8 +51,8 @@ void AdamW::step(double lr) {
     if (first >= last) continue;
     const double decay = info.decay ? options_.weight_decay : 0.0;
     // Decoupled (AdamW) shrinks the weight; L2 (Adam) adds decay · p to the gradient.
-    const float keep = options_.adam_w_mode ? static_cast<float>(1 - lr * decay) : 1.0f;
-    const float l2 = options_.adam_w_mode ? 0.0f : static_cast<float>(decay);
+    const float keep = options_.decoupled_decay ? static_cast<float>(1 - lr * decay) : 1.0f;
+    const float l2 = options_.decoupled_decay ? 0.0f : static_cast<float>(decay);
     float* __restrict p = params + first;
     const float* __restrict g = grads + first;
     float* __restrict mi = m + first;

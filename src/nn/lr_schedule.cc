@@ -14,27 +14,29 @@ LrSchedule LrSchedule::constant(double lr) {
   return schedule;
 }
 
-LrSchedule LrSchedule::from_config(const SchedulerConfig& s, double optimizer_lr) {
-  if (s.type.empty()) return constant(optimizer_lr);
+LrSchedule LrSchedule::warmup(double min_lr, double max_lr, WarmupSteps warmup) {
   LrSchedule schedule;
-  if (s.type == "WarmupLR") {
-    schedule.kind_ = Kind::kWarmup;
-  } else if (s.type == "WarmupDecayLR") {
-    schedule.kind_ = Kind::kWarmupDecay;
-  } else {
-    schedule.kind_ = Kind::kWarmupCosine;
-  }
-  schedule.warmup_ = s.warmup_type == "linear" ? Warmup::kLinear : Warmup::kLog;
-  schedule.warmup_steps_ = std::max(2, s.warmup_num_steps);  // DeepSpeed's floor (ln W must be > 0)
-  if (schedule.kind_ == Kind::kWarmupCosine) {
-    schedule.min_ = s.warmup_min_ratio;
-    schedule.max_ = optimizer_lr;
-    schedule.cos_min_ratio_ = s.cos_min_ratio;
-  } else {
-    schedule.min_ = s.warmup_min_lr;
-    schedule.max_ = s.warmup_max_lr;
-  }
-  if (schedule.kind_ != Kind::kWarmup) schedule.total_steps_ = s.total_num_steps;
+  schedule.kind_ = Kind::kWarmup;
+  schedule.warmup_ = warmup.shape;
+  schedule.warmup_steps_ = std::max<std::int64_t>(2, warmup.steps);
+  schedule.min_ = min_lr;
+  schedule.max_ = max_lr;
+  return schedule;
+}
+
+LrSchedule LrSchedule::warmup_decay(double min_lr, double max_lr, WarmupSteps warmup, std::int64_t total_steps) {
+  LrSchedule schedule = LrSchedule::warmup(min_lr, max_lr, warmup);
+  schedule.kind_ = Kind::kWarmupDecay;
+  schedule.total_steps_ = total_steps;
+  return schedule;
+}
+
+LrSchedule LrSchedule::warmup_cosine(double lr, double warmup_min_ratio, double cos_min_ratio, WarmupSteps warmup,
+                                     std::int64_t total_steps) {
+  LrSchedule schedule = LrSchedule::warmup(warmup_min_ratio, lr, warmup);
+  schedule.kind_ = Kind::kWarmupCosine;
+  schedule.cos_min_ratio_ = cos_min_ratio;
+  schedule.total_steps_ = total_steps;
   return schedule;
 }
 

@@ -4,7 +4,6 @@
 #include <utility>
 #include <vector>
 
-#include "pipeflow/model/model_states.h"
 #include "pipeflow/nn/sampling.h"
 #include "pipeflow/nn/stage.h"
 #include "test_support.h"
@@ -37,22 +36,6 @@ IntTensor row_of(const std::vector<std::int32_t>& tokens) {
   IntTensor out{Shape{1, static_cast<std::int64_t>(tokens.size())}};
   std::copy(tokens.begin(), tokens.end(), out.data());
   return out;
-}
-
-TEST(KvCache, BytesAllocatedAreTheFormula) {
-  // 2 · layers · kv_heads · head_dim · bytes · context · batch, kv_heads = NH, head_dim = C / NH.
-  for (const LayerRange range : {all_layers(kModel), LayerRange{0, 2}, LayerRange{2, 5}, LayerRange{4, 5}}) {
-    const Stage stage(kModel, range);
-    const int blocks = std::min(range.last, kModel.n_layer + 1) - std::max(range.first, 1);
-    for (const int sequences : {1, 3}) {
-      const KvCache cache = stage.make_kv_cache(sequences);
-      EXPECT_EQ(cache.memory().live_bytes(),
-                kv_cache_bytes(blocks, kModel.n_head, kModel.n_embd / kModel.n_head, 4, kModel.context, sequences));
-    }
-  }
-  EXPECT_EQ(kv_cache_bytes(3, 4, 8, 4, 24, 2), 2 * 3 * 32 * 4 * 24 * 2);
-  const BasicStage<double> wide(kModel, all_layers(kModel));
-  EXPECT_EQ(wide.make_kv_cache(2).memory().live_bytes(), kv_cache_bytes(3, 4, 8, 8, 24, 2));
 }
 
 TEST(KvCache, CachedDecodeMatchesFullRecomputationAtEveryStep) {

@@ -10,7 +10,6 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/nn/adamw.h"
 #include "pipeflow/nn/gradient_clipping.h"
-#include "pipeflow/nn/lr_schedule.h"
 #include "pipeflow/nn/model_file.h"
 #include "test_support.h"
 
@@ -54,7 +53,7 @@ TEST(AdamW, SameSeedGivesBitIdenticalLossesAndWeights) {
 TEST(AdamW, DecaysTwoDimensionalWeightsOnlyAndStepsBySignAtFirst) {
   Stage stage(kConfig, all_layers(kConfig));
   stage.init_gpt2(1);
-  const OptimizerConfig options{.lr = 0.01, .weight_decay = 0.1};
+  const AdamWOptions options{.lr = 0.01, .weight_decay = 0.1};
   AdamW optimizer(stage, options);
   const float weight = stage.parameter("h.0.mlp.c_fc.weight")[3];
   stage.gradient("h.0.ln_1.bias")[2] = 0.5f;
@@ -111,7 +110,7 @@ TEST(AdamW, ShardsOfThreeReplicasPutTogetherAreTheWholeUpdate) {
     EXPECT_EQ(shard.begin, covered);
     covered = shard.end;
     const std::int64_t before = replicas.back()->weight_memory().live_bytes();
-    optimizers.push_back(std::make_unique<AdamW>(*replicas.back(), OptimizerConfig{.lr = 3e-3, .weight_decay = 0.1},
+    optimizers.push_back(std::make_unique<AdamW>(*replicas.back(), AdamWOptions{.lr = 3e-3, .weight_decay = 0.1},
                                                  shard));
     EXPECT_EQ(replicas.back()->weight_memory().live_bytes() - before, 8 * shard.size());
   }
@@ -154,7 +153,7 @@ TEST(AdamW, APipelinedStepMatchesTheWholeModelsStep) {
   Stage last(kConfig, {2, 4}, {.name = "stage 1"});
   first.copy_parameters_from(whole);
   last.copy_parameters_from(whole);
-  const OptimizerConfig options{.lr = 1e-2, .weight_decay = 0.1};
+  const AdamWOptions options{.lr = 1e-2, .weight_decay = 0.1};
   AdamW whole_optimizer(whole, options), first_optimizer(first, options), last_optimizer(last, options);
   const double max_norm = 0.5;
   auto tokens = [](int mb) { return testing::random_tokens(2, 8, 32, 50 + mb); };
@@ -214,7 +213,7 @@ TEST(AdamW, APipelinedStepMatchesTheWholeModelsStep) {
 TEST(AdamW, AdamWModeFalseIsAdamWithL2) {
   Stage stage(kConfig, all_layers(kConfig));
   stage.init_gpt2(1);
-  const OptimizerConfig options{.adam_w_mode = false, .lr = 0.01, .weight_decay = 0.1};
+  const AdamWOptions options{.decoupled_decay = false, .lr = 0.01, .weight_decay = 0.1};
   AdamW optimizer(stage, options);
   const float weight = stage.parameter("h.0.mlp.c_fc.weight")[3];
   ASSERT_NE(weight, 0.0f);
@@ -227,52 +226,6 @@ TEST(GradientClipping, ScalesToTheMaximumNormOnlyWhenAbove) {
   EXPECT_DOUBLE_EQ(clip_coefficient(4.0, 1.0), 1.0 / (4.0 + 1e-6));
   EXPECT_EQ(clip_coefficient(0.5, 1.0), 1.0);
   EXPECT_EQ(clip_coefficient(100.0, 0.0), 1.0);
-}
-
-// The scheduler section as the run configuration reads it.
-LrSchedule schedule(const std::string& json, double optimizer_lr = 1e-3) {
-  return LrSchedule::from_config(parse_run_config(Config::parse(json, "ds.json")).scheduler, optimizer_lr);
-}
-
-TEST(LrSchedule, WarmupLRFollowsDeepSpeedsLogAndLinearWarmup) {
-  const auto log = schedule(
-      R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.001, "warmup_num_steps": 100}}})");
-  EXPECT_EQ(log.lr(0), 0.0);
-  EXPECT_NEAR(log.lr(9), 0.0005, 1e-15);  // ln 10 / ln 100 = 1/2
-  EXPECT_EQ(log.lr(100), 0.001);
-  EXPECT_EQ(log.lr(5000), 0.001);
-  const auto linear = schedule(
-      R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.002, "warmup_num_steps": 100, "warmup_type": "linear"}}})");
-  EXPECT_NEAR(linear.lr(25), 0.0005, 1e-15);
-  // DeepSpeed floors warmup_num_steps at 2 (ln W must be positive): 0 and 1 warm up over steps 0 and 1.
-  for (const char* steps : {"0", "1"}) {
-    const auto short_warmup = schedule(std::string(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": )"
-                                                   R"(0.0001, "warmup_max_lr": 0.001, "warmup_num_steps": )") +
-                                       steps + "}}}");
-    EXPECT_EQ(short_warmup.lr(0), 0.0001) << steps;
-    EXPECT_DOUBLE_EQ(short_warmup.lr(1), 0.001) << steps;
-    EXPECT_DOUBLE_EQ(short_warmup.lr(2), 0.001) << steps;
-  }
-}
-
-TEST(LrSchedule, WarmupDecayLRDecaysLinearlyAfterWarmup) {
-  const auto s = schedule(
-      R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 1000, "warmup_max_lr": 0.001, "warmup_num_steps": 100}}})");
-  EXPECT_EQ(s.lr(100), 0.001);
-  EXPECT_NEAR(s.lr(550), 0.0005, 1e-15);
-  EXPECT_EQ(s.lr(1000), 0.0);
-  EXPECT_EQ(s.lr(1500), 0.0);
-}
-
-TEST(LrSchedule, WarmupCosineLRIsARatioOfTheOptimizersLr) {
-  const auto s = schedule(
-      R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 1100, "warmup_num_steps": 100, "warmup_type": "linear", "warmup_min_ratio": 0.1, "cos_min_ratio": 0.0}}})",
-      6e-4);
-  EXPECT_NEAR(s.lr(0), 6e-5, 1e-18);
-  EXPECT_NEAR(s.lr(50), 6e-4 * (0.1 + 0.9 * 0.5), 1e-18);
-  EXPECT_NEAR(s.lr(599), 3e-4, 1e-15);  // halfway through the cosine: (1 + cos π/2)/2
-  EXPECT_NEAR(s.lr(1099), 0.0, 1e-18);
-  EXPECT_EQ(schedule("{}", 6e-4).lr(7), 6e-4);
 }
 
 }  // namespace

@@ -80,7 +80,7 @@ TEST(TorchReference, EveryGradientMatchesToOneInAHundredThousandOfItsNorm) {
 // backward, clip to the global norm, AdamW with constant lr.
 TEST(TorchReference, FiveAdamWStepsGiveTheSameLosses) {
   Model model;
-  const OptimizerConfig options{.lr = metadata_number("adamw_lr"),
+  const AdamWOptions options{.lr = metadata_number("adamw_lr"),
                                 .betas = {metadata_number("adamw_beta1"), metadata_number("adamw_beta2")},
                                 .eps = metadata_number("adamw_eps"),
                                 .weight_decay = metadata_number("adamw_weight_decay")};

@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "pipeflow/model/model_states.h"
+#include "pipeflow/nn/stage.h"
 #include "pipeflow/runtime/measurement.h"
 #include "pipeflow/schedule/generators.h"
 #include "test_support.h"
@@ -99,6 +103,25 @@ TEST(ActivationMemory, OneFOneBHoldsFewerMicrobatchesThanGPipe) {
   EXPECT_GE(gpipe, 8 * held);
   EXPECT_GE(one_f_one_b, 4 * held);
   EXPECT_LT(one_f_one_b, gpipe - 3 * held);
+}
+
+// The KV cache nn allocates is what the memory model predicts.
+TEST(KvCache, BytesAllocatedAreTheFormula) {
+  using namespace nn;
+  const GptConfig kModel{.vocab_size = 256, .context = 24, .n_layer = 3, .n_head = 4, .n_embd = 32};
+  // 2 · layers · kv_heads · head_dim · bytes · context · batch, kv_heads = NH, head_dim = C / NH.
+  for (const LayerRange range : {all_layers(kModel), LayerRange{0, 2}, LayerRange{2, 5}, LayerRange{4, 5}}) {
+    const Stage stage(kModel, range);
+    const int blocks = std::min(range.last, kModel.n_layer + 1) - std::max(range.first, 1);
+    for (const int sequences : {1, 3}) {
+      const KvCache cache = stage.make_kv_cache(sequences);
+      EXPECT_EQ(cache.memory().live_bytes(),
+                kv_cache_bytes(blocks, kModel.n_head, kModel.n_embd / kModel.n_head, 4, kModel.context, sequences));
+    }
+  }
+  EXPECT_EQ(kv_cache_bytes(3, 4, 8, 4, 24, 2), 2 * 3 * 32 * 4 * 24 * 2);
+  const BasicStage<double> wide(kModel, all_layers(kModel));
+  EXPECT_EQ(wide.make_kv_cache(2).memory().live_bytes(), kv_cache_bytes(3, 4, 8, 8, 24, 2));
 }
 
 }  // namespace

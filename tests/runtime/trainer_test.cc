@@ -187,8 +187,7 @@ TEST(Trainer, EmulatedAndThreadedRunsTrainTheSameWeights) {
 TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
   const auto dir = temp_dir("resume");
   TrainSettings settings = short_settings(dir, 6);
-  settings.engine.lr_schedule = nn::LrSchedule::from_config(
-      {.type = "WarmupDecayLR", .warmup_max_lr = 3e-3, .warmup_num_steps = 3, .total_num_steps = 6}, 3e-3);
+  settings.engine.lr_schedule = nn::LrSchedule::warmup_decay(0, 3e-3, {.steps = 3}, 6);
   std::FILE* log = std::tmpfile();
   ProgressPrinter progress(log, false, settings.steps, false);
   const TrainOutcome straight = train(settings, progress);

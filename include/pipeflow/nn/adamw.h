@@ -1,10 +1,10 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <span>
 
-#include "pipeflow/config/run_config.h"
 #include "pipeflow/nn/safetensors.h"
 #include "pipeflow/nn/stage.h"
 
@@ -15,7 +15,7 @@ namespace pipeflow::nn {
 //   p ← p · (1 − lr·wd)                      (decay tensors only)
 //   m ← m + (g − m)(1 − β1);  v ← β2·v + (1 − β2)·g²
 //   p ← p − lr/(1 − β1^t) · m / (√v / √(1 − β2^t) + ε)
-// With OptimizerConfig::adam_w_mode false it is torch.optim.Adam's L2
+// With AdamWOptions::decoupled_decay false it is torch.optim.Adam's L2
 // instead (DeepSpeed's Adam with adam_w_mode false): no decoupled decay, and
 // g ← g + wd·p (decay tensors only) before the moments.
 // Which tensors decay is nanoGPT's convention: 2-D weights (wte, wpe and the
@@ -30,6 +30,15 @@ namespace pipeflow::nn {
 // caller all-gathers the updated shards of the data-parallel replicas.
 //
 // Thread safety: one optimizer per stage, used by the stage's thread.
+struct AdamWOptions {
+  // Decoupled weight decay (AdamW); false: Adam with L2.
+  bool decoupled_decay = true;
+  double lr = 1e-3;
+  std::array<double, 2> betas{0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
 struct OptimizerShard {
   std::int64_t begin = 0;
   std::int64_t end = 0;
@@ -42,14 +51,14 @@ struct OptimizerShard {
 class AdamW {
  public:
   // The stage must outlive the optimizer. Without a shard: every element.
-  AdamW(Stage& stage, OptimizerConfig options);
-  AdamW(Stage& stage, OptimizerConfig options, OptimizerShard shard);
+  AdamW(Stage& stage, AdamWOptions options);
+  AdamW(Stage& stage, AdamWOptions options, OptimizerShard shard);
 
   // One update from the stage's (accumulated, reduced, clipped) gradients,
   // of the shard's elements.
   void step(double lr);
   std::int64_t steps() const { return steps_; }
-  const OptimizerConfig& options() const { return options_; }
+  const AdamWOptions& options() const { return options_; }
   const OptimizerShard& shard() const { return shard_; }
   // The moments of the shard's elements.
   std::span<const float> exp_avg() const { return m_.span(); }
@@ -75,7 +84,7 @@ class AdamW {
 
  private:
   Stage* stage_;
-  OptimizerConfig options_;
+  AdamWOptions options_;
   OptimizerShard shard_;
   Tensor m_;
   Tensor v_;

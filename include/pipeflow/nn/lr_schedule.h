@@ -3,8 +3,6 @@
 #include <cstdint>
 #include <string>
 
-#include "pipeflow/config/run_config.h"
-
 namespace pipeflow::nn {
 
 // The learning rate of each optimizer step, DeepSpeed's schedulers (their
@@ -24,10 +22,17 @@ class LrSchedule {
   enum class Kind { kConstant, kWarmup, kWarmupDecay, kWarmupCosine };
   enum class Warmup { kLog, kLinear };
 
+  // The warm-up of W = max(2, steps) steps (DeepSpeed's floor: ln W must be > 0).
+  struct WarmupSteps {
+    std::int64_t steps = 1000;
+    Warmup shape = Warmup::kLog;
+  };
+
   static LrSchedule constant(double lr);
-  // DeepSpeed's "scheduler" section as the run configuration read it (and
-  // checked it); no type: constant at optimizer_lr.
-  static LrSchedule from_config(const SchedulerConfig& scheduler, double optimizer_lr);
+  static LrSchedule warmup(double min_lr, double max_lr, WarmupSteps warmup);
+  static LrSchedule warmup_decay(double min_lr, double max_lr, WarmupSteps warmup, std::int64_t total_steps);
+  static LrSchedule warmup_cosine(double lr, double warmup_min_ratio, double cos_min_ratio, WarmupSteps warmup,
+                                  std::int64_t total_steps);
 
   double lr(std::int64_t step) const;
   Kind kind() const { return kind_; }

@@ -25,7 +25,7 @@ struct EngineOptions {
   // Longest any blocking wait (a message, an inbox slot, the all-reduce) may
   // last before the step fails with the rank, the action and the grid.
   std::chrono::duration<double> timeout = std::chrono::seconds(60);
-  OptimizerConfig optimizer;
+  nn::AdamWOptions optimizer;
   nn::LrSchedule lr_schedule = nn::LrSchedule::constant(1e-3);
   // DeepSpeed's gradient_clipping: the largest global gradient norm; <= 0 disables it.
   double gradient_clipping = 0;

@@ -16,6 +16,12 @@ namespace pipeflow::runtime {
 // selective recompute.
 TrainSettings train_settings(const ResolvedRun& run);
 
+// The optimizer and the learning rate of each step that the configuration's
+// optimizer and scheduler sections (DeepSpeed's, already checked) describe;
+// no scheduler type: constant at the optimizer's lr.
+nn::AdamWOptions adamw_options(const OptimizerConfig& optimizer);
+nn::LrSchedule lr_schedule(const SchedulerConfig& scheduler, double optimizer_lr);
+
 // The GPT-2 a model spec describes (Error naming the source otherwise).
 nn::GptConfig gpt_config(const ModelSpec& spec, const std::string& source);
 

@@ -59,9 +59,9 @@ std::string run_section(const RunRecord& run) {
       to_string(schedule.placement()), schedule.num_microbatches(), b, t,
       static_cast<std::int64_t>(schedule.num_microbatches()) * b * t);
   out += fmt::format("- activation checkpoint interval: {}\n", s.engine.recompute_interval);
-  const OptimizerConfig& o = s.engine.optimizer;
+  const nn::AdamWOptions& o = s.engine.optimizer;
   out += fmt::format("- optimizer: {} lr {:g}, betas ({:g}, {:g}), eps {:g}, weight decay {:g}; {}; gradient clipping {}\n",
-                     o.adam_w_mode ? "AdamW" : "Adam (L2 weight decay)", o.lr, o.betas[0], o.betas[1], o.eps,
+                     o.decoupled_decay ? "AdamW" : "Adam (L2 weight decay)", o.lr, o.betas[0], o.betas[1], o.eps,
                      o.weight_decay, s.engine.lr_schedule.describe(),
                      s.engine.gradient_clipping > 0 ? fmt::format("{:g}", s.engine.gradient_clipping) : "off");
   out += fmt::format("- steps: {}, {}\n", run.log.size(),

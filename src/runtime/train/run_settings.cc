@@ -32,6 +32,24 @@ ModelFromFile model_of_file(const std::filesystem::path& path) {
           path.string()};
 }
 
+nn::AdamWOptions adamw_options(const OptimizerConfig& o) {
+  return {.decoupled_decay = o.adam_w_mode, .lr = o.lr, .betas = o.betas, .eps = o.eps, .weight_decay = o.weight_decay};
+}
+
+nn::LrSchedule lr_schedule(const SchedulerConfig& s, double optimizer_lr) {
+  const nn::LrSchedule::WarmupSteps warmup{
+      .steps = s.warmup_num_steps,
+      .shape = s.warmup_type == "linear" ? nn::LrSchedule::Warmup::kLinear : nn::LrSchedule::Warmup::kLog};
+  if (s.type == "WarmupLR") return nn::LrSchedule::warmup(s.warmup_min_lr, s.warmup_max_lr, warmup);
+  if (s.type == "WarmupDecayLR") {
+    return nn::LrSchedule::warmup_decay(s.warmup_min_lr, s.warmup_max_lr, warmup, s.total_num_steps);
+  }
+  if (s.type == "WarmupCosineLR") {
+    return nn::LrSchedule::warmup_cosine(optimizer_lr, s.warmup_min_ratio, s.cos_min_ratio, warmup, s.total_num_steps);
+  }
+  return nn::LrSchedule::constant(optimizer_lr);
+}
+
 TrainSettings train_settings(const ResolvedRun& resolved) {
   const RunConfig& run = resolved.config;
   const std::string& source = run.source;
@@ -74,8 +92,8 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   s.engine.reduce_bucket_size = run.reduce_bucket_size;
   s.engine.seq_length = resolved.seq_length;
   s.engine.recompute_interval = run.pipeline.recompute_interval;
-  s.engine.optimizer = run.optimizer;
-  s.engine.lr_schedule = nn::LrSchedule::from_config(run.scheduler, run.optimizer.lr);
+  s.engine.optimizer = adamw_options(run.optimizer);
+  s.engine.lr_schedule = lr_schedule(run.scheduler, run.optimizer.lr);
   s.engine.gradient_clipping = run.gradient_clipping;
   s.engine.noise_scale_interval = run.metrics.noise_scale_interval;
   for (const std::string& path : run.data.paths) {
