@@ -59,7 +59,7 @@ MeasuredPoint train_point(const SweepCommand& c, const ResolvedRun& run, const s
          run.config.source, settings.resume.string());
   }
   settings.out_dir /= name;
-  if (!settings.checkpoint_dir.empty()) settings.checkpoint_dir /= name;
+  settings.checkpoint_dir /= name;
   settings.emulate = c.emulate;
   settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);
   fmt::print(stderr, "pipeflow sweep: training {} ({} steps) into {}\n", name, settings.steps,

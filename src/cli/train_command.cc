@@ -94,45 +94,29 @@ void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSet
              settings.out_dir.string());
   if (settings.save_interval > 0) {
     fmt::print("checkpoints every {} steps in {}\n", settings.save_interval,
-               settings.checkpoint_directory().string());
+               settings.checkpoint_dir.string());
   }
-}
-
-// Under mpirun: the processes' layout. data_parallel, when neither the file
-// nor --data-parallel gives it, is the processes per pipeline (N / stages).
-RunConfig load_config(const TrainCommand& c, const runtime::MpiWorld* mpi) {
-  RunOverrides overrides = c.overrides();
-  RunConfig config = load_run_config(c.config, overrides);
-  if (mpi == nullptr || overrides.data_parallel ||
-      parse_json(read_file(c.config, kMaxConfigFileBytes, "run configuration"), c.config).contains("data_parallel")) {
-    return config;
-  }
-  const int stages = config.pipeline.stages;
-  if (mpi->size() % stages != 0) {
-    fail("mpirun started {} processes, not a multiple of pipeline.stages = {}: run mpirun -np {} (or a multiple of "
-         "it, for data parallelism)",
-         mpi->size(), stages, stages);
-  }
-  overrides.data_parallel = mpi->size() / stages;
-  return load_run_config(c.config, overrides);
 }
 
 void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
-  const RunConfig config = load_config(c, mpi);
+  const RunConfig config = load_run_config(c.config, c.overrides());
   const bool reporter = mpi == nullptr || mpi->rank() == 0;  // before the group exists: notes on the configuration
   if (reporter) print_config_notes(config);
   // A weights file or checkpoint carries the model's shape: the configuration may leave model out.
   std::optional<ModelFromFile> model_file;
   if (!c.weights.empty()) model_file = runtime::model_of_file(c.weights);
   if (!config.checkpoint.load.empty()) model_file = runtime::model_of_file(runtime::checkpoint_to_resume(config.checkpoint.load));
-  runtime::TrainSettings settings = runtime::train_settings(resolve(config, model_file));
+  // Under mpirun, data_parallel the file and flags leave out is the processes per pipeline.
+  const std::optional<int> world = mpi != nullptr ? std::optional<int>(mpi->size()) : std::nullopt;
+  const ResolvedRun resolved = resolve(config, model_file, world);
+  runtime::TrainSettings settings = runtime::train_settings(resolved);
   settings.weights = c.weights;
   settings.emulate = c.emulate;
   if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
   settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);
   if (mpi != nullptr && settings.emulate) fail("--emulate runs every rank in one process; run it without mpirun");
   const std::unique_ptr<runtime::RankGroup> group =
-      runtime::RankGroup::make(mpi, {.pipeline = settings.stages, .data_parallel = config.data_parallel});
+      runtime::RankGroup::make(mpi, {.pipeline = settings.schedule.num_ranks(), .data_parallel = resolved.config.data_parallel});
   runtime::ProgressPrinter progress(reporter ? stderr : nullptr, isatty(fileno(stderr)) == 1, settings.steps,
                                     settings.emulate, settings.steps_per_print);
   runtime::TrainOutcome outcome;
@@ -144,7 +128,7 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   if (outcome.stop_signal != 0) {
     if (reporter) {
       fmt::print(stderr, "pipeflow: stopped by signal {}: resume with --resume {}\n", outcome.stop_signal,
-                 settings.checkpoint_directory().string());
+                 settings.checkpoint_dir.string());
     }
     throw ExitStatus{128 + outcome.stop_signal};
   }

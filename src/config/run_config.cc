@@ -248,6 +248,7 @@ void read_simulation_keys(const Config& config, RunConfig& run) {
   run.devices = optional_positive(config, "devices", "tensor_parallel × pipeline.stages × data_parallel");
   run.tensor_parallel = positive(config, "tensor_parallel", 1, "1 for no tensor parallelism");
   run.data_parallel = positive(config, "data_parallel", 1, "1 for a single replica");
+  run.data_parallel_given = config.has("data_parallel");
   run.sequence_parallel = config.get("sequence_parallel", false);
   if (config.has("recompute")) {
     const std::string text = config.require<std::string>("recompute");
@@ -521,9 +522,46 @@ RunConfig default_run_config(const RunOverrides& overrides) {
   return parse_keys(Config::from_json(with_overrides(Json::object(), overrides), "the command line"));
 }
 
-ResolvedRun resolve(const RunConfig& run, const std::optional<ModelFromFile>& from_file) {
+namespace {
+
+constexpr int kProgressLines = 50;  // about this many progress lines a run, without steps_per_print
+
+// data_parallel of a run started as `world` processes: given, it must make
+// the world; absent, the world makes it.
+void fit_world(RunConfig& run, int world) {
+  const int model_parallel = run.tensor_parallel * run.pipeline.stages;
+  if (run.data_parallel_given) {
+    if (model_parallel * run.data_parallel != world) {
+      fail("{}: tensor_parallel × pipeline.stages × data_parallel = {} × {} × {} = {} ranks, but {} processes were "
+           "started: start {} (mpirun -np {}), or leave data_parallel out to take the processes per pipeline",
+           run.source, run.tensor_parallel, run.pipeline.stages, run.data_parallel, model_parallel * run.data_parallel,
+           world, model_parallel * run.data_parallel, model_parallel * run.data_parallel);
+    }
+    return;
+  }
+  if (world % model_parallel != 0) {
+    fail("{}: {} processes were started, not a multiple of tensor_parallel × pipeline.stages = {}: start {} (mpirun "
+         "-np {}), or a multiple of it for data parallelism",
+         run.source, world, model_parallel, model_parallel, model_parallel);
+  }
+  run.data_parallel = world / model_parallel;
+  // A data_parallel the file did not give re-derives the accumulation, as
+  // --data-parallel does (parse_run_config).
+  BatchKeys& keys = run.batch_keys;
+  if (keys.train_batch_size && keys.micro_batch && keys.gradient_accumulation_steps) {
+    keys.gradient_accumulation_steps.reset();
+  }
+  run.devices.reset();
+}
+
+}  // namespace
+
+ResolvedRun resolve(const RunConfig& given, const std::optional<ModelFromFile>& from_file,
+                    std::optional<int> world_size) {
   ResolvedRun r;
-  r.config = run;
+  r.config = given;
+  if (world_size) fit_world(r.config, *world_size);
+  const RunConfig& run = r.config;
   r.model = resolve_model_shape(r.config, from_file);
   const std::string& source = run.source;
   const std::optional<Schedule>& file = run.pipeline.file_schedule;
@@ -551,12 +589,18 @@ ResolvedRun resolve(const RunConfig& run, const std::optional<ModelFromFile>& fr
            run.seq_length > 0 ? "" : " (seq_length is absent: the model's context)");
     }
   }
+  r.checkpoint_dir = run.checkpoint.dir.empty() ? (std::filesystem::path(run.out_dir) / "checkpoints").string()
+                                                : run.checkpoint.dir;
+  r.steps_per_print =
+      run.steps_per_print > 0 ? run.steps_per_print : std::max(1, (run.steps + kProgressLines - 1) / kProgressLines);
   if (file) {
     check_schedule_file(*file, run.pipeline.schedule_file, r.batch.accumulation, source);
+    r.schedule = *file;
     return r;
   }
   try {
-    make_schedule(run.pipeline.schedule, run.pipeline.stages, r.batch.accumulation, run.pipeline.virtual_stages);
+    r.schedule =
+        make_schedule(run.pipeline.schedule, run.pipeline.stages, r.batch.accumulation, run.pipeline.virtual_stages);
   } catch (const Error& error) {
     fail("{}: pipeline.schedule = \"{}\" (stages = {}, micro-batches per step = {}, virtual_stages = {}): {}", source,
          run.pipeline.schedule, run.pipeline.stages, r.batch.accumulation, run.pipeline.virtual_stages, error.what());

@@ -300,7 +300,7 @@ TEST_F(MpiTrain, PrintsTheRankLayoutAndDerivesDataParallelFromTheProcessCount) {
 
   const CommandResult disagree = run_mpirun(4, "train --config " + config + " --steps 1 --data-parallel 1");
   EXPECT_NE(disagree.exit_code, 0);
-  EXPECT_NE(disagree.err.find("mpirun started 4 processes; the run needs pipeline.stages × data_parallel = 2 × 1 = 2"),
+  EXPECT_NE(disagree.err.find("tensor_parallel × pipeline.stages × data_parallel = 1 × 2 × 1 = 2 ranks, but 4 processes were started"),
             std::string::npos)
       << disagree.err;
   // Every process fails alike: rank 0 alone says so.
@@ -308,7 +308,7 @@ TEST_F(MpiTrain, PrintsTheRankLayoutAndDerivesDataParallelFromTheProcessCount) {
   EXPECT_EQ(disagree.err.find("error in MPI process 1 of 4"), std::string::npos) << disagree.err;
   const CommandResult odd = run_mpirun(3, "train --config " + config + " --steps 1");
   EXPECT_NE(odd.exit_code, 0);
-  EXPECT_NE(odd.err.find("mpirun started 3 processes, not a multiple of pipeline.stages = 2"), std::string::npos)
+  EXPECT_NE(odd.err.find("3 processes were started, not a multiple of tensor_parallel × pipeline.stages = 2: start 2 (mpirun -np 2)"), std::string::npos)
       << odd.err;
 }
 

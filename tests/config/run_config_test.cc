@@ -458,3 +458,44 @@ TEST(RunConfig, SequenceParallelIsOffAtTensorParallelOneAndNeedsTheSequenceDivis
 
 }  // namespace
 }  // namespace pipeflow
+
+namespace pipeflow {
+namespace {
+
+// resolve() fixes every default once: the schedule that runs, the
+// checkpoint folder, the progress lines, and under mpirun the replicas.
+TEST(RunConfigResolve, BuildsTheScheduleAndFixesEveryDefault) {
+  const ResolvedRun run = resolved(R"({"pipeline": {"stages": 2, "schedule": "interleaved-1f1b", "virtual_stages": 2},
+                                       "gradient_accumulation_steps": 4, "steps": 200, "out_dir": "runs/y"})");
+  EXPECT_EQ(run.schedule.name(), "interleaved-1f1b");
+  EXPECT_EQ(run.schedule.num_ranks(), 2);
+  EXPECT_EQ(run.schedule.stages_per_rank(), 2);
+  EXPECT_EQ(run.schedule.num_microbatches(), 4);
+  EXPECT_EQ(run.checkpoint_dir, "runs/y/checkpoints");
+  EXPECT_EQ(run.steps_per_print, 4);  // about 50 lines over 200 steps
+  const ResolvedRun given = resolved(R"({"checkpoint": {"dir": "ckpt"}, "steps_per_print": 7, "steps": 200})");
+  EXPECT_EQ(given.checkpoint_dir, "ckpt");
+  EXPECT_EQ(given.steps_per_print, 7);
+  EXPECT_EQ(resolved(R"({"steps": 3})").steps_per_print, 1);
+}
+
+TEST(RunConfigResolve, TheWorldGivesTheReplicasTheFileLeavesOut) {
+  const RunConfig run = parse(R"({"pipeline": {"stages": 2}, "train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
+                                  "gradient_accumulation_steps": 8})");
+  const ResolvedRun four = resolve(run, kTinyWeights, 4);
+  EXPECT_EQ(four.config.data_parallel, 2);
+  EXPECT_EQ(four.batch.global, 8);  // the accumulation is derived again, as --data-parallel does
+  EXPECT_EQ(four.batch.accumulation, 4);
+  EXPECT_EQ(four.devices, 4);
+  EXPECT_EQ(error_of([&] { resolve(run, kTinyWeights, 3); }),
+            "run.json: 3 processes were started, not a multiple of tensor_parallel × pipeline.stages = 2: start 2 "
+            "(mpirun -np 2), or a multiple of it for data parallelism");
+  const RunConfig fixed = parse(R"({"pipeline": {"stages": 2}, "data_parallel": 1, "gradient_accumulation_steps": 2})");
+  EXPECT_EQ(resolve(fixed, kTinyWeights, 2).config.data_parallel, 1);
+  EXPECT_EQ(error_of([&] { resolve(fixed, kTinyWeights, 4); }),
+            "run.json: tensor_parallel × pipeline.stages × data_parallel = 1 × 2 × 1 = 2 ranks, but 4 processes were "
+            "started: start 2 (mpirun -np 2), or leave data_parallel out to take the processes per pipeline");
+}
+
+}  // namespace
+}  // namespace pipeflow

@@ -38,9 +38,7 @@ TrainSettings tiny_settings(const std::filesystem::path& dir) {
   write_file_atomic(dir / "corpus.txt", testing::corpus());
   TrainSettings s;
   s.model = testing::kTiny;
-  s.schedule = "1f1b";
-  s.stages = 2;
-  s.microbatches = 4;
+  s.schedule = make_schedule("1f1b", 2, 4);
   s.partition = parse_partition_method("uniform");
   s.hardware = hardware_preset("cpu");
   s.engine = testing::tiny_options();
@@ -50,6 +48,7 @@ TrainSettings tiny_settings(const std::filesystem::path& dir) {
   s.steps = 12;
   s.eval_interval = 5;
   s.out_dir = dir / "out";
+  s.checkpoint_dir = s.out_dir / "checkpoints";
   s.sample_tokens = 40;
   return s;
 }
@@ -164,8 +163,7 @@ TEST(Trainer, EmulatedAndThreadedRunsTrainTheSameWeights) {
   TrainSettings settings = tiny_settings(dir);
   settings.steps = 3;
   settings.sample_tokens = 1;
-  settings.schedule = "zbv";
-  settings.microbatches = 4;
+  settings.schedule = make_schedule("zbv", 2, 4);
   std::FILE* log = std::tmpfile();
   ProgressPrinter progress(log, false, settings.steps, false);
   const TrainOutcome threaded = train(settings, progress);
@@ -197,6 +195,7 @@ TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
   first_half.steps = 3;
   first_half.save_interval = 2;
   first_half.out_dir = dir / "first";
+  first_half.checkpoint_dir = first_half.out_dir / "checkpoints";
   train(first_half, progress);
   const auto checkpoints = first_half.out_dir / "checkpoints";
   EXPECT_TRUE(std::filesystem::exists(checkpoints / "step_2.safetensors"));
@@ -232,8 +231,9 @@ TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
 
   TrainSettings other_layout = second_half;
   other_layout.resume = checkpoints / "step_3.safetensors";
-  other_layout.schedule = "zbv";
+  other_layout.schedule = make_schedule("zbv", 2, 4);
   other_layout.out_dir = dir / "other";
+  other_layout.checkpoint_dir = other_layout.out_dir / "checkpoints";
   const TrainOutcome moved = train(other_layout, progress);
   for (std::size_t i = 0; i < 3; ++i) EXPECT_NEAR(moved.log[i].loss, straight.log[i + 3].loss, 1e-5);
 
@@ -292,6 +292,7 @@ TEST(Trainer, AStopRequestEndsTheRunAfterItsStepAndTheResumedRunContinuesItBitFo
 
   TrainSettings stopped = settings;
   stopped.out_dir = dir / "stopped";
+  stopped.checkpoint_dir = stopped.out_dir / "checkpoints";
   const StopRequest stop{SIGTERM};  // arrived during the first step
   const TrainOutcome first = train(stopped, progress, &stop);
   EXPECT_EQ(first.stop_signal, SIGTERM);
@@ -303,6 +304,7 @@ TEST(Trainer, AStopRequestEndsTheRunAfterItsStepAndTheResumedRunContinuesItBitFo
 
   TrainSettings resumed = settings;
   resumed.out_dir = stopped.out_dir;
+  resumed.checkpoint_dir = resumed.out_dir / "checkpoints";
   resumed.resume = stopped.out_dir;  // the run's out_dir: its checkpoints/
   const TrainOutcome rest = train(resumed, progress);
   ASSERT_EQ(rest.log.size(), 3u);
@@ -327,6 +329,7 @@ TEST(Trainer, AWorkerThrowingMidStepEndsTheRunAndTheLastGoodCheckpointResumesIt)
 
   TrainSettings failing = settings;
   failing.out_dir = dir / "failing";
+  failing.checkpoint_dir = failing.out_dir / "checkpoints";
   auto times_reached = std::make_shared<std::atomic<int>>(0);
   failing.engine.before_action = [times_reached](RankId rank, const Action& action) {
     if (rank.value() == 1 && action == Action{StageId(1), ActionKind::kBackward, MicrobatchId(2)} &&
@@ -345,6 +348,7 @@ TEST(Trainer, AWorkerThrowingMidStepEndsTheRunAndTheLastGoodCheckpointResumesIt)
 
   TrainSettings resumed = settings;
   resumed.out_dir = failing.out_dir;
+  resumed.checkpoint_dir = resumed.out_dir / "checkpoints";
   resumed.resume = failing.out_dir;
   const TrainOutcome rest = train(resumed, progress);
   ASSERT_EQ(rest.log.size(), 2u);
@@ -424,6 +428,7 @@ TEST(Trainer, BadCheckpointsAreRefusedAndResumeFallsBackToTheNewestGoodOne) {
   TrainSettings resumed = settings;
   resumed.steps = 4;
   resumed.out_dir = dir / "resumed";
+  resumed.checkpoint_dir = resumed.out_dir / "checkpoints";
   resumed.resume = checkpoints;
   const TrainOutcome rest = train(resumed, progress);
   ASSERT_EQ(rest.log.size(), 2u);
@@ -463,10 +468,10 @@ TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
               .peak_activation_bytes_predicted = {}, .val_loss = {}};
   char buffer[1024] = {};
   std::FILE* out = fmemopen(buffer, sizeof buffer, "w");
-  ProgressPrinter plain(out, false, 200, false);
+  ProgressPrinter plain(out, false, 200, false, 4);
   plain.step(log, 36 * 0.5);  // 36 done in 18 s: 164 to go at 0.5 s each
   log.step = 36;
-  plain.step(log, 37 * 0.5);  // a line every 200 / 50 = 4 steps
+  plain.step(log, 37 * 0.5);  // a line every 4 steps
   std::fflush(out);
   EXPECT_STREQ(buffer,
                "step 36/200 loss 2.3140 lr 0.001 grad_norm 0.84 12.3k tok/s step 52.1 ms bubble 11.2% (predicted "

@@ -200,6 +200,7 @@ struct RunConfig {
   std::optional<int> devices;
   int tensor_parallel = 1;
   int data_parallel = 1;
+  bool data_parallel_given = false;    // the key was written (or --data-parallel given)
   bool sequence_parallel = false;      // as written; ResolvedRun has the effective value
   std::optional<Recompute> recompute;  // absent: from pipeline.recompute_interval
   int seq_length = 0;                  // 0: the model's context
@@ -260,31 +261,41 @@ struct ModelFromFile {
 };
 
 // The run as it will run: every "absent" and "0 means" fixed once, from the
-// keys and the model's shape. Commands resolve once; Layout (sim), the
-// trainer's settings and the engine's options are projections of this. Not
-// yet all pure: runtime::train_settings still refuses what the runtime cannot
-// run (tensor parallelism, ZeRO-2/3, blocking sends, selective recompute),
-// and the trainer builds the schedule again (issue 21, "resolve once").
+// keys, the model's shape and the world the run starts in. Commands resolve
+// once; Layout (sim), the trainer's settings and the engine's options are
+// projections of this. runtime::train_settings still refuses what the
+// runtime cannot run (tensor parallelism, ZeRO-2/3, blocking sends,
+// selective recompute).
 struct ResolvedRun {
-  RunConfig config;     // as given (written beside a run's outputs)
+  // As given, with what resolve() fills in: the model a file gave (inline)
+  // and data_parallel from the world size. Written beside a run's outputs.
+  RunConfig config;
   ModelSpec model;      // what runs
   BatchSizes batch;     // B, b, m
   int seq_length = 0;   // tokens per sequence, > 0
   int devices = 1;      // tensor_parallel · stages · data_parallel
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;  // effective: off at tensor_parallel 1
+  // What runs: pipeline.schedule_file's schedule, or the generator's for
+  // (pipeline.stages, micro-batches per step, pipeline.virtual_stages).
+  Schedule schedule{"unresolved", 1, 1, 1, Placement::kLoop};
+  std::string checkpoint_dir;  // checkpoint.dir, else out_dir/checkpoints
+  int steps_per_print = 1;     // steps_per_print, else about 50 progress lines a run
 };
 
 // The model is the configuration's, or the file's when the configuration
 // has none; both given and different is an Error naming both shapes. No
-// model at all is an Error naming the key and the flags. Then the batch
-// sizes (DeepSpeed's rule), the sequence length (seq_length, else the
-// model's context; at most a GPT's learned positions), recompute,
-// sequence parallelism (a multiple of tensor_parallel) and the schedule's
-// constraints on (stages, micro-batches, virtual stages); a schedule file
-// must have the resolved micro-batches and pass validate() (the Error holds
-// the validator's report).
-ResolvedRun resolve(const RunConfig& run, const std::optional<ModelFromFile>& from_file = std::nullopt);
+// model at all is an Error naming the key and the flags. With a world size
+// (the processes mpirun started), data_parallel not given is the world over
+// tensor_parallel · pipeline.stages (an Error unless it divides), and given
+// must make the world. Then the batch sizes (DeepSpeed's rule), the sequence
+// length (seq_length, else the model's context; at most a GPT's learned
+// positions), recompute, sequence parallelism (a multiple of
+// tensor_parallel) and the schedule, built for (stages, micro-batches,
+// virtual stages); a schedule file must have the resolved micro-batches and
+// pass validate() (the Error holds the validator's report).
+ResolvedRun resolve(const RunConfig& run, const std::optional<ModelFromFile>& from_file = std::nullopt,
+                    std::optional<int> world_size = std::nullopt);
 
 // The configuration in the file's form, to keep beside a run's outputs:
 // every key with its value (defaults written out), the batch keys as given,

@@ -13,8 +13,8 @@ namespace pipeflow::runtime {
 //   step  37/200 [=====>              ] loss 2.3140  12.3k tok/s  bubble 11.2% (pred 10.9%)  ETA 1m12s
 // with messages (validation, warnings) printed above it. Elsewhere (a log
 // file, a pipe): plain lines, the first and last steps, every validation
-// step and every `every`-th step (DeepSpeed's steps_per_print; 0: about 50
-// lines a run) (validation as "after N steps: validation
+// step and every `every`-th step (DeepSpeed's steps_per_print, which
+// resolve() makes about 50 lines a run when it is absent) (validation as "after N steps: validation
 // loss L", the metrics' step N − 1),
 //   step 37/200 loss 2.3140 lr 0.001 grad_norm 0.84 12.3k tok/s step 52.1 ms bubble 11.2% (predicted 10.9%) ETA 1m12s
 // "emulated" labels the figures of an --emulate run. A printer without a
@@ -23,7 +23,7 @@ namespace pipeflow::runtime {
 // Thread safety: one thread.
 class ProgressPrinter {
  public:
-  ProgressPrinter(std::FILE* out, bool terminal, int total_steps, bool emulated, int every = 0);
+  ProgressPrinter(std::FILE* out, bool terminal, int total_steps, bool emulated, int every = 1);
 
   void message(std::string_view line);
   // A run resumed from a checkpoint starts after `steps_done` steps (the ETA

@@ -12,6 +12,7 @@
 #include "pipeflow/model/partition.h"
 #include "pipeflow/nn/gpt_config.h"
 #include "pipeflow/runtime/engine_options.h"
+#include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/schedule.h"
 
 namespace pipeflow::runtime {
@@ -23,11 +24,9 @@ class RankGroup;
 // them from the run configuration and the command line).
 struct TrainSettings {
   nn::GptConfig model;
-  std::string schedule = "1f1b";
-  std::optional<Schedule> file_schedule;  // run instead of `schedule`'s generator (pipeline.schedule_file)
-  int stages = 1;          // pipeline ranks p
-  int virtual_stages = 1;  // v
-  int microbatches = 1;    // m = gradient_accumulation_steps
+  // What runs (ResolvedRun::schedule): its ranks p, chunks per rank v and
+  // micro-batches per step and replica m.
+  Schedule schedule = make_schedule("1f1b", 1, 1);
   PartitionMethod partition;
   HardwareProfile hardware;  // prices the layers for the "balanced" partition
   // micro_batch, seq_length (T), checkpoint interval, optimizer, LR
@@ -38,13 +37,13 @@ struct TrainSettings {
   int steps = 100;
   std::uint64_t seed = 1234;  // weights (unless `weights`) and data
   int eval_interval = 10;     // steps between validation losses; 0: only at the end
-  int steps_per_print = 0;    // steps between plain progress lines (ProgressPrinter); 0: about 50 a run
+  int steps_per_print = 1;    // steps between plain progress lines (ProgressPrinter)
   std::filesystem::path out_dir = "runs/pipeflow";
   std::filesystem::path weights;  // start from this whole-model file (pipeflow init); empty: GPT-2 init
   // Checkpoints (PipelineEngine::write_checkpoint): every save_interval
   // steps and after the last one (0: none), as checkpoint_dir/step_N.safetensors,
   // under MPI the folder checkpoint_dir/step_N of shards and their index
-  // (checkpoint_search.h; N: steps done; empty dir: out_dir/checkpoints).
+  // (checkpoint_search.h; N: steps done).
   // `resume`: a checkpoint file or folder, its index file, a directory or a
   // run's out_dir (checkpoints_to_resume): the newest
   // checkpoint that loads, with a warning for each newer one that does not;
@@ -56,16 +55,13 @@ struct TrainSettings {
   // and out_dir.
   int save_interval = 0;
   int checkpoint_keep = 0;
-  std::filesystem::path checkpoint_dir;
+  std::filesystem::path checkpoint_dir = "runs/pipeflow/checkpoints";
   std::filesystem::path resume;
   // A step whose loss or gradient norm is not finite is skipped (no update);
   // this many skipped in a row stop the run with an Error naming the step
   // and the first non-finite tensor.
   int max_skipped_steps = 3;
 
-  std::filesystem::path checkpoint_directory() const {
-    return checkpoint_dir.empty() ? out_dir / "checkpoints" : checkpoint_dir;
-  }
   bool emulate = false;           // run serially and replay (RunMode::kSerial)
   int cost_steps = 3;             // steps after the first whose action costs feed the prediction
   std::string config_text;        // the run configuration, for the report and run_config.json

@@ -11,7 +11,6 @@ namespace pipeflow::runtime {
 namespace {
 
 constexpr int kBarWidth = 20;
-constexpr int kPlainLines = 50;  // about this many step lines in a log
 
 std::string tokens_rate(double tokens_per_s) {
   if (tokens_per_s >= 1e6) return fmt::format("{:.2f}M tok/s", tokens_per_s / 1e6);
@@ -32,7 +31,7 @@ ProgressPrinter::ProgressPrinter(std::FILE* out, bool terminal, int total_steps,
     : out_(out),
       terminal_(terminal),
       total_(std::max(1, total_steps)),
-      every_(every > 0 ? every : std::max(1, (total_steps + kPlainLines - 1) / kPlainLines)),
+      every_(std::max(1, every)),
       emulated_(emulated) {}
 
 void ProgressPrinter::message(std::string_view line) {

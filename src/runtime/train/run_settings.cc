@@ -79,11 +79,7 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   }
   TrainSettings s;
   s.model = gpt_config(resolved.model, source);
-  s.schedule = run.pipeline.schedule;
-  s.file_schedule = run.pipeline.file_schedule;
-  s.stages = run.pipeline.stages;
-  s.virtual_stages = run.pipeline.virtual_stages;
-  s.microbatches = resolved.batch.accumulation;
+  s.schedule = resolved.schedule;
   s.partition = run.pipeline.partition_method;
   s.hardware = run.hardware;
   s.engine.micro_batch = resolved.batch.micro;
@@ -109,10 +105,10 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   s.eval_interval = run.eval_interval;
   s.out_dir = run.out_dir;
   s.save_interval = run.checkpoint.save_interval;
-  s.steps_per_print = run.steps_per_print;
+  s.steps_per_print = resolved.steps_per_print;
   s.checkpoint_keep = run.checkpoint.keep;
   s.max_skipped_steps = run.numerics.max_skipped_steps;
-  s.checkpoint_dir = run.checkpoint.dir;
+  s.checkpoint_dir = resolved.checkpoint_dir;
   s.resume = run.checkpoint.load;
   s.config_text = run_config_to_json(run);
   s.config = run;

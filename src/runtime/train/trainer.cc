@@ -98,10 +98,7 @@ class Run {
 };
 
 std::unique_ptr<PipelineEngine> Run::make_engine() const {
-  const Schedule schedule =
-      settings_.file_schedule
-          ? *settings_.file_schedule
-          : make_schedule(settings_.schedule, settings_.stages, settings_.microbatches, settings_.virtual_stages);
+  const Schedule& schedule = settings_.schedule;
   EngineOptions options = settings_.engine;
   options.seq_length = seq_length();
   std::vector<int> boundaries;
@@ -153,8 +150,8 @@ std::string Run::oversubscription() const { return group_.oversubscription(setti
 
 void Run::remove_stale_temporaries() const {
   if (!reporter()) return;
-  std::vector<std::filesystem::path> dirs{settings_.checkpoint_directory(), settings_.out_dir};
-  for (const auto& checkpoint : checkpoints_in(settings_.checkpoint_directory())) {
+  std::vector<std::filesystem::path> dirs{settings_.checkpoint_dir, settings_.out_dir};
+  for (const auto& checkpoint : checkpoints_in(settings_.checkpoint_dir)) {
     if (std::filesystem::is_directory(checkpoint)) dirs.push_back(checkpoint);  // its shards' temporaries
   }
   for (const auto& dir : dirs) {
@@ -192,11 +189,11 @@ std::int64_t Run::resume() {
 }
 
 std::filesystem::path Run::checkpoint_path(std::int64_t steps_done) const {
-  return runtime::checkpoint_path(settings_.checkpoint_directory(), steps_done, group_.spans_processes());
+  return runtime::checkpoint_path(settings_.checkpoint_dir, steps_done, group_.spans_processes());
 }
 
 void Run::write_checkpoint(std::int64_t steps_done) const {
-  const std::filesystem::path dir = settings_.checkpoint_directory();
+  const std::filesystem::path dir = settings_.checkpoint_dir;
   if (reporter()) std::filesystem::create_directories(dir);
   engine_->write_checkpoint(checkpoint_path(steps_done), steps_done);  // collective under MPI
   if (!reporter() || settings_.checkpoint_keep == 0) return;
@@ -319,7 +316,7 @@ std::optional<double> Run::validation_loss() const {
   const auto model = engine_->assemble_model();  // collective under MPI: nullptr but on world rank 0
   if (!model) return std::nullopt;
   const int b = settings_.engine.micro_batch;
-  const int microbatches = settings_.microbatches * settings_.engine.data_parallel;  // of every replica
+  const int microbatches = settings_.schedule.num_microbatches() * settings_.engine.data_parallel;  // of every replica
   double total = 0;
   for (int j = 0; j < microbatches; ++j) {
     nn::Batch batch = dataset_.batch(nn::Split::kValidation, 0, static_cast<std::int64_t>(j) * b, b,
@@ -401,7 +398,7 @@ TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, con
 
 TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop) {
   const std::unique_ptr<RankGroup> group =
-      RankGroup::in_threads({.pipeline = settings.stages, .data_parallel = settings.engine.data_parallel});
+      RankGroup::in_threads({.pipeline = settings.schedule.num_ranks(), .data_parallel = settings.engine.data_parallel});
   return train(settings, progress, stop, *group);
 }
 
