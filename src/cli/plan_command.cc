@@ -209,25 +209,26 @@ std::string from_anywhere(const std::string& name_or_path) {
 }
 
 // A run configuration `pipeflow simulate --config` reads (and `train` where
-// it supports the layout).
+// it supports the layout): the layout's keys over the defaults, every key
+// written out (run_config_to_json).
 std::string pipeflow_config(const PlanCommand& command, const Layout& l) {
-  nlohmann::ordered_json json;
-  json["model"] = from_anywhere(command.model);
-  json["hardware"] = from_anywhere(command.hardware);
-  json["devices"] = l.devices;
-  json["tensor_parallel"] = l.tensor_parallel;
-  json["data_parallel"] = l.data_parallel;
-  json["sequence_parallel"] = l.sequence_parallel;
-  json["recompute"] = to_string(l.recompute);
-  json["seq_length"] = l.seq_length;
-  json["train_batch_size"] = l.global_batch;
-  json["train_micro_batch_size_per_gpu"] = l.micro_batch;
-  json["zero_optimization"] = {{"stage", static_cast<int>(l.zero)}};
-  json["pipeline"] = {{"stages", l.pipeline_parallel},
-                      {"schedule", l.schedule},
-                      {"virtual_stages", l.virtual_stages},
-                      {"partition_method", to_string(l.partition)}};
-  return json.dump(2) + "\n";
+  RunOverrides o;
+  o.set("model", from_anywhere(command.model));
+  o.set("hardware", from_anywhere(command.hardware));
+  o.set("devices", l.devices);
+  o.set("tensor_parallel", l.tensor_parallel);
+  o.set("data_parallel", l.data_parallel);
+  o.set("sequence_parallel", l.sequence_parallel);
+  o.set("recompute", to_string(l.recompute));
+  o.set("seq_length", l.seq_length);
+  o.set("train_batch_size", l.global_batch);
+  o.set("train_micro_batch_size_per_gpu", l.micro_batch);
+  o.set("zero_optimization.stage", static_cast<int>(l.zero));
+  o.set("pipeline.stages", l.pipeline_parallel);
+  o.set("pipeline.schedule", l.schedule);
+  o.set("pipeline.virtual_stages", l.virtual_stages);
+  o.set("pipeline.partition_method", to_string(l.partition));
+  return run_config_to_json(default_run_config(o));
 }
 
 // DeepSpeed's pipeline engine runs 1F1B only, without tensor parallelism of

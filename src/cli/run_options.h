@@ -2,31 +2,40 @@
 
 #include <CLI/CLI.hpp>
 
-#include <memory>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "pipeflow/config/run_config.h"
+#include "pipeflow/config/run_keys.h"
 
 namespace pipeflow::cli {
 
 // The flags that set keys of the run configuration, the same in every
-// command that reads one (`train`, `simulate`): each is named after its key,
-// with the short name users of Megatron-LM and nccl-tests type beside it
-// (--stages/--pp, --tensor-parallel/--tp, --data-parallel/--dp,
-// --seq-length/--seq). A flag given on the command line replaces its key;
-// parse_run_config checks it exactly as the key.
+// command that reads one, each from its row of run_keys() (name, aliases,
+// help, default): `train` takes the rows of every scope, `sweep` those of
+// FlagScope::kAll and kTraining, `simulate` those of kAll. A flag given on
+// the command line replaces its key; parse_run_config checks it exactly as
+// the key.
 class RunFlags {
  public:
-  // Adds the flags to `app`; the object must outlive parsing.
-  void add_to(CLI::App* app);
+  // Adds the flags of the keys whose scope is one of `scopes`; the object
+  // must outlive parsing.
+  void add_to(CLI::App* app, std::initializer_list<FlagScope> scopes);
   // The flags that were given, as key overrides.
   RunOverrides overrides() const;
 
  private:
-  CLI::App* app_ = nullptr;
-  std::string model_, hardware_, schedule_, schedule_file_, recompute_, partition_, comm_;
-  int devices_ = 0, tensor_parallel_ = 0, stages_ = 0, data_parallel_ = 0, micro_batch_ = 0, global_batch_ = 0,
-      seq_length_ = 0, virtual_stages_ = 0, zero_ = 0;
-  bool sequence_parallel_ = false;
+  struct Flag {
+    const RunKey* key = nullptr;
+    CLI::Option* option = nullptr;
+  };
+  std::vector<Flag> flags_;
+  // Where CLI11 writes each flag's text (or, for a boolean, whether it was
+  // given), by key path; map nodes do not move.
+  std::map<std::string_view, std::string> text_;
+  std::map<std::string_view, bool> set_;
 };
 
 // The run configuration of a command: the file `config_path` (empty: the

@@ -103,7 +103,7 @@ void add_simulate_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "simulate", "Predict a layout's step: time, bubble, tokens/s, MFU and memory per rank, and its timeline");
   sub->add_option("--config", c->config, "Run configuration JSON (the keys of pipeflow train); flags override it");
-  c->flags.add_to(sub);
+  c->flags.add_to(sub, {FlagScope::kAll});
   sub->add_option("--profile", c->profile, "Measured per-stage costs (JSON, as pipeflow train writes them)");
   sub->add_option("--trace", c->trace, "Write the simulated timeline as Chrome-trace JSON (Perfetto)");
   sub->add_option("--svg", c->svg, "Write the simulated timeline as SVG");

@@ -34,20 +34,11 @@ struct SweepCommand {
   bool json = false;
   std::string lr_rule = "sqrt";
   bool train = false;
-  int steps = 0;
-  std::string out_dir;
   bool emulate = false;
   double timeout_s = 60;
   std::optional<double> noise_scale;
   std::string metrics;
   RunFlags flags;
-
-  RunOverrides overrides() const {
-    RunOverrides o = flags.overrides();
-    if (app->count("--steps") > 0) o.steps = steps;
-    if (app->count("--out-dir") > 0) o.out_dir = out_dir;
-    return o;
-  }
 };
 
 // One point as `pipeflow train` runs it, into out_dir/NAME (and its
@@ -92,7 +83,7 @@ void run(const SweepCommand& c) {
     }
   }
   if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
-  SweepRequest request{c.overrides(), {}, parse_lr_rule(c.lr_rule), {}, c.noise_scale};
+  SweepRequest request{c.flags.overrides(), {}, parse_lr_rule(c.lr_rule), {}, c.noise_scale};
   if (!c.metrics.empty()) {
     if (c.noise_scale) fail("--noise-scale and --metrics {}: give the noise scale one way", c.metrics);
     request.noise_scale = noise_scale_of_metrics(c.metrics);
@@ -114,12 +105,12 @@ void add_sweep_command(CLI::App& app) {
                "loss");
   c->app = sub;
   sub->add_option("--config", c->config, "Run configuration JSON (the keys of pipeflow train); flags override it");
-  c->flags.add_to(sub);
+  c->flags.add_to(sub, {FlagScope::kAll, FlagScope::kTraining});
   sub->add_option("--vary", c->vary,
-                  "KEY=V1,V2,... (once or twice); KEY: microbatches (global batch fixed), micro-batch, global-batch "
-                  "(its learning rate by --lr-rule), stages, schedule, virtual, recompute, partition, comm, "
-                  "tensor-parallel, data-parallel, seq-length, or a key path of the configuration "
-                  "(optimizer.params.lr, model.n_layer, ...)")
+                  fmt::format("KEY=V1,V2,... (once or twice); KEY: {} (microbatches keeps the global batch; a "
+                              "global-batch scales the learning rate by --lr-rule), or a key path of the "
+                              "configuration (optimizer.params.lr, model.n_layer, ...)",
+                              sweep_option_names()))
       ->required();
   sub->add_option("--lr-rule", c->lr_rule,
                   "How a varied global batch scales the learning rate: sqrt (Adam, AdamW), linear (SGD) or none")
@@ -127,8 +118,6 @@ void add_sweep_command(CLI::App& app) {
   sub->add_flag("--train", c->train,
                 "Also train every point as pipeflow train does (its steps, into out_dir/KEY=VALUE) and show the "
                 "measured figures and loss beside the predicted");
-  sub->add_option("--steps", c->steps, "With --train: optimizer steps of each run (key: steps)");
-  sub->add_option("--out-dir", c->out_dir, "With --train: the directory of the runs' directories (key: out_dir)");
   sub->add_flag("--emulate", c->emulate, "With --train: run the actions one at a time and replay their durations");
   sub->add_option("--timeout", c->timeout_s, "With --train: longest any wait for a peer may take, in seconds")
       ->capture_default_str();

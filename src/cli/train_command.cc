@@ -32,20 +32,10 @@ struct TrainCommand {
   CLI::App* app = nullptr;
   std::string config;
   std::string weights;
-  std::string resume;
-  int steps = 0;
-  std::string out_dir;
   bool emulate = false;
   double timeout_s = 60;
   RunFlags flags;
 
-  RunOverrides overrides() const {
-    RunOverrides o = flags.overrides();
-    if (app->count("--steps") > 0) o.steps = steps;
-    if (app->count("--out-dir") > 0) o.out_dir = out_dir;
-    if (app->count("--resume") > 0) o.resume = resume;
-    return o;
-  }
 };
 
 runtime::StopRequest stop_request{0};
@@ -99,7 +89,7 @@ void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSet
 }
 
 void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
-  const RunConfig config = load_run_config(c.config, c.overrides());
+  const RunConfig config = load_run_config(c.config, c.flags.overrides());
   const bool reporter = mpi == nullptr || mpi->rank() == 0;  // before the group exists: notes on the configuration
   if (reporter) print_config_notes(config);
   // A weights file or checkpoint carries the model's shape: the configuration may leave model out.
@@ -150,16 +140,11 @@ void add_train_command(CLI::App& app) {
       ->required();
   sub->add_option("--weights", c->weights,
                   "Start from this weights file (pipeflow init) instead of GPT-2 init; it gives the model's shape");
-  sub->add_option("--resume", c->resume,
-                  "Continue from a checkpoint file, or the newest good one in a directory or a run's out_dir "
-                  "(key: checkpoint.load)");
-  sub->add_option("--steps", c->steps, "Optimizer steps in all, counting a resumed checkpoint's (key: steps)");
-  sub->add_option("--out-dir", c->out_dir, "Where the report, metrics, timelines and weights go (key: out_dir)");
   sub->add_flag("--emulate", c->emulate,
                 "Run the actions one at a time and replay their measured durations with one core per rank "
                 "(for more ranks than cores)");
   sub->add_option("--timeout", c->timeout_s, "Longest any wait for a peer may take, in seconds")->capture_default_str();
-  c->flags.add_to(sub);
+  c->flags.add_to(sub, {FlagScope::kAll, FlagScope::kTraining, FlagScope::kTrain});
   sub->callback([c] { run(*c); });
 }
 

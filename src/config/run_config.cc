@@ -357,43 +357,42 @@ namespace {
 // The file's keys with the command line's written over them (see
 // parse_run_config for the rules of derived keys).
 Json with_overrides(Json json, const RunOverrides& o) {
-  const auto set = [](Json& at, const char* key, const auto& value) {
-    if (value) at[key] = *value;
+  const auto erase = [&](std::string_view path) {
+    Json* at = &json;
+    std::size_t begin = 0;
+    for (std::size_t dot = path.find('.'); dot != std::string_view::npos; dot = path.find('.', begin)) {
+      const std::string part(path.substr(begin, dot - begin));
+      if (!at->is_object() || !at->contains(part)) return;
+      at = &(*at)[part];
+      begin = dot + 1;
+    }
+    if (at->is_object()) at->erase(std::string(path.substr(begin)));
   };
-  set(json, "model", o.model);
-  set(json, "hardware", o.hardware);
-  set(json, "devices", o.devices);
-  set(json, "tensor_parallel", o.tensor_parallel);
-  set(json, "data_parallel", o.data_parallel);
-  set(json, "seq_length", o.seq_length);
-  set(json, "recompute", o.recompute);
-  set(json, "sequence_parallel", o.sequence_parallel);
-  set(json, "comm_mode", o.comm_mode);
-  set(json, "steps", o.steps);
-  set(json, "out_dir", o.out_dir);
-  if (o.stages || o.schedule || o.schedule_file || o.virtual_stages || o.partition) {
-    Json& pipeline = json["pipeline"];
-    if (pipeline.is_null()) pipeline = Json::object();
-    set(pipeline, "stages", o.stages);
-    // A flag that picks the schedule replaces the file's choice, generator or file.
-    if (o.schedule) pipeline.erase("schedule_file");
-    if (o.schedule_file) pipeline.erase("schedule");
-    set(pipeline, "schedule", o.schedule);
-    set(pipeline, "schedule_file", o.schedule_file);
-    set(pipeline, "virtual_stages", o.virtual_stages);
-    set(pipeline, "partition_method", o.partition);
-  }
-  if (o.zero_stage) json["zero_optimization"]["stage"] = *o.zero_stage;
-  if (o.resume) json["checkpoint"]["load"] = *o.resume;
   const bool all_batch_keys = json.contains("train_batch_size") && json.contains("train_micro_batch_size_per_gpu") &&
                               json.contains("gradient_accumulation_steps");
-  if (o.micro_batch || o.global_batch || (o.data_parallel && all_batch_keys)) {
-    json.erase("gradient_accumulation_steps");
+  // Keys that replace another choice, or that another key is derived from.
+  if (o.has("pipeline.schedule")) erase("pipeline.schedule_file");
+  if (o.has("pipeline.schedule_file")) erase("pipeline.schedule");
+  if (o.has("data.path")) erase("data.paths");
+  if (o.has("data.paths")) erase("data.path");
+  if (o.has("train_micro_batch_size_per_gpu") || o.has("train_batch_size") ||
+      (o.has("data_parallel") && all_batch_keys)) {
+    erase("gradient_accumulation_steps");
   }
-  set(json, "train_micro_batch_size_per_gpu", o.micro_batch);
-  set(json, "train_batch_size", o.global_batch);
-  // Devices follow a new parallel layout unless given too.
-  if (!o.devices && (o.tensor_parallel || o.stages || o.data_parallel)) json.erase("devices");
+  if (!o.has("devices") && (o.has("tensor_parallel") || o.has("pipeline.stages") || o.has("data_parallel"))) {
+    erase("devices");
+  }
+  for (const auto& [path, value] : o.values()) {
+    Json* at = &json;
+    std::size_t begin = 0;
+    for (std::size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', begin)) {
+      Json& next = (*at)[path.substr(begin, dot - begin)];
+      if (!next.is_object()) next = Json::object();
+      at = &next;
+      begin = dot + 1;
+    }
+    (*at)[path.substr(begin)] = value;
+  }
   return json;
 }
 
@@ -625,6 +624,8 @@ std::string run_config_to_json(const RunConfig& run) {
                          {"adam_w_mode", run.optimizer.adam_w_mode}}}};
   if (!run.scheduler.type.empty()) json["scheduler"] = scheduler_to_json(run.scheduler);
   json["zero_optimization"] = {{"stage", static_cast<int>(run.zero)}, {"reduce_bucket_size", run.reduce_bucket_size}};
+  json["fp16"] = {{"enabled", false}};
+  json["bf16"] = {{"enabled", false}};
   json["steps_per_print"] = run.steps_per_print;
   json["pipeline"] = {{"stages", run.pipeline.stages},
                       {"partition_method", to_string(run.pipeline.partition_method)},

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "pipeflow/config/run_keys.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
@@ -19,11 +20,16 @@
 namespace pipeflow {
 namespace {
 
-constexpr std::array<std::string_view, 12> kKeys = {
-    "microbatches", "micro-batch", "global-batch",    "stages",        "schedule",   "virtual",
-    "recompute",    "partition",   "comm",            "tensor-parallel", "data-parallel", "seq-length"};
+// The key a --vary name sets: a key sweep may vary, by its flag without
+// "--" (stages, pp, micro-batch, ...); nullptr for anything else.
+const RunKey* option_key(const std::string& name) {
+  const RunKey* key = find_run_flag("--" + name);
+  return key != nullptr && key->vary ? key : nullptr;
+}
 
-bool is_option(const std::string& key) { return std::find(kKeys.begin(), kKeys.end(), key) != kKeys.end(); }
+// microbatches is derived: the micro-batch for m micro-batches per step at the same global batch.
+bool is_option(const std::string& name) { return name == "microbatches" || option_key(name) != nullptr; }
+
 
 int positive(const std::string& key, const std::string& value) {
   int n = 0;
@@ -35,23 +41,18 @@ int positive(const std::string& key, const std::string& value) {
 }
 
 // Writes one option's value over the overrides (microbatches excepted: apply_microbatches).
-void apply(const std::string& key, const std::string& value, RunOverrides& o) {
-  if (key == "micro-batch") o.micro_batch = positive(key, value);
-  if (key == "global-batch") o.global_batch = positive(key, value);
-  if (key == "stages") o.stages = positive(key, value);
-  if (key == "virtual") o.virtual_stages = positive(key, value);
-  if (key == "tensor-parallel") o.tensor_parallel = positive(key, value);
-  if (key == "data-parallel") o.data_parallel = positive(key, value);
-  if (key == "seq-length") o.seq_length = positive(key, value);
-  if (key == "schedule") {
+void apply(const std::string& name, const std::string& value, RunOverrides& o) {
+  if (name == "microbatches") return;
+  const RunKey& key = *option_key(name);
+  const std::string origin = "--vary " + name;
+  if (key.path == "pipeline.schedule") {
     // NAME:V sets the virtual stages with the schedule (interleaved-1f1b:2 beside 1f1b).
     const std::size_t colon = value.find(':');
-    o.schedule = value.substr(0, colon);
-    if (colon != std::string::npos) o.virtual_stages = positive(key, value.substr(colon + 1));
+    o.set("pipeline.schedule", value.substr(0, colon));
+    if (colon != std::string::npos) o.set("pipeline.virtual_stages", positive(name, value.substr(colon + 1)));
+    return;
   }
-  if (key == "recompute") o.recompute = value;
-  if (key == "partition") o.partition = value;
-  if (key == "comm") o.comm_mode = value;
+  o.set_text(key, value, origin);
 }
 
 // m micro-batches per step with the global batch as it is: b = B / (m · d).
@@ -65,8 +66,8 @@ void apply_microbatches(const ConfigSource& config, const std::string& value, Ru
          "replicas",
          m, global, m, replicas);
   }
-  o.global_batch = global;
-  o.micro_batch = global / (m * replicas);
+  o.set("train_batch_size", global);
+  o.set("train_micro_batch_size_per_gpu", global / (m * replicas));
 }
 
 constexpr std::array<std::string_view, 3> kBatchKeys = {"train_batch_size", "train_micro_batch_size_per_gpu",
@@ -410,12 +411,20 @@ double legend(std::string& out, const Sweep& sweep, double y) {
 
 }  // namespace
 
+std::string sweep_option_names() {
+  std::string names = "microbatches";
+  for (const RunKey& key : run_keys()) {
+    if (key.vary) names += fmt::format(", {}", key.flag.substr(2));
+  }
+  return names;
+}
+
 SweepAxis parse_sweep_axis(std::string_view text) {
   const std::size_t eq = text.find('=');
   if (eq == std::string_view::npos || eq == 0) {
     fail("--vary {}: give KEY=V1,V2,... with KEY one of {} or a key path of the run configuration "
          "(pipeline.stages, optimizer.params.lr, ...)",
-         text, fmt::join(kKeys, ", "));
+         text, sweep_option_names());
   }
   SweepAxis axis;
   axis.key = std::string(text.substr(0, eq));
@@ -463,7 +472,7 @@ Sweep run_sweep(const ConfigSource& config, const SweepRequest& request) {
     for (const SweepAxis& axis : axes) {
       if (is_option(axis.key) || std::binary_search(paths.begin(), paths.end(), axis.key)) continue;
       fail("--vary {}: {} is neither an option ({}) nor a key path of {} ({})", axis.key, axis.key,
-           fmt::join(kKeys, ", "), base.source, fmt::join(paths, ", "));
+           sweep_option_names(), base.source, fmt::join(paths, ", "));
     }
     context.base_batch = resolve_batch_sizes(base.batch_keys, base.data_parallel, base.source).global;
   }

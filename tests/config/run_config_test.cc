@@ -351,11 +351,11 @@ TEST(RunConfigScheduleFile, KeysThatDisagreeWithTheFileAreErrorsNamingBoth) {
             "use a file dumped for 8");
   // The flag alone, without a configuration file, is the key.
   RunOverrides flag;
-  flag.schedule_file = kZbFile;
+  flag.set("pipeline.schedule_file", kZbFile);
   EXPECT_EQ(default_run_config(flag).pipeline.stages, 2);
   // A flag that picks the schedule replaces the file's choice.
   RunOverrides generator;
-  generator.schedule = "gpipe";
+  generator.set("pipeline.schedule", "gpipe");
   EXPECT_EQ(resolved(R"({"pipeline": {"stages": 2, )" + file + "}}", generator).config.pipeline.schedule, "gpipe");
 }
 
@@ -363,9 +363,9 @@ TEST(RunConfig, CommandLineOverridesTheFileAndIsCheckedTheSameWay) {
   const std::string file = R"({"model": "gpt2-124m", "train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
                                 "gradient_accumulation_steps": 16, "pipeline": {"stages": 2}})";
   RunOverrides flags;
-  flags.stages = 4;
-  flags.global_batch = 64;
-  flags.schedule = "zb-h1";
+  flags.set("pipeline.stages", 4);
+  flags.set("train_batch_size", 64);
+  flags.set("pipeline.schedule", "zb-h1");
   const ResolvedRun run = resolved(file, flags);
   EXPECT_EQ(run.config.pipeline.stages, 4);
   EXPECT_EQ(run.config.pipeline.schedule, "zb-h1");
@@ -376,13 +376,13 @@ TEST(RunConfig, CommandLineOverridesTheFileAndIsCheckedTheSameWay) {
   EXPECT_EQ(parse(file).source, "run.json");
 
   RunOverrides bad = flags;
-  bad.stages = 0;
+  bad.set("pipeline.stages", 0);
   EXPECT_EQ(error_of([&] { parse(file, bad); }),
             "run.json with the command line: pipeline.stages = 0: must be a positive integer: the number of "
             "pipeline ranks");
 
   RunOverrides dp = flags;
-  dp.data_parallel = 2;
+  dp.set("data_parallel", 2);
   EXPECT_EQ(resolved(file, dp).batch.accumulation, 16);  // keys B = 64, b = 2: m follows
 }
 
@@ -435,7 +435,7 @@ TEST(RunConfig, SequenceParallelIsOffAtTensorParallelOneAndNeedsTheSequenceDivis
             "over the tensor-parallel ranks, so it is off (as Megatron-LM turns it off); use tensor_parallel > 1 for "
             "it");
   RunOverrides tp;
-  tp.tensor_parallel = 4;
+  tp.set("tensor_parallel", 4);
   const ResolvedRun four = resolved(file, tp);
   EXPECT_TRUE(four.config.warnings.empty());
   EXPECT_TRUE(four.sequence_parallel);

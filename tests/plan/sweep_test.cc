@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 
 #include "../support/error_of.h"
+#include "../support/run_key_examples.h"
 #include "../trace/xml_check.h"
+#include "pipeflow/config/run_keys.h"
 #include "pipeflow/core/config.h"
 #include "pipeflow/sim/layout.h"
 #include "pipeflow/sim/prediction.h"
@@ -37,7 +39,7 @@ TEST(Sweep, EachPointIsTheSimulationOfItsSettingAndMicrobatchesKeepTheGlobalBatc
   for (int i = 0; i < 3; ++i) {
     const int m = 4 << i;
     RunOverrides o;
-    o.micro_batch = 32 / m;
+    o.set("train_micro_batch_size_per_gpu", 32 / m);
     const Prediction p = predict(layout_of(resolve(kConfig(o))));
     ASSERT_EQ(p.microbatches, m);
     const SweepPoint& point = sweep.points[i];
@@ -126,16 +128,17 @@ TEST(Sweep, AScheduleMayNameItsVirtualStages) {
   ASSERT_EQ(sweep.points.size(), 2u);
   EXPECT_EQ(sweep.points[1].error, "");
   RunOverrides o;
-  o.schedule = "interleaved-1f1b";
-  o.virtual_stages = 2;
+  o.set("pipeline.schedule", "interleaved-1f1b");
+  o.set("pipeline.virtual_stages", 2);
   EXPECT_DOUBLE_EQ(sweep.points[1].step_time_s, predict(layout_of(resolve(kConfig(o)))).result.step_time_s);
 }
 
 TEST(Sweep, RejectsAnUnknownKeyAndABadValue) {
   EXPECT_EQ(error_of([] { parse_sweep_axis("1,2"); }),
-            "--vary 1,2: give KEY=V1,V2,... with KEY one of microbatches, micro-batch, global-batch, stages, "
-            "schedule, virtual, recompute, partition, comm, tensor-parallel, data-parallel, seq-length or a key path "
-            "of the run configuration (pipeline.stages, optimizer.params.lr, ...)");
+            "--vary 1,2: give KEY=V1,V2,... with KEY one of microbatches, global-batch, micro-batch, zero, stages, "
+            "partition, schedule, virtual, model, hardware, tensor-parallel, data-parallel, sequence-parallel, "
+            "recompute, seq-length, comm or a key path of the run configuration (pipeline.stages, "
+            "optimizer.params.lr, ...)");
   EXPECT_EQ(error_of([] { parse_sweep_axis("stages=2,,4"); }),
             "--vary stages=2,,4: an empty value; separate values by single commas");
   const Sweep sweep = sweep_of({parse_sweep_axis("microbatches=3")});
@@ -215,7 +218,7 @@ TEST(Sweep, AKeyPathVariesThatKeyOfTheConfiguration) {
     EXPECT_EQ(by_path.points[i].lr, 0.5);
   }
   RunOverrides four;
-  four.stages = 4;
+  four.set("pipeline.stages", 4);
   EXPECT_EQ(by_path.points[1].step_time_s, predict(layout_of(resolve(kConfig(four)))).result.step_time_s);
 
   // An inline model's shape; a string value.
@@ -239,9 +242,9 @@ TEST(Sweep, AKeyPathVariesThatKeyOfTheConfiguration) {
 
 TEST(Sweep, AnUnknownKeyIsAnErrorNamingItAndListingTheValidOnes) {
   const std::string error = error_of([] { sweep_of({parse_sweep_axis("pipeline.speed=1,2")}); });
-  EXPECT_EQ(error.rfind("--vary pipeline.speed: pipeline.speed is neither an option (microbatches, micro-batch, "
-                        "global-batch, stages, schedule, virtual, recompute, partition, comm, tensor-parallel, "
-                        "data-parallel, seq-length) nor a key path of run.json (",
+  EXPECT_EQ(error.rfind("--vary pipeline.speed: pipeline.speed is neither an option (microbatches, global-batch, "
+                        "micro-batch, zero, stages, partition, schedule, virtual, model, hardware, tensor-parallel, "
+                        "data-parallel, sequence-parallel, recompute, seq-length, comm) nor a key path of run.json (",
                         0),
             0u)
       << error;
@@ -320,6 +323,31 @@ TEST(Sweep, ATrainedSweepTrainsEachPointAndDrawsMeasuredBesidePredictedAndTheLos
       ++from;
     }
   }
+}
+
+// Every key run_keys() lets sweep vary is an option named by its flag (and
+// its aliases) whose values reach the point's configuration as the key.
+TEST(Sweep, EveryKeyTheTableLetsVaryIsAnOptionThatSetsTheKey) {
+  int varied = 0;
+  for (const auto& example : testing::run_key_examples()) {
+    const RunKey& key = *find_run_key(example.path);
+    if (!key.vary) continue;
+    ++varied;
+    for (const std::string& name : {std::string(key.flag.substr(2)), std::string(key.aliases)}) {
+      if (name.empty() || name.find(',') != std::string::npos) continue;
+      const std::string option = name.starts_with("--") ? name.substr(2) : name;
+      SCOPED_TRACE(option);
+      RunOverrides seen;
+      const ConfigSource capture = [&](const RunOverrides& overrides) {
+        seen = overrides;
+        return kConfig(overrides);
+      };
+      run_sweep(capture, SweepRequest{{}, {parse_sweep_axis(option + "=" + testing::as_typed(example.value))}, LrRule::kNone, {}, {}});
+      ASSERT_NE(seen.find(example.path), nullptr);
+      EXPECT_EQ(*seen.find(example.path), example.value);
+    }
+  }
+  EXPECT_EQ(varied, 15);  // and microbatches, derived
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeflow/config/run_keys.h"
 #include "pipeflow/core/config.h"
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/model/model_spec.h"
@@ -211,39 +212,13 @@ struct RunConfig {
   std::vector<std::string> warnings;
 };
 
-// Command-line values that replace the file's (absent: keep the file's).
-// Each is a key of the file; the flag names are those of cli/run_options.h.
-struct RunOverrides {
-  std::optional<std::string> model;        // model: preset or config.json path
-  std::optional<std::string> hardware;     // hardware: preset or profile path
-  std::optional<int> devices;              // devices
-  std::optional<int> tensor_parallel;      // tensor_parallel
-  std::optional<int> stages;               // pipeline.stages
-  std::optional<int> data_parallel;        // data_parallel
-  std::optional<int> micro_batch;          // train_micro_batch_size_per_gpu
-  std::optional<int> global_batch;         // train_batch_size
-  std::optional<int> seq_length;           // seq_length
-  std::optional<std::string> schedule;     // pipeline.schedule
-  std::optional<std::string> schedule_file;  // pipeline.schedule_file
-  std::optional<int> virtual_stages;       // pipeline.virtual_stages
-  std::optional<std::string> recompute;    // recompute
-  std::optional<bool> sequence_parallel;   // sequence_parallel
-  std::optional<std::string> partition;    // pipeline.partition_method
-  std::optional<int> zero_stage;           // zero_optimization.stage
-  std::optional<std::string> comm_mode;    // comm_mode
-  std::optional<int> steps;                // steps
-  std::optional<std::string> out_dir;      // out_dir
-  std::optional<std::string> resume;       // checkpoint.load
-
-  bool operator==(const RunOverrides&) const = default;
-  bool empty() const { return *this == RunOverrides{}; }  // no flag given: a new field needs no edit here
-};
-
 // Reads and checks every key above, with `overrides` written over the
 // file's keys first (so a flag is checked exactly as its key in a file; a
 // new micro or global batch drops the file's gradient_accumulation_steps,
 // derived again, and so does a new data_parallel when the file gives all
-// three batch keys; devices follow a new parallel layout unless given too).
+// three batch keys; devices follow a new parallel layout unless given too;
+// a schedule and a schedule file replace each other, and so do data.path
+// and data.paths).
 // Unknown keys and bad values are Errors naming the source ("<file> with
 // the command line" when there are overrides), the key path, the value, the
 // rule and the fix, e.g.

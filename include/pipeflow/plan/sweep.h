@@ -108,6 +108,11 @@ struct SweepRequest {
 // varied global batch. Throws Error for no axis, more than two, the same key
 // twice, or a key that is neither an option nor a key path of the
 // configuration (listing both).
+// The names --vary takes besides key paths: microbatches (derived: the
+// micro-batch for m micro-batches at the same global batch) and the flag of
+// every key run_keys() lets sweep vary, without "--".
+std::string sweep_option_names();
+
 Sweep run_sweep(const ConfigSource& config, const SweepRequest& request);
 
 std::string sweep_text(const Sweep& sweep);
