@@ -21,8 +21,9 @@ namespace pipeflow {
 
 // The one configuration file of a run, read by `pipeflow train --config` and
 // `pipeflow simulate --config` alike. DeepSpeed's keys where DeepSpeed has
-// one, read as DeepSpeed reads them; pipeflow's beside them. Every key, its
-// default and its rule:
+// one, read as DeepSpeed reads them; pipeflow's beside them. Every key's
+// flag, type, rule and default is its row of run_keys() (config/run_keys.h);
+// the keys and the rules between them:
 //
 //   train_batch_size                 B, sequences per step over all replicas  } any two determine the
 //   train_micro_batch_size_per_gpu   b, sequences per micro-batch             } third, as DeepSpeed;
