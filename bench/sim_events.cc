@@ -77,12 +77,12 @@ int main() {
   layout.model = model_preset("llama3-405b");
   layout.hardware = hardware_preset("h100");
   layout.tensor_parallel = 8;
-  layout.pipeline_parallel = p;
+  layout.pipeline_ranks = p;
   layout.devices = 8 * p;
   layout.global_batch = m;
   layout.seq_length = 8192;
   layout.schedule = "interleaved-1f1b";
-  layout.virtual_stages = v;
+  layout.chunks = v;
   layout.recompute = Recompute::kSelective;
   layout.sequence_parallel = true;
 

@@ -22,7 +22,7 @@ struct GradCommand {
   std::string schedule;  // empty: unpipelined
   int stages = 1;
   int microbatches = 1;
-  int virtual_stages = 1;
+  int chunks = 1;
   std::string partition = "parameters";
 };
 
@@ -42,7 +42,7 @@ void add_grad_command(CLI::App& app) {
                                                    "pipeflow schedule --list)");
   sub->add_option("--stages", command->stages, "Pipeline ranks")->capture_default_str();
   sub->add_option("--microbatches", command->microbatches, "Micro-batches the batch is cut into")->capture_default_str();
-  sub->add_option("--virtual", command->virtual_stages, "Model chunks per rank")->capture_default_str();
+  sub->add_option("--virtual", command->chunks, "Model chunks per rank")->capture_default_str();
   sub->add_option("--partition", command->partition, "How to cut the layers into stages (uniform, parameters, "
                                                      "type:REGEX, balanced, counts:..., bounds:...)")
       ->capture_default_str();
@@ -72,7 +72,7 @@ void add_grad_command(CLI::App& app) {
                                            {.schedule = command->schedule,
                                             .stages = command->stages,
                                             .microbatches = command->microbatches,
-                                            .virtual_stages = command->virtual_stages,
+                                            .chunks = command->chunks,
                                             .partition = parse_partition_method(command->partition)});
     if (!std::isfinite(g.loss)) {
       fail("loss = {}: the weights in {} or the forward produced a non-finite value; {} was not written",

@@ -14,7 +14,7 @@ namespace {
 struct PartitionCommand {
   ModelOptions options;
   int stages = 0;
-  std::string method = "balanced";
+  std::string method = "parameters";  // DeepSpeed's default, as train, generate and grad
   std::string hardware = "a100-80g";
   bool json = false;
 };
@@ -64,9 +64,10 @@ void add_partition_command(CLI::App& app) {
   auto command = std::make_shared<PartitionCommand>();
   CLI::App* sub = app.add_subcommand("partition", "Cut a model's pipeline layers into stages");
   command->options.add_to(*sub);
-  sub->add_option("--stages", command->stages, "Pipeline stages")->required();
-  sub->add_option("--method", command->method,
-                  "uniform, parameters, type:REGEX, balanced, counts:N,N,... or bounds:0,B,...,LAYERS")
+  sub->add_option("--stages", command->stages, "Stages to cut the layers into (stages - 1 cuts)")->required();
+  sub->add_option("--partition,--method", command->method,
+                  "uniform, parameters, type:REGEX, balanced, counts:N,N,... or bounds:0,B,...,LAYERS (the name train, "
+                  "simulate and generate use; --method kept)")
       ->capture_default_str();
   sub->add_option("--hardware", command->hardware, "Hardware preset or JSON file (stage times)")
       ->capture_default_str();

@@ -128,9 +128,9 @@ PlanRequest make_request(const PlanCommand& command) {
 
 std::string layout_line(const Layout& l) {
   std::string schedule = l.schedule;
-  if (l.virtual_stages > 1) schedule += fmt::format(" v={}", l.virtual_stages);
+  if (l.chunks > 1) schedule += fmt::format(" v={}", l.chunks);
   return fmt::format("tp {} × pp {} × dp {}, b {} (m {}), {}, recompute {}{}, zero {}, {}", l.tensor_parallel,
-                     l.pipeline_parallel, l.data_parallel, l.micro_batch, microbatches_per_step(l), schedule,
+                     l.pipeline_ranks, l.data_parallel, l.micro_batch, microbatches_per_step(l), schedule,
                      to_string(l.recompute), l.sequence_parallel ? " + SP" : "", static_cast<int>(l.zero),
                      to_string(l.partition));
 }
@@ -180,7 +180,7 @@ std::string json_report(const PlanRequest& request, const PlanResult& result) {
   json["candidates"] = nlohmann::ordered_json::array();
   for (const PlanCandidate& c : result.best) {
     json["candidates"].push_back({{"layout", layout_json(c.layout, microbatches_per_step(c.layout),
-                                                         c.layout.virtual_stages)},
+                                                         c.layout.chunks)},
                                   {"step_time_s", c.step_time_s},
                                   {"tokens_per_s", c.tokens_per_s},
                                   {"mfu", c.mfu},
@@ -224,9 +224,9 @@ std::string pipeflow_config(const PlanCommand& command, const Layout& l) {
   o.set("train_batch_size", l.global_batch);
   o.set("train_micro_batch_size_per_gpu", l.micro_batch);
   o.set("zero_optimization.stage", static_cast<int>(l.zero));
-  o.set("pipeline.stages", l.pipeline_parallel);
+  o.set("pipeline.stages", l.pipeline_ranks);
   o.set("pipeline.schedule", l.schedule);
-  o.set("pipeline.virtual_stages", l.virtual_stages);
+  o.set("pipeline.virtual_stages", l.chunks);
   o.set("pipeline.partition_method", to_string(l.partition));
   return run_config_to_json(default_run_config(o));
 }
@@ -241,7 +241,7 @@ std::string deepspeed_config(const Layout& l) {
   json["gradient_accumulation_steps"] = microbatches_per_step(l);
   json["bf16"] = {{"enabled", true}};
   json["zero_optimization"] = {{"stage", static_cast<int>(l.zero)}};
-  json["pipeline"] = {{"stages", l.pipeline_parallel},
+  json["pipeline"] = {{"stages", l.pipeline_ranks},
                       {"partition_method", to_string(l.partition)},
                       {"activation_checkpoint_interval", l.recompute == Recompute::kFull ? 1 : 0}};
   return json.dump(2) + "\n";
@@ -256,10 +256,10 @@ std::string megatron_arguments(const Layout& l) {
       "--max-position-embeddings {} --tensor-model-parallel-size {} --pipeline-model-parallel-size {} "
       "--micro-batch-size {} --global-batch-size {} --bf16",
       m.layers, m.hidden, m.heads, m.ffn, l.seq_length, std::max(m.max_positions, l.seq_length), l.tensor_parallel,
-      l.pipeline_parallel, l.micro_batch, l.global_batch);
-  if (l.schedule == "interleaved-1f1b" && l.virtual_stages > 1) {
+      l.pipeline_ranks, l.micro_batch, l.global_batch);
+  if (l.schedule == "interleaved-1f1b" && l.chunks > 1) {
     args += fmt::format(" --num-layers-per-virtual-pipeline-stage {}",
-                        m.layers / (l.pipeline_parallel * l.virtual_stages));
+                        m.layers / (l.pipeline_ranks * l.chunks));
   }
   if (l.sequence_parallel) args += " --sequence-parallel";
   if (l.recompute == Recompute::kSelective) args += " --recompute-granularity selective";
@@ -278,7 +278,7 @@ Layout expressible(const PlanCommand& command, const PlanResult& plan, const cha
   const auto fits = [&](const Layout& l) {
     const bool schedule = std::find(schedules.begin(), schedules.end(), l.schedule) != schedules.end();
     const bool recompute = std::find(recomputes.begin(), recomputes.end(), l.recompute) != recomputes.end();
-    const bool blocks = !whole_blocks || l.model.layers % (l.pipeline_parallel * l.virtual_stages) == 0;
+    const bool blocks = !whole_blocks || l.model.layers % (l.pipeline_ranks * l.chunks) == 0;
     return schedule && recompute && blocks;
   };
   const Layout& best = plan.best.front().layout;

@@ -22,7 +22,7 @@ struct ScheduleOptions {
   int stages = 0;
   int microbatches = 0;
   bool sized = false;  // both --stages and --microbatches were given
-  int virtual_per_rank = 1;
+  int chunks_per_rank = 1;
   std::string format = "grid";
   std::string output;
   bool lowered = false;
@@ -46,7 +46,7 @@ std::string counted(int n, const char* one, const char* many) { return fmt::form
 std::string svg_title(const Schedule& schedule) {
   std::string title = fmt::format("{}: {}, {}", schedule.name(), counted(schedule.num_ranks(), "rank", "ranks"),
                                   counted(schedule.num_microbatches(), "micro-batch", "micro-batches"));
-  if (schedule.stages_per_rank() > 1) title += fmt::format(", {} chunks per rank", schedule.stages_per_rank());
+  if (schedule.chunks_per_rank() > 1) title += fmt::format(", {} chunks per rank", schedule.chunks_per_rank());
   if (schedule.has_communication()) title += ", lowered (rendezvous)";
   return title + ", unit costs F=1 B=2 I=W=1";
 }
@@ -79,7 +79,7 @@ void run(const ScheduleOptions& options) {
     if (options.name.empty() || !options.sized) {
       fail("schedule needs --schedule NAME, --stages P and --microbatches M (or --list to see the schedules)");
     }
-    Schedule schedule = make_schedule(options.name, options.stages, options.microbatches, options.virtual_per_rank);
+    Schedule schedule = make_schedule(options.name, options.stages, options.microbatches, options.chunks_per_rank);
     if (options.lowered) schedule = insert_send_recv(schedule);
     text = render(schedule, options.format);
   }
@@ -102,7 +102,7 @@ void add_schedule_command(CLI::App& app) {
   command->add_option("--schedule", options->name, "Schedule name (see --list)");
   command->add_option("--stages", options->stages, "Pipeline ranks (devices), as DeepSpeed's num_stages");
   command->add_option("--microbatches", options->microbatches, "Micro-batches per step (gradient accumulation)");
-  command->add_option("--virtual", options->virtual_per_rank,
+  command->add_option("--virtual", options->chunks_per_rank,
                       "Model chunks per rank (interleaved-1f1b, looped-bfs; zbv and dualpipev always hold 2)")
       ->capture_default_str();
   command->add_option("--format", options->format, "Output format")

@@ -50,7 +50,7 @@ InferenceSetup inference_setup(const RunConfig& config, std::int64_t context, in
   InferenceSetup setup;
   setup.model = *config.model;
   setup.hardware = config.hardware;
-  setup.stages = config.pipeline.stages;
+  setup.stages = config.pipeline.ranks;
   setup.partition = config.pipeline.partition_method;
   setup.context = context > 0 ? context : config.seq_length;
   setup.sequences = sequences;

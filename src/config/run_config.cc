@@ -217,10 +217,10 @@ PipelineConfig read_pipeline(const Config& config) {
   const Config section = config.object("pipeline");
   if (section.has("schedule_file")) {
     read_schedule_file(section, p);
-    p.stages = p.file_schedule->num_ranks();
-    p.virtual_stages = p.file_schedule->stages_per_rank();
+    p.ranks = p.file_schedule->num_ranks();
+    p.chunks = p.file_schedule->chunks_per_rank();
   }
-  p.stages = positive(section, "stages", p.stages, "the number of pipeline ranks");
+  p.ranks = positive(section, "stages", p.ranks, "the number of pipeline ranks");
   if (section.has("partition_method")) {
     const std::string method = section.require<std::string>("partition_method");
     p.partition_method = with_value_context(section, "partition_method", [&] { return parse_partition_method(method); });
@@ -233,10 +233,10 @@ PipelineConfig read_pipeline(const Config& config) {
     if (info == nullptr) section.fail_value("schedule", fmt::format("known schedules are {}", known_schedule_names()));
     with_value_context(section, "schedule", [&] { require_training_schedule(*info); });
   }
-  p.virtual_stages = positive(section, "virtual_stages", p.virtual_stages, "model chunks per rank");
+  p.chunks = positive(section, "virtual_stages", p.chunks, "model chunks per rank");
   if (p.file_schedule) {
-    check_agrees_with_file(section, "stages", p.stages, p.file_schedule->num_ranks(), p.schedule_file, "rank", "ranks");
-    check_agrees_with_file(section, "virtual_stages", p.virtual_stages, p.file_schedule->stages_per_rank(),
+    check_agrees_with_file(section, "stages", p.ranks, p.file_schedule->num_ranks(), p.schedule_file, "rank", "ranks");
+    check_agrees_with_file(section, "virtual_stages", p.chunks, p.file_schedule->chunks_per_rank(),
                            p.schedule_file, "model chunk per rank", "model chunks per rank");
   }
   return p;
@@ -278,7 +278,7 @@ BatchKeys read_batch_keys(const Config& config) {
 void check_consistency(const Config& config, const RunConfig& run) {
   if (run.devices) {
     with_value_context(config, "devices", [&] {
-      check_device_count(*run.devices, run.tensor_parallel, run.pipeline.stages, run.data_parallel);
+      check_device_count(*run.devices, run.tensor_parallel, run.pipeline.ranks, run.data_parallel);
     });
   }
   if (run.recompute && run.pipeline.recompute_interval > 0 && *run.recompute != Recompute::kFull) {
@@ -528,12 +528,12 @@ constexpr int kProgressLines = 50;  // about this many progress lines a run, wit
 // data_parallel of a run started as `world` processes: given, it must make
 // the world; absent, the world makes it.
 void fit_world(RunConfig& run, int world) {
-  const int model_parallel = run.tensor_parallel * run.pipeline.stages;
+  const int model_parallel = run.tensor_parallel * run.pipeline.ranks;
   if (run.data_parallel_given) {
     if (model_parallel * run.data_parallel != world) {
       fail("{}: tensor_parallel × pipeline.stages × data_parallel = {} × {} × {} = {} ranks, but {} processes were "
            "started: start {} (mpirun -np {}), or leave data_parallel out to take the processes per pipeline",
-           run.source, run.tensor_parallel, run.pipeline.stages, run.data_parallel, model_parallel * run.data_parallel,
+           run.source, run.tensor_parallel, run.pipeline.ranks, run.data_parallel, model_parallel * run.data_parallel,
            world, model_parallel * run.data_parallel, model_parallel * run.data_parallel);
     }
     return;
@@ -569,7 +569,7 @@ ResolvedRun resolve(const RunConfig& given, const std::optional<ModelFromFile>& 
       batch_keys.gradient_accumulation_steps || (batch_keys.train_batch_size && batch_keys.micro_batch);
   if (file && !keys_fix_accumulation) batch_keys.gradient_accumulation_steps = file->num_microbatches();
   r.batch = resolve_batch_sizes(batch_keys, run.data_parallel, source);
-  r.devices = run.devices.value_or(checked_product({run.tensor_parallel, run.pipeline.stages, run.data_parallel},
+  r.devices = run.devices.value_or(checked_product({run.tensor_parallel, run.pipeline.ranks, run.data_parallel},
                                                    fmt::format("{}: tensor_parallel × pipeline.stages × data_parallel",
                                                                source),
                                                    "devices"));
@@ -599,10 +599,10 @@ ResolvedRun resolve(const RunConfig& given, const std::optional<ModelFromFile>& 
   }
   try {
     r.schedule =
-        make_schedule(run.pipeline.schedule, run.pipeline.stages, r.batch.accumulation, run.pipeline.virtual_stages);
+        make_schedule(run.pipeline.schedule, run.pipeline.ranks, r.batch.accumulation, run.pipeline.chunks);
   } catch (const Error& error) {
     fail("{}: pipeline.schedule = \"{}\" (stages = {}, micro-batches per step = {}, virtual_stages = {}): {}", source,
-         run.pipeline.schedule, run.pipeline.stages, r.batch.accumulation, run.pipeline.virtual_stages, error.what());
+         run.pipeline.schedule, run.pipeline.ranks, r.batch.accumulation, run.pipeline.chunks, error.what());
   }
   return r;
 }
@@ -627,10 +627,10 @@ std::string run_config_to_json(const RunConfig& run) {
   json["fp16"] = {{"enabled", false}};
   json["bf16"] = {{"enabled", false}};
   json["steps_per_print"] = run.steps_per_print;
-  json["pipeline"] = {{"stages", run.pipeline.stages},
+  json["pipeline"] = {{"stages", run.pipeline.ranks},
                       {"partition_method", to_string(run.pipeline.partition_method)},
                       {"activation_checkpoint_interval", run.pipeline.recompute_interval},
-                      {"virtual_stages", run.pipeline.virtual_stages}};
+                      {"virtual_stages", run.pipeline.chunks}};
   if (run.pipeline.file_schedule) {
     json["pipeline"]["schedule_file"] = run.pipeline.schedule_file;
   } else {

@@ -231,7 +231,7 @@ bool schedule_runs(const std::string& name, int p, int m, int v) {
 std::vector<Candidate> candidates(const Analysis& a, const Layout& run, int m) {
   std::vector<Candidate> out;
   const Prediction& base = *a.baseline;
-  const int p = run.pipeline_parallel;
+  const int p = run.pipeline_ranks;
   const bool generated = !run.file_schedule.has_value();
 
   // A rebalanced partition.
@@ -264,7 +264,7 @@ std::vector<Candidate> candidates(const Analysis& a, const Layout& run, int m) {
       changed.schedule = "1f1b";
       change = "pipeline.schedule \"1f1b\" (--schedule 1f1b) with " + change;
     }
-    if (schedule_runs(changed.schedule, p, 2 * m, changed.virtual_stages)) {
+    if (schedule_runs(changed.schedule, p, 2 * m, changed.chunks)) {
       out.push_back({"microbatches",
                      fmt::format("fill and drain idle {} of the step with {} micro-batches on {} stages",
                                  format_percent(a.fill_drain_share), m, p),
@@ -281,7 +281,7 @@ std::vector<Candidate> candidates(const Analysis& a, const Layout& run, int m) {
       if (name == run.schedule || p * v > layers || !schedule_runs(name, p, m, v)) continue;
       Layout changed = run;
       changed.schedule = name;
-      changed.virtual_stages = v;
+      changed.chunks = v;
       out.push_back({"schedule",
                      fmt::format("bubble {} with {}: the schedule's own bubble is {}", format_percent(a.bubble),
                                  run.schedule, format_percent(a.theoretical_bubble.value_or(0))),

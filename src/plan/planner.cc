@@ -194,7 +194,7 @@ class Search {
                 layout.hardware = request_.hardware;
                 layout.devices = request_.devices;
                 layout.tensor_parallel = tp;
-                layout.pipeline_parallel = pp;
+                layout.pipeline_ranks = pp;
                 layout.data_parallel = dp;
                 layout.micro_batch = b;
                 layout.global_batch = request_.global_batch;
@@ -217,7 +217,7 @@ class Search {
                          int layer_count) {
     std::map<std::pair<Placement, int>, std::shared_ptr<const LayoutCosts>> shared;
     for (const auto& [info, v] : choices) {
-      const int p = layout.pipeline_parallel;
+      const int p = layout.pipeline_ranks;
       if (p * v > layer_count) {
         reject(RejectReason::kTooFewLayers);
         continue;
@@ -229,7 +229,7 @@ class Search {
         continue;
       }
       layout.schedule = info->name;
-      layout.virtual_stages = v;
+      layout.chunks = v;
       // The costs read the schedule's shape only (ranks, stages, placement):
       // one without actions saves generating up to p · v · m × 3 of them.
       const Schedule shape(info->name, p, p * v, m, info->placement);

@@ -59,15 +59,15 @@ class RankPlan {
 };
 
 // The requirements, one per family of constraints, each in the registry's
-// shape (name, ranks, microbatches, virtual_per_rank) so that an entry can
+// shape (name, ranks, microbatches, chunks_per_rank) so that an entry can
 // name the one its generator calls.
-void require_basics(std::string_view name, int ranks, int microbatches, int /*virtual_per_rank*/ = 1) {
+void require_basics(std::string_view name, int ranks, int microbatches, int /*chunks_per_rank*/ = 1) {
   if (ranks < 1) fail("{} needs stages >= 1 (got {}): stages counts pipeline ranks", name, ranks);
   if (microbatches < 1) fail("{} needs microbatches >= 1 (got {})", name, microbatches);
 }
 
 void require_microbatches_at_least_stages(std::string_view name, int ranks, int microbatches,
-                                          int /*virtual_per_rank*/ = 1) {
+                                          int /*chunks_per_rank*/ = 1) {
   require_basics(name, ranks, microbatches);
   if (microbatches < ranks) {
     fail("{} needs microbatches >= stages (got {} < {}): raise gradient_accumulation_steps or use gpipe", name,
@@ -75,7 +75,7 @@ void require_microbatches_at_least_stages(std::string_view name, int ranks, int 
   }
 }
 
-void require_v_shape(std::string_view name, int ranks, int microbatches, int /*virtual_per_rank*/ = 2) {
+void require_v_shape(std::string_view name, int ranks, int microbatches, int /*chunks_per_rank*/ = 2) {
   require_basics(name, ranks, microbatches);
   if (microbatches < 2 * ranks) {
     fail("{} needs microbatches >= 2 * stages (got {} < {}): it holds 2 chunks per rank; raise "
@@ -84,18 +84,18 @@ void require_v_shape(std::string_view name, int ranks, int microbatches, int /*v
   }
 }
 
-void require_virtual(std::string_view name, int virtual_per_rank) {
-  if (virtual_per_rank < 1) fail("{} needs virtual stages per rank >= 1 (got {})", name, virtual_per_rank);
+void require_virtual(std::string_view name, int chunks_per_rank) {
+  if (chunks_per_rank < 1) fail("{} needs virtual stages per rank >= 1 (got {})", name, chunks_per_rank);
 }
 
-void require_looped(std::string_view name, int ranks, int microbatches, int virtual_per_rank) {
+void require_looped(std::string_view name, int ranks, int microbatches, int chunks_per_rank) {
   require_basics(name, ranks, microbatches);
-  require_virtual(name, virtual_per_rank);
+  require_virtual(name, chunks_per_rank);
 }
 
 // interleaved_microbatch_group refuses m < p with Megatron-core's reason.
-void require_interleaved(std::string_view name, int ranks, int microbatches, int virtual_per_rank) {
-  require_virtual(name, virtual_per_rank);
+void require_interleaved(std::string_view name, int ranks, int microbatches, int chunks_per_rank) {
+  require_virtual(name, chunks_per_rank);
   interleaved_microbatch_group(ranks, microbatches);
 }
 
@@ -164,8 +164,8 @@ int interleaved_microbatch_group(int ranks, int microbatches) {
   return group;
 }
 
-Schedule make_interleaved_1f1b(int ranks, int microbatches, int virtual_per_rank, int microbatch_group) {
-  require_interleaved("interleaved-1f1b", ranks, microbatches, virtual_per_rank);
+Schedule make_interleaved_1f1b(int ranks, int microbatches, int chunks_per_rank, int microbatch_group) {
+  require_interleaved("interleaved-1f1b", ranks, microbatches, chunks_per_rank);
   const int auto_group = interleaved_microbatch_group(ranks, microbatches);
   const int group = microbatch_group == 0 ? auto_group : microbatch_group;
   if (!valid_microbatch_group(ranks, microbatches, group)) {
@@ -173,7 +173,7 @@ Schedule make_interleaved_1f1b(int ranks, int microbatches, int virtual_per_rank
          "needs stages <= group <= microbatches and microbatches % group == 0 or >= stages; use {}",
          group, ranks, microbatches, auto_group);
   }
-  const int chunks = virtual_per_rank;
+  const int chunks = chunks_per_rank;
   const std::vector<int> order = forward_chunk_order(microbatches, chunks, group);
   const int total = microbatches * chunks;
   return build("interleaved-1f1b", ranks, ranks * chunks, microbatches, Placement::kLoop, [&](RankPlan& plan, int r) {
@@ -190,9 +190,9 @@ Schedule make_interleaved_1f1b(int ranks, int microbatches, int virtual_per_rank
   });
 }
 
-Schedule make_looped_bfs(int ranks, int microbatches, int virtual_per_rank) {
-  require_looped("looped-bfs", ranks, microbatches, virtual_per_rank);
-  const int chunks = virtual_per_rank;
+Schedule make_looped_bfs(int ranks, int microbatches, int chunks_per_rank) {
+  require_looped("looped-bfs", ranks, microbatches, chunks_per_rank);
+  const int chunks = chunks_per_rank;
   return build("looped-bfs", ranks, ranks * chunks, microbatches, Placement::kLoop, [&](RankPlan& plan, int r) {
     for (int chunk = 0; chunk < chunks; ++chunk) {
       for (int k = 0; k < microbatches; ++k) plan.forward(chunk * ranks + r);
@@ -397,16 +397,16 @@ const std::vector<ScheduleInfo>& list_schedules() {
   return kSchedules;
 }
 
-void ScheduleInfo::check(int ranks, int microbatches, int virtual_per_rank) const {
-  if (placement == Placement::kV && virtual_per_rank != 1 && virtual_per_rank != 2) {
-    fail("{} always holds 2 chunks per rank (got virtual {}): leave virtual at 1 or 2", name, virtual_per_rank);
+void ScheduleInfo::check(int ranks, int microbatches, int chunks_per_rank) const {
+  if (placement == Placement::kV && chunks_per_rank != 1 && chunks_per_rank != 2) {
+    fail("{} always holds 2 chunks per rank (got virtual {}): leave virtual at 1 or 2", name, chunks_per_rank);
   }
-  if (placement == Placement::kLoop && !takes_virtual && virtual_per_rank != 1) {
+  if (placement == Placement::kLoop && !takes_virtual && chunks_per_rank != 1) {
     fail("{} holds one stage per rank (got virtual {}): use interleaved-1f1b or looped-bfs for several chunks "
          "per rank",
-         name, virtual_per_rank);
+         name, chunks_per_rank);
   }
-  require(name, ranks, microbatches, virtual_per_rank);
+  require(name, ranks, microbatches, chunks_per_rank);
 }
 
 void require_training_schedule(const ScheduleInfo& info) {
@@ -434,11 +434,11 @@ std::string known_schedule_names() {
   return names;
 }
 
-Schedule make_schedule(std::string_view name, int ranks, int microbatches, int virtual_per_rank) {
+Schedule make_schedule(std::string_view name, int ranks, int microbatches, int chunks_per_rank) {
   const ScheduleInfo* info = find_schedule(name);
   if (info == nullptr) fail("unknown schedule \"{}\": known schedules are {}", name, known_schedule_names());
-  info->check(ranks, microbatches, virtual_per_rank);
-  return info->generate(ranks, microbatches, virtual_per_rank);
+  info->check(ranks, microbatches, chunks_per_rank);
+  return info->generate(ranks, microbatches, chunks_per_rank);
 }
 
 }  // namespace pipeflow

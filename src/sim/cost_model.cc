@@ -315,8 +315,8 @@ double decode_seconds(const DecodeWork& work, const HardwareProfile& hw) {
 
 Schedule layout_schedule(const Layout& layout) {
   if (layout.file_schedule) return *layout.file_schedule;
-  return make_schedule(layout.schedule, layout.pipeline_parallel, microbatches_per_step(layout),
-                       layout.virtual_stages);
+  return make_schedule(layout.schedule, layout.pipeline_ranks, microbatches_per_step(layout),
+                       layout.chunks);
 }
 
 namespace {
@@ -326,16 +326,16 @@ namespace {
 std::vector<PipelineLayer> checked_layers(const Layout& layout, const Schedule& schedule) {
   validate_layout(layout);
   validate_hardware(layout.hardware);
-  if (schedule.num_ranks() != layout.pipeline_parallel) {
+  if (schedule.num_ranks() != layout.pipeline_ranks) {
     fail("internal: schedule {} has {} ranks but the layout {} pipeline stages", schedule.name(),
-         schedule.num_ranks(), layout.pipeline_parallel);
+         schedule.num_ranks(), layout.pipeline_ranks);
   }
   std::vector<PipelineLayer> layers = pipeline_layers(layout.model, parallel_config(layout));
   if (schedule.num_stages() > static_cast<int>(layers.size())) {
-    const std::string stages = schedule.stages_per_rank() == 1
+    const std::string stages = schedule.chunks_per_rank() == 1
                                    ? fmt::format("{} stages", schedule.num_stages())
                                    : fmt::format("{} ranks × {} chunks = {} stages", schedule.num_ranks(),
-                                                 schedule.stages_per_rank(), schedule.num_stages());
+                                                 schedule.chunks_per_rank(), schedule.num_stages());
     fail("{} for {}'s {} pipeline layers (embedding, {} blocks, head): every stage needs a layer; use fewer "
          "pipeline stages or virtual stages",
          stages, layout.model.name, layers.size(), layout.model.layers);

@@ -19,14 +19,14 @@ Layout layout_of(const ResolvedRun& run) {
   layout.hardware = keys.hardware;
   layout.devices = run.devices;
   layout.tensor_parallel = keys.tensor_parallel;
-  layout.pipeline_parallel = keys.pipeline.stages;
+  layout.pipeline_ranks = keys.pipeline.ranks;
   layout.data_parallel = keys.data_parallel;
   layout.micro_batch = run.batch.micro;
   layout.global_batch = run.batch.global;
   layout.seq_length = run.seq_length;
   layout.schedule = keys.pipeline.file_schedule ? keys.pipeline.file_schedule->name() : keys.pipeline.schedule;
   layout.file_schedule = keys.pipeline.file_schedule;
-  layout.virtual_stages = keys.pipeline.virtual_stages;
+  layout.chunks = keys.pipeline.chunks;
   layout.recompute = run.recompute;
   layout.sequence_parallel = run.sequence_parallel;
   layout.partition = keys.pipeline.partition_method;
@@ -37,16 +37,16 @@ Layout layout_of(const ResolvedRun& run) {
 
 void validate_layout(const Layout& layout) {
   require_positive(layout.tensor_parallel, "tensor parallel", "use 1 for no tensor parallelism");
-  require_positive(layout.pipeline_parallel, "pipeline parallel", "use 1 for a single stage");
+  require_positive(layout.pipeline_ranks, "pipeline parallel", "use 1 for a single stage");
   require_positive(layout.data_parallel, "data parallel", "use 1 for a single replica");
   require_positive(layout.devices, "devices", "give the number of devices");
   require_positive(layout.micro_batch, "micro-batch", "give the sequences per micro-batch");
   require_positive(layout.global_batch, "global batch", "give the sequences per step");
-  require_positive(layout.virtual_stages, "virtual stages", "use 1 for one chunk per rank");
+  require_positive(layout.chunks, "virtual stages", "use 1 for one chunk per rank");
   require_positive(layout.seq_length, "seq_length", "give the tokens per sequence");
 
   const int t = layout.tensor_parallel;
-  const int p = layout.pipeline_parallel;
+  const int p = layout.pipeline_ranks;
   const int d = layout.data_parallel;
   check_device_count(layout.devices, t, p, d);
   if (layout.sequence_parallel) check_sequence_parallel_split(layout.seq_length, t);

@@ -18,11 +18,11 @@ std::string stage_layers(const StagePlan& plan) {
 
 std::string describe_layout(const Prediction& p) {
   const Layout& l = p.layout;
-  std::string chunks = p.schedule.stages_per_rank() > 1 ? fmt::format(" (v={})", p.schedule.stages_per_rank()) : "";
+  std::string chunks = p.schedule.chunks_per_rank() > 1 ? fmt::format(" (v={})", p.schedule.chunks_per_rank()) : "";
   return fmt::format(
       "{} on {} × {}: tp {} × pp {} × dp {}, {}{}, {} micro-batches of {} × {} tokens per replica, recompute {}{}, "
       "{} communication{}",
-      l.model.name, l.devices, l.hardware.name, l.tensor_parallel, l.pipeline_parallel, l.data_parallel, l.schedule,
+      l.model.name, l.devices, l.hardware.name, l.tensor_parallel, l.pipeline_ranks, l.data_parallel, l.schedule,
       chunks, p.microbatches, l.micro_batch, l.seq_length, to_string(l.recompute),
       l.sequence_parallel ? ", sequence parallel" : "", l.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped",
       l.zero == ZeroStage::kNone ? "" : fmt::format(", ZeRO-{}", static_cast<int>(l.zero)));
@@ -86,17 +86,17 @@ std::string prediction_text(const Prediction& p) {
   return out;
 }
 
-nlohmann::ordered_json layout_json(const Layout& l, int microbatches, int virtual_stages) {
+nlohmann::ordered_json layout_json(const Layout& l, int microbatches, int chunks) {
   return {{"devices", l.devices},
           {"tensor_parallel", l.tensor_parallel},
-          {"pipeline_parallel", l.pipeline_parallel},
+          {"pipeline_parallel", l.pipeline_ranks},
           {"data_parallel", l.data_parallel},
           {"micro_batch", l.micro_batch},
           {"global_batch", l.global_batch},
           {"microbatches", microbatches},
           {"seq_length", l.seq_length},
           {"schedule", l.schedule},
-          {"virtual_stages", virtual_stages},
+          {"virtual_stages", chunks},
           {"recompute", to_string(l.recompute)},
           {"sequence_parallel", l.sequence_parallel},
           {"partition", to_string(l.partition)},
@@ -110,7 +110,7 @@ std::string prediction_json(const Prediction& p) {
   nlohmann::ordered_json json;
   json["model"] = l.model.name;
   json["hardware"] = l.hardware.name;
-  json["layout"] = layout_json(l, p.microbatches, p.schedule.stages_per_rank());
+  json["layout"] = layout_json(l, p.microbatches, p.schedule.chunks_per_rank());
   json["step_time_s"] = r.step_time_s;
   json["pipeline_time_s"] = r.pipeline_time_s;
   json["bubble_ratio"] = r.bubble_ratio;

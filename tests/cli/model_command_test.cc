@@ -51,7 +51,7 @@ TEST(PartitionCommand, BalancedGivesTheHeadItsOwnStage) {
   const nlohmann::json json = nlohmann::json::parse(result.out);
   EXPECT_EQ(json["boundaries"], nlohmann::json::parse("[0, 5, 9, 13, 14]"));
   EXPECT_EQ(json["stages"][3]["layers"], nlohmann::json::parse(R"(["head"])"));
-  const CommandResult uniform = run_pipeflow("partition --model gpt2-124m --stages 4 --method uniform --json");
+  const CommandResult uniform = run_pipeflow("partition --model gpt2-124m --stages 4 --partition uniform --json");
   EXPECT_GT(nlohmann::json::parse(uniform.out)["max_stage_seconds"].get<double>(),
             json["max_stage_seconds"].get<double>());
 }

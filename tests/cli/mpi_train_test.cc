@@ -33,7 +33,7 @@ namespace {
 
 // 4 blocks of width 32; a global batch of 8 sequences of 16 bytes in
 // micro-batches of 2 (gradient_accumulation_steps follows data_parallel).
-std::string config_text(const std::string& out_dir, const std::string& schedule, int stages, int virtual_stages,
+std::string config_text(const std::string& out_dir, const std::string& schedule, int stages, int chunks,
                         const std::string& extra = "") {
   return R"({
   "model": {"n_layer": 4, "n_head": 2, "n_embd": 32, "n_ctx": 16, "vocab_size": 256},
@@ -42,7 +42,7 @@ std::string config_text(const std::string& out_dir, const std::string& schedule,
   "gradient_clipping": 1.0,
   "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
   "pipeline": {"stages": )" + std::to_string(stages) + R"(, "schedule": ")" + schedule +
-         R"(", "virtual_stages": )" + std::to_string(virtual_stages) + R"(, "partition_method": "uniform"},
+         R"(", "virtual_stages": )" + std::to_string(chunks) + R"(, "partition_method": "uniform"},
   "steps": 3,
   "eval_interval": 0,
   "seed": 11,)" + extra + R"(
@@ -107,12 +107,12 @@ void expect_same_run(const std::string& run, const std::string& reference, const
 struct Layout {
   std::string schedule;
   int stages;
-  int virtual_stages;
+  int chunks;
   int data_parallel;
 };
 
 std::string describe(const Layout& l) {
-  return l.schedule + " pp " + std::to_string(l.stages) + " v " + std::to_string(l.virtual_stages) + " dp " +
+  return l.schedule + " pp " + std::to_string(l.stages) + " v " + std::to_string(l.chunks) + " dp " +
          std::to_string(l.data_parallel);
 }
 
@@ -126,7 +126,7 @@ class MpiTrain : public ::testing::Test {
                     const std::string& flags = "") {
     const std::string out = dir_ + "/" + name;
     const std::string config = write_config(
-        dir_ + "/" + name + ".json", config_text(out, layout.schedule, layout.stages, layout.virtual_stages, extra));
+        dir_ + "/" + name + ".json", config_text(out, layout.schedule, layout.stages, layout.chunks, extra));
     const int processes = layout.stages * layout.data_parallel;
     const std::string arguments = "train --config " + config + " " + flags;
     const CommandResult result = processes == 1 && layout.data_parallel == 1
@@ -148,7 +148,7 @@ TEST_F(MpiTrain, EverySchedulesLossesAndWeightsEqualTheInProcessAndTheUnpipeline
     const std::string in_process = train(layout, name + "-threads", "", "");
     const std::string under_mpi = dir_ + "/" + name + "-mpi";
     const std::string config = write_config(
-        under_mpi + ".json", config_text(under_mpi, layout.schedule, layout.stages, layout.virtual_stages));
+        under_mpi + ".json", config_text(under_mpi, layout.schedule, layout.stages, layout.chunks));
     const CommandResult result = run_mpirun(layout.stages, "train --config " + config);
     ASSERT_EQ(result.exit_code, 0) << describe(layout) << "\n" << result.err;
     expect_same_run(under_mpi, in_process, describe(layout) + " under MPI vs in-process");
@@ -165,7 +165,7 @@ TEST_F(MpiTrain, PipelineAndDataParallelLayoutsOfFourProcessesEqualTheUnpipeline
     if (layout.data_parallel > 1) {  // the same ranks as threads of one process
       const std::string threads = dir_ + "/" + name + "-threads";
       const std::string config = write_config(
-          threads + ".json", config_text(threads, layout.schedule, layout.stages, layout.virtual_stages));
+          threads + ".json", config_text(threads, layout.schedule, layout.stages, layout.chunks));
       const CommandResult result =
           run_pipeflow("train --config " + config + " --data-parallel " + std::to_string(layout.data_parallel));
       ASSERT_EQ(result.exit_code, 0) << describe(layout) << "\n" << result.err;

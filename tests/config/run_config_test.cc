@@ -78,11 +78,11 @@ TEST(RunConfig, ReadsEveryKey) {
   EXPECT_DOUBLE_EQ(run.scheduler.cos_min_ratio, 0.05);
   EXPECT_EQ(run.scheduler.warmup_type, "linear");
   EXPECT_EQ(run.zero, ZeroStage::kOne);
-  EXPECT_EQ(run.pipeline.stages, 4);
+  EXPECT_EQ(run.pipeline.ranks, 4);
   EXPECT_EQ(to_string(run.pipeline.partition_method), "uniform");
   EXPECT_EQ(run.pipeline.recompute_interval, 1);
   EXPECT_EQ(run.pipeline.schedule, "interleaved-1f1b");
-  EXPECT_EQ(run.pipeline.virtual_stages, 2);
+  EXPECT_EQ(run.pipeline.chunks, 2);
   EXPECT_EQ(run.model_source, "inline");
   EXPECT_EQ(run.model->layers, 8);
   EXPECT_EQ(run.model->heads, 4);
@@ -126,7 +126,7 @@ TEST(RunConfig, DefaultsAreDeepSpeedsAndPipeflows) {
   EXPECT_DOUBLE_EQ(run.optimizer.weight_decay, 0.01);
   EXPECT_TRUE(run.scheduler.type.empty());
   EXPECT_EQ(run.zero, ZeroStage::kNone);
-  EXPECT_EQ(run.pipeline.stages, 1);
+  EXPECT_EQ(run.pipeline.ranks, 1);
   EXPECT_EQ(to_string(run.pipeline.partition_method), "parameters");
   EXPECT_EQ(run.pipeline.schedule, "1f1b");
   EXPECT_TRUE(run.model_source.empty());
@@ -321,8 +321,8 @@ const std::string kZbFile = std::string(PIPEFLOW_SOURCE_DIR) + "/examples/schedu
 
 TEST(RunConfigScheduleFile, TheFileFixesRanksChunksAndMicrobatches) {
   const ResolvedRun run = resolved(R"({"model": "gpt2-124m", "pipeline": {"schedule_file": ")" + kZbFile + R"("}})");
-  EXPECT_EQ(run.config.pipeline.stages, 2);
-  EXPECT_EQ(run.config.pipeline.virtual_stages, 1);
+  EXPECT_EQ(run.config.pipeline.ranks, 2);
+  EXPECT_EQ(run.config.pipeline.chunks, 1);
   EXPECT_EQ(run.batch.accumulation, 4);
   EXPECT_EQ(run.config.pipeline.schedule, "");
   ASSERT_TRUE(run.config.pipeline.file_schedule);
@@ -352,7 +352,7 @@ TEST(RunConfigScheduleFile, KeysThatDisagreeWithTheFileAreErrorsNamingBoth) {
   // The flag alone, without a configuration file, is the key.
   RunOverrides flag;
   flag.set("pipeline.schedule_file", kZbFile);
-  EXPECT_EQ(default_run_config(flag).pipeline.stages, 2);
+  EXPECT_EQ(default_run_config(flag).pipeline.ranks, 2);
   // A flag that picks the schedule replaces the file's choice.
   RunOverrides generator;
   generator.set("pipeline.schedule", "gpipe");
@@ -367,7 +367,7 @@ TEST(RunConfig, CommandLineOverridesTheFileAndIsCheckedTheSameWay) {
   flags.set("train_batch_size", 64);
   flags.set("pipeline.schedule", "zb-h1");
   const ResolvedRun run = resolved(file, flags);
-  EXPECT_EQ(run.config.pipeline.stages, 4);
+  EXPECT_EQ(run.config.pipeline.ranks, 4);
   EXPECT_EQ(run.config.pipeline.schedule, "zb-h1");
   EXPECT_EQ(run.batch.global, 64);
   EXPECT_EQ(run.batch.micro, 2);
@@ -469,7 +469,7 @@ TEST(RunConfigResolve, BuildsTheScheduleAndFixesEveryDefault) {
                                        "gradient_accumulation_steps": 4, "steps": 200, "out_dir": "runs/y"})");
   EXPECT_EQ(run.schedule.name(), "interleaved-1f1b");
   EXPECT_EQ(run.schedule.num_ranks(), 2);
-  EXPECT_EQ(run.schedule.stages_per_rank(), 2);
+  EXPECT_EQ(run.schedule.chunks_per_rank(), 2);
   EXPECT_EQ(run.schedule.num_microbatches(), 4);
   EXPECT_EQ(run.checkpoint_dir, "runs/y/checkpoints");
   EXPECT_EQ(run.steps_per_print, 4);  // about 50 lines over 200 steps

@@ -28,11 +28,11 @@ PlanRequest small_cluster(const char* model, int devices, int global_batch, int 
 
 void expect_same_layout(const Layout& a, const Layout& b) {
   EXPECT_EQ(a.tensor_parallel, b.tensor_parallel);
-  EXPECT_EQ(a.pipeline_parallel, b.pipeline_parallel);
+  EXPECT_EQ(a.pipeline_ranks, b.pipeline_ranks);
   EXPECT_EQ(a.data_parallel, b.data_parallel);
   EXPECT_EQ(a.micro_batch, b.micro_batch);
   EXPECT_EQ(a.schedule, b.schedule);
-  EXPECT_EQ(a.virtual_stages, b.virtual_stages);
+  EXPECT_EQ(a.chunks, b.chunks);
   EXPECT_EQ(a.recompute, b.recompute);
   EXPECT_EQ(a.zero, b.zero);
 }
@@ -61,7 +61,7 @@ TEST(Planner, TheBoundedSearchFindsTheExhaustiveSearchsBest) {
     EXPECT_EQ(exhaustive.pruned, 0);
   }
   const PlanResult pipelined = plan_layouts(tight);
-  EXPECT_GT(pipelined.best.front().layout.pipeline_parallel * pipelined.best.front().layout.tensor_parallel, 1);
+  EXPECT_GT(pipelined.best.front().layout.pipeline_ranks * pipelined.best.front().layout.tensor_parallel, 1);
 }
 
 // The check, without the planner's machinery: every layout of the
@@ -94,9 +94,9 @@ TEST(Planner, TheBestIsTheBestOfEveryLayoutPredictedOnItsOwn) {
                   for (const PartitionMethod& partition : request.partitions) {
                     if (zero == ZeroStage::kOne && dp == 1) continue;
                     const Layout l{.model = request.model, .hardware = request.hardware, .devices = request.devices,
-                                   .tensor_parallel = tp, .pipeline_parallel = pp, .data_parallel = dp,
+                                   .tensor_parallel = tp, .pipeline_ranks = pp, .data_parallel = dp,
                                    .micro_batch = b, .global_batch = request.global_batch,
-                                   .seq_length = request.seq_length, .schedule = info.name, .virtual_stages = v, .file_schedule = {},
+                                   .seq_length = request.seq_length, .schedule = info.name, .chunks = v, .file_schedule = {},
                                    .recompute = recompute, .sequence_parallel = tp > 1, .partition = partition,
                                    .zero = zero, .comm_mode = CommMode::kOverlapped};
                     try {

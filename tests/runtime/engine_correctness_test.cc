@@ -25,13 +25,13 @@ using testing::relative_error;
 
 constexpr double kTolerance = 1e-5;
 
-int virtual_stages(const std::string& schedule) {
+int chunks(const std::string& schedule) {
   return schedule == "interleaved-1f1b" || schedule == "looped-bfs" ? 2 : 1;
 }
 
 std::optional<Schedule> try_schedule(const std::string& name, int ranks, int microbatches) {
   try {
-    return make_schedule(name, ranks, microbatches, virtual_stages(name));
+    return make_schedule(name, ranks, microbatches, chunks(name));
   } catch (const Error&) {
     return std::nullopt;  // a constraint of the schedule (e.g. m >= p): not a layout to test
   }

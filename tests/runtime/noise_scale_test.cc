@@ -79,9 +79,9 @@ double microbatch_square(std::int64_t step, int j) {
   return model.gradient_square_sum();
 }
 
-void check_layout(const std::string& name, int ranks, int microbatches, int virtual_stages, RunMode run) {
-  const Schedule schedule = make_schedule(name, ranks, microbatches, virtual_stages);
-  SCOPED_TRACE(fmt::format("{} p={} m={} v={} {}", name, ranks, microbatches, virtual_stages,
+void check_layout(const std::string& name, int ranks, int microbatches, int chunks, RunMode run) {
+  const Schedule schedule = make_schedule(name, ranks, microbatches, chunks);
+  SCOPED_TRACE(fmt::format("{} p={} m={} v={} {}", name, ranks, microbatches, chunks,
                            run == RunMode::kThreaded ? "threaded" : "serial"));
   EngineOptions options = testing::tiny_options();
   options.noise_scale_interval = 1;
@@ -132,8 +132,8 @@ TEST(NoiseScale, StepsBetweenMeasurementsReportNone) {
 // three steps are the same bits with and without it, for split backwards
 // and the tied wte on one rank too.
 TEST(NoiseScale, MeasuringLeavesTheTrainingBitForBit) {
-  for (const auto& [name, virtual_stages] : {std::pair{"zb-h1", 1}, std::pair{"zbv", 2}}) {
-    const Schedule schedule = make_schedule(name, 2, 4, virtual_stages);
+  for (const auto& [name, chunks] : {std::pair{"zb-h1", 1}, std::pair{"zbv", 2}}) {
+    const Schedule schedule = make_schedule(name, 2, 4, chunks);
     std::vector<std::vector<float>> weights;
     for (const int interval : {0, 1}) {
       EngineOptions options = testing::tiny_options();

@@ -70,7 +70,7 @@ TEST(Csv, InfersVPlacementAndTheShape) {
   EXPECT_EQ(read.name(), "zbv.csv");
   const Schedule interleaved = read_csv(write_csv(make_interleaved_1f1b(3, 6, 2)), "i.csv");
   EXPECT_EQ(interleaved.placement(), Placement::kLoop);
-  EXPECT_EQ(interleaved.stages_per_rank(), 2);
+  EXPECT_EQ(interleaved.chunks_per_rank(), 2);
 }
 
 TEST(Csv, EmptyRowMeansAMissingRank) {

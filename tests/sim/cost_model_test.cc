@@ -20,7 +20,7 @@ Layout make_layout(const char* model, const char* hardware, int tp, int pp, int 
   layout.model = model_preset(model);
   layout.hardware = hardware_preset(hardware);
   layout.tensor_parallel = tp;
-  layout.pipeline_parallel = pp;
+  layout.pipeline_ranks = pp;
   layout.data_parallel = dp;
   layout.devices = tp * pp * dp;
   layout.global_batch = global_batch;
@@ -178,7 +178,7 @@ TEST(CostModel, LinksFollowMegatronsDeviceOrder) {
 Layout gpt3_175b_example() {
   Layout layout = make_layout("gpt3-175b", "a100-80g", 8, 8, 24, 1536, 2048);
   layout.schedule = "interleaved-1f1b";
-  layout.virtual_stages = 3;
+  layout.chunks = 3;
   layout.recompute = Recompute::kSelective;
   return layout;
 }
@@ -284,7 +284,7 @@ TEST(Layout, RulesNameBothSidesAndTheFix) {
   // 96 × 98 × 1000000 wrapped around int (pipeflow simulate said "internal: negative device index").
   layout = gpt3_175b_example();
   layout.tensor_parallel = 96;
-  layout.pipeline_parallel = 98;
+  layout.pipeline_ranks = 98;
   layout.data_parallel = 1000000;
   EXPECT_EQ(error_of([&] { validate_layout(layout); }),
             "tensor_parallel × pipeline stages × data_parallel = 96 × 98 × 1000000: more than 2147483647 devices: "
@@ -303,13 +303,13 @@ TEST(Layout, RulesNameBothSidesAndTheFix) {
 TEST(Layout, MoreStagesThanLayersNamesRanksAndChunks) {
   Layout layout = make_layout("gpt2-124m", "a100-80g", 1, 2, 1, 8, 1024);
   layout.schedule = "interleaved-1f1b";
-  layout.virtual_stages = 8;
+  layout.chunks = 8;
   EXPECT_EQ(error_of([&] { predict(layout); }),
             "2 ranks × 8 chunks = 16 stages for gpt2-124m's 14 pipeline layers (embedding, 12 blocks, head): every "
             "stage needs a layer; use fewer pipeline stages or virtual stages");
   layout.schedule = "gpipe";
-  layout.virtual_stages = 1;
-  layout.pipeline_parallel = 16;
+  layout.chunks = 1;
+  layout.pipeline_ranks = 16;
   layout.devices = 16;
   EXPECT_EQ(error_of([&] { predict(layout); }),
             "16 stages for gpt2-124m's 14 pipeline layers (embedding, 12 blocks, head): every stage needs a layer; use "

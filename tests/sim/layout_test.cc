@@ -41,12 +41,12 @@ TEST(Layout, IsAProjectionOfTheResolvedRun) {
     "sequence_parallel": true, "seq_length": 32, "comm_mode": "blocking"})");
   EXPECT_EQ(layout.devices, 24);
   EXPECT_EQ(layout.tensor_parallel, 2);
-  EXPECT_EQ(layout.pipeline_parallel, 4);
+  EXPECT_EQ(layout.pipeline_ranks, 4);
   EXPECT_EQ(layout.data_parallel, 3);
   EXPECT_EQ(layout.micro_batch, 2);
   EXPECT_EQ(layout.global_batch, 48);
   EXPECT_EQ(layout.seq_length, 32);
-  EXPECT_EQ(layout.virtual_stages, 2);
+  EXPECT_EQ(layout.chunks, 2);
   EXPECT_EQ(layout.recompute, Recompute::kFull);
   EXPECT_TRUE(layout.sequence_parallel);
   EXPECT_EQ(layout.zero, ZeroStage::kOne);

@@ -25,7 +25,7 @@ struct PublishedRun {
   const char* source;  // "Narayanan 2021 T1" or "Korthikanti 2022 T5"
   const char* name;
   int layers, hidden, heads;
-  int tp, pp, dp, global_batch, virtual_stages;
+  int tp, pp, dp, global_batch, chunks;
   Recompute recompute;
   bool sequence_parallel;
   double published;  // TFLOP/s per GPU (Narayanan) or seconds per iteration (Korthikanti)
@@ -75,14 +75,14 @@ double predict_run(const PublishedRun& run) {
   layout.model.dropout = true;
   layout.hardware = hardware_preset("a100-80g");
   layout.tensor_parallel = run.tp;
-  layout.pipeline_parallel = run.pp;
+  layout.pipeline_ranks = run.pp;
   layout.data_parallel = run.dp;
   layout.devices = run.tp * run.pp * run.dp;
   layout.micro_batch = 1;
   layout.global_batch = run.global_batch;
   layout.seq_length = 2048;
   layout.schedule = run.pp > 1 ? "interleaved-1f1b" : "1f1b";
-  layout.virtual_stages = run.pp > 1 ? run.virtual_stages : 1;
+  layout.chunks = run.pp > 1 ? run.chunks : 1;
   layout.recompute = run.recompute;
   layout.sequence_parallel = run.sequence_parallel;
   const Prediction prediction = predict(layout);
@@ -114,7 +114,7 @@ TEST(Validation, PublishedRunsWithinTenPercentMeanAndTwentyWorst) {
     if (!run.calibrated) add(held_out, error);
     const char* unit = reports_throughput(run) ? " TFLOP/s" : " s";
     table += fmt::format("| {} | {} | {} × {} × {}, {}, {} | {}{} | {}{} | {:.4g}{} | {:+.1f}% | {} |\n", run.source,
-                         run.name, run.tp, run.pp, run.dp, run.global_batch, run.virtual_stages,
+                         run.name, run.tp, run.pp, run.dp, run.global_batch, run.chunks,
                          to_string(run.recompute), run.sequence_parallel ? " + SP" : "", run.published, unit,
                          predicted, unit, 100 * error, run.calibrated ? "calibrated" : "held out");
   }

@@ -112,14 +112,17 @@ struct SchedulerConfig {
   double cos_min_ratio = 1e-4;
 };
 
+// The pipeline section. Code says ranks (p), stages (p·v, a schedule's
+// stages), chunks (v, model chunks per rank) and cuts; DeepSpeed's words
+// (stages for p, virtual_stages for v) are the JSON keys only.
 struct PipelineConfig {
-  int stages = 1;
+  int ranks = 1;  // key pipeline.stages
   PartitionMethod partition_method{PartitionMethod::Kind::kParameters, {}, {}};
   // DeepSpeed's activation_checkpoint_interval: 0 keeps every activation; k
   // recomputes each block's forward from the input of every k-th block.
   int recompute_interval = 0;
   std::string schedule = "1f1b";  // empty when schedule_file is given
-  int virtual_stages = 1;
+  int chunks = 1;  // key pipeline.virtual_stages
   // The key schedule_file as written (empty: none), the schedule read from
   // it (validated by resolve()), and how it was read (describe_schedule_file).
   std::string schedule_file;

@@ -15,7 +15,7 @@ struct GradientPipeline {
   std::string schedule;  // a generator name (pipeflow schedule --list)
   int stages = 1;        // pipeline ranks p
   int microbatches = 1;  // m: the batch is cut into m equal micro-batches
-  int virtual_stages = 1;
+  int chunks = 1;
   PartitionMethod partition;
 };
 

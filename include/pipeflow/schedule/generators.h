@@ -11,7 +11,7 @@ namespace pipeflow {
 // Schedule generators: pure functions (no I/O, no threads, no global state)
 // that build compute-only schedules (F/B/I/W; lower them with
 // insert_send_recv). `ranks` is the number of pipeline ranks (devices) p,
-// `microbatches` the micro-batches per step m, `virtual_per_rank` the model
+// `microbatches` the micro-batches per step m, `chunks_per_rank` the model
 // chunks per rank v. Inputs that break a schedule's constraint throw
 // pipeflow::Error naming the rule and the fix; no generator returns a
 // schedule that can hang.
@@ -50,7 +50,7 @@ Schedule make_1f1b(int ranks, int microbatches);
 // 1F1B (Megatron-core's non-interleaved path, warm-up p - r - 1).
 // Makespan 3(v m + p - 1) chunk units (bubble (p - 1)/(v m) of the ideal);
 // peak in-flight min(2(p - r - 1) + (v - 1) g + 1, v m) for v >= 2.
-Schedule make_interleaved_1f1b(int ranks, int microbatches, int virtual_per_rank, int microbatch_group = 0);
+Schedule make_interleaved_1f1b(int ranks, int microbatches, int chunks_per_rank, int microbatch_group = 0);
 
 // The micro-batch group make_interleaved_1f1b uses when given 0: the
 // smallest g in [p, m] with m % g == 0 or m % g >= p. Throws if m < p.
@@ -62,7 +62,7 @@ int interleaved_microbatch_group(int ranks, int microbatches);
 // ...; then the backwards chunk by chunk in reverse, micro-batches in reverse
 // order. Any p, m, v >= 1.
 // Makespan 3((v - 1) max(m, p) + m + p - 1); peak in-flight v m.
-Schedule make_looped_bfs(int ranks, int microbatches, int virtual_per_rank);
+Schedule make_looped_bfs(int ranks, int microbatches, int chunks_per_rank);
 
 // ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", §3.1, Fig. 3;
 // sail-sg/zero-bubble-pipeline-parallelism; PyTorch's ZB1P ordering): 1F1B
@@ -131,15 +131,15 @@ struct ScheduleInfo {
   bool takes_virtual = false;  // whether --virtual V applies (v chunks per rank, loop placement)
   bool inference = false;      // forward only (no backward): generation's prefill, never training
   // Throws the generator's pipeflow::Error, naming the rule and the fix, for
-  // ranks, microbatches and virtual_per_rank it cannot schedule; the
+  // ranks, microbatches and chunks_per_rank it cannot schedule; the
   // generator itself calls the same function.
-  void (*require)(std::string_view name, int ranks, int microbatches, int virtual_per_rank) = nullptr;
-  Schedule (*generate)(int ranks, int microbatches, int virtual_per_rank) = nullptr;
+  void (*require)(std::string_view name, int ranks, int microbatches, int chunks_per_rank) = nullptr;
+  Schedule (*generate)(int ranks, int microbatches, int chunks_per_rank) = nullptr;
 
   // Throws what make_schedule throws for these sizes: first the chunk rule
-  // (virtual_per_rank must be 1 unless takes_virtual; the V-shaped schedules
+  // (chunks_per_rank must be 1 unless takes_virtual; the V-shaped schedules
   // also accept 2, the chunks they always hold), then `require`.
-  void check(int ranks, int microbatches, int virtual_per_rank) const;
+  void check(int ranks, int microbatches, int chunks_per_rank) const;
 };
 
 // Every generator, in the order above: the training schedules, then inference.
@@ -156,6 +156,6 @@ std::string known_schedule_names();
 
 // Builds the schedule called `name` (any case) after its entry's check().
 // Unknown names throw an Error listing the known ones.
-Schedule make_schedule(std::string_view name, int ranks, int microbatches, int virtual_per_rank = 1);
+Schedule make_schedule(std::string_view name, int ranks, int microbatches, int chunks_per_rank = 1);
 
 }  // namespace pipeflow

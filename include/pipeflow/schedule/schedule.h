@@ -57,7 +57,7 @@ class Schedule {
   int num_microbatches() const { return num_microbatches_; }
   Placement placement() const { return placement_; }
   // Model chunks per rank (v): num_stages / num_ranks.
-  int stages_per_rank() const { return num_stages_ / num_ranks_; }
+  int chunks_per_rank() const { return num_stages_ / num_ranks_; }
 
   // The rank holding `stage` (which must be in [0, num_stages)).
   RankId rank_of(StageId stage) const;

@@ -28,13 +28,13 @@ struct Layout {
   HardwareProfile hardware;
   int devices = 1;             // must equal tp · pp · dp
   int tensor_parallel = 1;     // t
-  int pipeline_parallel = 1;   // p: pipeline ranks
+  int pipeline_ranks = 1;   // p: pipeline ranks
   int data_parallel = 1;       // d: replicas of the pipeline
   int micro_batch = 1;         // b: sequences per micro-batch
   int global_batch = 1;        // B: sequences per optimizer step over all replicas
   int seq_length = 0;          // s: tokens per sequence (must be set: validate_layout)
   std::string schedule = "1f1b";  // a generator's name, or the schedule file's
-  int virtual_stages = 1;      // v: model chunks per rank (zbv and dualpipev always hold 2)
+  int chunks = 1;      // v: model chunks per rank (zbv and dualpipev always hold 2)
   // A schedule file's schedule (pipeline.schedule_file), run instead of a
   // generator's; resolve() checked it against p, v and m.
   std::optional<Schedule> file_schedule;

@@ -18,7 +18,7 @@ std::string prediction_text(const Prediction& prediction);
 // ranks[], stages[], warnings[].
 std::string prediction_json(const Prediction& prediction);
 // simulate's layout keys (devices, tensor_parallel, ..., comm_mode) of a
-// layout run with `microbatches` per replica and `virtual_stages` chunks per rank.
-nlohmann::ordered_json layout_json(const Layout& layout, int microbatches, int virtual_stages);
+// layout run with `microbatches` per replica and `chunks` chunks per rank.
+nlohmann::ordered_json layout_json(const Layout& layout, int microbatches, int chunks);
 
 }  // namespace pipeflow

@@ -31,7 +31,7 @@ BatchGradients pipelined_gradients(const nn::SafetensorsFile& weights, IntTensor
   const nn::GptConfig config = nn::read_config(weights);
   // The schedule first: it rejects microbatches < 1 before they divide anything.
   const Schedule schedule =
-      make_schedule(pipeline.schedule, pipeline.stages, pipeline.microbatches, pipeline.virtual_stages);
+      make_schedule(pipeline.schedule, pipeline.stages, pipeline.microbatches, pipeline.chunks);
   const auto sequences = static_cast<int>(tokens.dim(0));
   if (sequences % pipeline.microbatches != 0) {
     fail("--microbatches {} does not divide the batch of {} sequences: micro-batches must be equal; use a divisor "

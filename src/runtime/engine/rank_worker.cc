@@ -41,7 +41,7 @@ RankWorker::RankWorker(const Schedule& schedule, RankId rank, std::span<nn::Stag
       options_(&options),
       progress_(&progress) {
   const auto m = static_cast<std::size_t>(schedule.num_microbatches());
-  slots_.resize(static_cast<std::size_t>(schedule.stages_per_rank()) * m);
+  slots_.resize(static_cast<std::size_t>(schedule.chunks_per_rank()) * m);
   losses_.assign(m, std::numeric_limits<double>::quiet_NaN());
   small_tied_.resize(own_.size());
   if (options.noise_scale_interval > 0) {

@@ -55,7 +55,7 @@ std::string run_section(const RunRecord& run) {
   out += fmt::format(
       "- schedule: {} on {} ranks, {} stages ({} per rank, {} placement); {} micro-batches of {} sequences x {} "
       "tokens = {} tokens per step\n",
-      schedule.name(), schedule.num_ranks(), schedule.num_stages(), schedule.stages_per_rank(),
+      schedule.name(), schedule.num_ranks(), schedule.num_stages(), schedule.chunks_per_rank(),
       to_string(schedule.placement()), schedule.num_microbatches(), b, t,
       static_cast<std::int64_t>(schedule.num_microbatches()) * b * t);
   out += fmt::format("- activation checkpoint interval: {}\n", s.engine.recompute_interval);
