@@ -80,5 +80,29 @@ TEST(RunKeysCommand, TheTrainingFlagsAreTheKeysWrittenBesideTheRun) {
   EXPECT_EQ(written["checkpoint"]["load"], "first");
 }
 
+// plan --write-config writes every key of the table with its value (the
+// layout's, else the default) and nothing that is not a key.
+TEST(RunKeysCommand, PlansConfigurationHoldsEveryKeyOfTheTable) {
+  const std::string dir = make_temp_dir();
+  const CommandResult r =
+      run_pipeflow("plan --model gpt2-124m --hardware a100-80g --devices 4 --global-batch 16 --seq 1024 "
+                   "--write-config best.json",
+                   dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json written = nlohmann::json::parse(read_file(dir + "/best.json"));
+  for (const RunKey& key : run_keys()) {
+    const bool absent_by_default = key.fallback.empty();
+    const bool set_by_plan = key.path == "train_batch_size" || key.path == "train_micro_batch_size_per_gpu" ||
+                             key.path == "devices" || key.path == "recompute" || key.path == "model";
+    if (absent_by_default && !set_by_plan) {
+      EXPECT_EQ(at_path(written, std::string(key.path)), nullptr) << key.path;
+    } else {
+      EXPECT_NE(at_path(written, std::string(key.path)), nullptr) << key.path << " missing from\n" << written.dump(2);
+    }
+  }
+  const CommandResult simulated = run_pipeflow("simulate --config best.json", dir);
+  EXPECT_EQ(simulated.exit_code, 0) << simulated.err;
+}
+
 }  // namespace
 }  // namespace pipeflow::testing
