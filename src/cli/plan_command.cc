@@ -30,6 +30,7 @@ struct PlanCommand {
   int global_batch = 0;
   int seq_length = 0;
   int top = 5;
+  std::string precision = "bf16";
   double memory_fraction = 0.8;
   // Empty: the default, parameters and balanced (PlanRequest's); --inference: parameters.
   std::vector<std::string> partitions;
@@ -118,6 +119,7 @@ PlanRequest make_request(const PlanCommand& command) {
   request.global_batch = command.global_batch;
   request.seq_length = command.seq_length;
   request.top_k = command.top;
+  request.precision = parse_precision(command.precision);
   request.memory_fraction = command.memory_fraction;
   if (!command.partitions.empty()) {
     request.partitions.clear();
@@ -228,6 +230,8 @@ std::string pipeflow_config(const PlanCommand& command, const Layout& l) {
   o.set("pipeline.schedule", l.schedule);
   o.set("pipeline.virtual_stages", l.chunks);
   o.set("pipeline.partition_method", to_string(l.partition));
+  o.set("bf16.enabled", l.precision == Precision::kBf16);
+  o.set("fp16.enabled", l.precision == Precision::kFp16);
   return run_config_to_json(default_run_config(o));
 }
 
@@ -239,7 +243,7 @@ std::string deepspeed_config(const Layout& l) {
   json["train_batch_size"] = l.global_batch;
   json["train_micro_batch_size_per_gpu"] = l.micro_batch;
   json["gradient_accumulation_steps"] = microbatches_per_step(l);
-  json["bf16"] = {{"enabled", true}};
+  if (l.precision != Precision::kFp32) json[std::string(to_string(l.precision))] = {{"enabled", true}};
   json["zero_optimization"] = {{"stage", static_cast<int>(l.zero)}};
   json["pipeline"] = {{"stages", l.pipeline_ranks},
                       {"partition_method", to_string(l.partition)},
@@ -254,9 +258,13 @@ std::string megatron_arguments(const Layout& l) {
   std::string args = fmt::format(
       "--num-layers {} --hidden-size {} --num-attention-heads {} --ffn-hidden-size {} --seq-length {} "
       "--max-position-embeddings {} --tensor-model-parallel-size {} --pipeline-model-parallel-size {} "
-      "--micro-batch-size {} --global-batch-size {} --bf16",
+      "--micro-batch-size {} --global-batch-size {}",
       m.layers, m.hidden, m.heads, m.ffn, l.seq_length, std::max(m.max_positions, l.seq_length), l.tensor_parallel,
       l.pipeline_ranks, l.micro_batch, l.global_batch);
+  if (l.precision != Precision::kFp32) args += fmt::format(" --{}", to_string(l.precision));
+  // Megatron-LM takes hidden / heads as the head width and asserts it is whole;
+  // otherwise the width is given (gpt3-13b: 5140 / 40, GPT-3's 128).
+  if (m.hidden % m.heads != 0) args += fmt::format(" --kv-channels {}", m.hidden / m.heads);
   if (l.schedule == "interleaved-1f1b" && l.chunks > 1) {
     args += fmt::format(" --num-layers-per-virtual-pipeline-stage {}",
                         m.layers / (l.pipeline_ranks * l.chunks));
@@ -357,6 +365,10 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--seq,--seq-length", c->seq_length,
                   "Tokens per sequence (required but with --inference, where it is the context)");
   sub->add_option("--top", c->top, "Layouts to list")->capture_default_str();
+  sub->add_option("--precision", c->precision,
+                  "fp32, bf16 or fp16 (mixed precision): what every layout trains in and the configs say")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
   sub->add_option("--memory-fraction", c->memory_fraction, "Share of device memory a stage may fill")
       ->capture_default_str();
   sub->add_option("--partition", c->partitions,

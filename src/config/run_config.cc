@@ -79,15 +79,33 @@ OptimizerConfig read_optimizer(const Config& section) {
   return o;
 }
 
-// fp16 / bf16: pipeflow computes in fp32, so a section may only say it is off
-// (its other keys, a loss scale say, then mean nothing and are accepted).
-void read_precision(const Config& config, std::string_view key) {
-  const Config section = config.object(key);
-  if (section.get("enabled", false)) {
-    section.fail_value("enabled", "pipeflow trains and predicts in fp32 (4-byte weights, gradients and "
-                                  "activations): set enabled to false or remove the section");
+// The fp16 and bf16 sections: at most one enabled (neither: fp32), and
+// fp16's loss scaling, read whether enabled or not (DeepSpeed's defaults).
+void read_precision(const Config& config, RunConfig& run) {
+  const Config fp16 = config.object("fp16");
+  const Config bf16 = config.object("bf16");
+  const bool half = fp16.get("enabled", false);
+  const bool brain = bf16.get("enabled", false);
+  if (half && brain) {
+    bf16.fail_value("enabled", "and fp16.enabled are both true: enable one of the two (bf16 needs no loss scaling)");
   }
-  config.raw(key);
+  run.precision = half ? Precision::kFp16 : brain ? Precision::kBf16 : Precision::kFp32;
+  LossScaleConfig& s = run.loss_scale;
+  s.loss_scale = fp16.get("loss_scale", s.loss_scale);
+  if (!(s.loss_scale >= 0)) fp16.fail_value("loss_scale", "must be >= 0: 0 for dynamic loss scaling, else the scale");
+  s.initial_scale_power = fp16.get("initial_scale_power", s.initial_scale_power);
+  if (s.initial_scale_power < 0 || s.initial_scale_power > 64) {
+    fp16.fail_value("initial_scale_power", "must lie in [0, 64]: the dynamic scale starts at 2^initial_scale_power");
+  }
+  s.loss_scale_window = positive(fp16, "loss_scale_window", s.loss_scale_window, "clean steps before the scale doubles");
+  s.hysteresis = positive(fp16, "hysteresis", s.hysteresis, "overflowing steps in a row before the scale halves");
+  s.min_loss_scale = fp16.get("min_loss_scale", s.min_loss_scale);
+  if (!(s.min_loss_scale > 0)) fp16.fail_value("min_loss_scale", "must be > 0: the smallest dynamic scale");
+  if (config.has("communication_data_type")) {
+    const std::string type = config.require<std::string>("communication_data_type");
+    run.communication_data_type =
+        with_value_context(config, "communication_data_type", [&] { return parse_precision(type); });
+  }
 }
 
 void read_warmup(const Config& params, SchedulerConfig& s) {
@@ -374,6 +392,10 @@ Json with_overrides(Json json, const RunOverrides& o) {
   if (o.has("pipeline.schedule")) erase("pipeline.schedule_file");
   if (o.has("pipeline.schedule_file")) erase("pipeline.schedule");
   if (o.has("data.path")) erase("data.paths");
+  // Enabling one half precision on the command line turns the file's other off.
+  const auto enables = [&](std::string_view path) { return o.has(path) && *o.find(path) == true; };
+  if (enables("bf16.enabled")) erase("fp16.enabled");
+  if (enables("fp16.enabled")) erase("bf16.enabled");
   if (o.has("data.paths")) erase("data.path");
   if (o.has("train_micro_batch_size_per_gpu") || o.has("train_batch_size") ||
       (o.has("data_parallel") && all_batch_keys)) {
@@ -416,8 +438,7 @@ RunConfig parse_keys(const Config& config) {
                                                       "replicas per call (MPI counts are int)",
                                                       std::numeric_limits<int>::max()));
   }
-  read_precision(config, "fp16");
-  read_precision(config, "bf16");
+  read_precision(config, run);
   run.steps_per_print = non_negative(config, "steps_per_print", 0, "steps between progress lines, 0 for about 50");
   config.get("wall_clock_breakdown", false);  // pipeflow times every action anyway
   run.pipeline = read_pipeline(config);
@@ -624,8 +645,15 @@ std::string run_config_to_json(const RunConfig& run) {
                          {"adam_w_mode", run.optimizer.adam_w_mode}}}};
   if (!run.scheduler.type.empty()) json["scheduler"] = scheduler_to_json(run.scheduler);
   json["zero_optimization"] = {{"stage", static_cast<int>(run.zero)}, {"reduce_bucket_size", run.reduce_bucket_size}};
-  json["fp16"] = {{"enabled", false}};
-  json["bf16"] = {{"enabled", false}};
+  const LossScaleConfig& scale = run.loss_scale;
+  json["fp16"] = {{"enabled", run.precision == Precision::kFp16},
+                  {"loss_scale", scale.loss_scale},
+                  {"initial_scale_power", scale.initial_scale_power},
+                  {"loss_scale_window", scale.loss_scale_window},
+                  {"hysteresis", scale.hysteresis},
+                  {"min_loss_scale", scale.min_loss_scale}};
+  json["bf16"] = {{"enabled", run.precision == Precision::kBf16}};
+  if (run.communication_data_type) json["communication_data_type"] = std::string(to_string(*run.communication_data_type));
   json["steps_per_print"] = run.steps_per_print;
   json["pipeline"] = {{"stages", run.pipeline.ranks},
                       {"partition_method", to_string(run.pipeline.partition_method)},

@@ -29,10 +29,12 @@ struct ComputeCurve {
   double collective_efficiency = 1;
 };
 
-HardwareProfile eight_device_node(std::string name, double tflops, double memory_gib, double hbm_gb_per_s,
-                                  double nvlink_total, double ib_gbit, ComputeCurve curve, std::string note) {
+HardwareProfile eight_device_node(std::string name, double tflops, double fp32_tflops, double memory_gib,
+                                  double hbm_gb_per_s, double nvlink_total, double ib_gbit, ComputeCurve curve,
+                                  std::string note) {
   return HardwareProfile{.name = std::move(name),
                          .peak_flop_per_s = tflops * 1e12,
+                         .peak_fp32_flop_per_s = fp32_tflops * 1e12,
                          .memory_bytes = memory_gib * kGiB,
                          .memory_bandwidth_bytes_per_s = hbm_gb_per_s * kGB,
                          .devices_per_node = 8,
@@ -70,22 +72,25 @@ constexpr ComputeCurve kAscendCurve{.efficiency = 0.5, .matmul_half_size = 60, .
 
 std::vector<HardwareProfile> make_presets() {
   std::vector<HardwareProfile> presets = {
-      eight_device_node("a100-40g", 312, 40, 1555, 600, 200, kA100Curve,
+      eight_device_node("a100-40g", 312, 19.5, 40, 1555, 600, 200, kA100Curve,
              "A100 SXM 40GB datasheet; NVLink3, one HDR InfiniBand HCA per GPU (DGX A100)"),
-      eight_device_node("a100-80g", 312, 80, 2039, 600, 200, kA100Curve,
+      eight_device_node("a100-80g", 312, 19.5, 80, 2039, 600, 200, kA100Curve,
              "A100 SXM 80GB datasheet; NVLink3, one HDR InfiniBand HCA per GPU (DGX A100)"),
-      eight_device_node("h100", 989, 80, 3350, 900, 400, kH100Curve,
+      eight_device_node("h100", 989, 67, 80, 3350, 900, 400, kH100Curve,
              "H100 SXM datasheet (dense bf16); NVLink4, one NDR InfiniBand HCA per GPU (DGX H100)"),
-      eight_device_node("h200", 989, 141, 4800, 900, 400, kH100Curve,
+      eight_device_node("h200", 989, 67, 141, 4800, 900, 400, kH100Curve,
              "H200 SXM datasheet (dense bf16); NVLink4, one NDR InfiniBand HCA per GPU"),
   };
   // Ascend 910B (B2): no official dense figures. Peak = 24 AI cores × 4096
   // fp16 MAC × 2 × 1.8 GHz; HBM and HCCS as reported by third parties; HCCS
-  // total 392 GB/s halved for one direction like NVLink.
+  // total 392 GB/s halved for one direction like NVLink. No fp32 figure is
+  // published: a quarter of the fp16 peak is assumed.
+  const double ascend_tflops = 24 * 4096 * 2 * 1.8e9 / 1e12;
   HardwareProfile ascend =
-      eight_device_node("ascend-910b", 24 * 4096 * 2 * 1.8e9 / 1e12, 64, 1600, 392, 200, kAscendCurve,
+      eight_device_node("ascend-910b", ascend_tflops, ascend_tflops / 4, 64, 1600, 392, 200, kAscendCurve,
                         "Ascend 910B (B2): unofficial figures; 8 × 200 Gb/s RoCE per node");
-  ascend.estimated = {"peak_flop_per_s",      "memory_bandwidth_bytes_per_s", "intra_node_bandwidth_bytes_per_s",
+  ascend.estimated = {"peak_flop_per_s",      "peak_fp32_flop_per_s", "memory_bandwidth_bytes_per_s",
+                      "intra_node_bandwidth_bytes_per_s",
                       "intra_node_latency_s", "inter_node_latency_s",         "efficiency",
                       "matmul_half_size",     "memory_efficiency",            "collective_efficiency"};
   presets.push_back(ascend);
@@ -93,9 +98,11 @@ std::vector<HardwareProfile> make_presets() {
   // one core running OpenBLAS sgemm (fp32) at 85-93 GFLOP/s; OpenMPI
   // shared-memory P2P 4-10 GB/s, 0.3-2.5 µs. One node: the inter-node figures
   // repeat the intra-node ones. `pipeflow calibrate` measures a fresh profile.
+  // pipeflow's runtime computes in fp32 only, so bf16 is priced at that rate too.
   presets.push_back(HardwareProfile{
       .name = "cpu",
       .peak_flop_per_s = 89e9,
+      .peak_fp32_flop_per_s = 89e9,
       .memory_bytes = 8 * kGiB,
       .memory_bandwidth_bytes_per_s = 10 * kGB,
       .devices_per_node = 2,
@@ -121,13 +128,14 @@ void require_positive(const HardwareProfile& p, std::string_view field, double v
   }
 }
 
-// The positive real figures, in JSON order; devices_per_node follows the first three.
+// The positive real figures, in JSON order; devices_per_node follows the first four.
 struct Figure {
   const char* key;
   double HardwareProfile::*field;
 };
-constexpr std::array<Figure, 7> kFigures = {{
+constexpr std::array<Figure, 8> kFigures = {{
     {"peak_flop_per_s", &HardwareProfile::peak_flop_per_s},
+    {"peak_fp32_flop_per_s", &HardwareProfile::peak_fp32_flop_per_s},
     {"memory_bytes", &HardwareProfile::memory_bytes},
     {"memory_bandwidth_bytes_per_s", &HardwareProfile::memory_bandwidth_bytes_per_s},
     {"intra_node_bandwidth_bytes_per_s", &HardwareProfile::intra_node_bandwidth_bytes_per_s},
@@ -192,6 +200,7 @@ HardwareProfile hardware_from_json(std::string_view json_text, std::string sourc
   HardwareProfile profile;
   profile.name = config.get("name", std::filesystem::path(source).stem().string());
   for (const Figure& figure : kFigures) {
+    if (figure.field == &HardwareProfile::peak_fp32_flop_per_s && !config.has(figure.key)) continue;
     profile.*figure.field = config.require<double>(figure.key);
     if (!(profile.*figure.field > 0)) config.fail_value(figure.key, "must be a positive number");
   }
@@ -216,6 +225,10 @@ HardwareProfile hardware_from_json(std::string_view json_text, std::string sourc
   }
   profile.note = config.get("note", "");
   config.check_no_unknown_keys();
+  if (profile.peak_fp32_flop_per_s == 0) {  // a profile from before the key: fp32 as fast as bf16, said so
+    profile.peak_fp32_flop_per_s = profile.peak_flop_per_s;
+    profile.estimated.emplace_back("peak_fp32_flop_per_s");
+  }
   return profile;
 }
 
@@ -227,7 +240,7 @@ std::string hardware_to_json(const HardwareProfile& profile) {
   nlohmann::ordered_json json;
   json["name"] = profile.name;
   for (std::size_t i = 0; i < kFigures.size(); ++i) {
-    if (i == 3) json["devices_per_node"] = profile.devices_per_node;
+    if (i == 4) json["devices_per_node"] = profile.devices_per_node;
     json[kFigures[i].key] = profile.*kFigures[i].field;
   }
   json["efficiency"] = profile.efficiency;

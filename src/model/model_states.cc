@@ -10,8 +10,10 @@ ModelStateBytes model_state_bytes(std::int64_t parameters, ZeroStage stage, int 
   if (parameters < 0) fail("internal: negative parameter count {}", parameters);
   const double psi = static_cast<double>(parameters);
   const double d = data_parallel;
-  const double gradient_bytes = accounting == StateAccounting::kMegatron ? 4 : 2;
-  ModelStateBytes bytes{.weights = 2 * psi, .gradients = gradient_bytes * psi, .optimizer = 12 * psi};
+  const bool fp32 = accounting == StateAccounting::kFp32Adam;
+  const double gradient_bytes = accounting == StateAccounting::kMixedPrecisionAdam ? 2 : 4;
+  ModelStateBytes bytes{.weights = (fp32 ? 4 : 2) * psi, .gradients = gradient_bytes * psi,
+                        .optimizer = (fp32 ? 8 : 12) * psi};
   if (stage >= ZeroStage::kOne) bytes.optimizer /= d;
   if (stage >= ZeroStage::kTwo) bytes.gradients /= d;
   if (stage >= ZeroStage::kThree) bytes.weights /= d;

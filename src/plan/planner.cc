@@ -192,6 +192,8 @@ class Search {
                 Layout layout;
                 layout.model = model;
                 layout.hardware = request_.hardware;
+                layout.precision = request_.precision;
+                layout.gradient_precision = request_.precision;
                 layout.devices = request_.devices;
                 layout.tensor_parallel = tp;
                 layout.pipeline_ranks = pp;
@@ -296,7 +298,7 @@ class Search {
     c.step_time_s = step;
     c.tokens_per_s = costs.tokens_per_step / step;
     c.tflops_per_device = costs.model_flops_per_step / (step * q.layout.devices) / 1e12;
-    c.mfu = c.tflops_per_device * 1e12 / q.layout.hardware.peak_flop_per_s;
+    c.mfu = c.tflops_per_device * 1e12 / q.layout.hardware.peak_at(q.layout.precision);
     c.bubble_ratio = sim.bubble_ratio;
     c.zero_bubble_rate = sim.zero_bubble_rate;
     c.communication_share = comm / (static_cast<double>(sim.ranks.size()) * step);

@@ -27,7 +27,7 @@ StageCosts price_stage(const Layout& layout, const std::vector<PipelineLayer>& l
                        const LinkCost& tensor_link) {
   const ModelSpec& model = layout.model;
   const ParallelConfig config = parallel_config(layout);
-  const HardwareProfile& hw = layout.hardware;
+  const HardwareProfile hw = priced_hardware(layout);
 
   StageCosts stage;
   std::array<std::optional<KindSeconds>, 3> kinds;
@@ -51,9 +51,11 @@ StageCosts price_stage(const Layout& layout, const std::vector<PipelineLayer>& l
   stage.output_bytes = layers[static_cast<std::size_t>(plan.end - 1)].output_bytes;
 
   const std::int64_t parameters = plan.parameters;
-  stage.model_state_bytes = model_state_bytes(parameters, layout.zero, layout.data_parallel).total();
+  const StateAccounting accounting =
+      layout.precision == Precision::kFp32 ? StateAccounting::kFp32Adam : StateAccounting::kMixedPrecisionAdam;
+  stage.model_state_bytes = model_state_bytes(parameters, layout.zero, layout.data_parallel, accounting).total();
   stage.activation_bytes = sum_layers(layers, plan.first, plan.end).activation_bytes;
-  stage.gradient_bytes = kGradientBytesPerParameter * static_cast<double>(parameters);
+  stage.gradient_bytes = bytes_per_element(layout.gradient_precision) * static_cast<double>(parameters);
   const double local = layout.zero == ZeroStage::kNone
                            ? static_cast<double>(parameters)
                            : static_cast<double>(parameters) / layout.data_parallel;
@@ -346,7 +348,8 @@ std::vector<PipelineLayer> checked_layers(const Layout& layout, const Schedule& 
 }  // namespace
 
 Partition layout_partition(const Layout& layout, const Schedule& schedule) {
-  return partition_layers(checked_layers(layout, schedule), schedule.num_stages(), layout.partition, layout.hardware);
+  return partition_layers(checked_layers(layout, schedule), schedule.num_stages(), layout.partition,
+                          priced_hardware(layout));
 }
 
 LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule) {

@@ -32,6 +32,8 @@ Layout layout_of(const ResolvedRun& run) {
   layout.partition = keys.pipeline.partition_method;
   layout.zero = keys.zero;
   layout.comm_mode = keys.comm_mode;
+  layout.precision = keys.precision;
+  layout.gradient_precision = keys.communication_data_type.value_or(keys.precision);
   return layout;
 }
 
@@ -70,7 +72,10 @@ ParallelConfig parallel_config(const Layout& layout) {
   config.sequence_parallel = layout.sequence_parallel;
   config.recompute = layout.recompute;
   config.scatter_gather = layout.tensor_parallel > 1;
+  config.bytes_per_element = bytes_per_element(layout.precision);
   return config;
 }
+
+HardwareProfile priced_hardware(const Layout& layout) { return layout.hardware.at_precision(layout.precision); }
 
 }  // namespace pipeflow

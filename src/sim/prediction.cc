@@ -48,7 +48,7 @@ Prediction predict(const Layout& layout, const MeasuredProfile* profile) {
 
   const double step = result.step_time_s;
   const double devices = layout.devices;
-  const double peak = layout.hardware.peak_flop_per_s;
+  const double peak = layout.hardware.peak_at(layout.precision);
   const double per_device = step > 0 ? 1 / (step * devices) : 0;
   std::vector<std::string> warnings = memory_warnings(layout, result);
   return Prediction{layout,

@@ -20,9 +20,10 @@ std::string describe_layout(const Prediction& p) {
   const Layout& l = p.layout;
   std::string chunks = p.schedule.chunks_per_rank() > 1 ? fmt::format(" (v={})", p.schedule.chunks_per_rank()) : "";
   return fmt::format(
-      "{} on {} × {}: tp {} × pp {} × dp {}, {}{}, {} micro-batches of {} × {} tokens per replica, recompute {}{}, "
-      "{} communication{}",
-      l.model.name, l.devices, l.hardware.name, l.tensor_parallel, l.pipeline_ranks, l.data_parallel, l.schedule,
+      "{} on {} × {} in {}: tp {} × pp {} × dp {}, {}{}, {} micro-batches of {} × {} tokens per replica, recompute "
+      "{}{}, {} communication{}",
+      l.model.name, l.devices, l.hardware.name, to_string(l.precision), l.tensor_parallel, l.pipeline_ranks,
+      l.data_parallel, l.schedule,
       chunks, p.microbatches, l.micro_batch, l.seq_length, to_string(l.recompute),
       l.sequence_parallel ? ", sequence parallel" : "", l.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped",
       l.zero == ZeroStage::kNone ? "" : fmt::format(", ZeRO-{}", static_cast<int>(l.zero)));
@@ -101,7 +102,8 @@ nlohmann::ordered_json layout_json(const Layout& l, int microbatches, int chunks
           {"sequence_parallel", l.sequence_parallel},
           {"partition", to_string(l.partition)},
           {"zero_stage", static_cast<int>(l.zero)},
-          {"comm_mode", l.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped"}};
+          {"comm_mode", l.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped"},
+          {"precision", to_string(l.precision)}};
 }
 
 std::string prediction_json(const Prediction& p) {

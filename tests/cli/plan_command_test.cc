@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <nlohmann/json.hpp>
 
 #include "pipeflow/core/file.h"
+#include "pipeflow/model/hardware.h"
 #include "run_pipeflow.h"
 
 namespace pipeflow::testing {
@@ -60,7 +63,7 @@ TEST(PlanCommand, TheWrittenConfigOfAModelFileRunsFromAnywhereAndTrains) {
                     R"({"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 256, "n_positions": 64,
                         "attn_pdrop": 0, "resid_pdrop": 0, "embd_pdrop": 0})");
   const CommandResult r = run_pipeflow("plan --model tiny.json --devices 2 --global-batch 4 --seq 32 --json "
-                                       "--write-config configs/best.json",
+                                       "--precision fp32 --write-config configs/best.json",
                                        dir, "mkdir configs");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json config = nlohmann::json::parse(read_file(dir + "/configs/best.json"));
@@ -75,6 +78,61 @@ TEST(PlanCommand, TheWrittenConfigOfAModelFileRunsFromAnywhereAndTrains) {
       run_mpirun(2, "train --config " + dir + "/configs/best.json --steps 1 --out-dir " + dir + "/run");
   ASSERT_EQ(trained.exit_code, 0) << trained.err;
   EXPECT_NE(read_file_if_exists(dir + "/run/metrics.jsonl"), "");
+}
+
+// What plan writes, pipeflow reads: for every hardware preset, the written
+// run configuration simulates to plan's best step, and the DeepSpeed file
+// (bf16 enabled, as plan searched) simulates with the model and hardware it
+// leaves out. The Megatron arguments name the precision and, where the
+// heads do not divide the width (gpt3-13b: 5140 / 40), the head width.
+TEST(PlanCommand, EveryPresetsConfigurationsAreReadBackByPipeflow) {
+  for (const HardwareProfile& hardware : hardware_presets()) {
+    SCOPED_TRACE(hardware.name);
+    const bool cpu = hardware.name == "cpu";
+    const std::string model = cpu ? "gpt-tiny" : "gpt3-13b";
+    const std::string dir = make_temp_dir();
+    const std::string shape = fmt::format("--model {} --hardware {} --devices {} --global-batch {} --seq {}", model,
+                                          hardware.name, cpu ? 2 : 8, cpu ? 8 : 64, cpu ? 64 : 2048);
+    const CommandResult plan = run_pipeflow(
+        "plan " + shape + " --json --write-config run.json --deepspeed ds.json --megatron megatron.txt", dir);
+    ASSERT_EQ(plan.exit_code, 0) << plan.err;
+    const CommandResult simulated = run_pipeflow("simulate --config run.json --json", dir);
+    ASSERT_EQ(simulated.exit_code, 0) << simulated.err;
+    EXPECT_DOUBLE_EQ(nlohmann::json::parse(simulated.out)["step_time_s"].get<double>(),
+                     nlohmann::json::parse(plan.out)["candidates"][0]["step_time_s"].get<double>());
+    EXPECT_EQ(nlohmann::json::parse(simulated.out)["layout"]["precision"], "bf16");
+    const nlohmann::json deepspeed = nlohmann::json::parse(read_file(dir + "/ds.json"));
+    EXPECT_EQ(deepspeed["bf16"]["enabled"], true);
+    // DeepSpeed takes the replicas from the world it starts in: the batch keys give them.
+    const int replicas = deepspeed["train_batch_size"].get<int>() /
+                         (deepspeed["train_micro_batch_size_per_gpu"].get<int>() *
+                          deepspeed["gradient_accumulation_steps"].get<int>());
+    const CommandResult from_deepspeed = run_pipeflow(
+        fmt::format("simulate --config ds.json --model {} --hardware {} --seq {} --dp {} --json", model, hardware.name,
+                    cpu ? 64 : 2048, replicas),
+        dir);
+    ASSERT_EQ(from_deepspeed.exit_code, 0) << from_deepspeed.err;
+    EXPECT_EQ(nlohmann::json::parse(from_deepspeed.out)["layout"]["precision"], "bf16");
+    const std::string megatron = read_file(dir + "/megatron.txt");
+    EXPECT_NE(megatron.find(" --bf16"), std::string::npos) << megatron;
+    EXPECT_EQ(megatron.find(" --kv-channels 128") != std::string::npos, !cpu) << megatron;
+  }
+}
+
+// plan --precision fp32 searches and writes fp32 (what pipeflow train runs).
+TEST(PlanCommand, Fp32IsSearchedAndWrittenWhenAsked) {
+  const std::string dir = make_temp_dir();
+  const CommandResult r = run_pipeflow("plan --model gpt-tiny --hardware a100-80g --devices 2 --global-batch 8 --seq 64 "
+                                       "--precision fp32 --json --write-config run.json --deepspeed ds.json "
+                                       "--megatron megatron.txt",
+                                       dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json written = nlohmann::json::parse(read_file(dir + "/run.json"));
+  EXPECT_EQ(written["bf16"]["enabled"], false);
+  EXPECT_EQ(written["fp16"]["enabled"], false);
+  EXPECT_FALSE(nlohmann::json::parse(read_file(dir + "/ds.json")).contains("bf16"));
+  EXPECT_EQ(read_file(dir + "/megatron.txt").find("--bf16"), std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["candidates"][0]["layout"]["precision"], "fp32");
 }
 
 TEST(PlanCommand, NothingFitsExitsNonZeroWithTheCounts) {

@@ -13,14 +13,14 @@ namespace {
 
 const std::string kExample =
     "simulate --model gpt3-175b --hardware a100-80g --devices 1536 --tp 8 --pp 8 --dp 24 --micro-batch 1 "
-    "--global-batch 1536 --seq 2048 --schedule interleaved-1f1b --virtual 3 --recompute selective";
+    "--global-batch 1536 --seq 2048 --schedule interleaved-1f1b --virtual 3 --recompute selective --bf16";
 
 std::string source_path(const std::string& relative) { return std::string(PIPEFLOW_SOURCE_DIR) + "/" + relative; }
 
 TEST(SimulateCommand, TheIssuesExamplePrintsTablesAndWarnsAboutRankZerosMemory) {
   const CommandResult r = run_pipeflow(kExample);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out.rfind("gpt3-175b on 1536 × a100-80g: tp 8 × pp 8 × dp 24, interleaved-1f1b (v=3), 64 "
+  EXPECT_EQ(r.out.rfind("gpt3-175b on 1536 × a100-80g in bf16: tp 8 × pp 8 × dp 24, interleaved-1f1b (v=3), 64 "
                         "micro-batches of 1 × 2048 tokens per replica, recompute selective, overlapped communication\n",
                         0),
             0u)
@@ -78,7 +78,7 @@ TEST(SimulateCommand, JsonHasTheKeysAndEveryRanksTimeAddsUpToTheStep) {
 TEST(SimulateCommand, SteadyStateIsShorterOnlyForZeroBubbleSchedules) {
   const std::string layout =
       "simulate --json --model gpt3-175b --hardware a100-80g --tp 8 --pp 8 --devices 64 --global-batch 16 "
-      "--micro-batch 1 --seq 2048 --recompute selective --schedule ";
+      "--micro-batch 1 --seq 2048 --recompute selective --bf16 --schedule ";
   const CommandResult zb = run_pipeflow(layout + "zb-h2");
   ASSERT_EQ(zb.exit_code, 0) << zb.err;
   const nlohmann::json h2 = nlohmann::json::parse(zb.out);

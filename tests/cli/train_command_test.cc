@@ -297,8 +297,8 @@ TEST(TrainCommand, RunsADeepSpeedConfigurationWithTheModelFromItsWeightsOrCheckp
             "out to take the file's shape, or use a file of this model\n");
   const std::string half = write_config(dir, R"({"fp16": {"enabled": true}, "steps": 1})");
   EXPECT_EQ(run_pipeflow("train --config " + half + " --weights " + dir + "/w.safetensors").err,
-            "pipeflow: error: " + half + ": fp16.enabled = true: pipeflow trains and predicts in fp32 (4-byte "
-            "weights, gradients and activations): set enabled to false or remove the section\n");
+            "pipeflow: error: " + half + ": fp16.enabled = true: pipeflow train computes in fp32 so far (pipeflow "
+            "simulate and plan price bf16 and fp16); set fp16.enabled to false to train this run here\n");
   std::filesystem::remove_all(dir);
 }
 

@@ -396,9 +396,30 @@ TEST(RunConfig, DeepSpeedKeysAreReadAsDeepSpeedReadsThem) {
   EXPECT_TRUE(parse(R"({"optimizer": {"type": "Adam"}})").optimizer.adam_w_mode);
   // Type AdamW is AdamW whatever adam_w_mode says (DeepSpeed's effective_adam_w_mode).
   EXPECT_TRUE(parse(R"({"optimizer": {"type": "ADAMW", "params": {"adam_w_mode": false}}})").optimizer.adam_w_mode);
-  EXPECT_EQ(parse_error(R"({"bf16": {"enabled": true}})"),
-            "run.json: bf16.enabled = true: pipeflow trains and predicts in fp32 (4-byte weights, gradients and "
-            "activations): set enabled to false or remove the section");
+  // Precision: DeepSpeed's fp16 and bf16 sections, neither enabled is fp32.
+  EXPECT_EQ(parse("{}").precision, Precision::kFp32);
+  EXPECT_EQ(parse(R"({"bf16": {"enabled": true}})").precision, Precision::kBf16);
+  const RunConfig half = parse(R"({"fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+                                            "loss_scale_window": 200, "hysteresis": 1, "min_loss_scale": 0.25},
+                                   "communication_data_type": "fp32"})");
+  EXPECT_EQ(half.precision, Precision::kFp16);
+  EXPECT_EQ(half.loss_scale.initial_scale_power, 12);
+  EXPECT_EQ(half.loss_scale.loss_scale_window, 200);
+  EXPECT_EQ(half.loss_scale.hysteresis, 1);
+  EXPECT_EQ(half.loss_scale.min_loss_scale, 0.25);
+  EXPECT_EQ(half.communication_data_type, Precision::kFp32);
+  EXPECT_EQ(parse_error(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"),
+            "run.json: bf16.enabled = true: and fp16.enabled are both true: enable one of the two (bf16 needs no loss "
+            "scaling)");
+  EXPECT_EQ(parse_error(R"({"fp16": {"hysteresis": 0}})"),
+            "run.json: fp16.hysteresis = 0: must be a positive integer: overflowing steps in a row before the scale "
+            "halves");
+  EXPECT_EQ(parse_error(R"({"communication_data_type": "fp8"})"),
+            "run.json: communication_data_type = \"fp8\": precision 'fp8': use fp32, bf16 or fp16");
+  // --bf16 over a file in fp16 turns the file's fp16 off.
+  RunOverrides bf16;
+  bf16.set("bf16.enabled", true);
+  EXPECT_EQ(parse(R"({"fp16": {"enabled": true}})", bf16).precision, Precision::kBf16);
   EXPECT_EQ(parse_error(R"({"steps_per_print": -1})"),
             "run.json: steps_per_print = -1: must be an integer >= 0: steps between progress lines, 0 for about 50");
 }

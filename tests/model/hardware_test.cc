@@ -32,6 +32,14 @@ TEST(Hardware, BuiltinsAreValidAndCarryTheDatasheetFigures) {
   EXPECT_EQ(hardware_preset("h200").memory_bandwidth_bytes_per_s, 4800e9);
   EXPECT_EQ(hardware_preset("ascend-910b").peak_flop_per_s, 24 * 4096 * 2 * 1.8e9);
   EXPECT_EQ(hardware_preset("cpu").peak_flop_per_s, 89e9);
+  // fp32 without TF32, the datasheets' figures.
+  EXPECT_EQ(hardware_preset("a100-40g").peak_fp32_flop_per_s, 19.5e12);
+  EXPECT_EQ(hardware_preset("a100-80g").peak_at(Precision::kFp32), 19.5e12);
+  EXPECT_EQ(hardware_preset("a100-80g").peak_at(Precision::kBf16), 312e12);
+  EXPECT_EQ(hardware_preset("h100").peak_fp32_flop_per_s, 67e12);
+  EXPECT_EQ(hardware_preset("h200").peak_fp32_flop_per_s, 67e12);
+  EXPECT_EQ(hardware_preset("cpu").peak_fp32_flop_per_s, 89e9);
+  EXPECT_EQ(hardware_preset("h100").at_precision(Precision::kFp32).peak_flop_per_s, 67e12);
   EXPECT_EQ(hardware_preset("a100-80g").efficiency, 0.745);  // fitted: docs/VALIDATION.md
   EXPECT_EQ(hardware_preset("a100-80g").matmul_half_size, 60);
   EXPECT_EQ(hardware_preset("h100").efficiency, 0.66);
@@ -74,6 +82,9 @@ TEST(Hardware, MinimalJsonTakesTheDefaultEfficiency) {
   EXPECT_EQ(profile.memory_efficiency, 1);
   EXPECT_EQ(profile.collective_efficiency, 1);
   EXPECT_EQ(matmul_efficiency(profile, 64, 64, 64), 0.5);
+  // Without peak_fp32_flop_per_s: fp32 as fast as bf16, and said to be an estimate.
+  EXPECT_EQ(profile.peak_fp32_flop_per_s, profile.peak_flop_per_s);
+  EXPECT_EQ(profile.estimated, std::vector<std::string>{"peak_fp32_flop_per_s"});
 }
 
 TEST(Hardware, JsonErrorsNameTheKey) {

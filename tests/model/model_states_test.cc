@@ -35,6 +35,18 @@ TEST(ModelStates, MegatronCountsEighteenBytesAndSixPlusTwelveOverD) {
   EXPECT_EQ(model_state_bytes(1000, ZeroStage::kOne, 8, StateAccounting::kMegatron).total(), 6000 + 12000 / 8);
 }
 
+// fp32 Adam: 4 (weights) + 4 (gradients) + 8 (moments); ZeRO-1 8Ψ + 8Ψ/d,
+// ZeRO-2 4Ψ + 12Ψ/d, ZeRO-3 16Ψ/d.
+TEST(ModelStates, Fp32AdamIsSixteenBytesShardedOtherwise) {
+  const auto fp32 = [](ZeroStage stage) { return model_state_bytes(1000, stage, 8, StateAccounting::kFp32Adam); };
+  EXPECT_EQ(fp32(ZeroStage::kNone).weights, 4000);
+  EXPECT_EQ(fp32(ZeroStage::kNone).gradients, 4000);
+  EXPECT_EQ(fp32(ZeroStage::kNone).optimizer, 8000);
+  EXPECT_EQ(fp32(ZeroStage::kOne).total(), 8000 + 8000 / 8);
+  EXPECT_EQ(fp32(ZeroStage::kTwo).total(), 4000 + 12000 / 8);
+  EXPECT_EQ(fp32(ZeroStage::kThree).total(), 16000 / 8);
+}
+
 TEST(ModelStates, OneDataParallelRankShardsNothing) {
   EXPECT_EQ(model_state_bytes(1000, ZeroStage::kThree, 1).total(), 16000);
 }

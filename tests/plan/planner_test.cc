@@ -98,7 +98,8 @@ TEST(Planner, TheBestIsTheBestOfEveryLayoutPredictedOnItsOwn) {
                                    .micro_batch = b, .global_batch = request.global_batch,
                                    .seq_length = request.seq_length, .schedule = info.name, .chunks = v, .file_schedule = {},
                                    .recompute = recompute, .sequence_parallel = tp > 1, .partition = partition,
-                                   .zero = zero, .comm_mode = CommMode::kOverlapped};
+                                   .zero = zero, .comm_mode = CommMode::kOverlapped,
+                                   .precision = request.precision, .gradient_precision = request.precision};
                     try {
                       const Prediction p = predict(l);
                       // A second method's identical cut is the same layout: listed once.

@@ -25,6 +25,8 @@ Layout make_layout(const char* model, const char* hardware, int tp, int pp, int 
   layout.devices = tp * pp * dp;
   layout.global_batch = global_batch;
   layout.seq_length = seq_length;
+  layout.precision = Precision::kBf16;  // Korthikanti's and the ZeRO paper's 2-byte accounting
+  layout.gradient_precision = Precision::kBf16;
   return layout;
 }
 
@@ -143,6 +145,42 @@ TEST(CostModel, ModelStatesAre16BytesPerParameterAndZeroOneShardsTheOptimizer) {
   // The optimizer touches 28 B per local parameter at the streaming share of the HBM bandwidth.
   EXPECT_DOUBLE_EQ(sharded.optimizer_s, 28 * (block / 4) / (0.85 * 2039e9));
   EXPECT_DOUBLE_EQ(sharded.gradient_bytes, 2 * block);
+}
+
+// The same layout in fp32: 4-byte activations (Korthikanti's 34·sbh +
+// 5·as²b becomes 66·sbh + 9·as²b: the 2-byte terms doubled, the 1-byte
+// dropout masks as they were), fp32 Adam's states
+// (8Ψ + 8Ψ/d under ZeRO-1), 4-byte gradients on the wire, and the block's
+// GEMMs at the fp32 peak (19.5 against 312 TFLOP/s: 16 times the GEMM time);
+// communication_data_type alone changes the gradients' bytes.
+TEST(CostModel, Fp32DoublesTheElementsAndPricesGemmsAtTheFp32Peak) {
+  const double block = 12.0 * 12288 * 12288 + 13.0 * 12288;
+  Layout half = single_block_stages(1, false, Recompute::kNone);
+  Layout full = half;
+  full.precision = Precision::kFp32;
+  full.gradient_precision = Precision::kFp32;
+  const StageCosts h = block_stage(costs_of(half));
+  const StageCosts f = block_stage(costs_of(full));
+  const double s = 2048, hidden = 12288, a = 96;
+  EXPECT_DOUBLE_EQ(h.activation_bytes, s * hidden * (34 + 5 * a * s / hidden));
+  EXPECT_DOUBLE_EQ(f.activation_bytes, s * hidden * (66 + 9 * a * s / hidden));
+  EXPECT_DOUBLE_EQ(f.model_state_bytes, 16 * block);
+  for (Layout* layout : {&half, &full}) {
+    layout->data_parallel = 4;
+    layout->devices = 16;
+    layout->global_batch = 32;
+    layout->zero = ZeroStage::kOne;
+  }
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(full)).model_state_bytes, 8 * block + 8 * block / 4);
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(full)).gradient_bytes, 4 * block);
+  Layout reduced_in_half = full;
+  reduced_in_half.gradient_precision = Precision::kBf16;
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(reduced_in_half)).gradient_bytes, 2 * block);
+  // Compute-bound GEMMs: the block's forward in fp32 over bf16 lies between
+  // the peak ratio for its GEMMs (16) and 1 for its memory-bound kernels.
+  const double ratio = f.forward_s / h.forward_s;
+  EXPECT_GT(ratio, 8);
+  EXPECT_LT(ratio, 16);
 }
 
 // Devices pp_rank·(t·d) + dp_rank·t + tp_rank, 8 per node: with t = 2, d = 2

@@ -17,6 +17,7 @@ HardwareProfile bandwidth_only() {
   HardwareProfile hw;
   hw.name = "hand";
   hw.peak_flop_per_s = 1e21;
+  hw.peak_fp32_flop_per_s = 1e21;
   hw.memory_bytes = 1e12;
   hw.memory_bandwidth_bytes_per_s = 1e12;
   hw.devices_per_node = 8;

@@ -85,6 +85,8 @@ double predict_run(const PublishedRun& run) {
   layout.chunks = run.pp > 1 ? run.chunks : 1;
   layout.recompute = run.recompute;
   layout.sequence_parallel = run.sequence_parallel;
+  layout.precision = Precision::kFp16;  // the published runs' mixed precision
+  layout.gradient_precision = Precision::kFp16;
   const Prediction prediction = predict(layout);
   return reports_throughput(run) ? prediction.hardware_tflops_per_device : prediction.result.step_time_s;
 }

@@ -14,6 +14,7 @@
 #include "pipeflow/model/model_states.h"
 #include "pipeflow/model/partition.h"
 #include "pipeflow/model/pipeline_layers.h"
+#include "pipeflow/model/precision.h"
 #include "pipeflow/schedule/execute.h"
 #include "pipeflow/schedule/schedule.h"
 
@@ -46,7 +47,11 @@ namespace pipeflow {
 //   zero_optimization {stage: 0..3  ZeRO stage (model-state sharding over data_parallel)
 //                      reduce_bucket_size 4194304}  elements per data-parallel reduce-scatter
 //                                        call (DeepSpeed's key): two are in flight at a time
-//   fp16, bf16   {enabled: false, ...}: accepted (pipeflow computes in fp32); enabled true is refused
+//   fp16, bf16   {enabled}: mixed precision in fp16 or bf16 (at most one enabled; neither: fp32,
+//                as DeepSpeed); fp16's loss scaling {loss_scale 0 (dynamic; > 0 static),
+//                initial_scale_power 16, loss_scale_window 1000, hysteresis 2, min_loss_scale 1}
+//   communication_data_type   fp32 | bf16 | fp16: the data-parallel gradient reduction's
+//                elements (absent: the training precision's)
 //   steps_per_print                  steps between progress lines (0, the default: about 50 lines a run)
 //   wall_clock_breakdown             accepted: pipeflow times every action of every step anyway
 //   pipeline     {stages 1               pipeline ranks p
@@ -145,6 +150,18 @@ struct CheckpointConfig {
   int keep = 0;
 };
 
+// DeepSpeed's fp16 section: dynamic loss scaling starts at
+// 2^initial_scale_power, halves after `hysteresis` overflowing steps in a
+// row (never below min_loss_scale) and doubles after loss_scale_window clean
+// steps; loss_scale > 0 is a static scale instead.
+struct LossScaleConfig {
+  double loss_scale = 0;  // 0: dynamic
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1;
+};
+
 struct NumericsConfig {
   int max_skipped_steps = 3;  // >= 1
 };
@@ -186,6 +203,9 @@ struct RunConfig {
   SchedulerConfig scheduler;
   ZeroStage zero = ZeroStage::kNone;
   std::int64_t reduce_bucket_size = kReduceBucketSize;  // zero_optimization.reduce_bucket_size
+  Precision precision = Precision::kFp32;  // bf16.enabled, fp16.enabled
+  LossScaleConfig loss_scale;              // the fp16 section's scaling keys
+  std::optional<Precision> communication_data_type;  // absent: the precision's
   PipelineConfig pipeline;
 
   std::string model_source;        // as written: preset, path, or "inline"; empty: none given

@@ -5,6 +5,8 @@
 #include <string_view>
 #include <vector>
 
+#include "pipeflow/model/precision.h"
+
 namespace pipeflow {
 
 // A device and its interconnect, as the cost model sees them. All figures in
@@ -15,6 +17,8 @@ namespace pipeflow {
 // optional; unknown keys are errors naming their path):
 //   {"name": "a100-80g",
 //    "peak_flop_per_s": 312e12,                 dense bf16/fp16 tensor peak
+//    "peak_fp32_flop_per_s": 19.5e12,           dense fp32 peak (no TF32); absent: taken
+//                                               as peak_flop_per_s and listed as estimated
 //    "memory_bytes": 85899345920,
 //    "memory_bandwidth_bytes_per_s": 2039e9,
 //    "devices_per_node": 8,
@@ -46,7 +50,8 @@ namespace pipeflow {
 // memory_efficiency and collective_efficiency 1.
 struct HardwareProfile {
   std::string name;
-  double peak_flop_per_s = 0;
+  double peak_flop_per_s = 0;       // bf16/fp16
+  double peak_fp32_flop_per_s = 0;  // fp32
   double memory_bytes = 0;
   double memory_bandwidth_bytes_per_s = 0;
   int devices_per_node = 1;
@@ -63,6 +68,17 @@ struct HardwareProfile {
 
   // FLOP/s a layer sustains while computing: peak × efficiency.
   double achieved_flop_per_s() const { return peak_flop_per_s * efficiency; }
+  // The peak of GEMMs in `precision`.
+  double peak_at(Precision precision) const {
+    return precision == Precision::kFp32 ? peak_fp32_flop_per_s : peak_flop_per_s;
+  }
+  // The profile as the cost model prices a run in `precision`: its GEMMs at
+  // that precision's peak (peak_flop_per_s replaced).
+  HardwareProfile at_precision(Precision precision) const {
+    HardwareProfile priced = *this;
+    priced.peak_flop_per_s = peak_at(precision);
+    return priced;
+  }
 };
 
 inline constexpr double kDefaultEfficiency = 0.5;

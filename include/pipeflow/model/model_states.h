@@ -9,12 +9,13 @@ namespace pipeflow {
 // d data-parallel ranks. 1: optimizer states; 2: and gradients; 3: and weights.
 enum class ZeroStage { kNone = 0, kOne = 1, kTwo = 2, kThree = 3 };
 
-// Bytes per parameter of each model state under mixed-precision Adam.
-//   kMixedPrecisionAdam (ZeRO paper): 2 (bf16/fp16 weights) + 2 (grads) +
-//     12 (fp32 master weights, momentum, variance) = 16 B.
+// Bytes per parameter of each model state under Adam.
+//   kFp32Adam: 4 (weights) + 4 (grads) + 8 (momentum, variance) = 16 B.
+//   kMixedPrecisionAdam (ZeRO paper, DeepSpeed's bf16/fp16): 2 (bf16/fp16
+//     weights) + 2 (grads) + 12 (fp32 master weights, momentum, variance) = 16 B.
 //   kMegatron (Megatron-LM, fp32 gradient accumulation): 2 + 4 + 12 = 18 B;
 //     its distributed optimizer is ZeRO-1, 6 + 12/d.
-enum class StateAccounting { kMixedPrecisionAdam, kMegatron };
+enum class StateAccounting { kFp32Adam, kMixedPrecisionAdam, kMegatron };
 
 struct ModelStateBytes {
   double weights = 0;
@@ -24,8 +25,9 @@ struct ModelStateBytes {
 };
 
 // Model-state bytes on one device holding `parameters` parameters, with the
-// states sharded per `stage` over `data_parallel` ranks:
-//   none 16Ψ; ZeRO-1 4Ψ + 12Ψ/d; ZeRO-2 2Ψ + 14Ψ/d; ZeRO-3 16Ψ/d.
+// states sharded per `stage` over `data_parallel` ranks; mixed precision:
+//   none 16Ψ; ZeRO-1 4Ψ + 12Ψ/d; ZeRO-2 2Ψ + 14Ψ/d; ZeRO-3 16Ψ/d;
+// fp32: none 16Ψ; ZeRO-1 8Ψ + 8Ψ/d; ZeRO-2 4Ψ + 12Ψ/d; ZeRO-3 16Ψ/d.
 // Throws Error when data_parallel < 1.
 ModelStateBytes model_state_bytes(std::int64_t parameters, ZeroStage stage, int data_parallel,
                                   StateAccounting accounting = StateAccounting::kMixedPrecisionAdam);

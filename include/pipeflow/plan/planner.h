@@ -22,6 +22,9 @@ struct PlanRequest {
   int devices = 1;
   int global_batch = 1;
   int seq_length = 0;
+  // Every layout trains in this precision (mixed bf16 by default, as large
+  // models are trained; fp32 for what pipeflow train runs here).
+  Precision precision = Precision::kBf16;
   int top_k = 5;
   // Every stage's predicted peak memory must stay within this share of the
   // device's memory (the course's rule: 0.8).

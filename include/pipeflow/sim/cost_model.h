@@ -27,8 +27,8 @@ namespace pipeflow {
 //                two ranks' first devices;
 //   collectives  tensor- and data-parallel all-reduces at the link's
 //                bandwidth × the hardware's collective_efficiency;
-//   data par.    a ring all-reduce of kGradientBytesPerParameter per parameter
-//                of the rank, over its d replicas (ZeRO's reduce-scatter plus
+//   data par.    a ring all-reduce of the gradients (Layout::gradient_precision:
+//                2 or 4 bytes per parameter) of the rank, over its d replicas (ZeRO's reduce-scatter plus
 //                all-gather moves the same volume);
 //   optimizer    memory-bound: kOptimizerBytesPerParameter per local
 //                parameter (÷d under ZeRO >= 1) at the HBM bandwidth;
@@ -36,11 +36,10 @@ namespace pipeflow {
 //                bytes, weight_gradient_bytes between I and W, and one send and
 //                one receive buffer for each message the stage exchanges.
 
-// bf16 gradients all-reduced across data-parallel replicas.
-inline constexpr double kGradientBytesPerParameter = 2;
 // Mixed-precision Adam step per parameter: reads the bf16 gradient (2) and the
 // fp32 master weight, momentum and variance (12); writes those three (12) and
-// the bf16 weight (2).
+// the bf16 weight (2). fp32 Adam moves the same: reads the weight, gradient
+// and moments (16), writes the weight and moments (12).
 inline constexpr double kOptimizerBytesPerParameter = 28;
 
 // The bytes of one layer, per micro-batch and device, that a split backward

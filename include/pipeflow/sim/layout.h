@@ -43,7 +43,14 @@ struct Layout {
   PartitionMethod partition{PartitionMethod::Kind::kParameters, {}, {}};  // DeepSpeed's default
   ZeroStage zero = ZeroStage::kNone;
   CommMode comm_mode = CommMode::kOverlapped;
+  // Weights, activations and messages, and the GEMMs' peak (Precision);
+  // the data-parallel gradients travel in `gradient_precision`.
+  Precision precision = Precision::kFp32;
+  Precision gradient_precision = Precision::kFp32;
 };
+
+// The hardware as a layout's GEMMs run on it: its peak at the layout's precision.
+HardwareProfile priced_hardware(const Layout& layout);
 
 // The layout a resolved run configuration describes: a projection, checked
 // by resolve() already.
@@ -61,7 +68,8 @@ void validate_layout(const Layout& layout);
 // gradient_accumulation_steps) = B / (b · d). Validates the layout.
 int microbatches_per_step(const Layout& layout);
 
-// The per-micro-batch, per-device configuration of the model's layers.
+// The per-micro-batch, per-device configuration of the model's layers,
+// their elements in the layout's precision.
 // Megatron's scatter/gather of P2P messages (Narayanan et al. 2021 §4.1) is on
 // whenever t > 1, as in Megatron-LM.
 ParallelConfig parallel_config(const Layout& layout);

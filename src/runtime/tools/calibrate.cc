@@ -119,7 +119,8 @@ Calibration calibrate(const CalibrationOptions& options) {
 HardwareProfile calibrated_profile(const Calibration& c, std::string name) {
   HardwareProfile profile;
   profile.name = std::move(name);
-  profile.peak_flop_per_s = c.sgemm_flop_per_s;
+  profile.peak_flop_per_s = c.sgemm_flop_per_s;  // the runtime computes bf16 in fp32 too
+  profile.peak_fp32_flop_per_s = c.sgemm_flop_per_s;
   profile.memory_bytes = c.memory_bytes;
   profile.memory_bandwidth_bytes_per_s = c.memcpy_bytes_per_s;
   profile.devices_per_node = c.cores;

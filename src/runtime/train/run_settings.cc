@@ -57,6 +57,11 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
     fail("{}: tensor_parallel = {}: pipeflow train runs no tensor parallelism; set it to 1", source,
          run.tensor_parallel);
   }
+  if (run.precision != Precision::kFp32) {
+    fail("{}: {}.enabled = true: pipeflow train computes in fp32 so far (pipeflow simulate and plan price bf16 and "
+         "fp16); set {}.enabled to false to train this run here",
+         source, to_string(run.precision), to_string(run.precision));
+  }
   if (run.zero != ZeroStage::kNone && run.zero != ZeroStage::kOne) {
     fail("{}: zero_optimization.stage = {}: pipeflow train shards the optimizer states (stage 1) and not yet the "
          "gradients or the weights; use 0 or 1 (pipeflow simulate models every stage)",
