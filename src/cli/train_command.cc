@@ -43,7 +43,7 @@ runtime::StopRequest stop_request{0};
 // The first SIGINT or SIGTERM asks the training loop to stop after its step
 // (it writes a checkpoint and its files); a second ends the process at once.
 // Both are async-signal-safe: a lock-free exchange and _exit. Files being
-// written then stay temporaries (NAME.tmp.PID) that the next run removes.
+// written then stay temporaries (NAME.pipeflow-tmp.PID) that the next run removes.
 extern "C" void on_stop_signal(int signal) {
   if (stop_request.exchange(signal) != 0) ::_exit(128 + signal);
 }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,10 +19,51 @@ namespace {
 
 std::string system_reason() { return std::strerror(errno); }
 
-constexpr std::string_view kTemporaryMarker = ".tmp.";
+// NAME.pipeflow-tmp.PID: a name no user's file has by chance, so that only
+// this writer's leftovers are ever removed.
+constexpr std::string_view kTemporaryMarker = ".pipeflow-tmp.";
 
 std::filesystem::path temporary_beside(const std::filesystem::path& path) {
   return path.string() + fmt::format("{}{}", kTemporaryMarker, static_cast<long>(::getpid()));
+}
+
+// The file a write to `path` lands in: a symbolic link's target (followed
+// to the end, relative links from their folder), else the path itself.
+std::filesystem::path followed(const std::filesystem::path& path) {
+  std::filesystem::path at = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    std::error_code error;
+    if (!std::filesystem::is_symlink(at, error)) return at;
+    const std::filesystem::path target = std::filesystem::read_symlink(at, error);
+    if (error) return at;
+    at = target.is_absolute() ? target : at.parent_path() / target;
+  }
+  fail("cannot write {}: more than 40 symbolic links to follow", path.string());
+}
+
+// Whether `path` exists and is not a regular file (a device, a FIFO, a
+// socket): such a target is written through, never replaced.
+bool is_special(const std::filesystem::path& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !S_ISDIR(info.st_mode);
+}
+
+// Opens a non-regular target for writing: a FIFO without a reader is
+// refused at once instead of blocking.
+std::FILE* open_through(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENXIO) fail("cannot write {}: a FIFO that nobody reads", path.string());
+    fail("cannot write {}: {}", path.string(), system_reason());
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  std::FILE* file = ::fdopen(fd, "wb");
+  if (file == nullptr) {
+    ::close(fd);
+    fail("cannot write {}: {}", path.string(), system_reason());
+  }
+  return file;
 }
 
 // The rename is durable only once the folder's entry is on disk too.
@@ -77,32 +119,45 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
   writer.commit();
 }
 
-AtomicFileWriter::AtomicFileWriter(std::filesystem::path path)
-    : path_(std::move(path)), temporary_(temporary_beside(path_)) {
+AtomicFileWriter::AtomicFileWriter(std::filesystem::path path) : shown_(std::move(path)), path_(followed(shown_)) {
+  if (is_special(path_)) {
+    file_ = open_through(path_);
+    return;
+  }
+  temporary_ = temporary_beside(path_);
   if (path_.has_parent_path()) {
     std::error_code ignored;
     std::filesystem::create_directories(path_.parent_path(), ignored);
   }
   file_ = std::fopen(temporary_.c_str(), "wb");
-  if (file_ == nullptr) fail("cannot write {}: {}", path_.string(), system_reason());
+  if (file_ == nullptr) fail("cannot write {}: {}", shown_.string(), system_reason());
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
   if (file_ == nullptr) return;
   std::fclose(file_);
+  if (temporary_.empty()) return;
   std::error_code ignored;
   std::filesystem::remove(temporary_, ignored);
 }
 
 void AtomicFileWriter::write(const void* data, std::size_t bytes) {
-  if (file_ == nullptr) fail("internal: write to {} after commit", path_.string());
+  if (file_ == nullptr) fail("internal: write to {} after commit", shown_.string());
   if (bytes != 0 && std::fwrite(data, 1, bytes, file_) != bytes) {
-    fail("cannot write {}: {}", path_.string(), system_reason());
+    fail("cannot write {}: {}", shown_.string(), system_reason());
   }
 }
 
 void AtomicFileWriter::commit() {
-  if (file_ == nullptr) fail("internal: {} committed twice", path_.string());
+  if (file_ == nullptr) fail("internal: {} committed twice", shown_.string());
+  if (temporary_.empty()) {  // written through to a device or FIFO: nothing to rename
+    const bool flushed = std::fflush(file_) == 0;
+    const std::string reason = flushed ? "" : system_reason();
+    std::fclose(file_);
+    file_ = nullptr;
+    if (!flushed) fail("cannot write {}: {}", shown_.string(), reason);
+    return;
+  }
   const bool flushed = std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
   const std::string reason = flushed ? "" : system_reason();
   std::fclose(file_);
@@ -112,10 +167,10 @@ void AtomicFileWriter::commit() {
   if (!flushed || error) {
     std::error_code ignored;
     std::filesystem::remove(temporary_, ignored);
-    fail("cannot write {}: {}", path_.string(), flushed ? error.message() : reason);
+    fail("cannot write {}: {}", shown_.string(), flushed ? error.message() : reason);
   }
   if (!sync_folder(path_.parent_path())) {
-    fail("cannot write {}: syncing its folder failed: {}", path_.string(), system_reason());
+    fail("cannot write {}: syncing its folder failed: {}", shown_.string(), system_reason());
   }
 }
 

@@ -1,5 +1,7 @@
 #include "pipeflow/core/json.h"
 
+#include <vector>
+
 #include "pipeflow/core/error.h"
 
 namespace pipeflow {
@@ -28,20 +30,105 @@ void append_until(const nlohmann::json& value, std::string& out, std::size_t lim
 
 struct TooDeep {};
 
+// A key given twice in one object, with the first value's text.
+struct DuplicateKey {
+  std::string path;
+  std::string first;
+};
+
+// Builds the document as nlohmann's SAX parser reads it, in one pass:
+// objects and arrays nest at most kMaxJsonDepth levels, and a key repeated
+// within an object is refused (nlohmann would keep the last silently).
+class Builder : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  nlohmann::json result;
+
+  bool null() override { return put(nullptr); }
+  bool boolean(bool value) override { return put(value); }
+  bool number_integer(number_integer_t value) override { return put(value); }
+  bool number_unsigned(number_unsigned_t value) override { return put(value); }
+  bool number_float(number_float_t value, const string_t&) override { return put(value); }
+  bool string(string_t& value) override { return put(std::move(value)); }
+  bool binary(binary_t& value) override { return put(nlohmann::json::binary(std::move(value))); }
+  bool start_object(std::size_t) override { return open(nlohmann::json::object()); }
+  bool start_array(std::size_t) override { return open(nlohmann::json::array()); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& name) override {
+    const nlohmann::json& object = *stack_.back();
+    const auto found = object.find(name);
+    if (found != object.end()) throw DuplicateKey{path_of(name), short_dump(*found)};
+    key_ = std::move(name);
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& error) override {
+    throw error;
+  }
+
+ private:
+  // Where the next value goes: the root, an array's end, or an object's key.
+  nlohmann::json* place(nlohmann::json value) {
+    if (stack_.empty()) {
+      result = std::move(value);
+      return &result;
+    }
+    nlohmann::json& parent = *stack_.back();
+    keys_.back() = key_;
+    if (parent.is_array()) {
+      parent.push_back(std::move(value));
+      return &parent.back();
+    }
+    nlohmann::json& slot = parent[key_];
+    slot = std::move(value);
+    return &slot;
+  }
+  bool put(nlohmann::json value) {
+    place(std::move(value));
+    return true;
+  }
+  bool open(nlohmann::json container) {
+    if (static_cast<int>(stack_.size()) >= kMaxJsonDepth) throw TooDeep{};
+    nlohmann::json* at = place(std::move(container));
+    stack_.push_back(at);
+    keys_.emplace_back();
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    keys_.pop_back();
+    return true;
+  }
+  // "a.b.name": the keys of the enclosing objects, array positions as [i].
+  std::string path_of(const std::string& name) const {
+    std::string path;
+    for (std::size_t level = 0; level + 1 < stack_.size(); ++level) {
+      const nlohmann::json& container = *stack_[level];
+      if (container.is_array()) {
+        path += fmt::format("[{}]", container.size() - 1);
+      } else {
+        path += (path.empty() ? "" : ".") + keys_[level];
+      }
+    }
+    return path.empty() ? name : path + "." + name;
+  }
+
+  std::vector<nlohmann::json*> stack_;
+  std::vector<std::string> keys_;  // per open container: the key its newest value went under
+  std::string key_;
+};
+
 }  // namespace
 
 nlohmann::json parse_json(std::string_view text, const std::string& source) {
-  // The callback sees the depth before an array or object opens: 0 for the outermost.
-  const auto limit_depth = [](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
-    using Event = nlohmann::json::parse_event_t;
-    // nlohmann keeps parsing after a callback discards a value; an exception stops it at once.
-    if ((event == Event::object_start || event == Event::array_start) && depth >= kMaxJsonDepth) throw TooDeep{};
-    return true;
-  };
+  Builder builder;
   try {
-    return nlohmann::json::parse(text, limit_depth);
+    nlohmann::json::sax_parse(text, &builder);
+    return std::move(builder.result);
   } catch (const TooDeep&) {
     // reported below
+  } catch (const DuplicateKey& duplicate) {
+    fail("{}: key {} appears twice in one object (first {}): JSON keys must be unique; keep the one you mean",
+         source, duplicate.path, duplicate.first);
   } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range for a number like 1e400
     fail("{}: not valid JSON: {}", source, error.what());
   }

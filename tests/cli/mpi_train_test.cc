@@ -415,7 +415,7 @@ TEST_F(MpiTrain, AnIncompleteOrCorruptShardedCheckpointFallsBackToTheOneBefore) 
   ::waitpid(writer, nullptr, 0);
   std::filesystem::create_directories(dir_ + "/resumed/checkpoints/step_1");
   const std::string left =
-      dir_ + "/resumed/checkpoints/step_1/model-00001-of-00002.safetensors.tmp." + std::to_string(writer);
+      dir_ + "/resumed/checkpoints/step_1/model-00001-of-00002.safetensors.pipeflow-tmp." + std::to_string(writer);
   write_file_atomic(left, "x");
   struct Refused {
     std::string checkpoints;

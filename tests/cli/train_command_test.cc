@@ -177,7 +177,7 @@ SignalledRun train_until_sigterm(const std::string& config, const std::string& d
 std::vector<std::string> temporaries_in(const std::string& dir) {
   std::vector<std::string> found;
   for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
-    if (entry.path().filename().string().find(".tmp.") != std::string::npos) found.push_back(entry.path());
+    if (entry.path().filename().string().find(".pipeflow-tmp.") != std::string::npos) found.push_back(entry.path());
   }
   return found;
 }

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,19 +67,61 @@ TEST(File, ReadingAMissingFileNamesIt) {
   }
 }
 
-// A writer killed before commit() leaves NAME.tmp.PID; the next start removes
-// it once no process PID runs, and leaves a live writer's and other files.
+// A writer killed before commit() leaves NAME.pipeflow-tmp.PID; the next
+// start removes it once no process PID runs, and leaves a live writer's and
+// other files, a user's NAME.tmp.PID among them.
 TEST(File, StaleTemporariesOfDeadWritersAreRemoved) {
   const auto dir = fresh_dir();
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // reaped: its PID runs no process now
-  const auto dead = dir / ("step_3.safetensors.tmp." + std::to_string(child));
-  const auto live = dir / ("step_4.safetensors.tmp." + std::to_string(::getpid()));
-  for (const auto& path : {dead, live, dir / "notes.tmp.x", dir / "step_2.safetensors"}) write_file_atomic(path, "x");
+  const auto dead = dir / ("step_3.safetensors.pipeflow-tmp." + std::to_string(child));
+  const auto live = dir / ("step_4.safetensors.pipeflow-tmp." + std::to_string(::getpid()));
+  const auto users = dir / ("notes.tmp." + std::to_string(child));
+  for (const auto& path : {dead, live, users, dir / "notes.tmp.x", dir / "step_2.safetensors"}) {
+    write_file_atomic(path, "x");
+  }
   EXPECT_EQ(remove_stale_temporaries(dir), std::vector<std::filesystem::path>{dead});
-  EXPECT_EQ(entries_in(dir), 3u);
+  EXPECT_EQ(entries_in(dir), 4u);
   EXPECT_TRUE(remove_stale_temporaries(dir / "missing").empty());
+}
+
+// A device or a FIFO is written through, never replaced by a regular file;
+// a FIFO nobody reads is refused at once; a symbolic link's target is
+// replaced and the link stays.
+TEST(File, DevicesAndFifosAreWrittenThroughAndLinksFollowed) {
+  const auto dir = fresh_dir();
+  write_file_atomic("/dev/null", "discarded");
+  struct stat null_info {};
+  ASSERT_EQ(::stat("/dev/null", &null_info), 0);
+  EXPECT_TRUE(S_ISCHR(null_info.st_mode));  // still the device
+
+  const auto fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    write_file_atomic(fifo, "nobody listens");
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(std::string(error.what()), "cannot write " + fifo.string() + ": a FIFO that nobody reads");
+  }
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  write_file_atomic(fifo, "heard");
+  char buffer[16] = {};
+  EXPECT_EQ(::read(reader, buffer, sizeof buffer), 5);
+  EXPECT_STREQ(buffer, "heard");
+  ::close(reader);
+  struct stat fifo_info {};
+  ASSERT_EQ(::stat(fifo.c_str(), &fifo_info), 0);
+  EXPECT_TRUE(S_ISFIFO(fifo_info.st_mode));
+
+  std::filesystem::create_directories(dir / "real");
+  write_file_atomic(dir / "real" / "out.txt", "old");
+  std::filesystem::create_symlink("real/out.txt", dir / "link.txt");
+  write_file_atomic(dir / "link.txt", "new");
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "link.txt"));
+  EXPECT_EQ(read_file(dir / "real" / "out.txt"), "new");
+  EXPECT_EQ(entries_in(dir / "real"), 1u);
 }
 
 }  // namespace

@@ -39,6 +39,22 @@ TEST(Json, NestingPastTheLimitIsAnErrorNamingSourceAndLimit) {
   EXPECT_NE(error_of([&] { Config::parse(deep_objects, "c.json"); }).find("c.json: JSON nested deeper"), std::string::npos);
 }
 
+// nlohmann keeps the last of two equal keys; pipeflow refuses them, naming
+// the key's path and the first value ("steps": 3, "steps": 5 trained 5).
+TEST(Json, AKeyTwiceInOneObjectIsAnErrorNamingItsPath) {
+  EXPECT_EQ(error_of([] { parse_json(R"({"steps": 3, "steps": 5})", "run.json"); }),
+            "run.json: key steps appears twice in one object (first 3): JSON keys must be unique; keep the one you "
+            "mean");
+  EXPECT_EQ(error_of([] { parse_json(R"({"pipeline": {"stages": 2, "x": [1, {"a": 1, "a": 2}]}})", "run.json"); }),
+            "run.json: key pipeline.x[1].a appears twice in one object (first 1): JSON keys must be unique; keep the "
+            "one you mean");
+  // Equal keys in different objects are fine, and the document is whole.
+  const nlohmann::json json = parse_json(R"({"a": {"k": 1}, "b": {"k": [true, null, 2.5, "s"]}, "k": -3})", "x");
+  EXPECT_EQ(json, nlohmann::json::parse(R"({"a": {"k": 1}, "b": {"k": [true, null, 2.5, "s"]}, "k": -3})"));
+  EXPECT_EQ(parse_json("7", "x"), 7);
+  EXPECT_EQ(error_of([] { parse_json("{\"a\": }", "bad.json"); }).rfind("bad.json: not valid JSON: ", 0), 0u);
+}
+
 TEST(Json, ShortDumpIsBoundedForHugeAndDeepValues) {
   EXPECT_EQ(short_dump(nlohmann::json::parse(R"({"a":[1,"x"]})")), R"({"a":[1,"x"]})");
   nlohmann::json huge = nlohmann::json::array();

@@ -29,12 +29,15 @@ inline constexpr std::size_t kMaxMetricsFileBytes = std::size_t{1} << 30;
 
 // Writes a file so that readers see either the old content or the whole new
 // content, never a part: the bytes go to a temporary file beside the target,
-// are flushed to disk, the temporary is renamed over the target (NAME.tmp.PID,
-// PID: the writer's process) and the folder is synced, so that the rename
-// survives a crash.
+// are flushed to disk, the temporary is renamed over the target
+// (NAME.pipeflow-tmp.PID, PID: the writer's process) and the folder is
+// synced, so that the rename survives a crash. A symbolic link is followed:
+// its target is replaced, the link stays. A target that is not a regular
+// file (a device such as /dev/null, a FIFO, a socket) is written through,
+// never replaced; a FIFO that nobody reads is an Error, not a wait.
 void write_file_atomic(const std::filesystem::path& path, std::string_view content);
 
-// Removes the temporaries (NAME.tmp.PID) in `folder` whose writer no longer
+// Removes the temporaries (NAME.pipeflow-tmp.PID) in `folder` whose writer no longer
 // runs: what a writer killed before its commit() left behind. A live
 // writer's temporary stays. Returns the paths removed; a missing folder
 // holds none.
@@ -57,8 +60,9 @@ class AtomicFileWriter {
   void commit();
 
  private:
-  std::filesystem::path path_;
-  std::filesystem::path temporary_;
+  std::filesystem::path shown_;      // as given, for messages
+  std::filesystem::path path_;       // the file written: a link's target
+  std::filesystem::path temporary_;  // empty: written through (not a regular file)
   std::FILE* file_ = nullptr;
 };
 

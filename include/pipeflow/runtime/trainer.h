@@ -51,7 +51,7 @@ struct TrainSettings {
   // same data and learning-rate schedule as an uninterrupted run. After each
   // checkpoint written, all but the newest `checkpoint_keep` step_N files or folders of
   // the directory are deleted (0: none). At the start, temporaries of killed
-  // writers (NAME.tmp.PID) are removed from the directory, its step_N folders
+  // writers (NAME.pipeflow-tmp.PID) are removed from the directory, its step_N folders
   // and out_dir.
   int save_interval = 0;
   int checkpoint_keep = 0;
