@@ -94,6 +94,12 @@ void run(const SweepCommand& c) {
   const Sweep sweep = run_sweep(source, request);
   if (!c.svg.empty()) write_output(sweep_svg(sweep), c.svg);
   write_output(c.json ? sweep_json(sweep) : sweep_text(sweep), "");
+  // A sweep none of whose points ran found nothing: say why, and fail.
+  const bool none_ran = std::all_of(sweep.points.begin(), sweep.points.end(),
+                                    [](const SweepPoint& point) { return !point.error.empty(); });
+  if (none_ran) {
+    fail("none of the {} points ran; the first: {}", sweep.points.size(), sweep.points.front().error);
+  }
 }
 
 }  // namespace

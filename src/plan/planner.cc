@@ -24,12 +24,17 @@ void check_memory_fraction(double fraction) {
   }
 }
 
+// The divisors of n in increasing order, by trial up to √n (n up to INT_MAX
+// without overflow).
 std::vector<int> divisors(int n) {
-  std::vector<int> out;
-  for (int d = 1; d <= n; ++d) {
-    if (n % d == 0) out.push_back(d);
+  std::vector<int> small, large;
+  for (std::int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    small.push_back(static_cast<int>(d));
+    if (d * d != n) large.push_back(static_cast<int>(n / d));
   }
-  return out;
+  small.insert(small.end(), large.rbegin(), large.rend());
+  return small;
 }
 
 // A candidate that passed every check but simulation, with the costs it
@@ -176,7 +181,7 @@ class Search {
                                        (dp > 1 ? 2 : 1) * request_.partitions.size();
         for (int b : micro_batches) {
           result_.candidates += per_batch;
-          if (request_.global_batch % (b * dp) != 0) {
+          if (request_.global_batch % (static_cast<std::int64_t>(b) * dp) != 0) {
             reject(RejectReason::kIndivisibleBatch, per_batch);
             continue;
           }
@@ -220,7 +225,7 @@ class Search {
     std::map<std::pair<Placement, int>, std::shared_ptr<const LayoutCosts>> shared;
     for (const auto& [info, v] : choices) {
       const int p = layout.pipeline_ranks;
-      if (p * v > layer_count) {
+      if (static_cast<std::int64_t>(p) * v > layer_count) {
         reject(RejectReason::kTooFewLayers);
         continue;
       }

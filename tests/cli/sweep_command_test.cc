@@ -118,5 +118,17 @@ TEST(SweepCommand, AKeyPathIsSweptAndAnUnknownOneNamesTheValidKeys) {
       << steps.err;
 }
 
+// A sweep none of whose points ran prints its table of reasons and exits
+// non-zero with the first; one point that runs is a result.
+TEST(SweepCommand, ASweepWhosePointsAllFailExitsNonZero) {
+  const std::string dir = make_temp_dir();
+  const std::string config = tiny_config(dir, 3e-3);
+  const CommandResult none = run_pipeflow("sweep --config " + config + " --vary stages=5,6");
+  EXPECT_EQ(none.exit_code, 1) << none.out;
+  EXPECT_NE(none.err.find("pipeflow: error: none of the 2 points ran; the first: "), std::string::npos) << none.err;
+  const CommandResult one = run_pipeflow("sweep --config " + config + " --vary stages=2,5");
+  EXPECT_EQ(one.exit_code, 0) << one.err;
+}
+
 }  // namespace
 }  // namespace pipeflow::testing

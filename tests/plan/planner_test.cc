@@ -183,6 +183,22 @@ TEST(Planner, NothingFitsIsAnErrorWithTheCounts) {
 
 // Llama 3 405B at 128K context: 756 GiB of bf16 weights and a 63 GiB cache
 // cannot sit on one 80 GB device; cut into enough stages they do.
+// The largest device counts neither overflow (the divisors of INT_MAX, p·v
+// and b·d) nor crash: no layout of them fits, and the counts say why.
+TEST(Planner, TheLargestDeviceCountsAreCountedNotOverflowed) {
+  for (const int devices : {2147483647, 2147483646}) {
+    PlanRequest request = small_cluster("gpt2-124m", devices, 1 << 20, 1024);
+    const std::string error = error_of([&] { plan_layouts(request); });
+    EXPECT_NE(error.find("no layout of gpt2-124m on " + std::to_string(devices) + " × a100-80g fits"),
+              std::string::npos)
+        << error;
+  }
+  const PlanResult million = plan_layouts(small_cluster("gpt2-124m", 1 << 20, 1 << 20, 1024));
+  ASSERT_FALSE(million.best.empty());
+  const Layout& best = million.best.front().layout;
+  EXPECT_EQ(static_cast<std::int64_t>(best.tensor_parallel) * best.pipeline_ranks * best.data_parallel, 1 << 20);
+}
+
 TEST(InferencePlan, Llama405BAt128KFitsOnlyOnSeveralStages) {
   InferencePlanRequest request;
   request.setup.model = model_preset("llama3-405b");
