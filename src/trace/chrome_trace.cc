@@ -1,5 +1,8 @@
 #include "pipeflow/trace/chrome_trace.h"
 
+#include <cmath>
+#include <cstdint>
+
 #include <algorithm>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -35,13 +38,26 @@ bool is_event_category(const std::string& text) {
   }
 }
 
+// The most ranks a trace may have: the reader keeps a row per rank.
+constexpr int kMaxTraceRanks = 1 << 16;
+
 TraceEvent read_event(const nlohmann::json& e, std::size_t index, const std::string& source) {
   try {
     TraceEvent event;
-    event.rank = RankId(e.at("tid").get<int>());
+    const nlohmann::json& tid = e.at("tid");
+    if (!tid.is_number_integer() || tid.get<std::int64_t>() < 0 || tid.get<std::int64_t>() >= kMaxTraceRanks) {
+      fail("tid {} is not a rank: a rank is a whole number in [0, {}]", short_dump(tid), kMaxTraceRanks - 1);
+    }
+    event.rank = RankId(tid.get<int>());
     event.name = e.at("name").get<std::string>();
-    event.start_s = e.at("ts").get<double>() / kMicroseconds;
-    event.duration_s = e.value("dur", 0.0) / kMicroseconds;
+    const double ts = e.at("ts").get<double>();
+    const double dur = e.value("dur", 0.0);
+    if (!std::isfinite(ts)) fail("ts {} is not a time: give microseconds", short_dump(e.at("ts")));
+    if (!(dur >= 0) || !std::isfinite(dur)) {
+      fail("dur {} is not a duration: give microseconds >= 0", short_dump(e.at("dur")));
+    }
+    event.start_s = ts / kMicroseconds;
+    event.duration_s = dur / kMicroseconds;
     if (e.contains("args") && e["args"].contains("action")) {
       event.action = parse_action(e["args"]["action"].get<std::string>());
     } else {
@@ -51,7 +67,6 @@ TraceEvent read_event(const nlohmann::json& e, std::size_t index, const std::str
     const std::string category = e.value("cat", std::string("other"));
     event.category = event.action && !is_event_category(category) ? category_of(event.action->kind)
                                                                    : parse_event_category(category);
-    if (event.rank.value() < 0) fail("tid {} is not a rank", event.rank.value());
     return event;
   } catch (const nlohmann::json::exception& error) {
     fail("{}: traceEvents[{}]: {}", source, index, error.what());
@@ -89,7 +104,6 @@ Timeline read_chrome_trace(std::string_view text, const std::string& source) {
     fail("{}: a Chrome trace is an object with a \"traceEvents\" list", source);
   }
   // A rank is a row of a timeline: past this many the file is not a pipeline's trace.
-  constexpr int kMaxRanks = 1 << 16;
   Timeline timeline;
   try {
     const nlohmann::json other = trace.value("otherData", nlohmann::json::object());
@@ -104,9 +118,9 @@ Timeline read_chrome_trace(std::string_view text, const std::string& source) {
       timeline.events.push_back(read_event(events[i], i, source));
       ranks = std::max(ranks, timeline.events.back().rank.value() + 1);
     }
-    if (ranks < 0 || ranks > kMaxRanks) {
+    if (ranks < 0 || ranks > kMaxTraceRanks) {
       fail("{}: {} ranks: a timeline has 0 to {} (the largest tid + 1, or otherData.num_ranks)", source, ranks,
-           kMaxRanks);
+           kMaxTraceRanks);
     }
     timeline.num_ranks = ranks;
   } catch (const nlohmann::json::exception& error) {  // a value of the wrong type

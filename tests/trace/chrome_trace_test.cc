@@ -94,5 +94,29 @@ TEST(ChromeTrace, ReadsForeignTracesAndNamesBadEvents) {
   }
 }
 
+// A tid is a rank: a whole number in [0, 65535] (2147483647 overflowed
+// rank + 1 and crashed analyze; 2^32 wrapped to rank 0; 1.5 was cut to 1);
+// times are finite and durations >= 0 (a negative one gave a 366% bubble).
+TEST(ChromeTrace, RanksTimesAndDurationsOutsideTheirRangesAreErrors) {
+  const auto error_for = [](const std::string& event) {
+    try {
+      read_chrome_trace(R"({"traceEvents":[)" + event + "]}", "t.json");
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string("(no error)");
+  };
+  for (const char* tid : {"2147483647", "4294967296", "1.5", "-1", "65536", "\"0\""}) {
+    EXPECT_EQ(error_for(std::string(R"({"name":"F","ph":"X","tid":)") + tid + R"(,"ts":0,"dur":1})"),
+              std::string("t.json: traceEvents[0]: tid ") + tid +
+                  " is not a rank: a rank is a whole number in [0, 65535]");
+  }
+  EXPECT_EQ(error_for(R"({"name":"F","ph":"X","tid":0,"ts":0,"dur":-5})"),
+            "t.json: traceEvents[0]: dur -5 is not a duration: give microseconds >= 0");
+  EXPECT_EQ(read_chrome_trace(R"({"traceEvents":[{"name":"F","ph":"X","tid":65535,"ts":0,"dur":1}]})", "t.json")
+                .num_ranks,
+            65536);
+}
+
 }  // namespace
 }  // namespace pipeflow
