@@ -174,6 +174,19 @@ void AtomicFileWriter::commit() {
   }
 }
 
+void require_writable_folder(const std::filesystem::path& folder, std::string_view what) {
+  std::error_code error;
+  std::filesystem::create_directories(folder, error);
+  if (error) fail("{} {}: cannot create it: {}: choose a folder you can write", what, folder.string(), error.message());
+  const std::filesystem::path probe = folder / fmt::format(".pipeflow-probe.{}", static_cast<long>(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    fail("{} {}: cannot write in it: {}: choose a folder you can write", what, folder.string(), system_reason());
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& folder) {
   std::vector<std::filesystem::path> removed;
   std::error_code error;

@@ -96,6 +96,18 @@ TEST(TrainCommand, TrainsATinyModelAndWritesTheReportMetricsTimelinesAndWeights)
   std::filesystem::remove_all(dir);
 }
 
+// An out_dir that cannot be written (/proc/self, even for root) is found
+// before the first step, not after the last.
+TEST(TrainCommand, AnUnwritableOutDirFailsBeforeTheFirstStep) {
+  const std::string dir = make_temp_dir();
+  const CommandResult result =
+      run_pipeflow("train --config " + write_config(dir, tiny_config(dir + "/out")) + " --out-dir /proc/self");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_NE(result.err.find("pipeflow: error: out_dir /proc/self: cannot write in it: "), std::string::npos)
+      << result.err;
+  EXPECT_EQ(result.err.find("step 1/"), std::string::npos) << result.err;
+}
+
 TEST(TrainCommand, StartsFromInitWeightsAndItsProfileFeedsTheSimulator) {
   const std::string dir = make_temp_dir();
   ASSERT_EQ(run_pipeflow("init --layers 2 --heads 2 --width 32 --context 32 --seed 3 --out " + dir + "/w.safetensors")

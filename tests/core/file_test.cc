@@ -23,6 +23,15 @@ std::filesystem::path fresh_dir() {
   return dir;
 }
 
+std::string error_of_writable(const std::filesystem::path& folder) {
+  try {
+    require_writable_folder(folder, "out_dir");
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
 std::size_t entries_in(const std::filesystem::path& dir) {
   return static_cast<std::size_t>(std::distance(std::filesystem::directory_iterator(dir), {}));
 }
@@ -122,6 +131,20 @@ TEST(File, DevicesAndFifosAreWrittenThroughAndLinksFollowed) {
   EXPECT_TRUE(std::filesystem::is_symlink(dir / "link.txt"));
   EXPECT_EQ(read_file(dir / "real" / "out.txt"), "new");
   EXPECT_EQ(entries_in(dir / "real"), 1u);
+}
+
+// A folder that cannot hold files is found before any work: /proc/self
+// (even for root) and a read-only bind are refused with the reason; a new
+// folder is made, and the probe leaves nothing behind.
+TEST(File, AFolderThatCannotBeWrittenIsFoundBeforeTheWork) {
+  const auto dir = fresh_dir();
+  require_writable_folder(dir / "new" / "deep", "out_dir");
+  EXPECT_EQ(entries_in(dir / "new" / "deep"), 0u);
+  const std::string proc = error_of_writable("/proc/self");
+  EXPECT_EQ(proc.rfind("out_dir /proc/self: cannot write in it: ", 0), 0u) << proc;
+  write_file_atomic(dir / "file", "x");
+  EXPECT_EQ(error_of_writable(dir / "file"),
+            "out_dir " + (dir / "file").string() + ": cannot create it: Not a directory: choose a folder you can write");
 }
 
 }  // namespace

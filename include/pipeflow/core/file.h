@@ -43,6 +43,12 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
 // holds none.
 std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& folder);
 
+// Creates `folder` if needed and proves a file can be made in it (a probe,
+// made and removed), so that a run finds a read-only or missing output
+// folder before its work, not after. Throws Error naming `what` ("out_dir"),
+// the folder and the system's reason.
+void require_writable_folder(const std::filesystem::path& folder, std::string_view what);
+
 // The streaming form of write_file_atomic, for files too large to build in
 // memory (checkpoints). Nothing appears at `path` until commit(); a writer
 // destroyed without commit() removes its temporary file.

@@ -333,7 +333,9 @@ TrainOutcome Run::run() {
   if (settings_.save_interval < 0) {
     fail("checkpoint.interval = {}: must be >= 0 (0: no checkpoints)", settings_.save_interval);
   }
-  std::filesystem::create_directories(settings_.out_dir);
+  // Before any work: outputs that cannot be written fail now, not after the last step.
+  require_writable_folder(settings_.out_dir, "out_dir");
+  if (settings_.save_interval > 0) require_writable_folder(settings_.checkpoint_dir, "checkpoint folder");
   announce();
   remove_stale_temporaries();
   first_step_ = resume();
