@@ -4,6 +4,7 @@
 #include <string>
 
 #include "commands.h"
+#include "pipeflow/core/file.h"
 #include "pipeflow/plan/analyze.h"
 
 namespace pipeflow::cli {
@@ -16,6 +17,8 @@ struct AnalyzeCommand {
 };
 
 void run(const AnalyzeCommand& command) {
+  refuse_overwriting({"--html", command.html},
+                     {{"the trace", command.input}, {"the trace", std::filesystem::path(command.input) / "trace.json"}});
   const TraceInput input = load_trace_input(command.input);
   const Analysis analysis = analyze(input);
   if (!command.html.empty()) write_output(analysis_html(analysis, input.timeline), command.html);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "commands.h"
+#include "pipeflow/core/file.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/nn/batch.h"
 #include "pipeflow/nn/model_file.h"
@@ -47,13 +48,7 @@ void add_grad_command(CLI::App& app) {
                                                      "type:REGEX, balanced, counts:..., bounds:...)")
       ->capture_default_str();
   sub->callback([command, sub] {
-    for (const auto& [flag, input] : {std::pair{"--weights", &command->weights}, std::pair{"--batch", &command->batch}}) {
-      std::error_code not_found;
-      if (std::filesystem::equivalent(command->out, *input, not_found)) {
-        fail("--out {} is the file of {} {}: writing the gradients would replace it; choose another --out",
-             command->out, flag, *input);
-      }
-    }
+    refuse_overwriting({"--out", command->out}, {{"--weights", command->weights}, {"--batch", command->batch}});
     const nn::SafetensorsFile weights = runtime::read_checkpoint(command->weights);
     const nn::GptConfig config = nn::read_config(weights);
     IntTensor tokens = nn::SafetensorsFile::read(command->batch).ints("tokens");

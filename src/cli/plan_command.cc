@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "pipeflow/core/file.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/log.h"
 #include "pipeflow/core/table.h"
@@ -325,6 +326,11 @@ void show_progress(PlanRequest& request) {
 }
 
 void run(const PlanCommand& command) {
+  for (const auto& [flag, output] : {std::pair{"--write-config", &command.write_config},
+                                     std::pair{"--deepspeed", &command.deepspeed},
+                                     std::pair{"--megatron", &command.megatron}}) {
+    refuse_overwriting({flag, *output}, {{"--model", command.model}, {"--hardware", command.hardware}});
+  }
   if (command.inference) return run_inference(command);
   if (command.global_batch == 0 || command.seq_length == 0) {
     fail("plan needs --global-batch and --seq (or --inference for generation)");

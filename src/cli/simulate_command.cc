@@ -8,6 +8,7 @@
 #include <string>
 
 #include "commands.h"
+#include "pipeflow/core/file.h"
 #include "pipeflow/config/run_config.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/log.h"
@@ -72,6 +73,9 @@ void run_inference(const SimulateCommand& command) {
 
 void run(const SimulateCommand& command) {
   if (command.inference) return run_inference(command);
+  for (const auto& [flag, output] : {std::pair{"--trace", &command.trace}, std::pair{"--svg", &command.svg}}) {
+    refuse_overwriting({flag, *output}, {{"--config", command.config}, {"--profile", command.profile}});
+  }
   const RunOverrides overrides = command.flags.overrides();
   const RunConfig config = run_config_of(command.config, overrides);
   print_config_notes(config);

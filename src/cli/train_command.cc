@@ -101,6 +101,9 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   const ResolvedRun resolved = resolve(config, model_file, world);
   runtime::TrainSettings settings = runtime::train_settings(resolved);
   settings.weights = c.weights;
+  // The files of out_dir that name what a run reads: the run would replace them.
+  refuse_overwriting({"out_dir's", settings.out_dir / "weights.safetensors"}, {{"--weights", c.weights}});
+  refuse_overwriting({"out_dir's", settings.out_dir / "run_config.json"}, {{"--config", c.config}});
   settings.emulate = c.emulate;
   if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
   settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);

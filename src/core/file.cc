@@ -174,6 +174,16 @@ void AtomicFileWriter::commit() {
   }
 }
 
+void refuse_overwriting(const NamedPath& output, std::initializer_list<NamedPath> inputs) {
+  if (output.path.empty()) return;
+  for (const NamedPath& input : inputs) {
+    std::error_code not_there;
+    if (input.path.empty() || !std::filesystem::equivalent(output.path, input.path, not_there)) continue;
+    fail("{} {} is the file of {} {}: writing it would replace what is read; choose another {}", output.flag,
+         output.path.string(), input.flag, input.path.string(), output.flag);
+  }
+}
+
 void require_writable_folder(const std::filesystem::path& folder, std::string_view what) {
   std::error_code error;
   std::filesystem::create_directories(folder, error);

@@ -73,7 +73,7 @@ TEST(HostileInput, GradOutMayNotBeTheWeights) {
   ASSERT_EQ(run_pipeflow("init --layers 1 --heads 1 --width 8 --context 4 --seed 1 --out " + weights).exit_code, 0);
   const std::string before = read_file(weights);
   expect_error(run_pipeflow("grad --weights " + weights + " --batch " + weights + " --out " + dir + "/./w.safetensors"),
-               "is the file of --weights " + weights + ": writing the gradients would replace it; choose another --out");
+               "is the file of --weights " + weights + ": writing it would replace what is read; choose another --out");
   EXPECT_EQ(read_file(weights), before);
 }
 
@@ -85,8 +85,36 @@ TEST(HostileInput, GradOutMayNotBeTheBatch) {
   write_file_atomic(batch, read_file(weights));  // any file: the check comes before it is read
   const std::string before = read_file(batch);
   expect_error(run_pipeflow("grad --weights " + weights + " --batch " + batch + " --out " + batch),
-               "is the file of --batch " + batch + ": writing the gradients would replace it; choose another --out");
+               "is the file of --batch " + batch + ": writing it would replace what is read; choose another --out");
   EXPECT_EQ(read_file(batch), before);
+}
+
+// An output onto an input replaced the input: every command refuses it
+// and leaves the input as it was.
+TEST(HostileInput, NoCommandWritesOverWhatItReads) {
+  const std::string dir = make_temp_dir();
+  const std::string config = dir + "/c.json";
+  write_file_atomic(config, read_file(std::string(PIPEFLOW_SOURCE_DIR) + "/examples/simulate/gpt-tiny-1f1b-cpu.json"));
+  const std::string before = read_file(config);
+  expect_error(run_pipeflow("simulate --config " + config + " --trace " + dir + "/./c.json"),
+               "is the file of --config " + config + ": writing it would replace what is read; choose another --trace");
+  expect_error(run_pipeflow("plan --model " + config + " --devices 2 --global-batch 4 --seq 32 --write-config " + config),
+               "is the file of --model " + config + ": writing it would replace what is read");
+  EXPECT_EQ(read_file(config), before);
+
+  ASSERT_EQ(run_pipeflow("simulate --config " + config + " --trace " + dir + "/t.json").exit_code, 0);
+  const std::string trace = read_file(dir + "/t.json");
+  expect_error(run_pipeflow("analyze " + dir + "/t.json --html " + dir + "/t.json"),
+               "is the file of the trace " + dir + "/t.json: writing it would replace what is read");
+  EXPECT_EQ(read_file(dir + "/t.json"), trace);
+
+  const std::string weights = dir + "/w/weights.safetensors";
+  ASSERT_EQ(run_pipeflow("init --layers 2 --heads 2 --width 32 --context 32 --seed 1 --out " + weights).exit_code, 0);
+  const std::string init = read_file(weights);
+  write_file_atomic(dir + "/run.json", R"({"steps": 1, "eval_interval": 0, "gradient_accumulation_steps": 2})");
+  expect_error(run_pipeflow("train --config " + dir + "/run.json --weights " + weights + " --out-dir " + dir + "/w"),
+               "out_dir's " + dir + "/w/weights.safetensors is the file of --weights " + weights);
+  EXPECT_EQ(read_file(weights), init);
 }
 
 // A metrics.jsonl of 100 000 nested '[' in the out_dir of a resumed run

@@ -43,6 +43,17 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
 // holds none.
 std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& folder);
 
+// A path a command reads or writes, with the flag that named it.
+struct NamedPath {
+  std::string_view flag;  // "--html", "--config"
+  std::filesystem::path path;
+};
+
+// Throws Error when `output` names the same file as one of `inputs` (links
+// and relative paths resolved; an output that does not exist yet names
+// none), naming both and the fix: writing it would replace the input.
+void refuse_overwriting(const NamedPath& output, std::initializer_list<NamedPath> inputs);
+
 // Creates `folder` if needed and proves a file can be made in it (a probe,
 // made and removed), so that a run finds a read-only or missing output
 // folder before its work, not after. Throws Error naming `what` ("out_dir"),
