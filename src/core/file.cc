@@ -87,7 +87,17 @@ long writer_of_temporary(const std::string& name) {
 
 }  // namespace
 
+void require_regular_file(const std::filesystem::path& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0 || S_ISREG(info.st_mode) || S_ISDIR(info.st_mode)) return;
+  const char* kind = S_ISFIFO(info.st_mode) ? "a FIFO" : S_ISSOCK(info.st_mode) ? "a socket" : "a device";
+  fail("{}: {}, not a file: pipeflow reads files (a device may never end, a FIFO may never be written); give the "
+       "file itself",
+       path.string(), kind);
+}
+
 std::string read_file(const std::filesystem::path& path) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read {}: {}", path.string(), system_reason());
   std::ostringstream content;
@@ -96,6 +106,10 @@ std::string read_file(const std::filesystem::path& path) {
 }
 
 std::string read_file(const std::filesystem::path& path, std::size_t max_bytes, std::string_view kind) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) == 0 && (S_ISFIFO(info.st_mode) || S_ISSOCK(info.st_mode))) {
+    require_regular_file(path);  // a FIFO would block the open until a writer came
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read {}: {}", path.string(), system_reason());
   std::string content;

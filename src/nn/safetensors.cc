@@ -68,6 +68,7 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, std::string source) {
 SafetensorsFile SafetensorsFile::read_metadata(const std::filesystem::path& path) {
   SafetensorsFile file;
   file.source_ = path.string();
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("{}: cannot open: {}", file.source_, std::strerror(errno));
   file.bytes_.resize(kLengthBytes);

@@ -147,5 +147,35 @@ TEST(File, AFolderThatCannotBeWrittenIsFoundBeforeTheWork) {
             "out_dir " + (dir / "file").string() + ": cannot create it: Not a directory: choose a folder you can write");
 }
 
+// A FIFO used to block every reader forever, and /dev/zero grew the
+// unbounded reader without end: both are refused at once; the bounded
+// reader still reads a device up to its limit.
+TEST(File, ReadersRefuseFifosAndTheUnboundedOneDevices) {
+  const auto dir = fresh_dir();
+  const auto fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string refused = ": a FIFO, not a file: pipeflow reads files (a device may never end, a FIFO may never "
+                              "be written); give the file itself";
+  try {
+    read_file(fifo);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(std::string(error.what()), fifo.string() + refused);
+  }
+  try {
+    read_file(fifo, 100, "configuration");
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(std::string(error.what()), fifo.string() + refused);
+  }
+  try {
+    read_file("/dev/zero");
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(std::string(error.what()).rfind("/dev/zero: a device, not a file", 0), 0u) << error.what();
+  }
+  EXPECT_EQ(read_file("/dev/null", 10, "configuration"), "");
+}
+
 }  // namespace
 }  // namespace pipeflow

@@ -9,7 +9,13 @@
 
 namespace pipeflow {
 
-// Reads a whole file; throws Error naming the path and the system's reason.
+// Throws Error unless `path` is a regular file (links followed): a device
+// such as /dev/zero would be read without end, a FIFO would block until a
+// writer came. A path that is not there passes (opening it names why).
+void require_regular_file(const std::filesystem::path& path);
+
+// Reads a whole file (a regular one: require_regular_file); throws Error
+// naming the path and the system's reason.
 std::string read_file(const std::filesystem::path& path);
 
 // Reads a file meant to be small (a configuration, a schedule, a profile),
