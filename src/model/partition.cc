@@ -107,16 +107,18 @@ std::vector<int> parse_list(std::string_view text, std::string_view method) {
 }
 
 std::vector<int> bounds_from_counts(const std::vector<int>& counts, int layers) {
-  std::vector<int> bounds = {0};
+  std::int64_t total = 0;  // 64 bits: counts near INT_MAX must not wrap to a plausible sum
   for (int count : counts) {
     if (count < 1) fail("partition counts:{}: every stage needs >= 1 layer (got {})", fmt::join(counts, ","), count);
-    bounds.push_back(bounds.back() + count);
+    total += count;
   }
-  if (bounds.back() != layers) {
+  if (total != layers) {
     fail("partition counts:{}: the counts sum to {} but the model has {} pipeline layers (embedding, blocks, head); "
          "make them sum to {}",
-         fmt::join(counts, ","), bounds.back(), layers, layers);
+         fmt::join(counts, ","), total, layers, layers);
   }
+  std::vector<int> bounds = {0};
+  for (int count : counts) bounds.push_back(bounds.back() + count);
   return bounds;
 }
 

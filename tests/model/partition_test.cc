@@ -229,6 +229,10 @@ TEST(Partition, ErrorsNameTheRuleAndTheFix) {
   EXPECT_EQ(error_of([] { partition_gpt2("counts:4,4,4,4"); }),
             "partition counts:4,4,4,4: the counts sum to 16 but the model has 14 pipeline layers (embedding, "
             "blocks, head); make them sum to 14");
+  // Counts near INT_MAX wrapped to a sum that looked right.
+  EXPECT_EQ(error_of([] { partition_gpt2("counts:2147483647,2147483647,2,2"); }),
+            "partition counts:2147483647,2147483647,2,2: the counts sum to 4294967298 but the model has 14 pipeline "
+            "layers (embedding, blocks, head); make them sum to 14");
   EXPECT_EQ(error_of([] { partition_gpt2("counts:7,7"); }),
             "partition counts:7,7 has 2 stages but the pipeline has 4: give 4 entries");
   EXPECT_EQ(error_of([] { partition_gpt2("counts:0,4,5,5"); }),

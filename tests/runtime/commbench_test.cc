@@ -49,10 +49,12 @@ TEST(Commbench, OptionsOutsideTheRulesAreErrorsNamingTheOption) {
   CommbenchOptions options;
   EXPECT_EQ(message(options), "no error");
   options.iters = 0;
-  EXPECT_EQ(message(options), "--iters 0: must be at least 1 timed round");
+  EXPECT_EQ(message(options), "--iters 0: must be 1 to 1000000 timed rounds");
+  options.iters = 2147483647;  // warmup + iters overflowed: inf GB/s and exit 0
+  EXPECT_EQ(message(options), "--iters 2147483647: must be 1 to 1000000 timed rounds");
   options.iters = 1;
   options.warmup = -1;
-  EXPECT_EQ(message(options), "--warmup -1: must be >= 0");
+  EXPECT_EQ(message(options), "--warmup -1: must be 0 to 1000000");
   options.warmup = 0;
   options.timeout = std::chrono::duration<double>(0);
   EXPECT_EQ(message(options), "--timeout 0: must be > 0 seconds");

@@ -258,8 +258,12 @@ void validate_commbench_options(const CommbenchOptions& options) {
   if (options.min_bytes > options.max_bytes) {
     fail("--min-bytes {} exceeds --max-bytes {}: give min <= max", options.min_bytes, options.max_bytes);
   }
-  if (options.iters < 1) fail("--iters {}: must be at least 1 timed round", options.iters);
-  if (options.warmup < 0) fail("--warmup {}: must be >= 0", options.warmup);
+  // Rounds are counted in int: warmup + iters must not overflow (2^31 - 1 reported inf GB/s).
+  constexpr int kMaxRounds = 1'000'000;
+  if (options.iters < 1 || options.iters > kMaxRounds) {
+    fail("--iters {}: must be 1 to {} timed rounds", options.iters, kMaxRounds);
+  }
+  if (options.warmup < 0 || options.warmup > kMaxRounds) fail("--warmup {}: must be 0 to {}", options.warmup, kMaxRounds);
   if (!(options.timeout.count() > 0)) fail("--timeout {}: must be > 0 seconds", options.timeout.count());
 }
 
