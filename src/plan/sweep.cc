@@ -462,6 +462,16 @@ Sweep run_sweep(const ConfigSource& config, const SweepRequest& request) {
   const std::vector<SweepAxis>& axes = request.axes;
   if (axes.empty() || axes.size() > 2) fail("--vary given {} times: a sweep varies one or two settings", axes.size());
   if (axes.size() == 2 && axes[0].key == axes[1].key) fail("--vary {} given twice: vary two different settings", axes[0].key);
+  for (const SweepAxis& axis : axes) {
+    // The folders are sweep's: every point trains into its own under --out-dir (a varied
+    // out_dir of "../.." wrote outside it).
+    const RunKey* key = option_key(axis.key) != nullptr ? option_key(axis.key) : find_run_key(axis.key);
+    if (key != nullptr && (key->path == "out_dir" || key->path.starts_with("checkpoint."))) {
+      fail("--vary {}: sweep gives every point its own folder under --out-dir and starts it afresh; vary a setting "
+           "of the run instead",
+           axis.key);
+    }
+  }
   SweepContext context{config, request};
   const bool key_path = std::any_of(axes.begin(), axes.end(), [](const SweepAxis& a) { return !is_option(a.key); });
   const bool global_batch =

@@ -133,6 +133,16 @@ TEST(Sweep, AScheduleMayNameItsVirtualStages) {
   EXPECT_DOUBLE_EQ(sweep.points[1].step_time_s, predict(layout_of(resolve(kConfig(o)))).result.step_time_s);
 }
 
+// A varied out_dir escaped --out-dir ("../.." wrote at /): the folders are sweep's.
+TEST(Sweep, TheFoldersOfTheRunsAreNotVaried) {
+  for (const char* axis : {"out_dir=../..,x", "checkpoint.dir=a,b", "checkpoint.load=a,b"}) {
+    const std::string key = std::string(axis).substr(0, std::string(axis).find('='));
+    EXPECT_EQ(error_of([&] { sweep_of({parse_sweep_axis(axis)}); }),
+              "--vary " + key + ": sweep gives every point its own folder under --out-dir and starts it afresh; vary "
+              "a setting of the run instead");
+  }
+}
+
 TEST(Sweep, RejectsAnUnknownKeyAndABadValue) {
   EXPECT_EQ(error_of([] { parse_sweep_axis("1,2"); }),
             "--vary 1,2: give KEY=V1,V2,... with KEY one of microbatches, global-batch, micro-batch, zero, fp16, "
