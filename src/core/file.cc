@@ -43,9 +43,26 @@ std::filesystem::path followed(const std::filesystem::path& path) {
 
 // Whether `path` exists and is not a regular file (a device, a FIFO, a
 // socket): such a target is written through, never replaced.
-bool is_special(const std::filesystem::path& path) {
+// 0 when it is not there (a link followed).
+mode_t file_type(const std::filesystem::path& path) {
   struct stat info {};
-  return ::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !S_ISDIR(info.st_mode);
+  return ::stat(path.c_str(), &info) == 0 ? (info.st_mode & S_IFMT) : 0;
+}
+
+bool is_special(const std::filesystem::path& path) {
+  const mode_t type = file_type(path);
+  return type != 0 && !S_ISREG(type) && !S_ISDIR(type);
+}
+
+// Refuses a FIFO or socket (a FIFO's open would block until a writer came)
+// and, unless `devices`, a device.
+void refuse_non_file(const std::filesystem::path& path, bool devices) {
+  const mode_t type = file_type(path);
+  if (type == 0 || S_ISREG(type) || S_ISDIR(type) || (devices && !S_ISFIFO(type) && !S_ISSOCK(type))) return;
+  const char* kind = S_ISFIFO(type) ? "a FIFO" : S_ISSOCK(type) ? "a socket" : "a device";
+  fail("{}: {}, not a file: pipeflow reads files (a device may never end, a FIFO may never be written); give the "
+       "file itself",
+       path.string(), kind);
 }
 
 // Opens a non-regular target for writing: a FIFO without a reader is
@@ -87,14 +104,7 @@ long writer_of_temporary(const std::string& name) {
 
 }  // namespace
 
-void require_regular_file(const std::filesystem::path& path) {
-  struct stat info {};
-  if (::stat(path.c_str(), &info) != 0 || S_ISREG(info.st_mode) || S_ISDIR(info.st_mode)) return;
-  const char* kind = S_ISFIFO(info.st_mode) ? "a FIFO" : S_ISSOCK(info.st_mode) ? "a socket" : "a device";
-  fail("{}: {}, not a file: pipeflow reads files (a device may never end, a FIFO may never be written); give the "
-       "file itself",
-       path.string(), kind);
-}
+void require_regular_file(const std::filesystem::path& path) { refuse_non_file(path, false); }
 
 std::string read_file(const std::filesystem::path& path) {
   require_regular_file(path);
@@ -106,10 +116,7 @@ std::string read_file(const std::filesystem::path& path) {
 }
 
 std::string read_file(const std::filesystem::path& path, std::size_t max_bytes, std::string_view kind) {
-  struct stat info {};
-  if (::stat(path.c_str(), &info) == 0 && (S_ISFIFO(info.st_mode) || S_ISSOCK(info.st_mode))) {
-    require_regular_file(path);  // a FIFO would block the open until a writer came
-  }
+  refuse_non_file(path, true);  // a device is read up to the limit
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read {}: {}", path.string(), system_reason());
   std::string content;

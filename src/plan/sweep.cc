@@ -465,7 +465,8 @@ Sweep run_sweep(const ConfigSource& config, const SweepRequest& request) {
   for (const SweepAxis& axis : axes) {
     // The folders are sweep's: every point trains into its own under --out-dir (a varied
     // out_dir of "../.." wrote outside it).
-    const RunKey* key = option_key(axis.key) != nullptr ? option_key(axis.key) : find_run_key(axis.key);
+    const RunKey* option = option_key(axis.key);
+    const RunKey* key = option != nullptr ? option : find_run_key(axis.key);
     if (key != nullptr && (key->path == "out_dir" || key->path.starts_with("checkpoint."))) {
       fail("--vary {}: sweep gives every point its own folder under --out-dir and starts it afresh; vary a setting "
            "of the run instead",
