@@ -40,9 +40,9 @@ struct Options {
   int sequences = 16;
   int prompt = 16;
   int new_tokens = 48;
-  nn::GptConfig model{.vocab_size = 256, .context = 128, .n_layer = 8, .n_head = 8, .n_embd = 512};
+  nn::ModelConfig model{.vocab_size = 256, .context = 128, .n_layer = 8, .n_head = 8, .n_embd = 512};
   int rounds = 7;
-  nn::GptConfig cache_model{.vocab_size = 256, .context = 1024, .n_layer = 4, .n_head = 4, .n_embd = 256};
+  nn::ModelConfig cache_model{.vocab_size = 256, .context = 1024, .n_layer = 4, .n_head = 4, .n_embd = 256};
   int repeats = 9;
 };
 
@@ -89,7 +89,7 @@ std::vector<std::int32_t> random_tokens(int count, std::uint64_t seed) {
 
 void pipelined_decode(const Options& o) {
   nn::Stage model(o.model, nn::all_layers(o.model));
-  model.init_gpt2(1);
+  model.init_parameters(1);
   std::vector<std::vector<std::int32_t>> prompts;
   for (int s = 0; s < o.sequences; ++s) prompts.push_back(random_tokens(o.prompt, 100 + s));
   runtime::InferencePipeline unpipelined(model, 1);
@@ -134,9 +134,9 @@ void pipelined_decode(const Options& o) {
 }
 
 void cached_against_recomputed(const Options& o) {
-  const nn::GptConfig& c = o.cache_model;
+  const nn::ModelConfig& c = o.cache_model;
   nn::Stage model(c, nn::all_layers(c));
-  model.init_gpt2(2);
+  model.init_parameters(2);
   std::printf("one new token, cached vs recomputing the prefix: GPT-2 %d layers, width %d, %d heads, context %d\n",
               c.n_layer, c.n_embd, c.n_head, c.context);
   for (const int prefix : {32, 128, c.context - 1}) {

@@ -47,7 +47,7 @@ struct Options {
   int stages = 2;
   int microbatches = 8;
   int micro_batch = 8;
-  nn::GptConfig model{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 4, .n_embd = 128};
+  nn::ModelConfig model{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 4, .n_embd = 128};
   std::string partition = "balanced";
   int steps = 20;
 };
@@ -96,7 +96,7 @@ std::unique_ptr<PipelineEngine> make_engine(const Options& o, const std::string&
   const auto boundaries = partition_model(o.model, schedule.num_stages(), parse_partition_method(o.partition),
                                           o.micro_batch, o.model.context, hardware_preset("cpu"));
   auto engine = std::make_unique<PipelineEngine>(o.model, schedule, boundaries, options);
-  engine->init_gpt2(1);
+  engine->init_parameters(1);
   return engine;
 }
 

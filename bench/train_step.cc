@@ -92,10 +92,10 @@ Options parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   using namespace pipeflow;
   const Options o = parse(argc, argv);
-  const nn::GptConfig config{.vocab_size = o.vocab, .context = o.context, .n_layer = o.layers, .n_head = o.heads,
+  const nn::ModelConfig config{.vocab_size = o.vocab, .context = o.context, .n_layer = o.layers, .n_head = o.heads,
                              .n_embd = o.width};
   nn::Stage model(config, nn::all_layers(config));
-  model.init_gpt2(1);
+  model.init_parameters(1);
   nn::AdamW optimizer(model, {.lr = 1e-4, .weight_decay = 0.1});
   IntTensor tokens({o.batch, o.context});
   IntTensor targets({o.batch, o.context});

@@ -73,7 +73,7 @@ std::string one_line(std::string_view text) {
 }
 
 nlohmann::ordered_json to_json(const std::vector<std::string>& prompts, const runtime::InferenceResult& result,
-                               const GenerateCommand& command, const nn::GptConfig& config) {
+                               const GenerateCommand& command, const nn::ModelConfig& config) {
   nlohmann::ordered_json json;
   json["tokens_per_s"] = result.tokens_per_s();
   json["time_to_first_token_s"] = result.time_to_first_token_s;
@@ -98,7 +98,7 @@ nlohmann::ordered_json to_json(const std::vector<std::string>& prompts, const ru
 }
 
 void print_report(const std::vector<std::string>& prompts, const runtime::InferenceResult& result,
-                  const GenerateCommand& command, const nn::GptConfig& config) {
+                  const GenerateCommand& command, const nn::ModelConfig& config) {
   fmt::print("tokens/s {:.1f} ({} new tokens for {} in {}; {}, {})\n", result.tokens_per_s(), result.new_tokens(),
              format_count(static_cast<std::int64_t>(prompts.size()), "prompt"), format_seconds(result.seconds),
              format_count(command.stages, "stage"), format_count(command.microbatches, "micro-batch", "micro-batches"));

@@ -50,7 +50,7 @@ void add_grad_command(CLI::App& app) {
   sub->callback([command, sub] {
     refuse_overwriting({"--out", command->out}, {{"--weights", command->weights}, {"--batch", command->batch}});
     const nn::SafetensorsFile weights = runtime::read_checkpoint(command->weights);
-    const nn::GptConfig config = nn::read_config(weights);
+    const nn::ModelConfig config = nn::read_config(weights);
     IntTensor tokens = nn::SafetensorsFile::read(command->batch).ints("tokens");
     nn::check_sequences(tokens);
     const auto b = tokens.dim(0);

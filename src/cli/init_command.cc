@@ -11,7 +11,7 @@ namespace pipeflow::cli {
 namespace {
 
 struct InitCommand {
-  nn::GptConfig config;
+  nn::ModelConfig config;
   std::uint64_t seed = 0;
   std::string out;
 };
@@ -41,9 +41,9 @@ void add_init_command(CLI::App& app) {
   sub->callback([command] {
     command->config.validate();
     nn::Stage model(command->config, nn::all_layers(command->config));
-    model.init_gpt2(command->seed);
+    model.init_parameters(command->seed);
     nn::write_weights(command->out, model);
-    const nn::GptConfig& c = command->config;
+    const nn::ModelConfig& c = command->config;
     fmt::print("wrote {}: GPT-2 with {} layers, {} heads, width {}, context {}, vocab {}: {} parameters (seed {})\n",
                command->out, c.n_layer, c.n_head, c.n_embd, c.context, c.vocab_size, c.parameter_count(),
                command->seed);

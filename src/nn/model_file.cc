@@ -17,7 +17,7 @@ int metadata_int(const SafetensorsFile& file, const char* key) {
 
 }  // namespace
 
-void write_config(SafetensorsWriter& writer, const GptConfig& config) {
+void write_config(SafetensorsWriter& writer, const ModelConfig& config) {
   writer.set_metadata("n_layer", std::to_string(config.n_layer));
   writer.set_metadata("n_head", std::to_string(config.n_head));
   writer.set_metadata("n_embd", std::to_string(config.n_embd));
@@ -25,8 +25,8 @@ void write_config(SafetensorsWriter& writer, const GptConfig& config) {
   writer.set_metadata("vocab_size", std::to_string(config.vocab_size));
 }
 
-GptConfig read_config(const SafetensorsFile& file) {
-  GptConfig config{.vocab_size = metadata_int(file, "vocab_size"),
+ModelConfig read_config(const SafetensorsFile& file) {
+  ModelConfig config{.vocab_size = metadata_int(file, "vocab_size"),
                    .context = metadata_int(file, "n_ctx"),
                    .n_layer = metadata_int(file, "n_layer"),
                    .n_head = metadata_int(file, "n_head"),

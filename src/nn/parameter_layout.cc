@@ -19,13 +19,17 @@ bool ends_with(std::string_view text, std::string_view suffix) {
 
 }  // namespace
 
-ParameterLayout::ParameterLayout(const GptConfig& config, LayerRange range) {
+ParameterLayout::ParameterLayout(const ModelConfig& config, LayerRange range) {
   config.validate();
   validate_range(config, range);
   range_name_ = fmt::format("layers {}..{}", pipeline_layer_name(config, range.first),
                             pipeline_layer_name(config, range.last - 1));
   const std::int64_t c = config.n_embd;
   const bool has_embedding = range.first == 0;
+  if (config.llama()) {
+    add_llama(config, range);
+    return;
+  }
   if (has_embedding) {
     add("wte.weight", {config.vocab_size, c}, true);
     add("wpe.weight", {config.context, c}, true);
@@ -52,6 +56,30 @@ ParameterLayout::ParameterLayout(const GptConfig& config, LayerRange range) {
   }
 }
 
+void ParameterLayout::add_llama(const ModelConfig& config, LayerRange range) {
+  const std::int64_t c = config.n_embd;
+  const std::int64_t kv = static_cast<std::int64_t>(config.kv_heads()) * config.head_size();
+  const std::int64_t f = config.ffn();
+  const bool has_embedding = range.first == 0;
+  if (has_embedding) add(config.embedding_name(), {config.vocab_size, c}, true);
+  for (int layer = std::max(range.first, 1); layer < std::min(range.last, config.n_layer + 1); ++layer) {
+    const std::string p = fmt::format("model.layers.{}.", layer - 1);
+    add(p + "input_layernorm.weight", {c}, false);
+    add(p + "self_attn.q_proj.weight", {c, c}, true);
+    add(p + "self_attn.k_proj.weight", {kv, c}, true);
+    add(p + "self_attn.v_proj.weight", {kv, c}, true);
+    add(p + "self_attn.o_proj.weight", {c, c}, true);
+    add(p + "post_attention_layernorm.weight", {c}, false);
+    add(p + "mlp.gate_proj.weight", {f, c}, true);
+    add(p + "mlp.up_proj.weight", {f, c}, true);
+    add(p + "mlp.down_proj.weight", {c, f}, true);
+  }
+  if (range.last == config.pipeline_layers()) {
+    add("model.norm.weight", {c}, false);
+    if (!config.tied_embeddings || !has_embedding) add(config.head_matrix_name(), {config.vocab_size, c}, true);
+  }
+}
+
 void ParameterLayout::add(std::string name, Shape shape, bool decay) {
   entries_.push_back({std::move(name), shape, total_, decay});
   total_ += (shape.numel() + kAlignElements - 1) / kAlignElements * kAlignElements;
@@ -69,14 +97,15 @@ const ParameterInfo& ParameterLayout::at(std::string_view name) const {
 }
 
 template <class T>
-void init_gpt2(const ParameterLayout& layout, int n_layer, std::uint64_t seed, std::span<T> values) {
-  const double residual_std = 0.02 / std::sqrt(2.0 * n_layer);
+void init_parameters(const ParameterLayout& layout, const ModelConfig& config, std::uint64_t seed,
+                     std::span<T> values) {
+  const double residual_std = 0.02 / std::sqrt(2.0 * config.n_layer);
   for (const ParameterInfo& info : layout.entries()) {
     T* first = values.data() + info.offset;
     T* last = first + info.numel();
     if (ends_with(info.name, ".bias")) {
       std::fill(first, last, T(0));
-    } else if (info.name.find("ln_") != std::string::npos) {
+    } else if (info.shape.rank() == 1) {  // a norm's gain
       std::fill(first, last, T(1));
     } else {
       const double std = ends_with(info.name, "c_proj.weight") ? residual_std : 0.02;
@@ -86,7 +115,8 @@ void init_gpt2(const ParameterLayout& layout, int n_layer, std::uint64_t seed, s
   }
 }
 
-template void init_gpt2<float>(const ParameterLayout&, int, std::uint64_t, std::span<float>);
-template void init_gpt2<double>(const ParameterLayout&, int, std::uint64_t, std::span<double>);
+template void init_parameters<float>(const ParameterLayout&, const ModelConfig&, std::uint64_t, std::span<float>);
+template void init_parameters<double>(const ParameterLayout&, const ModelConfig&, std::uint64_t,
+                                      std::span<double>);
 
 }  // namespace pipeflow::nn

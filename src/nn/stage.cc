@@ -7,17 +7,40 @@
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/tensor/embedding.h"
+#include "pipeflow/tensor/rope.h"
 
 namespace pipeflow::nn {
 namespace {
 
 template <class P, class Buffer>
-BlockParams<P> block_params(const ParameterLayout& layout, int block, Buffer* base) {
+BlockParams<P> block_params(const ModelConfig& config, const ParameterLayout& layout, int block, Buffer* base) {
+  if (config.llama()) {
+    const std::string p = fmt::format("model.layers.{}.", block);
+    auto at = [&](const char* name) { return base + layout.at(p + name).offset; };
+    return {.ln_1_weight = at("input_layernorm.weight"),
+            .ln_2_weight = at("post_attention_layernorm.weight"),
+            .q_proj = at("self_attn.q_proj.weight"),
+            .k_proj = at("self_attn.k_proj.weight"),
+            .v_proj = at("self_attn.v_proj.weight"),
+            .o_proj = at("self_attn.o_proj.weight"),
+            .gate_proj = at("mlp.gate_proj.weight"),
+            .up_proj = at("mlp.up_proj.weight"),
+            .down_proj = at("mlp.down_proj.weight")};
+  }
   const std::string p = fmt::format("h.{}.", block);
   auto at = [&](const char* name) { return base + layout.at(p + name).offset; };
-  return {at("ln_1.weight"),     at("ln_1.bias"),       at("attn.c_attn.weight"), at("attn.c_attn.bias"),
-          at("attn.c_proj.weight"), at("attn.c_proj.bias"), at("ln_2.weight"),        at("ln_2.bias"),
-          at("mlp.c_fc.weight"), at("mlp.c_fc.bias"),   at("mlp.c_proj.weight"),  at("mlp.c_proj.bias")};
+  return {.ln_1_weight = at("ln_1.weight"),
+          .ln_2_weight = at("ln_2.weight"),
+          .ln_1_bias = at("ln_1.bias"),
+          .ln_2_bias = at("ln_2.bias"),
+          .attn_weight = at("attn.c_attn.weight"),
+          .attn_bias = at("attn.c_attn.bias"),
+          .attn_proj_weight = at("attn.c_proj.weight"),
+          .attn_proj_bias = at("attn.c_proj.bias"),
+          .fc_weight = at("mlp.c_fc.weight"),
+          .fc_bias = at("mlp.c_fc.bias"),
+          .fc_proj_weight = at("mlp.c_proj.weight"),
+          .fc_proj_bias = at("mlp.c_proj.bias")};
 }
 
 std::string shape_text(const Shape& shape) { return shape.to_string(); }
@@ -30,7 +53,7 @@ Span slice(Span buffer, const ParameterInfo& info) {
 }  // namespace
 
 template <class T>
-BasicStage<T>::BasicStage(const GptConfig& config, LayerRange layers, StageOptions options)
+BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOptions options)
     : config_(config),
       range_(layers),
       options_(std::move(options)),
@@ -45,17 +68,38 @@ BasicStage<T>::BasicStage(const GptConfig& config, LayerRange layers, StageOptio
   }
   const T* v = values_.data();
   T* g = grads_.data();
+  const bool llama = config_.llama();
   auto offset = [&](const char* name) { return layout_.at(name).offset; };
+  const std::int64_t embedding = has_embedding() ? offset(config_.embedding_name()) : 0;
   if (has_embedding()) {
-    embedding_.emplace(EmbeddingParams<const T*>{v + offset("wte.weight"), v + offset("wpe.weight")},
-                       EmbeddingParams<T*>{g + offset("wte.weight"), g + offset("wpe.weight")});
+    const std::int64_t wpe = llama ? 0 : offset("wpe.weight");
+    embedding_.emplace(EmbeddingParams<const T*>{v + embedding, llama ? nullptr : v + wpe},
+                       EmbeddingParams<T*>{g + embedding, llama ? nullptr : g + wpe});
+  }
+  std::optional<LlamaConstants<T>> constants;
+  if (llama) {
+    const int half = config_.head_size() / 2;
+    rope_cos_ = BasicTensor<T>({config_.context, half}, {nullptr, &weight_memory_});
+    rope_sin_ = BasicTensor<T>({config_.context, half}, {nullptr, &weight_memory_});
+    const std::vector<double> frequencies = rope_frequencies(config_);
+    rope_table(rope_cos_.data(), rope_sin_.data(), frequencies.data(), config_.context, half);
+    constants = LlamaConstants<T>{.kv_heads = config_.kv_heads(),
+                                  .ffn = config_.ffn(),
+                                  .norm_eps = config_.norm_eps,
+                                  .rope_cos = rope_cos_.data(),
+                                  .rope_sin = rope_sin_.data()};
   }
   for (int layer = std::max(range_.first, 1); layer < std::min(range_.last, config_.n_layer + 1); ++layer) {
-    blocks_.emplace_back(block_params<const T*>(layout_, layer - 1, v), block_params<T*>(layout_, layer - 1, g));
+    blocks_.emplace_back(block_params<const T*>(config_, layout_, layer - 1, v),
+                         block_params<T*>(config_, layout_, layer - 1, g), constants);
   }
   if (has_head()) {
-    head_.emplace(HeadParams<const T*>{v + offset("ln_f.weight"), v + offset("ln_f.bias"), v + offset("wte.weight")},
-                  HeadParams<T*>{g + offset("ln_f.weight"), g + offset("ln_f.bias"), g + offset("wte.weight")});
+    const char* norm = llama ? "model.norm.weight" : "ln_f.weight";
+    const std::int64_t matrix = offset(config_.head_matrix_name());
+    const std::int64_t bias = llama ? 0 : offset("ln_f.bias");
+    head_.emplace(HeadParams<const T*>{v + offset(norm), llama ? nullptr : v + bias, v + matrix},
+                  HeadParams<T*>{g + offset(norm), llama ? nullptr : g + bias, g + matrix},
+                  llama ? std::optional<double>(config_.norm_eps) : std::nullopt);
   }
 }
 
@@ -90,9 +134,9 @@ std::span<const T> BasicStage<T>::gradient(std::string_view name) const {
 }
 
 template <class T>
-void BasicStage<T>::init_gpt2(std::uint64_t seed) {
-  require_matrices("init_gpt2");
-  nn::init_gpt2(layout_, config_.n_layer, seed, values_.span());
+void BasicStage<T>::init_parameters(std::uint64_t seed) {
+  require_matrices("init_parameters");
+  nn::init_parameters(layout_, config_, seed, values_.span());
 }
 
 template <class T>
@@ -139,7 +183,8 @@ template <class T>
 void BasicStage<T>::check_tensor_sizes(const LayerShape& shape) const {
   const std::int64_t rows = static_cast<std::int64_t>(shape.b) * shape.t;
   const std::pair<const char*, std::int64_t> largest[] = {
-      {"the MLP's [B, T, 4C]", rows * 4 * shape.c},
+      {config_.llama() ? "the MLP's gate and up [B, T, 2F]" : "the MLP's [B, T, 4C]",
+       rows * (config_.llama() ? 2 * config_.ffn() : 4 * shape.c)},
       {"the attention scores [B, NH, T, T]", rows * shape.nh * shape.t},
       {"the logits [B, T, V]", rows * shape.v}};
   for (const auto& [what, elements] : largest) {
@@ -381,7 +426,8 @@ BasicTensor<T> BasicStage<T>::logits(const IntTensor& tokens) {
 
 template <class T>
 BasicKvCache<T> BasicStage<T>::make_kv_cache(int sequences) const {
-  return BasicKvCache<T>(static_cast<int>(blocks_.size()), sequences, config_.context, config_.n_embd, options_.name);
+  return BasicKvCache<T>(static_cast<int>(blocks_.size()), sequences, config_.context,
+                         config_.kv_heads() * config_.head_size(), options_.name);
 }
 
 template <class T>
@@ -426,13 +472,13 @@ BasicTensor<T> BasicStage<T>::forward_cached(BasicKvCache<T>& cache, const Seque
   x.charge_to(&activation_memory_);
   if (has_embedding()) {
     x = BasicTensor<T>::uninitialized({1, shape.t, c}, allocator());
-    const T* wte = values_.data() + layout_.at("wte.weight").offset;
-    const T* wpe = values_.data() + layout_.at("wpe.weight").offset;
+    const T* wte = values_.data() + layout_.at(config_.embedding_name()).offset;
+    const T* wpe = config_.llama() ? nullptr : values_.data() + layout_.at("wpe.weight").offset;
     int row = 0;
     for (std::size_t i = 0; i < rows.counts.size(); ++i) {
       const int past = cache.length(rows.first + static_cast<int>(i));
       embedding_forward(x.data() + static_cast<long>(row) * c, input.tokens.data() + row, wte,
-                        wpe + static_cast<long>(past) * c, 1, rows.counts[i], c);
+                        wpe == nullptr ? wpe : wpe + static_cast<long>(past) * c, 1, rows.counts[i], c);
       row += rows.counts[i];
     }
   }
@@ -464,7 +510,7 @@ template <class T>
 double BasicStage<T>::gradient_square_sum(std::int64_t begin, std::int64_t end) const {
   double total = 0;
   for (const ParameterInfo& info : layout_.entries()) {
-    if (info.name == "wte.weight" && !has_embedding()) continue;
+    if (info.name == config_.embedding_name() && !has_embedding()) continue;
     const std::int64_t from = std::max(begin, info.offset);
     const std::int64_t count = std::min(end, info.offset + info.numel()) - from;
     if (count <= 0) continue;
@@ -500,7 +546,7 @@ void BasicStage<T>::pack_for_inference() {
   if (packed_) return;
   const int first_block = std::max(range_.first, 1) - 1;  // as the constructor numbers them
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
-    blocks_[i].pack_weights(block_params<T*>(layout_, first_block + static_cast<int>(i), values_.data()),
+    blocks_[i].pack_weights(block_params<T*>(config_, layout_, first_block + static_cast<int>(i), values_.data()),
                             config_.n_embd);
   }
   packed_ = true;

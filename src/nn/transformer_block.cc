@@ -7,6 +7,9 @@
 #include "pipeflow/tensor/layernorm.h"
 #include "pipeflow/tensor/linear.h"
 #include "pipeflow/tensor/panels.h"
+#include "pipeflow/tensor/rmsnorm.h"
+#include "pipeflow/tensor/rope.h"
+#include "pipeflow/tensor/swiglu.h"
 
 namespace pipeflow::nn {
 
@@ -22,7 +25,7 @@ void TransformerBlock<T>::linear(T* y, const T* x, const T* w, const T* b, const
 
 template <class T>
 void TransformerBlock<T>::pack_weights(const BlockParams<T*>& writable, int c) {
-  if (panels_) return;
+  if (panels_ || llama_) return;
   pack_panels(writable.attn_weight, c, 3 * c);
   pack_panels(writable.attn_proj_weight, c, c);
   pack_panels(writable.fc_weight, c, 4 * c);
@@ -37,8 +40,20 @@ void TransformerBlock<T>::project_qkv(BlockSaved<T>& s, const LayerShape& shape,
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   s.ln_1 = make({shape.b, shape.t, c});
-  s.ln_1_mean = make({n});
   s.ln_1_rstd = make({n});
+  if (llama_) {
+    const int hs = c / shape.nh;
+    const int kv = llama_->kv_heads * hs;
+    const int width = qkv_width(shape);
+    rmsnorm_forward(s.ln_1.data(), s.ln_1_rstd.data(), s.x.data(), w.ln_1_weight, llama_->norm_eps, n, c);
+    s.qkv = make({shape.b, shape.t, width});
+    projection_forward(s.qkv.data(), width, s.ln_1.data(), w.q_proj, static_cast<const T*>(nullptr), n, c, c);
+    projection_forward(s.qkv.data() + c, width, s.ln_1.data(), w.k_proj, static_cast<const T*>(nullptr), n, c, kv);
+    projection_forward(s.qkv.data() + c + kv, width, s.ln_1.data(), w.v_proj, static_cast<const T*>(nullptr), n, c,
+                       kv);
+    return;
+  }
+  s.ln_1_mean = make({n});
   layernorm_forward(s.ln_1.data(), s.ln_1_mean.data(), s.ln_1_rstd.data(), s.x.data(), w.ln_1_weight, w.ln_1_bias,
                     n, c);
   s.qkv = make({shape.b, shape.t, 3 * c});
@@ -54,6 +69,22 @@ BasicTensor<T> TransformerBlock<T>::project_and_mlp(BlockSaved<T>& s, const Laye
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   s.x2 = make({shape.b, shape.t, c});
+  if (llama_) {
+    const int f = llama_->ffn;
+    const T* none = nullptr;
+    projection_forward(s.x2.data(), c, s.attn_y.data(), w.o_proj, s.x.data(), n, c, c);
+    s.ln_2 = make({shape.b, shape.t, c});
+    s.ln_2_rstd = make({n});
+    rmsnorm_forward(s.ln_2.data(), s.ln_2_rstd.data(), s.x2.data(), w.ln_2_weight, llama_->norm_eps, n, c);
+    s.h = make({shape.b, shape.t, 2 * f});
+    projection_forward(s.h.data(), 2 * f, s.ln_2.data(), w.gate_proj, none, n, c, f);
+    projection_forward(s.h.data() + f, 2 * f, s.ln_2.data(), w.up_proj, none, n, c, f);
+    s.g = make({shape.b, shape.t, f});
+    swiglu_forward(s.g.data(), s.h.data(), n, f);
+    auto y = make({shape.b, shape.t, c});
+    projection_forward(y.data(), c, s.g.data(), w.down_proj, s.x2.data(), n, f, c);
+    return y;
+  }
   linear(s.x2.data(), s.attn_y.data(), w.attn_proj_weight, w.attn_proj_bias, s.x.data(), n, c, c);
   s.ln_2 = make({shape.b, shape.t, c});
   s.ln_2_mean = make({n});
@@ -74,10 +105,26 @@ BasicTensor<T> TransformerBlock<T>::forward(BlockSaved<T>& s, BasicTensor<T> x, 
                                             Allocator allocator) const {
   s.x = std::move(x);
   project_qkv(s, shape, allocator);
+  if (llama_) {
+    for (int seq = 0; seq < shape.b; ++seq) {
+      rotate(s.qkv.data() + static_cast<long>(seq) * shape.t * qkv_width(shape), shape.t, 0, shape);
+    }
+  }
   s.probs = BasicTensor<T>::uninitialized({shape.b, shape.nh, shape.t, shape.t}, allocator);
   s.attn_y = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
-  attention_forward(s.attn_y.data(), s.probs.data(), s.qkv.data(), shape.b, shape.t, shape.c, shape.nh);
+  attention_forward(s.attn_y.data(), s.probs.data(), s.qkv.data(), shape.b, shape.t, shape.c, shape.nh,
+                    kv_heads(shape));
   return project_and_mlp(s, shape, allocator);
+}
+
+template <class T>
+void TransformerBlock<T>::rotate(T* qkv, int rows, int first_position, const LayerShape& shape) const {
+  const int hs = shape.c / shape.nh;
+  const int width = qkv_width(shape);
+  rope_rotate(qkv, width, rows, first_position, shape.nh, hs, llama_->rope_cos, llama_->rope_sin,
+              RopeDirection::kForward);
+  rope_rotate(qkv + shape.c, width, rows, first_position, llama_->kv_heads, hs, llama_->rope_cos, llama_->rope_sin,
+              RopeDirection::kForward);
 }
 
 template <class T>
@@ -85,6 +132,8 @@ BasicTensor<T> TransformerBlock<T>::forward_cached(BasicTensor<T> x, BasicKvCach
                                                    const SequenceRows& rows, const LayerShape& shape,
                                                    Allocator allocator) const {
   const int c = shape.c;
+  const int width = qkv_width(shape);
+  const int kv = kv_heads(shape) * (c / shape.nh);
   BlockSaved<T> s;
   s.x = std::move(x);
   project_qkv(s, shape, allocator);
@@ -96,15 +145,16 @@ BasicTensor<T> TransformerBlock<T>::forward_cached(BasicTensor<T> x, BasicKvCach
     const int past = cache.length(sequence);
     T* keys = cache.keys(block, sequence);
     T* values = cache.values(block, sequence);
-    const T* qkv = s.qkv.data() + static_cast<long>(row) * 3 * c;
+    T* qkv = s.qkv.data() + static_cast<long>(row) * width;
+    if (llama_) rotate(qkv, count, past, shape);
     for (int r = 0; r < count; ++r) {
-      const T* k = qkv + static_cast<long>(r) * 3 * c + c;
-      std::copy(k, k + c, keys + static_cast<long>(past + r) * c);
-      std::copy(k + c, k + 2 * c, values + static_cast<long>(past + r) * c);
+      const T* k = qkv + static_cast<long>(r) * width + c;
+      std::copy(k, k + kv, keys + static_cast<long>(past + r) * kv);
+      std::copy(k + kv, k + 2 * kv, values + static_cast<long>(past + r) * kv);
     }
     auto scores = BasicTensor<T>::uninitialized({count, past + count}, allocator);
-    attention_forward_cached(s.attn_y.data() + static_cast<long>(row) * c, scores.data(), qkv, 3 * c, keys, values,
-                             count, past, c, shape.nh);
+    attention_forward_cached(s.attn_y.data() + static_cast<long>(row) * c, scores.data(), qkv, width, keys, values,
+                             count, past, c, shape.nh, kv_heads(shape));
     row += count;
   }
   return project_and_mlp(s, shape, allocator);
@@ -118,6 +168,7 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   s.dy = std::move(dy);
+  if (llama_) return llama_backward_input(s, shape, allocator);
   s.dh = make({shape.b, shape.t, 4 * c});
   linear_backward_input(s.dh.data(), s.dy.data(), w.fc_proj_weight, n, 4 * c, c);
   gelu_backward(s.dh.data(), s.h.data(), n * 4 * c);
@@ -133,7 +184,7 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
     auto scratch = make({shape.t, shape.t});
     s.dqkv = make({shape.b, shape.t, 3 * c});
     attention_backward(s.dqkv.data(), scratch.data(), d_attn_y.data(), s.probs.data(), s.qkv.data(), shape.b,
-                       shape.t, c, shape.nh);
+                       shape.t, c, shape.nh, shape.nh);
   }
   s.probs.reset();
   s.qkv.reset();
@@ -150,6 +201,10 @@ void TransformerBlock<T>::backward_weight(BlockSaved<T>& s, const LayerShape& sh
   const int n = shape.rows();
   const int c = shape.c;
   const auto& g = grads_;
+  if (llama_) {
+    llama_backward_weight(s, shape);
+    return;
+  }
   linear_backward_weight(g.fc_proj_weight, g.fc_proj_bias, s.g.data(), s.dy.data(), n, 4 * c, c);
   linear_backward_weight(g.fc_weight, g.fc_bias, s.ln_2.data(), s.dh.data(), n, c, 4 * c);
   layernorm_backward_weight(g.ln_2_weight, g.ln_2_bias, s.d_ln_2.data(), s.x2.data(), s.ln_2_mean.data(),
@@ -158,6 +213,78 @@ void TransformerBlock<T>::backward_weight(BlockSaved<T>& s, const LayerShape& sh
   linear_backward_weight(g.attn_weight, g.attn_bias, s.ln_1.data(), s.dqkv.data(), n, c, 3 * c);
   layernorm_backward_weight(g.ln_1_weight, g.ln_1_bias, s.d_ln_1.data(), s.x.data(), s.ln_1_mean.data(),
                             s.ln_1_rstd.data(), n, c);
+  s = {};
+}
+
+// Llama's I: the same order as GPT-2's, through RMSNorm, SwiGLU and the
+// rotation (undone on ∂q and ∂k before their projections' backward).
+template <class T>
+BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const LayerShape& shape,
+                                                         Allocator allocator) const {
+  const int n = shape.rows();
+  const int c = shape.c;
+  const int f = llama_->ffn;
+  const int hs = c / shape.nh;
+  const int kv = llama_->kv_heads * hs;
+  const int width = qkv_width(shape);
+  const auto& w = weights_;
+  auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
+  {
+    auto da = make({shape.b, shape.t, f});
+    projection_backward_input(da.data(), s.dy.data(), c, w.down_proj, n, f, c, false);
+    s.dh = make({shape.b, shape.t, 2 * f});
+    swiglu_backward(s.dh.data(), da.data(), s.h.data(), n, f);
+  }
+  s.h.reset();
+  s.d_ln_2 = make({shape.b, shape.t, c});
+  projection_backward_input(s.d_ln_2.data(), s.dh.data(), 2 * f, w.gate_proj, n, c, f, false);
+  projection_backward_input(s.d_ln_2.data(), s.dh.data() + f, 2 * f, w.up_proj, n, c, f, true);
+  s.dx2 = make({shape.b, shape.t, c});
+  rmsnorm_backward_input(s.dx2.data(), s.dy.data(), s.d_ln_2.data(), s.x2.data(), s.ln_2_rstd.data(), w.ln_2_weight,
+                         n, c);
+  {
+    auto d_attn_y = make({shape.b, shape.t, c});
+    projection_backward_input(d_attn_y.data(), s.dx2.data(), c, w.o_proj, n, c, c, false);
+    auto scratch = make({shape.t, shape.t});
+    s.dqkv = make({shape.b, shape.t, width});
+    attention_backward(s.dqkv.data(), scratch.data(), d_attn_y.data(), s.probs.data(), s.qkv.data(), shape.b,
+                       shape.t, c, shape.nh, llama_->kv_heads);
+  }
+  s.probs.reset();
+  s.qkv.reset();
+  for (int seq = 0; seq < shape.b; ++seq) {
+    T* dqkv = s.dqkv.data() + static_cast<long>(seq) * shape.t * width;
+    rope_rotate(dqkv, width, shape.t, 0, shape.nh, hs, llama_->rope_cos, llama_->rope_sin, RopeDirection::kInverse);
+    rope_rotate(dqkv + c, width, shape.t, 0, llama_->kv_heads, hs, llama_->rope_cos, llama_->rope_sin,
+                RopeDirection::kInverse);
+  }
+  s.d_ln_1 = make({shape.b, shape.t, c});
+  projection_backward_input(s.d_ln_1.data(), s.dqkv.data(), width, w.q_proj, n, c, c, false);
+  projection_backward_input(s.d_ln_1.data(), s.dqkv.data() + c, width, w.k_proj, n, c, kv, true);
+  projection_backward_input(s.d_ln_1.data(), s.dqkv.data() + c + kv, width, w.v_proj, n, c, kv, true);
+  auto dx = make({shape.b, shape.t, c});
+  rmsnorm_backward_input(dx.data(), s.dx2.data(), s.d_ln_1.data(), s.x.data(), s.ln_1_rstd.data(), w.ln_1_weight, n,
+                         c);
+  return dx;
+}
+
+template <class T>
+void TransformerBlock<T>::llama_backward_weight(BlockSaved<T>& s, const LayerShape& shape) const {
+  const int n = shape.rows();
+  const int c = shape.c;
+  const int f = llama_->ffn;
+  const int kv = llama_->kv_heads * (c / shape.nh);
+  const int width = qkv_width(shape);
+  const auto& g = grads_;
+  projection_backward_weight(g.down_proj, s.g.data(), s.dy.data(), c, n, f, c);
+  projection_backward_weight(g.gate_proj, s.ln_2.data(), s.dh.data(), 2 * f, n, c, f);
+  projection_backward_weight(g.up_proj, s.ln_2.data(), s.dh.data() + f, 2 * f, n, c, f);
+  rmsnorm_backward_weight(g.ln_2_weight, s.d_ln_2.data(), s.x2.data(), s.ln_2_rstd.data(), n, c);
+  projection_backward_weight(g.o_proj, s.attn_y.data(), s.dx2.data(), c, n, c, c);
+  projection_backward_weight(g.q_proj, s.ln_1.data(), s.dqkv.data(), width, n, c, c);
+  projection_backward_weight(g.k_proj, s.ln_1.data(), s.dqkv.data() + c, width, n, c, kv);
+  projection_backward_weight(g.v_proj, s.ln_1.data(), s.dqkv.data() + c + kv, width, n, c, kv);
+  rmsnorm_backward_weight(g.ln_1_weight, s.d_ln_1.data(), s.x.data(), s.ln_1_rstd.data(), n, c);
   s = {};
 }
 

@@ -9,6 +9,10 @@ void embedding_forward(T* x, const std::int32_t* tokens, const T* wte, const T* 
       const long row = static_cast<long>(seq) * t + pos;
       T* __restrict out = x + row * c;
       const T* __restrict token = wte + static_cast<long>(tokens[row]) * c;
+      if (wpe == nullptr) {
+        for (int j = 0; j < c; ++j) out[j] = token[j];
+        continue;
+      }
       const T* __restrict position = wpe + static_cast<long>(pos) * c;
       for (int j = 0; j < c; ++j) out[j] = token[j] + position[j];
     }
@@ -22,6 +26,10 @@ void embedding_backward_weight(T* dwte, T* dwpe, const T* dx, const std::int32_t
       const long row = static_cast<long>(seq) * t + pos;
       const T* __restrict grad = dx + row * c;
       T* __restrict token = dwte + static_cast<long>(tokens[row]) * c;
+      if (dwpe == nullptr) {
+        for (int j = 0; j < c; ++j) token[j] += grad[j];
+        continue;
+      }
       T* __restrict position = dwpe + static_cast<long>(pos) * c;
       for (int j = 0; j < c; ++j) {
         token[j] += grad[j];

@@ -56,12 +56,36 @@ void linear_backward_weight(T* dw, T* db, const T* x, const T* dy, int n, int in
   add_column_sums(db, dy, n, out);
 }
 
+template <class T>
+void projection_forward(T* y, int ldy, const T* x, const T* w, const T* residual, int n, int in, int out) {
+  if (residual != nullptr) {
+    for (int row = 0; row < n; ++row) {
+      std::memcpy(y + static_cast<long>(row) * ldy, residual + static_cast<long>(row) * out,
+                  sizeof(T) * static_cast<std::size_t>(out));
+    }
+  }
+  gemm<T>(Transpose::kNo, Transpose::kYes, n, out, in, T(1), x, in, w, in, residual != nullptr ? T(1) : T(0), y, ldy);
+}
+
+template <class T>
+void projection_backward_input(T* dx, const T* dy, int ldy, const T* w, int n, int in, int out, bool accumulate) {
+  gemm<T>(Transpose::kNo, Transpose::kNo, n, in, out, T(1), dy, ldy, w, in, accumulate ? T(1) : T(0), dx, in);
+}
+
+template <class T>
+void projection_backward_weight(T* dw, const T* x, const T* dy, int ldy, int n, int in, int out) {
+  gemm<T>(Transpose::kYes, Transpose::kNo, out, in, n, T(1), dy, ldy, x, in, T(1), dw, in);
+}
+
 #define PIPEFLOW_INSTANTIATE(T)                                                                      \
   template void linear_forward<T>(T*, const T*, const T*, const T*, const T*, int, int, int);       \
   template void linear_forward_panels<T>(T*, const T*, const T*, const T*, const T*, int, int, int); \
   template void linear_backward_input<T>(T*, const T*, const T*, int, int, int);                    \
   template void linear_backward_weight<T>(T*, T*, const T*, const T*, int, int, int);               \
-  template void add_column_sums<T>(T*, const T*, int, int);
+  template void add_column_sums<T>(T*, const T*, int, int);                                        \
+  template void projection_forward<T>(T*, int, const T*, const T*, const T*, int, int, int);        \
+  template void projection_backward_input<T>(T*, const T*, int, const T*, int, int, int, bool);     \
+  template void projection_backward_weight<T>(T*, const T*, const T*, int, int, int, int);
 PIPEFLOW_INSTANTIATE(float)
 PIPEFLOW_INSTANTIATE(double)
 #undef PIPEFLOW_INSTANTIATE

@@ -50,7 +50,7 @@ class GenerateCommand : public ::testing::Test {
 
   std::vector<std::int32_t> expected(const std::string& prompt, int new_tokens) const {
     const auto file = nn::SafetensorsFile::read(weights_);
-    const nn::GptConfig config = nn::read_config(file);
+    const nn::ModelConfig config = nn::read_config(file);
     nn::Stage model(config, nn::all_layers(config));
     nn::load_parameters(model, file);
     return nn::generate(model, nn::encode_text(prompt), {.new_tokens = new_tokens});

@@ -26,13 +26,13 @@ TEST(InitCommand, WritesGpt2InitialWeightsWithTheShapeInTheMetadata) {
                             "/w.safetensors: GPT-2 with 2 layers, 4 heads, width 32, context 16, vocab 256: 34176 "
                             "parameters (seed 7)\n");
   const auto file = nn::SafetensorsFile::read(dir + "/w.safetensors");
-  const nn::GptConfig config = nn::read_config(file);
-  EXPECT_EQ(config, (nn::GptConfig{.vocab_size = 256, .context = 16, .n_layer = 2, .n_head = 4, .n_embd = 32}));
+  const nn::ModelConfig config = nn::read_config(file);
+  EXPECT_EQ(config, (nn::ModelConfig{.vocab_size = 256, .context = 16, .n_layer = 2, .n_head = 4, .n_embd = 32}));
   EXPECT_EQ(file.names().size(), 28u);
   EXPECT_EQ(file.entry("h.1.attn.c_attn.weight").shape, Shape({32, 96}));
   // The same values the library initialises, and the same bytes for the same seed.
   nn::Stage model(config, nn::all_layers(config));
-  model.init_gpt2(7);
+  model.init_parameters(7);
   const Tensor wte = file.floats("wte.weight");
   EXPECT_TRUE(std::equal(wte.span().begin(), wte.span().end(), model.parameter("wte.weight").begin()));
   ASSERT_EQ(run_pipeflow("init --layers 2 --heads 4 --width 32 --context 16 --seed 7 --out " + dir + "/again.safetensors")

@@ -78,9 +78,9 @@ TEST(Sampling, AModelTrainedOnARepeatedSentenceContinuesIt) {
   std::string text;
   while (text.size() < 4000) text += "the cat sat on the mat. ";
   const ByteDataset data(text, "cat", {.seq_length = 16, .seed = 1, .validation_fraction = 0.0});
-  const GptConfig config{.vocab_size = 256, .context = 16, .n_layer = 2, .n_head = 2, .n_embd = 32};
+  const ModelConfig config{.vocab_size = 256, .context = 16, .n_layer = 2, .n_head = 2, .n_embd = 32};
   Stage model(config, all_layers(config));
-  model.init_gpt2(1);
+  model.init_parameters(1);
   AdamW optimizer(model, {.lr = 1e-2, .weight_decay = 0.0});
   double loss = 0;
   for (int step = 0; step < 300; ++step) {

@@ -15,11 +15,11 @@ using testing::error_of;
 using testing::max_relative_error;
 using testing::random_tokens;
 
-const GptConfig kModel{.vocab_size = 256, .context = 24, .n_layer = 3, .n_head = 4, .n_embd = 32};
+const ModelConfig kModel{.vocab_size = 256, .context = 24, .n_layer = 3, .n_head = 4, .n_embd = 32};
 
 std::unique_ptr<Stage> whole_model() {
   auto model = std::make_unique<Stage>(kModel, all_layers(kModel));
-  model->init_gpt2(5);
+  model->init_parameters(5);
   return model;
 }
 
@@ -82,11 +82,11 @@ TEST(KvCache, StagesChainedEqualTheWholeModel) {
 // panel on every target. What needs the matrices is refused by name.
 TEST(KvCache, AStagePackedForInferenceDecodesTheSameAndRefusesWhatNeedsTheMatrices) {
   for (const auto& [width, heads] : {std::pair{kModel.n_embd, kModel.n_head}, std::pair{45, 5}}) {
-    GptConfig config = kModel;
+    ModelConfig config = kModel;
     config.n_embd = width;
     config.n_head = heads;
     Stage model(config, all_layers(config));
-    model.init_gpt2(5);
+    model.init_parameters(5);
     Stage packed(config, all_layers(config));
     packed.copy_parameters_from(model);
     packed.pack_for_inference();
@@ -106,7 +106,7 @@ TEST(KvCache, AStagePackedForInferenceDecodesTheSameAndRefusesWhatNeedsTheMatric
     }
     for (const std::string& error :
          {error_of([&] { packed.logits(row_of({1, 2})); }), error_of([&] { (void)packed.parameter("wte.weight"); }),
-          error_of([&] { (void)packed.parameters(); }), error_of([&] { packed.init_gpt2(1); }),
+          error_of([&] { (void)packed.parameters(); }), error_of([&] { packed.init_parameters(1); }),
           error_of([&] { packed.copy_parameters_from(model); }),
           error_of([&] { model.copy_parameters_from(packed); })}) {
       EXPECT_NE(error.find("pack_for_inference has rearranged them into panels"), std::string::npos) << error;

@@ -18,7 +18,7 @@ namespace {
 
 using testing::error_of;
 
-const GptConfig kConfig{.vocab_size = 32, .context = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
+const ModelConfig kConfig{.vocab_size = 32, .context = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
 
 double train_step(Stage& stage, AdamW& optimizer, std::uint64_t seed) {
   stage.zero_gradients();
@@ -35,7 +35,7 @@ double train_step(Stage& stage, AdamW& optimizer, std::uint64_t seed) {
 TEST(AdamW, SameSeedGivesBitIdenticalLossesAndWeights) {
   auto run = [](std::uint64_t seed) {
     Stage stage(kConfig, all_layers(kConfig));
-    stage.init_gpt2(seed);
+    stage.init_parameters(seed);
     AdamW optimizer(stage, {.lr = 1e-2});
     std::vector<double> losses;
     for (int step = 0; step < 4; ++step) losses.push_back(train_step(stage, optimizer, 100 + 2 * step));
@@ -52,7 +52,7 @@ TEST(AdamW, SameSeedGivesBitIdenticalLossesAndWeights) {
 
 TEST(AdamW, DecaysTwoDimensionalWeightsOnlyAndStepsBySignAtFirst) {
   Stage stage(kConfig, all_layers(kConfig));
-  stage.init_gpt2(1);
+  stage.init_parameters(1);
   const AdamWOptions options{.lr = 0.01, .weight_decay = 0.1};
   AdamW optimizer(stage, options);
   const float weight = stage.parameter("h.0.mlp.c_fc.weight")[3];
@@ -69,7 +69,7 @@ TEST(AdamW, DecaysTwoDimensionalWeightsOnlyAndStepsBySignAtFirst) {
 
 TEST(AdamW, TrainingResumedFromSavedStateIsBitIdentical) {
   Stage straight(kConfig, all_layers(kConfig));
-  straight.init_gpt2(5);
+  straight.init_parameters(5);
   AdamW straight_optimizer(straight, {.lr = 3e-3});
   for (int step = 0; step < 2; ++step) train_step(straight, straight_optimizer, 10 + step);
   SafetensorsWriter writer;
@@ -97,7 +97,7 @@ TEST(AdamW, TrainingResumedFromSavedStateIsBitIdentical) {
 TEST(AdamW, ShardsOfThreeReplicasPutTogetherAreTheWholeUpdate) {
   constexpr int kReplicas = 3;
   Stage whole(kConfig, all_layers(kConfig));
-  whole.init_gpt2(8);
+  whole.init_parameters(8);
   AdamW whole_optimizer(whole, {.lr = 3e-3, .weight_decay = 0.1});
   const std::int64_t total = whole.layout().total();
   std::vector<std::unique_ptr<Stage>> replicas;
@@ -105,7 +105,7 @@ TEST(AdamW, ShardsOfThreeReplicasPutTogetherAreTheWholeUpdate) {
   std::int64_t covered = 0;
   for (int k = 0; k < kReplicas; ++k) {
     replicas.push_back(std::make_unique<Stage>(kConfig, all_layers(kConfig)));
-    replicas.back()->init_gpt2(8);
+    replicas.back()->init_parameters(8);
     const OptimizerShard shard = OptimizerShard::of(total, kReplicas, k);
     EXPECT_EQ(shard.begin, covered);
     covered = shard.end;
@@ -148,7 +148,7 @@ TEST(AdamW, ShardsOfThreeReplicasPutTogetherAreTheWholeUpdate) {
 // AdamW, against the whole model accumulating the same micro-batches.
 TEST(AdamW, APipelinedStepMatchesTheWholeModelsStep) {
   Stage whole(kConfig, all_layers(kConfig));
-  whole.init_gpt2(21);
+  whole.init_parameters(21);
   Stage first(kConfig, {0, 2}, {.name = "stage 0"});
   Stage last(kConfig, {2, 4}, {.name = "stage 1"});
   first.copy_parameters_from(whole);
@@ -212,7 +212,7 @@ TEST(AdamW, APipelinedStepMatchesTheWholeModelsStep) {
 // lr · g/|g|), where AdamW would move w by exactly w · lr · wd.
 TEST(AdamW, AdamWModeFalseIsAdamWithL2) {
   Stage stage(kConfig, all_layers(kConfig));
-  stage.init_gpt2(1);
+  stage.init_parameters(1);
   const AdamWOptions options{.decoupled_decay = false, .lr = 0.01, .weight_decay = 0.1};
   AdamW optimizer(stage, options);
   const float weight = stage.parameter("h.0.mlp.c_fc.weight")[3];

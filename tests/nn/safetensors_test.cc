@@ -115,9 +115,9 @@ TEST(Safetensors, WrongShapeOrDtypeOrMissingTensorNameTheTensor) {
 }
 
 TEST(ModelFile, WeightsRoundTripWithTheShapeInTheMetadata) {
-  const GptConfig config{.vocab_size = 256, .context = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
+  const ModelConfig config{.vocab_size = 256, .context = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
   Stage model(config, all_layers(config));
-  model.init_gpt2(3);
+  model.init_parameters(3);
   const auto path = std::filesystem::temp_directory_path() / "pipeflow-model-file.safetensors";
   write_weights(path, model);
   const SafetensorsFile file = SafetensorsFile::read(path);

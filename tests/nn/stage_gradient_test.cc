@@ -18,7 +18,7 @@ using DInput = BasicStageInput<double>;
 
 constexpr double kTolerance = 1e-6;
 
-GptConfig tiny_config() { return {.vocab_size = 11, .context = 6, .n_layer = 2, .n_head = 2, .n_embd = 8}; }
+ModelConfig tiny_config() { return {.vocab_size = 11, .context = 6, .n_layer = 2, .n_head = 2, .n_embd = 8}; }
 
 IntTensor int_tensor(std::initializer_list<std::int64_t> shape, const std::vector<std::int32_t>& values) {
   IntTensor tensor{Shape(shape)};
@@ -81,7 +81,7 @@ struct Probe {
 };
 
 void expect_gradients_match(LayerRange range) {
-  const GptConfig config = tiny_config();
+  const ModelConfig config = tiny_config();
   DStage stage(config, range);
   randomise(stage, 7);
   const std::size_t activation_size = 2 * 5 * config.n_embd;
@@ -110,7 +110,7 @@ TEST(StageGradient, HeadLayerMatchesFiniteDifferences) { expect_gradients_match(
 TEST(StageGradient, WholeModelMatchesFiniteDifferences) { expect_gradients_match({0, 4}); }
 
 TEST(StageGradient, TwoBlocksWithRecomputeMatchFiniteDifferences) {
-  const GptConfig config = tiny_config();
+  const ModelConfig config = tiny_config();
   DStage stage(config, {1, 4}, {.recompute_interval = 2});
   randomise(stage, 17);
   Probe probe{stage, testing::normal_vector(80, 18), {}};

@@ -19,7 +19,7 @@ using testing::error_of;
 using testing::random_activation;
 using testing::random_tokens;
 
-const GptConfig kConfig{.vocab_size = 32, .context = 16, .n_layer = 3, .n_head = 2, .n_embd = 16};
+const ModelConfig kConfig{.vocab_size = 32, .context = 16, .n_layer = 3, .n_head = 2, .n_embd = 16};
 constexpr int kB = 2;
 constexpr int kT = 12;
 
@@ -34,7 +34,7 @@ StageInput tokens_and_targets(std::uint64_t seed) {
 
 std::unique_ptr<Stage> whole_model(StageOptions options = {}) {
   auto stage = std::make_unique<Stage>(kConfig, all_layers(kConfig), options);
-  stage->init_gpt2(42);
+  stage->init_parameters(42);
   return stage;
 }
 
@@ -43,19 +43,19 @@ TEST(Stage, SameSeedGivesBitIdenticalWeightsWhateverTheCut) {
   const auto b = whole_model();
   EXPECT_TRUE(same_bits(a->parameters(), b->parameters()));
   Stage middle(kConfig, {2, 4});
-  middle.init_gpt2(42);
+  middle.init_parameters(42);
   for (const ParameterInfo& info : middle.layout().entries()) {
     EXPECT_TRUE(same_bits(middle.parameter(info.name), a->parameter(info.name))) << info.name;
   }
   Stage other_seed(kConfig, all_layers(kConfig));
-  other_seed.init_gpt2(43);
+  other_seed.init_parameters(43);
   EXPECT_FALSE(same_bits(other_seed.parameters(), a->parameters()));
 }
 
 TEST(Stage, InitialisationFollowsGpt2) {
-  const GptConfig config{.vocab_size = 256, .context = 64, .n_layer = 8, .n_head = 4, .n_embd = 64};
+  const ModelConfig config{.vocab_size = 256, .context = 64, .n_layer = 8, .n_head = 4, .n_embd = 64};
   Stage stage(config, all_layers(config));
-  stage.init_gpt2(1);
+  stage.init_parameters(1);
   auto std_of = [&](const char* name) {
     double sum = 0;
     double squares = 0;
@@ -179,7 +179,7 @@ std::int64_t block_forward_bytes(std::int64_t n, std::int64_t c, std::int64_t nh
 
 TEST(Stage, ForwardHoldsExactlyTheSavedActivationsAndBackwardFreesThem) {
   Stage block(kConfig, {1, 2});
-  block.init_gpt2(1);
+  block.init_parameters(1);
   const std::int64_t n = kB * kT, c = kConfig.n_embd;
   MicrobatchState state;
   Tensor out = block.forward(state, {.activation = random_activation(kB, kT, kConfig.n_embd, 2)});
@@ -208,7 +208,7 @@ TEST(Stage, ForwardHoldsExactlyTheSavedActivationsAndBackwardFreesThem) {
 
 TEST(Stage, CheckpointedStageHoldsOnlyTheSegmentInputs) {
   Stage blocks(kConfig, {1, 4}, {.recompute_interval = 2});
-  blocks.init_gpt2(1);
+  blocks.init_parameters(1);
   MicrobatchState state;
   const Tensor out = blocks.forward(state, {.activation = random_activation(kB, kT, kConfig.n_embd, 2)});
   // Segments {block.0, block.1} and {block.2}: two inputs, plus the output.
@@ -285,7 +285,7 @@ TEST(Stage, WrongInputsAndOrderAreErrorsThatSayWhatToDo) {
             "stage 0 (embedding..block.0): tokens [1, 1] = 32 is outside the vocabulary [0, 32)");
   EXPECT_EQ(error_of([&] { first.forward(state, {.tokens = random_tokens(1, 17, 32, 1)}); }),
             "stage 0 (embedding..block.0): sequence length 17 exceeds the model's context of 16");
-  const GptConfig long_context{.vocab_size = 32, .context = 65536, .n_layer = 1, .n_head = 4, .n_embd = 16};
+  const ModelConfig long_context{.vocab_size = 32, .context = 65536, .n_layer = 1, .n_head = 4, .n_embd = 16};
   Stage whole(long_context, all_layers(long_context), {.name = "model"});
   EXPECT_EQ(error_of([&] { whole.forward(state, {.tokens = random_tokens(1, 65536, 32, 1)}); }),
             "model (embedding..head): a micro-batch of 1 x 65536 tokens makes the attention scores [B, NH, T, T] "
@@ -305,16 +305,16 @@ TEST(Stage, WrongInputsAndOrderAreErrorsThatSayWhatToDo) {
             "stage 0 (embedding..block.0): does not hold the head: its backward takes the next stage's gradient");
 }
 
-TEST(GptConfig, ShapesOutsideTheirRangeNameTheFieldAndTheBound) {
-  auto error = [](GptConfig config) { return error_of([&] { config.validate(); }); };
+TEST(ModelConfig, ShapesOutsideTheirRangeNameTheFieldAndTheBound) {
+  auto error = [](ModelConfig config) { return error_of([&] { config.validate(); }); };
   EXPECT_EQ(error({.n_layer = 0}), "model n_layer = 0: must be positive");
   EXPECT_EQ(error({.n_embd = 2000000000}), "model n_embd = 2000000000: must be at most 65536");
   EXPECT_EQ(error({.n_layer = 100000}), "model n_layer = 100000: must be at most 4096");
   EXPECT_EQ(error({.n_head = 8, .n_embd = 36}),
             "model n_embd = 36 is not a multiple of n_head = 8: every head needs n_embd / n_head features");
   // The largest accepted shape counts its parameters without overflow.
-  const GptConfig largest{.vocab_size = GptConfig::kMaxVocab, .context = GptConfig::kMaxContext,
-                          .n_layer = GptConfig::kMaxLayers, .n_head = 1, .n_embd = GptConfig::kMaxWidth};
+  const ModelConfig largest{.vocab_size = ModelConfig::kMaxVocab, .context = ModelConfig::kMaxContext,
+                          .n_layer = ModelConfig::kMaxLayers, .n_head = 1, .n_embd = ModelConfig::kMaxWidth};
   EXPECT_EQ(error(largest), "(no error)");
   EXPECT_EQ(largest.parameter_count(), 212277953429504);  // V·C + T·C + L·(12C² + 13C) + 2C
 }

@@ -46,8 +46,8 @@ struct Model {
 };
 
 TEST(TorchReference, FileDescribesTheModel) {
-  const GptConfig config = read_config(reference());
-  EXPECT_EQ(config, (GptConfig{.vocab_size = 256, .context = 16, .n_layer = 2, .n_head = 4, .n_embd = 32}));
+  const ModelConfig config = read_config(reference());
+  EXPECT_EQ(config, (ModelConfig{.vocab_size = 256, .context = 16, .n_layer = 2, .n_head = 4, .n_embd = 32}));
   EXPECT_EQ(reference().entry("tokens").shape, Shape({4, 17}));
 }
 

@@ -141,7 +141,7 @@ TEST(PipelineEngine, RankThreadsPersistAcrossStepsAndFailures) {
   const Schedule schedule = make_schedule("1f1b", kRanks, 4);
   const auto boundaries = partition_uniform(kTiny.pipeline_layers(), kRanks);
   PipelineEngine engine(kTiny, schedule, boundaries, options);
-  engine.init_gpt2(11);
+  engine.init_parameters(11);
   auto never_failed = testing::tiny_engine(schedule);
   engine.step(0, train_source());
   never_failed->step(0, train_source());
@@ -292,7 +292,7 @@ TEST(PipelineEngine, AssemblesTheWholeModelFromItsStages) {
   auto engine = testing::tiny_engine(make_schedule("interleaved-1f1b", 2, 2, 2));
   const auto model = engine->assemble_model();
   nn::Stage fresh(kTiny, nn::all_layers(kTiny));
-  fresh.init_gpt2(11);
+  fresh.init_parameters(11);
   ASSERT_EQ(model->parameters().size(), fresh.parameters().size());
   EXPECT_EQ(std::memcmp(model->parameters().data(), fresh.parameters().data(), fresh.parameters().size_bytes()), 0);
 }

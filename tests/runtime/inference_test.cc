@@ -19,11 +19,11 @@ using pipeflow::testing::max_relative_error;
 
 // 6 blocks, width 32, 2 heads, context 16 (test_support.h's kTiny): enough
 // layers for 4 stages.
-const nn::GptConfig& kModel = testing::kTiny;
+const nn::ModelConfig& kModel = testing::kTiny;
 
 std::unique_ptr<nn::Stage> whole_model() {
   auto model = std::make_unique<nn::Stage>(kModel, nn::all_layers(kModel));
-  model->init_gpt2(21);
+  model->init_parameters(21);
   return model;
 }
 

@@ -108,7 +108,7 @@ TEST(ActivationMemory, OneFOneBHoldsFewerMicrobatchesThanGPipe) {
 // The KV cache nn allocates is what the memory model predicts.
 TEST(KvCache, BytesAllocatedAreTheFormula) {
   using namespace nn;
-  const GptConfig kModel{.vocab_size = 256, .context = 24, .n_layer = 3, .n_head = 4, .n_embd = 32};
+  const ModelConfig kModel{.vocab_size = 256, .context = 24, .n_layer = 3, .n_head = 4, .n_embd = 32};
   // 2 · layers · kv_heads · head_dim · bytes · context · batch, kv_heads = NH, head_dim = C / NH.
   for (const LayerRange range : {all_layers(kModel), LayerRange{0, 2}, LayerRange{2, 5}, LayerRange{4, 5}}) {
     const Stage stage(kModel, range);

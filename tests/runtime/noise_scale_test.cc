@@ -69,7 +69,7 @@ TEST(NoiseScale, TheMicrobatchEveryStageCompletesFirst) {
 // The gradient of the mean loss over micro-batch j alone, of the unpipelined model.
 double microbatch_square(std::int64_t step, int j) {
   nn::Stage model(testing::kTiny, nn::all_layers(testing::kTiny));
-  model.init_gpt2(11);
+  model.init_parameters(11);
   nn::Batch batch = testing::tiny_dataset().batch(nn::Split::kTrain, step, static_cast<std::int64_t>(j) *
                                                                              testing::kMicroBatch,
                                                   testing::kMicroBatch);
@@ -87,7 +87,7 @@ void check_layout(const std::string& name, int ranks, int microbatches, int chun
   options.noise_scale_interval = 1;
   PipelineEngine engine(testing::kTiny, schedule,
                         partition_uniform(testing::kTiny.pipeline_layers(), schedule.num_stages()), options);
-  engine.init_gpt2(11);
+  engine.init_parameters(11);
   const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
   const StepResult result = engine.step(0, source, StepMode::kGradientsOnly, run);
 
@@ -121,7 +121,7 @@ TEST(NoiseScale, StepsBetweenMeasurementsReportNone) {
   options.noise_scale_interval = 2;
   const Schedule schedule = make_schedule("1f1b", 2, 4);
   PipelineEngine engine(testing::kTiny, schedule, partition_uniform(testing::kTiny.pipeline_layers(), 2), options);
-  engine.init_gpt2(11);
+  engine.init_parameters(11);
   const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
   EXPECT_TRUE(engine.step(0, source).grad_square_small);
   EXPECT_FALSE(engine.step(1, source).grad_square_small);
@@ -140,7 +140,7 @@ TEST(NoiseScale, MeasuringLeavesTheTrainingBitForBit) {
       options.noise_scale_interval = interval;
       PipelineEngine engine(testing::kTiny, schedule,
                             partition_uniform(testing::kTiny.pipeline_layers(), schedule.num_stages()), options);
-      engine.init_gpt2(11);
+      engine.init_parameters(11);
       const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
       for (int step = 0; step < 3; ++step) {
         EXPECT_EQ(engine.step(step, source).grad_square_small.has_value(), interval == 1);

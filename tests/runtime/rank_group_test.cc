@@ -177,7 +177,7 @@ void expect_data_parallel_equals_unpipelined(const std::string& schedule_name, i
   options.shard_optimizer = zero1;
   PipelineEngine engine(testing::kTiny, schedule,
                         partition_uniform(testing::kTiny.pipeline_layers(), schedule.num_stages()), options);
-  engine.init_gpt2(11);
+  engine.init_parameters(11);
   const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
   Reference unpipelined(kMicrobatches * data_parallel * testing::kMicroBatch);
   const std::string what = schedule_name + " dp " + std::to_string(data_parallel) + (zero1 ? " ZeRO-1" : "");
@@ -212,7 +212,7 @@ TEST(DataParallelInThreads, ZeroOneOnAndOffGiveTheSameBits) {
     options.data_parallel = 2;
     options.shard_optimizer = zero1;
     PipelineEngine engine(testing::kTiny, schedule, partition_uniform(testing::kTiny.pipeline_layers(), 2), options);
-    engine.init_gpt2(11);
+    engine.init_parameters(11);
     const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
     losses.emplace_back();
     for (int step = 0; step < 3; ++step) losses.back().push_back(engine.step(step, source).loss);
@@ -233,7 +233,7 @@ TEST(DataParallelInThreads, ACheckpointOfShardedMomentsResumesWithOneReplica) {
   options.data_parallel = 2;
   options.shard_optimizer = true;
   PipelineEngine sharded(testing::kTiny, schedule, partition_uniform(testing::kTiny.pipeline_layers(), 2), options);
-  sharded.init_gpt2(11);
+  sharded.init_parameters(11);
   for (int step = 0; step < 2; ++step) sharded.step(step, source);
   sharded.write_checkpoint(dir / "checkpoint.safetensors", 2);
   ASSERT_TRUE(std::filesystem::is_regular_file(dir / "checkpoint.safetensors"));  // one process: one file

@@ -19,7 +19,7 @@ namespace pipeflow::runtime::testing {
 
 // 6 blocks (8 pipeline layers: enough for 4 ranks × 2 chunks), width 32, 2
 // heads, context 16; micro-batches of 2.
-inline const nn::GptConfig kTiny{.vocab_size = 256, .context = 16, .n_layer = 6, .n_head = 2, .n_embd = 32};
+inline const nn::ModelConfig kTiny{.vocab_size = 256, .context = 16, .n_layer = 6, .n_head = 2, .n_embd = 32};
 inline constexpr int kMicroBatch = 2;
 
 // A few kilobytes of varied text, the same on every run.
@@ -64,7 +64,7 @@ inline std::unique_ptr<PipelineEngine> tiny_engine(const Schedule& schedule, int
   auto engine = std::make_unique<PipelineEngine>(
       kTiny, schedule, partition_uniform(kTiny.pipeline_layers(), schedule.num_stages()),
       tiny_options(recompute_interval));
-  engine->init_gpt2(seed);
+  engine->init_parameters(seed);
   return engine;
 }
 
@@ -74,7 +74,7 @@ class Reference {
  public:
   explicit Reference(int global_batch, std::uint64_t seed = 11)
       : model_(kTiny, nn::all_layers(kTiny)), optimizer_(model_, tiny_options().optimizer), batch_(global_batch) {
-    model_.init_gpt2(seed);
+    model_.init_parameters(seed);
   }
 
   // One step's loss; gradients stay readable until the next step.

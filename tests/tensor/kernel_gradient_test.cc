@@ -94,12 +94,12 @@ TEST(KernelGradient, CausalAttentionMatchesFiniteDifferences) {
   const auto r = normal_vector(b * t * c, 32);
   std::vector<double> y(b * t * c), probs(b * nh * t * t);
   auto loss = [&] {
-    attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh);
+    attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh, nh);
     return dot(y, r);
   };
   loss();
   std::vector<double> dqkv(qkv.size()), scratch(t * t);
-  attention_backward(dqkv.data(), scratch.data(), r.data(), probs.data(), qkv.data(), b, t, c, nh);
+  attention_backward(dqkv.data(), scratch.data(), r.data(), probs.data(), qkv.data(), b, t, c, nh, nh);
   EXPECT_LT(relative_gradient_error(qkv, dqkv, loss), kTolerance);
 }
 
@@ -107,7 +107,7 @@ TEST(KernelGradient, AttentionIsCausalAndRowsSumToOne) {
   const int b = 1, t = 67, c = 4, nh = 1;
   auto qkv = normal_vector(b * t * 3 * c, 33);
   std::vector<double> y(b * t * c), probs(b * nh * t * t, -1.0);
-  attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh);
+  attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh, nh);
   for (int row = 0; row < t; ++row) {
     double total = 0;
     for (int key = 0; key < t; ++key) {
@@ -172,8 +172,8 @@ TEST(KernelPrecision, FloatGeluAttentionAndCrossEntropyAgreeWithDouble) {
   std::vector<float> qkv_f(qkv.begin(), qkv.end());
   std::vector<double> y(b * t * c), probs(b * nh * t * t);
   std::vector<float> y_f(y.size()), probs_f(probs.size());
-  attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh);
-  attention_forward(y_f.data(), probs_f.data(), qkv_f.data(), b, t, c, nh);
+  attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh, nh);
+  attention_forward(y_f.data(), probs_f.data(), qkv_f.data(), b, t, c, nh, nh);
   for (std::size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y_f[i], y[i], 2e-6 * (1 + std::abs(y[i]))) << i;
 
   const auto x = normal_vector(4096, 62, 4.0);

@@ -5,7 +5,8 @@
 
 namespace pipeflow::nn {
 
-// The first pipeline layer: x = wte[token] + wpe[position].
+// The first pipeline layer: x = wte[token] + wpe[position] (GPT-2), or
+// embed_tokens[token] (Llama: wpe null, positions are rotations in the blocks).
 template <class P>  // const T* for weights, T* for their gradients
 struct EmbeddingParams {
   P wte;  // [V, C]

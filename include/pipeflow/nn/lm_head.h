@@ -1,20 +1,23 @@
 #pragma once
 
+#include <optional>
+
 #include "pipeflow/nn/layer_shape.h"
 #include "pipeflow/tensor/tensor.h"
 
 namespace pipeflow::nn {
 
-// The last pipeline layer: final LayerNorm, logits = ln_f(x) · wteᵀ (the LM
-// head tied to the token embedding), mean softmax cross-entropy over the B·T
-// positions of the micro-batch.
+// The last pipeline layer: the final norm (GPT-2's LayerNorm ln_f, Llama's
+// RMSNorm model.norm), logits = norm(x) · matrixᵀ, mean softmax cross-entropy
+// over the B·T positions of the micro-batch.
 template <class P>  // const T* for weights, T* for their gradients
 struct HeadParams {
-  P ln_f_weight, ln_f_bias;  // [C], [C]
-  P wte;                     // [V, C]
+  P ln_f_weight = nullptr;  // [C]
+  P ln_f_bias = nullptr;    // [C]; null with RMSNorm
+  P matrix = nullptr;       // [V, C]: the tied token embedding, or Llama's lm_head.weight
 };
 
-// What one micro-batch keeps. After forward: x, ln_f (+ mean, rstd), probs.
+// What one micro-batch keeps. After forward: x, ln_f (+ mean with LayerNorm, rstd), probs.
 // After I: probs has become ∂L/∂logits (in place) and d_ln_f is added; W needs
 // all of them. After W: nothing.
 template <class T>
@@ -31,7 +34,9 @@ struct HeadSaved {
 template <class T>
 class LmHead {
  public:
-  LmHead(HeadParams<const T*> weights, HeadParams<T*> grads) : weights_(weights), grads_(grads) {}
+  // With LayerNorm; with RMSNorm of ε = rmsnorm_epsilon when it is given.
+  LmHead(HeadParams<const T*> weights, HeadParams<T*> grads, std::optional<double> rmsnorm_epsilon = std::nullopt)
+      : weights_(weights), grads_(grads), rmsnorm_epsilon_(rmsnorm_epsilon) {}
 
   // Returns the mean cross-entropy of the micro-batch.
   double forward(HeadSaved<T>& saved, BasicTensor<T> x, const IntTensor& targets, const LayerShape& shape,
@@ -49,6 +54,7 @@ class LmHead {
 
   HeadParams<const T*> weights_;
   HeadParams<T*> grads_;
+  std::optional<double> rmsnorm_epsilon_;
 };
 
 extern template class LmHead<float>;

@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-#include "pipeflow/nn/gpt_config.h"
+#include "pipeflow/nn/model_config.h"
 #include "pipeflow/nn/safetensors.h"
 #include "pipeflow/nn/stage.h"
 
@@ -14,9 +14,9 @@ namespace pipeflow::nn {
 // n_head, n_embd, n_ctx and vocab_size, so that weights move between pipeflow
 // and other implementations by name.
 
-void write_config(SafetensorsWriter& writer, const GptConfig& config);
+void write_config(SafetensorsWriter& writer, const ModelConfig& config);
 // Error naming the file and the missing or malformed key.
-GptConfig read_config(const SafetensorsFile& file);
+ModelConfig read_config(const SafetensorsFile& file);
 
 // Adds every parameter (or gradient) tensor of the stage under its name.
 void add_parameters(SafetensorsWriter& writer, const Stage& stage);

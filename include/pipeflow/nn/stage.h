@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "pipeflow/nn/embedding_layer.h"
-#include "pipeflow/nn/gpt_config.h"
+#include "pipeflow/nn/model_config.h"
 #include "pipeflow/nn/kv_cache.h"
 #include "pipeflow/nn/lm_head.h"
 #include "pipeflow/nn/parameter_layout.h"
@@ -82,10 +82,10 @@ class BasicMicrobatchState {
 
 // One pipeline stage: a contiguous range of the pipeline layers (embedding,
 // block.0 … block.{L−1}, head) with its own parameters and gradients (one
-// contiguous buffer each, laid out by ParameterLayout, HF GPT-2 names), a
-// buffer pool, and two memory accounts: activations (micro-batch states,
-// outputs, temporaries) and weights (parameters and gradients; the optimizer
-// adds its moments).
+// contiguous buffer each, laid out by ParameterLayout in Hugging Face's names
+// of the model's family), a buffer pool, and two memory accounts: activations
+// (micro-batch states, outputs, temporaries) and weights (parameters,
+// gradients and Llama's rotation tables; the optimizer adds its moments).
 //
 // Per micro-batch: forward → backward_input (I) → backward_weight (W), or
 // forward → backward (B = I then W). Gradients accumulate over micro-batches
@@ -93,7 +93,8 @@ class BasicMicrobatchState {
 // batch of m equal micro-batches on d data-parallel replicas, the head stage
 // starts each backward with loss_scale = 1 / (m·d).
 //
-// Tied embedding: wte is both the token embedding and the LM head. When the
+// Tied embedding (GPT-2 always, Llama when tied_embeddings): the token
+// embedding (wte, model.embed_tokens) is also the LM head. When the
 // embedding and the head are on different stages each holds a copy; before
 // the optimizer step the runtime makes both gradients their sum (DeepSpeed's
 // ReduceTiedGrads): exchange copies of tied_gradient(), then add_tied_gradient
@@ -113,13 +114,13 @@ class BasicStage {
   using State = BasicMicrobatchState<T>;
   using Input = BasicStageInput<T>;
 
-  // Parameters start at zero: init_gpt2, copy_parameters_from or
+  // Parameters start at zero: init_parameters, copy_parameters_from or
   // load_parameters (model_file.h) fill them.
-  BasicStage(const GptConfig& config, LayerRange layers, StageOptions options = {});
+  BasicStage(const ModelConfig& config, LayerRange layers, StageOptions options = {});
   BasicStage(const BasicStage&) = delete;
   BasicStage& operator=(const BasicStage&) = delete;
 
-  const GptConfig& config() const { return config_; }
+  const ModelConfig& config() const { return config_; }
   LayerRange layers() const { return range_; }
   const StageOptions& options() const { return options_; }
   bool has_embedding() const { return range_.first == 0; }
@@ -142,9 +143,9 @@ class BasicStage {
   std::span<const T> parameter(std::string_view name) const;
   std::span<T> gradient(std::string_view name);
   std::span<const T> gradient(std::string_view name) const;
-  // GPT-2 initialisation (init_gpt2 in parameter_layout.h): the same values
+  // The family's initialisation (init_parameters in parameter_layout.h): the same values
   // for a tensor whatever range holds it.
-  void init_gpt2(std::uint64_t seed);
+  void init_parameters(std::uint64_t seed);
   // Copies every tensor of this stage from `source` by name (e.g. from a whole
   // model); source must hold them all with the same shapes.
   void copy_parameters_from(const BasicStage& source);
@@ -187,7 +188,7 @@ class BasicStage {
   // every call. The same bytes: no copy is kept beside them. A row's block
   // outputs do not depend on the other rows of its group (the head's logits
   // still go through sgemm). From then on the stage serves forward_cached
-  // alone: forward (training), logits, init_gpt2, copy_parameters_from and
+  // alone: forward (training), logits, init_parameters, copy_parameters_from and
   // reading or writing parameters are refused with an error.
   void pack_for_inference();
   bool packed_for_inference() const { return packed_; }
@@ -195,17 +196,19 @@ class BasicStage {
   // --- Between the last micro-batch and the optimizer step ---
   void zero_gradients();
   // Σ g² over this stage's gradients, in double, counting each model
-  // parameter once across a pipeline: a head stage's copy of the tied wte is
-  // left out (the embedding stage counts it). Sum over stages, then √.
+  // parameter once across a pipeline: a head stage's copy of the tied
+  // embedding is left out (the embedding stage counts it). Sum over stages,
+  // then √.
   // With [begin, end): the same over those elements of the flat gradient
   // (a data-parallel replica's part: each replica sums its own).
   double gradient_square_sum() const { return gradient_square_sum(0, layout_.total()); }
   double gradient_square_sum(std::int64_t begin, std::int64_t end) const;
   void scale_gradients(double factor);
-  // Whether this stage's copy of wte.weight must have its gradient summed with
-  // another stage's copy (embedding and head on different stages).
-  bool needs_tied_reduction() const { return has_embedding() != has_head(); }
-  std::span<T> tied_gradient() { return gradient("wte.weight"); }
+  // Whether this stage's copy of the tied embedding (wte.weight,
+  // model.embed_tokens.weight) must have its gradient summed with another
+  // stage's copy (embedding and head on different stages).
+  bool needs_tied_reduction() const { return config_.tied_embeddings && has_embedding() != has_head(); }
+  std::span<T> tied_gradient() { return gradient(config_.embedding_name()); }
   void add_tied_gradient(std::span<const T> other);
 
   // --- Memory ---
@@ -238,7 +241,7 @@ class BasicStage {
   void recompute_segment(State& state, int segment);
   BasicTensor<T> input_pass(State& state, BasicTensor<T> grad, double loss_scale);
 
-  GptConfig config_;
+  ModelConfig config_;
   LayerRange range_;
   StageOptions options_;
   ParameterLayout layout_;
@@ -247,6 +250,7 @@ class BasicStage {
   BufferPool pool_;
   BasicTensor<T> values_;
   BasicTensor<T> grads_;
+  BasicTensor<T> rope_cos_, rope_sin_;  // Llama: [context, hs/2] (tensor/rope.h)
   std::optional<EmbeddingLayer<T>> embedding_;
   std::vector<TransformerBlock<T>> blocks_;
   std::optional<LmHead<T>> head_;

@@ -1,45 +1,70 @@
 #pragma once
 
+#include <optional>
+
 #include "pipeflow/nn/kv_cache.h"
 #include "pipeflow/nn/layer_shape.h"
 #include "pipeflow/tensor/tensor.h"
 
 namespace pipeflow::nn {
 
-// One GPT-2 block, pre-LayerNorm:
-//   x2 = x + attn.c_proj(attention(attn.c_attn(ln_1(x))))
-//   y  = x2 + mlp.c_proj(gelu(mlp.c_fc(ln_2(x2))))
+// One pre-norm decoder block, GPT-2's or Llama's:
+//   GPT-2: x2 = x + attn.c_proj(attention(attn.c_attn(ln_1(x))))
+//          y  = x2 + mlp.c_proj(gelu(mlp.c_fc(ln_2(x2))))
+//   Llama: x2 = x + o_proj(attention(rope(q_proj, k_proj, v_proj of input_layernorm(x))))
+//          y  = x2 + down_proj(silu(gate_proj(n)) ⊙ up_proj(n)), n = post_attention_layernorm(x2)
+// with RMSNorm, grouped-query attention and no biases.
 template <class P>  // const T* for weights, T* for their gradients
 struct BlockParams {
-  P ln_1_weight, ln_1_bias;      // [C], [C]
-  P attn_weight, attn_bias;      // attn.c_attn [C, 3C], [3C]
-  P attn_proj_weight, attn_proj_bias;  // attn.c_proj [C, C], [C]
-  P ln_2_weight, ln_2_bias;      // [C], [C]
-  P fc_weight, fc_bias;          // mlp.c_fc [C, 4C], [4C]
-  P fc_proj_weight, fc_proj_bias;  // mlp.c_proj [4C, C], [C]
+  // Both: the two norms' gains [C] (Llama: input_layernorm, post_attention_layernorm).
+  P ln_1_weight = nullptr, ln_2_weight = nullptr;
+  // GPT-2 (Conv1D layout [in, out]); null in a Llama block.
+  P ln_1_bias = nullptr, ln_2_bias = nullptr;        // [C]
+  P attn_weight = nullptr, attn_bias = nullptr;      // attn.c_attn [C, 3C], [3C]
+  P attn_proj_weight = nullptr, attn_proj_bias = nullptr;  // attn.c_proj [C, C], [C]
+  P fc_weight = nullptr, fc_bias = nullptr;          // mlp.c_fc [C, 4C], [4C]
+  P fc_proj_weight = nullptr, fc_proj_bias = nullptr;  // mlp.c_proj [4C, C], [C]
+  // Llama (nn.Linear layout [out, in]); null in a GPT-2 block.
+  P q_proj = nullptr, k_proj = nullptr, v_proj = nullptr;  // [NH·hs, C], [KV·hs, C], [KV·hs, C]
+  P o_proj = nullptr;                                      // [C, C]
+  P gate_proj = nullptr, up_proj = nullptr;                // [F, C], [F, C]
+  P down_proj = nullptr;                                   // [C, F]
 };
 
-// What one micro-batch keeps. After forward (16C + 4 values per token plus
-// NH·T attention probabilities): x, ln_1 (+ mean, rstd), qkv, probs, attn_y,
-// x2, ln_2 (+ mean, rstd), h, g. After I (20C + 4 per token, all W needs):
-// qkv, probs and h are gone; dy, dh, d_ln_2, dx2, dqkv, d_ln_1 are added.
-// After W: nothing.
+// What a Llama block needs beside its weights; the stage's blocks share the
+// rotation tables.
+template <class T>
+struct LlamaConstants {
+  int kv_heads = 0;
+  int ffn = 0;
+  double norm_eps = 1e-5;
+  const T* rope_cos = nullptr;  // [context, hs/2] (tensor/rope.h)
+  const T* rope_sin = nullptr;
+};
+
+// What one micro-batch keeps, W = (NH + 2·KV)·hs. GPT-2 after forward (16C +
+// 4 values per token plus NH·T attention probabilities): x, ln_1 (+ mean,
+// rstd), qkv, probs, attn_y, x2, ln_2 (+ mean, rstd), h, g. After I (20C + 4
+// per token, all W needs): qkv, probs and h are gone; dy, dh, d_ln_2, dx2,
+// dqkv, d_ln_1 are added. After W: nothing. Llama keeps the same tensors
+// without the means, h and dh being gate | up [B, T, 2F] and g the gated
+// product [B, T, F].
 template <class T>
 struct BlockSaved {
   BasicTensor<T> x;                             // [B, T, C] block input
   BasicTensor<T> ln_1, ln_1_mean, ln_1_rstd;    // [B, T, C], [B·T], [B·T]
-  BasicTensor<T> qkv;                           // [B, T, 3C]
+  BasicTensor<T> qkv;                           // [B, T, W] (Llama: q and k rotated)
   BasicTensor<T> probs;                         // [B, NH, T, T]
   BasicTensor<T> attn_y;                        // [B, T, C] heads' outputs
   BasicTensor<T> x2;                            // [B, T, C] after the attention residual
   BasicTensor<T> ln_2, ln_2_mean, ln_2_rstd;    // [B, T, C], [B·T], [B·T]
-  BasicTensor<T> h;                             // [B, T, 4C] before GELU
-  BasicTensor<T> g;                             // [B, T, 4C] after GELU
+  BasicTensor<T> h;                             // [B, T, 4C] before GELU; Llama [B, T, 2F] gate | up
+  BasicTensor<T> g;                             // [B, T, 4C] after GELU; Llama [B, T, F]
   BasicTensor<T> dy;                            // [B, T, C] ∂L/∂y
-  BasicTensor<T> dh;                            // [B, T, 4C] ∂L/∂h
+  BasicTensor<T> dh;                            // ∂L/∂h
   BasicTensor<T> d_ln_2;                        // [B, T, C]
   BasicTensor<T> dx2;                           // [B, T, C]
-  BasicTensor<T> dqkv;                          // [B, T, 3C]
+  BasicTensor<T> dqkv;                          // [B, T, W] (Llama: before the rotation)
   BasicTensor<T> d_ln_1;                        // [B, T, C]
 };
 
@@ -52,7 +77,10 @@ struct BlockSaved {
 template <class T>
 class TransformerBlock {
  public:
-  TransformerBlock(BlockParams<const T*> weights, BlockParams<T*> grads) : weights_(weights), grads_(grads) {}
+  // A GPT-2 block, or a Llama block when `llama` is given.
+  TransformerBlock(BlockParams<const T*> weights, BlockParams<T*> grads,
+                   std::optional<LlamaConstants<T>> llama = std::nullopt)
+      : weights_(weights), grads_(grads), llama_(llama) {}
 
   BasicTensor<T> forward(BlockSaved<T>& saved, BasicTensor<T> x, const LayerShape& shape,
                          Allocator allocator) const;
@@ -68,24 +96,33 @@ class TransformerBlock {
   BasicTensor<T> forward_cached(BasicTensor<T> x, BasicKvCache<T>& cache, int block, const SequenceRows& rows,
                                 const LayerShape& shape, Allocator allocator) const;
 
-  // Rearranges the four weight matrices into column panels (panels.h) in
-  // place, through `writable`, the same memory as this block's weights (of
-  // width c); forward_cached then multiplies by them. forward and the
-  // backward must not be called afterwards (BasicStage::pack_for_inference
-  // refuses them).
+  // GPT-2: rearranges the four weight matrices into column panels
+  // (panels.h) in place, through `writable`, the same memory as this block's
+  // weights (of width c); forward_cached then multiplies by them. forward and
+  // the backward must not be called afterwards (BasicStage::pack_for_inference
+  // refuses them). A Llama block keeps its matrices (its decode goes through
+  // sgemm).
   void pack_weights(const BlockParams<T*>& writable, int c);
 
  private:
   // The parts of forward around attention, shared with forward_cached:
-  // ln_1 and the qkv projection of saved.x; then from saved.attn_y the
-  // projection and residual, ln_2 and the MLP with its residual.
+  // the first norm and the qkv projection of saved.x (not rotated); then from
+  // saved.attn_y the output projection and residual, the second norm and the
+  // MLP with its residual.
   void project_qkv(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
   BasicTensor<T> project_and_mlp(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
+  // Llama: turns q and k of `rows` rows of qkv at positions first_position … .
+  void rotate(T* qkv, int rows, int first_position, const LayerShape& shape) const;
+  BasicTensor<T> llama_backward_input(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
+  void llama_backward_weight(BlockSaved<T>& saved, const LayerShape& shape) const;
   // linear_forward, or linear_forward_panels once the weights are packed.
   void linear(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out) const;
+  int kv_heads(const LayerShape& shape) const { return llama_ ? llama_->kv_heads : shape.nh; }
+  int qkv_width(const LayerShape& shape) const { return shape.c / shape.nh * (shape.nh + 2 * kv_heads(shape)); }
 
   BlockParams<const T*> weights_;
   BlockParams<T*> grads_;
+  std::optional<LlamaConstants<T>> llama_;
   bool panels_ = false;
 };
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "pipeflow/nn/adamw.h"
-#include "pipeflow/nn/gpt_config.h"
+#include "pipeflow/nn/model_config.h"
 #include "pipeflow/nn/safetensors.h"
 #include "pipeflow/nn/stage.h"
 #include "pipeflow/runtime/batch_source.h"
@@ -111,20 +111,20 @@ class PipelineEngine {
   // `schedule`: compute-only (then lowered with insert_send_recv) or already
   // lowered; it must pass validate(). `boundaries`: num_stages + 1 pipeline
   // layer indices 0 = b0 < … < b_S = L + 2 (see model/partition.h); stage s
-  // holds layers [b_s, b_{s+1}). Parameters start zero: init_gpt2 or
+  // holds layers [b_s, b_{s+1}). Parameters start zero: init_parameters or
   // load_parameters fill them. Throws Error naming what does not fit.
   // On the ranks of `group` (pipeline p = the schedule's ranks, d replicas;
   // it must outlive the engine):
-  PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+  PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
                  EngineOptions options, RankGroup& group);
   // On threads of this process (options.data_parallel replicas):
-  PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+  PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
                  EngineOptions options);
   ~PipelineEngine();
   PipelineEngine(const PipelineEngine&) = delete;
   PipelineEngine& operator=(const PipelineEngine&) = delete;
 
-  void init_gpt2(std::uint64_t seed);
+  void init_parameters(std::uint64_t seed);
   // Whole-model weights by name (pipeflow init's or a checkpoint's file);
   // Error naming the file when its model's shape differs from the engine's,
   // and naming the file and the tensor when a float in it is not finite (or
@@ -153,7 +153,7 @@ class PipelineEngine {
   StepResult step(std::int64_t step, const BatchSource& source, StepMode mode = StepMode::kTrain,
                   RunMode run = RunMode::kThreaded);
 
-  const nn::GptConfig& config() const { return config_; }
+  const nn::ModelConfig& config() const { return config_; }
   const Schedule& schedule() const { return schedule_; }  // lowered
   const std::vector<int>& boundaries() const { return boundaries_; }
   const EngineOptions& options() const { return options_; }
@@ -196,7 +196,7 @@ class PipelineEngine {
   struct Replica;
   struct LocalRank;
 
-  PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+  PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
                  EngineOptions options, RankGroup* group, std::unique_ptr<RankGroup> own_group);
   Replica& first_replica() const { return *replicas_.front(); }
   std::size_t local_index(int world_rank) const;  // in ranks_
@@ -233,7 +233,7 @@ class PipelineEngine {
   double clip_coefficient(StepMode mode, double grad_norm) const;
   void finish_serial(StepResult& result) const;
 
-  nn::GptConfig config_;
+  nn::ModelConfig config_;
   Schedule schedule_;
   std::vector<int> boundaries_;
   EngineOptions options_;

@@ -108,7 +108,7 @@ class InferencePipeline {
   InferencePipeline(const InferencePipeline&) = delete;
   InferencePipeline& operator=(const InferencePipeline&) = delete;
 
-  const nn::GptConfig& config() const { return config_; }
+  const nn::ModelConfig& config() const { return config_; }
   int num_stages() const { return static_cast<int>(stages_.size()); }
 
   // Generates options.sampling.new_tokens tokens for every prompt. Errors
@@ -125,7 +125,7 @@ class InferencePipeline {
   // weights for decoding (nn::BasicStage::pack_for_inference).
   void pack_stages();
 
-  nn::GptConfig config_;
+  nn::ModelConfig config_;
   std::unique_ptr<RankGroup> own_group_;  // the threads of an in-process pipeline
   RankGroup* group_ = nullptr;
   std::vector<int> boundaries_;                     // stage i holds layers [boundaries_[i], boundaries_[i + 1])

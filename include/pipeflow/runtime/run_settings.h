@@ -3,7 +3,7 @@
 #include <filesystem>
 
 #include "pipeflow/config/run_config.h"
-#include "pipeflow/nn/gpt_config.h"
+#include "pipeflow/nn/model_config.h"
 #include "pipeflow/runtime/trainer.h"
 
 namespace pipeflow::runtime {
@@ -23,7 +23,7 @@ nn::AdamWOptions adamw_options(const OptimizerConfig& optimizer);
 nn::LrSchedule lr_schedule(const SchedulerConfig& scheduler, double optimizer_lr);
 
 // The GPT-2 a model spec describes (Error naming the source otherwise).
-nn::GptConfig gpt_config(const ModelSpec& spec, const std::string& source);
+nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source);
 
 // The model shape a weights file or checkpoint carries (its header alone is
 // read); Error naming the file when it has none.

@@ -10,7 +10,7 @@
 #include "pipeflow/config/run_config.h"
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/model/partition.h"
-#include "pipeflow/nn/gpt_config.h"
+#include "pipeflow/nn/model_config.h"
 #include "pipeflow/runtime/engine_options.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/schedule.h"
@@ -23,7 +23,7 @@ class RankGroup;
 // Everything a training run needs, as plain values (`pipeflow train` fills
 // them from the run configuration and the command line).
 struct TrainSettings {
-  nn::GptConfig model;
+  nn::ModelConfig model;
   // What runs (ResolvedRun::schedule): its ranks p, chunks per rank v and
   // micro-batches per step and replica m.
   Schedule schedule = make_schedule("1f1b", 1, 1);

@@ -30,4 +30,21 @@ void linear_backward_weight(T* dw, T* db, const T* x, const T* dy, int n, int in
 template <class T>
 void add_column_sums(T* db, const T* dy, int n, int out);
 
+// torch.nn.Linear's layout without bias, as Llama's projections: w [out, in].
+// y and dy may be column blocks of a wider tensor (row stride ldy), so that q,
+// k and v (or gate and up) land side by side in one packed tensor.
+
+// y[n, out] = x[n, in] · wᵀ (+ residual[n, out], dense, if not null).
+template <class T>
+void projection_forward(T* y, int ldy, const T* x, const T* w, const T* residual, int n, int in, int out);
+
+// I: dx[n, in] = dy · w, or dx += dy · w when `accumulate` (the sum over
+// projections that read the same input).
+template <class T>
+void projection_backward_input(T* dx, const T* dy, int ldy, const T* w, int n, int in, int out, bool accumulate);
+
+// W, accumulating: dw[out, in] += dyᵀ · x.
+template <class T>
+void projection_backward_weight(T* dw, const T* x, const T* dy, int ldy, int n, int in, int out);
+
 }  // namespace pipeflow

@@ -14,7 +14,7 @@
 namespace pipeflow::runtime {
 
 BatchGradients unpipelined_gradients(const nn::SafetensorsFile& weights, IntTensor tokens) {
-  const nn::GptConfig config = nn::read_config(weights);
+  const nn::ModelConfig config = nn::read_config(weights);
   BatchGradients g{std::make_unique<nn::Stage>(config, nn::all_layers(config), nn::StageOptions{0, "model"}), 0,
                    "unpipelined"};
   nn::load_parameters(*g.model, weights);
@@ -28,7 +28,7 @@ BatchGradients unpipelined_gradients(const nn::SafetensorsFile& weights, IntTens
 
 BatchGradients pipelined_gradients(const nn::SafetensorsFile& weights, IntTensor tokens,
                                    const GradientPipeline& pipeline) {
-  const nn::GptConfig config = nn::read_config(weights);
+  const nn::ModelConfig config = nn::read_config(weights);
   // The schedule first: it rejects microbatches < 1 before they divide anything.
   const Schedule schedule =
       make_schedule(pipeline.schedule, pipeline.stages, pipeline.microbatches, pipeline.chunks);

@@ -40,7 +40,7 @@ Schedule lowered_and_valid(const Schedule& schedule) {
   return lowered;
 }
 
-void check_boundaries(const nn::GptConfig& config, const Schedule& schedule, const std::vector<int>& b) {
+void check_boundaries(const nn::ModelConfig& config, const Schedule& schedule, const std::vector<int>& b) {
   const int layers = config.pipeline_layers();
   const int stages = schedule.num_stages();
   if (static_cast<int>(b.size()) != stages + 1) {
@@ -134,16 +134,16 @@ struct PipelineEngine::LocalRank {
   std::vector<Reduction> reductions;
 };
 
-PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
                                EngineOptions options)
     : PipelineEngine(config, schedule, std::move(boundaries), options, nullptr,
                      RankGroup::in_threads({.pipeline = schedule.num_ranks(), .data_parallel = options.data_parallel})) {}
 
-PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
                                EngineOptions options, RankGroup& group)
     : PipelineEngine(config, schedule, std::move(boundaries), std::move(options), &group, nullptr) {}
 
-PipelineEngine::PipelineEngine(const nn::GptConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
                                EngineOptions options, RankGroup* group, std::unique_ptr<RankGroup> own_group)
     : config_(config),
       schedule_(lowered_and_valid(schedule)),
@@ -262,16 +262,16 @@ std::int64_t PipelineEngine::stage_parameter_count(StageId s) const {
   return nn::ParameterLayout(config_, {boundaries_.at(i), boundaries_.at(i + 1)}).total();
 }
 
-void PipelineEngine::init_gpt2(std::uint64_t seed) {
+void PipelineEngine::init_parameters(std::uint64_t seed) {
   for (auto& replica : replicas_) {
     for (auto& stage : replica->stages) {
-      if (stage) stage->init_gpt2(seed);
+      if (stage) stage->init_parameters(seed);
     }
   }
 }
 
 void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
-  const nn::GptConfig stored = nn::read_config(file);
+  const nn::ModelConfig stored = nn::read_config(file);
   if (!(stored == config_)) {
     fail("{}: holds a model with {} layers, {} heads, width {}, context {}, vocab {}; the run's model has {}, {}, {}, "
          "{}, {}",

@@ -17,7 +17,7 @@ namespace {
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-void check_prompts(const std::vector<std::vector<std::int32_t>>& prompts, const nn::GptConfig& config,
+void check_prompts(const std::vector<std::vector<std::int32_t>>& prompts, const nn::ModelConfig& config,
                    int new_tokens) {
   if (prompts.empty()) fail("generation needs at least one prompt");
   for (std::size_t i = 0; i < prompts.size(); ++i) {

@@ -80,10 +80,10 @@ double measure_handoff_latency(std::chrono::nanoseconds spin, double seconds) {
 namespace {
 
 double measure_model(double seconds) {
-  const nn::GptConfig config{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 4, .n_embd = 128};
+  const nn::ModelConfig config{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 4, .n_embd = 128};
   constexpr int kBatch = 8;
   nn::Stage model(config, nn::all_layers(config), {.name = "calibration model"});
-  model.init_gpt2(1);
+  model.init_parameters(1);
   IntTensor tokens({kBatch, config.context});
   nn::Rng rng(2);
   for (std::int64_t i = 0; i < tokens.numel(); ++i) tokens[i] = static_cast<std::int32_t>(rng.below(256));

@@ -146,7 +146,7 @@ MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine&
   if (costs.num_stages() != engine.num_stages()) {
     fail("measured costs have {} stages, the engine {}", costs.num_stages(), engine.num_stages());
   }
-  const nn::GptConfig& config = engine.config();
+  const nn::ModelConfig& config = engine.config();
   const EngineOptions& options = engine.options();
   const int t = options.seq_length;
   const double message = static_cast<double>(options.micro_batch) * t * config.n_embd * sizeof(float);

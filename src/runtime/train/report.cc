@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "pipeflow/core/units.h"
-#include "pipeflow/nn/gpt_config.h"
+#include "pipeflow/nn/model_config.h"
 #include "pipeflow/runtime/noise_scale.h"
 
 namespace pipeflow::runtime {
@@ -42,7 +42,7 @@ std::string signed_percent(double measured, double predicted) {
 std::string run_section(const RunRecord& run) {
   const TrainSettings& s = *run.settings;
   const Schedule& schedule = *run.schedule;
-  const nn::GptConfig& m = s.model;
+  const nn::ModelConfig& m = s.model;
   const int b = s.engine.micro_batch;
   const int t = s.engine.seq_length;
   std::string out = "## Run\n\n";

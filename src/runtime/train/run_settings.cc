@@ -8,7 +8,7 @@
 
 namespace pipeflow::runtime {
 
-nn::GptConfig gpt_config(const ModelSpec& spec, const std::string& source) {
+nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source) {
   if (spec.architecture != Architecture::kGpt || spec.ffn != 4 * spec.hidden || !spec.tied_embeddings ||
       spec.dropout || spec.kv_heads != spec.heads) {
     fail("{}: model {} is not a GPT-2 (pipeflow train runs GPT-2: a GELU MLP of 4 x n_embd, the LM head tied to wte, "
@@ -16,7 +16,7 @@ nn::GptConfig gpt_config(const ModelSpec& spec, const std::string& source) {
          "gpt2-* preset",
          source, spec.name);
   }
-  nn::GptConfig config{.vocab_size = spec.vocab,
+  nn::ModelConfig config{.vocab_size = spec.vocab,
                        .context = spec.max_positions,
                        .n_layer = spec.layers,
                        .n_head = spec.heads,
@@ -26,7 +26,7 @@ nn::GptConfig gpt_config(const ModelSpec& spec, const std::string& source) {
 }
 
 ModelFromFile model_of_file(const std::filesystem::path& path) {
-  const nn::GptConfig c = nn::read_config(read_checkpoint_metadata(path));
+  const nn::ModelConfig c = nn::read_config(read_checkpoint_metadata(path));
   return {gpt_model(fmt::format("gpt-{}x{}", c.n_layer, c.n_embd), c.n_layer, c.n_embd, c.n_head, c.vocab_size,
                     c.context),
           path.string()};
@@ -83,7 +83,7 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
          source);
   }
   TrainSettings s;
-  s.model = gpt_config(resolved.model, source);
+  s.model = runtime_model(resolved.model, source);
   s.schedule = resolved.schedule;
   s.partition = run.pipeline.partition_method;
   s.hardware = run.hardware;

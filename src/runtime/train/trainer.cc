@@ -118,7 +118,7 @@ std::unique_ptr<PipelineEngine> Run::make_engine() const {
     return engine;  // resume() loads it
   }
   if (settings_.weights.empty()) {
-    engine->init_gpt2(settings_.seed);
+    engine->init_parameters(settings_.seed);
   } else {
     engine->load_parameters(read_checkpoint(settings_.weights));  // a file, or a sharded folder or its index
   }

@@ -1,0 +1,117 @@
+#include "pipeflow/nn/model_config.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "pipeflow/core/error.h"
+
+namespace pipeflow::nn {
+
+void ModelConfig::validate() const {
+  auto require_in_range = [](const char* field, int value, int most) {
+    if (value <= 0) fail("model {} = {}: must be positive", field, value);
+    if (value > most) fail("model {} = {}: must be at most {}", field, value, most);
+  };
+  require_in_range("vocab_size", vocab_size, kMaxVocab);
+  require_in_range("context", context, kMaxContext);
+  require_in_range("n_layer", n_layer, kMaxLayers);
+  require_in_range("n_head", n_head, kMaxWidth);
+  require_in_range("n_embd", n_embd, kMaxWidth);
+  if (n_embd % n_head != 0) {
+    fail("model n_embd = {} is not a multiple of n_head = {}: every head needs n_embd / n_head features", n_embd,
+         n_head);
+  }
+  if (!llama()) {
+    if (n_kv_head != 0 && n_kv_head != n_head) {
+      fail("model n_kv_head = {}: GPT-2 has one key/value head per query head; leave it 0 or set it to n_head = {}",
+           n_kv_head, n_head);
+    }
+    if (intermediate != 0 && intermediate != 4 * n_embd) {
+      fail("model intermediate = {}: GPT-2's MLP is 4 x n_embd = {} wide; leave it 0", intermediate, 4 * n_embd);
+    }
+    if (!tied_embeddings) fail("model tied_embeddings = false: GPT-2's LM head is tied to wte; leave it true");
+    return;
+  }
+  if (n_kv_head < 0 || n_kv_head > n_head || n_head % kv_heads() != 0) {
+    fail("model n_kv_head = {}: must divide n_head = {} (each key/value head serves n_head / n_kv_head query "
+         "heads), or be 0 for one per query head",
+         n_kv_head, n_head);
+  }
+  if (head_size() % 2 != 0) {
+    fail("model n_embd / n_head = {} / {} = {}: Llama's rotary embedding turns pairs of features, so the head "
+         "size must be even",
+         n_embd, n_head, head_size());
+  }
+  if (intermediate < 0 || intermediate > kMaxWidth * 4) {
+    fail("model intermediate = {}: must be in [1, {}] (0: 4 x n_embd)", intermediate, kMaxWidth * 4);
+  }
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) fail("model rope_theta = {}: must be a positive number", rope_theta);
+  if (!(norm_eps > 0) || !(norm_eps < 1)) fail("model rms_norm_eps = {}: must be in (0, 1)", norm_eps);
+  const RopeScaling& r = rope_scaling;
+  if (!(r.factor >= 1) || !std::isfinite(r.factor) || !(r.low_freq_factor > 0) ||
+      !(r.high_freq_factor > r.low_freq_factor) || r.original_context < 1) {
+    fail("model rope_scaling = {{factor {}, low_freq_factor {}, high_freq_factor {}, "
+         "original_max_position_embeddings {}}}: needs factor >= 1, 0 < low_freq_factor < high_freq_factor and a "
+         "positive original context (Llama 3.1: 8, 1, 4, 8192)",
+         r.factor, r.low_freq_factor, r.high_freq_factor, r.original_context);
+  }
+}
+
+const char* to_string(Family family) { return family == Family::kLlama ? "llama" : "gpt2"; }
+
+const char* ModelConfig::embedding_name() const { return llama() ? "model.embed_tokens.weight" : "wte.weight"; }
+
+const char* ModelConfig::head_matrix_name() const { return tied_embeddings ? embedding_name() : "lm_head.weight"; }
+
+std::int64_t ModelConfig::parameter_count() const {
+  const std::int64_t c = n_embd;
+  if (llama()) {
+    const std::int64_t v = vocab_size;
+    const std::int64_t kv = static_cast<std::int64_t>(kv_heads()) * head_size();
+    const std::int64_t block = 2 * c + 2 * c * c + 2 * c * kv + 3 * c * ffn();
+    return v * c * (tied_embeddings ? 1 : 2) + n_layer * block + c;
+  }
+  return static_cast<std::int64_t>(vocab_size) * c + static_cast<std::int64_t>(context) * c +
+         n_layer * (12 * c * c + 13 * c) + 2 * c;
+}
+
+std::vector<double> rope_frequencies(const ModelConfig& config) {
+  const int hs = config.head_size();
+  const RopeScaling& r = config.rope_scaling;
+  constexpr double kPi = 3.14159265358979323846;
+  std::vector<double> frequencies(static_cast<std::size_t>(hs / 2));
+  for (int i = 0; i < hs / 2; ++i) {
+    double f = std::pow(config.rope_theta, -2.0 * i / hs);
+    if (r.factor != 1) {
+      const double wavelength = 2 * kPi / f;
+      const double low_wavelength = r.original_context / r.low_freq_factor;
+      const double high_wavelength = r.original_context / r.high_freq_factor;
+      if (wavelength > low_wavelength) {
+        f /= r.factor;
+      } else if (wavelength >= high_wavelength) {
+        const double smooth = (r.original_context / wavelength - r.low_freq_factor) /
+                              (r.high_freq_factor - r.low_freq_factor);
+        f = (1 - smooth) * f / r.factor + smooth * f;
+      }
+    }
+    frequencies[static_cast<std::size_t>(i)] = f;
+  }
+  return frequencies;
+}
+
+std::string pipeline_layer_name(const ModelConfig& config, int layer) {
+  if (layer == 0) return "embedding";
+  if (layer == config.n_layer + 1) return "head";
+  return fmt::format("block.{}", layer - 1);
+}
+
+void validate_range(const ModelConfig& config, LayerRange range) {
+  if (range.first < 0 || range.last > config.pipeline_layers() || range.first >= range.last) {
+    fail("layer range [{}, {}) is not a non-empty range of the model's {} pipeline layers (embedding, {} blocks, "
+         "head)",
+         range.first, range.last, config.pipeline_layers(), config.n_layer);
+  }
+}
+
+}  // namespace pipeflow::nn
