@@ -1,5 +1,8 @@
 #include "pipeflow/nn/model_file.h"
 
+#include <fmt/format.h>
+
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -15,6 +18,25 @@ int metadata_int(const SafetensorsFile& file, const char* key) {
   return static_cast<int>(value);
 }
 
+double metadata_number(const SafetensorsFile& file, const char* key) {
+  const std::string& text = file.metadata(key);
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || !std::isfinite(value)) {
+    fail("{}: __metadata__ {} = \"{}\" is not a finite number", file.source(), key, text);
+  }
+  return value;
+}
+
+bool metadata_flag(const SafetensorsFile& file, const char* key) {
+  const std::string& text = file.metadata(key);
+  if (text != "true" && text != "false") fail("{}: __metadata__ {} = \"{}\" must be true or false", file.source(), key, text);
+  return text == "true";
+}
+
+// Shortest text that reads back as the same double.
+std::string number_text(double value) { return fmt::format("{}", value); }
+
 }  // namespace
 
 void write_config(SafetensorsWriter& writer, const ModelConfig& config) {
@@ -23,14 +45,43 @@ void write_config(SafetensorsWriter& writer, const ModelConfig& config) {
   writer.set_metadata("n_embd", std::to_string(config.n_embd));
   writer.set_metadata("n_ctx", std::to_string(config.context));
   writer.set_metadata("vocab_size", std::to_string(config.vocab_size));
+  if (!config.llama()) return;
+  const RopeScaling& r = config.rope_scaling;
+  writer.set_metadata("model_type", "llama");
+  writer.set_metadata("n_kv_head", std::to_string(config.kv_heads()));
+  writer.set_metadata("intermediate_size", std::to_string(config.ffn()));
+  writer.set_metadata("rope_theta", number_text(config.rope_theta));
+  writer.set_metadata("rms_norm_eps", number_text(config.norm_eps));
+  writer.set_metadata("tie_word_embeddings", config.tied_embeddings ? "true" : "false");
+  writer.set_metadata("rope_scaling.factor", number_text(r.factor));
+  writer.set_metadata("rope_scaling.low_freq_factor", number_text(r.low_freq_factor));
+  writer.set_metadata("rope_scaling.high_freq_factor", number_text(r.high_freq_factor));
+  writer.set_metadata("rope_scaling.original_max_position_embeddings", std::to_string(r.original_context));
 }
 
 ModelConfig read_config(const SafetensorsFile& file) {
   ModelConfig config{.vocab_size = metadata_int(file, "vocab_size"),
-                   .context = metadata_int(file, "n_ctx"),
-                   .n_layer = metadata_int(file, "n_layer"),
-                   .n_head = metadata_int(file, "n_head"),
-                   .n_embd = metadata_int(file, "n_embd")};
+                     .context = metadata_int(file, "n_ctx"),
+                     .n_layer = metadata_int(file, "n_layer"),
+                     .n_head = metadata_int(file, "n_head"),
+                     .n_embd = metadata_int(file, "n_embd")};
+  const auto type = file.metadata().find("model_type");
+  if (type != file.metadata().end() && type->second != "gpt2") {
+    if (type->second != "llama") {
+      fail("{}: __metadata__ model_type = \"{}\": pipeflow reads \"gpt2\" and \"llama\" weights", file.source(),
+           type->second);
+    }
+    config.family = Family::kLlama;
+    config.n_kv_head = metadata_int(file, "n_kv_head");
+    config.intermediate = metadata_int(file, "intermediate_size");
+    config.rope_theta = metadata_number(file, "rope_theta");
+    config.norm_eps = metadata_number(file, "rms_norm_eps");
+    config.tied_embeddings = metadata_flag(file, "tie_word_embeddings");
+    config.rope_scaling = {.factor = metadata_number(file, "rope_scaling.factor"),
+                           .low_freq_factor = metadata_number(file, "rope_scaling.low_freq_factor"),
+                           .high_freq_factor = metadata_number(file, "rope_scaling.high_freq_factor"),
+                           .original_context = metadata_int(file, "rope_scaling.original_max_position_embeddings")};
+  }
   try {
     config.validate();
   } catch (const Error& error) {

@@ -20,6 +20,23 @@ constexpr double kTolerance = 1e-6;
 
 ModelConfig tiny_config() { return {.vocab_size = 11, .context = 6, .n_layer = 2, .n_head = 2, .n_embd = 8}; }
 
+// Llama with 4 query heads of size 2 on `kv_heads` key/value heads, an MLP of
+// 12, Llama 3 scaling that blends one frequency and stretches the other.
+ModelConfig tiny_llama(int kv_heads, bool tied) {
+  return {.family = Family::kLlama,
+          .vocab_size = 11,
+          .context = 6,
+          .n_layer = 2,
+          .n_head = 4,
+          .n_embd = 8,
+          .n_kv_head = kv_heads,
+          .intermediate = 12,
+          .rope_theta = 100,
+          .rope_scaling = {.factor = 4, .low_freq_factor = 1, .high_freq_factor = 4, .original_context = 8},
+          .norm_eps = 1e-5,
+          .tied_embeddings = tied};
+}
+
 IntTensor int_tensor(std::initializer_list<std::int64_t> shape, const std::vector<std::int32_t>& values) {
   IntTensor tensor{Shape(shape)};
   std::copy(values.begin(), values.end(), tensor.data());
@@ -80,8 +97,7 @@ struct Probe {
   }
 };
 
-void expect_gradients_match(LayerRange range) {
-  const ModelConfig config = tiny_config();
+void expect_gradients_match(LayerRange range, const ModelConfig& config = tiny_config()) {
   DStage stage(config, range);
   randomise(stage, 7);
   const std::size_t activation_size = 2 * 5 * config.n_embd;
@@ -108,6 +124,18 @@ TEST(StageGradient, TransformerBlockMatchesFiniteDifferences) { expect_gradients
 TEST(StageGradient, HeadLayerMatchesFiniteDifferences) { expect_gradients_match({3, 4}); }
 
 TEST(StageGradient, WholeModelMatchesFiniteDifferences) { expect_gradients_match({0, 4}); }
+
+TEST(StageGradient, LlamaLayersMatchFiniteDifferences) {
+  for (const int kv_heads : {1, 2, 4}) {
+    for (const bool tied : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << kv_heads << " key/value heads, " << (tied ? "tied" : "untied"));
+      const ModelConfig config = tiny_llama(kv_heads, tied);
+      expect_gradients_match({1, 2}, config);  // a block
+      expect_gradients_match({3, 4}, config);  // the head (its own copy of the tied embedding)
+      expect_gradients_match({0, 4}, config);  // the whole model
+    }
+  }
+}
 
 TEST(StageGradient, TwoBlocksWithRecomputeMatchFiniteDifferences) {
   const ModelConfig config = tiny_config();

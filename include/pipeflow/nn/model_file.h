@@ -8,11 +8,15 @@
 
 namespace pipeflow::nn {
 
-// GPT-2 weights in safetensors with Hugging Face GPT-2 names (wte.weight,
-// h.{i}.attn.c_attn.weight in Conv1D layout [in, out], ...; see
-// parameter_layout.h), and the model's shape in __metadata__ as n_layer,
-// n_head, n_embd, n_ctx and vocab_size, so that weights move between pipeflow
-// and other implementations by name.
+// Weights in safetensors with Hugging Face's names of the model's family
+// (GPT-2: wte.weight, h.{i}.attn.c_attn.weight in Conv1D layout [in, out];
+// Llama: model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight
+// in nn.Linear layout [out, in]; see parameter_layout.h), and the model in
+// __metadata__ as n_layer, n_head, n_embd, n_ctx and vocab_size; a Llama adds
+// model_type "llama", n_kv_head, intermediate_size, rope_theta, rms_norm_eps,
+// tie_word_embeddings and rope_scaling.{factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings}. Weights move between
+// pipeflow and other implementations by name.
 
 void write_config(SafetensorsWriter& writer, const ModelConfig& config);
 // Error naming the file and the missing or malformed key.
