@@ -9,6 +9,7 @@
 #include "pipeflow/config/rules.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/units.h"
+#include "pipeflow/model/hf_config.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/io.h"
 #include "pipeflow/schedule/validate.h"
@@ -176,7 +177,13 @@ ModelSpec read_inline_model(const Config& section) {
 void read_model(const Config& config, RunConfig& run) {
   if (config.is_object("model")) {
     run.model_source = "inline";
-    run.model = read_inline_model(config.object("model"));
+    const Config section = config.object("model");
+    if (section.has("model_type") || section.has("num_hidden_layers")) {
+      // A Hugging Face config.json written inline: its keys, its defaults.
+      run.model = model_from_hf_config_text(config.raw("model").dump(), config.source() + " (model)");
+    } else {
+      run.model = read_inline_model(section);
+    }
     return;
   }
   run.model_source = config.get("model", "");
@@ -309,6 +316,7 @@ void check_consistency(const Config& config, const RunConfig& run) {
 Json model_to_json(const RunConfig& run) {
   if (run.model_source != "inline") return run.model_source;
   const ModelSpec& m = *run.model;
+  if (m.architecture == Architecture::kLlama) return llama_hf_config(m);
   return Json{{"n_layer", m.layers}, {"n_head", m.heads}, {"n_embd", m.hidden}, {"n_ctx", m.max_positions},
               {"vocab_size", m.vocab}};
 }
@@ -479,13 +487,19 @@ RunConfig parse_keys(const Config& config) {
 }
 
 std::string shape_of(const ModelSpec& m) {
-  return fmt::format("{} layers, {} heads, width {}, context {}, vocabulary {}", m.layers, m.heads, m.hidden,
-                     m.max_positions, m.vocab);
+  std::string text = fmt::format("{} layers, {} heads, width {}, context {}, vocabulary {}", m.layers, m.heads,
+                                 m.hidden, m.max_positions, m.vocab);
+  if (m.architecture == Architecture::kLlama) {
+    text = fmt::format("Llama, {}, {} key/value heads, MLP {}, {} head", text, m.kv_heads, m.ffn,
+                       m.tied_embeddings ? "tied" : "untied");
+  }
+  return text;
 }
 
 bool same_shape(const ModelSpec& a, const ModelSpec& b) {
   return a.architecture == b.architecture && a.layers == b.layers && a.heads == b.heads && a.hidden == b.hidden &&
-         a.max_positions == b.max_positions && a.vocab == b.vocab;
+         a.max_positions == b.max_positions && a.vocab == b.vocab && a.kv_heads == b.kv_heads && a.ffn == b.ffn &&
+         a.tied_embeddings == b.tied_embeddings;
 }
 
 // The model that runs: the configuration's, or the file's (which then also

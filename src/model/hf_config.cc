@@ -21,7 +21,8 @@ std::vector<std::string> shape_keys(const std::string& type) {
   const std::vector<std::string> llama = {
       "num_hidden_layers", "hidden_size", "num_attention_heads",     "num_key_value_heads",
       "intermediate_size", "vocab_size",  "max_position_embeddings", "tie_word_embeddings",
-      "attention_dropout", "head_dim",    "attention_bias",          "mlp_bias"};
+      "attention_dropout", "head_dim",    "attention_bias",          "mlp_bias",
+      "rope_theta",        "rope_scaling", "rms_norm_eps"};
   if (type == "gpt2") return gpt2;
   if (type == "llama") return llama;
   std::vector<std::string> both = gpt2;
@@ -83,6 +84,27 @@ ModelSpec llama_from(const Config& config, std::string name) {
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     if (config.get(key, false)) config.fail_value(key, "pipeflow models Llama layers without biases");
   }
+  LlamaNumerics& numerics = spec.llama;
+  numerics.rope_theta = config.get("rope_theta", 10000.0);
+  if (!(numerics.rope_theta > 0)) config.fail_value("rope_theta", "must be > 0");
+  numerics.rms_norm_eps = config.get("rms_norm_eps", 1e-6);
+  if (!(numerics.rms_norm_eps > 0 && numerics.rms_norm_eps < 1)) config.fail_value("rms_norm_eps", "must be in (0, 1)");
+  if (config.is_object("rope_scaling")) {
+    const Config scaling = config.object("rope_scaling");
+    // transformers wrote "type" before 4.45 and "rope_type" since.
+    numerics.rope_type = scaling.get("rope_type", scaling.get("type", "default"));
+    if (numerics.rope_type == "llama3") {
+      numerics.rope_factor = scaling.require<double>("factor");
+      numerics.rope_low_freq_factor = scaling.require<double>("low_freq_factor");
+      numerics.rope_high_freq_factor = scaling.require<double>("high_freq_factor");
+      numerics.rope_original_context = scaling.require<int>("original_max_position_embeddings");
+      if (!(numerics.rope_factor >= 1)) scaling.fail_value("factor", "must be >= 1");
+      if (!(numerics.rope_low_freq_factor > 0 && numerics.rope_high_freq_factor > numerics.rope_low_freq_factor)) {
+        scaling.fail_value("high_freq_factor", "needs 0 < low_freq_factor < high_freq_factor");
+      }
+      if (numerics.rope_original_context < 1) scaling.fail_value("original_max_position_embeddings", "must be >= 1");
+    }
+  }
   return spec;
 }
 
@@ -106,6 +128,33 @@ ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name
   validate_model(spec);
   check_head_width(spec);
   return spec;
+}
+
+nlohmann::json llama_hf_config(const ModelSpec& spec) {
+  const LlamaNumerics& n = spec.llama;
+  nlohmann::json json = {{"model_type", "llama"},
+                         {"num_hidden_layers", spec.layers},
+                         {"hidden_size", spec.hidden},
+                         {"num_attention_heads", spec.heads},
+                         {"num_key_value_heads", spec.kv_heads},
+                         {"intermediate_size", spec.ffn},
+                         {"vocab_size", spec.vocab},
+                         {"max_position_embeddings", spec.max_positions},
+                         {"tie_word_embeddings", spec.tied_embeddings},
+                         {"rope_theta", n.rope_theta},
+                         {"rms_norm_eps", n.rms_norm_eps},
+                         {"rope_scaling", nullptr}};
+  if (spec.dropout) json["attention_dropout"] = 0.1;
+  if (n.rope_type == "llama3") {
+    json["rope_scaling"] = {{"rope_type", "llama3"},
+                            {"factor", n.rope_factor},
+                            {"low_freq_factor", n.rope_low_freq_factor},
+                            {"high_freq_factor", n.rope_high_freq_factor},
+                            {"original_max_position_embeddings", n.rope_original_context}};
+  } else if (n.rope_type != "default") {
+    json["rope_scaling"] = {{"rope_type", n.rope_type}};
+  }
+  return json;
 }
 
 ModelSpec model_from_hf_config(const std::filesystem::path& path) {

@@ -76,6 +76,22 @@ std::int64_t ModelConfig::parameter_count() const {
          n_layer * (12 * c * c + 13 * c) + 2 * c;
 }
 
+std::string describe(const ModelConfig& config) {
+  const ModelConfig& c = config;
+  if (!c.llama()) {
+    return fmt::format("GPT-2, {} layers, width {}, {} heads, context {}, vocabulary {}", c.n_layer, c.n_embd,
+                       c.n_head, c.context, c.vocab_size);
+  }
+  std::string text = fmt::format("Llama, {} layers, width {}, {} heads ({} key/value), MLP {}, context {}, "
+                                 "vocabulary {}, rope_theta {}",
+                                 c.n_layer, c.n_embd, c.n_head, c.kv_heads(), c.ffn(), c.context, c.vocab_size,
+                                 c.rope_theta);
+  if (c.rope_scaling.factor != 1) {
+    text += fmt::format(" (llama3 scaling x{} from {})", c.rope_scaling.factor, c.rope_scaling.original_context);
+  }
+  return text + (c.tied_embeddings ? ", tied head" : ", untied head");
+}
+
 std::vector<double> rope_frequencies(const ModelConfig& config) {
   const int hs = config.head_size();
   const RopeScaling& r = config.rope_scaling;

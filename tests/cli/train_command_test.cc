@@ -53,7 +53,7 @@ TEST(TrainCommand, TrainsATinyModelAndWritesTheReportMetricsTimelinesAndWeights)
   const CommandResult result = run_pipeflow("train --config " + write_config(dir, tiny_config(out)));
   ASSERT_EQ(result.exit_code, 0) << result.err;
   // Not a terminal: plain progress lines on standard error, a summary on standard output.
-  EXPECT_NE(result.err.find("pipeflow train: GPT-2 2 layers, width 32, 2 heads, context 32"), std::string::npos)
+  EXPECT_NE(result.err.find("pipeflow train: GPT-2, 2 layers, width 32, 2 heads, context 32"), std::string::npos)
       << result.err;
   EXPECT_NE(result.err.find("step 1/25 loss "), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("after 10 steps: validation loss "), std::string::npos) << result.err;
@@ -325,11 +325,17 @@ TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
   const std::string bad_batch = R"({"model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_ctx": 32},
     "train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})";
   EXPECT_NE(error_of(bad_batch).find("train_batch_size"), std::string::npos) << error_of(bad_batch);
-  EXPECT_EQ(error_of(R"({"model": "llama3-8b", "steps": 1})"),
-            "pipeflow: error: " + dir + "/run.json: model llama3-8b is not a GPT-2 (pipeflow train runs GPT-2: a GELU "
-                                        "MLP of 4 x n_embd, the LM head tied to wte, no dropout): give the model as "
-                                        "{\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", \"vocab_size\"} or a gpt2-* "
-                                        "preset\n");
+  EXPECT_EQ(error_of(R"({"model": "gpt3-1.3b", "steps": 1})"),
+            "pipeflow: error: " + dir + "/run.json: model gpt3-1.3b is a GPT that pipeflow train does not run (it runs "
+                                        "GPT-2 with a GELU MLP of 4 x n_embd, the LM head tied to wte, no dropout): "
+                                        "give the model as {\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", "
+                                        "\"vocab_size\"}, a Llama, or set its dropout to 0\n");
+  EXPECT_EQ(error_of(R"({"model": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
+    "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 256, "max_position_embeddings": 32,
+    "rope_scaling": {"rope_type": "yarn", "factor": 4}}, "steps": 1})"),
+            "pipeflow: error: " + dir + "/run.json: model " + dir + "/run.json (model) has rope_scaling of type "
+                                        "\"yarn\": pipeflow train computes Llama 3's \"llama3\" scaling or none; "
+                                        "remove rope_scaling or use llama3\n");
   EXPECT_EQ(error_of(R"({"steps": 1})"),
             "pipeflow: error: " + dir +
                 "/run.json: no model: set \"model\" (a preset such as gpt2-124m, a config.json path, or {n_layer, "

@@ -1,8 +1,8 @@
-// Every schedule, every p in 1..4 it accepts, several m, recompute on and off:
-// a pipelined step computes what the unpipelined run of the same global batch
-// computes in one forward and backward of the whole batch: the loss and
-// every gradient after one step, the losses of three training steps and the
-// weights after them, each tensor within 1e-5 of its norm.
+// Every schedule, every p in 1..4 it accepts, several m, recompute on and off,
+// GPT-2 and Llama: a pipelined step computes what the unpipelined run of the
+// same global batch computes in one forward and backward of the whole batch:
+// the loss and every gradient after one step, the losses of three training
+// steps and the weights after them, each tensor within 1e-5 of its norm.
 
 #include <gtest/gtest.h>
 
@@ -20,6 +20,7 @@ namespace pipeflow::runtime {
 namespace {
 
 using testing::kTiny;
+using testing::kTinyLlama;
 using testing::Reference;
 using testing::relative_error;
 
@@ -49,15 +50,16 @@ void expect_tensors_match(const PipelineEngine& engine, nn::Stage& reference, Re
   }
 }
 
-void check_layout(const std::string& name, int ranks, int microbatches, int recompute_interval) {
+void check_layout(const nn::ModelConfig& model, const std::string& name, int ranks, int microbatches,
+                  int recompute_interval) {
   const std::optional<Schedule> schedule = try_schedule(name, ranks, microbatches);
   if (!schedule) return;
-  SCOPED_TRACE(fmt::format("{} p={} m={} stages={} recompute_interval={}", name, ranks, microbatches,
-                           schedule->num_stages(), recompute_interval));
-  auto engine = testing::tiny_engine(*schedule, recompute_interval);
+  SCOPED_TRACE(fmt::format("{} {} p={} m={} stages={} recompute_interval={}", nn::to_string(model.family), name,
+                           ranks, microbatches, schedule->num_stages(), recompute_interval));
+  auto engine = testing::tiny_engine(*schedule, recompute_interval, 11, model);
   const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
 
-  Reference unpipelined(microbatches * testing::kMicroBatch);
+  Reference unpipelined(microbatches * testing::kMicroBatch, 11, model);
   const StepResult first = engine->step(0, source, StepMode::kGradientsOnly);
   const double reference_loss = unpipelined.step(0, false);
   EXPECT_NEAR(first.loss, reference_loss, kTolerance * reference_loss);
@@ -74,9 +76,11 @@ void check_layout(const std::string& name, int ranks, int microbatches, int reco
 }
 
 void sweep(const std::string& name) {
-  for (int ranks = 1; ranks <= 4; ++ranks) {
-    for (int microbatches : {1, 2, 3, 4, 5, 8}) {
-      for (int recompute_interval : {0, 1}) check_layout(name, ranks, microbatches, recompute_interval);
+  for (const nn::ModelConfig& model : {kTiny, kTinyLlama}) {
+    for (int ranks = 1; ranks <= 4; ++ranks) {
+      for (int microbatches : {1, 2, 3, 4, 5, 8}) {
+        for (int recompute_interval : {0, 1}) check_layout(model, name, ranks, microbatches, recompute_interval);
+      }
     }
   }
 }
@@ -89,6 +93,16 @@ TEST(PipelineCorrectness, ZbH1EqualsUnpipelined) { sweep("zb-h1"); }
 TEST(PipelineCorrectness, ZbH2EqualsUnpipelined) { sweep("zb-h2"); }
 TEST(PipelineCorrectness, ZbvEqualsUnpipelined) { sweep("zbv"); }
 TEST(PipelineCorrectness, DualPipeVEqualsUnpipelined) { sweep("dualpipev"); }
+
+// An untied Llama (lm_head.weight of its own, no tied reduction) through the
+// two schedule families: fused B and split I/W.
+TEST(PipelineCorrectness, UntiedLlamaEqualsUnpipelined) {
+  nn::ModelConfig untied = kTinyLlama;
+  untied.tied_embeddings = false;
+  for (const char* name : {"1f1b", "zbv"}) {
+    for (int ranks = 1; ranks <= 4; ++ranks) check_layout(untied, name, ranks, 4, 0);
+  }
+}
 
 TEST(PipelineCorrectness, EveryLayoutOfTheSweepRuns) {
   // The sweep skips layouts a schedule rejects; make sure it still covers

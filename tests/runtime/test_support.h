@@ -22,6 +22,19 @@ namespace pipeflow::runtime::testing {
 inline const nn::ModelConfig kTiny{.vocab_size = 256, .context = 16, .n_layer = 6, .n_head = 2, .n_embd = 32};
 inline constexpr int kMicroBatch = 2;
 
+// The same depth and width as a Llama: 4 query heads on 2 key/value heads,
+// an MLP of 48, rotary positions, the LM head tied to the embedding (so the
+// tied-gradient reduction runs across stages as for GPT-2).
+inline const nn::ModelConfig kTinyLlama{.family = nn::Family::kLlama,
+                                        .vocab_size = 256,
+                                        .context = 16,
+                                        .n_layer = 6,
+                                        .n_head = 4,
+                                        .n_embd = 32,
+                                        .n_kv_head = 2,
+                                        .intermediate = 48,
+                                        .tied_embeddings = true};
+
 // A few kilobytes of varied text, the same on every run.
 inline std::string corpus() {
   std::string text;
@@ -58,11 +71,11 @@ inline EngineOptions tiny_options(int recompute_interval = 0) {
   return options;
 }
 
-// The engine of a layout, its stages cut uniformly, GPT-2 initialised with `seed`.
+// The engine of a layout, its stages cut uniformly, initialised with `seed`.
 inline std::unique_ptr<PipelineEngine> tiny_engine(const Schedule& schedule, int recompute_interval = 0,
-                                                   std::uint64_t seed = 11) {
+                                                   std::uint64_t seed = 11, const nn::ModelConfig& model = kTiny) {
   auto engine = std::make_unique<PipelineEngine>(
-      kTiny, schedule, partition_uniform(kTiny.pipeline_layers(), schedule.num_stages()),
+      model, schedule, partition_uniform(model.pipeline_layers(), schedule.num_stages()),
       tiny_options(recompute_interval));
   engine->init_parameters(seed);
   return engine;
@@ -72,8 +85,8 @@ inline std::unique_ptr<PipelineEngine> tiny_engine(const Schedule& schedule, int
 // and backward of the whole global batch, then the same clipping and AdamW.
 class Reference {
  public:
-  explicit Reference(int global_batch, std::uint64_t seed = 11)
-      : model_(kTiny, nn::all_layers(kTiny)), optimizer_(model_, tiny_options().optimizer), batch_(global_batch) {
+  explicit Reference(int global_batch, std::uint64_t seed = 11, const nn::ModelConfig& model = kTiny)
+      : model_(model, nn::all_layers(model)), optimizer_(model_, tiny_options().optimizer), batch_(global_batch) {
     model_.init_parameters(seed);
   }
 

@@ -4,6 +4,8 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "pipeflow/model/model_spec.h"
 
 namespace pipeflow {
@@ -32,6 +34,9 @@ namespace pipeflow {
 // shape key would otherwise silently take its default. Without a family,
 // both families' keys count. The spec's name is `name`.
 ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name);
+// A Llama spec as the config.json keys above (model_type "llama"), which
+// model_from_hf_config_text reads back to the same spec.
+nlohmann::json llama_hf_config(const ModelSpec& spec);
 ModelSpec model_from_hf_config(const std::filesystem::path& path);
 
 }  // namespace pipeflow

@@ -27,6 +27,21 @@ std::string_view to_string(Architecture architecture);
 //   ModelSpec tiny = gpt_model("tiny", /*layers=*/4, /*hidden=*/128, /*heads=*/4,
 //                              /*vocab=*/256, /*max_positions=*/64);
 // and is checked with validate_model before use.
+// Llama's rotary embedding and norm as config.json gives them: numerics only,
+// no effect on counts (what pipeflow train needs beside the shape).
+struct LlamaNumerics {
+  double rope_theta = 10000;
+  // rope_scaling: "default" (none, or null), "llama3" (the four fields
+  // below), or the type a config names that pipeflow does not compute
+  // ("linear", "dynamic", "yarn", ...: counted all the same).
+  std::string rope_type = "default";
+  double rope_factor = 1;
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  int rope_original_context = 8192;
+  double rms_norm_eps = 1e-6;  // transformers' LlamaConfig default
+};
+
 struct ModelSpec {
   std::string name;
   Architecture architecture = Architecture::kGpt;
@@ -42,6 +57,7 @@ struct ModelSpec {
   // the embeddings (p > 0 during training). It adds the 1-byte masks of
   // Korthikanti et al. 2022 to activation memory.
   bool dropout = false;
+  LlamaNumerics llama = {};  // kLlama only
 };
 
 // GPT's MLP width, 4·hidden; saturated at INT_MAX so that an absurd hidden

@@ -78,6 +78,12 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
+// One line for reports and errors: "GPT-2, 4 layers, width 128, 4 heads,
+// context 64, vocabulary 256" or "Llama, 4 layers, width 128, 4 heads (2
+// key/value), MLP 344, context 64, vocabulary 256, rope_theta 10000, untied
+// head" (with rope scaling when set).
+std::string describe(const ModelConfig& config);
+
 // Llama's rotation frequencies f_i = rope_theta^(−2i/hs), i < hs/2, with
 // rope_scaling applied (Llama 3's llama3 rule; unchanged when factor is 1).
 std::vector<double> rope_frequencies(const ModelConfig& config);

@@ -11,9 +11,8 @@ namespace pipeflow::runtime {
 // The resolved run configuration (config/run_config.h, shared with
 // `pipeflow simulate`) as training settings: a projection. What the runtime
 // cannot train is an Error naming the key and what to use instead: a model
-// that is not a GPT-2 (pipeflow's nn runs GPT-2: GELU MLP of 4·n_embd, tied
-// head, no dropout), tensor or data parallelism, ZeRO, blocking sends,
-// selective recompute.
+// nn does not run (runtime_model in stage_partition.h), tensor parallelism,
+// ZeRO past stage 1, blocking sends, selective recompute.
 TrainSettings train_settings(const ResolvedRun& run);
 
 // The optimizer and the learning rate of each step that the configuration's
@@ -21,9 +20,6 @@ TrainSettings train_settings(const ResolvedRun& run);
 // no scheduler type: constant at the optimizer's lr.
 nn::AdamWOptions adamw_options(const OptimizerConfig& optimizer);
 nn::LrSchedule lr_schedule(const SchedulerConfig& scheduler, double optimizer_lr);
-
-// The GPT-2 a model spec describes (Error naming the source otherwise).
-nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source);
 
 // The model shape a weights file or checkpoint carries (its header alone is
 // read); Error naming the file when it has none.

@@ -9,12 +9,19 @@
 
 namespace pipeflow::runtime {
 
-// The model module's description of an nn GPT-2 (same layers, same names:
-// embedding, block.i, head), to cut it with the model module's partitioners.
-ModelSpec model_spec(const nn::ModelConfig& config);
+// The two descriptions of a model, the planner's (ModelSpec: what it
+// counts) and nn's (ModelConfig: what it computes), one from the other.
+// model_spec gives the same layers under the same names (embedding, block.i,
+// head), to cut an nn model with the model module's partitioners and to
+// predict it. runtime_model gives the GPT-2 or Llama nn trains, or an Error
+// naming `source`, the field and what nn runs: a GPT with dropout, an MLP
+// other than 4·n_embd or an untied head; a Llama with attention dropout or a
+// rope_scaling type other than llama3.
+ModelSpec model_spec(const nn::ModelConfig& config, std::string name = "");
+nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source);
 
 // The layer boundaries (stages + 1 of them, see model/partition.h) that
-// `method` gives for the GPT-2 run in float32 with micro-batches of
+// `method` gives for the model run in float32 with micro-batches of
 // `micro_batch` sequences of `sequence` tokens; `hardware` prices the layers
 // for "balanced". Errors name the method and the rule (more stages than layers, ...).
 std::vector<int> partition_model(const nn::ModelConfig& config, int stages, const PartitionMethod& method,

@@ -273,10 +273,7 @@ void PipelineEngine::init_parameters(std::uint64_t seed) {
 void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
   const nn::ModelConfig stored = nn::read_config(file);
   if (!(stored == config_)) {
-    fail("{}: holds a model with {} layers, {} heads, width {}, context {}, vocab {}; the run's model has {}, {}, {}, "
-         "{}, {}",
-         file.source(), stored.n_layer, stored.n_head, stored.n_embd, stored.context, stored.vocab_size,
-         config_.n_layer, config_.n_head, config_.n_embd, config_.context, config_.vocab_size);
+    fail("{}: holds a model {}; the run's model is a {}", file.source(), nn::describe(stored), nn::describe(config_));
   }
   nn::check_values(file);
   for (auto& replica : replicas_) {

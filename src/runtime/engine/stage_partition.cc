@@ -1,11 +1,82 @@
 #include "pipeflow/runtime/stage_partition.h"
 
+#include <fmt/format.h>
+
+#include "pipeflow/core/error.h"
 #include "pipeflow/model/pipeline_layers.h"
 
 namespace pipeflow::runtime {
 
-ModelSpec model_spec(const nn::ModelConfig& config) {
-  return gpt_model("gpt2", config.n_layer, config.n_embd, config.n_head, config.vocab_size, config.context);
+ModelSpec model_spec(const nn::ModelConfig& config, std::string name) {
+  if (name.empty()) name = fmt::format("{}-{}x{}", nn::to_string(config.family), config.n_layer, config.n_embd);
+  if (!config.llama()) {
+    return gpt_model(std::move(name), config.n_layer, config.n_embd, config.n_head, config.vocab_size,
+                     config.context);
+  }
+  const nn::RopeScaling& r = config.rope_scaling;
+  return ModelSpec{.name = std::move(name),
+                   .architecture = Architecture::kLlama,
+                   .layers = config.n_layer,
+                   .hidden = config.n_embd,
+                   .heads = config.n_head,
+                   .kv_heads = config.kv_heads(),
+                   .ffn = config.ffn(),
+                   .vocab = config.vocab_size,
+                   .max_positions = config.context,
+                   .tied_embeddings = config.tied_embeddings,
+                   .dropout = false,
+                   .llama = {.rope_theta = config.rope_theta,
+                             .rope_type = r.factor == 1 ? "default" : "llama3",
+                             .rope_factor = r.factor,
+                             .rope_low_freq_factor = r.low_freq_factor,
+                             .rope_high_freq_factor = r.high_freq_factor,
+                             .rope_original_context = r.original_context,
+                             .rms_norm_eps = config.norm_eps}};
+}
+
+nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source) {
+  nn::ModelConfig config{.vocab_size = spec.vocab,
+                         .context = spec.max_positions,
+                         .n_layer = spec.layers,
+                         .n_head = spec.heads,
+                         .n_embd = spec.hidden};
+  if (spec.architecture == Architecture::kGpt) {
+    if (spec.ffn != 4 * spec.hidden || !spec.tied_embeddings || spec.dropout || spec.kv_heads != spec.heads) {
+      fail("{}: model {} is a GPT that pipeflow train does not run (it runs GPT-2 with a GELU MLP of 4 x n_embd, the "
+           "LM head tied to wte, no dropout): give the model as {{\"n_layer\", \"n_head\", \"n_embd\", "
+           "\"n_ctx\", \"vocab_size\"}}, a Llama, or set its dropout to 0",
+           source, spec.name);
+    }
+  } else {
+    const LlamaNumerics& n = spec.llama;
+    if (spec.dropout) {
+      fail("{}: model {} has attention_dropout > 0: pipeflow train runs Llama without dropout; set it to 0", source,
+           spec.name);
+    }
+    if (n.rope_type != "default" && n.rope_type != "llama3") {
+      fail("{}: model {} has rope_scaling of type \"{}\": pipeflow train computes Llama 3's \"llama3\" scaling "
+           "or none; remove rope_scaling or use llama3",
+           source, spec.name, n.rope_type);
+    }
+    config.family = nn::Family::kLlama;
+    config.n_kv_head = spec.kv_heads;
+    config.intermediate = spec.ffn;
+    config.rope_theta = n.rope_theta;
+    config.norm_eps = n.rms_norm_eps;
+    config.tied_embeddings = spec.tied_embeddings;
+    if (n.rope_type == "llama3") {
+      config.rope_scaling = {.factor = n.rope_factor,
+                             .low_freq_factor = n.rope_low_freq_factor,
+                             .high_freq_factor = n.rope_high_freq_factor,
+                             .original_context = n.rope_original_context};
+    }
+  }
+  try {
+    config.validate();
+  } catch (const Error& error) {
+    fail("{}: model {}: {}", source, spec.name, error.what());
+  }
+  return config;
 }
 
 std::vector<int> partition_model(const nn::ModelConfig& config, int stages, const PartitionMethod& method,

@@ -47,9 +47,9 @@ std::string run_section(const RunRecord& run) {
   const int t = s.engine.seq_length;
   std::string out = "## Run\n\n";
   out += fmt::format("- configuration: `{}`\n", s.config_source.empty() ? "(command line)" : s.config_source);
-  out += fmt::format("- model: GPT-2, {} layers, width {}, {} heads, context {}, vocabulary {}: {} parameters{}\n",
-                     m.n_layer, m.n_embd, m.n_head, m.context, m.vocab_size, m.parameter_count(),
-                     s.weights.empty() ? fmt::format(" (GPT-2 initialisation, seed {})", s.seed)
+  out += fmt::format("- model: {}: {} parameters{}\n", nn::describe(m), m.parameter_count(),
+                     s.weights.empty() ? fmt::format(" ({} initialisation, seed {})",
+                                                     m.llama() ? "Llama" : "GPT-2", s.seed)
                                        : fmt::format(" (from {})", s.weights.string()));
   out += fmt::format("- data: {}\n", run.data);
   out += fmt::format(
@@ -251,8 +251,8 @@ std::string training_report(const RunRecord& run) {
   out += fmt::format(
       "\n## Files\n\n- `metrics.jsonl`: one JSON object per step\n- `timeline.svg`, `trace.json`: the last step, {} "
       "(open the trace in Perfetto or chrome://tracing)\n- `predicted.svg`: the same step as predicted\n- "
-      "`weights.safetensors`: the final weights (Hugging Face GPT-2 names)\n",
-      run.settings->emulate ? "emulated" : "measured");
+      "`weights.safetensors`: the final weights (Hugging Face {} names)\n",
+      run.settings->emulate ? "emulated" : "measured", run.settings->model.llama() ? "Llama" : "GPT-2");
   return out;
 }
 

@@ -5,31 +5,12 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/runtime/checkpoint_search.h"
+#include "pipeflow/runtime/stage_partition.h"
 
 namespace pipeflow::runtime {
 
-nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source) {
-  if (spec.architecture != Architecture::kGpt || spec.ffn != 4 * spec.hidden || !spec.tied_embeddings ||
-      spec.dropout || spec.kv_heads != spec.heads) {
-    fail("{}: model {} is not a GPT-2 (pipeflow train runs GPT-2: a GELU MLP of 4 x n_embd, the LM head tied to wte, "
-         "no dropout): give the model as {{\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", \"vocab_size\"}} or a "
-         "gpt2-* preset",
-         source, spec.name);
-  }
-  nn::ModelConfig config{.vocab_size = spec.vocab,
-                       .context = spec.max_positions,
-                       .n_layer = spec.layers,
-                       .n_head = spec.heads,
-                       .n_embd = spec.hidden};
-  config.validate();
-  return config;
-}
-
 ModelFromFile model_of_file(const std::filesystem::path& path) {
-  const nn::ModelConfig c = nn::read_config(read_checkpoint_metadata(path));
-  return {gpt_model(fmt::format("gpt-{}x{}", c.n_layer, c.n_embd), c.n_layer, c.n_embd, c.n_head, c.vocab_size,
-                    c.context),
-          path.string()};
+  return {model_spec(nn::read_config(read_checkpoint_metadata(path))), path.string()};
 }
 
 nn::AdamWOptions adamw_options(const OptimizerConfig& o) {

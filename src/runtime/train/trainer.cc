@@ -205,10 +205,8 @@ void Run::write_checkpoint(std::int64_t steps_done) const {
 void Run::announce() const {
   const Schedule& s = engine_->schedule();
   progress_.message(fmt::format(
-      "pipeflow train: GPT-2 {} layers, width {}, {} heads, context {} ({} parameters); {} on {} ({}), "
-      "{} of {} x {} tokens; {}{}",
-      settings_.model.n_layer, settings_.model.n_embd, settings_.model.n_head, settings_.model.context,
-      settings_.model.parameter_count(), s.name(), format_count(s.num_ranks(), "rank"),
+      "pipeflow train: {} ({} parameters); {} on {} ({}), {} of {} x {} tokens; {}{}",
+      nn::describe(settings_.model), settings_.model.parameter_count(), s.name(), format_count(s.num_ranks(), "rank"),
       format_count(s.num_stages(), "stage"), format_count(s.num_microbatches(), "micro-batch", "micro-batches"),
       settings_.engine.micro_batch, seq_length(), format_count(settings_.steps, "step"),
       settings_.emulate ? ", emulated" : ""));
