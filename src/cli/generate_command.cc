@@ -166,7 +166,7 @@ void run(GenerateCommand& command, bool stages_given, const runtime::MpiWorld* m
 void add_generate_command(CLI::App& app) {
   auto command = std::make_shared<GenerateCommand>();
   CLI::App* sub = app.add_subcommand(
-      "generate", "Continue prompts with a GPT-2 weights file: pipelined inference with a KV cache per stage");
+      "generate", "Continue prompts with a GPT-2 or Llama weights file: pipelined inference with a KV cache per stage");
   sub->add_option("--weights", command->weights,
                   "Weights (safetensors with the model shape in __metadata__), or a checkpoint of train: a "
                   "sharded step_N folder or its model.safetensors.index.json")

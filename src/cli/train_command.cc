@@ -137,12 +137,12 @@ void run(const TrainCommand& c) {
 void add_train_command(CLI::App& app) {
   auto c = std::make_shared<TrainCommand>();
   CLI::App* sub = app.add_subcommand(
-      "train", "Train a GPT-2 with a pipeline schedule on one worker thread per rank; report measured vs predicted");
+      "train", "Train a GPT-2 or a Llama with a pipeline schedule on one worker thread per rank; report measured vs predicted");
   c->app = sub;
   sub->add_option("--config", c->config, "Run configuration JSON (DeepSpeed's keys and pipeflow's; see examples/)")
       ->required();
   sub->add_option("--weights", c->weights,
-                  "Start from this weights file (pipeflow init) instead of GPT-2 init; it gives the model's shape");
+                  "Start from this weights file (pipeflow init) instead of the initialisation; it gives the model's shape");
   sub->add_flag("--emulate", c->emulate,
                 "Run the actions one at a time and replay their measured durations with one core per rank "
                 "(for more ranks than cores)");

@@ -180,7 +180,9 @@ void read_model(const Config& config, RunConfig& run) {
     const Config section = config.object("model");
     if (section.has("model_type") || section.has("num_hidden_layers")) {
       // A Hugging Face config.json written inline: its keys, its defaults.
-      run.model = model_from_hf_config_text(config.raw("model").dump(), config.source() + " (model)");
+      ModelSpec spec = model_from_hf_config_text(config.raw("model").dump(), config.source() + " (model)");
+      spec.name = fmt::format("{}-{}x{}", to_string(spec.architecture), spec.layers, spec.hidden);
+      run.model = spec;
     } else {
       run.model = read_inline_model(section);
     }

@@ -76,8 +76,9 @@ constexpr std::array kRunKeys = {
            "", "Run this schedule file instead: PyTorch pipelining CSV or pipeflow JSON; it fixes the ranks, chunks "
            "and micro-batches", kAll},
     RunKey{"pipeline.virtual_stages", "--virtual", "", kInteger, ">= 1", "1", "Model chunks per rank v", kAll, true},
-    RunKey{"model", "--model", "", kString, "a preset, a config.json path, or {n_layer, n_head, n_embd, n_ctx, vocab_size}",
-           "", "The model; absent: a weights file's or checkpoint's", kAll, true},
+    RunKey{"model", "--model", "", kString,
+           "a preset, a config.json path, {n_layer, n_head, n_embd, n_ctx, vocab_size}, or a config.json's keys", "",
+           "The model; absent: a weights file's or checkpoint's", kAll, true},
     RunKey{"data.path", "", "", kString, "a text file", "", "Training text (or data.paths)"},
     RunKey{"data.paths", "", "", kList, "text files", "[]", "Training texts; none: the fortunes corpus"},
     RunKey{"data.validation_fraction", "", "", kNumber, "[0, 1)", "0.1", "Share of the text held out"},

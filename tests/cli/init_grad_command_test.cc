@@ -23,7 +23,7 @@ TEST(InitCommand, WritesGpt2InitialWeightsWithTheShapeInTheMetadata) {
       run_pipeflow("init --layers 2 --heads 4 --width 32 --context 16 --seed 7 --out " + dir + "/w.safetensors");
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_EQ(result.out, "wrote " + dir +
-                            "/w.safetensors: GPT-2 with 2 layers, 4 heads, width 32, context 16, vocab 256: 34176 "
+                            "/w.safetensors: GPT-2, 2 layers, width 32, 4 heads, context 16, vocabulary 256: 34176 "
                             "parameters (seed 7)\n");
   const auto file = nn::SafetensorsFile::read(dir + "/w.safetensors");
   const nn::ModelConfig config = nn::read_config(file);
@@ -39,6 +39,44 @@ TEST(InitCommand, WritesGpt2InitialWeightsWithTheShapeInTheMetadata) {
                 .exit_code,
             0);
   EXPECT_EQ(read_file(dir + "/w.safetensors"), read_file(dir + "/again.safetensors"));
+  std::filesystem::remove_all(dir);
+}
+
+// A Llama in Hugging Face's names and layout, the config in the metadata;
+// the parameter count is the formula's: V·C + L·(2C + 2C² + 2C·KV·hs + 3C·F) + C.
+TEST(InitCommand, WritesALlamaThatTrainAndGenerateRead) {
+  const std::string dir = make_temp_dir();
+  const CommandResult result = run_pipeflow("init --arch llama --layers 2 --heads 4 --kv-heads 1 --width 32 "
+                                            "--context 16 --untied --out " +
+                                            dir + "/w.safetensors");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  // F = 8·32/3 rounded up to 16 = 96; KV·hs = 8.
+  const std::int64_t expected = 2 * 256 * 32 + 2 * (2 * 32 + 2 * 32 * 32 + 2 * 32 * 8 + 3 * 32 * 96) + 32;
+  EXPECT_EQ(result.out, "wrote " + dir +
+                            "/w.safetensors: Llama, 2 layers, width 32, 4 heads (1 key/value), MLP 96, context 16, "
+                            "vocabulary 256, rope_theta 10000, untied head: " +
+                            std::to_string(expected) + " parameters (seed 0)\n");
+  const auto file = nn::SafetensorsFile::read(dir + "/w.safetensors");
+  const nn::ModelConfig config = nn::read_config(file);
+  EXPECT_TRUE(config.llama());
+  EXPECT_EQ(config.kv_heads(), 1);
+  EXPECT_FALSE(config.tied_embeddings);
+  EXPECT_EQ(file.entry("model.layers.1.self_attn.k_proj.weight").shape, Shape({8, 32}));
+  EXPECT_EQ(file.entry("model.layers.0.mlp.down_proj.weight").shape, Shape({32, 96}));
+  EXPECT_EQ(file.entry("lm_head.weight").shape, Shape({256, 32}));
+  EXPECT_EQ(file.names().size(), 2u + 2 * 9 + 1);
+
+  write_file_atomic(dir + "/run.json", R"({"steps": 2, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+    "pipeline": {"stages": 2}, "out_dir": ")" + dir + R"(/out"})");
+  const CommandResult trained = run_pipeflow("train --config " + dir + "/run.json --weights " + dir + "/w.safetensors");
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  EXPECT_NE(trained.err.find("pipeflow train: Llama, 2 layers"), std::string::npos) << trained.err;
+  const CommandResult generated = run_pipeflow("generate --weights " + dir +
+                                               "/out/weights.safetensors --prompt hello --max-new-tokens 4 --stages 2");
+  EXPECT_EQ(generated.exit_code, 0) << generated.err;
+  EXPECT_EQ(run_pipeflow("init --layers 2 --heads 4 --kv-heads 1 --width 32 --context 16 --out " + dir + "/g.st").err,
+            "pipeflow: error: --kv-heads, --intermediate, --rope-theta and --untied shape a Llama: add --arch llama, "
+            "or leave them out for GPT-2\n");
   std::filesystem::remove_all(dir);
 }
 

@@ -333,7 +333,7 @@ TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
   EXPECT_EQ(error_of(R"({"model": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
     "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 256, "max_position_embeddings": 32,
     "rope_scaling": {"rope_type": "yarn", "factor": 4}}, "steps": 1})"),
-            "pipeflow: error: " + dir + "/run.json: model " + dir + "/run.json (model) has rope_scaling of type "
+            "pipeflow: error: " + dir + "/run.json: model llama-2x32 has rope_scaling of type "
                                         "\"yarn\": pipeflow train computes Llama 3's \"llama3\" scaling or none; "
                                         "remove rope_scaling or use llama3\n");
   EXPECT_EQ(error_of(R"({"steps": 1})"),

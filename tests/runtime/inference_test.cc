@@ -18,11 +18,13 @@ using nn::testing::error_of;
 using pipeflow::testing::max_relative_error;
 
 // 6 blocks, width 32, 2 heads, context 16 (test_support.h's kTiny): enough
-// layers for 4 stages.
+// layers for 4 stages. The tests marked so run on its Llama too (kTinyLlama:
+// 4 query heads on 2 key/value heads, rotary positions).
 const nn::ModelConfig& kModel = testing::kTiny;
+const nn::ModelConfig* const kModels[] = {&testing::kTiny, &testing::kTinyLlama};
 
-std::unique_ptr<nn::Stage> whole_model() {
-  auto model = std::make_unique<nn::Stage>(kModel, nn::all_layers(kModel));
+std::unique_ptr<nn::Stage> whole_model(const nn::ModelConfig& config = kModel) {
+  auto model = std::make_unique<nn::Stage>(config, nn::all_layers(config));
   model->init_parameters(21);
   return model;
 }
@@ -50,8 +52,8 @@ InferenceResult run(InferencePipeline& pipeline, int microbatches, const nn::Sam
   return pipeline.generate(kPrompts, options);
 }
 
-TEST(Inference, GreedyTokensAndLogitsEqualFullRecomputationForEveryLayout) {
-  auto model = whole_model();
+void expect_greedy_equals_recomputation(const nn::ModelConfig& config) {
+  auto model = whole_model(config);
   const nn::SamplingOptions greedy{.new_tokens = kNewTokens};
   for (int stages = 1; stages <= 4; ++stages) {
     InferencePipeline pipeline(*model, stages);
@@ -67,13 +69,20 @@ TEST(Inference, GreedyTokensAndLogitsEqualFullRecomputationForEveryLayout) {
           IntTensor tokens{Shape{1, static_cast<std::int64_t>(prefix.size())}};
           std::copy(prefix.begin(), prefix.end(), tokens.data());
           const Tensor full = model->logits(tokens);
-          const auto expected = full.span().subspan((prefix.size() - 1) * kModel.vocab_size, kModel.vocab_size);
+          const auto expected = full.span().subspan((prefix.size() - 1) * config.vocab_size, config.vocab_size);
           EXPECT_LT(max_relative_error(recorded.logits[s][static_cast<std::size_t>(step)], expected), 1e-5)
               << "P = " << stages << ", M = " << microbatches << ", sequence " << s << ", step " << step;
           prefix.push_back(result.tokens[s][static_cast<std::size_t>(step)]);
         }
       }
     }
+  }
+}
+
+TEST(Inference, GreedyTokensAndLogitsEqualFullRecomputationForEveryLayout) {
+  for (const nn::ModelConfig* config : kModels) {
+    SCOPED_TRACE(nn::to_string(config->family));
+    expect_greedy_equals_recomputation(*config);
   }
 }
 
@@ -95,27 +104,27 @@ TEST(Inference, SampledTokensDependOnlyOnTheSeed) {
   EXPECT_NE(run(pipeline, 2, reseeded).tokens, expected);
 }
 
-TEST(Inference, KvCacheBytesPerStageAreTheFormula) {
-  auto model = whole_model();
+void expect_kv_cache_is_the_formula(const nn::ModelConfig& m) {
+  auto model = whole_model(m);
   InferencePipeline pipeline(*model, 3);
   const InferenceResult result = run(pipeline, 2, {.new_tokens = 2});
   ASSERT_EQ(result.stages.size(), 3U);
   std::int64_t total = 0;
   for (const StageInference& stage : result.stages) {
     const nn::LayerRange& l = stage.layers;
-    const int blocks = std::min(l.last, kModel.n_layer + 1) - std::max(l.first, 1);
-    EXPECT_EQ(stage.kv_cache_bytes, kv_cache_bytes(blocks, kModel.n_head, kModel.n_embd / kModel.n_head, 4,
-                                                   kModel.context, static_cast<std::int64_t>(kPrompts.size())));
+    const int blocks = std::min(l.last, m.n_layer + 1) - std::max(l.first, 1);
+    EXPECT_EQ(stage.kv_cache_bytes, kv_cache_bytes(blocks, m.kv_heads(), m.head_size(), 4, m.context,
+                                                   static_cast<std::int64_t>(kPrompts.size())));
     EXPECT_GT(stage.busy_s, 0);
     total += stage.kv_cache_bytes;
   }
   // The cost model's cache per stage (simulate --inference) is what the stages allocate.
   InferenceSetup setup;
-  setup.model = model_spec(kModel);
+  setup.model = model_spec(m);
   setup.hardware = hardware_preset("cpu");
   setup.stages = 3;
   setup.sequences = static_cast<int>(kPrompts.size());
-  setup.context = kModel.context;
+  setup.context = m.context;
   setup.bytes_per_value = 4;
   const InferencePrediction predicted = predict_inference(setup);
   for (std::size_t r = 0; r < result.stages.size(); ++r) {
@@ -124,9 +133,16 @@ TEST(Inference, KvCacheBytesPerStageAreTheFormula) {
     EXPECT_EQ(predicted.stages.at(r).kv_cache_bytes, static_cast<double>(result.stages[r].kv_cache_bytes));
   }
   // Cut across stages, the cache is the whole model's.
-  EXPECT_EQ(total, kv_cache_bytes(kModel.n_layer, kModel.n_head, kModel.n_embd / kModel.n_head, 4, kModel.context,
+  EXPECT_EQ(total, kv_cache_bytes(m.n_layer, m.kv_heads(), m.head_size(), 4, m.context,
                                   static_cast<std::int64_t>(kPrompts.size())));
   EXPECT_EQ(result.new_tokens(), 2 * static_cast<std::int64_t>(kPrompts.size()));
+}
+
+TEST(Inference, KvCacheBytesPerStageAreTheFormula) {
+  for (const nn::ModelConfig* config : kModels) {
+    SCOPED_TRACE(nn::to_string(config->family));
+    expect_kv_cache_is_the_formula(*config);
+  }
 }
 
 TEST(Inference, BadPromptsAndLayoutsAreErrors) {
