@@ -100,4 +100,15 @@ Batch ByteDataset::batch(Split split, std::int64_t step, std::int64_t first, int
   return batch;
 }
 
+void ByteDataset::check_vocabulary(int vocab_size) const {
+  if (vocab_size >= 256) return;
+  const auto outside = std::find_if(text_.begin(), text_.end(),
+                                    [&](char c) { return static_cast<unsigned char>(c) >= vocab_size; });
+  if (outside == text_.end()) return;
+  fail("model vocab_size = {} but the training text ({}) holds byte {} at offset {}: pipeflow trains on bytes, each "
+       "a token; use a model of vocab_size 256 or more, or text whose bytes stay below {}",
+       vocab_size, source_, static_cast<int>(static_cast<unsigned char>(*outside)), outside - text_.begin(),
+       vocab_size);
+}
+
 }  // namespace pipeflow::nn

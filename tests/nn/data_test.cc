@@ -40,6 +40,15 @@ TEST(ByteDataset, ACorpusPastTheCapIsAnError) {
             "the right file?");
 }
 
+TEST(ByteDataset, AVocabularyBelowTheTextsBytesIsAnErrorNamingTheByte) {
+  const ByteDataset dataset("abc\x7f def ghi jkl mno pqr stu vwx", "t.txt", {.seq_length = 4});
+  dataset.check_vocabulary(256);
+  dataset.check_vocabulary(128);
+  EXPECT_EQ(error_of([&] { dataset.check_vocabulary(100); }),
+            "model vocab_size = 100 but the training text (t.txt) holds byte 127 at offset 3: pipeflow trains on "
+            "bytes, each a token; use a model of vocab_size 256 or more, or text whose bytes stay below 100");
+}
+
 TEST(ByteDataset, ASampleDependsOnlyOnSeedStepAndIndexSoAnySplitOfTheBatchAgrees) {
   std::string text;
   for (int i = 0; i < 5000; ++i) text += static_cast<char>('a' + (i * 7919) % 26);

@@ -54,6 +54,11 @@ class ByteDataset {
   std::int64_t bytes(Split split) const;
   const DatasetOptions& options() const { return options_; }
   const std::string& source() const { return source_; }
+  // Error unless every byte of the text is a token of a vocabulary of
+  // vocab_size (a model of fewer than 256 tokens trains on bytes only if
+  // the text stays below it): names the first byte outside, where it is,
+  // and the fix.
+  void check_vocabulary(int vocab_size) const;
 
   // Writes sample (step, index) of `split`: T + 1 tokens.
   void sample(Split split, std::int64_t step, std::int64_t index, std::span<std::int32_t> tokens) const;

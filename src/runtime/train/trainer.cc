@@ -98,6 +98,7 @@ class Run {
 };
 
 std::unique_ptr<PipelineEngine> Run::make_engine() const {
+  dataset_.check_vocabulary(settings_.model.vocab_size);
   const Schedule& schedule = settings_.schedule;
   EngineOptions options = settings_.engine;
   options.seq_length = seq_length();
