@@ -41,7 +41,7 @@ TEST(ByteDataset, ACorpusPastTheCapIsAnError) {
 }
 
 TEST(ByteDataset, AVocabularyBelowTheTextsBytesIsAnErrorNamingTheByte) {
-  const ByteDataset dataset("abc\x7f def ghi jkl mno pqr stu vwx", "t.txt", {.seq_length = 4});
+  const ByteDataset dataset("abc\x7f" + std::string(100, 'z'), "t.txt", {.seq_length = 4});
   dataset.check_vocabulary(256);
   dataset.check_vocabulary(128);
   EXPECT_EQ(error_of([&] { dataset.check_vocabulary(100); }),
