@@ -190,6 +190,23 @@ TEST_F(MpiTrain, PipelineAndDataParallelLayoutsOfFourProcessesEqualTheUnpipeline
   }
 }
 
+// A Llama (grouped-query attention, rotary positions, untied head) given as a
+// config.json through --model: pipelined and data-parallel under mpirun, it
+// trains to the unpipelined run's losses and weights.
+TEST_F(MpiTrain, ALlamaUnderMpiEqualsItsUnpipelinedRun) {
+  const std::string llama = dir_ + "/config.json";
+  write_file_atomic(llama, R"({"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 32,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 256,
+    "max_position_embeddings": 16, "tie_word_embeddings": false})");
+  const std::string flags = "--model " + llama;
+  const std::string unpipelined = train({"1f1b", 1, 1, 1}, "llama-unpipelined", "", flags);
+  EXPECT_NE(read_file(unpipelined + "/report.md").find("Llama, 4 layers"), std::string::npos);
+  for (const Layout& layout : {Layout{"zbv", 2, 2, 1}, Layout{"1f1b", 2, 1, 2}}) {
+    const std::string name = "llama-" + layout.schedule + "-dp" + std::to_string(layout.data_parallel);
+    expect_same_run(train(layout, name, "", flags), unpipelined, "Llama " + describe(layout));
+  }
+}
+
 // ZeRO-1 shards the AdamW moments over the replicas; the arithmetic is the
 // same, so the weights and checkpoints are the same bits, and the memory
 // saved is pipeflow's fp32 AdamW formula 8Ψ(1 - 1/d).
