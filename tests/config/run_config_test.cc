@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <string>
 
 #include "../support/error_of.h"
@@ -109,6 +111,31 @@ TEST(RunConfig, ReadsEveryKey) {
   EXPECT_EQ(resolved_run.recompute, Recompute::kFull);
   EXPECT_EQ(resolved_run.seq_length, 32);
   EXPECT_EQ(run.comm_mode, CommMode::kBlocking);
+}
+
+// Every training example reads and resolves, and its configuration as
+// written beside a run's outputs reads back to the same model (a Llama's
+// config.json keys inline, with the defaults written out).
+TEST(RunConfig, EveryTrainingExampleReadsAndRoundTrips) {
+  int examples = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(PIPEFLOW_SOURCE_DIR) + "/examples")) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with("train_") || entry.path().extension() != ".json") continue;
+    SCOPED_TRACE(name);
+    ++examples;
+    const RunConfig run = load_run_config(entry.path());
+    const ResolvedRun resolved = resolve(run);
+    const RunConfig again = parse_run_config(Config::parse(run_config_to_json(run), "again"));
+    ASSERT_TRUE(again.model.has_value());
+    EXPECT_EQ(again.model->architecture, resolved.model.architecture);
+    EXPECT_EQ(again.model->layers, resolved.model.layers);
+    EXPECT_EQ(again.model->kv_heads, resolved.model.kv_heads);
+    EXPECT_EQ(again.model->ffn, resolved.model.ffn);
+    EXPECT_EQ(again.model->tied_embeddings, resolved.model.tied_embeddings);
+    EXPECT_EQ(again.model->llama.rope_theta, resolved.model.llama.rope_theta);
+    EXPECT_EQ(again.model->llama.rms_norm_eps, resolved.model.llama.rms_norm_eps);
+  }
+  EXPECT_GE(examples, 7);
 }
 
 TEST(RunConfig, DefaultsAreDeepSpeedsAndPipeflows) {
