@@ -1,6 +1,7 @@
-// One training step (forward + backward + AdamW) of a GPT-2 on one thread,
-// timed, with the single-thread sgemm ceiling measured in the same run.
-// bench/train_step.sh runs it beside the same step in PyTorch.
+// One training step (forward + backward + AdamW) of a GPT-2 or a Llama on one
+// thread, timed, with the single-thread sgemm ceiling measured in the same
+// run. bench/train_step.sh runs it beside the same step in PyTorch, and a
+// Llama beside a GPT-2 of the same size.
 //
 // Each step is timed twice: wall clock and the process's CPU time. On a
 // shared machine the scheduler slices other processes in, which inflates wall
@@ -8,10 +9,13 @@
 // close to wall time shows the step ran on one thread).
 //
 //   bench_train_step [--layers L --heads H --width C --context T --batch B --steps N]
+//                    [--arch llama --kv-heads KV --intermediate F]
 //
 // FLOPs per step are the model FLOPs of Narayanan et al. 2021 (eq. 3 without
 // recompute; docs/PERFORMANCE.md): 72·B·L·T·C²·(1 + T/(6C) + V/(12·C·L)),
-// i.e. 3× the forward matmul FLOPs with the full T×T attention counted.
+// i.e. 3× the forward matmul FLOPs with the full T×T attention counted. For a
+// Llama the same count over its matrices: 3·B·T·(L·(2·(2C² + 2C·KV·hs + 3C·F)
+// + 4TC) + 2CV).
 
 #include <cblas.h>
 
@@ -65,14 +69,22 @@ double median(std::vector<double> values) {
 
 struct Options {
   int layers = 4, heads = 4, width = 128, context = 64, batch = 16, steps = 10, vocab = 256;
+  bool llama = false;
+  int kv_heads = 0, intermediate = 0;
 };
 
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i];
+    if (key == "--arch") {
+      o.llama = std::string(argv[i + 1]) == "llama";
+      continue;
+    }
     const int value = std::atoi(argv[i + 1]);
     if (key == "--layers") o.layers = value;
+    else if (key == "--kv-heads") o.kv_heads = value;
+    else if (key == "--intermediate") o.intermediate = value;
     else if (key == "--heads") o.heads = value;
     else if (key == "--width") o.width = value;
     else if (key == "--context") o.context = value;
@@ -92,8 +104,14 @@ Options parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   using namespace pipeflow;
   const Options o = parse(argc, argv);
-  const nn::ModelConfig config{.vocab_size = o.vocab, .context = o.context, .n_layer = o.layers, .n_head = o.heads,
-                             .n_embd = o.width};
+  const nn::ModelConfig config{.family = o.llama ? nn::Family::kLlama : nn::Family::kGpt2,
+                               .vocab_size = o.vocab,
+                               .context = o.context,
+                               .n_layer = o.layers,
+                               .n_head = o.heads,
+                               .n_embd = o.width,
+                               .n_kv_head = o.kv_heads,
+                               .intermediate = o.intermediate};
   nn::Stage model(config, nn::all_layers(config));
   model.init_parameters(1);
   nn::AdamW optimizer(model, {.lr = 1e-4, .weight_decay = 0.1});
@@ -127,11 +145,13 @@ int main(int argc, char** argv) {
   const double wall_median = median(wall);
   const double cpu_median = median(cpu);
   const double b = o.batch, l = o.layers, t = o.context, c = o.width, v = o.vocab;
-  const double flops = 72 * b * l * t * c * c * (1 + t / (6 * c) + v / (12 * c * l));
-  std::printf("pipeflow: %.2f ms/step (median of %d, min %.2f), cpu %.2f ms/step, %.1f GFLOP/s = %.0f%% of sgemm "
-              "%.1f GFLOP/s, %.3f GFLOP/step, loss %.4f, blas threads %d, peak activations %.1f MiB\n",
-              wall_median * 1e3, o.steps, *std::min_element(wall.begin(), wall.end()) * 1e3, cpu_median * 1e3,
-              flops / cpu_median / 1e9, 100 * flops / cpu_median / 1e9 / ceiling, ceiling, flops / 1e9, loss,
-              blas_threads(), static_cast<double>(model.activation_memory().peak_bytes()) / (1024.0 * 1024.0));
+  const double kv = static_cast<double>(config.kv_heads()) * config.head_size(), f = config.ffn();
+  const double flops = o.llama ? 3 * b * t * (l * (2 * (2 * c * c + 2 * c * kv + 3 * c * f) + 4 * t * c) + 2 * c * v)
+                               : 72 * b * l * t * c * c * (1 + t / (6 * c) + v / (12 * c * l));
+  std::printf("%s: %.2f ms/step (median of %d, min %.2f), cpu %.2f ms/step, %.1f GFLOP/s = %.0f%% of sgemm "
+              "%.1f GFLOP/s, %.3f GFLOP/step, %lld parameters, loss %.4f, blas threads %d, peak activations %.1f MiB\n",
+              o.llama ? "pipeflow-llama" : "pipeflow", wall_median * 1e3, o.steps, *std::min_element(wall.begin(), wall.end()) * 1e3, cpu_median * 1e3,
+              flops / cpu_median / 1e9, 100 * flops / cpu_median / 1e9 / ceiling, ceiling, flops / 1e9,
+              static_cast<long long>(config.parameter_count()), loss, blas_threads(), static_cast<double>(model.activation_memory().peak_bytes()) / (1024.0 * 1024.0));
   return 0;
 }

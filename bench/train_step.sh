@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One GPT-2 training step (forward + backward + AdamW) on one thread: pipeflow
+# One training step (forward + backward + AdamW) on one thread: pipeflow
 # (bench_train_step) against PyTorch (bench/train_step_torch.py, Debian's
 # python3-torch) on the same model, in the same run, with the single-thread
-# sgemm ceiling measured by bench_train_step. The two alternate for ROUNDS
+# sgemm ceiling measured by bench_train_step; GPT-2 at two sizes, then a
+# Llama of the small GPT-2's size (multi-head, SwiGLU 352: 0.3% more
+# parameters) with both implementations, set beside the GPT-2 step. The two alternate for ROUNDS
 # rounds (default 3) so that load from other processes hits both. PyTorch is
 # skipped, with a message, where it is missing.
 # Usage: bench/train_step.sh [build-dir]   (PYTHON=... for another interpreter)
@@ -30,20 +32,20 @@ middle() { sort -g | sed -n "$(( (rounds + 1) / 2 ))p"; }
 summarise() {
   local lines=$1 sgemm flops name
   sgemm=$(field "$lines" '.* of sgemm ([0-9.]+) GFLOP/s.*' | sort -g | tail -1)
-  flops=$(field "$lines" '.*, ([0-9.]+) GFLOP/step.*' | head -1)
   echo "summary ($rounds round(s), best sgemm ceiling $sgemm GFLOP/s):"
-  for name in pipeflow torch; do
+  for name in pipeflow torch pipeflow-llama torch-llama; do
     local mine cpu fastest
     mine=$(grep "^$name:" <<<"$lines") || continue
+    flops=$(field "$mine" '.*, ([0-9.]+) GFLOP/step.*' | head -1)
     cpu=$(field "$mine" '.*, cpu ([0-9.]+) ms/step.*' | middle)
     fastest=$(field "$mine" '.*, min ([0-9.]+)\).*' | sort -g | head -1)
-    eval "${name}_cpu=$cpu ${name}_fastest=$fastest"
+    eval "${name//-/_}_cpu=$cpu ${name//-/_}_fastest=$fastest"
     awk -v n="$name" -v c="$cpu" -v f="$fastest" -v flops="$flops" -v s="$sgemm" 'BEGIN {
       g = flops / c * 1000
-      printf "  %-8s %8.2f ms/step CPU = %6.1f GFLOP/s = %3.0f%% of sgemm; fastest wall-clock step %8.2f ms\n",
+      printf "  %-14s %8.2f ms/step CPU = %6.1f GFLOP/s = %3.0f%% of sgemm; fastest wall-clock step %8.2f ms\n",
              n, c, g, 100 * g / s, f }'
   done
-  if [ $have_torch = 1 ]; then
+  if [ $have_torch = 1 ] && [ -n "${pipeflow_cpu:-}" ]; then
     awk -v pc="$pipeflow_cpu" -v tc="$torch_cpu" -v pf="$pipeflow_fastest" -v tf="$torch_fastest" \
       'BEGIN { printf "  speedup over torch: %.2fx (CPU time per step), %.2fx (fastest wall-clock steps)\n",
                tc / pc, tf / pf }'
@@ -68,3 +70,35 @@ run "small (vocab 256, context 64, 4 layers, 4 heads, width 128, batch 16)" 20 \
   --layers 4 --heads 4 --width 128 --context 64 --batch 16
 run "larger (vocab 256, context 256, 6 layers, 6 heads, width 384, batch 16)" 4 \
   --layers 6 --heads 6 --width 384 --context 256 --batch 16
+
+# The Llama and the GPT-2 of the same size, alternating in one run: the
+# Llama's step time over the GPT-2's (pipeflow, then torch).
+llama_and_gpt2() {
+  local args=(--layers 4 --heads 4 --width 128 --context 64 --batch 16) steps=20 lines=""
+  echo "-- llama vs gpt-2 of the same size: ${args[*]} (llama: --intermediate 352)"
+  for ((round = 1; round <= rounds; round++)); do
+    lines+=$(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}" --steps "$steps")$'\n'
+    lines+=$(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}" --steps "$steps" --arch llama --intermediate 352)$'\n'
+    if [ $have_torch = 1 ]; then
+      lines+=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$python" bench/train_step_torch.py "${args[@]}" \
+               --steps "$steps")$'\n'
+      lines+=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$python" bench/train_step_torch.py "${args[@]}" \
+               --steps "$steps" --arch llama --intermediate 352)$'\n'
+    fi
+  done
+  printf '%s' "$lines"
+  pipeflow_cpu="" summarise "$lines"
+  for pair in pipeflow:pipeflow-llama torch:torch-llama; do
+    local a=${pair%%:*} b=${pair##*:} ca cb
+    ca=$(grep "^$a:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle) || continue
+    cb=$(grep "^$b:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle) || continue
+    [ -n "$ca" ] && [ -n "$cb" ] && awk -v a="$ca" -v b="$cb" -v n="$a" \
+      'BEGIN { printf "  %s: llama step / gpt-2 step = %.2f (CPU time)\n", n, b / a }'
+  done
+  if [ $have_torch = 1 ]; then
+    awk -v p="$(grep '^pipeflow-llama:' <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle)" \
+        -v t="$(grep '^torch-llama:' <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle)" \
+        'BEGIN { printf "  llama speedup over torch: %.2fx (CPU time per step)\n", t / p }'
+  fi
+}
+llama_and_gpt2

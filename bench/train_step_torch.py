@@ -1,5 +1,6 @@
 """The PyTorch side of bench/train_step.sh: one training step (forward + backward + AdamW) of the same GPT-2
-(tools/gpt2_torch.py) on one thread, timed like bench_train_step (wall clock and process CPU time per
+(tools/gpt2_torch.py) or Llama (tools/llama_torch.py, with --arch llama --kv-heads KV --intermediate F) on
+one thread, timed like bench_train_step (wall clock and process CPU time per
 step), with the same FLOP count.
 
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 bench/train_step_torch.py \
@@ -18,17 +19,26 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from gpt2_torch import Gpt2, decay_groups  # noqa: E402
+from llama_torch import Llama  # noqa: E402
 
 
 def main():
     parser = argparse.ArgumentParser()
     for name, default in [("layers", 4), ("heads", 4), ("width", 128), ("context", 64), ("batch", 16),
-                          ("steps", 10), ("vocab", 256)]:
+                          ("steps", 10), ("vocab", 256), ("kv-heads", 0), ("intermediate", 0)]:
         parser.add_argument("--" + name, type=int, default=default)
+    parser.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2")
     o = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(1)
-    model = Gpt2(o.vocab, o.context, o.layers, o.heads, o.width)
+    llama = o.arch == "llama"
+    kv_heads = o.kv_heads or o.heads
+    ffn = o.intermediate or 4 * o.width
+    if llama:
+        model = Llama(o.vocab, o.context, o.layers, o.heads, kv_heads, o.width, ffn, 10000.0, {"factor": 1}, 1e-5,
+                      True)
+    else:
+        model = Gpt2(o.vocab, o.context, o.layers, o.heads, o.width)
     decay, no_decay = decay_groups(model)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=1e-4)
@@ -52,8 +62,13 @@ def main():
     median = sorted(wall)[len(wall) // 2]
     cpu_median = sorted(cpu)[len(cpu) // 2]
     b, l, t, c, v = o.batch, o.layers, o.context, o.width, o.vocab
-    flops = 72 * b * l * t * c * c * (1 + t / (6 * c) + v / (12 * c * l))
-    print(f"torch: {median * 1e3:.2f} ms/step (median of {o.steps}, min {min(wall) * 1e3:.2f}), "
+    if llama:
+        kv = kv_heads * (c // o.heads)
+        flops = 3 * b * t * (l * (2 * (2 * c * c + 2 * c * kv + 3 * c * ffn) + 4 * t * c) + 2 * c * v)
+    else:
+        flops = 72 * b * l * t * c * c * (1 + t / (6 * c) + v / (12 * c * l))
+    name = "torch-llama" if llama else "torch"
+    print(f"{name}: {median * 1e3:.2f} ms/step (median of {o.steps}, min {min(wall) * 1e3:.2f}), "
           f"cpu {cpu_median * 1e3:.2f} ms/step, {flops / cpu_median / 1e9:.1f} GFLOP/s, {flops / 1e9:.3f} GFLOP/step, "
           f"loss {loss:.4f}, torch {torch.__version__}, threads {torch.get_num_threads()}")
 
