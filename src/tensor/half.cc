@@ -1,0 +1,73 @@
+#include "pipeflow/tensor/half.h"
+
+#include <bit>
+#include <cmath>
+
+namespace pipeflow {
+
+const char* to_string(ComputeFormat format) {
+  switch (format) {
+    case ComputeFormat::kBf16:
+      return "bf16";
+    case ComputeFormat::kFp16:
+      return "fp16";
+    case ComputeFormat::kFp32:
+      break;
+  }
+  return "fp32";
+}
+
+std::uint16_t bf16_bits(float x) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+  if (std::isnan(x)) return static_cast<std::uint16_t>((bits >> 16) | 0x40);  // quiet, sign kept
+  // Adding 0x7fff plus the lowest kept bit rounds to nearest, ties to even; a
+  // carry into the exponent is the right result (up to inf past the largest).
+  const std::uint32_t rounded = bits + 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<std::uint16_t>(rounded >> 16);
+}
+
+float from_bf16_bits(std::uint16_t bits) { return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16); }
+
+float round_to_bf16(float x) { return from_bf16_bits(bf16_bits(x)); }
+
+std::uint16_t fp16_bits(float x) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+  const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  const std::uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (magnitude >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds past 65504: inf
+  if (magnitude < 0x38800000u) {
+    // Below 2^−14: a subnormal m·2^−24, m = round(|x|·2^24), ties to even
+    // (exact in float arithmetic: |x|·2^24 < 2^10 keeps the bits it needs).
+    const float scaled = std::bit_cast<float>(magnitude) * 16777216.0f;
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(std::nearbyint(scaled)));
+  }
+  // Normal: rebias the exponent (127 → 15), round 23 mantissa bits to 10.
+  const std::uint32_t rebased = magnitude - 0x38000000u;
+  const std::uint32_t rounded = rebased + 0xfffu + ((rebased >> 13) & 1u);
+  return static_cast<std::uint16_t>(sign | (rounded >> 13));
+}
+
+float from_fp16_bits(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exponent = (h >> 10) & 0x1fu;
+  const std::uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0) {  // zero or subnormal: m·2^−24
+    const float value = static_cast<float>(mantissa) * (1.0f / 16777216.0f);
+    return sign != 0 ? -value : value;
+  }
+  if (exponent == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+float round_to_fp16(float x) { return from_fp16_bits(fp16_bits(x)); }
+
+void round_to_format(ComputeFormat format, float* values, std::int64_t n) {
+  if (format == ComputeFormat::kBf16) {
+    for (std::int64_t i = 0; i < n; ++i) values[i] = round_to_bf16(values[i]);
+  } else if (format == ComputeFormat::kFp16) {
+    for (std::int64_t i = 0; i < n; ++i) values[i] = round_to_fp16(values[i]);
+  }
+}
+
+}  // namespace pipeflow
