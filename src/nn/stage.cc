@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/tensor/embedding.h"
@@ -66,7 +67,13 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
     fail("{}: activation_checkpoint_interval = {}: must be 0 (off) or a number of layers", where(),
          options_.recompute_interval);
   }
-  const T* v = values_.data();
+  if (half()) {
+    if constexpr (!std::is_same_v<T, float>) {
+      fail("{}: computes in {}: only float stages round to half precision", where(), to_string(options_.format));
+    }
+    compute_values_ = BasicTensor<T>({layout_.total()}, {nullptr, &weight_memory_});
+  }
+  const T* v = half() ? compute_values_.data() : values_.data();
   T* g = grads_.data();
   const bool llama = config_.llama();
   auto offset = [&](const char* name) { return layout_.at(name).offset; };
@@ -114,7 +121,28 @@ std::string BasicStage<T>::where() const {
 template <class T>
 std::span<T> BasicStage<T>::parameter(std::string_view name) {
   require_matrices("parameter");
+  compute_stale_ = true;
   return slice(values_.span(), layout_.at(name));
+}
+
+template <class T>
+const T* BasicStage<T>::compute_weights() {
+  if (!half()) return values_.data();
+  if (compute_stale_) {
+    if constexpr (std::is_same_v<T, float>) {
+      std::copy(values_.data(), values_.data() + values_.numel(), compute_values_.data());
+      pipeflow::round_to_format(options_.format, compute_values_.data(), compute_values_.numel());
+    }
+    compute_stale_ = false;
+  }
+  return compute_values_.data();
+}
+
+template <class T>
+void BasicStage<T>::round_to_format(BasicTensor<T>& tensor) const {
+  if constexpr (std::is_same_v<T, float>) {
+    if (half() && !tensor.empty()) pipeflow::round_to_format(options_.format, tensor.data(), tensor.numel());
+  }
 }
 
 template <class T>
@@ -137,6 +165,7 @@ template <class T>
 void BasicStage<T>::init_parameters(std::uint64_t seed) {
   require_matrices("init_parameters");
   nn::init_parameters(layout_, config_, seed, values_.span());
+  compute_stale_ = true;
 }
 
 template <class T>
@@ -255,12 +284,17 @@ int BasicStage<T>::block_index(int local) const {
 template <class T>
 typename BasicStage<T>::Flow BasicStage<T>::forward_layer(State& state, int local, Flow flow) {
   switch (kind(local)) {
-    case Kind::kEmbedding:
-      return {{}, embedding_->forward(state.embedding_, std::move(flow.tokens), state.shape_, allocator())};
+    case Kind::kEmbedding: {
+      Flow out{{}, embedding_->forward(state.embedding_, std::move(flow.tokens), state.shape_, allocator())};
+      round_to_format(out.x);
+      return out;
+    }
     case Kind::kBlock: {
       const int i = block_index(local);
-      return {{}, blocks_[static_cast<std::size_t>(i)].forward(state.blocks_[static_cast<std::size_t>(i)],
-                                                               std::move(flow.x), state.shape_, allocator())};
+      Flow out{{}, blocks_[static_cast<std::size_t>(i)].forward(state.blocks_[static_cast<std::size_t>(i)],
+                                                                std::move(flow.x), state.shape_, allocator())};
+      round_to_format(out.x);
+      return out;
     }
     case Kind::kHead:
       state.loss_ = head_->forward(state.head_, std::move(flow.x), state.targets_, state.shape_, allocator());
@@ -307,6 +341,7 @@ template <class T>
 BasicTensor<T> BasicStage<T>::forward(State& state, Input input) {
   require_matrices("forward");
   require_phase(state, State::Phase::kEmpty, "forward");
+  compute_weights();
   state.shape_ = check_input(input, true);
   input.tokens.charge_to(&activation_memory_);
   input.activation.charge_to(&activation_memory_);
@@ -330,10 +365,12 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
     switch (kind(local)) {
       case Kind::kHead:
         grad = head_->backward_input(state.head_, state.targets_, loss_scale, state.shape_, allocator());
+        round_to_format(grad);
         break;
       case Kind::kBlock: {
         const auto i = static_cast<std::size_t>(block_index(local));
         grad = blocks_[i].backward_input(state.blocks_[i], std::move(grad), state.shape_, allocator());
+        round_to_format(grad);
         break;
       }
       case Kind::kEmbedding:
@@ -408,6 +445,7 @@ template <class T>
 BasicTensor<T> BasicStage<T>::logits(const IntTensor& tokens) {
   require_matrices("logits");
   if (!has_embedding() || !has_head()) fail("{}: logits need a stage holding the whole model", where());
+  compute_weights();
   State state;
   Input input;
   input.tokens = tokens.clone();
@@ -468,12 +506,13 @@ template <class T>
 BasicTensor<T> BasicStage<T>::forward_cached(BasicKvCache<T>& cache, const SequenceRows& rows, Input input) {
   const LayerShape shape = check_cached_input(cache, rows, input);
   const int c = shape.c;
+  const T* weights = packed_ ? (half() ? compute_values_.data() : values_.data()) : compute_weights();
   BasicTensor<T> x = std::move(input.activation);
   x.charge_to(&activation_memory_);
   if (has_embedding()) {
     x = BasicTensor<T>::uninitialized({1, shape.t, c}, allocator());
-    const T* wte = values_.data() + layout_.at(config_.embedding_name()).offset;
-    const T* wpe = config_.llama() ? nullptr : values_.data() + layout_.at("wpe.weight").offset;
+    const T* wte = weights + layout_.at(config_.embedding_name()).offset;
+    const T* wpe = config_.llama() ? nullptr : weights + layout_.at("wpe.weight").offset;
     int row = 0;
     for (std::size_t i = 0; i < rows.counts.size(); ++i) {
       const int past = cache.length(rows.first + static_cast<int>(i));
@@ -482,8 +521,10 @@ BasicTensor<T> BasicStage<T>::forward_cached(BasicKvCache<T>& cache, const Seque
       row += rows.counts[i];
     }
   }
+  round_to_format(x);
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     x = blocks_[i].forward_cached(std::move(x), cache, static_cast<int>(i), rows, shape, allocator());
+    round_to_format(x);
   }
   for (std::size_t i = 0; i < rows.counts.size(); ++i) cache.advance(rows.first + static_cast<int>(i), rows.counts[i]);
   if (!has_head()) return x;
@@ -544,9 +585,12 @@ void BasicStage<T>::add_tied_gradient(std::span<const T> other) {
 template <class T>
 void BasicStage<T>::pack_for_inference() {
   if (packed_) return;
+  // The matrices the blocks read: a half-precision stage's rounded copy
+  // (fresh now; once packed, nothing writes the parameters again).
+  T* base = half() ? const_cast<T*>(compute_weights()) : values_.data();
   const int first_block = std::max(range_.first, 1) - 1;  // as the constructor numbers them
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
-    blocks_[i].pack_weights(block_params<T*>(config_, layout_, first_block + static_cast<int>(i), values_.data()),
+    blocks_[i].pack_weights(block_params<T*>(config_, layout_, first_block + static_cast<int>(i), base),
                             config_.n_embd);
   }
   packed_ = true;

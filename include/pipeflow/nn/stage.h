@@ -15,6 +15,7 @@
 #include "pipeflow/nn/parameter_layout.h"
 #include "pipeflow/nn/transformer_block.h"
 #include "pipeflow/tensor/buffer_pool.h"
+#include "pipeflow/tensor/half.h"
 #include "pipeflow/tensor/memory_account.h"
 #include "pipeflow/tensor/tensor.h"
 
@@ -32,6 +33,12 @@ struct StageOptions {
   // Names the stage in errors and its memory accounts ("<name> activations",
   // "<name> weights").
   std::string name = "stage";
+  // kBf16 / kFp16 (tensor/half.h): the layers multiply by a copy of the
+  // weights rounded to the format, refreshed from the fp32 master weights
+  // after they change, and every activation a layer passes on (forward) and
+  // every gradient of one (backward) is rounded to it; the weight gradients
+  // accumulate in fp32. float stages only.
+  ComputeFormat format = ComputeFormat::kFp32;
 };
 
 // What a stage's forward consumes; move the tensors in.
@@ -128,8 +135,12 @@ class BasicStage {
 
   // --- Parameters and gradients ---
   const ParameterLayout& layout() const { return layout_; }
+  // The fp32 (master) parameters. Writing through the mutable accessors
+  // marks a half-precision stage's rounded copy stale: the next pass
+  // refreshes it.
   std::span<T> parameters() {
     require_matrices("parameters");
+    compute_stale_ = true;
     return values_.span();
   }
   std::span<const T> parameters() const {
@@ -235,6 +246,12 @@ class BasicStage {
   // Fails, naming `what`, once pack_for_inference has run.
   void require_matrices(const char* what) const;
   bool checkpointing() const { return options_.recompute_interval > 0; }
+  bool half() const { return options_.format != ComputeFormat::kFp32; }
+  // The weights the layers read: the rounded copy (refreshed when stale), or
+  // the parameters themselves in fp32.
+  const T* compute_weights();
+  // Rounds an activation or its gradient to the stage's format.
+  void round_to_format(BasicTensor<T>& tensor) const;
 
   Flow forward_layer(State& state, int local, Flow flow);
   void checkpoint_layer(State& state, int local);
@@ -251,6 +268,9 @@ class BasicStage {
   BasicTensor<T> values_;
   BasicTensor<T> grads_;
   BasicTensor<T> rope_cos_, rope_sin_;  // Llama: [context, hs/2] (tensor/rope.h)
+  // kBf16 / kFp16: the weights the layers multiply by, values_ rounded.
+  BasicTensor<T> compute_values_;
+  bool compute_stale_ = true;
   std::optional<EmbeddingLayer<T>> embedding_;
   std::vector<TransformerBlock<T>> blocks_;
   std::optional<LmHead<T>> head_;
