@@ -118,9 +118,10 @@ void check_values(const SafetensorsFile& file) {
   }
 }
 
-void write_weights(const std::filesystem::path& path, const Stage& stage) {
+void write_weights(const std::filesystem::path& path, const Stage& stage, ComputeFormat trained_in) {
   SafetensorsWriter writer;
   write_config(writer, stage.config());
+  writer.set_metadata("precision", to_string(trained_in));
   add_parameters(writer, stage);
   writer.write(path);
 }

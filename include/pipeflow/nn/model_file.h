@@ -37,7 +37,10 @@ void load_parameters(Stage& stage, const SafetensorsFile& file);
 // (F32 tensors; exp_avg_sq.* must also be >= 0).
 void check_values(const SafetensorsFile& file);
 
-// A whole-model weights file: config in the metadata plus every parameter.
-void write_weights(const std::filesystem::path& path, const Stage& stage);
+// A whole-model weights file: config in the metadata plus every parameter,
+// and "precision": what the weights were trained in (fp32, bf16, fp16; they
+// are the fp32 master weights either way).
+void write_weights(const std::filesystem::path& path, const Stage& stage,
+                   ComputeFormat trained_in = ComputeFormat::kFp32);
 
 }  // namespace pipeflow::nn

@@ -14,6 +14,7 @@
 #include "pipeflow/nn/stage.h"
 #include "pipeflow/runtime/batch_source.h"
 #include "pipeflow/runtime/engine_options.h"
+#include "pipeflow/runtime/loss_scaler.h"
 #include "pipeflow/runtime/rank_group.h"
 #include "pipeflow/runtime/transport.h"
 #include "pipeflow/runtime/step_record.h"
@@ -55,6 +56,11 @@ struct StepResult {
   // (weights, moments and the optimizer's step count as before the step).
   bool skipped = false;
   double lr = 0;                // the learning rate of this step's update
+  // fp16: the loss scale this step's backward ran with (1 without one); a
+  // skipped step with a scale the scaler could still lower was an overflow,
+  // and the next step runs with the lowered scale.
+  double loss_scale = 1;
+  bool overflow = false;
   std::int64_t tokens = 0;      // m · b · T
   double wall_s = 0;            // from the step's start until every rank had finished
   RunMode mode = RunMode::kThreaded;
@@ -145,9 +151,14 @@ class PipelineEngine {
   // embedding's) and moments as model-0000{r+1}-of-0000{p}.safetensors; after
   // every shard is written world rank 0 writes model.safetensors.index.json,
   // last (it removes an older index first, and shards of another layout).
+  // The metadata also says the precision the run computed in ("precision":
+  // fp32, bf16, fp16; the weights are its fp32 masters either way) and, in
+  // fp16, the loss scaler's state ("loss_scale.*").
   void write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const;
   // Loads weights and moments from such a file (or the shards merged:
-  // checkpoint_search.h read_checkpoint); returns its steps_done.
+  // checkpoint_search.h read_checkpoint); returns its steps_done. An fp16 run
+  // continues the file's loss scale when it has one (a run of another
+  // precision, or none, starts the scale afresh).
   std::int64_t load_checkpoint(const nn::SafetensorsFile& file);
 
   StepResult step(std::int64_t step, const BatchSource& source, StepMode mode = StepMode::kTrain,
@@ -244,6 +255,7 @@ class PipelineEngine {
   std::vector<std::unique_ptr<LocalRank>> ranks_;   // this process's ranks, by world rank
   std::int64_t current_step_ = 0;
   bool update_failed_ = false;
+  std::optional<LossScaler> scaler_;  // fp16 (EngineOptions::loss_scale)
 };
 
 // The in-process inbox capacity for each rank: every message a step of

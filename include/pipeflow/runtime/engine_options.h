@@ -2,12 +2,14 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 
 #include "pipeflow/config/run_config.h"
 #include "pipeflow/core/ids.h"
 #include "pipeflow/nn/adamw.h"
 #include "pipeflow/nn/lr_schedule.h"
 #include "pipeflow/schedule/action.h"
+#include "pipeflow/tensor/half.h"
 
 namespace pipeflow::runtime {
 
@@ -45,6 +47,12 @@ struct EngineOptions {
   // squared norm of one micro-batch's gradient for the gradient noise scale
   // (runtime/noise_scale.h, StepResult::grad_square_small); 0: never.
   int noise_scale_interval = 0;
+  // bf16 / fp16 (nn::StageOptions::format): every stage computes in it,
+  // over fp32 master weights, gradients and AdamW moments.
+  ComputeFormat format = ComputeFormat::kFp32;
+  // fp16's loss scale (LossScaler): the backward starts from scale · loss and
+  // the update divides it out; none: from the loss itself.
+  std::optional<LossScaleConfig> loss_scale;
   // For tests: called on the worker's thread before each of its actions
   // (an exception or a delay there acts as a failing or a slow worker).
   std::function<void(RankId, const Action&)> before_action;

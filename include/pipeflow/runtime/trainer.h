@@ -101,6 +101,10 @@ struct StepLog {
   std::vector<std::int64_t> peak_activation_bytes_predicted;  // per rank, the simulator's memory walk
   std::optional<double> val_loss;
   bool skipped = false;  // the loss or grad_norm was not finite: no update (StepResult::skipped)
+  // fp16 (else none): the loss scale the step ran with, and whether its skip
+  // was an overflow that lowered the scale (not a sign of divergence).
+  std::optional<double> loss_scale = std::nullopt;
+  bool overflow = false;
   // The gradient noise scale (runtime/noise_scale.h), on the steps that
   // measure it (metrics.noise_scale_interval) and were not skipped:
   // |G_small|²: the mean-loss gradient of one micro-batch (b sequences);

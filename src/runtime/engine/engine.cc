@@ -158,6 +158,7 @@ PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& sc
     fail("seq_length {} must lie in [1, {}] (the model's context)", options_.seq_length, config_.context);
   }
   if (options_.timeout.count() <= 0) fail("timeout = {} s: must be > 0", options_.timeout.count());
+  if (options_.loss_scale) scaler_.emplace(*options_.loss_scale);
   const RankLayout& layout = group_->layout();
   if (layout.pipeline != schedule_.num_ranks()) {
     fail("the ranks form pipelines of {} ranks and schedule {} has {}", layout.pipeline, schedule_.name(),
@@ -191,7 +192,10 @@ PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& sc
       const auto i = static_cast<std::size_t>(s.value());
       const nn::LayerRange range{boundaries_[i], boundaries_[i + 1]};
       replica->stages[i] = std::make_unique<nn::Stage>(
-          config_, range, nn::StageOptions{options_.recompute_interval, fmt::format("stage {}", s)});
+          config_, range,
+          nn::StageOptions{.recompute_interval = options_.recompute_interval,
+                           .name = fmt::format("stage {}", s),
+                           .format = options_.format});
       replica->optimizers[i] = std::make_unique<nn::AdamW>(
           *replica->stages[i], options_.optimizer,
           nn::OptimizerShard::of(replica->stages[i]->layout().total(), sharded() ? layout.data_parallel : 1,
@@ -356,6 +360,14 @@ void PipelineEngine::write_checkpoint_rank(LocalRank& r, const std::filesystem::
   nn::SafetensorsWriter shard = rank_state(r, true);
   if (r.data_rank != 0) return;
   shard.set_metadata("steps_done", std::to_string(steps_done));
+  shard.set_metadata("precision", to_string(options_.format));
+  if (scaler_) {
+    const LossScaler::State& state = scaler_->state();
+    shard.set_metadata("loss_scale.scale", fmt::format("{}", state.scale));
+    shard.set_metadata("loss_scale.hysteresis_left", std::to_string(state.hysteresis_left));
+    shard.set_metadata("loss_scale.last_overflow", std::to_string(state.last_overflow));
+    shard.set_metadata("loss_scale.iteration", std::to_string(state.iteration));
+  }
   const Deadline deadline = deadline_after(options_.timeout);
   if (!group_->spans_processes()) {
     const std::vector<nn::SafetensorsFile> parts = gather_at_world_rank_0(r, shard, "the checkpoint");
@@ -397,6 +409,24 @@ void PipelineEngine::write_checkpoint_rank(LocalRank& r, const std::filesystem::
 std::int64_t PipelineEngine::load_checkpoint(const nn::SafetensorsFile& file) {
   const std::int64_t steps_done = file.metadata_count("steps_done");
   load_parameters(file);
+  if (scaler_ && file.metadata().contains("loss_scale.scale")) {
+    const auto number = [&](const char* key) {
+      const std::string& text = file.metadata(key);
+      try {
+        std::size_t used = 0;
+        const double value = std::stod(text, &used);
+        if (used == text.size() && std::isfinite(value)) return value;
+      } catch (const std::exception&) {
+      }
+      fail("{}: __metadata__ {} = \"{}\" is not a number", file.source(), key, text);
+    };
+    const LossScaler::State state{.scale = number("loss_scale.scale"),
+                                  .hysteresis_left = static_cast<int>(number("loss_scale.hysteresis_left")),
+                                  .last_overflow = static_cast<std::int64_t>(number("loss_scale.last_overflow")),
+                                  .iteration = static_cast<std::int64_t>(number("loss_scale.iteration"))};
+    if (!(state.scale > 0)) fail("{}: __metadata__ loss_scale.scale = {}: must be > 0", file.source(), state.scale);
+    scaler_->restore(state);
+  }
   for (auto& replica : replicas_) {
     for (auto& optimizer : replica->optimizers) {
       if (optimizer) optimizer->load_state(file);
@@ -489,7 +519,8 @@ const PipelineEngine::FlushStep PipelineEngine::kFlushOrder[] = {
 // What the ranks' flushes share within one step (each rank writes only its
 // own entries).
 struct PipelineEngine::Flush {
-  explicit Flush(std::size_t ranks) : tied_start(ranks), square_sum(ranks, 0.0), small_square_sum(ranks, 0.0) {}
+  Flush(std::size_t ranks, double scale)
+      : tied_start(ranks), square_sum(ranks, 0.0), small_square_sum(ranks, 0.0), loss_scale(scale) {}
 
   // Threaded, every rank holds the all-reduced sum; serial, each its own,
   // added here in rank order as the all-reduce adds them (0 + v0 + v1 + …),
@@ -500,12 +531,16 @@ struct PipelineEngine::Flush {
     for (const double v : sums) sum += v;
     return sum;
   }
-  double grad_norm(std::size_t rank, RunMode run) const { return std::sqrt(total(square_sum, rank, run)); }
+  // The norm of the gradients with the loss scale divided out.
+  double grad_norm(std::size_t rank, RunMode run) const {
+    return std::sqrt(total(square_sum, rank, run)) / loss_scale;
+  }
 
   std::vector<Clock::time_point> tied_start;
   std::vector<double> square_sum;
   std::vector<double> small_square_sum;  // RankWorker::small_square_sum, on a step measuring the noise scale
   std::atomic<bool> updating{false};  // an optimizer update has begun on some rank
+  double loss_scale = 1;              // the step's (fp16), which the gradients carry
 };
 
 StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, StepMode mode, RunMode run) {
@@ -521,13 +556,15 @@ StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, St
   current_step_ = step;
   for (auto& replica : replicas_) replica->transport->reset();
   const Clock::time_point epoch = Clock::now();
-  for (auto& r : ranks_) r->worker->begin_step(step, source, epoch);
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  for (auto& r : ranks_) r->worker->begin_step(step, source, epoch, loss_scale);
   StepResult result;
   result.step = step;
+  result.loss_scale = loss_scale;
   result.mode = run;
   result.tokens = tokens_per_step();
   result.lr = options_.lr_schedule.lr(step);
-  Flush flush(ranks_.size());
+  Flush flush(ranks_.size(), loss_scale);
   try {
     if (run == RunMode::kThreaded) {
       run_threaded(mode, result.lr, flush, result, epoch);
@@ -542,11 +579,15 @@ StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, St
   }
   result.grad_norm = flush.grad_norm(0, run);
   if (ranks_.front()->worker->measures_noise_scale()) {
-    // The accumulated gradient carries the loss scale 1/(m·d): undone, it is the micro-batch's mean-loss gradient.
-    const double unscale = static_cast<double>(schedule_.num_microbatches()) * options_.data_parallel;
+    // The accumulated gradient carries the loss scale S/(m·d): undone, it is the micro-batch's mean-loss gradient.
+    const double unscale = static_cast<double>(schedule_.num_microbatches()) * options_.data_parallel / loss_scale;
     result.grad_square_small = Flush::total(flush.small_square_sum, 0, run) * unscale * unscale;
   }
   result.skipped = mode == StepMode::kTrain && !std::isfinite(result.grad_norm);
+  if (scaler_ && mode == StepMode::kTrain) {
+    result.overflow = result.skipped && scaler_->can_lower();
+    scaler_->update(result.skipped);
+  }
   result.clip_coefficient = result.skipped ? 1 : clip_coefficient(mode, result.grad_norm);
   if (run == RunMode::kSerial) finish_serial(result);
   return result;
@@ -602,7 +643,7 @@ bool PipelineEngine::flush_step(FlushStep step, LocalRank& r, std::size_t index,
       // Every rank holds the same norm, so all skip a non-finite step together.
       if (mode == StepMode::kTrain && std::isfinite(flush.grad_norm(index, run))) {
         flush.updating.store(true);
-        w.apply_update(clip_coefficient(mode, flush.grad_norm(index, run)), lr);
+        w.apply_update(clip_coefficient(mode, flush.grad_norm(index, run)) / flush.loss_scale, lr);
         if (sharded()) gather_parameters(r);
       }
       return true;

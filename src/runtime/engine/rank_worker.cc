@@ -77,9 +77,11 @@ void RankWorker::release() {
   for (Slot& s : slots_) s = Slot();
 }
 
-void RankWorker::begin_step(std::int64_t step, const BatchSource& source, Clock::time_point epoch) {
+void RankWorker::begin_step(std::int64_t step, const BatchSource& source, Clock::time_point epoch,
+                            double loss_scale) {
   release();
   source_ = &source;
+  loss_scale_ = loss_scale;
   step_ = step;
   epoch_ = epoch;
   std::fill(losses_.begin(), losses_.end(), std::numeric_limits<double>::quiet_NaN());
@@ -194,8 +196,9 @@ void RankWorker::backward_input(const Action& a, bool with_weight, ActionTiming&
   Tensor grad;
   if (st.has_head()) {
     // The mean loss over the global batch of m · d equal micro-batches (the
-    // data-parallel all-reduce sums the d replicas' gradients).
-    const double loss_scale = 1.0 / (schedule_->num_microbatches() * options_->data_parallel);
+    // data-parallel all-reduce sums the d replicas' gradients), times fp16's
+    // loss scale.
+    const double loss_scale = loss_scale_ / (schedule_->num_microbatches() * options_->data_parallel);
     grad = with_weight ? st.backward_from_loss(sl.state, loss_scale)
                        : st.backward_input_from_loss(sl.state, loss_scale);
   } else {
@@ -412,10 +415,10 @@ RankWorker::Outcome RankWorker::all_reduce_sum(double& value) {
   return outcome_of(status);
 }
 
-void RankWorker::apply_update(double clip, double lr) {
+void RankWorker::apply_update(double factor, double lr) {
   for (const StageId s : own_) {
     const Clock::time_point start = Clock::now();
-    if (clip < 1) stage(s).scale_gradients(clip);
+    if (factor != 1) stage(s).scale_gradients(factor);
     optimizers_[static_cast<std::size_t>(s.value())]->step(lr);
     record_phase(FlushPhase::kOptimizer, s, start);
   }

@@ -72,7 +72,8 @@ class RankWorker {
 
   // Clears what an earlier (possibly failed) step left, zeroes the
   // gradients, and starts the step's records at `epoch`.
-  void begin_step(std::int64_t step, const BatchSource& source, Clock::time_point epoch);
+  // `loss_scale`: fp16's, which the last stage's backward starts from (1: none).
+  void begin_step(std::int64_t step, const BatchSource& source, Clock::time_point epoch, double loss_scale = 1);
 
   // Runs action `index` of the list. A RECV whose message has not arrived
   // returns kNotReady at once unless `block` (then it waits up to the
@@ -93,7 +94,8 @@ class RankWorker {
   //     nn::OptimizerShard::of gives it: the engine adds the replicas'),
   //     then (threaded) all_reduce_sum over the ranks, in rank order;
   //     small_square_sum likewise on a step that measures the noise scale;
-  //   apply_update: scales the gradients by `clip` (if < 1) and runs AdamW
+  //   apply_update: scales the gradients by `factor` (the clip coefficient
+  //     over fp16's loss scale; unless 1) and runs AdamW
   //     with `lr` on every stage (each recorded as a kOptimizer phase).
   Outcome post_tied_gradients();
   Outcome reduce_tied_gradients(bool block);
@@ -109,7 +111,7 @@ class RankWorker {
   bool measures_noise_scale() const { return measuring_noise_; }
   double small_square_sum() const { return small_square_sum_; }
   Outcome all_reduce_sum(double& value);
-  void apply_update(double clip, double lr);
+  void apply_update(double factor, double lr);
   // After the flush (threaded): waits until every message the rank sent has
   // left it; Error naming the step on a timeout.
   void complete_sends();
@@ -165,6 +167,7 @@ class RankWorker {
   std::vector<StageId> own_;        // this rank's stages
   Transport* transport_;
   const EngineOptions* options_;
+  double loss_scale_ = 1;  // this step's (begin_step)
   Progress* progress_;
   std::vector<Slot> slots_;  // [chunk * m + j]
   std::vector<double> losses_;

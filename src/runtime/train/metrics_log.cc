@@ -39,6 +39,8 @@ nlohmann::ordered_json to_json(const StepLog& log) {
   json["peak_activation_bytes_predicted"] = log.peak_activation_bytes_predicted;
   if (log.val_loss) json["val_loss"] = *log.val_loss;
   if (log.skipped) json["skipped"] = true;
+  if (log.loss_scale) json["loss_scale"] = *log.loss_scale;
+  if (log.overflow) json["overflow"] = true;
   if (log.grad_square_small) json["grad_square_small"] = *log.grad_square_small;
   if (log.grad_square_big) json["grad_square_big"] = *log.grad_square_big;
   // The key `pipeflow advise-batch --metrics` reads (plan/advise_batch.h).

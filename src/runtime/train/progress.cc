@@ -53,8 +53,9 @@ std::string ProgressPrinter::figures(const StepLog& log, double eta_s) const {
                        label, format_percent(log.bubble_measured), format_percent(log.bubble_predicted), gap + gap,
                        ideal, format_eta(eta_s));
   }
-  return fmt::format("loss {:.4f} lr {:.3g} grad_norm {:.3g} {}{} step {}{} bubble {}{} (predicted {}){}{} ETA {}",
-                     log.loss, log.lr, log.grad_norm, tokens_rate(log.tokens_per_s), label,
+  const std::string scale = log.loss_scale ? fmt::format(" loss_scale {:g}", *log.loss_scale) : "";
+  return fmt::format("loss {:.4f} lr {:.3g} grad_norm {:.3g}{} {}{} step {}{} bubble {}{} (predicted {}){}{} ETA {}",
+                     log.loss, log.lr, log.grad_norm, scale, tokens_rate(log.tokens_per_s), label,
                      format_seconds(log.step_time_s), label, format_percent(log.bubble_measured), label,
                      format_percent(log.bubble_predicted), gap, ideal, format_eta(eta_s));
 }

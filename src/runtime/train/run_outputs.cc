@@ -47,7 +47,7 @@ std::vector<std::filesystem::path> write_run_outputs(const RunRecord& record, co
   write("predicted.svg", render_svg(predicted));
   write("profile.json", profile_to_json(profile));
   write("run_config.json", settings.config_text);
-  nn::write_weights(dir / "weights.safetensors", model);
+  nn::write_weights(dir / "weights.safetensors", model, settings.engine.format);
   files.push_back(dir / "weights.safetensors");
   write("report.md", training_report(record));
   return files;

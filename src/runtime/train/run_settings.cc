@@ -38,11 +38,6 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
     fail("{}: tensor_parallel = {}: pipeflow train runs no tensor parallelism; set it to 1", source,
          run.tensor_parallel);
   }
-  if (run.precision != Precision::kFp32) {
-    fail("{}: {}.enabled = true: pipeflow train computes in fp32 so far (pipeflow simulate and plan price bf16 and "
-         "fp16); set {}.enabled to false to train this run here",
-         source, to_string(run.precision), to_string(run.precision));
-  }
   if (run.zero != ZeroStage::kNone && run.zero != ZeroStage::kOne) {
     fail("{}: zero_optimization.stage = {}: pipeflow train shards the optimizer states (stage 1) and not yet the "
          "gradients or the weights; use 0 or 1 (pipeflow simulate models every stage)",
@@ -78,6 +73,10 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   s.engine.lr_schedule = lr_schedule(run.scheduler, run.optimizer.lr);
   s.engine.gradient_clipping = run.gradient_clipping;
   s.engine.noise_scale_interval = run.metrics.noise_scale_interval;
+  s.engine.format = run.precision == Precision::kBf16   ? ComputeFormat::kBf16
+                    : run.precision == Precision::kFp16 ? ComputeFormat::kFp16
+                                                        : ComputeFormat::kFp32;
+  if (run.precision == Precision::kFp16) s.engine.loss_scale = run.loss_scale;
   for (const std::string& path : run.data.paths) {
     if (!std::filesystem::exists(path) || std::filesystem::is_directory(path)) {
       fail("{}: data path \"{}\" is {}: name text files, or leave data out for the fortunes corpus", source, path,

@@ -55,6 +55,8 @@ class Run {
   int seq_length() const { return settings_.engine.seq_length; }
   std::unique_ptr<PipelineEngine> make_engine() const;
   void announce() const;
+  // " in bf16", " in fp16, dynamic loss scale from 2^16"; "" in fp32.
+  std::string precision_text() const;
   void remove_stale_temporaries() const;
   std::int64_t resume();
   StepLog train_step(std::int64_t step);
@@ -94,6 +96,7 @@ class Run {
   std::vector<StepFigures> figures_;
   std::optional<StepResult> last_;
   int skipped_in_a_row_ = 0;
+  int overflows_ = 0;  // fp16 steps skipped for an overflow that lowered the loss scale
   NoiseScaleAverage noise_scale_;  // over this run's measured steps (a resumed run starts afresh)
 };
 
@@ -203,11 +206,20 @@ void Run::write_checkpoint(std::int64_t steps_done) const {
   for (std::size_t i = 0; i + keep < written.size(); ++i) std::filesystem::remove_all(written[i]);
 }
 
+std::string Run::precision_text() const {
+  const EngineOptions& e = settings_.engine;
+  if (e.format == ComputeFormat::kFp32) return "";
+  if (!e.loss_scale) return fmt::format(" in {}", to_string(e.format));
+  const LossScaleConfig& scale = *e.loss_scale;
+  return scale.loss_scale > 0 ? fmt::format(" in fp16, static loss scale {:g}", scale.loss_scale)
+                              : fmt::format(" in fp16, dynamic loss scale from 2^{}", scale.initial_scale_power);
+}
+
 void Run::announce() const {
   const Schedule& s = engine_->schedule();
   progress_.message(fmt::format(
-      "pipeflow train: {} ({} parameters); {} on {} ({}), {} of {} x {} tokens; {}{}",
-      nn::describe(settings_.model), settings_.model.parameter_count(), s.name(), format_count(s.num_ranks(), "rank"),
+      "pipeflow train: {} ({} parameters){}; {} on {} ({}), {} of {} x {} tokens; {}{}",
+      nn::describe(settings_.model), settings_.model.parameter_count(), precision_text(), s.name(), format_count(s.num_ranks(), "rank"),
       format_count(s.num_stages(), "stage"), format_count(s.num_microbatches(), "micro-batch", "micro-batches"),
       settings_.engine.micro_batch, seq_length(), format_count(settings_.steps, "step"),
       settings_.emulate ? ", emulated" : ""));
@@ -228,6 +240,8 @@ StepLog Run::train_step(std::int64_t step) {
     log.lr = result.lr;
     log.grad_norm = result.grad_norm;
     log.skipped = result.skipped;
+    if (settings_.engine.loss_scale) log.loss_scale = result.loss_scale;
+    log.overflow = result.overflow;
     return log;
   }
   const Schedule& schedule = engine_->schedule();
@@ -262,6 +276,8 @@ StepLog Run::train_step(std::int64_t step) {
               .peak_activation_bytes_predicted = {},
               .val_loss = std::nullopt,
               .skipped = result.skipped};
+  if (settings_.engine.loss_scale) log.loss_scale = result.loss_scale;
+  log.overflow = result.overflow;
   for (const RankFigures& rank : figures.ranks) {
     log.busy_s.push_back(rank.compute_s);
     log.idle_s.push_back(figures.pipeline_s - rank.compute_s);
@@ -293,6 +309,13 @@ StepLog Run::train_step(std::int64_t step) {
 // run diverged, and it stops naming where the first NaN or Inf is.
 void Run::check_skipped(const std::vector<StepLog>& logs) {
   const StepLog& log = logs.back();
+  if (log.overflow) {  // fp16: the scaler lowered the scale; the next step tries again
+    ++overflows_;
+    progress_.message(fmt::format("step {} skipped: fp16 gradients overflowed at loss scale {}; the scale is lowered "
+                                  "({} overflow{} so far)",
+                                  log.step + 1, *log.loss_scale, overflows_, overflows_ == 1 ? "" : "s"));
+    return;
+  }
   skipped_in_a_row_ = log.skipped ? skipped_in_a_row_ + 1 : 0;
   if (!log.skipped) return;
   progress_.message(fmt::format("warning: step {} skipped: loss {}, gradient norm {}: not finite, so no update "
