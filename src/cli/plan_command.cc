@@ -253,15 +253,23 @@ std::string deepspeed_config(const Layout& l) {
 }
 
 // Megatron-LM's arguments: 1F1B, or its interleaved schedule with
-// --num-layers-per-virtual-pipeline-stage; blocks split evenly over stages.
+// --num-layers-per-virtual-pipeline-stage; blocks split evenly over stages;
+// the model's family and vocabulary, so that `simulate --megatron-args`
+// reads back the same model (config/megatron_args.h).
 std::string megatron_arguments(const Layout& l) {
   const ModelSpec& m = l.model;
   std::string args = fmt::format(
       "--num-layers {} --hidden-size {} --num-attention-heads {} --ffn-hidden-size {} --seq-length {} "
-      "--max-position-embeddings {} --tensor-model-parallel-size {} --pipeline-model-parallel-size {} "
+      "--max-position-embeddings {} --vocab-size {} --tensor-model-parallel-size {} --pipeline-model-parallel-size {} "
       "--micro-batch-size {} --global-batch-size {}",
-      m.layers, m.hidden, m.heads, m.ffn, l.seq_length, std::max(m.max_positions, l.seq_length), l.tensor_parallel,
-      l.pipeline_ranks, l.micro_batch, l.global_batch);
+      m.layers, m.hidden, m.heads, m.ffn, l.seq_length, std::max(m.max_positions, l.seq_length), m.vocab,
+      l.tensor_parallel, l.pipeline_ranks, l.micro_batch, l.global_batch);
+  if (m.architecture == Architecture::kLlama) {
+    args += " --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear";
+    if (m.kv_heads != m.heads) args += fmt::format(" --group-query-attention --num-query-groups {}", m.kv_heads);
+  }
+  if (!m.tied_embeddings) args += " --untie-embeddings-and-output-weights";
+  if (!m.dropout) args += " --hidden-dropout 0 --attention-dropout 0";
   if (l.precision != Precision::kFp32) args += fmt::format(" --{}", to_string(l.precision));
   // Megatron-LM takes hidden / heads as the head width and asserts it is whole;
   // otherwise the width is given (gpt3-13b: 5140 / 40, GPT-3's 128).

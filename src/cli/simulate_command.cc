@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "pipeflow/core/file.h"
+#include "pipeflow/config/megatron_args.h"
 #include "pipeflow/config/run_config.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/log.h"
@@ -26,6 +27,7 @@ namespace {
 
 struct SimulateCommand {
   std::string config;
+  std::string megatron_args;
   std::string profile;
   std::string trace;
   std::string svg;
@@ -71,13 +73,53 @@ void run_inference(const SimulateCommand& command) {
   write_output(command.json ? inference_json(p).dump(2) + "\n" : inference_text(p), "");
 }
 
+// A Megatron-LM launch line (the arguments, or a file of them) as a run: its
+// layout, batch and model under the flags (--hardware, --devices: Megatron
+// takes its data-parallel size from the world it starts in, one replica
+// without --devices). What it does not model is listed once.
+RunConfig megatron_run(const std::string& text_or_file, const RunFlags& flags) {
+  const bool file = std::filesystem::is_regular_file(text_or_file);
+  const std::string source = file ? text_or_file : "--megatron-args";
+  MegatronArgs args =
+      read_megatron_args(file ? read_file(text_or_file, kMaxConfigFileBytes, "Megatron-LM arguments") : text_or_file,
+                         source);
+  const RunOverrides given = flags.overrides();
+  if (given.has("model")) fail("--model: the Megatron-LM arguments give the model; leave --model out");
+  for (const auto& [path, value] : given.values()) args.overrides.set(path, value);
+  const int tp = args.overrides.find("tensor_parallel")->get<int>();
+  const int pp = args.overrides.find("pipeline.stages")->get<int>();
+  if (given.has("devices") && !given.has("data_parallel")) {
+    const int devices = given.find("devices")->get<int>();
+    if (devices % (tp * pp) != 0) {
+      fail("--devices {}: Megatron-LM needs a world of a multiple of tensor x pipeline = {} x {} = {} devices",
+           devices, tp, pp, tp * pp);
+    }
+    args.overrides.set("data_parallel", devices / (tp * pp));
+  } else if (!given.has("devices") && !given.has("data_parallel")) {
+    args.overrides.set("devices", tp * pp);
+    fmt::print(stderr, "{}: one replica ({} devices = tensor {} x pipeline {}); give --devices for Megatron's world "
+                       "size\n",
+               source, tp * pp, tp, pp);
+  }
+  RunConfig config = default_run_config(args.overrides);
+  config.model = args.model;
+  config.model_source = "inline";
+  config.source = source;
+  if (!args.not_modelled.empty()) {
+    std::string list;
+    for (const std::string& name : args.not_modelled) list += (list.empty() ? "" : ", ") + name;
+    fmt::print(stderr, "{}: read, not modelled: {}\n", source, list);
+  }
+  return config;
+}
+
 void run(const SimulateCommand& command) {
   if (command.inference) return run_inference(command);
   for (const auto& [flag, output] : {std::pair{"--trace", &command.trace}, std::pair{"--svg", &command.svg}}) {
     refuse_overwriting({flag, *output}, {{"--config", command.config}, {"--profile", command.profile}});
   }
-  const RunOverrides overrides = command.flags.overrides();
-  const RunConfig config = run_config_of(command.config, overrides);
+  const RunConfig config = command.megatron_args.empty() ? run_config_of(command.config, command.flags.overrides())
+                                                         : megatron_run(command.megatron_args, command.flags);
   print_config_notes(config);
   const ResolvedRun resolved = resolve(config);
   const Layout layout = layout_of(resolved);
@@ -106,7 +148,12 @@ void add_simulate_command(CLI::App& app) {
   auto c = std::make_shared<SimulateCommand>();
   CLI::App* sub = app.add_subcommand(
       "simulate", "Predict a layout's step: time, bubble, tokens/s, MFU and memory per rank, and its timeline");
-  sub->add_option("--config", c->config, "Run configuration JSON (the keys of pipeflow train); flags override it");
+  CLI::Option* config =
+      sub->add_option("--config", c->config, "Run configuration JSON (the keys of pipeflow train); flags override it");
+  sub->add_option("--megatron-args", c->megatron_args,
+                  "Megatron-LM's arguments (in quotes, or a file of them) instead of --config: the model, layout and "
+                  "batch of its launch line; flags override them")
+      ->excludes(config);
   c->flags.add_to(sub, {FlagScope::kAll});
   sub->add_option("--profile", c->profile, "Measured per-stage costs (JSON, as pipeflow train writes them)");
   sub->add_option("--trace", c->trace, "Write the simulated timeline as Chrome-trace JSON (Perfetto)");

@@ -116,7 +116,66 @@ TEST(PlanCommand, EveryPresetsConfigurationsAreReadBackByPipeflow) {
     const std::string megatron = read_file(dir + "/megatron.txt");
     EXPECT_NE(megatron.find(" --bf16"), std::string::npos) << megatron;
     EXPECT_EQ(megatron.find(" --kv-channels 128") != std::string::npos, !cpu) << megatron;
+    // The layout Megatron-LM can run (plan's best, or the best it can
+    // express) reads back; Megatron takes its replicas from the world, so the
+    // devices are given as the launcher would.
+    const auto argument = [&](const std::string& name) {
+      const std::size_t at = megatron.find(name + " ");
+      return at == std::string::npos ? 0 : std::stoi(megatron.substr(at + name.size() + 1));
+    };
+    const int tp = argument("--tensor-model-parallel-size");
+    const int pp = argument("--pipeline-model-parallel-size");
+    const int devices = cpu ? 2 : 8;
+    const CommandResult from_megatron = run_pipeflow(
+        fmt::format("simulate --megatron-args megatron.txt --hardware {} --devices {} --json", hardware.name,
+                    devices / (tp * pp) * tp * pp),
+        dir);
+    ASSERT_EQ(from_megatron.exit_code, 0) << from_megatron.err;
+    EXPECT_EQ(from_megatron.err, "") << "every argument plan writes is modelled";
+    const nlohmann::json read_back = nlohmann::json::parse(from_megatron.out)["layout"];
+    EXPECT_EQ(read_back["tensor_parallel"], tp) << megatron;
+    EXPECT_EQ(read_back["pipeline_parallel"], pp) << megatron;
+    EXPECT_EQ(read_back["micro_batch"], argument("--micro-batch-size")) << megatron;
+    EXPECT_EQ(read_back["global_batch"], argument("--global-batch-size")) << megatron;
+    EXPECT_EQ(read_back["seq_length"], argument("--seq-length")) << megatron;
+    EXPECT_EQ(read_back["precision"], "bf16");
+    EXPECT_EQ(read_back["schedule"], megatron.find("virtual") == std::string::npos ? "1f1b" : "interleaved-1f1b");
   }
+}
+
+// A Megatron-LM launch line of a Llama with grouped-query attention, as a
+// script holds it (continued lines, a comment, flags pipeflow does not
+// model), simulates as it is.
+TEST(SimulateCommand, ReadsAMegatronLaunchLine) {
+  const std::string dir = make_temp_dir();
+  write_file_atomic(dir + "/args.txt", R"(# Llama 3 8B on 16 GPUs
+--num-layers 32 --hidden-size 4096 --num-attention-heads 32 \
+  --group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 \
+  --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear \
+  --untie-embeddings-and-output-weights --vocab-size 128256 --seq-length 8192 --max-position-embeddings 8192 \
+  --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 4 \
+  --sequence-parallel --use-distributed-optimizer --recompute-granularity selective \
+  --micro-batch-size 1 --global-batch-size 64 --bf16 --lr 3e-4 --train-iters 1000 \
+  --tokenizer-type HuggingFaceTokenizer --data-path /data/corpus --attention-dropout 0 --hidden-dropout 0
+)");
+  const CommandResult r =
+      run_pipeflow("simulate --megatron-args args.txt --hardware h100 --devices 16 --json", dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "args.txt: read, not modelled: --data-path, --tokenizer-type\n");
+  const nlohmann::json layout = nlohmann::json::parse(r.out)["layout"];
+  EXPECT_EQ(layout["tensor_parallel"], 4);
+  EXPECT_EQ(layout["pipeline_parallel"], 2);
+  EXPECT_EQ(layout["data_parallel"], 2);
+  EXPECT_EQ(layout["virtual_stages"], 4);
+  EXPECT_EQ(layout["schedule"], "interleaved-1f1b");
+  EXPECT_EQ(layout["precision"], "bf16");
+  EXPECT_EQ(layout["recompute"], "selective");
+  EXPECT_EQ(layout["sequence_parallel"], true);
+  EXPECT_EQ(run_pipeflow("simulate --megatron-args '--num-layers 2 --hidden-size 64 --swiglu' --json", dir).err,
+            "pipeflow: error: --megatron-args: --num-attention-heads is required (the model's shape)\n");
+  EXPECT_EQ(run_pipeflow("simulate --megatron-args '--num-layers two' --json", dir).err,
+            "pipeflow: error: --megatron-args: --num-layers two: must be an integer >= 1\n");
+  std::filesystem::remove_all(dir);
 }
 
 // plan --precision fp32 searches and writes fp32 (what pipeflow train runs).
