@@ -9,7 +9,7 @@
 // close to wall time shows the step ran on one thread).
 //
 //   bench_train_step [--layers L --heads H --width C --context T --batch B --steps N]
-//                    [--arch llama --kv-heads KV --intermediate F]
+//                    [--arch llama --kv-heads KV --intermediate F] [--format bf16|fp16]
 //
 // FLOPs per step are the model FLOPs of Narayanan et al. 2021 (eq. 3 without
 // recompute; docs/PERFORMANCE.md): 72·B·L·T·C²·(1 + T/(6C) + V/(12·C·L)),
@@ -70,6 +70,7 @@ double median(std::vector<double> values) {
 struct Options {
   int layers = 4, heads = 4, width = 128, context = 64, batch = 16, steps = 10, vocab = 256;
   bool llama = false;
+  pipeflow::ComputeFormat format = pipeflow::ComputeFormat::kFp32;
   int kv_heads = 0, intermediate = 0;
 };
 
@@ -79,6 +80,13 @@ Options parse(int argc, char** argv) {
     const std::string key = argv[i];
     if (key == "--arch") {
       o.llama = std::string(argv[i + 1]) == "llama";
+      continue;
+    }
+    if (key == "--format") {
+      const std::string format = argv[i + 1];
+      o.format = format == "bf16"   ? pipeflow::ComputeFormat::kBf16
+                 : format == "fp16" ? pipeflow::ComputeFormat::kFp16
+                                    : pipeflow::ComputeFormat::kFp32;
       continue;
     }
     const int value = std::atoi(argv[i + 1]);
@@ -112,7 +120,7 @@ int main(int argc, char** argv) {
                                .n_embd = o.width,
                                .n_kv_head = o.kv_heads,
                                .intermediate = o.intermediate};
-  nn::Stage model(config, nn::all_layers(config));
+  nn::Stage model(config, nn::all_layers(config), {.format = o.format});
   model.init_parameters(1);
   nn::AdamW optimizer(model, {.lr = 1e-4, .weight_decay = 0.1});
   IntTensor tokens({o.batch, o.context});
@@ -148,9 +156,11 @@ int main(int argc, char** argv) {
   const double kv = static_cast<double>(config.kv_heads()) * config.head_size(), f = config.ffn();
   const double flops = o.llama ? 3 * b * t * (l * (2 * (2 * c * c + 2 * c * kv + 3 * c * f) + 4 * t * c) + 2 * c * v)
                                : 72 * b * l * t * c * c * (1 + t / (6 * c) + v / (12 * c * l));
+  const std::string name = std::string(o.llama ? "pipeflow-llama" : "pipeflow") +
+                           (o.format == ComputeFormat::kFp32 ? "" : std::string("-") + to_string(o.format));
   std::printf("%s: %.2f ms/step (median of %d, min %.2f), cpu %.2f ms/step, %.1f GFLOP/s = %.0f%% of sgemm "
               "%.1f GFLOP/s, %.3f GFLOP/step, %lld parameters, loss %.4f, blas threads %d, peak activations %.1f MiB\n",
-              o.llama ? "pipeflow-llama" : "pipeflow", wall_median * 1e3, o.steps, *std::min_element(wall.begin(), wall.end()) * 1e3, cpu_median * 1e3,
+              name.c_str(), wall_median * 1e3, o.steps, *std::min_element(wall.begin(), wall.end()) * 1e3, cpu_median * 1e3,
               flops / cpu_median / 1e9, 100 * flops / cpu_median / 1e9 / ceiling, ceiling, flops / 1e9,
               static_cast<long long>(config.parameter_count()), loss, blas_threads(), static_cast<double>(model.activation_memory().peak_bytes()) / (1024.0 * 1024.0));
   return 0;

@@ -4,7 +4,10 @@
 # python3-torch) on the same model, in the same run, with the single-thread
 # sgemm ceiling measured by bench_train_step; GPT-2 at two sizes, then a
 # Llama of the small GPT-2's size (multi-head, SwiGLU 352: 0.3% more
-# parameters) with both implementations, set beside the GPT-2 step. The two alternate for ROUNDS
+# parameters) with both implementations, set beside the GPT-2 step; then the
+# small GPT-2 in bf16 (pipeflow's mixed precision; torch.autocast to bf16)
+# against fp32. The CPU's bf16 instructions are not used yet: on a CPU
+# without them bf16 can only cost (the rounding), never gain. The two alternate for ROUNDS
 # rounds (default 3) so that load from other processes hits both. PyTorch is
 # skipped, with a message, where it is missing.
 # Usage: bench/train_step.sh [build-dir]   (PYTHON=... for another interpreter)
@@ -33,7 +36,7 @@ summarise() {
   local lines=$1 sgemm flops name
   sgemm=$(field "$lines" '.* of sgemm ([0-9.]+) GFLOP/s.*' | sort -g | tail -1)
   echo "summary ($rounds round(s), best sgemm ceiling $sgemm GFLOP/s):"
-  for name in pipeflow torch pipeflow-llama torch-llama; do
+  for name in pipeflow torch pipeflow-llama torch-llama pipeflow-bf16 torch-bf16; do
     local mine cpu fastest
     mine=$(grep "^$name:" <<<"$lines") || continue
     flops=$(field "$mine" '.*, ([0-9.]+) GFLOP/step.*' | head -1)
@@ -102,3 +105,30 @@ llama_and_gpt2() {
   fi
 }
 llama_and_gpt2
+
+# bf16 against fp32 on the small GPT-2, alternating in one run.
+bf16_and_fp32() {
+  local args=(--layers 4 --heads 4 --width 128 --context 64 --batch 16) steps=20 lines=""
+  echo "-- bf16 vs fp32: ${args[*]}"
+  grep -o -m1 'avx512_bf16\|amx_bf16' /proc/cpuinfo | sed 's/^/  this CPU has /' || echo "  this CPU has no bf16 instructions"
+  for ((round = 1; round <= rounds; round++)); do
+    lines+=$(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}" --steps "$steps")$'\n'
+    lines+=$(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}" --steps "$steps" --format bf16)$'\n'
+    if [ $have_torch = 1 ]; then
+      lines+=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$python" bench/train_step_torch.py "${args[@]}" \
+               --steps "$steps")$'\n'
+      lines+=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$python" bench/train_step_torch.py "${args[@]}" \
+               --steps "$steps" --format bf16)$'\n'
+    fi
+  done
+  printf '%s' "$lines"
+  pipeflow_cpu="" summarise "$lines"
+  for pair in pipeflow:pipeflow-bf16 torch:torch-bf16; do
+    local a=${pair%%:*} b=${pair##*:} ca cb
+    ca=$(grep "^$a:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle) || continue
+    cb=$(grep "^$b:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle) || continue
+    [ -n "$ca" ] && [ -n "$cb" ] && awk -v a="$ca" -v b="$cb" -v n="$a" \
+      'BEGIN { printf "  %s: bf16 speedup over fp32 = %.2fx (CPU time)\n", n, a / b }'
+  done
+}
+bf16_and_fp32

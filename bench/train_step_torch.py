@@ -28,6 +28,8 @@ def main():
                           ("steps", 10), ("vocab", 256), ("kv-heads", 0), ("intermediate", 0)]:
         parser.add_argument("--" + name, type=int, default=default)
     parser.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2")
+    parser.add_argument("--format", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: torch.autocast('cpu', dtype=torch.bfloat16) around the forward")
     o = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(1)
@@ -45,9 +47,12 @@ def main():
     tokens = torch.randint(0, o.vocab, (o.batch, o.context))
     targets = torch.randint(0, o.vocab, (o.batch, o.context))
 
+    autocast = o.format == "bf16"
+
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss = model(tokens, targets)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(tokens, targets)
         loss.backward()
         optimizer.step()
         return loss.item()
@@ -67,7 +72,7 @@ def main():
         flops = 3 * b * t * (l * (2 * (2 * c * c + 2 * c * kv + 3 * c * ffn) + 4 * t * c) + 2 * c * v)
     else:
         flops = 72 * b * l * t * c * c * (1 + t / (6 * c) + v / (12 * c * l))
-    name = "torch-llama" if llama else "torch"
+    name = ("torch-llama" if llama else "torch") + ("-bf16" if autocast else "")
     print(f"{name}: {median * 1e3:.2f} ms/step (median of {o.steps}, min {min(wall) * 1e3:.2f}), "
           f"cpu {cpu_median * 1e3:.2f} ms/step, {flops / cpu_median / 1e9:.1f} GFLOP/s, {flops / 1e9:.3f} GFLOP/step, "
           f"loss {loss:.4f}, torch {torch.__version__}, threads {torch.get_num_threads()}")

@@ -61,6 +61,24 @@ TEST(Half, Fp16OverflowsPast65504AndKeepsSubnormals) {
   EXPECT_EQ(round_to_bf16(std::numeric_limits<float>::max()), inf);
 }
 
+// The array loop (branch-free, vectorised) gives the scalar rounding's bits
+// for every high half and low halves at and around the halfway point, NaNs
+// and infinities included.
+TEST(Half, TheArrayRoundingIsTheScalarOne) {
+  std::vector<float> values;
+  for (std::uint32_t high = 0; high < 0x10000u; ++high) {
+    for (const std::uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) {
+      values.push_back(std::bit_cast<float>(high << 16 | low));
+    }
+  }
+  std::vector<float> rounded = values;
+  round_to_format(ComputeFormat::kBf16, rounded.data(), static_cast<std::int64_t>(rounded.size()));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(rounded[i]), std::bit_cast<std::uint32_t>(round_to_bf16(values[i])))
+        << std::hex << std::bit_cast<std::uint32_t>(values[i]);
+  }
+}
+
 TEST(Half, RoundingAnArrayFollowsTheFormat) {
   std::vector<float> values = {1.0f + 0x1p-10f, 70000.0f, 0.1f};
   std::vector<float> copy = values;
