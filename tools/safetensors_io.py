@@ -9,19 +9,22 @@ import struct
 
 import torch
 
-_DTYPES = {torch.float32: "F32", torch.int32: "I32"}
-_TORCH = {"F32": torch.float32, "I32": torch.int32}
+_DTYPES = {torch.float32: "F32", torch.int32: "I32", torch.bfloat16: "BF16"}
+_TORCH = {"F32": torch.float32, "I32": torch.int32, "BF16": torch.bfloat16}
 
 
 def save(path, tensors, metadata):
     header, chunks, offset = {}, [], 0
     for name, tensor in tensors.items():
-        data = tensor.detach().contiguous().cpu().numpy().tobytes()
+        flat = tensor.detach().contiguous().cpu()
+        # numpy has no bfloat16: its 16 bits as int16
+        data = (flat.view(torch.int16) if flat.dtype == torch.bfloat16 else flat).numpy().tobytes()
         header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + len(data)]}
         chunks.append(data)
         offset += len(data)
-    header["__metadata__"] = {key: str(value) for key, value in metadata.items()}
+    if metadata:
+        header["__metadata__"] = {key: str(value) for key, value in metadata.items()}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     with open(path, "wb") as out:

@@ -106,7 +106,7 @@ void load_parameters(Stage& stage, const SafetensorsFile& file) {
 
 void check_values(const SafetensorsFile& file) {
   for (const std::string& name : file.names()) {
-    if (file.entry(name).dtype != Dtype::kF32) continue;
+    if (file.entry(name).dtype == Dtype::kI32) continue;
     const Tensor values = file.floats(name);
     const bool second_moment = name.starts_with("exp_avg_sq.");
     for (std::int64_t i = 0; i < values.numel(); ++i) {

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/tensor/half.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/core/json.h"
 
@@ -23,9 +24,36 @@ constexpr std::size_t kLengthBytes = 8;
 constexpr std::uint64_t kMaxHeaderBytes = 100 * 1000 * 1000;  // the reference implementation's limit
 constexpr std::uint64_t kMaxElements = std::uint64_t{1} << 60;  // so that bytes (x 4) fit in 63 bits
 
-const char* dtype_name(Dtype dtype) { return dtype == Dtype::kF32 ? "F32" : "I32"; }
+const char* dtype_name(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::kI32:
+      return "I32";
+    case Dtype::kBF16:
+      return "BF16";
+    case Dtype::kF16:
+      return "F16";
+    case Dtype::kF32:
+      break;
+  }
+  return "F32";
+}
 
-std::size_t element_bytes(Dtype) { return 4; }
+std::size_t element_bytes(Dtype dtype) { return dtype == Dtype::kBF16 || dtype == Dtype::kF16 ? 2 : 4; }
+
+bool floating(Dtype dtype) { return dtype != Dtype::kI32; }
+
+// The float values of a floating tensor's bytes into `out`.
+void widen(const std::byte* bytes, Dtype dtype, std::span<float> out) {
+  if (dtype == Dtype::kF32) {
+    std::memcpy(out.data(), bytes, out.size_bytes());
+    return;
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::uint16_t half = 0;
+    std::memcpy(&half, bytes + 2 * i, 2);
+    out[i] = dtype == Dtype::kBF16 ? from_bf16_bits(half) : from_fp16_bits(half);
+  }
+}
 
 // The __metadata__ key holding a tensor's checksum.
 std::string crc_key(std::string_view name) { return fmt::format("crc32.{}", name); }
@@ -121,8 +149,12 @@ void SafetensorsFile::parse_header(std::size_t header_length, Tensors tensors) {
       entry.dtype = Dtype::kF32;
     } else if (dtype == "I32") {
       entry.dtype = Dtype::kI32;
+    } else if (dtype == "BF16") {
+      entry.dtype = Dtype::kBF16;
+    } else if (dtype == "F16") {
+      entry.dtype = Dtype::kF16;
     } else {
-      bad(fmt::format("dtype {} is not supported (pipeflow reads F32 and I32)", dtype));
+      bad(fmt::format("dtype {} is not supported (pipeflow reads F32, BF16, F16 and I32)", dtype));
     }
     const auto& shape = value["shape"];
     if (!shape.is_array() || shape.size() > static_cast<std::size_t>(Shape::kMaxRank)) {
@@ -238,9 +270,10 @@ const std::byte* SafetensorsFile::data(const SafetensorsEntry& entry) const {
 }
 
 Tensor SafetensorsFile::floats(std::string_view name, Allocator allocator) const {
-  const SafetensorsEntry& found = typed_entry(name, Dtype::kF32);
+  const SafetensorsEntry& found = entry(name);
+  if (!floating(found.dtype)) fail("{}: tensor {} is {}, expected a float tensor", source_, name, dtype_name(found.dtype));
   auto tensor = Tensor::uninitialized(found.shape, allocator);
-  if (!tensor.empty()) std::memcpy(tensor.data(), data(found), found.end - found.begin);
+  if (!tensor.empty()) widen(data(found), found.dtype, tensor.span());
   return tensor;
 }
 
@@ -252,11 +285,12 @@ IntTensor SafetensorsFile::ints(std::string_view name, Allocator allocator) cons
 }
 
 void SafetensorsFile::read_floats(std::string_view name, const Shape& shape, std::span<float> out) const {
-  const SafetensorsEntry& found = typed_entry(name, Dtype::kF32);
+  const SafetensorsEntry& found = entry(name);
+  if (!floating(found.dtype)) fail("{}: tensor {} is {}, expected a float tensor", source_, name, dtype_name(found.dtype));
   if (!(found.shape == shape)) {
     fail("{}: tensor {} has shape {}, expected {}", source_, name, found.shape.to_string(), shape.to_string());
   }
-  std::memcpy(out.data(), data(found), found.end - found.begin);
+  widen(data(found), found.dtype, out.first(static_cast<std::size_t>(shape.numel())));
 }
 
 SafetensorsFile SafetensorsFile::merge(const std::vector<SafetensorsFile>& parts, std::string source) {

@@ -120,6 +120,25 @@ TEST_F(GenerateCommand, TextStreamsThePromptAndContinuationOnTheFirstLine) {
   EXPECT_TRUE(lines[5].ends_with(", kv cache 0 B")) << lines[5];
 }
 
+// A Llama checkpoint as Hugging Face publishes it (tests/data/hf/
+// tiny-llama-bf16: BF16 tensors, no pipeflow metadata, config.json beside:
+// grouped-query attention with one key/value head, Llama 3 rope scaling,
+// tied embeddings; written by tools/make_hf_llama_checkpoint.py) loads as
+// it is, and greedy decoding on 1 and 3 stages gives the tokens PyTorch
+// computed in float64 from the same bf16 weights.
+TEST_F(GenerateCommand, AHuggingFaceLlamaCheckpointLoadsAsItIsAndDecodesAsPyTorch) {
+  const std::string folder = std::string(PIPEFLOW_SOURCE_DIR) + "/tests/data/hf/tiny-llama-bf16";
+  const nlohmann::json expected = nlohmann::json::parse(read_file(folder + "/expected.json"));
+  const auto want = expected.at("new_tokens").get<std::vector<std::int32_t>>();
+  for (const int stages : {1, 3}) {
+    const CommandResult result = run_pipeflow(
+        "generate --weights " + folder + "/model.safetensors --prompt '" + expected.at("prompt").get<std::string>() +
+        "' --max-new-tokens " + std::to_string(want.size()) + " --stages " + std::to_string(stages) + " --json");
+    ASSERT_EQ(result.exit_code, 0) << result.err;
+    EXPECT_EQ(tokens_of(result.out), std::vector<std::vector<std::int32_t>>{want}) << stages << " stages";
+  }
+}
+
 TEST_F(GenerateCommand, BadInputIsAnErrorNamingTheRule) {
   const std::string base = "generate --weights " + weights_ + " --max-new-tokens 4 ";
   const CommandResult long_prompt = run_pipeflow(base + "--prompt " + std::string(33, 'a'));

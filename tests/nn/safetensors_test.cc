@@ -90,8 +90,8 @@ TEST(Safetensors, TruncatedAndCorruptFilesAreErrorsNamingTheFileAndTheProblem) {
   };
   EXPECT_EQ(parse_error(with_header(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)),
             "w.safetensors: tensor a: F32 [3] needs 12 bytes but data_offsets [0, 8] span 8");
-  EXPECT_EQ(parse_error(with_header(R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", 4)),
-            "w.safetensors: tensor a: dtype BF16 is not supported (pipeflow reads F32 and I32)");
+  EXPECT_EQ(parse_error(with_header(R"({"a":{"dtype":"F64","shape":[2],"data_offsets":[0,16]}})", 16)),
+            "w.safetensors: tensor a: dtype F64 is not supported (pipeflow reads F32, BF16, F16 and I32)");
   EXPECT_EQ(parse_error(with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)),
             "w.safetensors: tensor data is not contiguous (a gap or overlap at data byte 0): corrupt file");
   // 2^62 · 4 elements of 4 bytes wrap to 0 bytes in 64 bits, 2^64 − 1 is no int64: neither may pass.
@@ -103,13 +103,37 @@ TEST(Safetensors, TruncatedAndCorruptFilesAreErrorsNamingTheFileAndTheProblem) {
             "w.safetensors: tensor a: shape [18446744073709551615] has more than 2^60 elements: a corrupt header");
 }
 
+// Hugging Face's checkpoints hold BF16 (and F16) tensors: read as floats,
+// exactly (each value one of the format's). The bytes here are 1.0, -2.5,
+// 65504 and the smallest subnormal in each format.
+TEST(Safetensors, Bf16AndF16TensorsReadAsFloats) {
+  const std::string bf16("\x80\x3f\x20\xc0\x80\x47\x01\x00", 8);  // 1, -2.5, 65536, 2^-133
+  const std::string f16("\x00\x3c\x00\xc1\xff\x7b\x01\x00", 8);   // 1, -2.5, 65504, 2^-24
+  std::string header = R"({"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]},)"
+                       R"("b":{"dtype":"F16","shape":[2,2],"data_offsets":[8,16]}})";
+  header += std::string((8 - header.size() % 8) % 8, ' ');
+  std::string bytes(8, '\0');
+  const std::uint64_t length = header.size();
+  std::memcpy(bytes.data(), &length, 8);
+  bytes += header + bf16 + f16;
+  const SafetensorsFile file = SafetensorsFile::parse(bytes, "half.safetensors");
+  EXPECT_EQ(file.floats("a").span()[0], 1.0f);
+  EXPECT_EQ(file.floats("a").span()[1], -2.5f);
+  EXPECT_EQ(file.floats("a").span()[2], 65536.0f);
+  EXPECT_EQ(file.floats("a").span()[3], 0x1p-133f);
+  std::vector<float> out(4);
+  file.read_floats("b", Shape({2, 2}), out);
+  EXPECT_EQ(out, (std::vector<float>{1.0f, -2.5f, 65504.0f, 0x1p-24f}));
+  EXPECT_EQ(file.entry("b").dtype, Dtype::kF16);
+}
+
 TEST(Safetensors, WrongShapeOrDtypeOrMissingTensorNameTheTensor) {
   const SafetensorsFile file = SafetensorsFile::parse(serialized_pair(), "w.safetensors");
   std::vector<float> out(6);
   using testing::error_of;
   EXPECT_EQ(error_of([&] { file.read_floats("h.0.attn.c_attn.weight", {3, 2}, out); }),
             "w.safetensors: tensor h.0.attn.c_attn.weight has shape [2, 3], expected [3, 2]");
-  EXPECT_EQ(error_of([&] { file.floats("tokens"); }), "w.safetensors: tensor tokens is I32, expected F32");
+  EXPECT_EQ(error_of([&] { file.floats("tokens"); }), "w.safetensors: tensor tokens is I32, expected a float tensor");
   EXPECT_EQ(error_of([&] { file.floats("wte.weight"); }), "w.safetensors: no tensor wte.weight in the file (2 tensors)");
   EXPECT_EQ(error_of([&] { read_config(file); }), "w.safetensors: no vocab_size in the __metadata__ of the file");
 }

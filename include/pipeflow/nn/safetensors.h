@@ -20,8 +20,9 @@ namespace pipeflow::nn {
 //    "__metadata__": {"<key>": "<string>", ...}}
 // (padded with spaces to a multiple of 8 bytes), then the tensors' raw
 // little-endian bytes, offsets relative to the start of that data section.
-// pipeflow reads and writes F32 and I32 tensors of rank <= 4.
-enum class Dtype { kF32, kI32 };
+// pipeflow reads and writes F32 and I32 tensors of rank <= 4, and reads BF16
+// and F16 ones (Hugging Face's checkpoints are mostly BF16) as floats.
+enum class Dtype { kF32, kI32, kBF16, kF16 };
 
 struct SafetensorsEntry {
   Dtype dtype = Dtype::kF32;
@@ -68,7 +69,8 @@ class SafetensorsFile {
   // A copy of an F32 / I32 tensor (Error if absent or of another dtype).
   Tensor floats(std::string_view name, Allocator allocator = {}) const;
   IntTensor ints(std::string_view name, Allocator allocator = {}) const;
-  // Copies an F32 tensor that must have exactly `shape` into `out`.
+  // floats and read_floats take F32, BF16 and F16 tensors (widened exactly).
+  // Copies a float tensor that must have exactly `shape` into `out`.
   void read_floats(std::string_view name, const Shape& shape, std::span<float> out) const;
 
  private:

@@ -30,7 +30,10 @@ std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::
 // Error naming the folder, and a shard holding a non-finite value one naming
 // the shard: nn::check_values); its header's __metadata__ alone. The index
 // file stands for its folder. read_checkpoint is also how generate and grad
-// read --weights: a weights file, or a checkpoint in either form.
+// read --weights: a weights file, or a checkpoint in either form, or a
+// Hugging Face checkpoint as published (BF16, F16 or F32 tensors, sharded or
+// not, without pipeflow's metadata): its config.json, in the same folder,
+// gives the model (written into the metadata as pipeflow's files hold it).
 nn::SafetensorsFile read_checkpoint(const std::filesystem::path& checkpoint);
 nn::SafetensorsFile read_checkpoint_metadata(const std::filesystem::path& checkpoint);
 

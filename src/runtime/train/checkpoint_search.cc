@@ -10,8 +10,10 @@
 #include <utility>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/model/hf_config.h"
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/nn/safetensors_index.h"
+#include "pipeflow/runtime/stage_partition.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -79,16 +81,33 @@ std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::
   return found;
 }
 
+// Hugging Face's own checkpoints carry the model in a config.json beside
+// the weights, not in __metadata__: read there, it is written into the
+// metadata the way pipeflow's files carry it.
+nn::SafetensorsFile with_hf_config(nn::SafetensorsFile file, const std::filesystem::path& checkpoint) {
+  if (file.metadata().contains("n_layer")) return file;
+  const std::filesystem::path folder =
+      std::filesystem::is_directory(checkpoint) ? checkpoint : checkpoint.parent_path();
+  const std::filesystem::path config = (folder.empty() ? std::filesystem::path(".") : folder) / "config.json";
+  if (!std::filesystem::is_regular_file(config)) return file;  // read_config names what is missing
+  const nn::ModelConfig model = runtime_model(model_from_hf_config(config), config.string());
+  nn::SafetensorsWriter writer = nn::SafetensorsFile::merged({file});
+  nn::write_config(writer, model);
+  return nn::SafetensorsFile::parse(writer.serialize(), file.source());
+}
+
 nn::SafetensorsFile read_checkpoint(const std::filesystem::path& path) {
   const std::filesystem::path checkpoint = without_index(path);
-  return std::filesystem::is_directory(checkpoint) ? nn::read_sharded(checkpoint, nn::check_values)
-                                                   : nn::SafetensorsFile::read(checkpoint);
+  return with_hf_config(std::filesystem::is_directory(checkpoint) ? nn::read_sharded(checkpoint, nn::check_values)
+                                                                  : nn::SafetensorsFile::read(checkpoint),
+                        checkpoint);
 }
 
 nn::SafetensorsFile read_checkpoint_metadata(const std::filesystem::path& path) {
   const std::filesystem::path checkpoint = without_index(path);
-  return std::filesystem::is_directory(checkpoint) ? nn::read_sharded_metadata(checkpoint)
-                                                   : nn::SafetensorsFile::read_metadata(checkpoint);
+  return with_hf_config(std::filesystem::is_directory(checkpoint) ? nn::read_sharded_metadata(checkpoint)
+                                                                  : nn::SafetensorsFile::read_metadata(checkpoint),
+                        checkpoint);
 }
 
 std::filesystem::path checkpoint_to_resume(const std::filesystem::path& path) {
