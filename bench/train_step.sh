@@ -37,16 +37,17 @@ summarise() {
   sgemm=$(field "$lines" '.* of sgemm ([0-9.]+) GFLOP/s.*' | sort -g | tail -1)
   echo "summary ($rounds round(s), best sgemm ceiling $sgemm GFLOP/s):"
   for name in pipeflow torch pipeflow-llama torch-llama pipeflow-bf16 torch-bf16; do
-    local mine cpu fastest
+    local mine cpu fastest slowest
     mine=$(grep "^$name:" <<<"$lines") || continue
     flops=$(field "$mine" '.*, ([0-9.]+) GFLOP/step.*' | head -1)
     cpu=$(field "$mine" '.*, cpu ([0-9.]+) ms/step.*' | middle)
-    fastest=$(field "$mine" '.*, min ([0-9.]+)\).*' | sort -g | head -1)
+    fastest=$(field "$mine" '.*, min ([0-9.]+), max .*' | sort -g | head -1)
+    slowest=$(field "$mine" '.*, max ([0-9.]+)\).*' | sort -g | tail -1)
     eval "${name//-/_}_cpu=$cpu ${name//-/_}_fastest=$fastest"
-    awk -v n="$name" -v c="$cpu" -v f="$fastest" -v flops="$flops" -v s="$sgemm" 'BEGIN {
+    awk -v n="$name" -v c="$cpu" -v f="$fastest" -v w="$slowest" -v flops="$flops" -v s="$sgemm" 'BEGIN {
       g = flops / c * 1000
-      printf "  %-14s %8.2f ms/step CPU = %6.1f GFLOP/s = %3.0f%% of sgemm; fastest wall-clock step %8.2f ms\n",
-             n, c, g, 100 * g / s, f }'
+      printf "  %-14s %8.2f ms/step CPU = %6.1f GFLOP/s = %3.0f%% of sgemm; wall-clock steps %.2f to %.2f ms\n",
+             n, c, g, 100 * g / s, f, w }'
   done
   if [ $have_torch = 1 ] && [ -n "${pipeflow_cpu:-}" ]; then
     awk -v pc="$pipeflow_cpu" -v tc="$torch_cpu" -v pf="$pipeflow_fastest" -v tf="$torch_fastest" \

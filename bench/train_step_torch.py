@@ -73,7 +73,8 @@ def main():
     else:
         flops = 72 * b * l * t * c * c * (1 + t / (6 * c) + v / (12 * c * l))
     name = ("torch-llama" if llama else "torch") + ("-bf16" if autocast else "")
-    print(f"{name}: {median * 1e3:.2f} ms/step (median of {o.steps}, min {min(wall) * 1e3:.2f}), "
+    print(f"{name}: {median * 1e3:.2f} ms/step (median of {o.steps}, min {min(wall) * 1e3:.2f}, "
+          f"max {max(wall) * 1e3:.2f}), "
           f"cpu {cpu_median * 1e3:.2f} ms/step, {flops / cpu_median / 1e9:.1f} GFLOP/s, {flops / 1e9:.3f} GFLOP/step, "
           f"loss {loss:.4f}, torch {torch.__version__}, threads {torch.get_num_threads()}")
 
