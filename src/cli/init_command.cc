@@ -55,6 +55,8 @@ void add_init_command(CLI::App& app) {
                   "Llama: SwiGLU width (0: 8 x width / 3 rounded up to a multiple of 16)")
       ->capture_default_str();
   sub->add_option("--rope-theta", command->config.rope_theta, "Llama: rotary base")->capture_default_str();
+  sub->add_option("--norm-eps", command->config.norm_eps, "Llama: RMSNorm epsilon (rms_norm_eps)")
+      ->capture_default_str();
   sub->add_flag("--untied", command->untied, "Llama: an LM head of its own (lm_head.weight) instead of the embedding");
   sub->add_option("--seed", command->seed, "Seed of the initialisation")
       ->check(non_negative_seed())
@@ -66,9 +68,10 @@ void add_init_command(CLI::App& app) {
       c.family = nn::Family::kLlama;
       c.tied_embeddings = !command->untied;
       if (c.intermediate == 0 && c.n_embd > 0) c.intermediate = default_intermediate(c.n_embd);
-    } else if (c.n_kv_head != 0 || c.intermediate != 0 || command->untied || c.rope_theta != 10000) {
-      fail("--kv-heads, --intermediate, --rope-theta and --untied shape a Llama: add --arch llama, or leave them out "
-           "for GPT-2");
+    } else if (c.n_kv_head != 0 || c.intermediate != 0 || command->untied || c.rope_theta != 10000 ||
+               c.norm_eps != 1e-5) {
+      fail("--kv-heads, --intermediate, --rope-theta, --norm-eps and --untied shape a Llama: add --arch llama, or "
+           "leave them out for GPT-2");
     }
     c.validate();
     nn::Stage model(c, nn::all_layers(c));

@@ -265,7 +265,12 @@ std::string megatron_arguments(const Layout& l) {
       m.layers, m.hidden, m.heads, m.ffn, l.seq_length, std::max(m.max_positions, l.seq_length), m.vocab,
       l.tensor_parallel, l.pipeline_ranks, l.micro_batch, l.global_batch);
   if (m.architecture == Architecture::kLlama) {
-    args += " --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear";
+    args += fmt::format(" --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear "
+                        "--rotary-base {:g} --norm-epsilon {:g}",
+                        m.llama.rope_theta, m.llama.rms_norm_eps);
+    if (m.llama.rope_type == "llama3") {
+      args += fmt::format(" --use-rope-scaling --rope-scaling-factor {:g}", m.llama.rope_factor);
+    }
     if (m.kv_heads != m.heads) args += fmt::format(" --group-query-attention --num-query-groups {}", m.kv_heads);
   }
   if (!m.tied_embeddings) args += " --untie-embeddings-and-output-weights";

@@ -185,6 +185,14 @@ ModelSpec read_model(Arguments& a) {
   if (llama) {
     m.llama.rope_theta = a.nonnegative("--rotary-base").value_or(10000);
     m.llama.rms_norm_eps = a.nonnegative("--norm-epsilon").value_or(1e-5);
+    // Llama 3.1's scaling: factor 8 (or --rope-scaling-factor), frequency factors 1 and 4, from 8192 positions.
+    if (a.flag("--use-rope-scaling")) {
+      m.llama.rope_type = "llama3";
+      m.llama.rope_factor = a.nonnegative("--rope-scaling-factor").value_or(8);
+      m.llama.rope_low_freq_factor = 1;
+      m.llama.rope_high_freq_factor = 4;
+      m.llama.rope_original_context = 8192;
+    }
   }
   m.name = fmt::format("megatron-{}-{}x{}", llama ? "llama" : "gpt", m.layers, m.hidden);
   validate_model(m);
@@ -236,10 +244,13 @@ MegatronArgs read_megatron_args(std::string_view text, const std::string& source
   o.set("bf16.enabled", bf16);
   o.set("fp16.enabled", fp16);
   if (const std::optional<double> scale = a.nonnegative("--loss-scale")) o.set("fp16.loss_scale", *scale);
-  if (const std::optional<double> initial = a.nonnegative("--initial-loss-scale")) {
-    if (!(*initial >= 1)) fail("{}: --initial-loss-scale {}: must be >= 1", source, *initial);
-    o.set("fp16.initial_scale_power", static_cast<int>(std::lround(std::log2(*initial))));
+  // Megatron-LM's dynamic scale starts at 2^32 unless --initial-loss-scale says otherwise.
+  const double initial = a.nonnegative("--initial-loss-scale").value_or(4294967296.0);
+  const int power = static_cast<int>(std::lround(std::log2(std::max(initial, 1.0))));
+  if (!(initial >= 1) || std::ldexp(1.0, power) != initial) {
+    fail("{}: --initial-loss-scale {:g}: pipeflow's dynamic scale starts at a power of two >= 1", source, initial);
   }
+  o.set("fp16.initial_scale_power", power);
   if (const std::optional<double> minimum = a.nonnegative("--min-loss-scale")) o.set("fp16.min_loss_scale", *minimum);
   if (const std::optional<int> window = a.positive("--loss-scale-window")) o.set("fp16.loss_scale_window", *window);
   if (const std::optional<int> hysteresis = a.positive("--hysteresis")) o.set("fp16.hysteresis", *hysteresis);
@@ -253,7 +264,9 @@ MegatronArgs read_megatron_args(std::string_view text, const std::string& source
   if (const std::optional<double> eps = a.nonnegative("--adam-eps")) o.set("optimizer.params.eps", *eps);
   if (const std::optional<double> clip = a.nonnegative("--clip-grad")) o.set("gradient_clipping", *clip);
   if (const std::optional<int> iterations = a.positive("--train-iters")) o.set("steps", *iterations);
-  if (const std::optional<int> seed = a.positive("--seed")) o.set("seed", *seed);
+  if (const std::optional<int> seed = a.number<int>("--seed", "an integer >= 0", [](int v) { return v >= 0; })) {
+    o.set("seed", *seed);
+  }
   out.not_modelled = a.unused();
   return out;
 }

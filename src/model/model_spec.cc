@@ -18,8 +18,18 @@ ModelSpec gpt_preset(std::string name, int layers, int hidden, int heads, int ma
   return spec;
 }
 
+// Llama 2: rope_theta 10000; Llama 3: 500000 (3.1 at 128K positions with
+// the llama3 rope_scaling of its config.json); rms_norm_eps 1e-5 in both.
 ModelSpec llama_preset(std::string name, int layers, int hidden, int heads, int kv_heads, int ffn, int vocab,
-                       int max_positions) {
+                       int max_positions, double rope_theta, bool llama3_scaling = false) {
+  LlamaNumerics numerics{.rope_theta = rope_theta, .rms_norm_eps = 1e-5};
+  if (llama3_scaling) {
+    numerics.rope_type = "llama3";
+    numerics.rope_factor = 8;
+    numerics.rope_low_freq_factor = 1;
+    numerics.rope_high_freq_factor = 4;
+    numerics.rope_original_context = 8192;
+  }
   return ModelSpec{.name = std::move(name),
                    .architecture = Architecture::kLlama,
                    .layers = layers,
@@ -30,7 +40,8 @@ ModelSpec llama_preset(std::string name, int layers, int hidden, int heads, int 
                    .vocab = vocab,
                    .max_positions = max_positions,
                    .tied_embeddings = false,
-                   .dropout = false};
+                   .dropout = false,
+                   .llama = numerics};
 }
 
 std::vector<ModelSpec> make_presets() {
@@ -52,12 +63,12 @@ std::vector<ModelSpec> make_presets() {
       gpt_preset("gpt3-6.7b", 32, 4096, 32, 2048),
       gpt_preset("gpt3-13b", 40, 5140, 40, 2048),
       gpt_preset("gpt3-175b", 96, 12288, 96, 2048),
-      llama_preset("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
-      llama_preset("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
-      llama_preset("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
-      llama_preset("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
-      llama_preset("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
-      llama_preset("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 131072),
+      llama_preset("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, 10000),
+      llama_preset("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, 10000),
+      llama_preset("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, 10000),
+      llama_preset("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000),
+      llama_preset("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000),
+      llama_preset("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 131072, 500000, true),
       // The byte-level model pipeflow trains on this machine (DESIGN.md).
       gpt_model("gpt-tiny", 4, 128, 4, 256, 64),
   };

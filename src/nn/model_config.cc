@@ -86,9 +86,12 @@ std::string describe(const ModelConfig& config) {
                                  "vocabulary {}, rope_theta {}",
                                  c.n_layer, c.n_embd, c.n_head, c.kv_heads(), c.ffn(), c.context, c.vocab_size,
                                  c.rope_theta);
-  if (c.rope_scaling.factor != 1) {
-    text += fmt::format(" (llama3 scaling x{} from {})", c.rope_scaling.factor, c.rope_scaling.original_context);
+  const RopeScaling& r = c.rope_scaling;
+  if (r.factor != 1) {
+    text += fmt::format(" (llama3 scaling x{} from {}, frequency factors {} and {})", r.factor, r.original_context,
+                        r.low_freq_factor, r.high_freq_factor);
   }
+  text += fmt::format(", rms_norm_eps {}", c.norm_eps);
   return text + (c.tied_embeddings ? ", tied head" : ", untied head");
 }
 
@@ -114,6 +117,13 @@ std::vector<double> rope_frequencies(const ModelConfig& config) {
     frequencies[static_cast<std::size_t>(i)] = f;
   }
   return frequencies;
+}
+
+bool ModelConfig::operator==(const ModelConfig& o) const {
+  return family == o.family && vocab_size == o.vocab_size && context == o.context && n_layer == o.n_layer &&
+         n_head == o.n_head && n_embd == o.n_embd && kv_heads() == o.kv_heads() && ffn() == o.ffn() &&
+         rope_theta == o.rope_theta && rope_scaling == o.rope_scaling && norm_eps == o.norm_eps &&
+         tied_embeddings == o.tied_embeddings;
 }
 
 std::string pipeline_layer_name(const ModelConfig& config, int layer) {

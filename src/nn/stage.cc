@@ -577,7 +577,8 @@ template <class T>
 void BasicStage<T>::add_tied_gradient(std::span<const T> other) {
   auto mine = tied_gradient();
   if (other.size() != mine.size()) {
-    fail("{}: tied wte gradient has {} elements, expected {}", where(), other.size(), mine.size());
+    fail("{}: the tied embedding's gradient ({}) has {} elements, expected {}", where(), config_.embedding_name(),
+         other.size(), mine.size());
   }
   for (std::size_t i = 0; i < mine.size(); ++i) mine[i] += other[i];
 }

@@ -54,7 +54,7 @@ TEST(InitCommand, WritesALlamaThatTrainAndGenerateRead) {
   const std::int64_t expected = 2 * 256 * 32 + 2 * (2 * 32 + 2 * 32 * 32 + 2 * 32 * 8 + 3 * 32 * 96) + 32;
   EXPECT_EQ(result.out, "wrote " + dir +
                             "/w.safetensors: Llama, 2 layers, width 32, 4 heads (1 key/value), MLP 96, context 16, "
-                            "vocabulary 256, rope_theta 10000, untied head: " +
+                            "vocabulary 256, rope_theta 10000, rms_norm_eps 1e-05, untied head: " +
                             std::to_string(expected) + " parameters (seed 0)\n");
   const auto file = nn::SafetensorsFile::read(dir + "/w.safetensors");
   const nn::ModelConfig config = nn::read_config(file);
@@ -75,8 +75,8 @@ TEST(InitCommand, WritesALlamaThatTrainAndGenerateRead) {
                                                "/out/weights.safetensors --prompt hello --max-new-tokens 4 --stages 2");
   EXPECT_EQ(generated.exit_code, 0) << generated.err;
   EXPECT_EQ(run_pipeflow("init --layers 2 --heads 4 --kv-heads 1 --width 32 --context 16 --out " + dir + "/g.st").err,
-            "pipeflow: error: --kv-heads, --intermediate, --rope-theta and --untied shape a Llama: add --arch llama, "
-            "or leave them out for GPT-2\n");
+            "pipeflow: error: --kv-heads, --intermediate, --rope-theta, --norm-eps and --untied shape a Llama: add "
+            "--arch llama, or leave them out for GPT-2\n");
   std::filesystem::remove_all(dir);
 }
 

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <nlohmann/json.hpp>
 
 #include <signal.h>
@@ -204,6 +206,23 @@ TEST_F(MpiTrain, ALlamaUnderMpiEqualsItsUnpipelinedRun) {
   for (const Layout& layout : {Layout{"zbv", 2, 2, 1}, Layout{"1f1b", 2, 1, 2}}) {
     const std::string name = "llama-" + layout.schedule + "-dp" + std::to_string(layout.data_parallel);
     expect_same_run(train(layout, name, "", flags), unpipelined, "Llama " + describe(layout));
+  }
+}
+
+// In bf16 and fp16 the activations and their gradients cross processes as
+// 16-bit values: the same values (each is one of the format's), so the run
+// under mpirun is the in-process run's to the bit.
+TEST_F(MpiTrain, HalfPrecisionMessagesGiveTheInProcessRunsBits) {
+  for (const char* format : {"bf16", "fp16"}) {
+    const std::string extra = fmt::format(R"("{}": {{"enabled": true}},)", format);
+    const std::string threads = train({"1f1b", 2, 1, 1}, std::string(format) + "-threads", extra);
+    const std::string under_mpi = dir_ + "/" + format + "-mpi";
+    const std::string config =
+        write_config(under_mpi + ".json", config_text(under_mpi, "1f1b", 2, 1, extra));
+    const CommandResult result = run_mpirun(2, "train --config " + config);
+    ASSERT_EQ(result.exit_code, 0) << format << "\n" << result.err;
+    EXPECT_EQ(losses(under_mpi), losses(threads)) << format;
+    EXPECT_EQ(read_file(under_mpi + "/weights.safetensors"), read_file(threads + "/weights.safetensors")) << format;
   }
 }
 

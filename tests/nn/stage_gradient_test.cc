@@ -20,15 +20,16 @@ constexpr double kTolerance = 1e-6;
 
 ModelConfig tiny_config() { return {.vocab_size = 11, .context = 6, .n_layer = 2, .n_head = 2, .n_embd = 8}; }
 
-// Llama with 4 query heads of size 2 on `kv_heads` key/value heads, an MLP of
-// 12, Llama 3 scaling that blends one frequency and stretches the other.
+// Llama with 4 query heads of size 4 on `kv_heads` key/value heads, an MLP of
+// 12, Llama 3 scaling that blends one of the two frequencies (1: wavelength
+// 6.3, between 8/4 and 8/1) and stretches the other (0.1: 63 > 8).
 ModelConfig tiny_llama(int kv_heads, bool tied) {
   return {.family = Family::kLlama,
           .vocab_size = 11,
           .context = 6,
           .n_layer = 2,
           .n_head = 4,
-          .n_embd = 8,
+          .n_embd = 16,
           .n_kv_head = kv_heads,
           .intermediate = 12,
           .rope_theta = 100,

@@ -164,10 +164,11 @@ TEST(LlamaKernel, ProjectionsIntoColumnBlocksMatchFiniteDifferences) {
   for (int i = 0; i < n * in; ++i) EXPECT_NEAR(z[i], expected[i] + residual[i], 1e-13);
 }
 
-// Grouped-query attention over t = 70 (two query blocks), 4 query heads on
-// 1 and 2 key/value heads (multi-head attention: kernel_gradient_test.cc).
+// Grouped-query attention over 2 sequences of t = 70 (two query blocks), 4
+// query heads on 1 and 2 key/value heads (multi-head attention:
+// kernel_gradient_test.cc).
 TEST(LlamaKernel, GroupedQueryAttentionMatchesFiniteDifferences) {
-  const int b = 1, t = 70, nh = 4, hs = 2, c = nh * hs;
+  const int b = 2, t = 70, nh = 4, hs = 2, c = nh * hs;
   for (const int kv : {1, 2}) {
     const int w = (nh + 2 * kv) * hs;
     auto qkv = normal_vector(b * t * w, 16 + kv);

@@ -24,6 +24,7 @@ namespace pipeflow {
 //           --disable-bias-linear, --untie-embeddings-and-output-weights,
 //           --max-position-embeddings, --vocab-size (default 50257, the
 //           GPT-2 BPE of Megatron's default tokenizer), --rotary-base,
+//           --use-rope-scaling with --rope-scaling-factor (Llama 3.1's),
 //           --norm-epsilon, --hidden-dropout and --attention-dropout
 //           (default 0.1 each). SwiGLU with RMSNorm and rotary positions
 //           is a Llama; otherwise a GPT.
@@ -35,7 +36,8 @@ namespace pipeflow {
 //           --recompute-method and --recompute-num-layers.
 //   batch:  --micro-batch-size, --global-batch-size, --seq-length.
 //   numerics and optimizer: --bf16, --fp16, --loss-scale (static; absent:
-//           dynamic), --initial-loss-scale, --min-loss-scale,
+//           dynamic), --initial-loss-scale (default 2^32, a power of two),
+//           --min-loss-scale,
 //           --loss-scale-window, --hysteresis, --lr, --weight-decay,
 //           --adam-beta1, --adam-beta2, --adam-eps, --clip-grad,
 //           --train-iters, --seed.

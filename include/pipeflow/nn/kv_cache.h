@@ -28,14 +28,15 @@ struct SequenceRows {
 // of the sequences it decodes, so that a new token attends to them instead of
 // recomputing the prefix. Allocated once, whole, for `context` positions of
 // `sequences` sequences (nothing grows while decoding), and charged to its
-// own account ("<name> kv cache"): 2 · blocks · C · sizeof(T) · context ·
-// sequences bytes (model_states.h's kv_cache_bytes with kv_heads · head_dim =
-// C, as GPT-2 has one key/value head per query head).
+// own account ("<name> kv cache"): 2 · blocks · W · sizeof(T) · context ·
+// sequences bytes for a width W = key/value heads · head size (C for GPT-2's
+// multi-head attention, less with a Llama's grouped-query attention;
+// model_states.h's kv_cache_bytes).
 //
-// Layout [blocks, 2, sequences, context, C]: the keys (then the values) of
-// one block for one sequence are a dense [context, C] matrix whose rows are
-// positions and whose columns are the heads side by side, as in the packed
-// qkv of the forward.
+// Layout [blocks, 2, sequences, context, W]: the keys (then the values) of
+// one block for one sequence are a dense [context, W] matrix whose rows are
+// positions and whose columns are the key/value heads side by side, as in
+// the packed qkv of the forward.
 //
 // Thread safety: used by one thread at a time (the stage's).
 template <class T>

@@ -75,13 +75,16 @@ struct ModelConfig {
   // Parameters counted once (a tied LM head shares the embedding). GPT-2:
   // V·C + T·C + L·(12C² + 13C) + 2C.
   std::int64_t parameter_count() const;
-  bool operator==(const ModelConfig&) const = default;
+  // The same model: the same fields, n_kv_head and intermediate compared by
+  // what they mean (0 and n_head are one value, as are 0 and 4·n_embd).
+  bool operator==(const ModelConfig& other) const;
 };
 
 // One line for reports and errors: "GPT-2, 4 layers, width 128, 4 heads,
 // context 64, vocabulary 256" or "Llama, 4 layers, width 128, 4 heads (2
-// key/value), MLP 344, context 64, vocabulary 256, rope_theta 10000, untied
-// head" (with rope scaling when set).
+// key/value), MLP 344, context 64, vocabulary 256, rope_theta 10000,
+// rms_norm_eps 1e-05, untied head" (with rope scaling when set): every field
+// operator== compares.
 std::string describe(const ModelConfig& config);
 
 // Llama's rotation frequencies f_i = rope_theta^(−2i/hs), i < hs/2, with

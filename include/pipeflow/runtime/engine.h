@@ -56,10 +56,12 @@ struct StepResult {
   // (weights, moments and the optimizer's step count as before the step).
   bool skipped = false;
   double lr = 0;                // the learning rate of this step's update
-  // fp16: the loss scale this step's backward ran with (1 without one); a
-  // skipped step with a scale the scaler could still lower was an overflow,
-  // and the next step runs with the lowered scale.
+  // fp16: the loss scale this step's backward ran with (1 without one), and
+  // the next step's. A skipped step whose scale the scaler could still lower
+  // was an overflow: the scaler halves the scale, or spends one of its
+  // hysteresis chances and keeps it (LossScaler).
   double loss_scale = 1;
+  double next_loss_scale = 1;
   bool overflow = false;
   std::int64_t tokens = 0;      // m · b · T
   double wall_s = 0;            // from the step's start until every rank had finished
@@ -67,7 +69,7 @@ struct StepResult {
   std::vector<RankRecord> ranks;
 };
 
-// The pipeline engine: p·v nn stages cut from a GPT-2 by layer boundaries,
+// The pipeline engine: p·v nn stages cut from a model by layer boundaries,
 // placed on the ranks of a schedule, d data-parallel replicas of that
 // pipeline, one RankWorker per rank and an AdamW per stage, on the ranks of a
 // RankGroup (threads of this process, or MPI processes: the engine is written

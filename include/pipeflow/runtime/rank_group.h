@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pipeflow/runtime/transport.h"
+#include "pipeflow/tensor/half.h"
 
 namespace pipeflow::runtime {
 
@@ -103,6 +104,10 @@ struct PipelineTraffic {
   std::vector<int> inbox_capacity;
   int stages = 1;
   int microbatches = 1;
+  // The format of the activations and their gradients (bf16, fp16: every
+  // value one of the format's): between processes they travel in 2 bytes a
+  // value. The tied-embedding gradient is fp32 always.
+  ComputeFormat wire = ComputeFormat::kFp32;
 };
 
 class MpiWorld;

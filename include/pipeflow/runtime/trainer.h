@@ -39,7 +39,7 @@ struct TrainSettings {
   int eval_interval = 10;     // steps between validation losses; 0: only at the end
   int steps_per_print = 1;    // steps between plain progress lines (ProgressPrinter)
   std::filesystem::path out_dir = "runs/pipeflow";
-  std::filesystem::path weights;  // start from this whole-model file (pipeflow init); empty: GPT-2 init
+  std::filesystem::path weights;  // start from this whole-model file (pipeflow init); empty: the family's initialisation
   // Checkpoints (PipelineEngine::write_checkpoint): every save_interval
   // steps and after the last one (0: none), as checkpoint_dir/step_N.safetensors,
   // under MPI the folder checkpoint_dir/step_N of shards and their index
@@ -101,9 +101,11 @@ struct StepLog {
   std::vector<std::int64_t> peak_activation_bytes_predicted;  // per rank, the simulator's memory walk
   std::optional<double> val_loss;
   bool skipped = false;  // the loss or grad_norm was not finite: no update (StepResult::skipped)
-  // fp16 (else none): the loss scale the step ran with, and whether its skip
-  // was an overflow that lowered the scale (not a sign of divergence).
+  // fp16 (else none): the loss scale the step ran with, the next step's, and
+  // whether its skip was an overflow the scaler absorbs (not a sign of
+  // divergence).
   std::optional<double> loss_scale = std::nullopt;
+  double next_loss_scale = 1;
   bool overflow = false;
   // The gradient noise scale (runtime/noise_scale.h), on the steps that
   // measure it (metrics.noise_scale_interval) and were not skipped:

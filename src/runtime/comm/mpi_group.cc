@@ -291,7 +291,7 @@ class ProcessGroup final : public RankGroup {
       fail("the pipeline of data-parallel rank {} runs in other processes", data_rank);
     }
     return std::make_unique<MpiTransport>(pipeline_->comm(), RankId(layout().pipeline_rank(world_->rank())),
-                                          traffic.stages, traffic.microbatches);
+                                          traffic.stages, traffic.microbatches, traffic.wire);
   }
 
   // One rank per process, on this thread: mpirun binds the process to its core.

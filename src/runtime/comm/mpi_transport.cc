@@ -13,8 +13,9 @@
 
 namespace pipeflow::runtime {
 
-MpiTransport::MpiTransport(MPI_Comm pipeline, RankId self, int num_stages, int num_microbatches)
-    : comm_(pipeline), self_(self), num_stages_(num_stages), num_microbatches_(num_microbatches) {
+MpiTransport::MpiTransport(MPI_Comm pipeline, RankId self, int num_stages, int num_microbatches,
+                           ComputeFormat wire)
+    : comm_(pipeline), self_(self), num_stages_(num_stages), num_microbatches_(num_microbatches), wire_(wire) {
   int* upper = nullptr;
   int found = 0;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &upper, &found);
@@ -29,8 +30,20 @@ MpiTransport::MpiTransport(MPI_Comm pipeline, RankId self, int num_stages, int n
 MpiTransport::~MpiTransport() { abandon_sends(); }
 
 void MpiTransport::abandon_sends() {
-  for (PendingSend& send : sends_) abandon_buffer(std::make_shared<Tensor>(std::move(send.payload)));
+  for (PendingSend& send : sends_) {
+    abandon_buffer(std::make_shared<Tensor>(std::move(send.payload)));
+    if (send.packed) abandon_buffer(std::move(send.packed));
+  }
   sends_.clear();
+}
+
+void MpiTransport::unpack(const std::vector<std::uint16_t>& packed, Tensor& into) const {
+  float* out = into.data();
+  if (wire_ == ComputeFormat::kBf16) {
+    for (std::size_t i = 0; i < packed.size(); ++i) out[i] = from_bf16_bits(packed[i]);
+  } else {
+    for (std::size_t i = 0; i < packed.size(); ++i) out[i] = from_fp16_bits(packed[i]);
+  }
 }
 
 std::vector<std::string> MpiTransport::sends_in_flight() const {
@@ -54,9 +67,10 @@ void MpiTransport::progress_sends() {
 
 void MpiTransport::check_count(const MessageKey& key, const MPI_Status& status, std::int64_t expected) const {
   int count = 0;
-  MPI_Get_count(&status, MPI_FLOAT, &count);
+  MPI_Get_count(&status, packs(key) ? MPI_UINT16_T : MPI_FLOAT, &count);
   if (count != expected) {
-    fail("rank {}: the {} holds {} floats, {} expected: the ranks run different models or micro-batch shapes",
+    fail("rank {}: the {} holds {} values, {} expected: the ranks run different models, micro-batch shapes or "
+         "precisions",
          self_, describe(key), count, expected);
   }
 }
@@ -67,8 +81,21 @@ WaitStatus MpiTransport::send(const MessageKey& key, Tensor payload, Deadline) {
   PendingSend& send = sends_.emplace_back();
   send.key = key;
   send.payload = std::move(payload);
-  check_mpi(MPI_Isend(send.payload.data(), static_cast<int>(send.payload.numel()), MPI_FLOAT,
-                      key.destination.value(), tag(key), comm_, &send.request),
+  const int count = static_cast<int>(send.payload.numel());
+  if (packs(key)) {
+    send.packed = std::make_shared<std::vector<std::uint16_t>>(static_cast<std::size_t>(count));
+    const float* values = send.payload.data();
+    std::uint16_t* bits = send.packed->data();
+    if (wire_ == ComputeFormat::kBf16) {
+      for (int i = 0; i < count; ++i) bits[i] = bf16_bits(values[i]);
+    } else {
+      for (int i = 0; i < count; ++i) bits[i] = fp16_bits(values[i]);
+    }
+    check_mpi(MPI_Isend(bits, count, MPI_UINT16_T, key.destination.value(), tag(key), comm_, &send.request),
+              "MPI_Isend");
+    return WaitStatus::kOk;
+  }
+  check_mpi(MPI_Isend(send.payload.data(), count, MPI_FLOAT, key.destination.value(), tag(key), comm_, &send.request),
             "MPI_Isend");
   return WaitStatus::kOk;
 }
@@ -79,9 +106,21 @@ WaitStatus MpiTransport::receive(const MessageKey& key, const Shape& shape, Allo
   progress_sends();
   Tensor into = Tensor::uninitialized(shape, allocator);
   MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Irecv(into.data(), static_cast<int>(into.numel()), MPI_FLOAT, key.source.value(), tag(key), comm_,
-                      &request),
-            "MPI_Irecv");
+  const int count = static_cast<int>(into.numel());
+  if (packs(key)) {
+    auto packed = std::make_shared<std::vector<std::uint16_t>>(static_cast<std::size_t>(count));
+    check_mpi(MPI_Irecv(packed->data(), count, MPI_UINT16_T, key.source.value(), tag(key), comm_, &request),
+              "MPI_Irecv");
+    const WaitStatus status = wait_for(request, deadline, &aborted_);
+    if (status == WaitStatus::kOk) {
+      unpack(*packed, into);
+      out = std::move(into);
+    } else {
+      abandon_buffer(std::move(packed));  // the receive stays posted
+    }
+    return status;
+  }
+  check_mpi(MPI_Irecv(into.data(), count, MPI_FLOAT, key.source.value(), tag(key), comm_, &request), "MPI_Irecv");
   const WaitStatus status = wait_for(request, deadline, &aborted_);
   if (status == WaitStatus::kOk) {
     out = std::move(into);
@@ -100,9 +139,16 @@ bool MpiTransport::try_receive(const MessageKey& key, const Shape& shape, Alloca
   if (arrived == 0) return false;
   Tensor into = Tensor::uninitialized(shape, allocator);
   check_count(key, status, into.numel());
-  check_mpi(MPI_Recv(into.data(), static_cast<int>(into.numel()), MPI_FLOAT, key.source.value(), tag(key), comm_,
-                     MPI_STATUS_IGNORE),
-            "MPI_Recv");
+  const int count = static_cast<int>(into.numel());
+  if (packs(key)) {
+    std::vector<std::uint16_t> packed(static_cast<std::size_t>(count));
+    check_mpi(MPI_Recv(packed.data(), count, MPI_UINT16_T, key.source.value(), tag(key), comm_, MPI_STATUS_IGNORE),
+              "MPI_Recv");
+    unpack(packed, into);
+  } else {
+    check_mpi(MPI_Recv(into.data(), count, MPI_FLOAT, key.source.value(), tag(key), comm_, MPI_STATUS_IGNORE),
+              "MPI_Recv");
+  }
   out = std::move(into);
   return true;
 }

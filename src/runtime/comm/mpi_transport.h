@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pipeflow/runtime/transport.h"
+#include "pipeflow/tensor/half.h"
 
 namespace pipeflow::runtime {
 
@@ -22,6 +23,10 @@ namespace pipeflow::runtime {
 // memory OpenMPI moves small messages eagerly, and the one large message a
 // rank waits for is the one it polls (docs/RUNTIME.md, MPI: measured).
 //
+// In bf16 or fp16 (the wire format) activations and their gradients, whose
+// every value is one of the format's, travel as its 16-bit patterns: half
+// the bytes, and the same values.
+//
 // all_reduce_sum gathers every rank's value (MPI_Iallgather) and adds them in
 // rank order, as the in-process transport does: the same bits in every
 // layout.
@@ -32,7 +37,8 @@ class MpiTransport final : public Transport {
  public:
   // `pipeline`: the communicator; `self`: this process's pipeline rank.
   // Error when the largest tag exceeds the library's MPI_TAG_UB.
-  MpiTransport(MPI_Comm pipeline, RankId self, int num_stages, int num_microbatches);
+  MpiTransport(MPI_Comm pipeline, RankId self, int num_stages, int num_microbatches,
+               ComputeFormat wire = ComputeFormat::kFp32);
   ~MpiTransport() override;
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;
@@ -59,16 +65,24 @@ class MpiTransport final : public Transport {
     MessageKey key;
     MPI_Request request = MPI_REQUEST_NULL;
     Tensor payload;
+    std::shared_ptr<std::vector<std::uint16_t>> packed;  // the payload in the wire format, when packed
   };
+  // Whether the message travels in the 16-bit wire format.
+  bool packs(const MessageKey& key) const {
+    return wire_ != ComputeFormat::kFp32 && key.direction != Direction::kTiedGradient;
+  }
   void abandon_sends();
   // Tests every pending send and drops those done.
   void progress_sends();
   void check_count(const MessageKey& key, const MPI_Status& status, std::int64_t expected) const;
+  // The received 16-bit patterns as the floats they stand for.
+  void unpack(const std::vector<std::uint16_t>& packed, Tensor& into) const;
 
   MPI_Comm comm_;
   RankId self_;
   int num_stages_;
   int num_microbatches_;
+  ComputeFormat wire_;
   std::vector<PendingSend> sends_;
   std::atomic<bool> aborted_{false};
 };

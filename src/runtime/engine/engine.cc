@@ -170,7 +170,8 @@ PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& sc
   const auto num_ranks = static_cast<std::size_t>(schedule_.num_ranks());
   const PipelineTraffic traffic{.inbox_capacity = inbox_capacities(schedule_),
                                 .stages = schedule_.num_stages(),
-                                .microbatches = schedule_.num_microbatches()};
+                                .microbatches = schedule_.num_microbatches(),
+                                .wire = options_.format};
   std::vector<Replica*> by_data_rank(static_cast<std::size_t>(layout.data_parallel), nullptr);
   for (const int w : group_->local_ranks()) {
     const int d = layout.data_rank(w);
@@ -409,7 +410,7 @@ void PipelineEngine::write_checkpoint_rank(LocalRank& r, const std::filesystem::
 std::int64_t PipelineEngine::load_checkpoint(const nn::SafetensorsFile& file) {
   const std::int64_t steps_done = file.metadata_count("steps_done");
   load_parameters(file);
-  if (scaler_ && file.metadata().contains("loss_scale.scale")) {
+  if (scaler_ && scaler_->dynamic() && file.metadata().contains("loss_scale.scale")) {
     const auto number = [&](const char* key) {
       const std::string& text = file.metadata(key);
       try {
@@ -588,6 +589,7 @@ StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, St
     result.overflow = result.skipped && scaler_->can_lower();
     scaler_->update(result.skipped);
   }
+  result.next_loss_scale = scaler_ ? scaler_->scale() : 1.0;
   result.clip_coefficient = result.skipped ? 1 : clip_coefficient(mode, result.grad_norm);
   if (run == RunMode::kSerial) finish_serial(result);
   return result;

@@ -391,7 +391,7 @@ void RankWorker::note_small_gradient(StageId s) {
 void RankWorker::add_small_tied(StageId embedding, std::span<const float> head_small) {
   const std::vector<float>& mine = small_tied_[own_index(embedding)];
   if (mine.size() != head_small.size()) {
-    fail("rank {}: the tied wte gradients of the noise micro-batch have {} and {} elements (a stage missed its "
+    fail("rank {}: the tied embedding's gradients of the noise micro-batch have {} and {} elements (a stage missed its "
          "weight gradient of micro-batch {})",
          rank_, mine.size(), head_small.size(), noise_microbatch_.value_or(-1));
   }

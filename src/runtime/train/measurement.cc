@@ -149,15 +149,19 @@ MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine&
   const nn::ModelConfig& config = engine.config();
   const EngineOptions& options = engine.options();
   const int t = options.seq_length;
-  const double message = static_cast<double>(options.micro_batch) * t * config.n_embd * sizeof(float);
+  // A message's bytes on the wire: 2 a value in bf16/fp16 (MpiTransport packs them), else 4.
+  const double message = static_cast<double>(options.micro_batch) * t * config.n_embd *
+                         (options.format == ComputeFormat::kFp32 ? 4.0 : 2.0);
   MeasuredProfile profile;
   profile.source = std::move(source);
   for (int s = 0; s < engine.num_stages(); ++s) {
     StageCosts stage_costs = costs.stage(StageId(s));
     stage_costs.output_bytes = engine.schedule().is_last_stage(StageId(s)) ? 0.0 : message;
-    // parameters, gradients and AdamW's two moments, float each
+    // parameters, gradients and AdamW's two moments, float each, and in
+    // bf16/fp16 the rounded copy the layers read (a float each, as held)
+    const double copies = options.format == ComputeFormat::kFp32 ? 4.0 : 5.0;
     stage_costs.model_state_bytes =
-        4.0 * sizeof(float) * static_cast<double>(engine.stage_parameter_count(StageId(s)));
+        copies * sizeof(float) * static_cast<double>(engine.stage_parameter_count(StageId(s)));
     profile.stages.push_back(ProfiledStage::all_measured(stage_costs));
   }
   return profile;

@@ -241,6 +241,7 @@ StepLog Run::train_step(std::int64_t step) {
     log.grad_norm = result.grad_norm;
     log.skipped = result.skipped;
     if (settings_.engine.loss_scale) log.loss_scale = result.loss_scale;
+    log.next_loss_scale = result.next_loss_scale;
     log.overflow = result.overflow;
     return log;
   }
@@ -277,6 +278,7 @@ StepLog Run::train_step(std::int64_t step) {
               .val_loss = std::nullopt,
               .skipped = result.skipped};
   if (settings_.engine.loss_scale) log.loss_scale = result.loss_scale;
+  log.next_loss_scale = result.next_loss_scale;
   log.overflow = result.overflow;
   for (const RankFigures& rank : figures.ranks) {
     log.busy_s.push_back(rank.compute_s);
@@ -311,9 +313,12 @@ void Run::check_skipped(const std::vector<StepLog>& logs) {
   const StepLog& log = logs.back();
   if (log.overflow) {  // fp16: the scaler lowered the scale; the next step tries again
     ++overflows_;
-    progress_.message(fmt::format("step {} skipped: fp16 gradients overflowed at loss scale {}; the scale is lowered "
-                                  "({} overflow{} so far)",
-                                  log.step + 1, *log.loss_scale, overflows_, overflows_ == 1 ? "" : "s"));
+    progress_.message(fmt::format(
+        "step {} skipped: fp16 gradients overflowed at loss scale {}; {} ({} overflow{} so far)", log.step + 1,
+        *log.loss_scale,
+        log.next_loss_scale < *log.loss_scale ? fmt::format("the scale is lowered to {}", log.next_loss_scale)
+                                              : std::string("the scale is kept (fp16.hysteresis)"),
+        overflows_, overflows_ == 1 ? "" : "s"));
     return;
   }
   skipped_in_a_row_ = log.skipped ? skipped_in_a_row_ + 1 : 0;
