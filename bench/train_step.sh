@@ -75,61 +75,38 @@ run "small (vocab 256, context 64, 4 layers, 4 heads, width 128, batch 16)" 20 \
 run "larger (vocab 256, context 256, 6 layers, 6 heads, width 384, batch 16)" 4 \
   --layers 6 --heads 6 --width 384 --context 256 --batch 16
 
-# The Llama and the GPT-2 of the same size, alternating in one run: the
-# Llama's step time over the GPT-2's (pipeflow, then torch).
-llama_and_gpt2() {
-  local args=(--layers 4 --heads 4 --width 128 --context 64 --batch 16) steps=20 lines=""
-  echo "-- llama vs gpt-2 of the same size: ${args[*]} (llama: --intermediate 352)"
+# A variant of the small model beside its plain run, alternating in one run,
+# in pipeflow and in PyTorch: paired TITLE RATIO VARIANT PIPEFLOW_ARGS TORCH_ARGS
+# prints each implementation's variant / plain CPU time per step.
+paired() {
+  local title=$1 ratio=$2 variant=$3 pipeflow_args=$4 torch_args=$5 steps=20 lines=""
+  local args=(--layers 4 --heads 4 --width 128 --context 64 --batch 16)
+  echo "-- $title: ${args[*]}"
   for ((round = 1; round <= rounds; round++)); do
     lines+=$(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}" --steps "$steps")$'\n'
-    lines+=$(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}" --steps "$steps" --arch llama --intermediate 352)$'\n'
+    # shellcheck disable=SC2086 # the variant's flags, split on purpose
+    lines+=$(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}" --steps "$steps" $pipeflow_args)$'\n'
     if [ $have_torch = 1 ]; then
       lines+=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$python" bench/train_step_torch.py "${args[@]}" \
                --steps "$steps")$'\n'
+      # shellcheck disable=SC2086
       lines+=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$python" bench/train_step_torch.py "${args[@]}" \
-               --steps "$steps" --arch llama --intermediate 352)$'\n'
+               --steps "$steps" $torch_args)$'\n'
     fi
   done
   printf '%s' "$lines"
   pipeflow_cpu="" summarise "$lines"
-  for pair in pipeflow:pipeflow-llama torch:torch-llama; do
-    local a=${pair%%:*} b=${pair##*:} ca cb
-    ca=$(grep "^$a:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle) || continue
-    cb=$(grep "^$b:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle) || continue
-    [ -n "$ca" ] && [ -n "$cb" ] && awk -v a="$ca" -v b="$cb" -v n="$a" \
-      'BEGIN { printf "  %s: llama step / gpt-2 step = %.2f (CPU time)\n", n, b / a }'
+  for name in pipeflow torch; do
+    local plain changed
+    plain=$(grep "^$name:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle)
+    changed=$(grep "^$name-$variant:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle)
+    [ -n "$plain" ] && [ -n "$changed" ] && awk -v a="$plain" -v b="$changed" -v n="$name" -v r="$ratio" \
+      'BEGIN { printf "  %s: %s = %.2f (CPU time per step)\n", n, r, b / a }'
   done
-  if [ $have_torch = 1 ]; then
-    awk -v p="$(grep '^pipeflow-llama:' <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle)" \
-        -v t="$(grep '^torch-llama:' <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle)" \
-        'BEGIN { printf "  llama speedup over torch: %.2fx (CPU time per step)\n", t / p }'
-  fi
 }
-llama_and_gpt2
 
-# bf16 against fp32 on the small GPT-2, alternating in one run.
-bf16_and_fp32() {
-  local args=(--layers 4 --heads 4 --width 128 --context 64 --batch 16) steps=20 lines=""
-  echo "-- bf16 vs fp32: ${args[*]}"
-  grep -o -m1 'avx512_bf16\|amx_bf16' /proc/cpuinfo | sed 's/^/  this CPU has /' || echo "  this CPU has no bf16 instructions"
-  for ((round = 1; round <= rounds; round++)); do
-    lines+=$(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}" --steps "$steps")$'\n'
-    lines+=$(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}" --steps "$steps" --format bf16)$'\n'
-    if [ $have_torch = 1 ]; then
-      lines+=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$python" bench/train_step_torch.py "${args[@]}" \
-               --steps "$steps")$'\n'
-      lines+=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$python" bench/train_step_torch.py "${args[@]}" \
-               --steps "$steps" --format bf16)$'\n'
-    fi
-  done
-  printf '%s' "$lines"
-  pipeflow_cpu="" summarise "$lines"
-  for pair in pipeflow:pipeflow-bf16 torch:torch-bf16; do
-    local a=${pair%%:*} b=${pair##*:} ca cb
-    ca=$(grep "^$a:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle) || continue
-    cb=$(grep "^$b:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle) || continue
-    [ -n "$ca" ] && [ -n "$cb" ] && awk -v a="$ca" -v b="$cb" -v n="$a" \
-      'BEGIN { printf "  %s: bf16 speedup over fp32 = %.2fx (CPU time)\n", n, a / b }'
-  done
-}
-bf16_and_fp32
+# A Llama of the small GPT-2's size, and the GPT-2 in bf16.
+paired "llama vs gpt-2 of the same size (llama: --intermediate 352)" "llama step / gpt-2 step" llama \
+  "--arch llama --intermediate 352" "--arch llama --intermediate 352"
+grep -o -m1 'avx512_bf16\|amx_bf16' /proc/cpuinfo | sed 's/^/-- this CPU has /' || echo "-- this CPU has no bf16 instructions"
+paired "bf16 vs fp32" "bf16 step / fp32 step" bf16 "--format bf16" "--format bf16"

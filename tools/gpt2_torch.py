@@ -92,3 +92,24 @@ def decay_groups(model):
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return decay, no_decay
+
+
+def adamw_losses(model, inputs, targets, adamw, steps):
+    """The reference files' training loop: per step zero the gradients, forward, backward, clip to the global
+    norm adamw["grad_clip"], AdamW (decay on 2-D tensors only); the loss before each of `steps` steps and after
+    the last."""
+    decay, no_decay = decay_groups(model)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": adamw["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=adamw["lr"], betas=(adamw["beta1"], adamw["beta2"]), eps=adamw["eps"])
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        step_loss = model(inputs, targets)
+        losses.append(step_loss.item())
+        step_loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), adamw["grad_clip"])
+        optimizer.step()
+    with torch.no_grad():
+        losses.append(model(inputs, targets).item())
+    return losses

@@ -20,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt2_torch import Gpt2, decay_groups  # noqa: E402
+from gpt2_torch import Gpt2, adamw_losses  # noqa: E402
 import safetensors_io  # noqa: E402
 
 SEED = 1234
@@ -57,20 +57,7 @@ def main():
     for name, p in model.named_parameters():
         tensors["grad." + name] = p.grad.detach().clone()
 
-    decay, no_decay = decay_groups(model)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": ADAMW["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=ADAMW["lr"], betas=(ADAMW["beta1"], ADAMW["beta2"]), eps=ADAMW["eps"])
-    losses = []
-    for _ in range(STEPS):
-        optimizer.zero_grad(set_to_none=True)
-        step_loss = model(inputs, targets)
-        losses.append(step_loss.item())
-        step_loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), ADAMW["grad_clip"])
-        optimizer.step()
-    with torch.no_grad():
-        losses.append(model(inputs, targets).item())
+    losses = adamw_losses(model, inputs, targets, ADAMW, STEPS)
     tensors["losses"] = torch.tensor(losses, dtype=torch.float32)
 
     metadata = {key: value for key, value in CONFIG.items()}

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_torch import Llama  # noqa: E402
-from gpt2_torch import decay_groups  # noqa: E402
+from gpt2_torch import adamw_losses  # noqa: E402
 import safetensors_io  # noqa: E402
 
 SEED = 4321
@@ -68,20 +68,7 @@ def main():
     for name, p in model.named_parameters():
         tensors["grad." + name] = p.grad.detach().float()
 
-    decay, no_decay = decay_groups(model)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": ADAMW["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=ADAMW["lr"], betas=(ADAMW["beta1"], ADAMW["beta2"]), eps=ADAMW["eps"])
-    losses = []
-    for _ in range(STEPS):
-        optimizer.zero_grad(set_to_none=True)
-        step_loss = model(inputs, targets)
-        losses.append(step_loss.item())
-        step_loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), ADAMW["grad_clip"])
-        optimizer.step()
-    with torch.no_grad():
-        losses.append(model(inputs, targets).item())
+    losses = adamw_losses(model, inputs, targets, ADAMW, STEPS)
     tensors["losses"] = torch.tensor(losses, dtype=torch.float32)
 
     metadata = {"model_type": "llama", "n_layer": c["n_layer"], "n_head": c["n_head"], "n_embd": c["n_embd"],
