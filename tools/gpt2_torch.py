@@ -113,3 +113,12 @@ def adamw_losses(model, inputs, targets, adamw, steps):
     with torch.no_grad():
         losses.append(model(inputs, targets).item())
     return losses
+
+
+def corpus_batch(context, batch, offset=0, corpus="/usr/share/games/fortunes/fortunes"):
+    """The reference files' batch: `batch` rows of context + 1 bytes of the fortunes corpus, row i from byte
+    1000·i + offset (inputs [:, :-1], targets [:, 1:]), as int32."""
+    with open(corpus, "rb") as f:
+        text = f.read()
+    rows = [list(text[1000 * i + offset:1000 * i + offset + context + 1]) for i in range(batch)]
+    return torch.tensor(rows, dtype=torch.int32)

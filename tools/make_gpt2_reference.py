@@ -20,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt2_torch import Gpt2, adamw_losses  # noqa: E402
+from gpt2_torch import Gpt2, adamw_losses, corpus_batch  # noqa: E402
 import safetensors_io  # noqa: E402
 
 SEED = 1234
@@ -28,15 +28,6 @@ CONFIG = dict(vocab_size=256, n_ctx=16, n_layer=2, n_head=4, n_embd=32)
 BATCH = 4
 ADAMW = dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=1.0)
 STEPS = 5
-CORPUS = "/usr/share/games/fortunes/fortunes"
-
-
-def batch_tokens():
-    with open(CORPUS, "rb") as f:
-        text = f.read()
-    t = CONFIG["n_ctx"]
-    rows = [list(text[1000 * i:1000 * i + t + 1]) for i in range(BATCH)]
-    return torch.tensor(rows, dtype=torch.int32)
 
 
 def main():
@@ -45,7 +36,7 @@ def main():
     torch.manual_seed(SEED)
     torch.set_num_threads(1)
     model = Gpt2(CONFIG["vocab_size"], CONFIG["n_ctx"], CONFIG["n_layer"], CONFIG["n_head"], CONFIG["n_embd"])
-    tokens = batch_tokens()
+    tokens = corpus_batch(CONFIG["n_ctx"], BATCH)
     inputs, targets = tokens[:, :-1].long(), tokens[:, 1:].long()
 
     tensors = {name: p.detach().clone() for name, p in model.named_parameters()}

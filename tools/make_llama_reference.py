@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_torch import Llama  # noqa: E402
-from gpt2_torch import adamw_losses  # noqa: E402
+from gpt2_torch import adamw_losses, corpus_batch  # noqa: E402
 import safetensors_io  # noqa: E402
 
 SEED = 4321
@@ -36,15 +36,6 @@ ROPE_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, origi
 BATCH = 4
 ADAMW = dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=1.0)
 STEPS = 5
-CORPUS = "/usr/share/games/fortunes/fortunes"
-
-
-def batch_tokens():
-    with open(CORPUS, "rb") as f:
-        text = f.read()
-    t = CONFIG["n_ctx"]
-    rows = [list(text[1000 * i + 7:1000 * i + 7 + t + 1]) for i in range(BATCH)]
-    return torch.tensor(rows, dtype=torch.int32)
 
 
 def main():
@@ -58,7 +49,7 @@ def main():
                   c["tie_word_embeddings"])
     tensors = {name: p.detach().clone() for name, p in model.named_parameters()}  # float32
     model.double()
-    tokens = batch_tokens()
+    tokens = corpus_batch(CONFIG["n_ctx"], BATCH, 7)
     inputs, targets = tokens[:, :-1].long(), tokens[:, 1:].long()
     tensors["tokens"] = tokens
     with torch.no_grad():

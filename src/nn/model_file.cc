@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -18,16 +17,6 @@ int metadata_int(const SafetensorsFile& file, const char* key) {
   return static_cast<int>(value);
 }
 
-double metadata_number(const SafetensorsFile& file, const char* key) {
-  const std::string& text = file.metadata(key);
-  double value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || !std::isfinite(value)) {
-    fail("{}: __metadata__ {} = \"{}\" is not a finite number", file.source(), key, text);
-  }
-  return value;
-}
-
 bool metadata_flag(const SafetensorsFile& file, const char* key) {
   const std::string& text = file.metadata(key);
   if (text != "true" && text != "false") fail("{}: __metadata__ {} = \"{}\" must be true or false", file.source(), key, text);
@@ -39,24 +28,29 @@ std::string number_text(double value) { return fmt::format("{}", value); }
 
 }  // namespace
 
-void write_config(SafetensorsWriter& writer, const ModelConfig& config) {
-  writer.set_metadata("n_layer", std::to_string(config.n_layer));
-  writer.set_metadata("n_head", std::to_string(config.n_head));
-  writer.set_metadata("n_embd", std::to_string(config.n_embd));
-  writer.set_metadata("n_ctx", std::to_string(config.context));
-  writer.set_metadata("vocab_size", std::to_string(config.vocab_size));
-  if (!config.llama()) return;
+std::map<std::string, std::string> config_metadata(const ModelConfig& config) {
+  std::map<std::string, std::string> m = {{"n_layer", std::to_string(config.n_layer)},
+                                          {"n_head", std::to_string(config.n_head)},
+                                          {"n_embd", std::to_string(config.n_embd)},
+                                          {"n_ctx", std::to_string(config.context)},
+                                          {"vocab_size", std::to_string(config.vocab_size)}};
+  if (!config.llama()) return m;
   const RopeScaling& r = config.rope_scaling;
-  writer.set_metadata("model_type", "llama");
-  writer.set_metadata("n_kv_head", std::to_string(config.kv_heads()));
-  writer.set_metadata("intermediate_size", std::to_string(config.ffn()));
-  writer.set_metadata("rope_theta", number_text(config.rope_theta));
-  writer.set_metadata("rms_norm_eps", number_text(config.norm_eps));
-  writer.set_metadata("tie_word_embeddings", config.tied_embeddings ? "true" : "false");
-  writer.set_metadata("rope_scaling.factor", number_text(r.factor));
-  writer.set_metadata("rope_scaling.low_freq_factor", number_text(r.low_freq_factor));
-  writer.set_metadata("rope_scaling.high_freq_factor", number_text(r.high_freq_factor));
-  writer.set_metadata("rope_scaling.original_max_position_embeddings", std::to_string(r.original_context));
+  m["model_type"] = "llama";
+  m["n_kv_head"] = std::to_string(config.kv_heads());
+  m["intermediate_size"] = std::to_string(config.ffn());
+  m["rope_theta"] = number_text(config.rope_theta);
+  m["rms_norm_eps"] = number_text(config.norm_eps);
+  m["tie_word_embeddings"] = config.tied_embeddings ? "true" : "false";
+  m["rope_scaling.factor"] = number_text(r.factor);
+  m["rope_scaling.low_freq_factor"] = number_text(r.low_freq_factor);
+  m["rope_scaling.high_freq_factor"] = number_text(r.high_freq_factor);
+  m["rope_scaling.original_max_position_embeddings"] = std::to_string(r.original_context);
+  return m;
+}
+
+void write_config(SafetensorsWriter& writer, const ModelConfig& config) {
+  for (auto& [key, value] : config_metadata(config)) writer.set_metadata(key, value);
 }
 
 ModelConfig read_config(const SafetensorsFile& file) {
@@ -74,12 +68,12 @@ ModelConfig read_config(const SafetensorsFile& file) {
     config.family = Family::kLlama;
     config.n_kv_head = metadata_int(file, "n_kv_head");
     config.intermediate = metadata_int(file, "intermediate_size");
-    config.rope_theta = metadata_number(file, "rope_theta");
-    config.norm_eps = metadata_number(file, "rms_norm_eps");
+    config.rope_theta = file.metadata_number("rope_theta");
+    config.norm_eps = file.metadata_number("rms_norm_eps");
     config.tied_embeddings = metadata_flag(file, "tie_word_embeddings");
-    config.rope_scaling = {.factor = metadata_number(file, "rope_scaling.factor"),
-                           .low_freq_factor = metadata_number(file, "rope_scaling.low_freq_factor"),
-                           .high_freq_factor = metadata_number(file, "rope_scaling.high_freq_factor"),
+    config.rope_scaling = {.factor = file.metadata_number("rope_scaling.factor"),
+                           .low_freq_factor = file.metadata_number("rope_scaling.low_freq_factor"),
+                           .high_freq_factor = file.metadata_number("rope_scaling.high_freq_factor"),
                            .original_context = metadata_int(file, "rope_scaling.original_max_position_embeddings")};
   }
   try {

@@ -9,11 +9,12 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <vector>
 
 #include "pipeflow/core/error.h"
-#include "pipeflow/tensor/half.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/core/json.h"
+#include "pipeflow/tensor/half.h"
 
 namespace pipeflow::nn {
 namespace {
@@ -48,11 +49,10 @@ void widen(const std::byte* bytes, Dtype dtype, std::span<float> out) {
     std::memcpy(out.data(), bytes, out.size_bytes());
     return;
   }
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    std::uint16_t half = 0;
-    std::memcpy(&half, bytes + 2 * i, 2);
-    out[i] = dtype == Dtype::kBF16 ? from_bf16_bits(half) : from_fp16_bits(half);
-  }
+  std::vector<std::uint16_t> bits(out.size());  // the file's bytes need not be 2-byte aligned
+  std::memcpy(bits.data(), bytes, 2 * bits.size());
+  from_half_bits(dtype == Dtype::kBF16 ? ComputeFormat::kBf16 : ComputeFormat::kFp16, bits.data(), out.data(),
+                 static_cast<std::int64_t>(bits.size()));
 }
 
 // The __metadata__ key holding a tensor's checksum.
@@ -239,6 +239,16 @@ std::int64_t SafetensorsFile::metadata_count(std::string_view key) const {
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (error != std::errc() || end != text.data() + text.size() || value < 0) {
     fail("{}: __metadata__ {} = \"{}\" is not a whole number >= 0", source_, key, text);
+  }
+  return value;
+}
+
+double SafetensorsFile::metadata_number(std::string_view key) const {
+  const std::string& text = metadata(key);
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || !std::isfinite(value)) {
+    fail("{}: __metadata__ {} = \"{}\" is not a finite number", source_, key, text);
   }
   return value;
 }

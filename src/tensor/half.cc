@@ -79,6 +79,22 @@ __attribute__((target("prefer-vector-width=512"), noinline)) void round_bf16_arr
 
 }  // namespace
 
+void to_half_bits(ComputeFormat format, const float* values, std::uint16_t* bits, std::int64_t n) {
+  if (format == ComputeFormat::kBf16) {
+    for (std::int64_t i = 0; i < n; ++i) bits[i] = bf16_bits(values[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) bits[i] = fp16_bits(values[i]);
+  }
+}
+
+void from_half_bits(ComputeFormat format, const std::uint16_t* bits, float* values, std::int64_t n) {
+  if (format == ComputeFormat::kBf16) {
+    for (std::int64_t i = 0; i < n; ++i) values[i] = from_bf16_bits(bits[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) values[i] = from_fp16_bits(bits[i]);
+  }
+}
+
 void round_to_format(ComputeFormat format, float* values, std::int64_t n) {
   if (format == ComputeFormat::kBf16) {
     round_bf16_array(values, n);

@@ -64,8 +64,6 @@ struct ModelConfig {
   int kv_heads() const { return n_kv_head == 0 ? n_head : n_kv_head; }
   int head_size() const { return n_embd / n_head; }
   int ffn() const { return intermediate == 0 ? 4 * n_embd : intermediate; }
-  // Columns of the packed projection q | k | v: (NH + 2·KV)·hs (3C for GPT-2).
-  int qkv_width() const { return (n_head + 2 * kv_heads()) * head_size(); }
   // The pipeline layers: embedding, block.0 … block.{L−1}, head.
   int pipeline_layers() const { return n_layer + 2; }
   // The token embedding's tensor name ("wte.weight", "model.embed_tokens.weight").

@@ -1,6 +1,8 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
+#include <string>
 
 #include "pipeflow/nn/model_config.h"
 #include "pipeflow/nn/safetensors.h"
@@ -18,6 +20,8 @@ namespace pipeflow::nn {
 // high_freq_factor, original_max_position_embeddings}. Weights move between
 // pipeflow and other implementations by name.
 
+// The __metadata__ keys and values that describe `config`.
+std::map<std::string, std::string> config_metadata(const ModelConfig& config);
 void write_config(SafetensorsWriter& writer, const ModelConfig& config);
 // Error naming the file and the missing or malformed key.
 ModelConfig read_config(const SafetensorsFile& file);

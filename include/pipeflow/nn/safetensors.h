@@ -61,6 +61,13 @@ class SafetensorsFile {
   // A metadata value that must be a whole number >= 0 (an Error naming the
   // file, the key and the text otherwise).
   std::int64_t metadata_count(std::string_view key) const;
+  // A metadata value that must be a finite number (an Error naming the file,
+  // the key and the text otherwise).
+  double metadata_number(std::string_view key) const;
+  // Sets a metadata value in memory (the file on disk is not touched): for a
+  // reader that supplies what a file written elsewhere leaves out. Not while
+  // other threads read the file.
+  void set_metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
   bool contains(std::string_view name) const { return entries_.find(name) != entries_.end(); }
   // Tensor names in data order.
   std::vector<std::string> names() const;

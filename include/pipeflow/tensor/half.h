@@ -32,4 +32,9 @@ float from_bf16_bits(std::uint16_t bits);
 std::uint16_t fp16_bits(float x);
 float from_fp16_bits(std::uint16_t bits);
 
+// Over n values of a half format (kBf16 or kFp16): the bits of values the
+// format represents (rounding any that it does not), and back.
+void to_half_bits(ComputeFormat format, const float* values, std::uint16_t* bits, std::int64_t n);
+void from_half_bits(ComputeFormat format, const std::uint16_t* bits, float* values, std::int64_t n);
+
 }  // namespace pipeflow

@@ -38,12 +38,7 @@ void MpiTransport::abandon_sends() {
 }
 
 void MpiTransport::unpack(const std::vector<std::uint16_t>& packed, Tensor& into) const {
-  float* out = into.data();
-  if (wire_ == ComputeFormat::kBf16) {
-    for (std::size_t i = 0; i < packed.size(); ++i) out[i] = from_bf16_bits(packed[i]);
-  } else {
-    for (std::size_t i = 0; i < packed.size(); ++i) out[i] = from_fp16_bits(packed[i]);
-  }
+  from_half_bits(wire_, packed.data(), into.data(), static_cast<std::int64_t>(packed.size()));
 }
 
 std::vector<std::string> MpiTransport::sends_in_flight() const {
@@ -84,14 +79,8 @@ WaitStatus MpiTransport::send(const MessageKey& key, Tensor payload, Deadline) {
   const int count = static_cast<int>(send.payload.numel());
   if (packs(key)) {
     send.packed = std::make_shared<std::vector<std::uint16_t>>(static_cast<std::size_t>(count));
-    const float* values = send.payload.data();
-    std::uint16_t* bits = send.packed->data();
-    if (wire_ == ComputeFormat::kBf16) {
-      for (int i = 0; i < count; ++i) bits[i] = bf16_bits(values[i]);
-    } else {
-      for (int i = 0; i < count; ++i) bits[i] = fp16_bits(values[i]);
-    }
-    check_mpi(MPI_Isend(bits, count, MPI_UINT16_T, key.destination.value(), tag(key), comm_, &send.request),
+    to_half_bits(wire_, send.payload.data(), send.packed->data(), count);
+    check_mpi(MPI_Isend(send.packed->data(), count, MPI_UINT16_T, key.destination.value(), tag(key), comm_, &send.request),
               "MPI_Isend");
     return WaitStatus::kOk;
   }

@@ -411,20 +411,11 @@ std::int64_t PipelineEngine::load_checkpoint(const nn::SafetensorsFile& file) {
   const std::int64_t steps_done = file.metadata_count("steps_done");
   load_parameters(file);
   if (scaler_ && scaler_->dynamic() && file.metadata().contains("loss_scale.scale")) {
-    const auto number = [&](const char* key) {
-      const std::string& text = file.metadata(key);
-      try {
-        std::size_t used = 0;
-        const double value = std::stod(text, &used);
-        if (used == text.size() && std::isfinite(value)) return value;
-      } catch (const std::exception&) {
-      }
-      fail("{}: __metadata__ {} = \"{}\" is not a number", file.source(), key, text);
-    };
+    const auto number = [&](const char* key) { return file.metadata_number(key); };
     const LossScaler::State state{.scale = number("loss_scale.scale"),
                                   .hysteresis_left = static_cast<int>(number("loss_scale.hysteresis_left")),
                                   .last_overflow = static_cast<std::int64_t>(number("loss_scale.last_overflow")),
-                                  .iteration = static_cast<std::int64_t>(number("loss_scale.iteration"))};
+                                  .iteration = file.metadata_count("loss_scale.iteration")};
     if (!(state.scale > 0)) fail("{}: __metadata__ loss_scale.scale = {}: must be > 0", file.source(), state.scale);
     scaler_->restore(state);
   }

@@ -91,9 +91,8 @@ nn::SafetensorsFile with_hf_config(nn::SafetensorsFile file, const std::filesyst
   const std::filesystem::path config = (folder.empty() ? std::filesystem::path(".") : folder) / "config.json";
   if (!std::filesystem::is_regular_file(config)) return file;  // read_config names what is missing
   const nn::ModelConfig model = runtime_model(model_from_hf_config(config), config.string());
-  nn::SafetensorsWriter writer = nn::SafetensorsFile::merged({file});
-  nn::write_config(writer, model);
-  return nn::SafetensorsFile::parse(writer.serialize(), file.source());
+  for (auto& [key, value] : nn::config_metadata(model)) file.set_metadata(key, value);
+  return file;
 }
 
 nn::SafetensorsFile read_checkpoint(const std::filesystem::path& path) {
