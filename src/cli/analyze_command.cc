@@ -1,7 +1,10 @@
-// `pipeflow analyze`: reads a trace (or a train run's directory) back, says
-// where the step went and what each change would gain, re-simulated.
+// `pipeflow analyze`: reads a trace (a train run's directory, or another
+// program's traces, one per rank) back, says where the step went and what
+// each change would gain, re-simulated.
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "pipeflow/core/file.h"
@@ -11,15 +14,20 @@ namespace pipeflow::cli {
 namespace {
 
 struct AnalyzeCommand {
-  std::string input;
+  std::vector<std::string> inputs;
+  std::optional<int> step;
   std::string html;
   bool json = false;
 };
 
 void run(const AnalyzeCommand& command) {
-  refuse_overwriting({"--html", command.html},
-                     {{"the trace", command.input}, {"the trace", std::filesystem::path(command.input) / "trace.json"}});
-  const TraceInput input = load_trace_input(command.input);
+  std::vector<std::filesystem::path> paths;
+  for (const std::string& input : command.inputs) {
+    refuse_overwriting({"--html", command.html},
+                       {{"the trace", input}, {"the trace", std::filesystem::path(input) / "trace.json"}});
+    paths.emplace_back(input);
+  }
+  const TraceInput input = load_trace_input(paths, TraceOptions{command.step});
   const Analysis analysis = analyze(input);
   if (!command.html.empty()) write_output(analysis_html(analysis, input.timeline), command.html);
   write_output(command.json ? analysis_json(analysis) : analysis_text(analysis), "");
@@ -31,7 +39,12 @@ void add_analyze_command(CLI::App& app) {
   auto c = std::make_shared<AnalyzeCommand>();
   CLI::App* sub = app.add_subcommand(
       "analyze", "Explain a step's trace (busy, idle, bubble, imbalance, critical path) and rank re-simulated fixes");
-  sub->add_option("input", c->input, "A run directory of pipeflow train, or a Chrome-trace JSON file")->required();
+  sub->add_option("inputs", c->inputs,
+                  "A run directory of pipeflow train, a Chrome-trace JSON file, or PyTorch profiler traces (one per "
+                  "rank: files, .json.gz, or folders of them)")
+      ->required();
+  sub->add_option("--step", c->step, "The ProfilerStep#N of PyTorch traces to analyse (default: the last in every rank's)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--html", c->html, "Also write a self-contained HTML report (timeline, tables, advice)");
   sub->add_flag("--json", c->json, "Print one JSON object instead of the summary");
   sub->callback([c] { run(*c); });

@@ -1,5 +1,7 @@
 #include "pipeflow/core/file.h"
 
+#include <zlib.h>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -131,6 +133,43 @@ std::string read_file(const std::filesystem::path& path, std::size_t max_bytes, 
     fail("{}: more than {} bytes, the limit for a {}: is it the right file?", path.string(), max_bytes, kind);
   }
   if (in.bad()) fail("cannot read {}: {}", path.string(), system_reason());
+  return content;
+}
+
+std::string read_file_inflated(const std::filesystem::path& path, std::size_t max_bytes, std::string_view kind) {
+  std::string packed = read_file(path, max_bytes, kind);
+  if (packed.size() < 2 || static_cast<unsigned char>(packed[0]) != 0x1f || static_cast<unsigned char>(packed[1]) != 0x8b) {
+    return packed;
+  }
+  z_stream stream{};
+  if (inflateInit2(&stream, 16 + MAX_WBITS) != Z_OK) fail("{}: cannot start gzip's inflater", path.string());
+  std::string content;
+  stream.next_in = reinterpret_cast<Bytef*>(packed.data());
+  stream.avail_in = static_cast<uInt>(packed.size());
+  constexpr std::size_t kChunk = std::size_t{1} << 16;
+  int status = Z_OK;
+  while (status != Z_STREAM_END && content.size() <= max_bytes) {
+    const std::size_t size = content.size();
+    content.resize(size + kChunk);
+    stream.next_out = reinterpret_cast<Bytef*>(content.data() + size);
+    stream.avail_out = static_cast<uInt>(kChunk);
+    status = inflate(&stream, Z_NO_FLUSH);
+    content.resize(size + kChunk - stream.avail_out);
+    if (status == Z_STREAM_END && stream.avail_in > 0) {  // gzip members one after another
+      status = inflateReset(&stream);
+      continue;
+    }
+    if (status != Z_OK && status != Z_STREAM_END) {
+      const std::string reason = stream.msg != nullptr ? stream.msg : (status == Z_BUF_ERROR ? "the stream ends early" : "damaged data");
+      inflateEnd(&stream);
+      fail("{}: not a whole gzip file ({}): is it truncated?", path.string(), reason);
+    }
+  }
+  inflateEnd(&stream);
+  if (content.size() > max_bytes) {
+    fail("{}: inflates to more than {} bytes, the limit for a {}: is it the right file?", path.string(), max_bytes,
+         kind);
+  }
   return content;
 }
 

@@ -422,6 +422,7 @@ Analysis analyze(const TraceInput& input) {
   a.title = t.title;
   a.time_unit = t.time_unit;
   a.num_ranks = t.num_ranks;
+  a.reading = input.reading;
   a.step_s = t.makespan_s();
   a.ranks = rank_usage(t);
   double busy = 0, fill_drain = 0, stall = 0, comm_wait = 0;
@@ -449,6 +450,11 @@ Analysis analyze(const TraceInput& input) {
     a.notes.push_back("no event names a pipeline action (args.action such as \"0F1\"): no stages, no critical path");
   }
   a.critical_path = critical_path(actions);
+  const std::vector<std::optional<double>>& measured = input.reading.peak_memory_bytes;
+  if (!measured.empty() && std::all_of(measured.begin(), measured.end(), [](auto p) { return p && *p > 0; })) {
+    const auto [low, high] = std::minmax_element(measured.begin(), measured.end());
+    a.memory_skew = **high / **low;
+  }
 
   if (!input.run) {
     a.notes.push_back(
@@ -461,25 +467,9 @@ Analysis analyze(const TraceInput& input) {
   a.theoretical_bubble = schedule_bubble(*a.baseline);
   for (const RankResult& r : a.baseline->result.ranks) a.peak_memory_bytes.push_back(r.peak_memory_bytes);
   const auto [low, high] = std::minmax_element(a.peak_memory_bytes.begin(), a.peak_memory_bytes.end());
-  if (*low > 0) a.memory_skew = *high / *low;
+  if (*low > 0 && measured.empty()) a.memory_skew = *high / *low;
   advise(a, sim);
   return a;
-}
-
-TraceInput load_trace_input(const std::filesystem::path& path) {
-  std::filesystem::path file = path;
-  if (std::filesystem::is_directory(path)) {
-    file = path / "trace.json";
-    if (!std::filesystem::exists(file)) {
-      fail("{} is a directory without trace.json: give a run directory of pipeflow train or a Chrome-trace file",
-           path.string());
-    }
-  }
-  TraceInput input;
-  input.source = file.string();
-  input.timeline = read_chrome_trace(read_file(file, kMaxTraceFileBytes, "Chrome trace"), input.source);
-  if (!input.timeline.run_metadata.is_null()) input.run = read_run_metadata(input.timeline.run_metadata, input.source);
-  return input;
 }
 
 }  // namespace pipeflow

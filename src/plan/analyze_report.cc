@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/plan/analyze.h"
@@ -44,8 +46,35 @@ std::vector<std::string> advice_row(std::size_t i, const Advice& advice) {
           format_bytes(advice.peak_memory_bytes)};
 }
 
-std::vector<std::string> summary_lines(const Analysis& a) {
+// How another program's trace was read: its format, the step and the others'.
+std::vector<std::string> reading_lines(const Analysis& a) {
+  const TraceReading& r = a.reading;
   std::vector<std::string> lines;
+  if (r.format.empty() || r.format == "pipeflow") return lines;
+  std::string step;
+  if (r.step) {
+    std::vector<double> spans = r.step_spans_s;
+    std::sort(spans.begin(), spans.end());
+    step = fmt::format("; step {} of the {} every rank has ({}..{}), their spans min {} / median {} / max {}", *r.step,
+                       r.steps.size(), r.steps.front(), r.steps.back(), format_seconds(spans.front()),
+                       format_seconds(spans[spans.size() / 2]), format_seconds(spans.back()));
+  }
+  lines.push_back(fmt::format("read as {}: {} file{}{}", r.format, r.files.size(), r.files.size() == 1 ? "" : "s",
+                              step));
+  std::vector<double> peaks;
+  for (const std::optional<double>& peak : r.peak_memory_bytes) {
+    if (peak) peaks.push_back(*peak);
+  }
+  if (!peaks.empty() && peaks.size() == r.peak_memory_bytes.size()) {
+    std::vector<std::string> shown;
+    for (double peak : peaks) shown.push_back(format_bytes(peak));
+    lines.push_back(fmt::format("peak memory per rank (measured, [memory] events): {}", fmt::join(shown, ", ")));
+  }
+  return lines;
+}
+
+std::vector<std::string> summary_lines(const Analysis& a) {
+  std::vector<std::string> lines = reading_lines(a);
   lines.push_back(fmt::format("step {} on {} ranks; bubble {}{}", duration(a, a.step_s), a.num_ranks,
                               format_percent(a.bubble),
                               a.theoretical_bubble
@@ -105,6 +134,7 @@ std::string analysis_text(const Analysis& a) {
                          format_bytes(advice.peak_memory_bytes));
     }
   }
+  for (const std::string& note : a.reading.notes) out += fmt::format("read: {}\n", note);
   for (const std::string& note : a.notes) out += fmt::format("note: {}\n", note);
   return out;
 }
@@ -155,6 +185,28 @@ std::string analysis_json(const Analysis& a) {
                               {"peak_memory_bytes", advice.peak_memory_bytes}});
   }
   json["notes"] = a.notes;
+  const TraceReading& r = a.reading;
+  nlohmann::ordered_json reading = {{"format", r.format}, {"files", r.files}};
+  if (r.step) {
+    reading["step"] = *r.step;
+    reading["steps"] = r.steps;
+    reading["step_spans_s"] = r.step_spans_s;
+  }
+  if (!r.clock_offset_s.empty()) {
+    reading["clock_offset_s"] = r.clock_offset_s;
+    // JSON has no infinity: an unbounded side is null.
+    const auto bound = [](double x) { return std::isfinite(x) ? nlohmann::ordered_json(x) : nullptr; };
+    reading["clock_window_s"] = nlohmann::ordered_json::array();
+    for (const auto& [lower, upper] : r.clock_window_s) reading["clock_window_s"].push_back({bound(lower), bound(upper)});
+  }
+  if (!r.peak_memory_bytes.empty()) {
+    reading["peak_memory_bytes"] = nlohmann::ordered_json::array();
+    for (const std::optional<double>& peak : r.peak_memory_bytes) {
+      reading["peak_memory_bytes"].push_back(peak ? nlohmann::ordered_json(*peak) : nullptr);
+    }
+  }
+  reading["notes"] = r.notes;
+  json["reading"] = std::move(reading);
   return json.dump(2) + "\n";
 }
 
@@ -209,6 +261,9 @@ std::string analysis_html(const Analysis& a, const Timeline& timeline) {
   std::vector<std::vector<std::string>> rank_rows;
   for (std::size_t r = 0; r < a.ranks.size(); ++r) rank_rows.push_back(rank_row(a, r));
   body += html_table("ranks", rank_header(), rank_rows);
+  for (const std::string& note : a.reading.notes) {
+    body += fmt::format("<p class=\"note\">read: {}</p>\n", xml_escape(note));
+  }
   for (const std::string& note : a.notes) body += fmt::format("<p class=\"note\">{}</p>\n", xml_escape(note));
   return fmt::format(
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>pipeflow analyze</title>\n"

@@ -115,4 +115,13 @@ Action parse_action(std::string_view text) {
                                  : fmt::format("unknown action type in \"{}\"", rest));
 }
 
+std::optional<Action> action_named(std::string_view name) {
+  if (name.empty() || name.front() < '0' || name.front() > '9') return std::nullopt;
+  try {
+    return parse_action(name);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace pipeflow

@@ -19,16 +19,6 @@ nlohmann::json metadata(std::string_view name, int tid, const std::string& value
   return {{"name", name}, {"ph", "M"}, {"pid", 0}, {"tid", tid}, {"args", {{"name", value}}}};
 }
 
-// PyTorch pipelining's action names ("0F1", "1SEND_B0") as event names.
-std::optional<Action> action_named(const std::string& name) {
-  if (name.empty() || name.front() < '0' || name.front() > '9') return std::nullopt;
-  try {
-    return parse_action(name);
-  } catch (const Error&) {
-    return std::nullopt;
-  }
-}
-
 bool is_event_category(const std::string& text) {
   try {
     parse_event_category(text);
@@ -99,7 +89,10 @@ std::string write_chrome_trace(const Timeline& timeline) {
 }
 
 Timeline read_chrome_trace(std::string_view text, const std::string& source) {
-  const nlohmann::json trace = parse_json(text, source);
+  return chrome_trace_timeline(parse_json(text, source), source);
+}
+
+Timeline chrome_trace_timeline(const nlohmann::json& trace, const std::string& source) {
   if (!trace.is_object() || !trace.contains("traceEvents") || !trace["traceEvents"].is_array()) {
     fail("{}: a Chrome trace is an object with a \"traceEvents\" list", source);
   }

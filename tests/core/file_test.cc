@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <filesystem>
 
@@ -175,6 +176,52 @@ TEST(File, ReadersRefuseFifosAndTheUnboundedOneDevices) {
     EXPECT_EQ(std::string(error.what()).rfind("/dev/zero: a device, not a file", 0), 0u) << error.what();
   }
   EXPECT_EQ(read_file("/dev/null", 10, "configuration"), "");
+}
+
+}  // namespace
+}  // namespace pipeflow
+
+namespace pipeflow {
+namespace {
+
+void write_gzip(const std::filesystem::path& path, const std::string& content) {
+  gzFile out = gzopen(path.c_str(), "wb");
+  ASSERT_NE(out, nullptr);
+  ASSERT_EQ(gzwrite(out, content.data(), static_cast<unsigned>(content.size())), static_cast<int>(content.size()));
+  ASSERT_EQ(gzclose(out), Z_OK);
+}
+
+std::string error_of_inflating(const std::filesystem::path& path, std::size_t limit) {
+  try {
+    read_file_inflated(path, limit, "trace");
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(File, AGzipFileIsInflatedAndAPlainOneReadAsItIs) {
+  const auto dir = fresh_dir();
+  const std::string text = R"({"traceEvents": []})";
+  write_gzip(dir / "t.json.gz", text);
+  EXPECT_EQ(read_file_inflated(dir / "t.json.gz", 1 << 20, "trace"), text);
+  write_file_atomic(dir / "plain.json", text);
+  EXPECT_EQ(read_file_inflated(dir / "plain.json", 1 << 20, "trace"), text);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(File, AGzipFileThatInflatesPastTheLimitOrIsCutShortIsAnError) {
+  const auto dir = fresh_dir();
+  write_gzip(dir / "bomb.gz", std::string(std::size_t{8} << 20, 'x'));  // 8 MiB of one byte: a few KiB packed
+  EXPECT_LT(std::filesystem::file_size(dir / "bomb.gz"), std::uintmax_t{64} << 10);
+  EXPECT_NE(error_of_inflating(dir / "bomb.gz", 1 << 20).find("inflates to more than 1048576 bytes, the limit for a trace"),
+            std::string::npos);
+  write_gzip(dir / "cut.gz", std::string(100000, 'y') + "the end");
+  std::string packed = read_file(dir / "cut.gz");
+  write_file_atomic(dir / "cut.gz", packed.substr(0, packed.size() / 2));
+  EXPECT_NE(error_of_inflating(dir / "cut.gz", 1 << 20).find("not a whole gzip file"), std::string::npos)
+      << error_of_inflating(dir / "cut.gz", 1 << 20);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -25,6 +25,13 @@ std::string read_file(const std::filesystem::path& path);
 // fails at once instead of exhausting memory.
 std::string read_file(const std::filesystem::path& path, std::size_t max_bytes, std::string_view kind);
 
+// read_file(path, max_bytes, kind), and a gzip file (one that starts with
+// gzip's magic bytes 1f 8b, whatever its name) inflated: `max_bytes` bounds
+// the inflated bytes too, so a small file that inflates without end fails
+// at the limit. Throws Error naming the path for a damaged or truncated
+// gzip stream.
+std::string read_file_inflated(const std::filesystem::path& path, std::size_t max_bytes, std::string_view kind);
+
 // The size limits of the files read with the bounded read_file, large enough
 // for any real file of the kind (the largest example configuration is 2 KB, a
 // Hugging Face config.json a few KB, a schedule of the largest size Schedule

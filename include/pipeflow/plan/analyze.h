@@ -22,20 +22,42 @@ namespace pipeflow {
 // them). The advice needs the run behind the trace: the run metadata that
 // `pipeflow train` and `pipeflow simulate` write into it (sim/run_metadata.h).
 
-// A trace and what it says about its run.
-struct TraceInput {
-  std::string source;  // the file read
-  Timeline timeline;
-  std::optional<RunMetadata> run;  // absent: the trace has no otherData.pipeflow
+// How a trace was read: what pipeflow's own traces need no word on, and
+// what another program's (a PyTorch profiler trace per rank) needs said.
+struct TraceReading {
+  std::string format;                  // "pipeflow", "PyTorch profiler (Kineto)", ...
+  std::vector<std::string> files;      // the files read
+  std::optional<int> step;             // the ProfilerStep taken
+  std::vector<int> steps;              // the steps every rank's trace has
+  std::vector<double> step_spans_s;    // per such step, its span over the ranks
+  std::vector<double> clock_offset_s;  // per rank, the shift that put the ranks on one clock
+  std::vector<std::pair<double, double>> clock_window_s;  // MergedTrace::clock_window_s
+  std::vector<std::optional<double>> peak_memory_bytes;  // per rank, measured
+  std::vector<std::string> notes;      // what was aligned, skipped, or could not be seen
 };
 
-// A Chrome trace is read up to this size.
-inline constexpr std::size_t kMaxTraceFileBytes = std::size_t{1} << 30;
+// A trace and what it says about its run.
+struct TraceInput {
+  std::string source;  // the file (or folder) read
+  Timeline timeline;
+  std::optional<RunMetadata> run;  // absent: the trace has no otherData.pipeflow
+  TraceReading reading;
+};
 
-// `path`: a Chrome-trace file, or a run directory of `pipeflow train` (its
-// trace.json). Throws Error naming the path for what is not there or not a
-// trace.
-TraceInput load_trace_input(const std::filesystem::path& path);
+// A trace file is read up to this size (inflated), and a folder up to this many files.
+inline constexpr std::size_t kMaxTraceFileBytes = std::size_t{1} << 30;
+inline constexpr std::size_t kMaxTraceFiles = 4096;
+
+struct TraceOptions {
+  std::optional<int> step;  // the ProfilerStep of a PyTorch trace; none: the last every rank has
+};
+
+// `paths`: a Chrome-trace file of pipeflow's, a run directory of `pipeflow
+// train` (its trace.json), or PyTorch profiler traces, one per rank (files,
+// .json.gz too, or folders of them; torch_trace.h). The format is told by the
+// content, not the name. Throws Error naming the path for what is not there
+// or not a trace, and for a mix of formats.
+TraceInput load_trace_input(const std::vector<std::filesystem::path>& paths, const TraceOptions& options = {});
 
 // Where one rank's step went. busy + comm + wait + flush + idle = the step
 // (the timeline's makespan); idle + wait = fill + stall + drain.
@@ -101,11 +123,12 @@ struct Analysis {
   // mean stage's and free messages (GPipe's and 1F1B's (p−1)/(m+p−1)).
   std::optional<double> theoretical_bubble;
   std::vector<double> peak_memory_bytes;  // per rank, the re-simulation's
-  double memory_skew = 1;                 // largest over smallest
+  double memory_skew = 1;                 // largest over smallest: measured where the trace has it
   // Highest gain first. A change whose peak memory exceeds both the
   // device's and the run's is not advice but a note.
   std::vector<Advice> advice;
   std::vector<std::string> notes;  // what could not be done, and why
+  TraceReading reading;            // the input's
 };
 
 // Analyses `input`. Throws Error for a timeline without events, or run

@@ -92,6 +92,10 @@ std::string to_string(const Action& action);
 // micro-batch is an error here too. Errors are pipeflow::Error naming the token.
 Action parse_action(std::string_view token);
 
+// The action `name` is in that text form, if it is one (a label of another
+// program's trace: "0F1", "1SEND_B0"); none for any other name.
+std::optional<Action> action_named(std::string_view name);
+
 }  // namespace pipeflow
 
 template <>

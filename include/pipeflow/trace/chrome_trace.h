@@ -3,6 +3,8 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "pipeflow/trace/event.h"
 
 namespace pipeflow {
@@ -24,5 +26,7 @@ std::string write_chrome_trace(const Timeline& timeline);
 // action, and a "cat" that is none of pipeflow's categories is then taken
 // from the action's kind (tid must still be the pipeline rank).
 Timeline read_chrome_trace(std::string_view text, const std::string& source);
+// The same, of a trace already parsed.
+Timeline chrome_trace_timeline(const nlohmann::json& trace, const std::string& source);
 
 }  // namespace pipeflow

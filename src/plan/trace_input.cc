@@ -1,0 +1,137 @@
+// load_trace_input: the files a user points `analyze` at, told apart by
+// their content, read into one timeline.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+#include "pipeflow/core/json.h"
+#include "pipeflow/plan/analyze.h"
+#include "pipeflow/trace/chrome_trace.h"
+#include "pipeflow/trace/torch_trace.h"
+
+namespace pipeflow {
+namespace {
+
+namespace fs = std::filesystem;
+
+// How deep a folder of traces is searched: Ascend's sit two folders down
+// (*_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json).
+constexpr int kMaxFolderDepth = 4;
+
+bool named_like_a_trace(const fs::path& file) {
+  const std::string name = file.filename().string();
+  return name.ends_with(".json") || name.ends_with(".json.gz");
+}
+
+// A file given, or one found in a folder given.
+struct Candidate {
+  fs::path path;
+  bool named = false;  // given by the user, not found in a folder
+};
+
+std::vector<Candidate> candidates(const std::vector<fs::path>& paths) {
+  std::vector<Candidate> out;
+  for (const fs::path& path : paths) {
+    std::error_code error;
+    if (!fs::exists(path, error)) fail("{}: no such file or folder", path.string());
+    if (!fs::is_directory(path, error)) {
+      out.push_back({path, true});
+      continue;
+    }
+    if (fs::exists(path / "trace.json")) {  // a run directory of pipeflow train
+      out.push_back({path / "trace.json", true});
+      continue;
+    }
+    std::vector<fs::path> found;
+    std::size_t seen = 0;
+    for (auto it = fs::recursive_directory_iterator(path, fs::directory_options::skip_permission_denied, error);
+         it != fs::recursive_directory_iterator(); it.increment(error)) {
+      if (error) fail("{}: cannot list it: {}", path.string(), error.message());
+      if (++seen > 16 * kMaxTraceFiles) {
+        fail("{}: more than {} entries: give the folder of one job's traces", path.string(), 16 * kMaxTraceFiles);
+      }
+      if (it.depth() >= kMaxFolderDepth) it.disable_recursion_pending();
+      if (it->is_regular_file(error) && named_like_a_trace(it->path())) found.push_back(it->path());
+    }
+    if (found.empty()) {
+      fail("{}: a folder without trace.json (a pipeflow run) and without *.json or *.json.gz traces", path.string());
+    }
+    std::sort(found.begin(), found.end());
+    for (fs::path& f : found) out.push_back({std::move(f), false});
+  }
+  if (out.size() > kMaxTraceFiles) {
+    fail("{} files to read: analyze reads at most {} (one job's traces)", out.size(), kMaxTraceFiles);
+  }
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& items) {
+  return items.size() <= 3 ? fmt::format("{}", fmt::join(items, ", "))
+                           : fmt::format("{}, ... ({} files)", fmt::join(items.begin(), items.begin() + 2, ", "),
+                                         items.size());
+}
+
+}  // namespace
+
+TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptions& options) {
+  if (paths.empty()) fail("analyze needs a trace: a file, a run directory of pipeflow train, or a folder of traces");
+  TraceInput input;
+  std::vector<RankTrace> ranks;
+  std::optional<std::string> own;  // a pipeflow trace's file
+  for (const Candidate& c : candidates(paths)) {
+    const std::string source = c.path.string();
+    const nlohmann::json trace =
+        parse_json(read_file_inflated(c.path, kMaxTraceFileBytes, "trace"), source);
+    if (is_torch_trace(trace)) {
+      ranks.push_back(read_torch_trace(trace, source, rank_in_file_name(c.path.filename().string())));
+      input.reading.files.push_back(source);
+    } else if (trace.is_object() && trace.contains("traceEvents")) {
+      if (own) fail("{} and {}: analyze reads one pipeflow trace at a time", *own, source);
+      input.timeline = chrome_trace_timeline(trace, source);
+      own = source;
+      input.reading.files.push_back(source);
+    } else if (c.named) {
+      fail("{}: not a trace: neither a Chrome trace (an object with \"traceEvents\") nor a PyTorch profiler trace",
+           source);
+    } else {
+      input.reading.notes.push_back(fmt::format("skipped {}: not a trace", source));
+    }
+  }
+  if (own && !ranks.empty()) {
+    fail("{} is pipeflow's trace and {} a PyTorch profiler's: analyze one job at a time", *own, ranks.front().source);
+  }
+  if (own) {
+    input.source = *own;
+    input.reading.format = "pipeflow";
+    if (options.step) fail("--step {}: a pipeflow trace holds one step; --step picks one of a PyTorch trace's", *options.step);
+    if (!input.timeline.run_metadata.is_null()) input.run = read_run_metadata(input.timeline.run_metadata, input.source);
+    return input;
+  }
+  if (ranks.empty()) {
+    std::vector<std::string> given;
+    for (const fs::path& p : paths) given.push_back(p.string());
+    fail("{}: no trace among the files", fmt::join(given, ", "));
+  }
+  std::string layout = ranks.front().layout;
+  for (const RankTrace& r : ranks) {
+    if (r.layout != layout) layout = "mixed layouts";
+  }
+  MergedTrace merged = merge_rank_traces(std::move(ranks), options.step);
+  input.source = paths.size() == 1 ? paths.front().string() : joined(input.reading.files);
+  input.timeline = std::move(merged.timeline);
+  TraceReading& r = input.reading;
+  r.format = fmt::format("PyTorch profiler ({})", layout);
+  r.step = merged.step;
+  r.steps = std::move(merged.steps);
+  r.step_spans_s = std::move(merged.step_spans_s);
+  r.clock_offset_s = std::move(merged.clock_offset_s);
+  r.clock_window_s = std::move(merged.clock_window_s);
+  r.peak_memory_bytes = std::move(merged.peak_memory_bytes);
+  r.notes.insert(r.notes.end(), merged.notes.begin(), merged.notes.end());
+  return input;
+}
+
+}  // namespace pipeflow

@@ -1,0 +1,123 @@
+// analyze on PyTorch profiler traces of a real two-process pipeline
+// (tests/data/traces/, made by tools/make_torch_traces.py), against the
+// truth the run measured itself (truth.json beside them).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+#include "pipeflow/plan/analyze.h"
+
+namespace pipeflow {
+namespace {
+
+std::filesystem::path sample(const std::string& name) {
+  return std::filesystem::path(PIPEFLOW_SOURCE_DIR) / "tests" / "data" / "traces" / name;
+}
+
+nlohmann::json truth(const std::string& name) { return nlohmann::json::parse(read_file(sample(name) / "truth.json")); }
+
+const nlohmann::json& truth_step(const nlohmann::json& t, int step) {
+  for (const nlohmann::json& s : t["steps"]) {
+    if (s["step"] == step) return s;
+  }
+  throw std::runtime_error("no such step in truth.json");
+}
+
+class TorchTraceSample : public testing::TestWithParam<std::string> {};
+
+TEST_P(TorchTraceSample, AnalyzeRecoversTheActionsTheStepTheBubbleAndTheSlowStage) {
+  const nlohmann::json t = truth(GetParam());
+  const TraceInput input = load_trace_input({sample(GetParam())});
+  const Analysis a = analyze(input);
+  ASSERT_EQ(a.num_ranks, 2);
+  ASSERT_TRUE(a.reading.step);
+  EXPECT_EQ(a.reading.steps, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(*a.reading.step, 2);  // the last every rank has
+  const nlohmann::json& s = truth_step(t, *a.reading.step);
+
+  // Every labelled action of the step, on its rank.
+  for (int r = 0; r < 2; ++r) {
+    std::multiset<std::string> expected, read;
+    for (const nlohmann::json& action : s["actions"][r]) {
+      const std::string label = action["action"];
+      if (!label.starts_with("Optimizer")) expected.insert(label);
+    }
+    for (const TraceEvent& e : input.timeline.events) {
+      if (e.rank.value() == r && e.action && e.category != EventCategory::kWait) read.insert(e.name);
+    }
+    EXPECT_EQ(read, expected) << "rank " << r;
+  }
+  // The step (first action to the optimizer's end) and the bubble.
+  EXPECT_NEAR(a.step_s, s["span_us"].get<double>() * 1e-6, 0.02 * a.step_s);
+  EXPECT_NEAR(a.bubble, s["bubble"].get<double>(), 0.02);
+  // The slow stage built in: stage 1 holds twice stage 0's layers.
+  ASSERT_EQ(a.stage_compute_s.size(), 2u);
+  EXPECT_GT(a.stage_compute_s[1], 1.2 * a.stage_compute_s[0]);
+  EXPECT_EQ(t["slow_stage"], 1);
+  // The spans of the other steps are there for min / median / max.
+  EXPECT_EQ(a.reading.step_spans_s.size(), 3u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Samples, TorchTraceSample, testing::Values("torch-1f1b", "torch-gpipe", "kineto-1f1b"));
+
+TEST(TorchTraceSample, TheLegacyProfilersClocksAreAlignedToWhatTheRunMeasured) {
+  // The legacy profiler counts from each process's own start: the ranks' clocks differ by the
+  // time between their starts, which the run measured on one wall clock.
+  for (const std::string name : {"torch-1f1b", "torch-gpipe"}) {
+    const nlohmann::json t = truth(name);
+    const double truth_s = (t["clock_offset_us"][0].get<double>() - t["clock_offset_us"][1].get<double>()) * -1e-6;
+    const TraceInput input = load_trace_input({sample(name)});
+    ASSERT_EQ(input.reading.clock_window_s.size(), 2u);
+    const auto [lower, upper] = input.reading.clock_window_s[1];
+    EXPECT_LE(lower, truth_s) << name;
+    EXPECT_GE(upper, truth_s) << name;
+    if (name == "torch-1f1b") {  // labelled sends and receives: a window of a few hundred microseconds
+      EXPECT_NEAR(input.reading.clock_offset_s[1], truth_s, 300e-6);
+    }
+  }
+  // Kineto's ts are on one wall clock (after baseTimeNanoseconds): no shift.
+  const TraceInput kineto = load_trace_input({sample("kineto-1f1b")});
+  EXPECT_EQ(kineto.reading.clock_offset_s, (std::vector<double>{0.0, 0.0}));
+  EXPECT_EQ(kineto.reading.format, "PyTorch profiler (Kineto)");
+}
+
+TEST(TorchTraceSample, FilesGivenOneByOneAndAnEarlierStep) {
+  const std::filesystem::path dir = sample("torch-gpipe");
+  const TraceInput input = load_trace_input({dir / "rank-1.json.gz", dir / "rank-0.json.gz"}, TraceOptions{0});
+  EXPECT_EQ(input.reading.step, 0);
+  EXPECT_EQ(input.reading.format, "PyTorch profiler (legacy profiler)");
+  EXPECT_EQ(input.reading.files.size(), 2u);
+  const Analysis a = analyze(input);
+  EXPECT_NEAR(a.bubble, truth_step(truth("torch-gpipe"), 0)["bubble"].get<double>(), 0.02);
+}
+
+TEST(TorchTraceSample, ANonTraceFileNamedByTheUserIsAnErrorAndOneInAFolderIsSkipped) {
+  EXPECT_THROW(load_trace_input({sample("torch-1f1b") / "truth.json"}), Error);
+  const TraceInput input = load_trace_input({sample("torch-1f1b")});
+  ASSERT_FALSE(input.reading.notes.empty());
+  EXPECT_NE(input.reading.notes.front().find("truth.json: not a trace"), std::string::npos);
+}
+
+TEST(TorchTraceSample, OneRanksTraceAloneIsNotAPipeline) {
+  try {
+    load_trace_input({sample("torch-1f1b") / "rank1_trace.json"});
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("no trace of pipeline rank 0"), std::string::npos) << error.what();
+  }
+}
+
+TEST(TorchTraceSample, APipeflowTraceAndAPyTorchTraceTogetherAreRefused) {
+  const std::filesystem::path own = std::filesystem::temp_directory_path() / "pipeflow_trace_input_test.json";
+  write_file_atomic(own, R"({"traceEvents":[{"name":"0F0","ph":"X","tid":0,"ts":0,"dur":1}]})");
+  EXPECT_THROW(load_trace_input({own, sample("torch-1f1b")}), Error);
+  std::filesystem::remove(own);
+}
+
+}  // namespace
+}  // namespace pipeflow
