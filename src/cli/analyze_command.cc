@@ -16,6 +16,7 @@ namespace {
 struct AnalyzeCommand {
   std::vector<std::string> inputs;
   std::optional<int> step;
+  std::string config;
   std::string html;
   bool json = false;
 };
@@ -27,7 +28,9 @@ void run(const AnalyzeCommand& command) {
                        {{"the trace", input}, {"the trace", std::filesystem::path(input) / "trace.json"}});
     paths.emplace_back(input);
   }
-  const TraceInput input = load_trace_input(paths, TraceOptions{command.step});
+  TraceOptions options{command.step, std::nullopt};
+  if (!command.config.empty()) options.config = command.config;
+  const TraceInput input = load_trace_input(paths, options);
   const Analysis analysis = analyze(input);
   if (!command.html.empty()) write_output(analysis_html(analysis, input.timeline), command.html);
   write_output(command.json ? analysis_json(analysis) : analysis_text(analysis), "");
@@ -45,6 +48,9 @@ void add_analyze_command(CLI::App& app) {
       ->required();
   sub->add_option("--step", c->step, "The ProfilerStep#N of PyTorch traces to analyse (default: the last in every rank's)")
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--config", c->config,
+                  "The run behind a trace without pipeflow's run metadata (a PyTorch job's), as a pipeflow "
+                  "configuration: the advice re-simulates it with the trace's measured durations");
   sub->add_option("--html", c->html, "Also write a self-contained HTML report (timeline, tables, advice)");
   sub->add_flag("--json", c->json, "Print one JSON object instead of the summary");
   sub->callback([c] { run(*c); });

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <numeric>
 
@@ -11,6 +12,7 @@
 #include "pipeflow/core/units.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/sim/cost_model.h"
+#include "pipeflow/sim/run_metadata.h"
 #include "pipeflow/trace/chrome_trace.h"
 
 namespace pipeflow {
@@ -332,6 +334,10 @@ Resimulator::Resimulator(const RunMetadata& run) : layout_(layout_of(resolve(run
     for (const StageCosts& s : modelled.costs.stages) model += s.duration(kind);
     scale_.push_back(model > 0 ? measured / model : 1.0);
   }
+  double measured_optimizer = 0, model_optimizer = 0;
+  for (const ProfiledStage& s : run.costs.stages) measured_optimizer += s.costs.optimizer_s;
+  for (const StageCosts& s : modelled.costs.stages) model_optimizer += s.optimizer_s;
+  optimizer_scale_ = model_optimizer > 0 ? measured_optimizer / model_optimizer : 1.0;
   // A run with full backwards measured no I or W: a split backward takes B's calibration.
   measured_split_ = scale_[kind_index(ActionKind::kBackwardInput)] > 0;
   if (!measured_split_) {
@@ -353,6 +359,7 @@ Prediction Resimulator::predict(const Layout& changed) const {
   for (const StageCosts& stage : modelled.costs.stages) {
     ProfiledStage s{stage, {}};
     for (ActionKind kind : kComputeKinds) s.costs.set_duration(kind, stage.duration(kind) * scale_[kind_index(kind)]);
+    s.set_measured(&StageCosts::optimizer_s, stage.optimizer_s * optimizer_scale_);
     scaled.stages.push_back(std::move(s));
   }
   return pipeflow::predict(changed, &scaled);
@@ -412,6 +419,55 @@ void advise(Analysis& a, const Resimulator& sim) {
 
 }  // namespace
 
+RunMetadata measured_run(const RunConfig& config, const Timeline& timeline, const std::string& source) {
+  const Layout layout = layout_of(resolve(config));
+  const Schedule schedule = layout_schedule(layout);
+  const LayoutCosts modelled = layout_costs(layout, schedule);
+  const int stages = static_cast<int>(modelled.costs.stages.size());
+  // Per stage and compute kind: the durations' sum and the micro-batches seen.
+  std::vector<std::array<double, 4>> sum(stages, {0, 0, 0, 0});
+  std::vector<std::array<int, 4>> count(stages, {0, 0, 0, 0});
+  int trace_stages = 0, microbatches = 0;
+  for (const TraceEvent& e : timeline.events) {
+    if (!e.action || !is_compute(e.action->kind) || e.category == EventCategory::kWait) continue;
+    const int s = e.action->stage.value();
+    trace_stages = std::max(trace_stages, s + 1);
+    if (s == 0 && e.action->kind == ActionKind::kForward) ++microbatches;
+    if (s >= stages) continue;
+    sum[s][kind_index(e.action->kind)] += e.duration_s;
+    ++count[s][kind_index(e.action->kind)];
+  }
+  const int config_microbatches = schedule.num_microbatches();
+  if (trace_stages != stages || microbatches != config_microbatches) {
+    fail("{}: the configuration runs {} stages ({} ranks x {} chunks) and {} micro-batches, the trace {} stages and "
+         "{} micro-batches: set pipeline.stages, virtual_stages and the batch sizes to the run's",
+         source, stages, layout.pipeline_ranks, layout.chunks, config_microbatches, trace_stages, microbatches);
+  }
+  // The optimizer's time per rank, shared by the rank's stages.
+  std::vector<double> optimizer_by_rank(timeline.num_ranks, 0.0);
+  std::vector<int> stages_on_rank(timeline.num_ranks, 0);
+  std::vector<int> rank_of_stage(stages, -1);
+  for (const TraceEvent& e : timeline.events) {
+    if (e.category == EventCategory::kOptimizer) optimizer_by_rank[e.rank.value()] += e.duration_s;
+    if (e.action && rank_of_stage[e.action->stage.value()] < 0) {
+      rank_of_stage[e.action->stage.value()] = e.rank.value();
+      ++stages_on_rank[e.rank.value()];
+    }
+  }
+  MeasuredProfile profile =
+      profile_of_costs(modelled.costs, source + ": durations measured in the trace, the rest the cost model's");
+  for (int s = 0; s < stages; ++s) {
+    StageCosts& costs = profile.stages[s].costs;
+    for (ActionKind kind : kComputeKinds) {
+      const std::size_t k = kind_index(kind);
+      costs.set_duration(kind, count[s][k] > 0 ? sum[s][k] / count[s][k] : 0.0);
+    }
+    const int rank = rank_of_stage[s];
+    if (rank >= 0 && optimizer_by_rank[rank] > 0) costs.optimizer_s = optimizer_by_rank[rank] / stages_on_rank[rank];
+  }
+  return RunMetadata{"pipeflow analyze --config", config, std::move(profile), true};
+}
+
 Analysis analyze(const TraceInput& input) {
   const Timeline& t = input.timeline;
   if (t.events.empty() || t.num_ranks < 1) {
@@ -451,7 +507,9 @@ Analysis analyze(const TraceInput& input) {
   }
   a.critical_path = critical_path(actions);
   const std::vector<std::optional<double>>& measured = input.reading.peak_memory_bytes;
-  if (!measured.empty() && std::all_of(measured.begin(), measured.end(), [](auto p) { return p && *p > 0; })) {
+  const bool memory_measured =
+      !measured.empty() && std::all_of(measured.begin(), measured.end(), [](auto p) { return p && *p > 0; });
+  if (memory_measured) {
     const auto [low, high] = std::minmax_element(measured.begin(), measured.end());
     a.memory_skew = **high / **low;
   }
@@ -459,7 +517,7 @@ Analysis analyze(const TraceInput& input) {
   if (!input.run) {
     a.notes.push_back(
         "the trace carries no run metadata (otherData.pipeflow, written by pipeflow train and simulate): no "
-        "re-simulation, no advice");
+        "re-simulation, no advice; give the run's layout with --config (a pipeflow configuration)");
     return a;
   }
   const Resimulator sim(*input.run);
@@ -467,7 +525,7 @@ Analysis analyze(const TraceInput& input) {
   a.theoretical_bubble = schedule_bubble(*a.baseline);
   for (const RankResult& r : a.baseline->result.ranks) a.peak_memory_bytes.push_back(r.peak_memory_bytes);
   const auto [low, high] = std::minmax_element(a.peak_memory_bytes.begin(), a.peak_memory_bytes.end());
-  if (*low > 0 && measured.empty()) a.memory_skew = *high / *low;
+  if (*low > 0 && !memory_measured) a.memory_skew = *high / *low;
   advise(a, sim);
   return a;
 }

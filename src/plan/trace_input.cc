@@ -107,7 +107,16 @@ TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptio
     input.source = *own;
     input.reading.format = "pipeflow";
     if (options.step) fail("--step {}: a pipeflow trace holds one step; --step picks one of a PyTorch trace's", *options.step);
-    if (!input.timeline.run_metadata.is_null()) input.run = read_run_metadata(input.timeline.run_metadata, input.source);
+    if (!input.timeline.run_metadata.is_null()) {
+      if (options.config) {
+        fail("--config {}: {} carries its run (otherData.pipeflow), which the advice re-simulates; --config is for "
+             "traces without one",
+             options.config->string(), input.source);
+      }
+      input.run = read_run_metadata(input.timeline.run_metadata, input.source);
+    } else if (options.config) {
+      input.run = measured_run(load_run_config(*options.config), input.timeline, options.config->string());
+    }
     return input;
   }
   if (ranks.empty()) {
@@ -131,6 +140,9 @@ TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptio
   r.clock_window_s = std::move(merged.clock_window_s);
   r.peak_memory_bytes = std::move(merged.peak_memory_bytes);
   r.notes.insert(r.notes.end(), merged.notes.begin(), merged.notes.end());
+  if (options.config) {
+    input.run = measured_run(load_run_config(*options.config), input.timeline, options.config->string());
+  }
   return input;
 }
 

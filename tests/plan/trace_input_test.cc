@@ -88,7 +88,7 @@ TEST(TorchTraceSample, TheLegacyProfilersClocksAreAlignedToWhatTheRunMeasured) {
 
 TEST(TorchTraceSample, FilesGivenOneByOneAndAnEarlierStep) {
   const std::filesystem::path dir = sample("torch-gpipe");
-  const TraceInput input = load_trace_input({dir / "rank-1.json.gz", dir / "rank-0.json.gz"}, TraceOptions{0});
+  const TraceInput input = load_trace_input({dir / "rank-1.json.gz", dir / "rank-0.json.gz"}, TraceOptions{0, std::nullopt});
   EXPECT_EQ(input.reading.step, 0);
   EXPECT_EQ(input.reading.format, "PyTorch profiler (legacy profiler)");
   EXPECT_EQ(input.reading.files.size(), 2u);
@@ -117,6 +117,45 @@ TEST(TorchTraceSample, APipeflowTraceAndAPyTorchTraceTogetherAreRefused) {
   write_file_atomic(own, R"({"traceEvents":[{"name":"0F0","ph":"X","tid":0,"ts":0,"dur":1}]})");
   EXPECT_THROW(load_trace_input({own, sample("torch-1f1b")}), Error);
   std::filesystem::remove(own);
+}
+
+}  // namespace
+}  // namespace pipeflow
+
+namespace pipeflow {
+namespace {
+
+TEST(TorchTraceSample, WithTheRunsConfigurationTheAdviceRebalancesTheSlowStage) {
+  const std::filesystem::path config = sample("torch-pipeline.json");  // the run's layout: 2 blocks | 4 blocks
+  TraceOptions options;
+  options.config = config;
+  const Analysis a = analyze(load_trace_input({sample("torch-1f1b")}, options));
+  ASSERT_TRUE(a.baseline);
+  // The re-simulation runs on the measured durations: its compute per stage is the trace's.
+  ASSERT_FALSE(a.advice.empty());
+  EXPECT_EQ(a.advice.front().kind, "partition");
+  EXPECT_GT(a.advice.front().gain, 0.05);
+  EXPECT_EQ(a.advice.front().details.front(), "stage 0: embedding..block.1 -> embedding..block.2");
+}
+
+TEST(TorchTraceSample, AConfigurationOfAnotherShapeIsRefusedNamingBoth) {
+  const std::filesystem::path config = std::filesystem::temp_directory_path() / "pipeflow_trace_input_4stage.json";
+  std::string text = read_file(sample("torch-pipeline.json"));
+  text.replace(text.find("\"stages\": 2"), 11, "\"stages\": 4");
+  text.replace(text.find("counts:3,5"), 10, "uniform");
+  write_file_atomic(config, text);
+  TraceOptions options;
+  options.config = config;
+  try {
+    load_trace_input({sample("torch-1f1b")}, options);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("the configuration runs 4 stages (4 ranks x 1 chunks) and 4 micro-batches, "
+                                             "the trace 2 stages and 4 micro-batches"),
+              std::string::npos)
+        << error.what();
+  }
+  std::filesystem::remove(config);
 }
 
 }  // namespace

@@ -50,6 +50,9 @@ inline constexpr std::size_t kMaxTraceFiles = 4096;
 
 struct TraceOptions {
   std::optional<int> step;  // the ProfilerStep of a PyTorch trace; none: the last every rank has
+  // The run behind another program's trace, as a pipeflow configuration
+  // (measured_run): what the advice re-simulates. A pipeflow trace carries its own.
+  std::optional<std::filesystem::path> config;
 };
 
 // `paths`: a Chrome-trace file of pipeflow's, a run directory of `pipeflow
@@ -131,6 +134,13 @@ struct Analysis {
   TraceReading reading;            // the input's
 };
 
+// The run a configuration describes, with the durations of the trace's
+// actions measured: per stage and kind (F, B, I, W), the mean over its
+// micro-batches; the rest (memory, messages, the link) the cost model's.
+// Throws Error naming `source` when the configuration's stages or
+// micro-batches are not the trace's.
+RunMetadata measured_run(const RunConfig& config, const Timeline& timeline, const std::string& source);
+
 // Analyses `input`. Throws Error for a timeline without events, or run
 // metadata whose configuration does not resolve.
 Analysis analyze(const TraceInput& input);
@@ -139,7 +149,8 @@ Analysis analyze(const TraceInput& input);
 // model, or the measured costs when the trace has them. A changed partition,
 // or a split backward (I, W) where the run measured full ones, takes the
 // cost model's durations scaled by the measured over modelled total of each
-// action kind (I and W by B's when the run had none).
+// action kind (I and W by B's when the run had none), and its optimizer
+// steps by the optimizer's.
 class Resimulator {
  public:
   explicit Resimulator(const RunMetadata& run);
@@ -151,6 +162,7 @@ class Resimulator {
   std::optional<MeasuredProfile> measured_;
   std::vector<int> boundaries_;  // the run's partition
   std::vector<double> scale_;    // per compute kind F, B, I, W: measured / modelled
+  double optimizer_scale_ = 1;   // the optimizer step's, measured / modelled
   bool measured_split_ = false;  // the run measured I and W
 };
 
