@@ -84,33 +84,16 @@ RunConfig megatron_run(const std::string& text_or_file, const RunFlags& flags) {
       read_megatron_args(file ? read_file(text_or_file, kMaxConfigFileBytes, "Megatron-LM arguments") : text_or_file,
                          source);
   const RunOverrides given = flags.overrides();
-  if (given.has("model")) fail("--model: the Megatron-LM arguments give the model; leave --model out");
-  for (const auto& [path, value] : given.values()) args.overrides.set(path, value);
-  const int tp = args.overrides.find("tensor_parallel")->get<int>();
-  const int pp = args.overrides.find("pipeline.stages")->get<int>();
-  if (given.has("devices") && !given.has("data_parallel")) {
-    const int devices = given.find("devices")->get<int>();
-    if (devices % (tp * pp) != 0) {
-      fail("--devices {}: Megatron-LM needs a world of a multiple of tensor x pipeline = {} x {} = {} devices",
-           devices, tp, pp, tp * pp);
-    }
-    args.overrides.set("data_parallel", devices / (tp * pp));
-  } else if (!given.has("devices") && !given.has("data_parallel")) {
-    args.overrides.set("devices", tp * pp);
-    fmt::print(stderr, "{}: one replica ({} devices = tensor {} x pipeline {}); give --devices for Megatron's world "
-                       "size\n",
-               source, tp * pp, tp, pp);
+  if (!given.has("devices") && !given.has("data_parallel")) {
+    fmt::print(stderr, "{}: one replica (tensor x pipeline devices); give --devices for Megatron's world size\n",
+               source);
   }
-  RunConfig config = default_run_config(args.overrides);
-  config.model = args.model;
-  config.model_source = "inline";
-  config.source = source;
   if (!args.not_modelled.empty()) {
     std::string list;
     for (const std::string& name : args.not_modelled) list += (list.empty() ? "" : ", ") + name;
     fmt::print(stderr, "{}: read, not modelled: {}\n", source, list);
   }
-  return config;
+  return megatron_run_config(std::move(args), given, source);
 }
 
 void run(const SimulateCommand& command) {

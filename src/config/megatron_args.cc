@@ -271,4 +271,26 @@ MegatronArgs read_megatron_args(std::string_view text, const std::string& source
   return out;
 }
 
+RunConfig megatron_run_config(MegatronArgs args, const RunOverrides& given, const std::string& source) {
+  if (given.has("model")) fail("--model: the Megatron-LM arguments give the model; leave --model out");
+  for (const auto& [path, value] : given.values()) args.overrides.set(path, value);
+  const int tp = args.overrides.find("tensor_parallel")->get<int>();
+  const int pp = args.overrides.find("pipeline.stages")->get<int>();
+  if (given.has("devices") && !given.has("data_parallel")) {
+    const int devices = given.find("devices")->get<int>();
+    if (devices % (tp * pp) != 0) {
+      fail("{}: {} devices: Megatron-LM needs a world of a multiple of tensor x pipeline = {} x {} = {} devices",
+           source, devices, tp, pp, tp * pp);
+    }
+    args.overrides.set("data_parallel", devices / (tp * pp));
+  } else if (!given.has("devices") && !given.has("data_parallel")) {
+    args.overrides.set("devices", tp * pp);
+  }
+  RunConfig config = default_run_config(args.overrides);
+  config.model = args.model;
+  config.model_source = "inline";
+  config.source = source;
+  return config;
+}
+
 }  // namespace pipeflow

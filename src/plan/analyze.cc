@@ -209,6 +209,17 @@ bool splits_backward(const Schedule& schedule) {
 
 // ---- advice ----
 
+// The slowest stage's F + B over the mean, in a prediction's costs.
+double modelled_imbalance(const Prediction& p) {
+  double slowest = 0, sum = 0;
+  for (const StageCosts& s : p.costs.costs.stages) {
+    const double compute = s.forward_s + s.backward_s + s.backward_input_s + s.backward_weight_s;
+    slowest = std::max(slowest, compute);
+    sum += compute;
+  }
+  return sum > 0 ? slowest * static_cast<double>(p.costs.costs.stages.size()) / sum : 1.0;
+}
+
 struct Candidate {
   std::string kind, finding, change;
   std::vector<std::string> details;
@@ -244,7 +255,12 @@ std::vector<Candidate> candidates(const Analysis& a, const Layout& run, int m) {
     const Partition after = layout_costs(changed, base.schedule).partition;
     if (after.boundaries != before.boundaries) {
       Candidate c{"partition",
-                  fmt::format("stage imbalance {:.2f} (the slowest stage's compute over the mean)", a.imbalance),
+                  a.stage_compute_s.empty()
+                      ? fmt::format("the re-simulated stages' imbalance {:.2f} (the input does not show every "
+                                    "stage's compute)",
+                                    modelled_imbalance(base))
+                      : fmt::format("stage imbalance {:.2f} (the slowest stage's compute over the mean)",
+                                    a.imbalance),
                   "pipeline.partition_method \"balanced\" (--partition balanced)",
                   {},
                   changed};
@@ -268,8 +284,11 @@ std::vector<Candidate> candidates(const Analysis& a, const Layout& run, int m) {
     }
     if (schedule_runs(changed.schedule, p, 2 * m, changed.chunks)) {
       out.push_back({"microbatches",
-                     fmt::format("fill and drain idle {} of the step with {} micro-batches on {} stages",
-                                 format_percent(a.fill_drain_share), m, p),
+                     a.idle_by_phase ? fmt::format("fill and drain idle {} of the step with {} micro-batches on {} "
+                                                   "stages",
+                                                   format_percent(a.fill_drain_share), m, p)
+                                     : fmt::format("bubble {} with {} micro-batches on {} stages",
+                                                   format_percent(a.bubble), m, p),
                      change, {}, changed});
     }
   }
@@ -419,68 +438,108 @@ void advise(Analysis& a, const Resimulator& sim) {
 
 }  // namespace
 
-RunMetadata measured_run(const RunConfig& config, const Timeline& timeline, const std::string& source) {
+RunMetadata measured_run(const RunConfig& config, const std::vector<MeasuredStage>& stages,
+                         const std::string& source) {
   const Layout layout = layout_of(resolve(config));
   const Schedule schedule = layout_schedule(layout);
   const LayoutCosts modelled = layout_costs(layout, schedule);
-  const int stages = static_cast<int>(modelled.costs.stages.size());
+  if (stages.size() != modelled.costs.stages.size()) {
+    fail("{}: the configuration runs {} stages ({} ranks x {} chunks), the trace {}: set pipeline.stages and "
+         "virtual_stages to the run's",
+         source, modelled.costs.stages.size(), layout.pipeline_ranks, layout.chunks, stages.size());
+  }
+  // A stage the trace did not see: the cost model's, scaled as the seen stages' measured over modelled.
+  std::array<double, 4> seen{}, model{};
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    for (ActionKind kind : kComputeKinds) {
+      if (!stages[s].duration_s[kind_index(kind)]) continue;
+      seen[kind_index(kind)] += *stages[s].duration_s[kind_index(kind)];
+      model[kind_index(kind)] += modelled.costs.stages[s].duration(kind);
+    }
+  }
+  MeasuredProfile profile =
+      profile_of_costs(modelled.costs, source + ": durations measured, the rest the cost model's");
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    StageCosts& costs = profile.stages[s].costs;
+    for (ActionKind kind : kComputeKinds) {
+      const std::size_t k = kind_index(kind);
+      const std::optional<double>& measured = stages[s].duration_s[k];
+      costs.set_duration(kind, measured ? *measured : costs.duration(kind) * (model[k] > 0 ? seen[k] / model[k] : 0.0));
+    }
+    if (stages[s].optimizer_s) costs.optimizer_s = *stages[s].optimizer_s;
+  }
+  return RunMetadata{"pipeflow analyze --config", config, std::move(profile), true};
+}
+
+RunMetadata measured_run(const RunConfig& config, const Timeline& timeline, const std::string& source) {
+  const Layout layout = layout_of(resolve(config));
+  const int microbatches = layout_schedule(layout).num_microbatches();
   // Per stage and compute kind: the durations' sum and the micro-batches seen.
-  std::vector<std::array<double, 4>> sum(stages, {0, 0, 0, 0});
-  std::vector<std::array<int, 4>> count(stages, {0, 0, 0, 0});
-  int trace_stages = 0, microbatches = 0;
+  int stages = 0, trace_microbatches = 0;
   for (const TraceEvent& e : timeline.events) {
     if (!e.action || !is_compute(e.action->kind) || e.category == EventCategory::kWait) continue;
-    const int s = e.action->stage.value();
-    trace_stages = std::max(trace_stages, s + 1);
-    if (s == 0 && e.action->kind == ActionKind::kForward) ++microbatches;
-    if (s >= stages) continue;
-    sum[s][kind_index(e.action->kind)] += e.duration_s;
-    ++count[s][kind_index(e.action->kind)];
+    stages = std::max(stages, e.action->stage.value() + 1);
+    if (e.action->stage.value() == 0 && e.action->kind == ActionKind::kForward) ++trace_microbatches;
   }
-  const int config_microbatches = schedule.num_microbatches();
-  if (trace_stages != stages || microbatches != config_microbatches) {
-    fail("{}: the configuration runs {} stages ({} ranks x {} chunks) and {} micro-batches, the trace {} stages and "
-         "{} micro-batches: set pipeline.stages, virtual_stages and the batch sizes to the run's",
-         source, stages, layout.pipeline_ranks, layout.chunks, config_microbatches, trace_stages, microbatches);
+  if (trace_microbatches != microbatches) {
+    fail("{}: the configuration runs {} micro-batches per step, the trace {}: set the batch sizes "
+         "(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps) to the run's",
+         source, microbatches, trace_microbatches);
   }
+  std::vector<std::array<double, 4>> sum(stages, {0, 0, 0, 0});
+  std::vector<std::array<int, 4>> count(stages, {0, 0, 0, 0});
   // The optimizer's time per rank, shared by the rank's stages.
   std::vector<double> optimizer_by_rank(timeline.num_ranks, 0.0);
   std::vector<int> stages_on_rank(timeline.num_ranks, 0);
   std::vector<int> rank_of_stage(stages, -1);
   for (const TraceEvent& e : timeline.events) {
     if (e.category == EventCategory::kOptimizer) optimizer_by_rank[e.rank.value()] += e.duration_s;
-    if (e.action && rank_of_stage[e.action->stage.value()] < 0) {
-      rank_of_stage[e.action->stage.value()] = e.rank.value();
+    if (!e.action) continue;
+    const int s = e.action->stage.value();
+    if (s < stages && rank_of_stage[s] < 0) {
+      rank_of_stage[s] = e.rank.value();
       ++stages_on_rank[e.rank.value()];
     }
+    if (!is_compute(e.action->kind) || e.category == EventCategory::kWait) continue;
+    sum[s][kind_index(e.action->kind)] += e.duration_s;
+    ++count[s][kind_index(e.action->kind)];
   }
-  MeasuredProfile profile =
-      profile_of_costs(modelled.costs, source + ": durations measured in the trace, the rest the cost model's");
+  std::vector<MeasuredStage> measured(stages);
   for (int s = 0; s < stages; ++s) {
-    StageCosts& costs = profile.stages[s].costs;
     for (ActionKind kind : kComputeKinds) {
       const std::size_t k = kind_index(kind);
-      costs.set_duration(kind, count[s][k] > 0 ? sum[s][k] / count[s][k] : 0.0);
+      measured[s].duration_s[k] = count[s][k] > 0 ? sum[s][k] / count[s][k] : 0.0;
     }
     const int rank = rank_of_stage[s];
-    if (rank >= 0 && optimizer_by_rank[rank] > 0) costs.optimizer_s = optimizer_by_rank[rank] / stages_on_rank[rank];
+    if (rank >= 0 && optimizer_by_rank[rank] > 0) measured[s].optimizer_s = optimizer_by_rank[rank] / stages_on_rank[rank];
   }
-  return RunMetadata{"pipeflow analyze --config", config, std::move(profile), true};
+  return measured_run(config, measured, source);
 }
 
-Analysis analyze(const TraceInput& input) {
+namespace {
+
+double fraction(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
+
+void set_imbalance(Analysis& a) {
+  if (a.stage_compute_s.empty()) return;
+  const double mean = std::accumulate(a.stage_compute_s.begin(), a.stage_compute_s.end(), 0.0) /
+                      static_cast<double>(a.stage_compute_s.size());
+  if (mean > 0) a.imbalance = *std::max_element(a.stage_compute_s.begin(), a.stage_compute_s.end()) / mean;
+}
+
+// The figures of a timeline.
+Analysis timeline_figures(const TraceInput& input) {
   const Timeline& t = input.timeline;
   if (t.events.empty() || t.num_ranks < 1) {
     fail("{}: the trace has no events (\"X\" events, tid = rank): nothing to analyse", input.source);
   }
   Analysis a;
-  a.source = input.source;
   a.title = t.title;
   a.time_unit = t.time_unit;
   a.num_ranks = t.num_ranks;
-  a.reading = input.reading;
   a.step_s = t.makespan_s();
   a.ranks = rank_usage(t);
+  a.rank_seen.assign(a.ranks.size(), true);
   double busy = 0, fill_drain = 0, stall = 0, comm_wait = 0;
   for (const RankUsage& u : a.ranks) {
     busy += u.busy_s;
@@ -489,23 +548,98 @@ Analysis analyze(const TraceInput& input) {
     comm_wait += u.comm_s + u.wait_s;
   }
   const double total = a.step_s * a.num_ranks;
-  if (total > 0) {
-    a.bubble = 1 - busy / total;
-    a.fill_drain_share = fill_drain / total;
-    a.stall_share = stall / total;
-    a.comm_wait_share = comm_wait / total;
-  }
+  a.bubble = total > 0 ? 1 - busy / total : 0.0;
+  a.fill_drain_share = fraction(fill_drain, total);
+  a.stall_share = fraction(stall, total);
+  a.comm_wait_share = fraction(comm_wait, total);
   const ActionEvents actions = compute_actions(t);
   a.stage_compute_s.assign(actions.num_stages, 0.0);
   for (const auto& [action, e] : actions.by_action) a.stage_compute_s[action.stage.value()] += e->duration_s;
-  if (!a.stage_compute_s.empty()) {
-    const double mean = std::accumulate(a.stage_compute_s.begin(), a.stage_compute_s.end(), 0.0) /
-                        static_cast<double>(a.stage_compute_s.size());
-    if (mean > 0) a.imbalance = *std::max_element(a.stage_compute_s.begin(), a.stage_compute_s.end()) / mean;
-  } else {
+  if (a.stage_compute_s.empty()) {
     a.notes.push_back("no event names a pipeline action (args.action such as \"0F1\"): no stages, no critical path");
   }
+  set_imbalance(a);
   a.critical_path = critical_path(actions);
+  return a;
+}
+
+// The figures of a timer log: per-rank totals, no timeline.
+Analysis log_figures(const TimerLog& log) {
+  Analysis a;
+  a.title = log.format;
+  a.idle_by_phase = false;
+  a.num_ranks = static_cast<int>(log.ranks.size());
+  std::vector<double> steps = log.step_s;
+  std::sort(steps.begin(), steps.end());
+  a.step_s = steps[steps.size() / 2];
+  double busy = 0, comm = 0;
+  int seen = 0;
+  bool all_seen = true;
+  for (const std::optional<RankTimes>& t : log.ranks) {
+    RankUsage u;
+    if (t) {
+      u.busy_s = t->forward_s + t->backward_s;
+      u.comm_s = t->comm_s;
+      u.flush_s = t->optimizer_s;
+      u.idle_s = std::max(0.0, a.step_s - u.busy_s - u.comm_s - u.flush_s);
+      busy += u.busy_s;
+      comm += u.comm_s;
+      ++seen;
+    }
+    all_seen = all_seen && t.has_value();
+    a.ranks.push_back(u);
+    a.rank_seen.push_back(t.has_value());
+  }
+  const double total = a.step_s * seen;
+  a.bubble = seen > 0 && total > 0 ? 1 - busy / total : 0.0;
+  a.comm_wait_share = fraction(comm, total);
+  if (all_seen) {
+    for (const std::optional<RankTimes>& t : log.ranks) a.stage_compute_s.push_back(t->forward_s + t->backward_s);
+    set_imbalance(a);
+  } else if (seen > 0) {
+    a.notes.push_back(fmt::format("bubble and shares over the {} of {} ranks whose timers the log has; no stage "
+                                  "imbalance without every stage's",
+                                  seen, log.ranks.size()));
+  }
+  a.notes.push_back("a log's timers give totals, not a timeline: idle is not split into fill, stall and drain, the "
+                    "waits for a peer are inside the send and receive timers (comm), and there is no critical path");
+  return a;
+}
+
+// The run's stages as the log measured them.
+std::vector<MeasuredStage> measured_stages(const TimerLog& log, const RunConfig& config) {
+  const Layout layout = layout_of(resolve(config));
+  const int m = layout_schedule(layout).num_microbatches();
+  if (log.microbatches > 0 && log.microbatches != m) {
+    fail("{}: the configuration runs {} micro-batches per step, the log {}: set the batch sizes to the run's",
+         config.source, m, log.microbatches);
+  }
+  if (static_cast<int>(log.ranks.size()) != layout.pipeline_ranks) {
+    fail("{}: the configuration runs {} pipeline ranks, the log {}: set pipeline.stages to the run's", config.source,
+         layout.pipeline_ranks, log.ranks.size());
+  }
+  std::vector<MeasuredStage> stages(static_cast<std::size_t>(layout.pipeline_ranks * layout.chunks));
+  for (std::size_t r = 0; r < log.ranks.size(); ++r) {
+    if (!log.ranks[r]) continue;
+    // A rank's chunks share its timers (interleaved: stage r + k·p for k < v).
+    for (int k = 0; k < layout.chunks; ++k) {
+      MeasuredStage& s = stages[r + static_cast<std::size_t>(k * layout.pipeline_ranks)];
+      s.duration_s[kind_index(ActionKind::kForward)] = log.ranks[r]->forward_s / (m * layout.chunks);
+      s.duration_s[kind_index(ActionKind::kBackward)] = log.ranks[r]->backward_s / (m * layout.chunks);
+      s.duration_s[kind_index(ActionKind::kBackwardInput)] = 0.0;
+      s.duration_s[kind_index(ActionKind::kBackwardWeight)] = 0.0;
+      if (log.ranks[r]->optimizer_s > 0) s.optimizer_s = log.ranks[r]->optimizer_s / layout.chunks;
+    }
+  }
+  return stages;
+}
+
+}  // namespace
+
+Analysis analyze(const TraceInput& input) {
+  Analysis a = input.log ? log_figures(*input.log) : timeline_figures(input);
+  a.source = input.source;
+  a.reading = input.reading;
   const std::vector<std::optional<double>>& measured = input.reading.peak_memory_bytes;
   const bool memory_measured =
       !measured.empty() && std::all_of(measured.begin(), measured.end(), [](auto p) { return p && *p > 0; });
@@ -515,9 +649,11 @@ Analysis analyze(const TraceInput& input) {
   }
 
   if (!input.run) {
-    a.notes.push_back(
-        "the trace carries no run metadata (otherData.pipeflow, written by pipeflow train and simulate): no "
-        "re-simulation, no advice; give the run's layout with --config (a pipeflow configuration)");
+    a.notes.push_back(input.log ? "the log states no run (as Megatron's arguments block does): no re-simulation, no "
+                                  "advice; give the run's layout with --config"
+                                : "the trace carries no run metadata (otherData.pipeflow, written by pipeflow train and "
+                                  "simulate): no re-simulation, no advice; give the run's layout with --config (a "
+                                  "pipeflow configuration)");
     return a;
   }
   const Resimulator sim(*input.run);
@@ -528,6 +664,10 @@ Analysis analyze(const TraceInput& input) {
   if (*low > 0 && !memory_measured) a.memory_skew = *high / *low;
   advise(a, sim);
   return a;
+}
+
+RunMetadata measured_run(const RunConfig& config, const TimerLog& log, const std::string& source) {
+  return measured_run(config, measured_stages(log, config), source);
 }
 
 }  // namespace pipeflow

@@ -29,9 +29,17 @@ std::vector<std::string> rank_header() {
 }
 std::vector<std::string> rank_row(const Analysis& a, std::size_t r) {
   const RankUsage& u = a.ranks[r];
-  return {std::to_string(r),      duration(a, u.busy_s),  duration(a, u.comm_s),  duration(a, u.wait_s),
-          duration(a, u.flush_s), duration(a, u.idle_s),  duration(a, u.fill_s),  duration(a, u.stall_s),
-          duration(a, u.drain_s),
+  if (r < a.rank_seen.size() && !a.rank_seen[r]) {
+    std::vector<std::string> unseen(rank_header().size(), "-");
+    unseen.front() = std::to_string(r);
+    if (r < a.peak_memory_bytes.size()) unseen.back() = format_bytes(a.peak_memory_bytes[r]);
+    return unseen;
+  }
+  // A log's totals do not split idle by phase, nor waits from transfers.
+  const auto phase = [&](double seconds) { return a.idle_by_phase ? duration(a, seconds) : std::string("-"); };
+  return {std::to_string(r),      duration(a, u.busy_s),  duration(a, u.comm_s),  phase(u.wait_s),
+          duration(a, u.flush_s), duration(a, u.idle_s),  phase(u.fill_s),        phase(u.stall_s),
+          phase(u.drain_s),
           r < a.peak_memory_bytes.size() ? format_bytes(a.peak_memory_bytes[r]) : std::string("-")};
 }
 
@@ -68,7 +76,7 @@ std::vector<std::string> reading_lines(const Analysis& a) {
   if (!peaks.empty() && peaks.size() == r.peak_memory_bytes.size()) {
     std::vector<std::string> shown;
     for (double peak : peaks) shown.push_back(format_bytes(peak));
-    lines.push_back(fmt::format("peak memory per rank (measured, [memory] events): {}", fmt::join(shown, ", ")));
+    lines.push_back(fmt::format("peak memory per rank (measured): {}", fmt::join(shown, ", ")));
   }
   return lines;
 }
@@ -80,10 +88,16 @@ std::vector<std::string> summary_lines(const Analysis& a) {
                               a.theoretical_bubble
                                   ? fmt::format(" (the schedule's own: {})", format_percent(*a.theoretical_bubble))
                                   : std::string()));
-  lines.push_back(fmt::format("idle: fill and drain {}, steady-state stalls {}; communication and waits {}",
-                              format_percent(a.fill_drain_share), format_percent(a.stall_share),
-                              format_percent(a.comm_wait_share)));
-  lines.push_back(fmt::format("stage imbalance {:.2f} (slowest stage's compute over the mean)", a.imbalance));
+  if (a.idle_by_phase) {
+    lines.push_back(fmt::format("idle: fill and drain {}, steady-state stalls {}; communication and waits {}",
+                                format_percent(a.fill_drain_share), format_percent(a.stall_share),
+                                format_percent(a.comm_wait_share)));
+  } else {
+    lines.push_back(fmt::format("communication and waits {}", format_percent(a.comm_wait_share)));
+  }
+  if (!a.stage_compute_s.empty()) {
+    lines.push_back(fmt::format("stage imbalance {:.2f} (slowest stage's compute over the mean)", a.imbalance));
+  }
   if (!a.peak_memory_bytes.empty()) {
     lines.push_back(fmt::format("peak memory per rank (re-simulated): skew {:.2f} (largest over smallest)",
                                 a.memory_skew));
@@ -118,7 +132,9 @@ std::string analysis_text(const Analysis& a) {
     for (std::size_t s = 0; s < a.stage_compute_s.size(); ++s) {
       stages.add_row({std::to_string(s), duration(a, a.stage_compute_s[s]),
                       fmt::format("{:.2f}", mean > 0 ? a.stage_compute_s[s] / mean : 0),
-                      duration(a, a.critical_path.compute_by_stage_s[s])});
+                      s < a.critical_path.compute_by_stage_s.size()
+                          ? duration(a, a.critical_path.compute_by_stage_s[s])
+                          : std::string("-")});
     }
     out += fmt::format("\n{}", stages.render());
   }
@@ -148,6 +164,7 @@ std::string analysis_json(const Analysis& a) {
   json["step_s"] = a.step_s;
   json["bubble"] = a.bubble;
   json["theoretical_bubble"] = a.theoretical_bubble ? nlohmann::ordered_json(*a.theoretical_bubble) : nullptr;
+  json["idle_by_phase"] = a.idle_by_phase;
   json["fill_drain_share"] = a.fill_drain_share;
   json["stall_share"] = a.stall_share;
   json["comm_wait_share"] = a.comm_wait_share;
@@ -160,6 +177,7 @@ std::string analysis_json(const Analysis& a) {
                                    {"wait_s", u.wait_s}, {"flush_s", u.flush_s}, {"idle_s", u.idle_s},
                                    {"fill_s", u.fill_s}, {"stall_s", u.stall_s}, {"drain_s", u.drain_s}};
     if (r < a.peak_memory_bytes.size()) rank["peak_memory_bytes"] = a.peak_memory_bytes[r];
+    if (r < a.rank_seen.size()) rank["seen"] = static_cast<bool>(a.rank_seen[r]);
     json["ranks"].push_back(rank);
   }
   json["stage_compute_s"] = a.stage_compute_s;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <string_view>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
@@ -23,7 +24,18 @@ constexpr int kMaxFolderDepth = 4;
 
 bool named_like_a_trace(const fs::path& file) {
   const std::string name = file.filename().string();
-  return name.ends_with(".json") || name.ends_with(".json.gz");
+  for (const char* ending : {".json", ".json.gz", ".log", ".txt", ".out"}) {
+    if (name.ends_with(ending)) return true;
+  }
+  return false;
+}
+
+// A log's lines may start with "[" (a time stamp, "[Rank 0]"): a bare JSON
+// list is told from them by the log's own lines.
+bool looks_like_json(std::string_view text) {
+  const std::size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos) return false;
+  return text[first] == '{' || (text[first] == '[' && !is_timer_log(text));
 }
 
 // A file given, or one found in a folder given.
@@ -57,7 +69,9 @@ std::vector<Candidate> candidates(const std::vector<fs::path>& paths) {
       if (it->is_regular_file(error) && named_like_a_trace(it->path())) found.push_back(it->path());
     }
     if (found.empty()) {
-      fail("{}: a folder without trace.json (a pipeflow run) and without *.json or *.json.gz traces", path.string());
+      fail("{}: a folder without trace.json (a pipeflow run) and without traces (*.json, *.json.gz) or logs (*.log, "
+           "*.txt, *.out)",
+           path.string());
     }
     std::sort(found.begin(), found.end());
     for (fs::path& f : found) out.push_back({std::move(f), false});
@@ -81,10 +95,26 @@ TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptio
   TraceInput input;
   std::vector<RankTrace> ranks;
   std::optional<std::string> own;  // a pipeflow trace's file
+  std::optional<std::string> log;  // a log's file
   for (const Candidate& c : candidates(paths)) {
     const std::string source = c.path.string();
-    const nlohmann::json trace =
-        parse_json(read_file_inflated(c.path, kMaxTraceFileBytes, "trace"), source);
+    const std::string text = read_file_inflated(c.path, kMaxTraceFileBytes, "trace");
+    if (!looks_like_json(text)) {
+      if (is_timer_log(text)) {
+        if (log) fail("{} and {}: analyze reads one log at a time (Megatron and DeepSpeed print every rank's timers "
+                      "into one)",
+                      *log, source);
+        input.log = read_timer_log(text, source);
+        log = source;
+        input.reading.files.push_back(source);
+      } else if (c.named) {
+        fail("{}: neither a trace (JSON) nor a Megatron-LM or DeepSpeed log (no iteration time line)", source);
+      } else {
+        input.reading.notes.push_back(fmt::format("skipped {}: not a trace or a log", source));
+      }
+      continue;
+    }
+    const nlohmann::json trace = parse_json(text, source);
     if (is_torch_trace(trace)) {
       ranks.push_back(read_torch_trace(trace, source, rank_in_file_name(c.path.filename().string())));
       input.reading.files.push_back(source);
@@ -97,8 +127,27 @@ TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptio
       fail("{}: not a trace: neither a Chrome trace (an object with \"traceEvents\") nor a PyTorch profiler trace",
            source);
     } else {
-      input.reading.notes.push_back(fmt::format("skipped {}: not a trace", source));
+      input.reading.notes.push_back(fmt::format("skipped {}: not a trace or a log", source));
     }
+  }
+  if (log && (own || !ranks.empty())) {
+    fail("{} is a log and {} a trace: analyze one job's trace or its log", *log, own ? *own : ranks.front().source);
+  }
+  if (log) {
+    if (options.step) fail("--step {}: a log's timers are totals over its steps; --step picks a PyTorch trace's", *options.step);
+    TimerLog& l = *input.log;
+    input.source = *log;
+    TraceReading& r = input.reading;
+    r.format = l.format;
+    r.step_spans_s = l.step_s;
+    for (const std::optional<RankTimes>& t : l.ranks) r.peak_memory_bytes.push_back(t ? t->peak_memory_bytes : std::nullopt);
+    r.notes.insert(r.notes.end(), l.notes.begin(), l.notes.end());
+    if (options.config) {
+      input.run = measured_run(load_run_config(*options.config), l, options.config->string());
+    } else if (l.run) {
+      input.run = measured_run(*l.run, l, *log + " (its arguments block)");
+    }
+    return input;
   }
   if (own && !ranks.empty()) {
     fail("{} is pipeflow's trace and {} a PyTorch profiler's: analyze one job at a time", *own, ranks.front().source);

@@ -56,4 +56,11 @@ struct MegatronArgs {
 // Errors name the argument, its value and the rule.
 MegatronArgs read_megatron_args(std::string_view text, const std::string& source);
 
+// The run the arguments describe, under `given` (pipeflow's keys: hardware,
+// devices, ...; "model" is refused: the arguments give it). Megatron's world
+// is `given`'s devices (data parallel = devices / (tensor x pipeline)); without
+// them, one replica. Throws Error for a world that tensor x pipeline does not
+// divide.
+RunConfig megatron_run_config(MegatronArgs args, const RunOverrides& given, const std::string& source);
+
 }  // namespace pipeflow

@@ -1,11 +1,13 @@
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "pipeflow/plan/job_log.h"
 #include "pipeflow/sim/layout.h"
 #include "pipeflow/sim/prediction.h"
 #include "pipeflow/sim/run_metadata.h"
@@ -36,11 +38,12 @@ struct TraceReading {
   std::vector<std::string> notes;      // what was aligned, skipped, or could not be seen
 };
 
-// A trace and what it says about its run.
+// A trace (or a log) and what it says about its run.
 struct TraceInput {
   std::string source;  // the file (or folder) read
-  Timeline timeline;
-  std::optional<RunMetadata> run;  // absent: the trace has no otherData.pipeflow
+  Timeline timeline;   // empty for a log
+  std::optional<TimerLog> log;     // a Megatron-LM or DeepSpeed log's timers, instead of a timeline
+  std::optional<RunMetadata> run;  // absent: the trace has no otherData.pipeflow, no --config
   TraceReading reading;
 };
 
@@ -56,10 +59,11 @@ struct TraceOptions {
 };
 
 // `paths`: a Chrome-trace file of pipeflow's, a run directory of `pipeflow
-// train` (its trace.json), or PyTorch profiler traces, one per rank (files,
-// .json.gz too, or folders of them; torch_trace.h). The format is told by the
-// content, not the name. Throws Error naming the path for what is not there
-// or not a trace, and for a mix of formats.
+// train` (its trace.json), PyTorch profiler traces, one per rank (files,
+// .json.gz too, or folders of them; torch_trace.h), or a Megatron-LM or
+// DeepSpeed log (job_log.h). The format is told by the content, not the
+// name. Throws Error naming the path for what is not there or not a trace,
+// and for a mix of formats.
 TraceInput load_trace_input(const std::vector<std::filesystem::path>& paths, const TraceOptions& options = {});
 
 // Where one rank's step went. busy + comm + wait + flush + idle = the step
@@ -116,6 +120,8 @@ struct Analysis {
   double fill_drain_share = 0;  // Σ (fill + drain) / (ranks · step)
   double stall_share = 0;       // Σ stall / (ranks · step)
   double comm_wait_share = 0;   // Σ (comm + wait) / (ranks · step)
+  bool idle_by_phase = true;    // false: a log's totals, whose idle is not split into fill, stall and drain
+  std::vector<bool> rank_seen;  // per rank, whether the input has its times (DeepSpeed's log: rank 0's only)
   std::vector<double> stage_compute_s;  // compute per stage over the step, from the actions
   double imbalance = 1;                 // slowest stage over the mean (1: balanced)
   CriticalPath critical_path;
@@ -134,12 +140,26 @@ struct Analysis {
   TraceReading reading;            // the input's
 };
 
-// The run a configuration describes, with the durations of the trace's
-// actions measured: per stage and kind (F, B, I, W), the mean over its
-// micro-batches; the rest (memory, messages, the link) the cost model's.
-// Throws Error naming `source` when the configuration's stages or
-// micro-batches are not the trace's.
+// What a trace or log measured of one stage: per compute kind F, B, I, W,
+// one micro-batch's duration, and the optimizer step; none: not seen.
+struct MeasuredStage {
+  std::array<std::optional<double>, 4> duration_s;
+  std::optional<double> optimizer_s;
+};
+
+// The run a configuration describes with the measured durations; the rest
+// (memory, messages, the link) the cost model's, and a stage not seen the
+// cost model's scaled as the seen stages' measured over modelled. Throws
+// Error naming `source` when the configuration's stages are not the trace's.
+RunMetadata measured_run(const RunConfig& config, const std::vector<MeasuredStage>& stages, const std::string& source);
+// From a timeline: per stage and kind, the mean over its micro-batches, and
+// the optimizer events of the stage's rank. Throws Error naming `source`
+// when the configuration's stages or micro-batches are not the trace's.
 RunMetadata measured_run(const RunConfig& config, const Timeline& timeline, const std::string& source);
+// From a log: a rank's forward and backward timers over its micro-batches
+// (and chunks). Throws Error when the configuration's pipeline ranks or
+// micro-batches are not the log's.
+RunMetadata measured_run(const RunConfig& config, const TimerLog& log, const std::string& source);
 
 // Analyses `input`. Throws Error for a timeline without events, or run
 // metadata whose configuration does not resolve.

@@ -1,0 +1,356 @@
+#include "pipeflow/plan/job_log.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <map>
+
+#include "pipeflow/config/megatron_args.h"
+#include "pipeflow/core/error.h"
+
+namespace pipeflow {
+namespace {
+
+constexpr double kMilliseconds = 1e-3;
+constexpr std::string_view kMegatronAll = "times across ranks (ms):";
+constexpr std::string_view kMegatronIteration = "elapsed time per iteration (ms):";
+constexpr std::string_view kDeepSpeedTimes = "time (ms) |";
+constexpr std::string_view kDeepSpeedStep = "iter time (s):";
+// A log's lines are at most this long: a longer one is no log line.
+constexpr std::size_t kMaxLine = std::size_t{1} << 16;
+// The most ranks a log may name.
+constexpr int kMaxRanks = 1 << 16;
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+// The number at the start of `s` (after spaces), if there is one.
+std::optional<double> number_at(std::string_view s) {
+  s = trim(s);
+  double value = 0;
+  const auto [end, error] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (error != std::errc() || end == s.data() || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+// The number after `key` in `line`.
+std::optional<double> number_after(std::string_view line, std::string_view key) {
+  const std::size_t at = line.find(key);
+  if (at == std::string_view::npos) return std::nullopt;
+  return number_at(line.substr(at + key.size()));
+}
+
+std::vector<std::string_view> lines_of(std::string_view text) {
+  std::vector<std::string_view> lines;
+  while (!text.empty()) {
+    const std::size_t end = text.find('\n');
+    lines.push_back(text.substr(0, end));
+    if (end == std::string_view::npos) break;
+    text.remove_prefix(end + 1);
+  }
+  return lines;
+}
+
+[[noreturn]] void fail_line(const std::string& source, std::size_t line, std::string_view why) {
+  fail("{}:{}: {}", source, line + 1, why);
+}
+
+double milliseconds(std::string_view text, const std::string& source, std::size_t line) {
+  const std::optional<double> ms = number_at(text);
+  if (!ms || *ms < 0) fail_line(source, line, fmt::format("\"{}\" is not a time in milliseconds", trim(text)));
+  return *ms * kMilliseconds;
+}
+
+// ---- Megatron-LM ----
+
+bool is_comm_timer(std::string_view name) {
+  return name.find("-send") != std::string_view::npos || name.find("-recv") != std::string_view::npos;
+}
+
+void add_timer(RankTimes& t, std::string_view name, double seconds) {
+  if (name == "forward-compute") {
+    t.forward_s = seconds;
+  } else if (name == "backward-compute") {
+    t.backward_s = seconds;
+  } else if (name == "optimizer") {
+    t.optimizer_s = seconds;
+  } else if (is_comm_timer(name)) {
+    t.comm_s += seconds;
+  }
+}
+
+// The arguments block as a launch line: "  name .... value" -> "--name value".
+std::string arguments_as_flags(const std::vector<std::string_view>& block, std::map<std::string, std::string>& values) {
+  std::string flags;
+  bool padded_vocab = false;
+  for (std::string_view line : block) {
+    line = trim(line);
+    const std::size_t space = line.find(' ');
+    if (space == std::string_view::npos) continue;
+    const std::string name(line.substr(0, space));
+    std::string_view rest = trim(line.substr(space));
+    while (!rest.empty() && rest.front() == '.') rest.remove_prefix(1);
+    const std::string value(trim(rest));
+    values[name] = value;
+    padded_vocab = padded_vocab || name == "padded_vocab_size";
+  }
+  for (const auto& [name, value] : values) {
+    if (name == "vocab_size" && padded_vocab) continue;  // the embedding holds the padded vocabulary
+    if (value == "False" || value == "None" || value.empty()) continue;
+    if (value.find_first_of(" []{}()'\",") != std::string::npos) continue;  // lists and objects: none is modelled
+    std::string flag = name == "padded_vocab_size" ? "vocab_size" : name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    flags += " --" + flag;
+    if (value != "True") flags += " " + value;
+  }
+  return flags;
+}
+
+TimerLog read_megatron(const std::vector<std::string_view>& lines, const std::string& source) {
+  TimerLog log;
+  log.format = "Megatron-LM log";
+  std::map<int, std::map<std::string, double>> by_global_rank;  // the last interval's timers
+  std::map<int, double> peak_by_global_rank;
+  std::vector<std::string_view> arguments;
+  bool in_arguments = false;
+  bool spread_only = false;
+  std::string timer;  // the timer whose rank lines follow
+  bool in_all = false;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const std::string_view line = lines[i];
+    if (line.find("-- arguments --") != std::string_view::npos) {
+      in_arguments = true;
+      arguments.clear();
+      continue;
+    }
+    if (in_arguments) {
+      if (line.find("end of arguments") != std::string_view::npos) {
+        in_arguments = false;
+      } else {
+        arguments.push_back(line);
+      }
+      continue;
+    }
+    if (const std::optional<double> ms = number_after(line, kMegatronIteration)) {
+      if (*ms < 0) fail_line(source, i, "a negative iteration time");
+      log.step_s.push_back(*ms * kMilliseconds);
+      in_all = false;
+      continue;
+    }
+    if (line.find("time across ranks (ms):") != std::string_view::npos) {  // minmax or max
+      spread_only = true;
+      in_all = false;
+      continue;
+    }
+    if (line.find(kMegatronAll) != std::string_view::npos) {
+      in_all = true;
+      timer.clear();
+      continue;
+    }
+    if (const std::size_t at = line.find("] (after "); at != std::string_view::npos &&
+                                                      line.find("memory (MB)") != std::string_view::npos) {
+      const std::size_t open = line.rfind("[Rank ", at);
+      const double rank = open == std::string_view::npos ? -1.0 : number_at(line.substr(open + 6)).value_or(-1.0);
+      const std::optional<double> peak = number_after(line, "| max allocated:");
+      if (peak && rank >= 0 && rank < kMaxRanks) {
+        double& p = peak_by_global_rank[static_cast<int>(rank)];
+        p = std::max(p, *peak * 1024 * 1024);
+      }
+      continue;
+    }
+    if (!in_all) continue;
+    const std::string_view t = trim(line);
+    if (t.starts_with("rank ")) {
+      const std::size_t colon = t.find(':');
+      const std::optional<double> rank = number_at(t.substr(5, colon == std::string_view::npos ? 0 : colon - 5));
+      if (colon == std::string_view::npos || !rank || *rank < 0 || *rank >= kMaxRanks || timer.empty()) {
+        fail_line(source, i, "a timer's rank line is \"rank R: MS\" under a timer's name");
+      }
+      by_global_rank[static_cast<int>(*rank)][timer] = milliseconds(t.substr(colon + 1), source, i);
+    } else if (t.ends_with(':') && t.find(' ') == std::string_view::npos && !t.empty()) {
+      timer = std::string(t.substr(0, t.size() - 1));
+    } else {
+      in_all = false;  // the block ended
+    }
+  }
+  if (log.step_s.empty()) {
+    fail("{}: no \"iteration ... | elapsed time per iteration (ms): T |\" line: a Megatron-LM log prints one every "
+         "--log-interval iterations",
+         source);
+  }
+
+  // The layout: the arguments block, else every rank a stage.
+  int tp = 1, dp = 1, pp = 0;
+  if (!arguments.empty()) {
+    std::map<std::string, std::string> values;
+    const std::string flags = arguments_as_flags(arguments, values);
+    try {
+      RunOverrides given;
+      if (values.contains("world_size")) given.set("devices", std::stoi(values["world_size"]));
+      log.run = megatron_run_config(read_megatron_args(flags, source + " (its arguments block)"), given, source);
+      tp = log.run->tensor_parallel;
+      pp = log.run->pipeline.ranks;
+      dp = log.run->data_parallel;
+      log.microbatches = resolve(*log.run).batch.accumulation;
+      if (values.contains("context_parallel_size") && values["context_parallel_size"] != "1") {
+        log.notes.push_back("context parallelism is not modelled: ranks are mapped as tensor x data x pipeline");
+      }
+    } catch (const Error& error) {
+      log.notes.push_back(fmt::format("the arguments block could not be read as a run ({}): no re-simulation",
+                                      error.what()));
+    } catch (const std::exception&) {
+      log.notes.push_back("the arguments block's world_size is not a number: no re-simulation");
+    }
+  } else {
+    log.notes.push_back("no arguments block (Megatron prints it at its start): each rank is taken as a pipeline "
+                        "stage; give the run with --config for the layout");
+  }
+  if (by_global_rank.empty()) {
+    log.notes.push_back(spread_only ? "the timers give the min and max over ranks, not each rank's: run Megatron with "
+                                      "--timing-log-level 2 --timing-log-option all"
+                                    : "no timers (run Megatron with --timing-log-level 2 --timing-log-option all)");
+  }
+  if (pp == 0) {
+    pp = by_global_rank.empty() ? 1 : by_global_rank.rbegin()->first + 1;
+  }
+  // The replicas of a stage (tensor and data parallel) are averaged.
+  std::vector<RankTimes> sum(pp);
+  std::vector<int> count(pp, 0);
+  for (const auto& [global, timers] : by_global_rank) {
+    const int stage = global / (tp * dp);
+    if (stage >= pp) {
+      log.notes.push_back(fmt::format("rank {} is past the world of {} ranks: left out", global, tp * dp * pp));
+      continue;
+    }
+    RankTimes t;
+    for (const auto& [name, seconds] : timers) add_timer(t, name, seconds);
+    sum[stage].forward_s += t.forward_s;
+    sum[stage].backward_s += t.backward_s;
+    sum[stage].comm_s += t.comm_s;
+    sum[stage].optimizer_s += t.optimizer_s;
+    ++count[stage];
+  }
+  log.ranks.resize(pp);
+  for (int s = 0; s < pp; ++s) {
+    if (count[s] == 0) continue;
+    RankTimes t{sum[s].forward_s / count[s], sum[s].backward_s / count[s], sum[s].comm_s / count[s],
+                sum[s].optimizer_s / count[s], std::nullopt};
+    log.ranks[s] = t;
+  }
+  for (const auto& [global, peak] : peak_by_global_rank) {
+    const int stage = global / (tp * dp);
+    if (stage < pp && log.ranks[stage]) {
+      log.ranks[stage]->peak_memory_bytes = std::max(log.ranks[stage]->peak_memory_bytes.value_or(0), peak);
+    }
+  }
+  return log;
+}
+
+// ---- DeepSpeed ----
+
+TimerLog read_deepspeed(const std::vector<std::string_view>& lines, const std::string& source) {
+  TimerLog log;
+  log.format = "DeepSpeed log";
+  std::vector<int> step_numbers;
+  std::map<std::string, double> timers;  // the last print's, accumulated over its steps
+  std::map<int, int> layers;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const std::string_view line = lines[i];
+    if (line.size() > kMaxLine) fail_line(source, i, "a line of more than 64 KiB: is it a log?");
+    if (const std::optional<double> seconds = number_after(line, kDeepSpeedStep)) {
+      const std::optional<double> step = number_after(line, "steps:");
+      if (*seconds < 0 || !step) fail_line(source, i, "a step line is \"steps: N loss: L iter time (s): T ...\"");
+      log.step_s.push_back(*seconds);
+      step_numbers.push_back(static_cast<int>(*step));
+      continue;
+    }
+    if (const std::size_t at = line.find(kDeepSpeedTimes); at != std::string_view::npos) {
+      const bool rank0 = line.find("[Rank 0]") != std::string_view::npos || line.find("rank=0 ") != std::string_view::npos;
+      if (!rank0) continue;
+      std::string_view rest = line.substr(at + kDeepSpeedTimes.size());
+      while (!rest.empty()) {
+        const std::size_t bar = rest.find('|');
+        const std::string_view item = trim(rest.substr(0, bar));
+        rest = bar == std::string_view::npos ? std::string_view() : rest.substr(bar + 1);
+        const std::size_t colon = item.find(':');
+        if (colon == std::string_view::npos) fail_line(source, i, "a timer is \"NAME: MS\" between bars");
+        timers[std::string(trim(item.substr(0, colon)))] = milliseconds(item.substr(colon + 1), source, i);
+      }
+      continue;
+    }
+    if (const std::size_t at = line.find("STAGE="); at != std::string_view::npos &&
+                                                    line.find("LAYERS=") != std::string_view::npos) {
+      const std::optional<double> stage = number_at(line.substr(at + 6));
+      const std::optional<double> count = number_after(line, "LAYERS=");
+      if (!stage || !count || *stage < 0 || *stage >= kMaxRanks || *count < 0) {
+        fail_line(source, i, "a partition line is \"RANK=r STAGE=s LAYERS=n [a, b) STAGE_PARAMS=...\"");
+      }
+      layers[static_cast<int>(*stage)] = static_cast<int>(*count);
+      continue;
+    }
+    if (const std::size_t at = line.find("gradient_accumulation_steps"); at != std::string_view::npos) {
+      std::string_view rest = line.substr(at + std::string_view("gradient_accumulation_steps").size());
+      rest = trim(rest);
+      while (!rest.empty() && (rest.front() == '.' || rest.front() == ' ')) rest.remove_prefix(1);
+      if (const std::optional<double> m = number_at(rest); m && *m >= 1 && *m < 1e9) log.microbatches = static_cast<int>(*m);
+    }
+  }
+  if (log.step_s.empty()) {
+    fail("{}: no \"steps: N loss: L iter time (s): T\" line: DeepSpeed's pipeline engine prints one every "
+         "steps_per_print steps",
+         source);
+  }
+  for (const auto& [stage, count] : layers) log.stage_layers.resize(std::max<std::size_t>(log.stage_layers.size(), stage + 1));
+  for (const auto& [stage, count] : layers) log.stage_layers[stage] = count;
+  const int stages = std::max<int>(1, static_cast<int>(log.stage_layers.size()));
+  if (layers.empty()) {
+    log.notes.push_back("no partition lines (RANK= STAGE= LAYERS=): the stage count is unknown; give the run with "
+                        "--config");
+  }
+  log.ranks.resize(stages);
+  // The timers accumulate over the steps since the last print: steps_per_print of them.
+  const int per_print = step_numbers.size() >= 2 ? step_numbers.back() - step_numbers[step_numbers.size() - 2]
+                                                 : std::max(1, step_numbers.back());
+  if (!timers.empty()) {
+    const auto timer = [&](std::initializer_list<const char*> names) {
+      for (const char* name : names) {
+        if (timers.contains(name)) return timers[name] / per_print;
+      }
+      return 0.0;
+    };
+    RankTimes t;
+    t.forward_s = timer({"fwd_microstep", "forward_microstep"});
+    t.backward_s = timer({"bwd_microstep", "backward_microstep"});
+    t.optimizer_s = timer({"step_microstep"});
+    t.comm_s = timer({"pipe_send_output"}) + timer({"pipe_send_grad"}) + timer({"pipe_recv_input"}) +
+               timer({"pipe_recv_grad"});
+    log.ranks[0] = t;
+  } else {
+    log.notes.push_back("no timers: set \"wall_clock_breakdown\": true in the DeepSpeed configuration");
+  }
+  if (stages > 1) {
+    log.notes.push_back(fmt::format("DeepSpeed prints rank 0's timers only: stages 1 to {} are not seen", stages - 1));
+  }
+  return log;
+}
+
+}  // namespace
+
+bool is_timer_log(std::string_view text) {
+  const std::string_view head = text.substr(0, std::min<std::size_t>(text.size(), std::size_t{64} << 20));
+  return head.find(kMegatronIteration) != std::string_view::npos || head.find(kDeepSpeedStep) != std::string_view::npos;
+}
+
+TimerLog read_timer_log(std::string_view text, const std::string& source) {
+  const std::vector<std::string_view> lines = lines_of(text);
+  if (text.find(kMegatronIteration) != std::string_view::npos) return read_megatron(lines, source);
+  if (text.find(kDeepSpeedStep) != std::string_view::npos) return read_deepspeed(lines, source);
+  fail("{}: not a Megatron-LM or DeepSpeed log (no iteration time line)", source);
+}
+
+}  // namespace pipeflow

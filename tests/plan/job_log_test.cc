@@ -1,0 +1,136 @@
+// Megatron-LM and DeepSpeed logs (tests/data/logs/, written by
+// tools/make_job_logs.py in those programs' formats with the truth built in:
+// 4 stages, 1F1B, 8 micro-batches, stage 2 slow).
+#include "pipeflow/plan/job_log.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
+#include "pipeflow/plan/analyze.h"
+
+namespace pipeflow {
+namespace {
+
+std::filesystem::path logs(const std::string& name) {
+  return std::filesystem::path(PIPEFLOW_SOURCE_DIR) / "tests" / "data" / "logs" / name;
+}
+
+nlohmann::json truth() { return nlohmann::json::parse(read_file(logs("truth.json"))); }
+
+std::string error_of(std::string_view text) {
+  try {
+    read_timer_log(text, "job.log");
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "";
+}
+
+TEST(JobLog, MegatronsTimersMapEachGlobalRankToItsStageAndTheStageIsTheSlowOne) {
+  const nlohmann::json t = truth();
+  const TraceInput input = load_trace_input({logs("megatron.log")});
+  ASSERT_TRUE(input.log);
+  EXPECT_EQ(input.reading.format, "Megatron-LM log");
+  // tensor 2 x pipeline 4: global ranks 2s and 2s+1 are stage s, their timers averaged.
+  ASSERT_EQ(input.log->ranks.size(), 4u);
+  for (int s = 0; s < 4; ++s) {
+    ASSERT_TRUE(input.log->ranks[s]) << s;
+    EXPECT_NEAR(input.log->ranks[s]->forward_s + input.log->ranks[s]->backward_s,
+                t["compute_ms"][s].get<double>() * 1e-3, 1e-6);
+  }
+  EXPECT_EQ(input.log->microbatches, 8);
+  const Analysis a = analyze(input);
+  // The step: the median interval (the first, warm-up, is 1.25x slower and shows as the max).
+  EXPECT_NEAR(a.step_s, t["step_ms"].get<double>() * 1e-3, 0.01 * a.step_s);
+  EXPECT_NEAR(a.bubble, t["bubble"].get<double>(), 0.02);
+  const auto slowest = std::max_element(a.stage_compute_s.begin(), a.stage_compute_s.end());
+  EXPECT_EQ(slowest - a.stage_compute_s.begin(), t["slow_stage"].get<int>());
+  ASSERT_EQ(a.reading.step_spans_s.size(), 3u);
+  EXPECT_NEAR(*std::max_element(a.reading.step_spans_s.begin(), a.reading.step_spans_s.end()),
+              t["first_interval_step_ms"].get<double>() * 1e-3, 1e-3);
+  // Memory: report_memory's max allocated; 1F1B's stage 0 holds the most.
+  ASSERT_TRUE(a.reading.peak_memory_bytes[0]);
+  EXPECT_DOUBLE_EQ(*a.reading.peak_memory_bytes[0], 4600.0 * 1024 * 1024);
+  EXPECT_NEAR(a.memory_skew, 4600.0 / 3400.0, 1e-9);
+  // The arguments block gives the run: re-simulated on the measured durations, 1F1B's step is the truth's.
+  ASSERT_TRUE(a.baseline);
+  EXPECT_NEAR(a.baseline->result.step_time_s, t["step_ms"].get<double>() * 1e-3, 0.03 * a.step_s);
+  EXPECT_FALSE(a.advice.empty());
+}
+
+TEST(JobLog, DeepSpeedShowsRankZeroOnlyAndSaysSo) {
+  const nlohmann::json t = truth();
+  const TraceInput input = load_trace_input({logs("deepspeed.log")});
+  ASSERT_TRUE(input.log);
+  EXPECT_EQ(input.log->stage_layers, (std::vector<int>{3, 3, 3, 3}));
+  EXPECT_EQ(input.log->microbatches, 8);
+  const Analysis a = analyze(input);
+  EXPECT_NEAR(a.step_s, t["step_ms"].get<double>() * 1e-3, 1e-3);
+  EXPECT_NEAR(a.bubble, t["stage0_bubble"].get<double>(), 0.02);  // over the one rank it shows
+  EXPECT_EQ(a.rank_seen, (std::vector<bool>{true, false, false, false}));
+  EXPECT_TRUE(a.stage_compute_s.empty());
+  EXPECT_FALSE(a.baseline);
+  ASSERT_FALSE(a.reading.notes.empty());
+  EXPECT_NE(a.reading.notes.back().find("rank 0's timers only: stages 1 to 3 are not seen"), std::string::npos);
+
+  TraceOptions options;
+  options.config = logs("deepspeed-pipeline.json");
+  const Analysis advised = analyze(load_trace_input({logs("deepspeed.log")}, options));
+  ASSERT_TRUE(advised.baseline);
+  EXPECT_FALSE(advised.advice.empty());
+}
+
+TEST(JobLog, DeepSpeedsOlderTimerNamesAndItsAccumulationOverThePrintInterval) {
+  const TimerLog log = read_timer_log(
+      "RANK=0 STAGE=0 LAYERS=2 [0, 2) STAGE_PARAMS=1 (0.000M) TOTAL_PARAMS=2 (0.000M) UNIQUE_PARAMS=2 (0.000M)\n"
+      "RANK=1 STAGE=1 LAYERS=2 [2, 4) STAGE_PARAMS=1 (0.000M) TOTAL_PARAMS=2 (0.000M) UNIQUE_PARAMS=2 (0.000M)\n"
+      "steps: 5 loss: 2.0 iter time (s): 0.500 samples/sec: 8.0\n"
+      "steps: 10 loss: 1.9 iter time (s): 0.400 samples/sec: 10.0\n"
+      "[2022-01-01 00:00:00,000] [INFO] [logging.py:60:log_dist] rank=0 time (ms) | forward_microstep: 500.00 | "
+      "backward_microstep: 1000.00 | step_microstep: 50.00\n",
+      "old.log");
+  ASSERT_EQ(log.ranks.size(), 2u);
+  ASSERT_TRUE(log.ranks[0]);
+  // 5 steps per print (10 - 5): the totals over them, per step.
+  EXPECT_DOUBLE_EQ(log.ranks[0]->forward_s, 0.1);
+  EXPECT_DOUBLE_EQ(log.ranks[0]->backward_s, 0.2);
+  EXPECT_DOUBLE_EQ(log.ranks[0]->optimizer_s, 0.01);
+  EXPECT_FALSE(log.ranks[1]);
+  EXPECT_EQ(log.step_s, (std::vector<double>{0.5, 0.4}));
+}
+
+TEST(JobLog, MegatronsMinMaxTimersSayHowToGetEachRanks) {
+  const TimerLog log = read_timer_log(
+      " iteration       10/     100 | consumed samples:           80 | elapsed time per iteration (ms): 250.0 |\n"
+      "(min, max) time across ranks (ms):\n"
+      "    forward-compute ................................: (10.00, 12.00)\n",
+      "minmax.log");
+  EXPECT_EQ(log.step_s, (std::vector<double>{0.25}));
+  bool said = false;
+  for (const std::string& note : log.notes) said = said || note.find("--timing-log-option all") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
+TEST(JobLog, AMalformedTimerLineIsNamedByItsLine) {
+  EXPECT_NE(error_of(" iteration 1/ 2 | elapsed time per iteration (ms): 10.0 |\ntimes across ranks (ms):\n"
+                     "  forward-compute:\n     rank  0: soon\n")
+                .find("job.log:4: \"soon\" is not a time in milliseconds"),
+            std::string::npos);
+  EXPECT_NE(error_of("steps: 10 loss: 1 iter time (s): 0.1 samples/sec: 1\n[Rank 0] time (ms) | fwd_microstep 12\n")
+                .find("job.log:2: a timer is \"NAME: MS\" between bars"),
+            std::string::npos);
+  EXPECT_NE(error_of("times across ranks (ms):\n").find("not a Megatron-LM or DeepSpeed log"), std::string::npos);
+}
+
+TEST(JobLog, ALogAndATraceTogetherAreRefused) {
+  const std::filesystem::path trace =
+      std::filesystem::path(PIPEFLOW_SOURCE_DIR) / "tests" / "data" / "traces" / "torch-1f1b";
+  EXPECT_THROW(load_trace_input({logs("megatron.log"), trace}), Error);
+  EXPECT_THROW(load_trace_input({logs("megatron.log"), logs("deepspeed.log")}), Error);
+}
+
+}  // namespace
+}  // namespace pipeflow
