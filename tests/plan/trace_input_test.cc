@@ -150,8 +150,7 @@ TEST(TorchTraceSample, AConfigurationOfAnotherShapeIsRefusedNamingBoth) {
     load_trace_input({sample("torch-1f1b")}, options);
     FAIL();
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("the configuration runs 4 stages (4 ranks x 1 chunks) and 4 micro-batches, "
-                                             "the trace 2 stages and 4 micro-batches"),
+    EXPECT_NE(std::string(error.what()).find("the configuration runs 4 stages (4 ranks x 1 chunks), the trace 2"),
               std::string::npos)
         << error.what();
   }
