@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/plan/analyze.h"
 
@@ -19,6 +20,7 @@ struct AnalyzeCommand {
   std::string config;
   std::string html;
   bool json = false;
+  bool compare = false;
 };
 
 void run(const AnalyzeCommand& command) {
@@ -30,6 +32,16 @@ void run(const AnalyzeCommand& command) {
   }
   TraceOptions options{command.step, std::nullopt};
   if (!command.config.empty()) options.config = command.config;
+  if (command.compare) {
+    if (paths.size() != 2) {
+      fail("--compare takes two runs, A (before) and B (after): {} given", paths.size());
+    }
+    if (!command.html.empty()) fail("--html draws one run's timeline: leave it out with --compare");
+    const Analysis before = analyze(load_trace_input({paths[0]}, options));
+    const Analysis after = analyze(load_trace_input({paths[1]}, options));
+    write_output(command.json ? comparison_json(before, after) : comparison_text(before, after), "");
+    return;
+  }
   const TraceInput input = load_trace_input(paths, options);
   const Analysis analysis = analyze(input);
   if (!command.html.empty()) write_output(analysis_html(analysis, input.timeline), command.html);
@@ -53,6 +65,8 @@ void add_analyze_command(CLI::App& app) {
                   "configuration: the advice re-simulates it with the trace's measured durations");
   sub->add_option("--html", c->html, "Also write a self-contained HTML report (timeline, tables, advice)");
   sub->add_flag("--json", c->json, "Print one JSON object instead of the summary");
+  sub->add_flag("--compare", c->compare,
+                "Compare two runs (two inputs: A before a change, B after): their figures side by side");
   sub->callback([c] { run(*c); });
 }
 

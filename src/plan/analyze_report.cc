@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <optional>
 
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
@@ -289,6 +290,101 @@ std::string analysis_html(const Analysis& a, const Timeline& timeline) {
       "td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}"
       "#timeline{{overflow-x:auto}}</style>\n</head>\n<body>\n{}</body>\n</html>\n",
       body);
+}
+
+namespace {
+
+// One compared figure: its name, each run's value, and how it is shown.
+struct Compared {
+  std::string name;
+  std::optional<double> before, after;
+  enum class Kind { kSeconds, kShare, kRatio, kBytes, kRate } kind;
+};
+
+std::string shown(const Compared& c, const std::optional<double>& value) {
+  if (!value) return "-";
+  switch (c.kind) {
+    case Compared::Kind::kSeconds: return format_seconds(*value);
+    case Compared::Kind::kShare: return format_percent(*value);
+    case Compared::Kind::kRatio: return fmt::format("{:.2f}", *value);
+    case Compared::Kind::kBytes: return format_bytes(*value);
+    case Compared::Kind::kRate: return fmt::format("{:.0f}", *value);
+  }
+  return "-";
+}
+
+// B against A: a share's change in points, anything else's as a ratio.
+std::string change(const Compared& c) {
+  if (!c.before || !c.after) return "-";
+  if (c.kind == Compared::Kind::kShare) return fmt::format("{:+.1f} points", 100 * (*c.after - *c.before));
+  if (*c.before == 0) return "-";
+  return fmt::format("{:+.1f}%", 100 * (*c.after / *c.before - 1));
+}
+
+std::optional<double> peak_of(const Analysis& a, std::size_t r) {
+  if (r < a.reading.peak_memory_bytes.size() && a.reading.peak_memory_bytes[r]) return a.reading.peak_memory_bytes[r];
+  if (r < a.peak_memory_bytes.size()) return a.peak_memory_bytes[r];
+  return std::nullopt;
+}
+
+std::vector<Compared> compared(const Analysis& a, const Analysis& b) {
+  using Kind = Compared::Kind;
+  const auto phase = [](const Analysis& x, double value) {
+    return x.idle_by_phase ? std::optional<double>(value) : std::nullopt;
+  };
+  std::vector<Compared> rows = {
+      {"step", a.step_s, b.step_s, Kind::kSeconds},
+      {"bubble", a.bubble, b.bubble, Kind::kShare},
+      {"fill and drain", phase(a, a.fill_drain_share), phase(b, b.fill_drain_share), Kind::kShare},
+      {"steady-state stalls", phase(a, a.stall_share), phase(b, b.stall_share), Kind::kShare},
+      {"communication and waits", a.comm_wait_share, b.comm_wait_share, Kind::kShare},
+  };
+  const auto imbalance = [](const Analysis& x) {
+    return x.stage_compute_s.empty() ? std::nullopt : std::optional<double>(x.imbalance);
+  };
+  rows.push_back({"stage imbalance", imbalance(a), imbalance(b), Kind::kRatio});
+  rows.push_back({"memory skew", a.memory_skew, b.memory_skew, Kind::kRatio});
+  const auto rate = [](const Analysis& x) {
+    return x.baseline ? std::optional<double>(x.baseline->tokens_per_s) : std::nullopt;
+  };
+  rows.push_back({"tokens/s (re-simulated)", rate(a), rate(b), Kind::kRate});
+  const std::size_t stages = std::max(a.stage_compute_s.size(), b.stage_compute_s.size());
+  for (std::size_t s = 0; s < stages; ++s) {
+    const auto compute = [s](const Analysis& x) {
+      return s < x.stage_compute_s.size() ? std::optional<double>(x.stage_compute_s[s]) : std::nullopt;
+    };
+    rows.push_back({fmt::format("stage {} compute", s), compute(a), compute(b), Kind::kSeconds});
+  }
+  const std::size_t ranks = std::max(a.ranks.size(), b.ranks.size());
+  for (std::size_t r = 0; r < ranks; ++r) {
+    rows.push_back({fmt::format("rank {} peak memory", r), peak_of(a, r), peak_of(b, r), Kind::kBytes});
+  }
+  return rows;
+}
+
+}  // namespace
+
+std::string comparison_text(const Analysis& before, const Analysis& after) {
+  std::string out = fmt::format("A: {}{}\nB: {}{}\n\n", before.source,
+                                before.title.empty() ? std::string() : " (" + before.title + ")", after.source,
+                                after.title.empty() ? std::string() : " (" + after.title + ")");
+  TextTable table({"figure", "A", "B", "B against A"});
+  for (const Compared& c : compared(before, after)) table.add_row({c.name, shown(c, c.before), shown(c, c.after), change(c)});
+  out += table.render();
+  if (before.num_ranks != after.num_ranks) {
+    out += fmt::format("note: A has {} ranks, B {}: per-rank rows compare rank by rank\n", before.num_ranks,
+                       after.num_ranks);
+  }
+  return out;
+}
+
+std::string comparison_json(const Analysis& before, const Analysis& after) {
+  nlohmann::ordered_json json = {{"a", before.source}, {"b", after.source}, {"figures", nlohmann::ordered_json::array()}};
+  const auto value = [](const std::optional<double>& x) { return x ? nlohmann::ordered_json(*x) : nullptr; };
+  for (const Compared& c : compared(before, after)) {
+    json["figures"].push_back({{"figure", c.name}, {"a", value(c.before)}, {"b", value(c.after)}});
+  }
+  return json.dump(2) + "\n";
 }
 
 }  // namespace pipeflow

@@ -111,6 +111,37 @@ TEST(AnalyzeCommand, TheHtmlReportRendersInChromiumWithTheTimelineAndTheNumbersO
   EXPECT_NE(dom.find(fmt::format("bubble {:.1f}%", 100 * json["bubble"].get<double>())), std::string::npos);
 }
 
+TEST(AnalyzeCommand, PyTorchTracesInAFolderAreReadMergedAndAdvisedWithTheRunsConfiguration) {
+  const CommandResult r = run_pipeflow(
+      "analyze tests/data/traces/torch-1f1b --config tests/data/traces/torch-pipeline.json --json", kSource);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json["reading"]["format"], "PyTorch profiler (legacy profiler)");
+  EXPECT_EQ(json["reading"]["step"], 2);
+  EXPECT_EQ(json["ranks"].size(), 2u);
+  ASSERT_FALSE(json["advice"].empty());
+  EXPECT_EQ(json["advice"][0]["kind"], "partition");
+}
+
+TEST(AnalyzeCommand, CompareSetsTwoRunsSideBySide) {
+  const CommandResult r =
+      run_pipeflow("analyze --compare tests/data/traces/torch-gpipe tests/data/traces/torch-1f1b --json", kSource);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);
+  const nlohmann::json& bubble = json["figures"][1];
+  EXPECT_EQ(bubble["figure"], "bubble");
+  const nlohmann::json gpipe = nlohmann::json::parse(
+      run_pipeflow("analyze tests/data/traces/torch-gpipe --json", kSource).out);
+  EXPECT_DOUBLE_EQ(bubble["a"].get<double>(), gpipe["bubble"].get<double>());
+  const CommandResult text =
+      run_pipeflow("analyze --compare tests/data/logs/megatron.log tests/data/logs/megatron.log", kSource);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("+0.0 points"), std::string::npos) << text.out;
+  const CommandResult one = run_pipeflow("analyze --compare tests/data/logs/megatron.log", kSource);
+  EXPECT_NE(one.exit_code, 0);
+  EXPECT_NE(one.err.find("--compare takes two runs"), std::string::npos) << one.err;
+}
+
 TEST(SweepCommand, PrintsTheTableAndWritesPlotsWhosePointsAreTheJsons) {
   const std::string dir = make_temp_dir();
   const std::string args =

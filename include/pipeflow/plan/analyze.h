@@ -192,4 +192,9 @@ std::string analysis_text(const Analysis& analysis);
 std::string analysis_json(const Analysis& analysis);
 std::string analysis_html(const Analysis& analysis, const Timeline& timeline);
 
+// `analyze --compare A B`: two runs' figures side by side (before and after
+// a change) with B's change over A's; per stage, compute and peak memory.
+std::string comparison_text(const Analysis& before, const Analysis& after);
+std::string comparison_json(const Analysis& before, const Analysis& after);
+
 }  // namespace pipeflow
