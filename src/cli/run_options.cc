@@ -46,6 +46,9 @@ RunOverrides RunFlags::overrides() const {
 
 void print_config_notes(const RunConfig& config) {
   for (const std::string& warning : config.warnings) log_warning("{}", warning);
+  if (!config.not_modelled.empty()) {
+    fmt::print(stderr, "{}: read, not modelled: {}\n", config.source, fmt::join(config.not_modelled, "; "));
+  }
   if (!config.pipeline.file_note.empty()) fmt::print(stderr, "{}\n", config.pipeline.file_note);
 }
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "pipeflow/config/deepspeed_keys.h"
 #include "pipeflow/config/rules.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/units.h"
@@ -308,6 +309,14 @@ void check_consistency(const Config& config, const RunConfig& run) {
       check_device_count(*run.devices, run.tensor_parallel, run.pipeline.ranks, run.data_parallel);
     });
   }
+  if (static_cast<int>(run.zero) >= 2 && run.pipeline.ranks > 1) {
+    config.object("zero_optimization")
+        .fail_value("stage", fmt::format("ZeRO-{} shards the gradients, which a pipeline accumulates over its "
+                                         "micro-batches: DeepSpeed's pipeline engine refuses it (ZeRO-2 and ZeRO-3 "
+                                         "are incompatible with pipeline parallelism) with pipeline.stages = {}; "
+                                         "use stage 1 (or 0)",
+                                         static_cast<int>(run.zero), run.pipeline.ranks));
+  }
   if (run.recompute && run.pipeline.recompute_interval > 0 && *run.recompute != Recompute::kFull) {
     config.fail_value("recompute", fmt::format("pipeline.activation_checkpoint_interval = {} recomputes whole "
                                                "blocks: drop recompute or set it to \"full\"",
@@ -476,6 +485,7 @@ RunConfig parse_keys(const Config& config) {
       non_negative(config.object("metrics"), "noise_scale_interval", run.metrics.noise_scale_interval,
                    "steps between measurements of the gradient noise scale, 0 for none");
   read_simulation_keys(config, run);
+  run.not_modelled = read_keys_not_modelled(config);
   config.check_no_unknown_keys();
 
   check_consistency(config, run);
@@ -545,9 +555,14 @@ void check_schedule_file(const Schedule& file, const std::string& path, int accu
 }  // namespace
 
 RunConfig parse_run_config(const Config& config, const RunOverrides& overrides) {
-  if (overrides.empty()) return parse_keys(config);
-  const std::string source = config.source() + " with the command line";
-  return parse_keys(Config::from_json(with_overrides(config.json(), overrides), source));
+  // DeepSpeed's file as written: "auto" resolved, PipelineModule's spellings moved (deepspeed_keys.h).
+  std::vector<std::string> notes;
+  Json json = deepspeed_as_written(config.json(), config.source(), notes);
+  const std::string source = overrides.empty() ? config.source() : config.source() + " with the command line";
+  if (!overrides.empty()) json = with_overrides(std::move(json), overrides);
+  RunConfig run = parse_keys(Config::from_json(std::move(json), source));
+  run.warnings.insert(run.warnings.begin(), notes.begin(), notes.end());
+  return run;
 }
 
 RunConfig load_run_config(const std::filesystem::path& path, const RunOverrides& overrides) {

@@ -82,7 +82,10 @@ Config Config::parse(std::string_view text, std::string source) {
 }
 
 Config Config::load(const std::filesystem::path& path) {
-  return parse(read_file(path, kMaxConfigFileBytes, "configuration file"), path.string());
+  const std::string text = read_file(path, kMaxConfigFileBytes, "configuration file");
+  const std::string extension = path.extension().string();
+  if (extension == ".yaml" || extension == ".yml") return from_json(parse_yaml(text, path.string()), path.string());
+  return parse(text, path.string());
 }
 
 const std::string& Config::source() const { return tree_->source; }

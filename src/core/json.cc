@@ -1,5 +1,9 @@
 #include "pipeflow/core/json.h"
 
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <cmath>
 #include <vector>
 
 #include "pipeflow/core/error.h"
@@ -158,6 +162,81 @@ std::string quoted_excerpt(std::string_view text, std::size_t max_chars) {
   out += '"';
   if (shown.size() < text.size()) out += fmt::format("... ({} bytes)", text.size());
   return out;
+}
+
+namespace {
+
+// A plain YAML scalar by the core schema.
+nlohmann::json plain_scalar(const std::string& text) {
+  if (text == "true" || text == "True" || text == "TRUE") return true;
+  if (text == "false" || text == "False" || text == "FALSE") return false;
+  if (text.empty() || text == "~" || text == "null" || text == "Null" || text == "NULL") return nullptr;
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  if (*begin == '+') ++begin;
+  std::int64_t integer = 0;
+  if (auto [at, error] = std::from_chars(begin, end, integer); error == std::errc() && at == end) return integer;
+  double number = 0;
+  if (auto [at, error] = std::from_chars(begin, end, number); error == std::errc() && at == end && std::isfinite(number)) {
+    return number;
+  }
+  return text;
+}
+
+struct YamlLimits {
+  std::size_t nodes = 0;
+  const std::string& source;
+};
+
+nlohmann::json to_json(const YAML::Node& node, int depth, YamlLimits& limits) {
+  if (++limits.nodes > kMaxYamlNodes) {
+    fail("{}: more than {} YAML nodes (aliases expanded): is it a configuration?", limits.source, kMaxYamlNodes);
+  }
+  if (depth > kMaxJsonDepth) fail("{}: YAML nested deeper than {} levels", limits.source, kMaxJsonDepth);
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      return nullptr;
+    case YAML::NodeType::Scalar:
+      return node.Tag() == "!" ? nlohmann::json(node.Scalar()) : plain_scalar(node.Scalar());
+    case YAML::NodeType::Sequence: {
+      nlohmann::json out = nlohmann::json::array();
+      for (const YAML::Node& element : node) out.push_back(to_json(element, depth + 1, limits));
+      return out;
+    }
+    case YAML::NodeType::Map: {
+      nlohmann::json out = nlohmann::json::object();
+      for (const auto& entry : node) {
+        if (!entry.first.IsScalar()) fail("{}: a YAML key that is not a plain name", limits.source);
+        const std::string key = entry.first.Scalar();
+        if (out.contains(key)) fail("{}: key '{}' given twice in one YAML mapping", limits.source, key);
+        out[key] = to_json(entry.second, depth + 1, limits);
+      }
+      return out;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+nlohmann::json parse_yaml(std::string_view text, const std::string& source) {
+  // yaml-cpp's parser recurses once per level of flow brackets: bound them before it reads.
+  int depth = 0;
+  for (const char c : text) {
+    if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) fail("{}: YAML nested deeper than {} levels", source, kMaxJsonDepth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  try {
+    const YAML::Node root = YAML::Load(std::string(text));
+    YamlLimits limits{0, source};
+    return to_json(root, 0, limits);
+  } catch (const YAML::Exception& error) {
+    fail("{}: not valid YAML: {} (line {}, column {})", source, error.msg, error.mark.line + 1, error.mark.column + 1);
+  }
 }
 
 }  // namespace pipeflow

@@ -232,8 +232,12 @@ struct RunConfig {
   CommMode comm_mode = CommMode::kOverlapped;
 
   // Keys accepted but overridden, one line each, for the command to print:
-  // sequence_parallel with tensor_parallel 1.
+  // sequence_parallel with tensor_parallel 1, DeepSpeed's "auto" resolved,
+  // a course's spelling of a PipelineModule argument read.
   std::vector<std::string> warnings;
+  // DeepSpeed's keys the file holds that pipeflow reads but does not model,
+  // each "KEY (what DeepSpeed uses it for)" (deepspeed_keys.h).
+  std::vector<std::string> not_modelled;
 };
 
 // Reads and checks every key above, with `overrides` written over the

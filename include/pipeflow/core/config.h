@@ -30,6 +30,7 @@ class Config {
  public:
   // `source` names the origin in messages (a file name, "--config").
   static Config parse(std::string_view text, std::string source);
+  // A file named *.yaml or *.yml is YAML (parse_yaml), any other JSON.
   static Config load(const std::filesystem::path& path);
   static Config from_json(nlohmann::json json, std::string source);
 

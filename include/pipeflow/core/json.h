@@ -22,6 +22,16 @@ inline constexpr int kMaxJsonDepth = 64;
 // deeper than 64 levels ...".
 nlohmann::json parse_json(std::string_view text, const std::string& source);
 
+// A YAML document (a configuration written in YAML) as JSON, by YAML 1.2's
+// core schema: a plain scalar is a boolean (true, false), null (null, ~,
+// empty), an integer or a number where it reads as one, else a string; a
+// quoted scalar is always a string. The same limits as parse_json: nesting
+// at most kMaxJsonDepth levels, and at most kMaxYamlNodes nodes once aliases
+// are expanded (a few anchors can otherwise stand for billions of nodes).
+// Throws Error "<source>: not valid YAML: ... (line L, column C)".
+inline constexpr std::size_t kMaxYamlNodes = std::size_t{1} << 20;
+nlohmann::json parse_yaml(std::string_view text, const std::string& source);
+
 // `value` as compact JSON for an error message: at most kShortDumpChars
 // characters (longer ones end in "..."), built without dumping the whole
 // value, so a huge or deeply nested value costs no more than a short one.
