@@ -11,6 +11,7 @@
 #include "pipeflow/core/file.h"
 #include "pipeflow/config/megatron_args.h"
 #include "pipeflow/config/run_config.h"
+#include "pipeflow/plan/analyze.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/log.h"
 #include "pipeflow/sim/layout.h"
@@ -107,7 +108,7 @@ void run(const SimulateCommand& command) {
   const ResolvedRun resolved = resolve(config);
   const Layout layout = layout_of(resolved);
   std::optional<MeasuredProfile> profile;
-  if (!command.profile.empty()) profile = load_profile(command.profile);
+  if (!command.profile.empty()) profile = measured_run_from(command.profile, resolved.config).costs;
   const Prediction p = predict(layout, profile ? &*profile : nullptr);
   for (const std::string& warning : p.warnings) log_warning("{}", warning);
 
@@ -138,7 +139,9 @@ void add_simulate_command(CLI::App& app) {
                   "batch of its launch line; flags override them")
       ->excludes(config);
   c->flags.add_to(sub, {FlagScope::kAll});
-  sub->add_option("--profile", c->profile, "Measured per-stage costs (JSON, as pipeflow train writes them)");
+  sub->add_option("--profile", c->profile,
+                  "Measured per-stage costs: a profile (JSON, as pipeflow train writes it), or a trace (pipeflow's, "
+                  "PyTorch profiler traces) or a Megatron-LM or DeepSpeed log of this configuration's run");
   sub->add_option("--trace", c->trace, "Write the simulated timeline as Chrome-trace JSON (Perfetto)");
   sub->add_option("--svg", c->svg, "Write the simulated timeline as SVG");
   sub->add_flag("--json", c->json, "Print one JSON object instead of tables");

@@ -17,6 +17,7 @@
 #include "pipeflow/config/run_config.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/plan/advise_batch.h"
+#include "pipeflow/plan/analyze.h"
 #include "pipeflow/plan/sweep.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/run_settings.h"
@@ -37,6 +38,7 @@ struct SweepCommand {
   bool emulate = false;
   double timeout_s = 60;
   std::optional<double> noise_scale;
+  std::string profile;
   std::string metrics;
   RunFlags flags;
 };
@@ -83,7 +85,7 @@ void run(const SweepCommand& c) {
     }
   }
   if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
-  SweepRequest request{c.flags.overrides(), {}, parse_lr_rule(c.lr_rule), {}, c.noise_scale};
+  SweepRequest request{c.flags.overrides(), {}, parse_lr_rule(c.lr_rule), {}, c.noise_scale, {}};
   if (!c.metrics.empty()) {
     if (c.noise_scale) fail("--noise-scale and --metrics {}: give the noise scale one way", c.metrics);
     request.noise_scale = noise_scale_of_metrics(c.metrics);
@@ -91,6 +93,7 @@ void run(const SweepCommand& c) {
   for (const std::string& text : c.vary) request.axes.push_back(parse_sweep_axis(text));
   if (c.train) request.train = [&](const ResolvedRun& run, const std::string& name) { return train_point(c, run, name); };
   const ConfigSource source = [&](const RunOverrides& overrides) { return run_config_of(c.config, overrides); };
+  if (!c.profile.empty()) request.measured = measured_run_from(c.profile, source(request.base));
   const Sweep sweep = run_sweep(source, request);
   if (!c.svg.empty()) write_output(sweep_svg(sweep), c.svg);
   write_output(c.json ? sweep_json(sweep) : sweep_text(sweep), "");
@@ -127,6 +130,9 @@ void add_sweep_command(CLI::App& app) {
   sub->add_flag("--emulate", c->emulate, "With --train: run the actions one at a time and replay their durations");
   sub->add_option("--timeout", c->timeout_s, "With --train: longest any wait for a peer may take, in seconds")
       ->capture_default_str();
+  sub->add_option("--profile", c->profile,
+                  "The run measured: a profile (as train writes it), a trace (pipeflow's, PyTorch profiler traces) or "
+                  "a Megatron-LM or DeepSpeed log, of the configuration given; every point is re-simulated from it");
   sub->add_option("--noise-scale", c->noise_scale,
                   "Gradient noise scale B_simple in sequences: each point's samples and steps over their minimum");
   sub->add_option("--metrics", c->metrics, "A pipeflow train metrics.jsonl: its last noise_scale is the noise scale");

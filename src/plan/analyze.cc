@@ -365,15 +365,33 @@ Resimulator::Resimulator(const RunMetadata& run) : layout_(layout_of(resolve(run
   }
 }
 
+namespace {
+
+// Whether `a` and `b` do the same work per micro-batch and stage layer: the
+// measured durations of one hold for the other.
+bool same_work(const Layout& a, const Layout& b) {
+  const ModelSpec& x = a.model;
+  const ModelSpec& y = b.model;
+  const bool model = x.architecture == y.architecture && x.layers == y.layers && x.hidden == y.hidden &&
+                     x.heads == y.heads && x.kv_heads == y.kv_heads && x.ffn == y.ffn && x.vocab == y.vocab &&
+                     x.tied_embeddings == y.tied_embeddings && x.dropout == y.dropout;
+  return model && a.hardware.name == b.hardware.name && a.micro_batch == b.micro_batch &&
+         a.seq_length == b.seq_length && a.tensor_parallel == b.tensor_parallel && a.recompute == b.recompute &&
+         a.sequence_parallel == b.sequence_parallel && a.precision == b.precision;
+}
+
+}  // namespace
+
 Prediction Resimulator::predict(const Layout& changed) const {
   if (!measured_) return pipeflow::predict(changed);
   const Schedule schedule = layout_schedule(changed);
   const LayoutCosts modelled = layout_costs(changed, schedule);
-  if (modelled.partition.boundaries == boundaries_ && (measured_split_ || !splits_backward(schedule))) {
+  if (same_work(changed, layout_) && modelled.partition.boundaries == boundaries_ &&
+      (measured_split_ || !splits_backward(schedule))) {
     return pipeflow::predict(changed, &*measured_);
   }
-  // Another cut, or a split backward the run did not measure: the cost
-  // model's durations, calibrated by the run's.
+  // Another cut or other work per micro-batch, or a split backward the run
+  // did not measure: the cost model's durations, calibrated by the run's.
   MeasuredProfile scaled{measured_->source + ", scaled to another partition by the cost model", {}, measured_->link};
   for (const StageCosts& stage : modelled.costs.stages) {
     ProfiledStage s{stage, {}};
@@ -668,6 +686,26 @@ Analysis analyze(const TraceInput& input) {
 
 RunMetadata measured_run(const RunConfig& config, const TimerLog& log, const std::string& source) {
   return measured_run(config, measured_stages(log, config), source);
+}
+
+RunMetadata measured_run_from(const std::filesystem::path& path, const RunConfig& config) {
+  if (std::filesystem::is_regular_file(path)) {
+    // A profile (profile.json as train writes it) is one JSON object with "stages" and no "traceEvents".
+    const std::string text = read_file_inflated(path, kMaxTraceFileBytes, "profile or trace");
+    const std::size_t first = text.find_first_not_of(" \t\r\n");
+    if (first != std::string::npos && text[first] == '{' && text.find("\"traceEvents\"") == std::string::npos &&
+        text.find("\"distributedInfo\"") == std::string::npos) {
+      return RunMetadata{"a measured profile", config, profile_from_json(text, path.string()), true};
+    }
+  }
+  TraceOptions options;
+  TraceInput input = load_trace_input({path}, options);
+  if (input.run && input.reading.format == "pipeflow") {
+    // pipeflow's own trace: its run's measured costs, under the configuration given.
+    return RunMetadata{input.run->producer, config, input.run->costs, input.run->costs_measured};
+  }
+  if (input.log) return measured_run(config, *input.log, path.string());
+  return measured_run(config, input.timeline, path.string());
 }
 
 }  // namespace pipeflow

@@ -13,6 +13,7 @@
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/plan/advise_batch.h"
+#include "pipeflow/plan/analyze.h"
 #include "pipeflow/sim/layout.h"
 #include "pipeflow/sim/prediction.h"
 #include "pipeflow/trace/svg.h"
@@ -148,6 +149,7 @@ struct SweepContext {
   const ConfigSource& config;
   const SweepRequest& request;
   int base_batch = 1;  // the global batch without the sweep's values, for the learning-rate rule
+  std::optional<Resimulator> resimulator;  // the request's measured run
 };
 
 // The point's configuration (see run_sweep).
@@ -183,7 +185,7 @@ SweepPoint run_point(const SweepContext& c, std::vector<std::string> setting) {
     point.lr = peak_lr(run);
     const ResolvedRun resolved = resolve(run);
     point.global_batch = resolved.batch.global;
-    const Prediction p = predict(layout_of(resolved));
+    const Prediction p = c.resimulator ? c.resimulator->predict(layout_of(resolved)) : predict(layout_of(resolved));
     point.step_time_s = p.result.step_time_s;
     point.bubble_ratio = p.result.bubble_ratio;
     for (const RankResult& r : p.result.ranks) {
@@ -473,7 +475,8 @@ Sweep run_sweep(const ConfigSource& config, const SweepRequest& request) {
            axis.key);
     }
   }
-  SweepContext context{config, request};
+  SweepContext context{config, request, 1, std::nullopt};
+  if (request.measured) context.resimulator.emplace(*request.measured);
   const bool key_path = std::any_of(axes.begin(), axes.end(), [](const SweepAxis& a) { return !is_option(a.key); });
   const bool global_batch =
       std::any_of(axes.begin(), axes.end(), [](const SweepAxis& a) { return a.key == "global-batch"; });

@@ -30,7 +30,7 @@ const ConfigSource kConfig = [](const RunOverrides& overrides) {
 };
 
 Sweep sweep_of(std::vector<SweepAxis> axes, LrRule rule = LrRule::kSqrt, PointTrainer train = {}) {
-  return run_sweep(kConfig, SweepRequest{{}, std::move(axes), rule, std::move(train), {}});
+  return run_sweep(kConfig, SweepRequest{{}, std::move(axes), rule, std::move(train), {}, {}});
 }
 
 TEST(Sweep, EachPointIsTheSimulationOfItsSettingAndMicrobatchesKeepTheGlobalBatch) {
@@ -104,7 +104,7 @@ TEST(Sweep, ThePlotsAreWellFormedAndHoldTheNumbersOfTheJson) {
 // 32 are ringed.
 TEST(Sweep, WithANoiseScaleThePlotsHoldTheSamplesAndStepsOverTheMinimum) {
   const SweepRequest request{
-      {}, {parse_sweep_axis("global-batch=8,32,128"), parse_sweep_axis("recompute=none,full")}, LrRule::kSqrt, {}, 32.0};
+      {}, {parse_sweep_axis("global-batch=8,32,128"), parse_sweep_axis("recompute=none,full")}, LrRule::kSqrt, {}, 32.0, {}};
   const Sweep sweep = run_sweep(kConfig, request);
   const std::string svg = sweep_svg(sweep);
   EXPECT_EQ(testing::XmlCheck(svg).run(), "");
@@ -180,7 +180,7 @@ TEST(Sweep, AVariedGlobalBatchScalesTheLearningRateByTheChosenRule) {
 // (McCandlish et al. 2018: samples / minimum = 1 + B / B_noise, steps /
 // minimum = 1 + B_noise / B).
 TEST(Sweep, WithANoiseScaleEachGlobalBatchShowsItsSamplesAndStepsOverTheMinimum) {
-  SweepRequest request{{}, {parse_sweep_axis("global-batch=8,32,128")}, LrRule::kSqrt, {}, 32.0};
+  SweepRequest request{{}, {parse_sweep_axis("global-batch=8,32,128")}, LrRule::kSqrt, {}, 32.0, {}};
   const Sweep sweep = run_sweep(kConfig, request);
   ASSERT_EQ(sweep.points.size(), 3u);
   const nlohmann::json json = nlohmann::json::parse(sweep_json(sweep));
@@ -212,7 +212,7 @@ TEST(Sweep, TheRuleScalesTheWarmupsTargetWhenTheSchedulerHasOne) {
                                           "run.json"),
                             overrides);
   };
-  const Sweep sweep = run_sweep(warmup, SweepRequest{{}, {parse_sweep_axis("global-batch=64")}, LrRule::kLinear, {}, {}});
+  const Sweep sweep = run_sweep(warmup, SweepRequest{{}, {parse_sweep_axis("global-batch=64")}, LrRule::kLinear, {}, {}, {}});
   EXPECT_EQ(sweep.points[0].error, "");
   EXPECT_EQ(sweep.points[0].lr, 4e-4 * 4);
 }
@@ -240,7 +240,7 @@ TEST(Sweep, AKeyPathVariesThatKeyOfTheConfiguration) {
   };
   const Sweep layers = run_sweep(
       inline_model, SweepRequest{{}, {parse_sweep_axis("model.n_layer=2,8"), parse_sweep_axis("pipeline.schedule=gpipe")},
-                                 LrRule::kSqrt, {}, {}});
+                                 LrRule::kSqrt, {}, {}, {}});
   ASSERT_EQ(layers.points.size(), 2u);
   const RunConfig eight = parse_run_config(Config::parse(R"({"model": {"n_layer": 8, "n_head": 4, "n_embd": 64,
       "n_ctx": 32}, "train_batch_size": 8, "pipeline": {"stages": 2, "schedule": "gpipe"}})",
@@ -352,7 +352,7 @@ TEST(Sweep, EveryKeyTheTableLetsVaryIsAnOptionThatSetsTheKey) {
         seen = overrides;
         return kConfig(overrides);
       };
-      run_sweep(capture, SweepRequest{{}, {parse_sweep_axis(option + "=" + testing::as_typed(example.value))}, LrRule::kNone, {}, {}});
+      run_sweep(capture, SweepRequest{{}, {parse_sweep_axis(option + "=" + testing::as_typed(example.value))}, LrRule::kNone, {}, {}, {}});
       ASSERT_NE(seen.find(example.path), nullptr);
       EXPECT_EQ(*seen.find(example.path), example.value);
     }

@@ -11,6 +11,7 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/plan/analyze.h"
+#include "pipeflow/plan/sweep.h"
 
 namespace pipeflow {
 namespace {
@@ -155,6 +156,34 @@ TEST(TorchTraceSample, AConfigurationOfAnotherShapeIsRefusedNamingBoth) {
         << error.what();
   }
   std::filesystem::remove(config);
+}
+
+}  // namespace
+}  // namespace pipeflow
+
+namespace pipeflow {
+namespace {
+
+TEST(TorchTraceSample, ATraceIsAMeasuredProfileForSweepAndSimulate) {
+  const RunConfig config = load_run_config(sample("torch-pipeline.json"));
+  const RunMetadata measured = measured_run_from(sample("torch-1f1b"), config);
+  ASSERT_TRUE(measured.costs_measured);
+  TraceOptions options;
+  options.config = sample("torch-pipeline.json");
+  const Analysis a = analyze(load_trace_input({sample("torch-1f1b")}, options));
+  const ConfigSource source = [&](const RunOverrides& o) { return load_run_config(sample("torch-pipeline.json"), o); };
+  SweepRequest request{{}, {parse_sweep_axis("partition=balanced")}, LrRule::kNone, {}, {}, measured};
+  const Sweep with_trace = run_sweep(source, request);
+  request.measured.reset();
+  const Sweep modelled = run_sweep(source, request);
+  ASSERT_TRUE(with_trace.points.at(0).error.empty()) << with_trace.points[0].error;
+  // The rebalanced point is analyze's partition advice, re-simulated from the same measurements.
+  ASSERT_EQ(a.advice.front().kind, "partition");
+  EXPECT_DOUBLE_EQ(with_trace.points[0].step_time_s, a.advice.front().step_time_s);
+  EXPECT_NE(with_trace.points[0].step_time_s, modelled.points[0].step_time_s);
+  // The run's own layout, re-simulated, is analyze's baseline.
+  EXPECT_DOUBLE_EQ(Resimulator(measured).predict(layout_of(resolve(config))).result.step_time_s,
+                   a.baseline->result.step_time_s);
 }
 
 }  // namespace

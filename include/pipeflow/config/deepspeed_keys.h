@@ -12,7 +12,7 @@
 namespace pipeflow {
 
 // DeepSpeed's configuration as users write it (its documented reference,
-// docs/CONFIG.md "DeepSpeed's keys"): every key DeepSpeed documents is
+// docs/SIMULATOR.md "DeepSpeed's keys"): every key DeepSpeed documents is
 // either modelled by pipeflow (run_keys.h) or in this table, read and listed
 // once as not modelled with what DeepSpeed uses it for. A path names the key
 // and everything below it.

@@ -161,13 +161,22 @@ RunMetadata measured_run(const RunConfig& config, const Timeline& timeline, cons
 // micro-batches are not the log's.
 RunMetadata measured_run(const RunConfig& config, const TimerLog& log, const std::string& source);
 
+// The measured run of `path` under `config`: a profile (profile.json, as
+// train writes it), or anything load_trace_input reads (pipeflow's trace,
+// PyTorch traces, a Megatron-LM or DeepSpeed log), whose measured durations
+// are set into `config` (measured_run). For `simulate --profile` and `sweep
+// --profile`.
+RunMetadata measured_run_from(const std::filesystem::path& path, const RunConfig& config);
+
 // Analyses `input`. Throws Error for a timeline without events, or run
 // metadata whose configuration does not resolve.
 Analysis analyze(const TraceInput& input);
 
 // The run a metadata record describes, and its re-simulation: the cost
 // model, or the measured costs when the trace has them. A changed partition,
-// or a split backward (I, W) where the run measured full ones, takes the
+// other work per micro-batch (model, micro-batch, sequence, tensor
+// parallelism, recompute, precision, hardware), or a split backward (I, W)
+// where the run measured full ones, takes the
 // cost model's durations scaled by the measured over modelled total of each
 // action kind (I and W by B's when the run had none), and its optimizer
 // steps by the optimizer's.

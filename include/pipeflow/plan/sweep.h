@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pipeflow/config/run_config.h"
+#include "pipeflow/sim/run_metadata.h"
 
 namespace pipeflow {
 
@@ -99,6 +100,10 @@ struct SweepRequest {
   LrRule lr_rule = LrRule::kSqrt;
   PointTrainer train;  // empty: simulate only
   std::optional<double> noise_scale;  // Sweep::noise_scale
+  // A measured run (measured_run_from: a profile, a trace or a log): every
+  // point is re-simulated from its measured durations (analyze's
+  // Resimulator), not the cost model alone.
+  std::optional<RunMetadata> measured;
 };
 
 // Simulates (and with request.train, trains) every combination of the axes'
