@@ -23,8 +23,8 @@ torch.distributed.pipelining does:
 
 Each folder has truth.json: what the run measured itself with time.time_ns() (one clock for both
 processes), per step (numbered as the trace's ProfilerStep#N; torch 1.13 numbers the recorded steps from 0):
-every labelled action's and the optimizer step's start and end, the bubble (1 - compute / (2 * the step's
-span, first action to the last end)), and each rank's profiler clock offset (wall time minus trace time,
+every labelled action's, GPipe's unlabelled transfers' ("recv F0", "send B3") and the optimizer step's start
+and end, the bubble (1 - compute / (2 * the step's span, first of them to the last end)), and each rank's profiler clock offset (wall time minus trace time,
 microseconds).
 
     /usr/bin/python3 tools/make_torch_traces.py [out-dir]
@@ -94,6 +94,13 @@ def run_rank(rank, schedule, out, port, queue):
         actions.append({"action": label, "start_ns": start, "end_ns": end})
         return result
 
+    def unlabelled(name, actions, fn):
+        """GPipe's transfers carry no label: timed for the truth's span only, under a name no label has."""
+        start = wall()
+        result = fn()
+        actions.append({"action": name, "start_ns": start, "end_ns": wall()})
+        return result
+
     dist.barrier()
     time.sleep(0.005 * rank)  # the ranks reach the profiler at different times, as in a real job
     path = os.path.join(out, f"rank{rank}_trace.json")
@@ -113,7 +120,7 @@ def run_rank(rank, schedule, out, port, queue):
                         if pp:
                             timed(f"PP:1RECV_F{m}", actions, lambda: dist.recv(buf, 0))
                         else:
-                            dist.recv(buf, 0)
+                            unlabelled(f"recv F{m}", actions, lambda: dist.recv(buf, 0))
                         x = buf.requires_grad_()
                         received[m] = x
                     label = f"PP:{rank}F{m}" if pp else f"Forward {m}"
@@ -123,7 +130,7 @@ def run_rank(rank, schedule, out, port, queue):
                         if pp:
                             pending.append(timed(f"PP:0SEND_F{m}", actions, lambda: dist.isend(y.detach(), 1)))
                         else:
-                            pending.append(dist.isend(y.detach(), 1))
+                            pending.append(unlabelled(f"send F{m}", actions, lambda: dist.isend(y.detach(), 1)))
                     else:
                         outputs[m] = (y * y).mean()
                 else:
@@ -134,13 +141,13 @@ def run_rank(rank, schedule, out, port, queue):
                         if pp:
                             pending.append(timed(f"PP:1SEND_B{m}", actions, lambda: dist.isend(grad, 0)))
                         else:
-                            pending.append(dist.isend(grad, 0))
+                            pending.append(unlabelled(f"send B{m}", actions, lambda: dist.isend(grad, 0)))
                     else:
                         grad = torch.empty(ROWS, WIDTH)
                         if pp:
                             timed(f"PP:0RECV_B{m}", actions, lambda: dist.recv(grad, 1))
                         else:
-                            dist.recv(grad, 1)
+                            unlabelled(f"recv B{m}", actions, lambda: dist.recv(grad, 1))
                         timed(label, actions, lambda: outputs[m].backward(grad))
             for work in pending:
                 work.wait()
@@ -157,7 +164,7 @@ def run_rank(rank, schedule, out, port, queue):
 
 def offset_us(trace_events, steps):
     """Wall-clock minus trace time of one labelled action, in microseconds (both are the same event)."""
-    first = steps[-1]["actions"][0]
+    first = next(a for a in steps[-1]["actions"] if is_compute(a["action"]))
     for e in trace_events:
         if e.get("name") == first["action"] and e.get("ph") == "X":
             last = e  # the last occurrence: the last step's

@@ -43,6 +43,8 @@ void run(const AnalyzeCommand& command) {
     return;
   }
   const TraceInput input = load_trace_input(paths, options);
+  // The files found in a folder are inputs too.
+  for (const std::string& file : input.reading.files) refuse_overwriting({"--html", command.html}, {{"the trace", file}});
   const Analysis analysis = analyze(input);
   if (!command.html.empty()) write_output(analysis_html(analysis, input.timeline), command.html);
   write_output(command.json ? analysis_json(analysis) : analysis_text(analysis), "");
@@ -55,14 +57,15 @@ void add_analyze_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "analyze", "Explain a step's trace (busy, idle, bubble, imbalance, critical path) and rank re-simulated fixes");
   sub->add_option("inputs", c->inputs,
-                  "A run directory of pipeflow train, a Chrome-trace JSON file, or PyTorch profiler traces (one per "
-                  "rank: files, .json.gz, or folders of them)")
+                  "A run directory of pipeflow train, a Chrome-trace JSON file, PyTorch profiler traces (one per "
+                  "rank: files, .json.gz, or folders of them), or a Megatron-LM or DeepSpeed log")
       ->required();
   sub->add_option("--step", c->step, "The ProfilerStep#N of PyTorch traces to analyse (default: the last in every rank's)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--config", c->config,
-                  "The run behind a trace without pipeflow's run metadata (a PyTorch job's), as a pipeflow "
-                  "configuration: the advice re-simulates it with the trace's measured durations");
+                  "The run behind a trace or log without pipeflow's run metadata (a PyTorch, DeepSpeed or "
+                  "Megatron job's), as a pipeflow or DeepSpeed configuration: the advice re-simulates it with the "
+                  "measured durations");
   sub->add_option("--html", c->html, "Also write a self-contained HTML report (timeline, tables, advice)");
   sub->add_flag("--json", c->json, "Print one JSON object instead of the summary");
   sub->add_flag("--compare", c->compare,

@@ -106,6 +106,7 @@ bool is_auto(const Json* value) { return value != nullptr && value->is_string() 
 void move_spelling(Json& json, Json& from, const std::string& from_path, const std::string& key, const std::string& to,
                    std::string_view argument, const std::string& source, std::vector<std::string>& notes) {
   if (!from.is_object() || !from.contains(key)) return;
+  if (!json.contains("pipeline")) json["pipeline"] = Json::object();
   Json& pipeline = json["pipeline"];
   if (!pipeline.is_object()) fail("{}: pipeline = {}: an object of pipeline keys", source, short_dump(pipeline));
   if (pipeline.contains(to) && !(&from == &pipeline && key == to)) {
@@ -178,7 +179,7 @@ Json deepspeed_as_written(Json json, const std::string& source, std::vector<std:
   resolve("bf16.enabled", false, "the Trainer's bf16 default");
   resolve("scheduler.params.warmup_min_lr", 0.0, "the Trainer's warm-up starts at 0");
   const Json* lr = find(json, "optimizer.params.lr");
-  resolve("scheduler.params.warmup_max_lr", lr != nullptr && lr->is_number() ? *lr : Json(1e-3),
+  resolve("scheduler.params.warmup_max_lr", lr != nullptr && lr->is_number() ? *lr : Json(5e-5),
           "the optimizer's learning rate, as the Trainer sets it");
   resolve("scheduler.params.warmup_num_steps", 0, "the Trainer's warmup_steps default");
   const Json* steps = find(json, "steps");

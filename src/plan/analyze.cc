@@ -6,6 +6,7 @@
 #include <array>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
@@ -163,10 +164,14 @@ CriticalPath critical_path(const ActionEvents& a) {
                         })->second;
   const double end = e->end_s();
   std::vector<const TraceEvent*> chain;
-  while (e != nullptr) {
+  std::set<const TraceEvent*> visited;
+  while (e != nullptr && visited.insert(e).second) {
     chain.push_back(e);
     const TraceEvent* on_rank = previous_on_rank(e);
     const TraceEvent* data = data_predecessor(a, *e->action);
+    // A data predecessor that starts after its successor (clocks that disagree, a mislabelled action) is no
+    // predecessor: every step of the walk goes to an earlier start, so it ends.
+    if (data != nullptr && !(data->start_s < e->start_s)) data = nullptr;
     if (on_rank == nullptr || (data != nullptr && data->end_s() > on_rank->end_s())) on_rank = data;
     e = on_rank;
   }

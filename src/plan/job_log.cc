@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <map>
 
 #include "pipeflow/config/megatron_args.h"
@@ -150,6 +151,7 @@ TimerLog read_megatron(const std::vector<std::string_view>& lines, const std::st
     if (line.find(kMegatronAll) != std::string_view::npos) {
       in_all = true;
       timer.clear();
+      by_global_rank.clear();  // the last interval's timers only
       continue;
     }
     if (const std::size_t at = line.find("] (after "); at != std::string_view::npos &&
@@ -211,9 +213,11 @@ TimerLog read_megatron(const std::vector<std::string_view>& lines, const std::st
                         "stage; give the run with --config for the layout");
   }
   if (by_global_rank.empty()) {
-    log.notes.push_back(spread_only ? "the timers give the min and max over ranks, not each rank's: run Megatron with "
-                                      "--timing-log-level 2 --timing-log-option all"
-                                    : "no timers (run Megatron with --timing-log-level 2 --timing-log-option all)");
+    fail("{}: {}", source,
+         spread_only ? "the timers give the min and max over ranks, not each rank's: run Megatron-LM with "
+                       "--timing-log-level 2 --timing-log-option all"
+                     : "no per-rank timers (\"times across ranks (ms):\"): run Megatron-LM with --timing-log-level 2 "
+                       "--timing-log-option all");
   }
   if (pp == 0) {
     pp = by_global_rank.empty() ? 1 : by_global_rank.rbegin()->first + 1;
@@ -253,10 +257,25 @@ TimerLog read_megatron(const std::vector<std::string_view>& lines, const std::st
 
 // ---- DeepSpeed ----
 
+constexpr double kMaxSteps = 1e12;
+
+// A whole number >= 1 of DeepSpeed's printed configuration: "  KEY ........ N".
+std::optional<double> printed_value(std::string_view line, std::string_view key) {
+  const std::size_t at = line.find(key);
+  if (at == std::string_view::npos) return std::nullopt;
+  std::string_view rest = line.substr(at + key.size());
+  if (rest.empty() || (rest.front() != ' ' && rest.front() != '.')) return std::nullopt;  // a longer key
+  while (!rest.empty() && (rest.front() == '.' || rest.front() == ' ')) rest.remove_prefix(1);
+  const std::optional<double> value = number_at(rest);
+  if (!value || *value < 1 || *value > 1e9 || *value != std::floor(*value)) return std::nullopt;
+  return value;
+}
+
 TimerLog read_deepspeed(const std::vector<std::string_view>& lines, const std::string& source) {
   TimerLog log;
   log.format = "DeepSpeed log";
-  std::vector<int> step_numbers;
+  std::vector<std::int64_t> step_numbers;
+  int steps_per_print = 0;  // as the printed configuration gives it; 0: not printed
   std::map<std::string, double> timers;  // the last print's, accumulated over its steps
   std::map<int, int> layers;
   for (std::size_t i = 0; i < lines.size(); ++i) {
@@ -264,9 +283,16 @@ TimerLog read_deepspeed(const std::vector<std::string_view>& lines, const std::s
     if (line.size() > kMaxLine) fail_line(source, i, "a line of more than 64 KiB: is it a log?");
     if (const std::optional<double> seconds = number_after(line, kDeepSpeedStep)) {
       const std::optional<double> step = number_after(line, "steps:");
-      if (*seconds < 0 || !step) fail_line(source, i, "a step line is \"steps: N loss: L iter time (s): T ...\"");
+      if (*seconds < 0 || !step || *step < 1 || *step > kMaxSteps || *step != std::floor(*step)) {
+        fail_line(source, i, "a step line is \"steps: N loss: L iter time (s): T ...\" with N a step number >= 1");
+      }
+      if (!step_numbers.empty() && *step <= static_cast<double>(step_numbers.back())) {
+        fail_line(source, i, fmt::format("step {} after step {}: the steps of one run increase (two runs in one log? "
+                                         "give one run's)",
+                                         *step, step_numbers.back()));
+      }
       log.step_s.push_back(*seconds);
-      step_numbers.push_back(static_cast<int>(*step));
+      step_numbers.push_back(static_cast<std::int64_t>(*step));
       continue;
     }
     if (const std::size_t at = line.find(kDeepSpeedTimes); at != std::string_view::npos) {
@@ -293,12 +319,10 @@ TimerLog read_deepspeed(const std::vector<std::string_view>& lines, const std::s
       layers[static_cast<int>(*stage)] = static_cast<int>(*count);
       continue;
     }
-    if (const std::size_t at = line.find("gradient_accumulation_steps"); at != std::string_view::npos) {
-      std::string_view rest = line.substr(at + std::string_view("gradient_accumulation_steps").size());
-      rest = trim(rest);
-      while (!rest.empty() && (rest.front() == '.' || rest.front() == ' ')) rest.remove_prefix(1);
-      if (const std::optional<double> m = number_at(rest); m && *m >= 1 && *m < 1e9) log.microbatches = static_cast<int>(*m);
+    if (const std::optional<double> m = printed_value(line, "gradient_accumulation_steps")) {
+      log.microbatches = static_cast<int>(*m);
     }
+    if (const std::optional<double> n = printed_value(line, "steps_per_print")) steps_per_print = static_cast<int>(*n);
   }
   if (log.step_s.empty()) {
     fail("{}: no \"steps: N loss: L iter time (s): T\" line: DeepSpeed's pipeline engine prints one every "
@@ -314,8 +338,17 @@ TimerLog read_deepspeed(const std::vector<std::string_view>& lines, const std::s
   }
   log.ranks.resize(stages);
   // The timers accumulate over the steps since the last print: steps_per_print of them.
-  const int per_print = step_numbers.size() >= 2 ? step_numbers.back() - step_numbers[step_numbers.size() - 2]
-                                                 : std::max(1, step_numbers.back());
+  std::int64_t per_print = steps_per_print;
+  if (per_print < 1) {
+    if (step_numbers.size() >= 2) {
+      per_print = step_numbers.back() - step_numbers[step_numbers.size() - 2];
+    } else {
+      per_print = step_numbers.back();
+      log.notes.push_back(fmt::format("steps_per_print is not in the log and it prints once: the timers are taken as "
+                                      "accumulated over its {} steps",
+                                      per_print));
+    }
+  }
   if (!timers.empty()) {
     const auto timer = [&](std::initializer_list<const char*> names) {
       for (const char* name : names) {
@@ -331,7 +364,9 @@ TimerLog read_deepspeed(const std::vector<std::string_view>& lines, const std::s
                timer({"pipe_recv_grad"});
     log.ranks[0] = t;
   } else {
-    log.notes.push_back("no timers: set \"wall_clock_breakdown\": true in the DeepSpeed configuration");
+    fail("{}: no timers (\"[Rank 0] time (ms) | ...\"): set \"wall_clock_breakdown\": true in the DeepSpeed "
+         "configuration",
+         source);
   }
   if (stages > 1) {
     log.notes.push_back(fmt::format("DeepSpeed prints rank 0's timers only: stages 1 to {} are not seen", stages - 1));

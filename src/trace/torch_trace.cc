@@ -65,8 +65,23 @@ std::optional<int> whole_number_after(std::string_view name, std::string_view pr
   return value;
 }
 
+// A communication op of the host: c10d's ops ("c10d::send", "c10d::recv_",
+// "c10d::allreduce_") and the backends' spans inside them ("gloo:recv",
+// "nccl:send").
+std::optional<EventCategory> host_comm_category(const std::string& name) {
+  for (std::string_view prefix : {"c10d::", "gloo:", "nccl:"}) {
+    if (!name.starts_with(prefix)) continue;
+    const std::string_view op = std::string_view(name).substr(prefix.size());
+    if (op.starts_with("send") || op.starts_with("isend")) return EventCategory::kSend;
+    if (op.starts_with("recv") || op.starts_with("irecv")) return EventCategory::kRecv;
+    return EventCategory::kAllreduce;
+  }
+  return std::nullopt;
+}
+
 // A collective kernel's category: NCCL's by its "Collective name", HCCL's by its name.
 std::optional<EventCategory> collective_category(const std::string& name, const nlohmann::json& e) {
+  if (std::optional<EventCategory> host = host_comm_category(name)) return host;
   if (starts_with_case(name, "hcom_")) {
     if (starts_with_case(name, "hcom_send")) return EventCategory::kSend;
     if (starts_with_case(name, "hcom_receive") || starts_with_case(name, "hcom_recv")) return EventCategory::kRecv;
@@ -140,7 +155,14 @@ Label read_label(const std::string& name, int stage) {
 }  // namespace
 
 bool is_torch_trace(const nlohmann::json& trace) {
-  if (trace.is_array()) return true;
+  if (trace.is_array()) {
+    // A list of trace events, not any list: its first elements are events with a phase.
+    const std::size_t look = std::min<std::size_t>(trace.size(), 16);
+    for (std::size_t i = 0; i < look; ++i) {
+      if (trace[i].is_object() && trace[i].contains("ph") && trace[i]["ph"].is_string()) return true;
+    }
+    return false;
+  }
   return trace.is_object() &&
          (trace.contains("distributedInfo") || trace.contains("schemaVersion") || trace.contains("deviceProperties"));
 }
@@ -262,12 +284,19 @@ RankTrace read_torch_trace(const nlohmann::json& trace, const std::string& sourc
     latest_end[i] = std::max(i > 0 ? latest_end[i - 1] : -std::numeric_limits<double>::infinity(), out.events[i].end_s());
   }
   const std::size_t actions = out.events.size();
+  std::stable_sort(collectives.begin(), collectives.end(), [](const TraceEvent& a, const TraceEvent& b) {
+    return a.start_s < b.start_s;
+  });
+  double transfer_end = -std::numeric_limits<double>::infinity();  // of the last transfer kept
   for (TraceEvent& c : collectives) {
     if (c.category == EventCategory::kSend || c.category == EventCategory::kRecv) {
       const auto after = std::lower_bound(out.events.begin(), out.events.begin() + static_cast<std::ptrdiff_t>(actions),
                                           c.end_s(), [](const TraceEvent& a, double t) { return a.start_s < t; });
       const std::size_t before = static_cast<std::size_t>(after - out.events.begin());
       if (before > 0 && latest_end[before - 1] > c.start_s) continue;
+      // A backend's span inside c10d's op ("gloo:recv" in "c10d::recv_") is the same transfer.
+      if (c.end_s() <= transfer_end) continue;
+      transfer_end = c.end_s();
     }
     out.events.push_back(std::move(c));
   }
@@ -291,16 +320,16 @@ RankTrace read_torch_trace(const nlohmann::json& trace, const std::string& sourc
 
 namespace {
 
-// The events of one rank that start within its step (all of them without steps).
+// The events of one rank that start within its step (all of them without
+// steps): the rank's events are sorted by start, its steps by number.
 std::vector<TraceEvent> cut(const RankTrace& trace, std::optional<int> step) {
   if (!step) return trace.events;
-  const auto it = std::find_if(trace.steps.begin(), trace.steps.end(), [&](const ProfilerStep& s) {
-    return s.number == *step;
-  });
+  const auto it = std::lower_bound(trace.steps.begin(), trace.steps.end(), *step,
+                                   [](const ProfilerStep& s, int number) { return s.number < number; });
+  const auto first = std::lower_bound(trace.events.begin(), trace.events.end(), it->start_s,
+                                      [](const TraceEvent& e, double t) { return e.start_s < t; });
   std::vector<TraceEvent> events;
-  for (const TraceEvent& e : trace.events) {
-    if (e.start_s >= it->start_s && e.start_s < it->end_s) events.push_back(e);
-  }
+  for (auto e = first; e != trace.events.end() && e->start_s < it->end_s; ++e) events.push_back(*e);
   return events;
 }
 
@@ -442,6 +471,38 @@ std::vector<TraceEvent> split_waits(std::vector<TraceEvent> events) {
   return out;
 }
 
+// Each rank's labels are its own stages', and every stage a message names is
+// some rank's: a file read as the wrong rank, or a rank's file missing, would
+// otherwise give a pipeline that never ran.
+void check_stages(const std::vector<RankTrace>& ranks) {
+  const int p = static_cast<int>(ranks.size());
+  std::set<int> held;
+  for (const RankTrace& r : ranks) {
+    for (const TraceEvent& e : r.events) {
+      if (!e.action) continue;
+      const int s = e.action->stage.value();
+      // Stage s sits on rank s mod p (1F1B, interleaved), or on 2p-1-s past the turn of a V (ZB-V, DualPipe).
+      if (s % p != r.rank && !(s >= p && s < 2 * p && 2 * p - 1 - s == r.rank)) {
+        fail("{} is read as pipeline rank {} of {}, but its {} is stage {}'s: name the files by their pipeline rank "
+             "(rank{{R}}_trace.json) or give every rank's trace",
+             r.source, r.rank, p, e.name, s);
+      }
+      held.insert(s);
+    }
+  }
+  for (const RankTrace& r : ranks) {
+    for (const TraceEvent& e : r.events) {
+      if (!e.action || !is_communication(e.action->kind)) continue;
+      const int peer = partner(*e.action).stage.value();
+      if (peer >= 0 && !held.contains(peer)) {
+        fail("{}: {} names stage {}, which no given trace holds: give every pipeline rank's trace (the ranks given "
+             "are 0 to {})",
+             r.source, e.name, peer, p - 1);
+      }
+    }
+  }
+}
+
 // The traces of one pipeline: where the traces name their pipeline groups,
 // the group of the lowest global rank.
 std::vector<RankTrace> one_pipeline(std::vector<RankTrace> ranks, std::vector<std::string>& notes) {
@@ -487,16 +548,25 @@ MergedTrace merge_rank_traces(std::vector<RankTrace> ranks, std::optional<int> s
     }
   }
   const std::size_t n = ranks.size();
+  check_stages(ranks);
   // The steps every rank has.
   std::vector<int> common;
   bool any_steps = false;
   for (const RankTrace& r : ranks) any_steps = any_steps || !r.steps.empty();
   if (any_steps) {
-    for (const ProfilerStep& s : ranks.front().steps) {
-      const bool everywhere = std::all_of(ranks.begin(), ranks.end(), [&](const RankTrace& r) {
-        return std::any_of(r.steps.begin(), r.steps.end(), [&](const ProfilerStep& t) { return t.number == s.number; });
-      });
-      if (everywhere && (common.empty() || common.back() != s.number)) common.push_back(s.number);
+    std::vector<std::set<int>> numbers;
+    for (const RankTrace& r : ranks) {
+      std::set<int>& seen = numbers.emplace_back();
+      for (const ProfilerStep& t : r.steps) {
+        if (!seen.insert(t.number).second) {
+          fail("{}: ProfilerStep#{} twice: one trace holds one run's steps", r.source, t.number);
+        }
+      }
+    }
+    for (int number : numbers.front()) {
+      const bool everywhere =
+          std::all_of(numbers.begin(), numbers.end(), [&](const std::set<int>& held) { return held.contains(number); });
+      if (everywhere) common.push_back(number);
     }
     if (common.empty()) {
       fail("the traces mark steps (ProfilerStep#N) but no step is in every rank's trace: give traces of the same "

@@ -94,6 +94,20 @@ TEST(Analyze, ReadsATraceOfAnotherProgramWhoseEventsArePyTorchActionNames) {
   EXPECT_NEAR(a.ranks[0].fill_s, 54e-6, 1e-15);   // rank 0 waits 0F0's end to 0B0's start
 }
 
+// Found by a review: a backward labelled before its forward (clocks that
+// disagree, a mislabelled action) sent the critical-path walk round in a
+// loop without end, its memory growing by gigabytes.
+TEST(Analyze, TheCriticalPathWalkEndsWhenAnActionStartsBeforeItsInput) {
+  TraceInput input;
+  input.source = "skewed.json";
+  input.timeline = read_chrome_trace(R"({"traceEvents": [
+      {"name": "0F0", "ph": "X", "tid": 0, "ts": 100, "dur": 10},
+      {"name": "0B0", "ph": "X", "tid": 0, "ts": 0, "dur": 50}]})",
+                                     input.source);
+  const Analysis a = analyze(input);
+  EXPECT_EQ(a.critical_path.actions, (std::vector<std::string>{"0B0", "0F0"}));
+}
+
 // pipeflow's own trace under MPI with data parallelism: a stage's reduction
 // is posted while the rank still computes another stage; only its part
 // after the compute counts as flush, so busy + flush + idle is the step.

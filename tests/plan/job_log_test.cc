@@ -102,16 +102,29 @@ TEST(JobLog, DeepSpeedsOlderTimerNamesAndItsAccumulationOverThePrintInterval) {
   EXPECT_EQ(log.step_s, (std::vector<double>{0.5, 0.4}));
 }
 
-TEST(JobLog, MegatronsMinMaxTimersSayHowToGetEachRanks) {
+TEST(JobLog, ALogWithoutPerRankTimersSaysHowToGetThem) {
+  EXPECT_NE(error_of(" iteration       10/     100 | consumed samples:           80 | elapsed time per iteration (ms): "
+                     "250.0 |\n(min, max) time across ranks (ms):\n"
+                     "    forward-compute ................................: (10.00, 12.00)\n")
+                .find("run Megatron-LM with --timing-log-level 2 --timing-log-option all"),
+            std::string::npos);
+  EXPECT_NE(error_of("steps: 10 loss: 1 iter time (s): 0.1 samples/sec: 1\n").find("\"wall_clock_breakdown\": true"),
+            std::string::npos);
+}
+
+TEST(JobLog, DeepSpeedsStepsMustIncreaseAndItsPrintIntervalIsThePrintedOne) {
+  EXPECT_NE(error_of("steps: 10 loss: 1 iter time (s): 0.1 samples/sec: 1\n"
+                     "steps: 10 loss: 1 iter time (s): 0.1 samples/sec: 1\n")
+                .find("job.log:2: step 10 after step 10: the steps of one run increase"),
+            std::string::npos);
+  // A resumed run prints step 1010 first: its timers are over steps_per_print = 10 steps, not 1010.
   const TimerLog log = read_timer_log(
-      " iteration       10/     100 | consumed samples:           80 | elapsed time per iteration (ms): 250.0 |\n"
-      "(min, max) time across ranks (ms):\n"
-      "    forward-compute ................................: (10.00, 12.00)\n",
-      "minmax.log");
-  EXPECT_EQ(log.step_s, (std::vector<double>{0.25}));
-  bool said = false;
-  for (const std::string& note : log.notes) said = said || note.find("--timing-log-option all") != std::string::npos;
-  EXPECT_TRUE(said);
+      "[INFO] [config.py:1004:print]   steps_per_print .............. 10\n"
+      "steps: 1010 loss: 1 iter time (s): 0.100 samples/sec: 1\n"
+      "[Rank 0] time (ms) | fwd_microstep: 300.00 | bwd_microstep: 600.00\n",
+      "resumed.log");
+  ASSERT_TRUE(log.ranks.at(0));
+  EXPECT_DOUBLE_EQ(log.ranks[0]->forward_s, 0.03);
 }
 
 TEST(JobLog, AMalformedTimerLineIsNamedByItsLine) {

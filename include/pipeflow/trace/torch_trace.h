@@ -54,8 +54,9 @@ struct RankTrace {
 };
 
 // Whether `trace` (parsed JSON) is a PyTorch or Ascend profiler trace, not
-// pipeflow's own: a bare list of events, or an object with distributedInfo,
-// schemaVersion or deviceProperties.
+// pipeflow's own: a list of events (one of its first 16 elements an object
+// with a "ph"), or an object with distributedInfo, schemaVersion or
+// deviceProperties.
 bool is_torch_trace(const nlohmann::json& trace);
 
 // The rank a file's name gives: torchtitan's "rank{R}_trace.json", Megatron's
