@@ -86,8 +86,10 @@ RunConfig megatron_run(const std::string& text_or_file, const RunFlags& flags) {
                          source);
   const RunOverrides given = flags.overrides();
   if (!given.has("devices") && !given.has("data_parallel")) {
-    fmt::print(stderr, "{}: one replica (tensor x pipeline devices); give --devices for Megatron's world size\n",
-               source);
+    fmt::print(stderr, "{}: one replica ({} devices = tensor {} x pipeline {}); give --devices for Megatron's world "
+                       "size\n",
+               source, args.overrides.find("tensor_parallel")->get<int>() * args.overrides.find("pipeline.stages")->get<int>(),
+               args.overrides.find("tensor_parallel")->get<int>(), args.overrides.find("pipeline.stages")->get<int>());
   }
   if (!args.not_modelled.empty()) {
     std::string list;

@@ -279,7 +279,8 @@ RunConfig megatron_run_config(MegatronArgs args, const RunOverrides& given, cons
   if (given.has("devices") && !given.has("data_parallel")) {
     const int devices = given.find("devices")->get<int>();
     if (devices % (tp * pp) != 0) {
-      fail("{}: {} devices: Megatron-LM needs a world of a multiple of tensor x pipeline = {} x {} = {} devices",
+      fail("{}: a world of {} devices (--devices, or a log's world_size): Megatron-LM needs a multiple of tensor x "
+           "pipeline = {} x {} = {} devices",
            source, devices, tp, pp, tp * pp);
     }
     args.overrides.set("data_parallel", devices / (tp * pp));

@@ -10,6 +10,7 @@
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
+#include "pipeflow/core/log.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/sim/cost_model.h"
@@ -480,6 +481,21 @@ RunMetadata measured_run(const RunConfig& config, const std::vector<MeasuredStag
       model[kind_index(kind)] += modelled.costs.stages[s].duration(kind);
     }
   }
+  double seen_optimizer = 0, model_optimizer = 0;
+  std::vector<std::size_t> unseen;
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    if (stages[s].optimizer_s) {
+      seen_optimizer += *stages[s].optimizer_s;
+      model_optimizer += modelled.costs.stages[s].optimizer_s;
+    }
+    if (!stages[s].duration_s[kind_index(ActionKind::kForward)]) unseen.push_back(s);
+  }
+  if (unseen.size() == stages.size()) fail("{}: no stage's durations were measured: nothing to re-simulate", source);
+  if (!unseen.empty()) {
+    log_warning("{}: stages {} were not measured: their durations are the cost model's scaled as the measured "
+                "stages' ({:.2f} of the model's forward): a guess, as good as the model's balance of the stages",
+                source, fmt::join(unseen, ", "), model[0] > 0 ? seen[0] / model[0] : 0.0);
+  }
   MeasuredProfile profile =
       profile_of_costs(modelled.costs, source + ": durations measured, the rest the cost model's");
   for (std::size_t s = 0; s < stages.size(); ++s) {
@@ -489,7 +505,11 @@ RunMetadata measured_run(const RunConfig& config, const std::vector<MeasuredStag
       const std::optional<double>& measured = stages[s].duration_s[k];
       costs.set_duration(kind, measured ? *measured : costs.duration(kind) * (model[k] > 0 ? seen[k] / model[k] : 0.0));
     }
-    if (stages[s].optimizer_s) costs.optimizer_s = *stages[s].optimizer_s;
+    if (stages[s].optimizer_s) {
+      costs.optimizer_s = *stages[s].optimizer_s;
+    } else if (model_optimizer > 0) {
+      costs.optimizer_s *= seen_optimizer / model_optimizer;
+    }
   }
   return RunMetadata{"pipeflow analyze --config", config, std::move(profile), true};
 }
@@ -554,6 +574,11 @@ void set_imbalance(Analysis& a) {
 Analysis timeline_figures(const TraceInput& input) {
   const Timeline& t = input.timeline;
   if (t.events.empty() || t.num_ranks < 1) {
+    if (input.reading.format != "pipeflow" && !input.reading.format.empty()) {
+      fail("{}: no pipeline action, transfer or collective{}: label the actions as torch.distributed.pipelining "
+           "does (\"PP:0F1\", \"Forward 1\"), or pick another --step",
+           input.source, input.reading.step ? fmt::format(" in step {}", *input.reading.step) : std::string());
+    }
     fail("{}: the trace has no events (\"X\" events, tid = rank): nothing to analyse", input.source);
   }
   Analysis a;
@@ -700,7 +725,7 @@ RunMetadata measured_run_from(const std::filesystem::path& path, const RunConfig
     const std::size_t first = text.find_first_not_of(" \t\r\n");
     if (first != std::string::npos && text[first] == '{' && text.find("\"traceEvents\"") == std::string::npos &&
         text.find("\"distributedInfo\"") == std::string::npos) {
-      return RunMetadata{"a measured profile", config, profile_from_json(text, path.string()), true};
+      return RunMetadata{"a measured profile", config, load_profile(path), true};
     }
   }
   TraceOptions options;

@@ -55,6 +55,12 @@ std::vector<std::string> advice_row(std::size_t i, const Advice& advice) {
           format_bytes(advice.peak_memory_bytes)};
 }
 
+// Whether the input measured every rank's peak memory.
+bool memory_measured(const Analysis& a) {
+  const auto& peaks = a.reading.peak_memory_bytes;
+  return !peaks.empty() && std::all_of(peaks.begin(), peaks.end(), [](const auto& p) { return p.has_value(); });
+}
+
 // How another program's trace was read: its format, the step and the others'.
 std::vector<std::string> reading_lines(const Analysis& a) {
   const TraceReading& r = a.reading;
@@ -77,14 +83,23 @@ std::vector<std::string> reading_lines(const Analysis& a) {
   if (!peaks.empty() && peaks.size() == r.peak_memory_bytes.size()) {
     std::vector<std::string> shown;
     for (double peak : peaks) shown.push_back(format_bytes(peak));
-    lines.push_back(fmt::format("peak memory per rank (measured): {}", fmt::join(shown, ", ")));
+    lines.push_back(fmt::format("peak memory per rank (measured): {}; skew {:.2f} (largest over smallest)",
+                                fmt::join(shown, ", "), a.memory_skew));
+  }
+  if (!r.step && !r.step_spans_s.empty()) {  // a log's printed intervals
+    std::vector<double> spans = r.step_spans_s;
+    std::sort(spans.begin(), spans.end());
+    lines.push_back(fmt::format("its {} printed intervals' step: min {} / median {} / max {}", spans.size(),
+                                format_seconds(spans.front()), format_seconds(spans[spans.size() / 2]),
+                                format_seconds(spans.back())));
   }
   return lines;
 }
 
 std::vector<std::string> summary_lines(const Analysis& a) {
   std::vector<std::string> lines = reading_lines(a);
-  lines.push_back(fmt::format("step {} on {} ranks; bubble {}{}", duration(a, a.step_s), a.num_ranks,
+  lines.push_back(fmt::format("step {} on {} rank{}; bubble {}{}", duration(a, a.step_s), a.num_ranks,
+                              a.num_ranks == 1 ? "" : "s",
                               format_percent(a.bubble),
                               a.theoretical_bubble
                                   ? fmt::format(" (the schedule's own: {})", format_percent(*a.theoretical_bubble))
@@ -99,7 +114,7 @@ std::vector<std::string> summary_lines(const Analysis& a) {
   if (!a.stage_compute_s.empty()) {
     lines.push_back(fmt::format("stage imbalance {:.2f} (slowest stage's compute over the mean)", a.imbalance));
   }
-  if (!a.peak_memory_bytes.empty()) {
+  if (!a.peak_memory_bytes.empty() && !memory_measured(a)) {
     lines.push_back(fmt::format("peak memory per rank (re-simulated): skew {:.2f} (largest over smallest)",
                                 a.memory_skew));
   }
@@ -343,7 +358,10 @@ std::vector<Compared> compared(const Analysis& a, const Analysis& b) {
     return x.stage_compute_s.empty() ? std::nullopt : std::optional<double>(x.imbalance);
   };
   rows.push_back({"stage imbalance", imbalance(a), imbalance(b), Kind::kRatio});
-  rows.push_back({"memory skew", a.memory_skew, b.memory_skew, Kind::kRatio});
+  const auto skew = [](const Analysis& x) {
+    return memory_measured(x) || !x.peak_memory_bytes.empty() ? std::optional<double>(x.memory_skew) : std::nullopt;
+  };
+  rows.push_back({"memory skew", skew(a), skew(b), Kind::kRatio});
   const auto rate = [](const Analysis& x) {
     return x.baseline ? std::optional<double>(x.baseline->tokens_per_s) : std::nullopt;
   };
@@ -374,6 +392,14 @@ std::string comparison_text(const Analysis& before, const Analysis& after) {
   if (before.num_ranks != after.num_ranks) {
     out += fmt::format("note: A has {} ranks, B {}: per-rank rows compare rank by rank\n", before.num_ranks,
                        after.num_ranks);
+  }
+  for (const auto& [name, a] : {std::pair{"A", &before}, std::pair{"B", &after}}) {
+    const auto seen = std::count(a->rank_seen.begin(), a->rank_seen.end(), true);
+    if (seen < a->num_ranks) {
+      out += fmt::format("note: {}'s input shows {} of its {} ranks: its bubble and shares are over those\n", name,
+                         seen, a->num_ranks);
+    }
+    if (!a->idle_by_phase) out += fmt::format("note: {} is a log's totals: no fill, drain or stalls\n", name);
   }
   return out;
 }

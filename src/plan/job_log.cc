@@ -10,6 +10,7 @@
 
 #include "pipeflow/config/megatron_args.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/text.h"
 
 namespace pipeflow {
 namespace {
@@ -23,12 +24,6 @@ constexpr std::string_view kDeepSpeedStep = "iter time (s):";
 constexpr std::size_t kMaxLine = std::size_t{1} << 16;
 // The most ranks a log may name.
 constexpr int kMaxRanks = 1 << 16;
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
-  return s;
-}
 
 // The number at the start of `s` (after spaces), if there is one.
 std::optional<double> number_at(std::string_view s) {

@@ -50,6 +50,7 @@ std::vector<Candidate> candidates(const std::vector<fs::path>& paths) {
     std::error_code error;
     if (!fs::exists(path, error)) fail("{}: no such file or folder", path.string());
     if (!fs::is_directory(path, error)) {
+      require_regular_file(path);  // /dev/zero would be read up to the limit
       out.push_back({path, true});
       continue;
     }
@@ -82,6 +83,19 @@ std::vector<Candidate> candidates(const std::vector<fs::path>& paths) {
   return out;
 }
 
+// A configuration given for a log that states its run must be that run.
+void check_same_run(const RunConfig& logged, const RunConfig& given, const std::string& log, const std::string& config) {
+  const auto shape = [](const RunConfig& r) {
+    return fmt::format("tensor {} x pipeline {}, {} layers of width {}", r.tensor_parallel, r.pipeline.ranks,
+                       r.model ? r.model->layers : 0, r.model ? r.model->hidden : 0);
+  };
+  if (shape(logged) != shape(given)) {
+    fail("--config {}: {}, but {}'s arguments block states {}: give the run's configuration, or leave --config out "
+         "to take the log's",
+         config, shape(given), log, shape(logged));
+  }
+}
+
 std::string joined(const std::vector<std::string>& items) {
   return items.size() <= 3 ? fmt::format("{}", fmt::join(items, ", "))
                            : fmt::format("{}, ... ({} files)", fmt::join(items.begin(), items.begin() + 2, ", "),
@@ -96,6 +110,7 @@ TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptio
   std::vector<RankTrace> ranks;
   std::optional<std::string> own;  // a pipeflow trace's file
   std::optional<std::string> log;  // a log's file
+  std::vector<std::string> skipped;  // files of a folder that are neither
   for (const Candidate& c : candidates(paths)) {
     const std::string source = c.path.string();
     const std::string text = read_file_inflated(c.path, kMaxTraceFileBytes, "trace");
@@ -110,7 +125,7 @@ TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptio
       } else if (c.named) {
         fail("{}: neither a trace (JSON) nor a Megatron-LM or DeepSpeed log (no iteration time line)", source);
       } else {
-        input.reading.notes.push_back(fmt::format("skipped {}: not a trace or a log", source));
+        skipped.push_back(source);
       }
       continue;
     }
@@ -127,8 +142,13 @@ TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptio
       fail("{}: not a trace: neither a Chrome trace (an object with \"traceEvents\") nor a PyTorch profiler trace",
            source);
     } else {
-      input.reading.notes.push_back(fmt::format("skipped {}: not a trace or a log", source));
+      skipped.push_back(source);
     }
+  }
+  if (!skipped.empty()) {
+    input.reading.notes.push_back(fmt::format("skipped {} file{} that {} no trace or log: {}", skipped.size(),
+                                              skipped.size() == 1 ? "" : "s", skipped.size() == 1 ? "is" : "are",
+                                              joined(skipped)));
   }
   if (log && (own || !ranks.empty())) {
     fail("{} is a log and {} a trace: analyze one job's trace or its log", *log, own ? *own : ranks.front().source);
@@ -143,7 +163,9 @@ TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptio
     for (const std::optional<RankTimes>& t : l.ranks) r.peak_memory_bytes.push_back(t ? t->peak_memory_bytes : std::nullopt);
     r.notes.insert(r.notes.end(), l.notes.begin(), l.notes.end());
     if (options.config) {
-      input.run = measured_run(load_run_config(*options.config), l, options.config->string());
+      const RunConfig config = load_run_config(*options.config);
+      if (l.run) check_same_run(*l.run, config, *log, options.config->string());
+      input.run = measured_run(config, l, options.config->string());
     } else if (l.run) {
       input.run = measured_run(*l.run, l, *log + " (its arguments block)");
     }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/text.h"
 
 namespace pipeflow {
 namespace {
@@ -21,12 +22,6 @@ constexpr std::array<std::pair<std::string_view, ActionKind>, kNumActionKinds> k
     {"I", ActionKind::kBackwardInput},
     {"W", ActionKind::kBackwardWeight},
 }};
-
-std::string_view trim(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
-  return text;
-}
 
 std::size_t digits_at_front(std::string_view text) {
   std::size_t n = 0;

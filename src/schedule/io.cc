@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pipeflow/core/config.h"
+#include "pipeflow/core/text.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/core/json.h"
@@ -28,12 +29,6 @@ constexpr std::size_t kMaxCellChars = 64;
 // Far above any real schedule (a lowered 1F1B on 64 ranks with 1024
 // micro-batches is about 4 MB of CSV), so that reading stays fast and bounded.
 constexpr std::size_t kMaxScheduleFileBytes = std::size_t{64} << 20;
-
-std::string_view trim(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
-  return text;
-}
 
 // The lines of `text`; the final line end closes the last line.
 std::vector<std::string_view> split_lines(std::string_view text, const std::string& source) {

@@ -17,6 +17,8 @@ namespace pipeflow {
 namespace {
 
 constexpr double kMicroseconds = 1e6;
+// Below a clock's resolution: spans this close touch, they do not overlap.
+constexpr double kTouch = 1e-9;
 // A pipeline rank: the timeline keeps a row per rank.
 constexpr int kMaxRank = 1 << 16;
 
@@ -290,12 +292,13 @@ RankTrace read_torch_trace(const nlohmann::json& trace, const std::string& sourc
   double transfer_end = -std::numeric_limits<double>::infinity();  // of the last transfer kept
   for (TraceEvent& c : collectives) {
     if (c.category == EventCategory::kSend || c.category == EventCategory::kRecv) {
+      // Spans that only touch (one ends where the other starts, to the clock's nanosecond) do not overlap.
       const auto after = std::lower_bound(out.events.begin(), out.events.begin() + static_cast<std::ptrdiff_t>(actions),
-                                          c.end_s(), [](const TraceEvent& a, double t) { return a.start_s < t; });
+                                          c.end_s() - kTouch, [](const TraceEvent& a, double t) { return a.start_s < t; });
       const std::size_t before = static_cast<std::size_t>(after - out.events.begin());
-      if (before > 0 && latest_end[before - 1] > c.start_s) continue;
+      if (before > 0 && latest_end[before - 1] > c.start_s + kTouch) continue;
       // A backend's span inside c10d's op ("gloo:recv" in "c10d::recv_") is the same transfer.
-      if (c.end_s() <= transfer_end) continue;
+      if (c.end_s() <= transfer_end + kTouch) continue;
       transfer_end = c.end_s();
     }
     out.events.push_back(std::move(c));

@@ -138,6 +138,19 @@ TEST(JobLog, AMalformedTimerLineIsNamedByItsLine) {
   EXPECT_NE(error_of("times across ranks (ms):\n").find("not a Megatron-LM or DeepSpeed log"), std::string::npos);
 }
 
+TEST(JobLog, AConfigurationOfAnotherRunThanTheLogsIsRefused) {
+  TraceOptions options;
+  options.config = logs("deepspeed-pipeline.json");  // 10 layers, tensor 1: the log's run has 8 and tensor 2
+  try {
+    load_trace_input({logs("megatron.log")}, options);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("arguments block states tensor 2 x pipeline 4, 8 layers of width 1024"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 TEST(JobLog, ALogAndATraceTogetherAreRefused) {
   const std::filesystem::path trace =
       std::filesystem::path(PIPEFLOW_SOURCE_DIR) / "tests" / "data" / "traces" / "torch-1f1b";

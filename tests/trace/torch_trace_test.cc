@@ -47,6 +47,22 @@ TEST(TorchTrace, ReadsPipeliningLabelsAndTellsTheLayout) {
   EXPECT_EQ(t.unread_actions, 1);
 }
 
+TEST(TorchTrace, HostTransfersOutsideActionsCountOncePerTransfer) {
+  // c10d's op and gloo's span inside it are one receive; a send inside an action is overlapped.
+  const RankTrace t = read_torch_trace(
+      json::array({x_event("Forward 0", 0, 10), x_event("c10d::send", 5, 1, "cpu_op"),
+                   x_event("c10d::recv_", 20, 10, "cpu_op"), x_event("gloo:recv", 25, 5, "cpu_op"),
+                   x_event("Backward 0", 30, 20)}),
+      "rank-1.json", 1);
+  EXPECT_EQ(names(t.events), (std::vector<std::string>{"Forward 0:forward", "c10d::recv_:recv", "Backward 0:backward"}));
+}
+
+TEST(TorchTrace, AJsonListOfOtherThingsIsNoTrace) {
+  EXPECT_FALSE(is_torch_trace(json::parse("[1, 2, 3]")));
+  EXPECT_FALSE(is_torch_trace(json::array()));
+  EXPECT_TRUE(is_torch_trace(json::array({x_event("PP:0F0", 0, 1)})));
+}
+
 TEST(TorchTrace, GpipeLabelsAreTheRanksOwnStage) {
   const RankTrace t = read_torch_trace(json::array({x_event("Forward 3", 0, 1), x_event("Backward 3", 2, 2)}),
                                        "rank-2.json.gz", 2);
@@ -257,6 +273,19 @@ TEST(MergeRankTraces, AMissingOrRepeatedRankIsAnError) {
     FAIL();
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("are both pipeline rank 0"), std::string::npos) << error.what();
+  }
+}
+
+TEST(MergeRankTraces, AFileReadAsTheWrongRankIsAnError) {
+  std::vector<RankTrace> ranks = two_clocks();
+  std::swap(ranks[0].rank, ranks[1].rank);  // the files named the other's rank
+  try {
+    merge_rank_traces(ranks, std::nullopt);
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("is read as pipeline rank 0 of 2, but its PP:1RECV_F0 is stage 1's"),
+              std::string::npos)
+        << error.what();
   }
 }
 
