@@ -183,6 +183,26 @@ nlohmann::json plain_scalar(const std::string& text) {
   return text;
 }
 
+// Whether `text` is UTF-8 (JSON's strings are; YAML's may be any bytes).
+bool is_utf8(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const std::size_t length = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (length == 0 || i + length > text.size()) return false;
+    for (std::size_t k = 1; k < length; ++k) {
+      if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2) return false;
+    }
+    i += length;
+  }
+  return true;
+}
+
+const std::string& utf8(const std::string& text, const std::string& source) {
+  if (!is_utf8(text)) fail("{}: a YAML string that is not UTF-8: write the file in UTF-8", source);
+  return text;
+}
+
 struct YamlLimits {
   std::size_t nodes = 0;
   const std::string& source;
@@ -198,7 +218,8 @@ nlohmann::json to_json(const YAML::Node& node, int depth, YamlLimits& limits) {
     case YAML::NodeType::Undefined:
       return nullptr;
     case YAML::NodeType::Scalar:
-      return node.Tag() == "!" ? nlohmann::json(node.Scalar()) : plain_scalar(node.Scalar());
+      return node.Tag() == "!" ? nlohmann::json(utf8(node.Scalar(), limits.source))
+                               : plain_scalar(utf8(node.Scalar(), limits.source));
     case YAML::NodeType::Sequence: {
       nlohmann::json out = nlohmann::json::array();
       for (const YAML::Node& element : node) out.push_back(to_json(element, depth + 1, limits));
@@ -208,7 +229,7 @@ nlohmann::json to_json(const YAML::Node& node, int depth, YamlLimits& limits) {
       nlohmann::json out = nlohmann::json::object();
       for (const auto& entry : node) {
         if (!entry.first.IsScalar()) fail("{}: a YAML key that is not a plain name", limits.source);
-        const std::string key = entry.first.Scalar();
+        const std::string key = utf8(entry.first.Scalar(), limits.source);
         if (out.contains(key)) fail("{}: key '{}' given twice in one YAML mapping", limits.source, key);
         out[key] = to_json(entry.second, depth + 1, limits);
       }

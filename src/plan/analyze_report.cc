@@ -38,10 +38,16 @@ std::vector<std::string> rank_row(const Analysis& a, std::size_t r) {
   }
   // A log's totals do not split idle by phase, nor waits from transfers.
   const auto phase = [&](double seconds) { return a.idle_by_phase ? duration(a, seconds) : std::string("-"); };
+  // The peak the input measured, else the re-simulation's.
+  std::string peak = "-";
+  if (r < a.reading.peak_memory_bytes.size() && a.reading.peak_memory_bytes[r]) {
+    peak = format_bytes(*a.reading.peak_memory_bytes[r]);
+  } else if (r < a.peak_memory_bytes.size()) {
+    peak = format_bytes(a.peak_memory_bytes[r]);
+  }
   return {std::to_string(r),      duration(a, u.busy_s),  duration(a, u.comm_s),  phase(u.wait_s),
           duration(a, u.flush_s), duration(a, u.idle_s),  phase(u.fill_s),        phase(u.stall_s),
-          phase(u.drain_s),
-          r < a.peak_memory_bytes.size() ? format_bytes(a.peak_memory_bytes[r]) : std::string("-")};
+          phase(u.drain_s),         peak};
 }
 
 std::vector<std::string> advice_header() { return {"#", "gain", "change", "step", "tokens/s", "bubble", "peak memory"}; }
@@ -274,7 +280,9 @@ std::string analysis_html(const Analysis& a, const Timeline& timeline) {
                       xml_escape(a.source));
   body += "<ul id=\"summary\">\n";
   for (const std::string& line : summary_lines(a)) body += fmt::format("<li>{}</li>\n", xml_escape(line));
-  body += fmt::format("</ul>\n<h2>Timeline</h2>\n<div id=\"timeline\">{}</div>\n", inline_svg(timeline));
+  body += timeline.events.empty()
+              ? std::string("</ul>\n<h2>Timeline</h2>\n<p id=\"timeline\">none: a log's timers are totals</p>\n")
+              : fmt::format("</ul>\n<h2>Timeline</h2>\n<div id=\"timeline\">{}</div>\n", inline_svg(timeline));
   body += "<h2>Advice</h2>\n";
   if (a.advice.empty()) {
     body += "<p>No advice.</p>\n";

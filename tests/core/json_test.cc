@@ -93,3 +93,17 @@ TEST(QuotedExcerpt, CutsLongAndEscapesBinaryText) {
 
 }  // namespace
 }  // namespace pipeflow
+
+namespace pipeflow {
+namespace {
+
+// Found by fuzz/yaml_config_fuzz: YAML takes any bytes, JSON's strings are
+// UTF-8; a string of other bytes escaped as the JSON library's own exception.
+TEST(Yaml, AStringThatIsNotUtf8IsAnError) {
+  EXPECT_THROW(parse_yaml("name: \"a\xff\"\n", "bad.yaml"), Error);
+  EXPECT_THROW(parse_yaml("\xc3: 1\n", "bad.yaml"), Error);
+  EXPECT_EQ(parse_yaml("name: \"caf\xc3\xa9\"\n", "ok.yaml")["name"], "caf\xc3\xa9");
+}
+
+}  // namespace
+}  // namespace pipeflow
