@@ -25,6 +25,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pipeline_orders import one_f_one_b  # noqa: E402
+
 STAGES = 4
 MICROBATCHES = 8
 FORWARD_MS = [10.0, 10.0, 15.0, 10.0]  # stage 2: the slow device
@@ -33,25 +36,12 @@ INTERVAL = 10
 WARMUP_FACTOR = 1.25  # the first interval's steps are this much slower
 
 
-def one_f_one_b(stage):
-    warmup = min(STAGES - 1 - stage, MICROBATCHES)
-    order = [("F", m) for m in range(warmup)]
-    f, b = warmup, 0
-    while b < MICROBATCHES:
-        if f < MICROBATCHES:
-            order.append(("F", f))
-            f += 1
-        order.append(("B", b))
-        b += 1
-    return order
-
-
 def execute():
     """Start and end of every action, and each rank's wait for its inputs."""
     end = {}
     rank_free = [0.0] * STAGES
     waited = [{"F": 0.0, "B": 0.0} for _ in range(STAGES)]
-    pending = [list(one_f_one_b(s)) for s in range(STAGES)]
+    pending = [list(one_f_one_b(s, STAGES, MICROBATCHES)) for s in range(STAGES)]
     while any(pending):
         progressed = False
         for s in range(STAGES):

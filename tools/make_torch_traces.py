@@ -45,30 +45,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.profiler import profile, record_function, ProfilerActivity
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pipeline_orders import gpipe, one_f_one_b  # noqa: E402
+
 WIDTH = 384
 ROWS = 64
 MICROBATCHES = 4
 STEPS = 3
 LAYERS = [2, 4]  # per stage: stage 1 is the slow one
 PORT = 29561
-
-
-def one_f_one_b(stage, stages, microbatches):
-    """The compute order of 1F1B on `stage`: warm-up forwards, then one forward one backward, then the rest."""
-    warmup = min(stages - 1 - stage, microbatches)
-    order = [("F", m) for m in range(warmup)]
-    f, b = warmup, 0
-    while b < microbatches:
-        if f < microbatches:
-            order.append(("F", f))
-            f += 1
-        order.append(("B", b))
-        b += 1
-    return order
-
-
-def gpipe(stage, stages, microbatches):
-    return [("F", m) for m in range(microbatches)] + [("B", m) for m in range(microbatches)]
 
 
 def run_rank(rank, schedule, out, port, queue):
