@@ -102,6 +102,9 @@ namespace {
 TEST(Yaml, AStringThatIsNotUtf8IsAnError) {
   EXPECT_THROW(parse_yaml("name: \"a\xff\"\n", "bad.yaml"), Error);
   EXPECT_THROW(parse_yaml("\xc3: 1\n", "bad.yaml"), Error);
+  EXPECT_THROW(parse_yaml("a: \"\xf7\x80\x80\x80\"\n", "bad.yaml"), Error);  // past U+10FFFF
+  EXPECT_THROW(parse_yaml("a: \"\xc0\xaf\"\n", "bad.yaml"), Error);          // overlong
+  EXPECT_THROW(parse_yaml("a: \"\xed\xa0\x80\"\n", "bad.yaml"), Error);     // a surrogate
   EXPECT_EQ(parse_yaml("name: \"caf\xc3\xa9\"\n", "ok.yaml")["name"], "caf\xc3\xa9");
 }
 
