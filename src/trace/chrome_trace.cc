@@ -54,9 +54,11 @@ TraceEvent read_event(const nlohmann::json& e, std::size_t index, const std::str
       event.action = action_named(event.name);
     }
     // An action named by another program keeps its own category names: the action's kind gives ours.
-    const std::string category = e.value("cat", std::string("other"));
+    // An action without a category of pipeflow's (none, or another program's) takes its kind's.
+    const std::string category = e.value("cat", std::string());
     event.category = event.action && !is_event_category(category) ? category_of(event.action->kind)
-                                                                   : parse_event_category(category);
+                                                                   : parse_event_category(category.empty() ? "other"
+                                                                                                           : category);
     return event;
   } catch (const nlohmann::json::exception& error) {
     fail("{}: traceEvents[{}]: {}", source, index, error.what());

@@ -120,3 +120,20 @@ TEST(ChromeTrace, RanksTimesAndDurationsOutsideTheirRangesAreErrors) {
 
 }  // namespace
 }  // namespace pipeflow
+
+namespace pipeflow {
+namespace {
+
+// An action named by an event without "cat" counted as other (flush) time,
+// so a trace of bare actions had a 100% bubble.
+TEST(ChromeTrace, AnActionWithoutACategoryTakesItsKinds) {
+  const Timeline t = read_chrome_trace(
+      R"({"traceEvents":[{"name":"0F0","ph":"X","tid":0,"ts":0,"dur":1},{"name":"x","ph":"X","tid":0,"ts":1,"dur":1}]})",
+      "t.json");
+  ASSERT_EQ(t.events.size(), 2u);
+  EXPECT_EQ(t.events[0].category, EventCategory::kForward);
+  EXPECT_EQ(t.events[1].category, EventCategory::kOther);
+}
+
+}  // namespace
+}  // namespace pipeflow
