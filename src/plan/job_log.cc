@@ -369,18 +369,109 @@ TimerLog read_deepspeed(const std::vector<std::string_view>& lines, const std::s
   return log;
 }
 
+// ---- Ascend (torch_npu's step_trace_time.csv, msprof-analyze's cluster_step_trace_time.csv) ----
+
+constexpr std::string_view kAscendComputing = "Computing";
+constexpr std::string_view kAscendNotOverlapped = "Communication(Not Overlapped)";
+
+std::vector<std::string_view> csv_fields(std::string_view line) {
+  std::vector<std::string_view> fields;
+  while (true) {
+    const std::size_t comma = line.find(',');
+    fields.push_back(trim(line.substr(0, comma)));
+    if (comma == std::string_view::npos) return fields;
+    line.remove_prefix(comma + 1);
+  }
+}
+
+bool is_ascend_step_trace(std::string_view text) {
+  const std::string_view header = trim(text.substr(0, text.find('\n')));
+  const std::vector<std::string_view> fields = csv_fields(header);
+  const auto has = [&](std::string_view name) { return std::find(fields.begin(), fields.end(), name) != fields.end(); };
+  return has("Step") && has(kAscendComputing) && has(kAscendNotOverlapped) && has("Free");
+}
+
+TimerLog read_ascend_step_trace(const std::vector<std::string_view>& lines, const std::string& source) {
+  TimerLog log;
+  log.format = "Ascend step trace";
+  const std::vector<std::string_view> header = csv_fields(lines.front());
+  const auto column = [&](std::string_view name) -> std::optional<std::size_t> {
+    const auto it = std::find(header.begin(), header.end(), name);
+    return it == header.end() ? std::nullopt : std::optional<std::size_t>(it - header.begin());
+  };
+  const std::size_t step = *column("Step"), computing = *column(kAscendComputing),
+                    not_overlapped = *column(kAscendNotOverlapped), free = *column("Free");
+  const std::optional<std::size_t> type = column("Type"), index = column("Index");
+  // A cluster's file has a row per step and rank ("rank") or stage ("stage"): the stages' rows where there are
+  // any. A device's own file has a row per step.
+  bool stage_rows = false;
+  for (std::size_t i = 1; i < lines.size() && type; ++i) {
+    const std::vector<std::string_view> f = csv_fields(lines[i]);
+    stage_rows = stage_rows || (f.size() > *type && f[*type] == "stage");
+  }
+  const std::string_view kind = stage_rows ? "stage" : "rank";
+  struct Sum {
+    RankTimes times;
+    int steps = 0;
+  };
+  std::map<int, Sum> by_index;
+  std::map<std::int64_t, double> step_s;  // the slowest index's time per step
+  for (std::size_t i = 1; i < lines.size(); ++i) {
+    if (trim(lines[i]).empty()) continue;
+    const std::vector<std::string_view> f = csv_fields(lines[i]);
+    if (f.size() < header.size()) fail_line(source, i, fmt::format("{} fields, the header has {}", f.size(), header.size()));
+    if (type && f[*type] != kind) continue;
+    const double number = index ? number_at(f[*index]).value_or(-1) : 0;
+    const std::optional<double> step_number = number_at(f[step]);
+    if (number < 0 || number >= kMaxRanks || !step_number || *step_number < 0 || *step_number > 1e12) {
+      fail_line(source, i, "Step and Index are whole numbers >= 0");
+    }
+    // The columns are microseconds.
+    const double compute = milliseconds(f[computing], source, i) * 1e-3;
+    const double comm = milliseconds(f[not_overlapped], source, i) * 1e-3;
+    const double idle = milliseconds(f[free], source, i) * 1e-3;
+    Sum& sum = by_index[static_cast<int>(number)];
+    // Ascend does not split the computing time into forward and backward: a backward twice its forward.
+    sum.times.forward_s += compute / 3;
+    sum.times.backward_s += 2 * compute / 3;
+    sum.times.comm_s += comm;
+    ++sum.steps;
+    double& s = step_s[static_cast<std::int64_t>(*step_number)];
+    s = std::max(s, compute + comm + idle);
+  }
+  if (by_index.empty()) fail("{}: no rows of {}s", source, kind);
+  const int count = by_index.rbegin()->first + 1;
+  log.ranks.resize(count);
+  for (auto& [i, sum] : by_index) {
+    RankTimes t = sum.times;
+    t.forward_s /= sum.steps;
+    t.backward_s /= sum.steps;
+    t.comm_s /= sum.steps;
+    log.ranks[i] = t;
+  }
+  for (const auto& [number, seconds] : step_s) log.step_s.push_back(seconds);
+  log.notes.push_back("Ascend's step trace does not split computing into forward and backward: taken as 1 to 2");
+  if (!stage_rows && by_index.size() > 1) {
+    log.notes.push_back("the file has no stage rows: each rank is taken as a pipeline stage (give --config for the "
+                        "layout)");
+  }
+  return log;
+}
+
 }  // namespace
 
 bool is_timer_log(std::string_view text) {
   const std::string_view head = text.substr(0, std::min<std::size_t>(text.size(), std::size_t{64} << 20));
-  return head.find(kMegatronIteration) != std::string_view::npos || head.find(kDeepSpeedStep) != std::string_view::npos;
+  return head.find(kMegatronIteration) != std::string_view::npos ||
+         head.find(kDeepSpeedStep) != std::string_view::npos || is_ascend_step_trace(text);
 }
 
 TimerLog read_timer_log(std::string_view text, const std::string& source) {
   const std::vector<std::string_view> lines = lines_of(text);
+  if (is_ascend_step_trace(text)) return read_ascend_step_trace(lines, source);
   if (text.find(kMegatronIteration) != std::string_view::npos) return read_megatron(lines, source);
   if (text.find(kDeepSpeedStep) != std::string_view::npos) return read_deepspeed(lines, source);
-  fail("{}: not a Megatron-LM or DeepSpeed log (no iteration time line)", source);
+  fail("{}: not a Megatron-LM or DeepSpeed log (no iteration time line) nor an Ascend step_trace_time.csv", source);
 }
 
 }  // namespace pipeflow

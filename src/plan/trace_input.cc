@@ -24,7 +24,7 @@ constexpr int kMaxFolderDepth = 4;
 
 bool named_like_a_trace(const fs::path& file) {
   const std::string name = file.filename().string();
-  for (const char* ending : {".json", ".json.gz", ".log", ".txt", ".out"}) {
+  for (const char* ending : {".json", ".json.gz", ".log", ".txt", ".out", ".csv"}) {
     if (name.ends_with(ending)) return true;
   }
   return false;

@@ -151,6 +151,46 @@ TEST(JobLog, AConfigurationOfAnotherRunThanTheLogsIsRefused) {
   }
 }
 
+// msprof-analyze's cluster_step_trace_time.csv: a row per step and rank or stage, microseconds.
+constexpr const char* kAscendCluster =
+    "Step,Type,Index,Computing,Communication(Not Overlapped),Overlapped,Communication,Free,Stage,Bubble,"
+    "Communication(Not Overlapped and Exclude Receive),Preparing\n"
+    "0,rank,0,240000,195000,1000,196000,550,400000,190000,5000,100\n"
+    "0,stage,0,240000,195000,1000,196000,550,400000,190000,5000,100\n"
+    "0,stage,1,360000,35000,1000,36000,40500,400000,30000,5000,100\n"
+    "1,stage,0,240000,195000,1000,196000,550,400000,190000,5000,100\n"
+    "1,stage,1,360000,35000,1000,36000,40500,400000,30000,5000,100\n";
+
+TEST(JobLog, AnAscendClusterStepTraceGivesEachStagesTimes) {
+  ASSERT_TRUE(is_timer_log(kAscendCluster));
+  const TimerLog log = read_timer_log(kAscendCluster, "cluster_step_trace_time.csv");
+  EXPECT_EQ(log.format, "Ascend step trace");
+  ASSERT_EQ(log.ranks.size(), 2u);  // the stage rows, not the rank row
+  ASSERT_TRUE(log.ranks[1]);
+  EXPECT_DOUBLE_EQ(log.ranks[1]->forward_s + log.ranks[1]->backward_s, 0.36);
+  EXPECT_DOUBLE_EQ(log.ranks[0]->comm_s, 0.195);
+  // A step ends with its slowest stage: computing + communication not overlapped + free.
+  EXPECT_EQ(log.step_s, (std::vector<double>{0.43555, 0.43555}));
+  TraceInput input;
+  input.source = "cluster_step_trace_time.csv";
+  input.log = log;
+  const Analysis a = analyze(input);
+  EXPECT_NEAR(a.bubble, 1 - 0.6 / (2 * 0.43555), 1e-12);
+  EXPECT_NEAR(a.imbalance, 1.2, 1e-12);
+}
+
+TEST(JobLog, AnAscendDevicesStepTraceIsOneRankAndAShortRowIsNamed) {
+  const TimerLog log = read_timer_log(
+      "Device_id,Step,Computing,Communication(Not Overlapped),Overlapped,Communication,Free,Stage,Bubble,"
+      "Communication(Not Overlapped and Exclude Receive),Preparing\n"
+      "0,1,79663.2,0,0,0,3458.9,83121.75,0,0,3324\n",
+      "step_trace_time.csv");
+  ASSERT_EQ(log.ranks.size(), 1u);
+  EXPECT_NEAR(log.step_s.at(0), 0.0831221, 1e-9);
+  EXPECT_NE(error_of("Step,Computing,Communication(Not Overlapped),Free\n1,2\n").find("job.log:2: 2 fields, the header has 4"),
+            std::string::npos);
+}
+
 TEST(JobLog, ALogAndATraceTogetherAreRefused) {
   const std::filesystem::path trace =
       std::filesystem::path(PIPEFLOW_SOURCE_DIR) / "tests" / "data" / "traces" / "torch-1f1b";

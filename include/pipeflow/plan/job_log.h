@@ -37,6 +37,12 @@ namespace pipeflow {
 // STAGE_PARAMS=..." the partition; the printed configuration
 // ("gradient_accumulation_steps ... 8") the micro-batches.
 
+// Ascend (torch_npu's step_trace_time.csv of one device, msprof-analyze's
+// cluster_step_trace_time.csv of a job): a CSV whose header has Step,
+// Computing, Communication(Not Overlapped) and Free, in microseconds; a
+// cluster's rows are per step and rank or stage (Type, Index): the stage rows
+// where there are any.
+
 // One pipeline rank's timers, per step.
 struct RankTimes {
   double forward_s = 0;
