@@ -56,10 +56,16 @@ std::vector<std::string_view> lines_of(std::string_view text) {
   fail("{}:{}: {}", source, line + 1, why);
 }
 
+// A duration written in `unit` ("milliseconds", "microseconds"), in seconds.
+double seconds(std::string_view text, double unit_s, std::string_view unit, const std::string& source,
+               std::size_t line) {
+  const std::optional<double> value = number_at(text);
+  if (!value || *value < 0) fail_line(source, line, fmt::format("\"{}\" is not a time in {}", trim(text), unit));
+  return *value * unit_s;
+}
+
 double milliseconds(std::string_view text, const std::string& source, std::size_t line) {
-  const std::optional<double> ms = number_at(text);
-  if (!ms || *ms < 0) fail_line(source, line, fmt::format("\"{}\" is not a time in milliseconds", trim(text)));
-  return *ms * kMilliseconds;
+  return seconds(text, kMilliseconds, "milliseconds", source, line);
 }
 
 // ---- Megatron-LM ----
@@ -426,10 +432,9 @@ TimerLog read_ascend_step_trace(const std::vector<std::string_view>& lines, cons
     if (number < 0 || number >= kMaxRanks || !step_number || *step_number < 0 || *step_number > 1e12) {
       fail_line(source, i, "Step and Index are whole numbers >= 0");
     }
-    // The columns are microseconds.
-    const double compute = milliseconds(f[computing], source, i) * 1e-3;
-    const double comm = milliseconds(f[not_overlapped], source, i) * 1e-3;
-    const double idle = milliseconds(f[free], source, i) * 1e-3;
+    const double compute = seconds(f[computing], 1e-6, "microseconds", source, i);
+    const double comm = seconds(f[not_overlapped], 1e-6, "microseconds", source, i);
+    const double idle = seconds(f[free], 1e-6, "microseconds", source, i);
     Sum& sum = by_index[static_cast<int>(number)];
     // Ascend does not split the computing time into forward and backward: a backward twice its forward.
     sum.times.forward_s += compute / 3;

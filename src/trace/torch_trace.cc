@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/json.h"
@@ -585,27 +586,30 @@ MergedTrace merge_rank_traces(std::vector<RankTrace> ranks, std::optional<int> s
     out.notes.push_back("the traces mark no steps (no ProfilerStep#N): the whole trace is read as one step");
   }
 
-  auto aligned_step = [&](std::optional<int> number, std::vector<std::string>* notes) {
+  // Each step on one clock: the spans of all, the chosen one's events kept.
+  const auto aligned_step = [&](std::optional<int> number) {
     std::vector<std::vector<TraceEvent>> events(n);
     for (std::size_t r = 0; r < n; ++r) events[r] = cut(ranks[r], number);
-    const Alignment alignment = align(events, ranks);
-    if (notes != nullptr) notes->insert(notes->end(), alignment.notes.begin(), alignment.notes.end());
+    Alignment alignment = align(events, ranks);
     for (std::size_t r = 0; r < n; ++r) shift(events[r], alignment.offset_s[r]);
-    return std::pair(std::move(events), alignment);
+    return std::pair(std::move(events), std::move(alignment));
   };
+  std::vector<std::vector<TraceEvent>> events;
+  Alignment alignment;
   for (int s : out.steps) {
-    const auto [events, alignment] = aligned_step(s, nullptr);
+    auto [step_events, step_alignment] = aligned_step(s);
     double first = std::numeric_limits<double>::infinity(), last = -first;
-    for (const auto& rank_events : events) {
+    for (const auto& rank_events : step_events) {
       for (const TraceEvent& e : rank_events) {
         first = std::min(first, e.start_s);
         last = std::max(last, e.end_s());
       }
     }
     out.step_spans_s.push_back(std::isfinite(first) ? last - first : 0.0);
+    if (s == out.step) std::tie(events, alignment) = std::pair(std::move(step_events), std::move(step_alignment));
   }
-
-  auto [events, alignment] = aligned_step(out.step, &out.notes);
+  if (!out.step) std::tie(events, alignment) = aligned_step(std::nullopt);
+  out.notes.insert(out.notes.end(), alignment.notes.begin(), alignment.notes.end());
   out.clock_offset_s = alignment.offset_s;
   out.clock_window_s = alignment.window_s;
   std::vector<TraceEvent> all;
