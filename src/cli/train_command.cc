@@ -109,7 +109,9 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);
   if (mpi != nullptr && settings.emulate) fail("--emulate runs every rank in one process; run it without mpirun");
   const std::unique_ptr<runtime::RankGroup> group =
-      runtime::RankGroup::make(mpi, {.pipeline = settings.schedule.num_ranks(), .data_parallel = resolved.config.data_parallel});
+      runtime::RankGroup::make(mpi, {.pipeline = settings.schedule.num_ranks(),
+                                     .data_parallel = resolved.config.data_parallel,
+                                     .tensor = resolved.config.tensor_parallel});
   runtime::ProgressPrinter progress(reporter ? stderr : nullptr, isatty(fileno(stderr)) == 1, settings.steps,
                                     settings.emulate, settings.steps_per_print);
   runtime::TrainOutcome outcome;

@@ -72,38 +72,36 @@ void AdamW::add_state(SafetensorsWriter& writer) const {
     fail("{}: the optimizer holds moments of elements [{}, {}) only; gather the shards to save them", stage_->options().name,
          shard_.begin, shard_.end);
   }
-  add_moments(writer, stage_->layout(), m_.span(), v_.span(), steps_);
-}
-
-void AdamW::add_moments(SafetensorsWriter& writer, const ParameterLayout& layout, std::span<const float> m,
-                        std::span<const float> v, std::int64_t steps,
-                        const std::function<bool(const ParameterInfo&)>& include) {
-  for (const ParameterInfo& info : layout.entries()) {
-    if (include && !include(info)) continue;
+  for (const ParameterInfo& info : stage_->layout().entries()) {
+    if (info.split()) fail("{}: the stage is split over tensor-parallel ranks; gather its parts to save them", stage_->options().name);
     const auto offset = static_cast<std::size_t>(info.offset);
     const auto count = static_cast<std::size_t>(info.numel());
     std::string name = "exp_avg." + info.name;
     if (writer.contains(name)) continue;
-    writer.add(std::move(name), m.subspan(offset, count), info.shape);
-    writer.add("exp_avg_sq." + info.name, v.subspan(offset, count), info.shape);
+    writer.add(std::move(name), m_.span().subspan(offset, count), info.shape);
+    writer.add("exp_avg_sq." + info.name, v_.span().subspan(offset, count), info.shape);
   }
-  writer.set_metadata("adamw_step", std::to_string(steps));
+  writer.set_metadata("adamw_step", std::to_string(steps_));
 }
 
 void AdamW::load_state(const SafetensorsFile& file) {
   const std::int64_t steps = file.metadata_count("adamw_step");
   std::vector<float> whole;
+  std::vector<float> mine;  // the tensor-parallel rank's part of `whole`
   for (const ParameterInfo& info : stage_->layout().entries()) {
     const std::int64_t first = std::max(info.offset, shard_.begin);
     const std::int64_t last = std::min(info.offset + info.numel(), shard_.end);
     if (first >= last) continue;
-    whole.resize(static_cast<std::size_t>(info.numel()));
-    const auto part = std::span<const float>(whole).subspan(static_cast<std::size_t>(first - info.offset),
-                                                          static_cast<std::size_t>(last - first));
+    whole.resize(static_cast<std::size_t>(info.whole.numel()));
+    mine.resize(static_cast<std::size_t>(info.numel()));
+    const auto part = std::span<const float>(mine).subspan(static_cast<std::size_t>(first - info.offset),
+                                                         static_cast<std::size_t>(last - first));
     const auto into = static_cast<std::size_t>(first - shard_.begin);
-    file.read_floats("exp_avg." + info.name, info.shape, whole);
+    file.read_floats("exp_avg." + info.name, info.whole, whole);
+    copy_part<float>(info, whole, mine);
     std::copy(part.begin(), part.end(), m_.span().begin() + static_cast<std::ptrdiff_t>(into));
-    file.read_floats("exp_avg_sq." + info.name, info.shape, whole);
+    file.read_floats("exp_avg_sq." + info.name, info.whole, whole);
+    copy_part<float>(info, whole, mine);
     std::copy(part.begin(), part.end(), v_.span().begin() + static_cast<std::ptrdiff_t>(into));
   }
   steps_ = steps;

@@ -1,5 +1,10 @@
 #include "pipeflow/nn/lm_head.h"
 
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
 #include "pipeflow/tensor/cross_entropy.h"
 #include "pipeflow/tensor/gemm.h"
 #include "pipeflow/tensor/layernorm.h"
@@ -23,15 +28,56 @@ void LmHead<T>::normalise(HeadSaved<T>& s, const LayerShape& shape, Allocator al
 }
 
 template <class T>
+double LmHead<T>::vocab_parallel_forward(T* logits, const std::int32_t* targets, const LayerShape& shape) const {
+  const int n = shape.rows();
+  const int v = vocab(shape);
+  const int first = first_column(shape);
+  if constexpr (!std::is_same_v<T, float>) {
+    return 0;  // the stage refuses a split double head
+  } else {
+    std::vector<float> largest(static_cast<std::size_t>(n), -std::numeric_limits<float>::infinity());
+    for (int row = 0; row < n; ++row) {
+      const T* l = logits + static_cast<long>(row) * v;
+      for (int j = 0; j < v; ++j) largest[row] = std::max(largest[row], l[j]);
+    }
+    tensor_->all_reduce_max(largest, "the tensor-parallel all-reduce of the logits' row maxima");
+    // Each row's Σ exp(l − max) over the rank's columns, then its target's l − max (0 off this rank).
+    std::vector<float> sums(2 * static_cast<std::size_t>(n), 0.0f);
+    for (int row = 0; row < n; ++row) {
+      T* l = logits + static_cast<long>(row) * v;
+      const int column = targets[row] - first;
+      if (column >= 0 && column < v) sums[n + row] = l[column] - largest[row];
+      double sum = 0;
+      for (int j = 0; j < v; ++j) {
+        l[j] = std::exp(l[j] - largest[row]);
+        sum += l[j];
+      }
+      sums[row] = static_cast<float>(sum);
+    }
+    tensor_->all_reduce_sum(sums, "the tensor-parallel all-reduce of the softmax's sums");
+    double total = 0;
+    for (int row = 0; row < n; ++row) {
+      total += std::log(static_cast<double>(sums[row])) - sums[n + row];
+      T* p = logits + static_cast<long>(row) * v;
+      const float scale = 1.0f / sums[row];
+      for (int j = 0; j < v; ++j) p[j] *= scale;
+    }
+    return total;
+  }
+}
+
+template <class T>
 double LmHead<T>::forward(HeadSaved<T>& s, BasicTensor<T> x, const IntTensor& targets, const LayerShape& shape,
                           Allocator allocator) const {
   const int n = shape.rows();
   s.x = std::move(x);
   normalise(s, shape, allocator);
-  s.probs = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.v}, allocator);
-  gemm<T>(Transpose::kNo, Transpose::kYes, n, shape.v, shape.c, T(1), s.ln_f.data(), shape.c, weights_.matrix,
-          shape.c, T(0), s.probs.data(), shape.v);
-  const double total = softmax_cross_entropy_forward(s.probs.data(), targets.data(), n, shape.v);
+  const int v = vocab(shape);
+  s.probs = BasicTensor<T>::uninitialized({shape.b, shape.t, v}, allocator);
+  gemm<T>(Transpose::kNo, Transpose::kYes, n, v, shape.c, T(1), s.ln_f.data(), shape.c, weights_.matrix, shape.c,
+          T(0), s.probs.data(), v);
+  const double total = tensor_ == nullptr ? softmax_cross_entropy_forward(s.probs.data(), targets.data(), n, v)
+                                          : vocab_parallel_forward(s.probs.data(), targets.data(), shape);
   return total / n;
 }
 
@@ -39,10 +85,27 @@ template <class T>
 BasicTensor<T> LmHead<T>::backward_input(HeadSaved<T>& s, const IntTensor& targets, double loss_scale,
                                          const LayerShape& shape, Allocator allocator) const {
   const int n = shape.rows();
-  softmax_cross_entropy_backward(s.probs.data(), targets.data(), static_cast<T>(loss_scale / n), n, shape.v);
+  const int v = vocab(shape);
+  if (tensor_ == nullptr) {
+    softmax_cross_entropy_backward(s.probs.data(), targets.data(), static_cast<T>(loss_scale / n), n, v);
+  } else {
+    const T scale = static_cast<T>(loss_scale / n);
+    const int first = first_column(shape);
+    for (int row = 0; row < n; ++row) {
+      T* p = s.probs.data() + static_cast<long>(row) * v;
+      const int column = targets.data()[row] - first;
+      if (column >= 0 && column < v) p[column] -= T(1);
+      for (int j = 0; j < v; ++j) p[j] *= scale;
+    }
+  }
   s.d_ln_f = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
-  gemm<T>(Transpose::kNo, Transpose::kNo, n, shape.c, shape.v, T(1), s.probs.data(), shape.v, weights_.matrix,
-          shape.c, T(0), s.d_ln_f.data(), shape.c);
+  gemm<T>(Transpose::kNo, Transpose::kNo, n, shape.c, v, T(1), s.probs.data(), v, weights_.matrix, shape.c, T(0),
+          s.d_ln_f.data(), shape.c);
+  if constexpr (std::is_same_v<T, float>) {
+    if (tensor_ != nullptr) {
+      tensor_->all_reduce_sum(s.d_ln_f.span(), "the tensor-parallel all-reduce of the LM head's input gradient");
+    }
+  }
   auto dx = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
   if (rmsnorm_epsilon_) {
     rmsnorm_backward_input(dx.data(), static_cast<const T*>(nullptr), s.d_ln_f.data(), s.x.data(),
@@ -57,8 +120,9 @@ BasicTensor<T> LmHead<T>::backward_input(HeadSaved<T>& s, const IntTensor& targe
 template <class T>
 void LmHead<T>::backward_weight(HeadSaved<T>& s, const LayerShape& shape) const {
   const int n = shape.rows();
-  gemm<T>(Transpose::kYes, Transpose::kNo, shape.v, shape.c, n, T(1), s.probs.data(), shape.v, s.ln_f.data(),
-          shape.c, T(1), grads_.matrix, shape.c);
+  const int v = vocab(shape);
+  gemm<T>(Transpose::kYes, Transpose::kNo, v, shape.c, n, T(1), s.probs.data(), v, s.ln_f.data(), shape.c, T(1),
+          grads_.matrix, shape.c);
   if (rmsnorm_epsilon_) {
     rmsnorm_backward_weight(grads_.ln_f_weight, s.d_ln_f.data(), s.x.data(), s.ln_f_rstd.data(), n, shape.c);
   } else {

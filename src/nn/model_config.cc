@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <utility>
 
 #include "pipeflow/core/error.h"
 
@@ -74,6 +75,23 @@ std::int64_t ModelConfig::parameter_count() const {
   }
   return static_cast<std::int64_t>(vocab_size) * c + static_cast<std::int64_t>(context) * c +
          n_layer * (12 * c * c + 13 * c) + 2 * c;
+}
+
+void validate_tensor_parallel(const ModelConfig& config, int size) {
+  if (size < 1) fail("tensor_parallel = {}: must be at least 1", size);
+  if (size == 1) return;
+  const std::pair<const char*, int> divided[] = {
+      {"n_head (each rank computes whole heads)", config.n_head},
+      {config.llama() ? "n_kv_head (each rank holds its own key/value heads)" : nullptr, config.kv_heads()},
+      {config.llama() ? "intermediate (the MLP's columns are split)" : "4 x n_embd (the MLP's columns are split)",
+       config.ffn()},
+      {"vocab_size (the embedding and the LM head are split by vocabulary rows)", config.vocab_size}};
+  for (const auto& [what, value] : divided) {
+    if (what == nullptr || value % size == 0) continue;
+    fail("tensor_parallel = {}: the model's {} = {} is not a multiple of it: choose a tensor_parallel that divides "
+         "{}",
+         size, what, value, value);
+  }
 }
 
 std::string describe(const ModelConfig& config) {

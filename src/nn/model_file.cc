@@ -93,8 +93,15 @@ void add_gradients(SafetensorsWriter& writer, const Stage& stage) {
 }
 
 void load_parameters(Stage& stage, const SafetensorsFile& file) {
+  std::vector<float> whole;
   for (const ParameterInfo& info : stage.layout().entries()) {
-    file.read_floats(info.name, info.shape, stage.parameter(info.name));
+    if (!info.split()) {
+      file.read_floats(info.name, info.shape, stage.parameter(info.name));
+      continue;
+    }
+    whole.resize(static_cast<std::size_t>(info.whole.numel()));
+    file.read_floats(info.name, info.whole, whole);
+    copy_part<float>(info, whole, stage.parameter(info.name));
   }
 }
 

@@ -58,7 +58,8 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
     : config_(config),
       range_(layers),
       options_(std::move(options)),
-      layout_(config, layers),
+      layout_(config, layers,
+              options_.tensor == nullptr ? TensorSlice{} : TensorSlice{options_.tensor->size(), options_.tensor->rank()}),
       weight_memory_(options_.name + " weights"),
       activation_memory_(options_.name + " activations"),
       values_({layout_.total()}, {nullptr, &weight_memory_}),
@@ -66,6 +67,9 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
   if (options_.recompute_interval < 0) {
     fail("{}: activation_checkpoint_interval = {}: must be 0 (off) or a number of layers", where(),
          options_.recompute_interval);
+  }
+  if constexpr (!std::is_same_v<T, float>) {
+    if (split()) fail("{}: only float stages split over a tensor-parallel group", where());
   }
   if (half()) {
     if constexpr (!std::is_same_v<T, float>) {
@@ -81,7 +85,7 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
   if (has_embedding()) {
     const std::int64_t wpe = llama ? 0 : offset("wpe.weight");
     embedding_.emplace(EmbeddingParams<const T*>{v + embedding, llama ? nullptr : v + wpe},
-                       EmbeddingParams<T*>{g + embedding, llama ? nullptr : g + wpe});
+                       EmbeddingParams<T*>{g + embedding, llama ? nullptr : g + wpe}, options_.tensor);
   }
   std::optional<LlamaConstants<T>> constants;
   if (llama) {
@@ -98,7 +102,7 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
   }
   for (int layer = std::max(range_.first, 1); layer < std::min(range_.last, config_.n_layer + 1); ++layer) {
     blocks_.emplace_back(block_params<const T*>(config_, layout_, layer - 1, v),
-                         block_params<T*>(config_, layout_, layer - 1, g), constants);
+                         block_params<T*>(config_, layout_, layer - 1, g), constants, options_.tensor);
   }
   if (has_head()) {
     const char* norm = llama ? "model.norm.weight" : "ln_f.weight";
@@ -106,7 +110,7 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
     const std::int64_t bias = llama ? 0 : offset("ln_f.bias");
     head_.emplace(HeadParams<const T*>{v + offset(norm), llama ? nullptr : v + bias, v + matrix},
                   HeadParams<T*>{g + offset(norm), llama ? nullptr : g + bias, g + matrix},
-                  llama ? std::optional<double>(config_.norm_eps) : std::nullopt);
+                  llama ? std::optional<double>(config_.norm_eps) : std::nullopt, options_.tensor);
   }
 }
 
@@ -174,7 +178,13 @@ void BasicStage<T>::copy_parameters_from(const BasicStage& source) {
   if (!(source.config_ == config_)) fail("{}: cannot copy parameters from a model of another shape", where());
   for (const ParameterInfo& info : layout_.entries()) {
     const auto from = source.parameter(info.name);
-    std::copy(from.begin(), from.end(), parameter(info.name).begin());
+    if (source.layout_.at(info.name).shape == info.shape) {
+      std::copy(from.begin(), from.end(), parameter(info.name).begin());
+    } else if (source.layout_.at(info.name).shape == info.whole) {
+      copy_part<T>(info, from, parameter(info.name));
+    } else {
+      fail("{}: cannot copy {} from a stage split another way", where(), info.name);
+    }
   }
 }
 
@@ -186,6 +196,15 @@ void BasicStage<T>::require_matrices(const char* what) const {
     fail("{}: {} needs the weight matrices, but pack_for_inference has rearranged them into panels for decoding: "
          "use a stage that was not packed",
          where(), what);
+  }
+}
+
+template <class T>
+void BasicStage<T>::require_whole(const char* what) const {
+  if (split()) {
+    fail("{}: {} needs the whole layers, and this stage is split over {} tensor-parallel ranks: use a stage that "
+         "is not split (tensor_parallel 1)",
+         where(), what, options_.tensor->size());
   }
 }
 
@@ -444,6 +463,7 @@ BasicTensor<T> BasicStage<T>::backward_from_loss(State& state, double loss_scale
 template <class T>
 BasicTensor<T> BasicStage<T>::logits(const IntTensor& tokens) {
   require_matrices("logits");
+  require_whole("logits");
   if (!has_embedding() || !has_head()) fail("{}: logits need a stage holding the whole model", where());
   compute_weights();
   State state;
@@ -504,6 +524,7 @@ LayerShape BasicStage<T>::check_cached_input(const BasicKvCache<T>& cache, const
 
 template <class T>
 BasicTensor<T> BasicStage<T>::forward_cached(BasicKvCache<T>& cache, const SequenceRows& rows, Input input) {
+  require_whole("forward_cached");
   const LayerShape shape = check_cached_input(cache, rows, input);
   const int c = shape.c;
   const T* weights = packed_ ? (half() ? compute_values_.data() : values_.data()) : compute_weights();
@@ -552,6 +573,7 @@ double BasicStage<T>::gradient_square_sum(std::int64_t begin, std::int64_t end) 
   double total = 0;
   for (const ParameterInfo& info : layout_.entries()) {
     if (info.name == config_.embedding_name() && !has_embedding()) continue;
+    if (split() && !info.split() && options_.tensor->rank() != 0) continue;
     const std::int64_t from = std::max(begin, info.offset);
     const std::int64_t count = std::min(end, info.offset + info.numel()) - from;
     if (count <= 0) continue;
@@ -586,6 +608,7 @@ void BasicStage<T>::add_tied_gradient(std::span<const T> other) {
 template <class T>
 void BasicStage<T>::pack_for_inference() {
   if (packed_) return;
+  require_whole("pack_for_inference");
   // The matrices the blocks read: a half-precision stage's rounded copy
   // (fresh now; once packed, nothing writes the parameters again).
   T* base = half() ? const_cast<T*>(compute_weights()) : values_.data();

@@ -1,6 +1,7 @@
 #include "pipeflow/nn/transformer_block.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "pipeflow/tensor/attention.h"
 #include "pipeflow/tensor/gelu.h"
@@ -24,6 +25,58 @@ void TransformerBlock<T>::linear(T* y, const T* x, const T* w, const T* b, const
 }
 
 template <class T>
+typename TransformerBlock<T>::Widths TransformerBlock<T>::widths(const LayerShape& shape) const {
+  const int parts = tensor_ == nullptr ? 1 : tensor_->size();
+  const int hs = shape.c / shape.nh;
+  const int heads = shape.nh / parts;
+  const int kv_heads = (llama_ ? llama_->kv_heads : shape.nh) / parts;
+  return {.heads = heads,
+          .kv_heads = kv_heads,
+          .hs = hs,
+          .attn = heads * hs,
+          .kv = kv_heads * hs,
+          .qkv = hs * (heads + 2 * kv_heads),
+          .ffn = (llama_ ? llama_->ffn : 4 * shape.c) / parts};
+}
+
+template <class T>
+void TransformerBlock<T>::reduce(T* values, int count, std::string_view what) const {
+  if (tensor_ == nullptr) return;
+  if constexpr (std::is_same_v<T, float>) {
+    tensor_->all_reduce_sum({values, static_cast<std::size_t>(count)}, what);
+  }
+}
+
+template <class T>
+void TransformerBlock<T>::finish_row_parallel(T* y, const T* b, const T* residual, int n, int out,
+                                              std::string_view what) const {
+  reduce(y, n * out, what);
+  for (int row = 0; row < n; ++row) {
+    T* y_row = y + static_cast<long>(row) * out;
+    const T* r_row = residual + static_cast<long>(row) * out;
+    for (int j = 0; j < out; ++j) y_row[j] += (b == nullptr ? T(0) : b[j]) + r_row[j];
+  }
+}
+
+template <class T>
+void TransformerBlock<T>::row_linear(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in,
+                                     int out, std::string_view what) const {
+  if (tensor_ == nullptr) {
+    linear(y, x, w, b, residual, n, in, out);
+    return;
+  }
+  linear(y, x, w, static_cast<const T*>(nullptr), static_cast<const T*>(nullptr), n, in, out);
+  finish_row_parallel(y, b, residual, n, out, what);
+}
+
+template <class T>
+void TransformerBlock<T>::row_projection(T* y, const T* x, const T* w, const T* residual, int n, int in, int out,
+                                         std::string_view what) const {
+  projection_forward(y, out, x, w, tensor_ == nullptr ? residual : static_cast<const T*>(nullptr), n, in, out);
+  if (tensor_ != nullptr) finish_row_parallel(y, static_cast<const T*>(nullptr), residual, n, out, what);
+}
+
+template <class T>
 void TransformerBlock<T>::pack_weights(const BlockParams<T*>& writable, int c) {
   if (panels_ || llama_) return;
   pack_panels(writable.attn_weight, c, 3 * c);
@@ -41,24 +94,21 @@ void TransformerBlock<T>::project_qkv(BlockSaved<T>& s, const LayerShape& shape,
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   s.ln_1 = make({shape.b, shape.t, c});
   s.ln_1_rstd = make({n});
+  const Widths d = widths(shape);
   if (llama_) {
-    const int hs = c / shape.nh;
-    const int kv = llama_->kv_heads * hs;
-    const int width = qkv_width(shape);
+    const T* none = nullptr;
     rmsnorm_forward(s.ln_1.data(), s.ln_1_rstd.data(), s.x.data(), w.ln_1_weight, llama_->norm_eps, n, c);
-    s.qkv = make({shape.b, shape.t, width});
-    projection_forward(s.qkv.data(), width, s.ln_1.data(), w.q_proj, static_cast<const T*>(nullptr), n, c, c);
-    projection_forward(s.qkv.data() + c, width, s.ln_1.data(), w.k_proj, static_cast<const T*>(nullptr), n, c, kv);
-    projection_forward(s.qkv.data() + c + kv, width, s.ln_1.data(), w.v_proj, static_cast<const T*>(nullptr), n, c,
-                       kv);
+    s.qkv = make({shape.b, shape.t, d.qkv});
+    projection_forward(s.qkv.data(), d.qkv, s.ln_1.data(), w.q_proj, none, n, c, d.attn);
+    projection_forward(s.qkv.data() + d.attn, d.qkv, s.ln_1.data(), w.k_proj, none, n, c, d.kv);
+    projection_forward(s.qkv.data() + d.attn + d.kv, d.qkv, s.ln_1.data(), w.v_proj, none, n, c, d.kv);
     return;
   }
   s.ln_1_mean = make({n});
   layernorm_forward(s.ln_1.data(), s.ln_1_mean.data(), s.ln_1_rstd.data(), s.x.data(), w.ln_1_weight, w.ln_1_bias,
                     n, c);
-  s.qkv = make({shape.b, shape.t, 3 * c});
-  linear(s.qkv.data(), s.ln_1.data(), w.attn_weight, w.attn_bias, static_cast<const T*>(nullptr), n, c,
-                 3 * c);
+  s.qkv = make({shape.b, shape.t, d.qkv});
+  linear(s.qkv.data(), s.ln_1.data(), w.attn_weight, w.attn_bias, static_cast<const T*>(nullptr), n, c, d.qkv);
 }
 
 template <class T>
@@ -68,11 +118,13 @@ BasicTensor<T> TransformerBlock<T>::project_and_mlp(BlockSaved<T>& s, const Laye
   const int c = shape.c;
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
+  const Widths d = widths(shape);
   s.x2 = make({shape.b, shape.t, c});
   if (llama_) {
-    const int f = llama_->ffn;
+    const int f = d.ffn;
     const T* none = nullptr;
-    projection_forward(s.x2.data(), c, s.attn_y.data(), w.o_proj, s.x.data(), n, c, c);
+    row_projection(s.x2.data(), s.attn_y.data(), w.o_proj, s.x.data(), n, d.attn, c,
+                   "the tensor-parallel all-reduce of the attention's output");
     s.ln_2 = make({shape.b, shape.t, c});
     s.ln_2_rstd = make({n});
     rmsnorm_forward(s.ln_2.data(), s.ln_2_rstd.data(), s.x2.data(), w.ln_2_weight, llama_->norm_eps, n, c);
@@ -82,48 +134,51 @@ BasicTensor<T> TransformerBlock<T>::project_and_mlp(BlockSaved<T>& s, const Laye
     s.g = make({shape.b, shape.t, f});
     swiglu_forward(s.g.data(), s.h.data(), n, f);
     auto y = make({shape.b, shape.t, c});
-    projection_forward(y.data(), c, s.g.data(), w.down_proj, s.x2.data(), n, f, c);
+    row_projection(y.data(), s.g.data(), w.down_proj, s.x2.data(), n, f, c,
+                   "the tensor-parallel all-reduce of the MLP's output");
     return y;
   }
-  linear(s.x2.data(), s.attn_y.data(), w.attn_proj_weight, w.attn_proj_bias, s.x.data(), n, c, c);
+  row_linear(s.x2.data(), s.attn_y.data(), w.attn_proj_weight, w.attn_proj_bias, s.x.data(), n, d.attn, c,
+             "the tensor-parallel all-reduce of the attention's output");
   s.ln_2 = make({shape.b, shape.t, c});
   s.ln_2_mean = make({n});
   s.ln_2_rstd = make({n});
   layernorm_forward(s.ln_2.data(), s.ln_2_mean.data(), s.ln_2_rstd.data(), s.x2.data(), w.ln_2_weight,
                     w.ln_2_bias, n, c);
-  s.h = make({shape.b, shape.t, 4 * c});
-  linear(s.h.data(), s.ln_2.data(), w.fc_weight, w.fc_bias, static_cast<const T*>(nullptr), n, c, 4 * c);
-  s.g = make({shape.b, shape.t, 4 * c});
-  gelu_forward(s.g.data(), s.h.data(), n * 4 * c);
+  const int f = d.ffn;
+  s.h = make({shape.b, shape.t, f});
+  linear(s.h.data(), s.ln_2.data(), w.fc_weight, w.fc_bias, static_cast<const T*>(nullptr), n, c, f);
+  s.g = make({shape.b, shape.t, f});
+  gelu_forward(s.g.data(), s.h.data(), n * f);
   auto y = make({shape.b, shape.t, c});
-  linear(y.data(), s.g.data(), w.fc_proj_weight, w.fc_proj_bias, s.x2.data(), n, 4 * c, c);
+  row_linear(y.data(), s.g.data(), w.fc_proj_weight, w.fc_proj_bias, s.x2.data(), n, f, c,
+             "the tensor-parallel all-reduce of the MLP's output");
   return y;
 }
 
 template <class T>
 BasicTensor<T> TransformerBlock<T>::forward(BlockSaved<T>& s, BasicTensor<T> x, const LayerShape& shape,
                                             Allocator allocator) const {
+  const Widths d = widths(shape);
   s.x = std::move(x);
   project_qkv(s, shape, allocator);
   if (llama_) {
     for (int seq = 0; seq < shape.b; ++seq) {
-      rotate(s.qkv.data() + static_cast<long>(seq) * shape.t * qkv_width(shape), shape.t, 0, shape);
+      rotate(s.qkv.data() + static_cast<long>(seq) * shape.t * d.qkv, shape.t, 0, shape);
     }
   }
-  s.probs = BasicTensor<T>::uninitialized({shape.b, shape.nh, shape.t, shape.t}, allocator);
-  s.attn_y = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
-  attention_forward(s.attn_y.data(), s.probs.data(), s.qkv.data(), shape.b, shape.t, shape.c, shape.nh,
-                    kv_heads(shape));
+  s.probs = BasicTensor<T>::uninitialized({shape.b, d.heads, shape.t, shape.t}, allocator);
+  s.attn_y = BasicTensor<T>::uninitialized({shape.b, shape.t, d.attn}, allocator);
+  attention_forward(s.attn_y.data(), s.probs.data(), s.qkv.data(), shape.b, shape.t, d.attn, d.heads, d.kv_heads);
   return project_and_mlp(s, shape, allocator);
 }
 
 template <class T>
 void TransformerBlock<T>::rotate(T* qkv, int rows, int first_position, const LayerShape& shape) const {
-  const int hs = shape.c / shape.nh;
-  const int width = qkv_width(shape);
-  rope_rotate(qkv, width, rows, first_position, shape.nh, hs, llama_->rope_cos, llama_->rope_sin,
+  const Widths d = widths(shape);
+  rope_rotate(qkv, d.qkv, rows, first_position, d.heads, d.hs, llama_->rope_cos, llama_->rope_sin,
               RopeDirection::kForward);
-  rope_rotate(qkv + shape.c, width, rows, first_position, llama_->kv_heads, hs, llama_->rope_cos, llama_->rope_sin,
+  rope_rotate(qkv + d.attn, d.qkv, rows, first_position, d.kv_heads, d.hs, llama_->rope_cos, llama_->rope_sin,
               RopeDirection::kForward);
 }
 
@@ -132,8 +187,9 @@ BasicTensor<T> TransformerBlock<T>::forward_cached(BasicTensor<T> x, BasicKvCach
                                                    const SequenceRows& rows, const LayerShape& shape,
                                                    Allocator allocator) const {
   const int c = shape.c;
-  const int width = qkv_width(shape);
-  const int kv = kv_heads(shape) * (c / shape.nh);
+  const Widths d = widths(shape);
+  const int width = d.qkv;
+  const int kv = d.kv;
   BlockSaved<T> s;
   s.x = std::move(x);
   project_qkv(s, shape, allocator);
@@ -154,7 +210,7 @@ BasicTensor<T> TransformerBlock<T>::forward_cached(BasicTensor<T> x, BasicKvCach
     }
     auto scores = BasicTensor<T>::uninitialized({count, past + count}, allocator);
     attention_forward_cached(s.attn_y.data() + static_cast<long>(row) * c, scores.data(), qkv, width, keys, values,
-                             count, past, c, shape.nh, kv_heads(shape));
+                             count, past, c, shape.nh, d.kv_heads);
     row += count;
   }
   return project_and_mlp(s, shape, allocator);
@@ -169,27 +225,31 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   s.dy = std::move(dy);
   if (llama_) return llama_backward_input(s, shape, allocator);
-  s.dh = make({shape.b, shape.t, 4 * c});
-  linear_backward_input(s.dh.data(), s.dy.data(), w.fc_proj_weight, n, 4 * c, c);
-  gelu_backward(s.dh.data(), s.h.data(), n * 4 * c);
+  const Widths d = widths(shape);
+  const int f = d.ffn;
+  s.dh = make({shape.b, shape.t, f});
+  linear_backward_input(s.dh.data(), s.dy.data(), w.fc_proj_weight, n, f, c);
+  gelu_backward(s.dh.data(), s.h.data(), n * f);
   s.h.reset();
   s.d_ln_2 = make({shape.b, shape.t, c});
-  linear_backward_input(s.d_ln_2.data(), s.dh.data(), w.fc_weight, n, c, 4 * c);
+  linear_backward_input(s.d_ln_2.data(), s.dh.data(), w.fc_weight, n, c, f);
+  reduce(s.d_ln_2.data(), n * c, "the tensor-parallel all-reduce of the MLP's input gradient");
   s.dx2 = make({shape.b, shape.t, c});
   layernorm_backward_input(s.dx2.data(), s.dy.data(), s.d_ln_2.data(), s.x2.data(), s.ln_2_mean.data(),
                            s.ln_2_rstd.data(), w.ln_2_weight, n, c);
   {
-    auto d_attn_y = make({shape.b, shape.t, c});
-    linear_backward_input(d_attn_y.data(), s.dx2.data(), w.attn_proj_weight, n, c, c);
+    auto d_attn_y = make({shape.b, shape.t, d.attn});
+    linear_backward_input(d_attn_y.data(), s.dx2.data(), w.attn_proj_weight, n, d.attn, c);
     auto scratch = make({shape.t, shape.t});
-    s.dqkv = make({shape.b, shape.t, 3 * c});
+    s.dqkv = make({shape.b, shape.t, d.qkv});
     attention_backward(s.dqkv.data(), scratch.data(), d_attn_y.data(), s.probs.data(), s.qkv.data(), shape.b,
-                       shape.t, c, shape.nh, shape.nh);
+                       shape.t, d.attn, d.heads, d.heads);
   }
   s.probs.reset();
   s.qkv.reset();
   s.d_ln_1 = make({shape.b, shape.t, c});
-  linear_backward_input(s.d_ln_1.data(), s.dqkv.data(), w.attn_weight, n, c, 3 * c);
+  linear_backward_input(s.d_ln_1.data(), s.dqkv.data(), w.attn_weight, n, c, d.qkv);
+  reduce(s.d_ln_1.data(), n * c, "the tensor-parallel all-reduce of the attention's input gradient");
   auto dx = make({shape.b, shape.t, c});
   layernorm_backward_input(dx.data(), s.dx2.data(), s.d_ln_1.data(), s.x.data(), s.ln_1_mean.data(),
                            s.ln_1_rstd.data(), w.ln_1_weight, n, c);
@@ -205,12 +265,13 @@ void TransformerBlock<T>::backward_weight(BlockSaved<T>& s, const LayerShape& sh
     llama_backward_weight(s, shape);
     return;
   }
-  linear_backward_weight(g.fc_proj_weight, g.fc_proj_bias, s.g.data(), s.dy.data(), n, 4 * c, c);
-  linear_backward_weight(g.fc_weight, g.fc_bias, s.ln_2.data(), s.dh.data(), n, c, 4 * c);
+  const Widths d = widths(shape);
+  linear_backward_weight(g.fc_proj_weight, g.fc_proj_bias, s.g.data(), s.dy.data(), n, d.ffn, c);
+  linear_backward_weight(g.fc_weight, g.fc_bias, s.ln_2.data(), s.dh.data(), n, c, d.ffn);
   layernorm_backward_weight(g.ln_2_weight, g.ln_2_bias, s.d_ln_2.data(), s.x2.data(), s.ln_2_mean.data(),
                             s.ln_2_rstd.data(), n, c);
-  linear_backward_weight(g.attn_proj_weight, g.attn_proj_bias, s.attn_y.data(), s.dx2.data(), n, c, c);
-  linear_backward_weight(g.attn_weight, g.attn_bias, s.ln_1.data(), s.dqkv.data(), n, c, 3 * c);
+  linear_backward_weight(g.attn_proj_weight, g.attn_proj_bias, s.attn_y.data(), s.dx2.data(), n, d.attn, c);
+  linear_backward_weight(g.attn_weight, g.attn_bias, s.ln_1.data(), s.dqkv.data(), n, c, d.qkv);
   layernorm_backward_weight(g.ln_1_weight, g.ln_1_bias, s.d_ln_1.data(), s.x.data(), s.ln_1_mean.data(),
                             s.ln_1_rstd.data(), n, c);
   s = {};
@@ -223,10 +284,10 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
                                                          Allocator allocator) const {
   const int n = shape.rows();
   const int c = shape.c;
-  const int f = llama_->ffn;
-  const int hs = c / shape.nh;
-  const int kv = llama_->kv_heads * hs;
-  const int width = qkv_width(shape);
+  const Widths d = widths(shape);
+  const int f = d.ffn;
+  const int kv = d.kv;
+  const int width = d.qkv;
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   {
@@ -239,29 +300,31 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
   s.d_ln_2 = make({shape.b, shape.t, c});
   projection_backward_input(s.d_ln_2.data(), s.dh.data(), 2 * f, w.gate_proj, n, c, f, false);
   projection_backward_input(s.d_ln_2.data(), s.dh.data() + f, 2 * f, w.up_proj, n, c, f, true);
+  reduce(s.d_ln_2.data(), n * c, "the tensor-parallel all-reduce of the MLP's input gradient");
   s.dx2 = make({shape.b, shape.t, c});
   rmsnorm_backward_input(s.dx2.data(), s.dy.data(), s.d_ln_2.data(), s.x2.data(), s.ln_2_rstd.data(), w.ln_2_weight,
                          n, c);
   {
-    auto d_attn_y = make({shape.b, shape.t, c});
-    projection_backward_input(d_attn_y.data(), s.dx2.data(), c, w.o_proj, n, c, c, false);
+    auto d_attn_y = make({shape.b, shape.t, d.attn});
+    projection_backward_input(d_attn_y.data(), s.dx2.data(), c, w.o_proj, n, d.attn, c, false);
     auto scratch = make({shape.t, shape.t});
     s.dqkv = make({shape.b, shape.t, width});
     attention_backward(s.dqkv.data(), scratch.data(), d_attn_y.data(), s.probs.data(), s.qkv.data(), shape.b,
-                       shape.t, c, shape.nh, llama_->kv_heads);
+                       shape.t, d.attn, d.heads, d.kv_heads);
   }
   s.probs.reset();
   s.qkv.reset();
   for (int seq = 0; seq < shape.b; ++seq) {
     T* dqkv = s.dqkv.data() + static_cast<long>(seq) * shape.t * width;
-    rope_rotate(dqkv, width, shape.t, 0, shape.nh, hs, llama_->rope_cos, llama_->rope_sin, RopeDirection::kInverse);
-    rope_rotate(dqkv + c, width, shape.t, 0, llama_->kv_heads, hs, llama_->rope_cos, llama_->rope_sin,
+    rope_rotate(dqkv, width, shape.t, 0, d.heads, d.hs, llama_->rope_cos, llama_->rope_sin, RopeDirection::kInverse);
+    rope_rotate(dqkv + d.attn, width, shape.t, 0, d.kv_heads, d.hs, llama_->rope_cos, llama_->rope_sin,
                 RopeDirection::kInverse);
   }
   s.d_ln_1 = make({shape.b, shape.t, c});
-  projection_backward_input(s.d_ln_1.data(), s.dqkv.data(), width, w.q_proj, n, c, c, false);
-  projection_backward_input(s.d_ln_1.data(), s.dqkv.data() + c, width, w.k_proj, n, c, kv, true);
-  projection_backward_input(s.d_ln_1.data(), s.dqkv.data() + c + kv, width, w.v_proj, n, c, kv, true);
+  projection_backward_input(s.d_ln_1.data(), s.dqkv.data(), width, w.q_proj, n, c, d.attn, false);
+  projection_backward_input(s.d_ln_1.data(), s.dqkv.data() + d.attn, width, w.k_proj, n, c, kv, true);
+  projection_backward_input(s.d_ln_1.data(), s.dqkv.data() + d.attn + kv, width, w.v_proj, n, c, kv, true);
+  reduce(s.d_ln_1.data(), n * c, "the tensor-parallel all-reduce of the attention's input gradient");
   auto dx = make({shape.b, shape.t, c});
   rmsnorm_backward_input(dx.data(), s.dx2.data(), s.d_ln_1.data(), s.x.data(), s.ln_1_rstd.data(), w.ln_1_weight, n,
                          c);
@@ -272,18 +335,19 @@ template <class T>
 void TransformerBlock<T>::llama_backward_weight(BlockSaved<T>& s, const LayerShape& shape) const {
   const int n = shape.rows();
   const int c = shape.c;
-  const int f = llama_->ffn;
-  const int kv = llama_->kv_heads * (c / shape.nh);
-  const int width = qkv_width(shape);
+  const Widths d = widths(shape);
+  const int f = d.ffn;
+  const int kv = d.kv;
+  const int width = d.qkv;
   const auto& g = grads_;
   projection_backward_weight(g.down_proj, s.g.data(), s.dy.data(), c, n, f, c);
   projection_backward_weight(g.gate_proj, s.ln_2.data(), s.dh.data(), 2 * f, n, c, f);
   projection_backward_weight(g.up_proj, s.ln_2.data(), s.dh.data() + f, 2 * f, n, c, f);
   rmsnorm_backward_weight(g.ln_2_weight, s.d_ln_2.data(), s.x2.data(), s.ln_2_rstd.data(), n, c);
-  projection_backward_weight(g.o_proj, s.attn_y.data(), s.dx2.data(), c, n, c, c);
-  projection_backward_weight(g.q_proj, s.ln_1.data(), s.dqkv.data(), width, n, c, c);
-  projection_backward_weight(g.k_proj, s.ln_1.data(), s.dqkv.data() + c, width, n, c, kv);
-  projection_backward_weight(g.v_proj, s.ln_1.data(), s.dqkv.data() + c + kv, width, n, c, kv);
+  projection_backward_weight(g.o_proj, s.attn_y.data(), s.dx2.data(), c, n, d.attn, c);
+  projection_backward_weight(g.q_proj, s.ln_1.data(), s.dqkv.data(), width, n, c, d.attn);
+  projection_backward_weight(g.k_proj, s.ln_1.data(), s.dqkv.data() + d.attn, width, n, c, kv);
+  projection_backward_weight(g.v_proj, s.ln_1.data(), s.dqkv.data() + d.attn + kv, width, n, c, kv);
   rmsnorm_backward_weight(g.ln_1_weight, s.d_ln_1.data(), s.x.data(), s.ln_1_rstd.data(), n, c);
   s = {};
 }

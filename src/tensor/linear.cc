@@ -8,16 +8,18 @@
 namespace pipeflow {
 namespace {
 
-// y[n, out] = b (+ residual), what the product then adds onto.
+// y[n, out] = b (+ residual), what the product then adds onto (0 without either).
 template <class T>
 void start_with_bias(T* y, const T* b, const T* residual, int n, int out) {
   for (int row = 0; row < n; ++row) {
     T* __restrict y_row = y + static_cast<long>(row) * out;
-    if (residual != nullptr) {
-      const T* __restrict r_row = residual + static_cast<long>(row) * out;
+    const T* __restrict r_row = residual == nullptr ? nullptr : residual + static_cast<long>(row) * out;
+    if (r_row != nullptr && b != nullptr) {
       for (int j = 0; j < out; ++j) y_row[j] = r_row[j] + b[j];
+    } else if (r_row != nullptr || b != nullptr) {
+      std::memcpy(y_row, r_row != nullptr ? r_row : b, sizeof(T) * static_cast<std::size_t>(out));
     } else {
-      std::memcpy(y_row, b, sizeof(T) * static_cast<std::size_t>(out));
+      std::memset(y_row, 0, sizeof(T) * static_cast<std::size_t>(out));
     }
   }
 }

@@ -164,7 +164,7 @@ TEST(RankGroup, InThreadsAWaitPastItsDeadlineNamesWhatItWaitedForAndWhoNeverCame
 
 TEST(RankGroup, ALayoutOfNoRanksIsRefused) {
   EXPECT_EQ(error_of([] { RankGroup::in_threads({.pipeline = 0, .data_parallel = 1}); }),
-            "a rank group of pipeline 0 x data parallel 1: both must be at least 1");
+            "a rank group of pipeline 0 x data parallel 1 x tensor parallel 1: each must be at least 1");
 }
 
 // Data parallelism in threads: d replicas of a 2-rank pipeline, each m

@@ -68,15 +68,9 @@ class AdamW {
   // count as __metadata__ "adamw_step", to save beside the weights. Moments
   // the writer already holds are skipped: the tied wte's copy on another
   // stage, whose moments are equal (the same summed gradients). The
-  // optimizer must own every element (a sharded one's moments are gathered
-  // first: add_moments).
+  // optimizer must own every element (the engine gathers a sharded or
+  // tensor-parallel one's moments itself) of a stage that is not split.
   void add_state(SafetensorsWriter& writer) const;
-  // The same from the whole stage's moments `m` and `v` (the shards of every
-  // replica put together) and the step count, for the parameters `include`
-  // accepts (all when empty).
-  static void add_moments(SafetensorsWriter& writer, const ParameterLayout& layout, std::span<const float> m,
-                          std::span<const float> v, std::int64_t steps,
-                          const std::function<bool(const ParameterInfo&)>& include = {});
   // Reads this stage's moments by name (those of the shard's elements), so a
   // file written by the optimizers of another partition, or another shard
   // count, of the same model loads too.

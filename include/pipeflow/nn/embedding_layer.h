@@ -1,6 +1,9 @@
 #pragma once
 
+#include <utility>
+
 #include "pipeflow/nn/layer_shape.h"
+#include "pipeflow/nn/tensor_group.h"
 #include "pipeflow/tensor/tensor.h"
 
 namespace pipeflow::nn {
@@ -24,13 +27,18 @@ struct EmbeddingSaved {
 // only keeps ∂L/∂x, and W scatters it into dwte and dwpe. Tokens must lie in
 // [0, V) (the stage checks).
 //
+// Split over a tensor-parallel group (vocabulary-parallel, as Megatron-LM's
+// VocabParallelEmbedding): wte holds the rank's rows [rank · V/size, …); a
+// token's row comes from the rank that holds it (the others add zeros, so
+// the all-reduced x has the bits of the whole table's), then wpe is added.
+//
 // Thread safety: const methods; different saved states may be used from
 // different threads only if the gradient buffers differ.
 template <class T>
 class EmbeddingLayer {
  public:
-  EmbeddingLayer(EmbeddingParams<const T*> weights, EmbeddingParams<T*> grads)
-      : weights_(weights), grads_(grads) {}
+  EmbeddingLayer(EmbeddingParams<const T*> weights, EmbeddingParams<T*> grads, TensorGroup* tensor = nullptr)
+      : weights_(weights), grads_(grads), tensor_(tensor) {}
 
   BasicTensor<T> forward(EmbeddingSaved<T>& saved, IntTensor tokens, const LayerShape& shape,
                          Allocator allocator) const;
@@ -38,8 +46,12 @@ class EmbeddingLayer {
   void backward_weight(EmbeddingSaved<T>& saved, const LayerShape& shape) const;
 
  private:
+  // The rank's first vocabulary row and how many it holds.
+  std::pair<int, int> rows(const LayerShape& shape) const;
+
   EmbeddingParams<const T*> weights_;
   EmbeddingParams<T*> grads_;
+  TensorGroup* tensor_ = nullptr;
 };
 
 extern template class EmbeddingLayer<float>;

@@ -1,8 +1,10 @@
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include "pipeflow/nn/layer_shape.h"
+#include "pipeflow/nn/tensor_group.h"
 #include "pipeflow/tensor/tensor.h"
 
 namespace pipeflow::nn {
@@ -30,13 +32,22 @@ struct HeadSaved {
 
 // Forward / I / W of the head. Targets must lie in [0, V) (the stage checks).
 //
+// Split over a tensor-parallel group (vocabulary-parallel, as Megatron-LM's
+// output layer and vocab_parallel_cross_entropy): the matrix holds the
+// rank's rows [rank · V/size, …), so each rank computes its columns of the
+// logits; the cross-entropy all-reduces each row's largest logit, then its
+// sum of exponentials with the target's logit (held by one rank), and I
+// all-reduces the gradient of the norm's output. logits() needs the whole
+// matrix.
+//
 // Thread safety: const methods; concurrent use needs distinct gradient buffers.
 template <class T>
 class LmHead {
  public:
   // With LayerNorm; with RMSNorm of ε = rmsnorm_epsilon when it is given.
-  LmHead(HeadParams<const T*> weights, HeadParams<T*> grads, std::optional<double> rmsnorm_epsilon = std::nullopt)
-      : weights_(weights), grads_(grads), rmsnorm_epsilon_(rmsnorm_epsilon) {}
+  LmHead(HeadParams<const T*> weights, HeadParams<T*> grads, std::optional<double> rmsnorm_epsilon = std::nullopt,
+         TensorGroup* tensor = nullptr)
+      : weights_(weights), grads_(grads), rmsnorm_epsilon_(rmsnorm_epsilon), tensor_(tensor) {}
 
   // Returns the mean cross-entropy of the micro-batch.
   double forward(HeadSaved<T>& saved, BasicTensor<T> x, const IntTensor& targets, const LayerShape& shape,
@@ -51,10 +62,17 @@ class LmHead {
 
  private:
   void normalise(HeadSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
+  // The vocabulary columns this rank computes, and the first one's index.
+  int vocab(const LayerShape& shape) const { return tensor_ == nullptr ? shape.v : shape.v / tensor_->size(); }
+  int first_column(const LayerShape& shape) const { return tensor_ == nullptr ? 0 : tensor_->rank() * vocab(shape); }
+  // The split cross-entropy: logits [n, vocab] in place into the
+  // probabilities; returns the rows' summed loss (the same on every rank).
+  double vocab_parallel_forward(T* logits, const std::int32_t* targets, const LayerShape& shape) const;
 
   HeadParams<const T*> weights_;
   HeadParams<T*> grads_;
   std::optional<double> rmsnorm_epsilon_;
+  TensorGroup* tensor_ = nullptr;
 };
 
 extern template class LmHead<float>;

@@ -78,6 +78,11 @@ struct ModelConfig {
   bool operator==(const ModelConfig& other) const;
 };
 
+// Throws Error unless the model splits over `size` tensor-parallel ranks as
+// Megatron-LM splits it: n_head, the key/value heads, the MLP width and the
+// vocabulary each a multiple of `size` (size >= 1).
+void validate_tensor_parallel(const ModelConfig& config, int size);
+
 // One line for reports and errors: "GPT-2, 4 layers, width 128, 4 heads,
 // context 64, vocabulary 256" or "Llama, 4 layers, width 128, 4 heads (2
 // key/value), MLP 344, context 64, vocabulary 256, rope_theta 10000,

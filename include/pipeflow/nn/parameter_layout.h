@@ -11,10 +11,25 @@
 
 namespace pipeflow::nn {
 
+// Which part of every split tensor a rank of a tensor-parallel group holds
+// (Megatron-LM's tensor parallelism): `size` ranks, this one `rank`.
+struct TensorSlice {
+  int size = 1;
+  int rank = 0;
+  bool operator==(const TensorSlice&) const = default;
+};
+
 // One parameter tensor of a stage: its Hugging Face name, shape (GPT-2's
 // weights in Conv1D layout [in, out], Llama's in nn.Linear layout [out, in],
 // as each family's checkpoints hold them), where it starts in the stage's one
 // contiguous buffer, and whether AdamW decays it.
+//
+// Under tensor parallelism a tensor is whole on every rank (replicated: the
+// norms, GPT-2's wpe and the biases added after a row-parallel product) or
+// split along `split_dim` into slice.size equal parts, rank k holding part
+// k. A fused tensor (GPT-2's c_attn, q | k | v along its columns) is
+// `chunks` tensors side by side, each split alike, so a rank holds its heads
+// of q, of k and of v. `shape` is the rank's part, `whole` the tensor's.
 struct ParameterInfo {
   std::string name;
   Shape shape;
@@ -22,9 +37,21 @@ struct ParameterInfo {
   // nanoGPT's convention: 2-D tensors (embeddings, a block's weight
   // matrices, an untied LM head) decay; biases and norm gains do not.
   bool decay = false;
+  Shape whole;
+  int split_dim = -1;  // -1: replicated
+  int chunks = 1;
+  TensorSlice slice;
 
   std::int64_t numel() const { return shape.numel(); }
+  bool split() const { return split_dim >= 0 && slice.size > 1; }
 };
+
+// The rank's part of a whole tensor (whole.numel() values) into `part`
+// (info.numel() values), and back; a replicated tensor is copied whole.
+template <class T>
+void copy_part(const ParameterInfo& info, std::span<const T> whole, std::span<T> part);
+template <class T>
+void place_part(const ParameterInfo& info, std::span<const T> part, std::span<T> whole);
 
 // The parameters of a range of pipeline layers, in model order. GPT-2:
 //   embedding: wte.weight [V, C], wpe.weight [context, C]
@@ -48,9 +75,16 @@ struct ParameterInfo {
 //              untied, else model.embed_tokens.weight unless the range also
 //              holds the embedding.
 // Each tensor starts at a multiple of 16 elements (64 bytes).
+//
+// With slice.size > 1, each rank's parts as Megatron-LM splits a block:
+// column-parallel (split along the output features) c_attn, c_fc, q_proj,
+// k_proj, v_proj, gate_proj, up_proj and their biases; row-parallel (split
+// along the input features) attn.c_proj, mlp.c_proj, o_proj, down_proj;
+// vocabulary-parallel (split along the rows) wte, embed_tokens, lm_head.
+// validate_tensor_parallel says what the model must divide.
 class ParameterLayout {
  public:
-  ParameterLayout(const ModelConfig& config, LayerRange range);
+  ParameterLayout(const ModelConfig& config, LayerRange range, TensorSlice slice = {});
 
   const std::vector<ParameterInfo>& entries() const { return entries_; }
   // nullptr when the range holds no such tensor.
@@ -61,8 +95,11 @@ class ParameterLayout {
   std::int64_t total() const { return total_; }
 
  private:
-  void add(std::string name, Shape shape, bool decay);
+  // split_dim -1: replicated.
+  void add(std::string name, Shape shape, bool decay, int split_dim = -1, int chunks = 1);
   void add_llama(const ModelConfig& config, LayerRange range);
+
+  TensorSlice slice_;
 
   std::vector<ParameterInfo> entries_;
   std::int64_t total_ = 0;
@@ -75,7 +112,8 @@ class ParameterLayout {
 // initializer_range): every matrix N(0, 0.02), RMSNorm gains 1. Each tensor
 // draws from its own generator seeded by (seed, name), so a stage
 // initialises exactly the values the whole model would have in that range,
-// however the model is cut.
+// however the model is cut (and, of a split tensor, the part of the whole
+// tensor's values the rank holds).
 template <class T>
 void init_parameters(const ParameterLayout& layout, const ModelConfig& config, std::uint64_t seed,
                      std::span<T> values);

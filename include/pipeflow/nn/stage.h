@@ -13,6 +13,7 @@
 #include "pipeflow/nn/kv_cache.h"
 #include "pipeflow/nn/lm_head.h"
 #include "pipeflow/nn/parameter_layout.h"
+#include "pipeflow/nn/tensor_group.h"
 #include "pipeflow/nn/transformer_block.h"
 #include "pipeflow/tensor/buffer_pool.h"
 #include "pipeflow/tensor/half.h"
@@ -39,6 +40,12 @@ struct StageOptions {
   // every gradient of one (backward) is rounded to it; the weight gradients
   // accumulate in fp32. float stages only.
   ComputeFormat format = ComputeFormat::kFp32;
+  // The tensor-parallel group the stage's layers are split over (Megatron-LM's
+  // scheme: ParameterLayout says which part of each tensor the rank holds);
+  // null: the stage holds its layers whole. It must outlive the stage.
+  // float stages only; training only (logits, the kv cache and packing need
+  // whole layers).
+  TensorGroup* tensor = nullptr;
 };
 
 // What a stage's forward consumes; move the tensors in.
@@ -158,7 +165,7 @@ class BasicStage {
   // for a tensor whatever range holds it.
   void init_parameters(std::uint64_t seed);
   // Copies every tensor of this stage from `source` by name (e.g. from a whole
-  // model); source must hold them all with the same shapes.
+  // model); source must hold them all, whole or split as this stage holds them.
   void copy_parameters_from(const BasicStage& source);
 
   // --- One micro-batch ---
@@ -208,8 +215,9 @@ class BasicStage {
   void zero_gradients();
   // Σ g² over this stage's gradients, in double, counting each model
   // parameter once across a pipeline: a head stage's copy of the tied
-  // embedding is left out (the embedding stage counts it). Sum over stages,
-  // then √.
+  // embedding is left out (the embedding stage counts it), and so are the
+  // replicated tensors of a split stage on every tensor-parallel rank but
+  // the first. Sum over stages (and tensor-parallel ranks), then √.
   // With [begin, end): the same over those elements of the flat gradient
   // (a data-parallel replica's part: each replica sums its own).
   double gradient_square_sum() const { return gradient_square_sum(0, layout_.total()); }
@@ -245,6 +253,9 @@ class BasicStage {
   void require_phase(const State& state, typename State::Phase phase, const char* pass) const;
   // Fails, naming `what`, once pack_for_inference has run.
   void require_matrices(const char* what) const;
+  // Fails, naming `what`, when the stage is split over a tensor-parallel group.
+  void require_whole(const char* what) const;
+  bool split() const { return options_.tensor != nullptr; }
   bool checkpointing() const { return options_.recompute_interval > 0; }
   bool half() const { return options_.format != ComputeFormat::kFp32; }
   // The weights the layers read: the rounded copy (refreshed when stale), or

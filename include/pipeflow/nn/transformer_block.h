@@ -1,9 +1,11 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 
 #include "pipeflow/nn/kv_cache.h"
 #include "pipeflow/nn/layer_shape.h"
+#include "pipeflow/nn/tensor_group.h"
 #include "pipeflow/tensor/tensor.h"
 
 namespace pipeflow::nn {
@@ -73,14 +75,22 @@ struct BlockSaved {
 // backward_weight adds every weight gradient (accumulating over
 // micro-batches) and empties the state. Temporaries come from `allocator`.
 //
+// Split over a tensor-parallel group (Megatron-LM's scheme; the weights are
+// the rank's parts, ParameterLayout): the rank computes its heads and its
+// columns of the MLP; the attention's and the MLP's output products each end
+// in an all-reduce before the bias and the residual, and in I the gradients
+// of the two norms' outputs are all-reduced. W exchanges nothing, so the I/W
+// split of the zero-bubble schedules holds. float blocks only.
+//
 // Thread safety: const methods; concurrent use needs distinct gradient buffers.
 template <class T>
 class TransformerBlock {
  public:
-  // A GPT-2 block, or a Llama block when `llama` is given.
+  // A GPT-2 block, or a Llama block when `llama` is given; split over
+  // `tensor` when it is not null.
   TransformerBlock(BlockParams<const T*> weights, BlockParams<T*> grads,
-                   std::optional<LlamaConstants<T>> llama = std::nullopt)
-      : weights_(weights), grads_(grads), llama_(llama) {}
+                   std::optional<LlamaConstants<T>> llama = std::nullopt, TensorGroup* tensor = nullptr)
+      : weights_(weights), grads_(grads), llama_(llama), tensor_(tensor) {}
 
   BasicTensor<T> forward(BlockSaved<T>& saved, BasicTensor<T> x, const LayerShape& shape,
                          Allocator allocator) const;
@@ -117,12 +127,29 @@ class TransformerBlock {
   void llama_backward_weight(BlockSaved<T>& saved, const LayerShape& shape) const;
   // linear_forward, or linear_forward_panels once the weights are packed.
   void linear(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out) const;
-  int kv_heads(const LayerShape& shape) const { return llama_ ? llama_->kv_heads : shape.nh; }
-  int qkv_width(const LayerShape& shape) const { return shape.c / shape.nh * (shape.nh + 2 * kv_heads(shape)); }
+  // The widths this rank computes (the whole block's without a group): its
+  // query and key/value heads, the head size, q's and k's (or v's) columns,
+  // the packed q | k | v row, the MLP's hidden columns.
+  struct Widths {
+    int heads, kv_heads, hs, attn, kv, qkv, ffn;
+  };
+  Widths widths(const LayerShape& shape) const;
+  // The group's sum of `count` values in place (nothing without a group).
+  void reduce(T* values, int count, std::string_view what) const;
+  // A row-parallel product's end: y summed over the group, then + b (unless
+  // null) + residual.
+  void finish_row_parallel(T* y, const T* b, const T* residual, int n, int out, std::string_view what) const;
+  // y = x · w + b + residual (GPT-2's layout), or x · wᵀ + residual
+  // (Llama's), w being a row-parallel part when split.
+  void row_linear(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out,
+                  std::string_view what) const;
+  void row_projection(T* y, const T* x, const T* w, const T* residual, int n, int in, int out,
+                      std::string_view what) const;
 
   BlockParams<const T*> weights_;
   BlockParams<T*> grads_;
   std::optional<LlamaConstants<T>> llama_;
+  TensorGroup* tensor_ = nullptr;
   bool panels_ = false;
 };
 

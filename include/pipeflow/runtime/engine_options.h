@@ -36,6 +36,9 @@ struct EngineOptions {
   // data_rank · m … data_rank · m + m − 1 of the step's global batch.
   int data_parallel = 1;
   int data_rank = 0;
+  // Tensor parallelism (Megatron-LM's, nn::StageOptions::tensor): each stage
+  // split over `tensor_parallel` ranks, which run the same micro-batches.
+  int tensor_parallel = 1;
   // ZeRO stage 1 (zero_optimization.stage 1): with data_parallel > 1, each
   // replica's AdamW keeps the moments of 1/data_parallel of every stage's
   // parameters (nn::OptimizerShard), updates those, and the replicas

@@ -15,25 +15,36 @@
 namespace pipeflow::runtime {
 
 // How the ranks of a run are arranged: p pipeline ranks times d
-// data-parallel replicas, N = p · d ranks, in Megatron-LM's order (tensor
-// parallelism 1): the data-parallel rank varies fastest, so
-//   world rank w = pipeline_rank · d + data_rank.
-// A data-parallel group (the d ranks holding the same stages, which
-// all-reduce gradients: the heaviest traffic) is d consecutive ranks, on one
-// machine when mpirun fills machines in order; a pipeline (one replica) is
-// the ranks data_rank, data_rank + d, data_rank + 2d, ...
+// data-parallel replicas times t tensor-parallel ranks, N = p · d · t ranks,
+// in Megatron-LM's order: the tensor-parallel rank varies fastest, then the
+// data-parallel rank, so
+//   world rank w = (pipeline_rank · d + data_rank) · t + tensor_rank.
+// A tensor-parallel group (the t ranks that split the same stages between
+// them and all-reduce inside every layer: the most frequent traffic) is t
+// consecutive ranks, on one machine when mpirun fills machines in order; a
+// data-parallel group (the ranks holding the same part of the same stages,
+// which all-reduce gradients) is d ranks t apart; a pipeline (one replica's
+// ranks of one tensor-parallel rank) is p ranks d · t apart.
 struct RankLayout {
   int pipeline = 1;       // p
   int data_parallel = 1;  // d
+  int tensor = 1;         // t
 
-  int world_size() const { return pipeline * data_parallel; }
-  int pipeline_rank(int world_rank) const { return world_rank / data_parallel; }
-  int data_rank(int world_rank) const { return world_rank % data_parallel; }
-  int world_rank(int pipeline_rank, int data_rank) const { return pipeline_rank * data_parallel + data_rank; }
-  // One line per pipeline and per data-parallel group:
+  int world_size() const { return pipeline * data_parallel * tensor; }
+  int pipeline_rank(int world_rank) const { return world_rank / (data_parallel * tensor); }
+  int data_rank(int world_rank) const { return world_rank / tensor % data_parallel; }
+  int tensor_rank(int world_rank) const { return world_rank % tensor; }
+  int world_rank(int pipeline_rank, int data_rank, int tensor_rank = 0) const {
+    return (pipeline_rank * data_parallel + data_rank) * tensor + tensor_rank;
+  }
+  // One line per pipeline, per data-parallel and per tensor-parallel group
+  // (the groups of one rank only):
   //   "pipeline (data-parallel rank 0): world ranks 0 2 4 6"
   //   "data-parallel group (pipeline rank 1): world ranks 2 3"
+  //   "tensor-parallel group (pipeline rank 0, data-parallel rank 1): world ranks 2 3"
   std::string describe() const;
+  // "pipeline 2 x data parallel 1", with " x tensor parallel 2" when t > 1.
+  std::string dimensions() const;
 };
 
 // The sum of a sub-group's `values` reduced and scattered, under way: member
@@ -163,10 +174,12 @@ class RankGroup {
   virtual Communicator& world(int world_rank) = 0;
   virtual Communicator& pipeline(int world_rank) = 0;  // its replica's pipeline, by pipeline rank
   virtual Communicator& data(int world_rank) = 0;      // its pipeline rank's replicas, by data rank
+  virtual Communicator& tensor(int world_rank) = 0;    // the ranks splitting its stages, by tensor rank
 
-  // The transport between the pipeline ranks of replica `data_rank` (one
-  // held here) for `traffic`.
-  virtual std::unique_ptr<Transport> pipeline_transport(int data_rank, const PipelineTraffic& traffic) = 0;
+  // The transport between the pipeline ranks of replica `data_rank` and
+  // tensor-parallel rank `tensor_rank` (one held here) for `traffic`.
+  virtual std::unique_ptr<Transport> pipeline_transport(int data_rank, int tensor_rank,
+                                                        const PipelineTraffic& traffic) = 0;
 
   // Runs job(world_rank) for every local rank at once and returns when every
   // one has returned. The failure policy: the first job that throws (other

@@ -50,9 +50,18 @@ struct PhaseTiming {
   double end_s = 0;
 };
 
+// A collective of the rank's tensor-parallel group inside a compute action
+// (an all-reduce of a layer's activations or their gradients).
+struct CollectiveTiming {
+  double start_s = 0;
+  double end_s = 0;
+  std::int64_t bytes = 0;  // the rank's buffer
+};
+
 struct RankRecord {
   std::vector<ActionTiming> actions;  // in list order
   std::vector<PhaseTiming> phases;    // in the order they ran
+  std::vector<CollectiveTiming> collectives;  // in the order they ran
   // The most activation bytes the rank's stages held together at any moment
   // of the step (each action's own temporaries included).
   std::int64_t peak_activation_bytes = 0;

@@ -208,26 +208,48 @@ class ThreadGroup final : public RankGroup {
   explicit ThreadGroup(RankLayout layout) : RankGroup(layout, all_ranks(layout)) {
     const int p = layout.pipeline;
     const int d = layout.data_parallel;
+    const int t = layout.tensor;
     std::vector<int> everyone = local_ranks();
     world_meeting_ = std::make_unique<Meeting>("the world", everyone, aborted_);
-    for (int dr = 0; dr < d; ++dr) {
+    // Each sub-group's meeting, keyed by what its members share.
+    const auto meeting = [&](std::string name, auto member_of) {
       std::vector<int> members;
-      for (int pr = 0; pr < p; ++pr) members.push_back(layout.world_rank(pr, dr));
-      pipeline_meetings_.push_back(
-          std::make_unique<Meeting>(fmt::format("the pipeline of data-parallel rank {}", dr), members, aborted_));
+      for (const int w : everyone) {
+        if (member_of(w)) members.push_back(w);
+      }
+      return std::make_unique<Meeting>(std::move(name), std::move(members), aborted_);
+    };
+    for (int dr = 0; dr < d; ++dr) {
+      for (int tr = 0; tr < t; ++tr) {
+        pipeline_meetings_.push_back(meeting(
+            t > 1 ? fmt::format("the pipeline of data-parallel rank {}, tensor-parallel rank {}", dr, tr)
+                  : fmt::format("the pipeline of data-parallel rank {}", dr),
+            [&](int w) { return layout.data_rank(w) == dr && layout.tensor_rank(w) == tr; }));
+      }
     }
     for (int pr = 0; pr < p; ++pr) {
-      std::vector<int> members;
-      for (int dr = 0; dr < d; ++dr) members.push_back(layout.world_rank(pr, dr));
-      data_meetings_.push_back(
-          std::make_unique<Meeting>(fmt::format("the data-parallel group of pipeline rank {}", pr), members, aborted_));
+      for (int tr = 0; tr < t; ++tr) {
+        data_meetings_.push_back(meeting(
+            t > 1 ? fmt::format("the data-parallel group of pipeline rank {}, tensor-parallel rank {}", pr, tr)
+                  : fmt::format("the data-parallel group of pipeline rank {}", pr),
+            [&](int w) { return layout.pipeline_rank(w) == pr && layout.tensor_rank(w) == tr; }));
+      }
+      for (int dr = 0; dr < d; ++dr) {
+        tensor_meetings_.push_back(
+            meeting(fmt::format("the tensor-parallel group of pipeline rank {}, data-parallel rank {}", pr, dr),
+                    [&](int w) { return layout.pipeline_rank(w) == pr && layout.data_rank(w) == dr; }));
+      }
     }
     for (const int w : everyone) {
-      const int pr = layout.pipeline_rank(w);
-      const int dr = layout.data_rank(w);
+      const auto pr = static_cast<std::size_t>(layout.pipeline_rank(w));
+      const auto dr = static_cast<std::size_t>(layout.data_rank(w));
+      const auto tr = static_cast<std::size_t>(layout.tensor_rank(w));
+      const auto ts = static_cast<std::size_t>(t);
       world_.push_back(std::make_unique<ThreadCommunicator>(*world_meeting_, w));
-      pipeline_.push_back(std::make_unique<ThreadCommunicator>(*pipeline_meetings_[static_cast<std::size_t>(dr)], pr));
-      data_.push_back(std::make_unique<ThreadCommunicator>(*data_meetings_[static_cast<std::size_t>(pr)], dr));
+      pipeline_.push_back(std::make_unique<ThreadCommunicator>(*pipeline_meetings_[dr * ts + tr], pr));
+      data_.push_back(std::make_unique<ThreadCommunicator>(*data_meetings_[pr * ts + tr], dr));
+      tensor_.push_back(std::make_unique<ThreadCommunicator>(
+          *tensor_meetings_[pr * static_cast<std::size_t>(d) + dr], static_cast<int>(tr)));
     }
   }
 
@@ -236,8 +258,10 @@ class ThreadGroup final : public RankGroup {
   Communicator& world(int w) override { return *world_.at(static_cast<std::size_t>(w)); }
   Communicator& pipeline(int w) override { return *pipeline_.at(static_cast<std::size_t>(w)); }
   Communicator& data(int w) override { return *data_.at(static_cast<std::size_t>(w)); }
+  Communicator& tensor(int w) override { return *tensor_.at(static_cast<std::size_t>(w)); }
 
-  std::unique_ptr<Transport> pipeline_transport(int /*data_rank*/, const PipelineTraffic& traffic) override {
+  std::unique_ptr<Transport> pipeline_transport(int /*data_rank*/, int /*tensor_rank*/,
+                                                const PipelineTraffic& traffic) override {
     return std::make_unique<InProcessTransport>(traffic.inbox_capacity, handoff_spin());
   }
 
@@ -270,11 +294,11 @@ class ThreadGroup final : public RankGroup {
 
   std::string placement() const override {
     const RankLayout& l = layout();
-    if (l.data_parallel == 1) {
+    if (l.data_parallel == 1 && l.tensor == 1) {
       return fmt::format("one worker thread per rank on a machine with {} cores", usable_cores());
     }
-    return fmt::format("{} worker threads (pipeline {} x data parallel {}) on a machine with {} cores", l.world_size(),
-                       l.pipeline, l.data_parallel, usable_cores());
+    return fmt::format("{} worker threads ({}) on a machine with {} cores", l.world_size(), l.dimensions(),
+                       usable_cores());
   }
 
   std::string oversubscription(bool emulated) const override {
@@ -298,13 +322,15 @@ class ThreadGroup final : public RankGroup {
     f(*world_meeting_);
     for (auto& m : pipeline_meetings_) f(*m);
     for (auto& m : data_meetings_) f(*m);
+    for (auto& m : tensor_meetings_) f(*m);
   }
 
   std::atomic<bool> aborted_{false};
   std::unique_ptr<Meeting> world_meeting_;
-  std::vector<std::unique_ptr<Meeting>> pipeline_meetings_;  // by data rank
-  std::vector<std::unique_ptr<Meeting>> data_meetings_;      // by pipeline rank
-  std::vector<std::unique_ptr<ThreadCommunicator>> world_, pipeline_, data_;  // by world rank
+  std::vector<std::unique_ptr<Meeting>> pipeline_meetings_;  // by data rank · t + tensor rank
+  std::vector<std::unique_ptr<Meeting>> data_meetings_;      // by pipeline rank · t + tensor rank
+  std::vector<std::unique_ptr<Meeting>> tensor_meetings_;    // by pipeline rank · d + data rank
+  std::vector<std::unique_ptr<ThreadCommunicator>> world_, pipeline_, data_, tensor_;  // by world rank
   // Started at the first run; destroyed (stopped and joined) first.
   std::unique_ptr<RankThreads> threads_;
 };

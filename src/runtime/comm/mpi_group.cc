@@ -262,21 +262,30 @@ class ProcessGroup final : public RankGroup {
  public:
   ProcessGroup(const MpiWorld& world, RankLayout layout) : RankGroup(layout, {world.rank()}), world_(&world) {
     if (world.size() != layout.world_size()) {
-      fail("mpirun started {} processes; the run needs pipeline.stages × data_parallel = {} × {} = {}: run mpirun "
-           "-np {}, or set data_parallel to {} / {}",
-           world.size(), layout.pipeline, layout.data_parallel, layout.world_size(), layout.world_size(), world.size(),
-           layout.pipeline);
+      fail("mpirun started {} processes; the run needs pipeline.stages × data_parallel × tensor_parallel = {} × {} "
+           "× {} = {}: run mpirun -np {}, or set data_parallel to {} / ({} × {})",
+           world.size(), layout.pipeline, layout.data_parallel, layout.tensor, layout.world_size(),
+           layout.world_size(), world.size(), layout.pipeline, layout.tensor);
     }
     const int w = world.rank();
+    const int t = layout.tensor;
+    const int d = layout.data_parallel;
     MPI_Comm pipeline = MPI_COMM_NULL;
     MPI_Comm data = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, layout.data_rank(w), layout.pipeline_rank(w), &pipeline),
+    MPI_Comm tensor = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, layout.data_rank(w) * t + layout.tensor_rank(w), layout.pipeline_rank(w),
+                             &pipeline),
               "MPI_Comm_split (pipeline)");
-    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, layout.pipeline_rank(w), layout.data_rank(w), &data),
+    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, layout.pipeline_rank(w) * t + layout.tensor_rank(w), layout.data_rank(w),
+                             &data),
               "MPI_Comm_split (data parallel)");
+    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, layout.pipeline_rank(w) * d + layout.data_rank(w), layout.tensor_rank(w),
+                             &tensor),
+              "MPI_Comm_split (tensor parallel)");
     world_comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
     pipeline_ = std::make_unique<MpiCommunicator>(pipeline);
     data_ = std::make_unique<MpiCommunicator>(data);
+    tensor_ = std::make_unique<MpiCommunicator>(tensor);
     clock_offset_s_ = measure_clock_offset();
   }
 
@@ -285,10 +294,13 @@ class ProcessGroup final : public RankGroup {
   Communicator& world(int w) override { return mine(w, *world_comm_); }
   Communicator& pipeline(int w) override { return mine(w, *pipeline_); }
   Communicator& data(int w) override { return mine(w, *data_); }
+  Communicator& tensor(int w) override { return mine(w, *tensor_); }
 
-  std::unique_ptr<Transport> pipeline_transport(int data_rank, const PipelineTraffic& traffic) override {
-    if (data_rank != layout().data_rank(world_->rank())) {
-      fail("the pipeline of data-parallel rank {} runs in other processes", data_rank);
+  std::unique_ptr<Transport> pipeline_transport(int data_rank, int tensor_rank,
+                                                const PipelineTraffic& traffic) override {
+    if (data_rank != layout().data_rank(world_->rank()) || tensor_rank != layout().tensor_rank(world_->rank())) {
+      fail("the pipeline of data-parallel rank {}, tensor-parallel rank {} runs in other processes", data_rank,
+           tensor_rank);
     }
     return std::make_unique<MpiTransport>(pipeline_->comm(), RankId(layout().pipeline_rank(world_->rank())),
                                           traffic.stages, traffic.microbatches, traffic.wire);
@@ -314,9 +326,8 @@ class ProcessGroup final : public RankGroup {
 
   std::string placement() const override {
     const RankLayout& l = layout();
-    return fmt::format("{} MPI processes (pipeline {} x data parallel {}), {} on this machine ({}, {} cores)",
-                       l.world_size(), l.pipeline, l.data_parallel, world_->processes_on_host(), world_->host(),
-                       std::thread::hardware_concurrency());
+    return fmt::format("{} MPI processes ({}), {} on this machine ({}, {} cores)", l.world_size(), l.dimensions(),
+                       world_->processes_on_host(), world_->host(), std::thread::hardware_concurrency());
   }
 
   std::string oversubscription(bool /*emulated*/) const override {
@@ -372,6 +383,7 @@ class ProcessGroup final : public RankGroup {
   std::unique_ptr<MpiCommunicator> world_comm_;
   std::unique_ptr<MpiCommunicator> pipeline_;
   std::unique_ptr<MpiCommunicator> data_;
+  std::unique_ptr<MpiCommunicator> tensor_;
   double clock_offset_s_ = 0;
 };
 

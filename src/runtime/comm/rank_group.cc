@@ -23,17 +23,43 @@ std::string ranks_line(const std::vector<int>& ranks) {
 std::string RankLayout::describe() const {
   std::string text;
   for (int d = 0; d < data_parallel; ++d) {
-    std::vector<int> ranks;
-    for (int p = 0; p < pipeline; ++p) ranks.push_back(world_rank(p, d));
-    text += fmt::format("pipeline (data-parallel rank {}): world ranks{}\n", d, ranks_line(ranks));
+    for (int t = 0; t < tensor; ++t) {
+      std::vector<int> ranks;
+      for (int p = 0; p < pipeline; ++p) ranks.push_back(world_rank(p, d, t));
+      text += fmt::format("pipeline ({}): world ranks{}\n",
+                          tensor > 1 ? fmt::format("data-parallel rank {}, tensor-parallel rank {}", d, t)
+                                     : fmt::format("data-parallel rank {}", d),
+                          ranks_line(ranks));
+    }
   }
   if (data_parallel > 1) {
     for (int p = 0; p < pipeline; ++p) {
-      std::vector<int> ranks;
-      for (int d = 0; d < data_parallel; ++d) ranks.push_back(world_rank(p, d));
-      text += fmt::format("data-parallel group (pipeline rank {}): world ranks{}\n", p, ranks_line(ranks));
+      for (int t = 0; t < tensor; ++t) {
+        std::vector<int> ranks;
+        for (int d = 0; d < data_parallel; ++d) ranks.push_back(world_rank(p, d, t));
+        text += fmt::format("data-parallel group ({}): world ranks{}\n",
+                            tensor > 1 ? fmt::format("pipeline rank {}, tensor-parallel rank {}", p, t)
+                                       : fmt::format("pipeline rank {}", p),
+                            ranks_line(ranks));
+      }
     }
   }
+  if (tensor > 1) {
+    for (int p = 0; p < pipeline; ++p) {
+      for (int d = 0; d < data_parallel; ++d) {
+        std::vector<int> ranks;
+        for (int t = 0; t < tensor; ++t) ranks.push_back(world_rank(p, d, t));
+        text += fmt::format("tensor-parallel group (pipeline rank {}, data-parallel rank {}): world ranks{}\n", p, d,
+                            ranks_line(ranks));
+      }
+    }
+  }
+  return text;
+}
+
+std::string RankLayout::dimensions() const {
+  std::string text = fmt::format("pipeline {} x data parallel {}", pipeline, data_parallel);
+  if (tensor > 1) text += fmt::format(" x tensor parallel {}", tensor);
   return text;
 }
 
@@ -47,9 +73,9 @@ void Communicator::barrier(Deadline deadline, std::string_view what) { all_gathe
 
 RankGroup::RankGroup(RankLayout layout, std::vector<int> local_ranks)
     : layout_(layout), local_ranks_(std::move(local_ranks)) {
-  if (layout_.pipeline < 1 || layout_.data_parallel < 1) {
-    fail("a rank group of pipeline {} x data parallel {}: both must be at least 1", layout_.pipeline,
-         layout_.data_parallel);
+  if (layout_.pipeline < 1 || layout_.data_parallel < 1 || layout_.tensor < 1) {
+    fail("a rank group of pipeline {} x data parallel {} x tensor parallel {}: each must be at least 1",
+         layout_.pipeline, layout_.data_parallel, layout_.tensor);
   }
 }
 

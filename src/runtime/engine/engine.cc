@@ -21,6 +21,7 @@
 #include "pipeflow/schedule/passes.h"
 #include "pipeflow/schedule/validate.h"
 #include "engine/rank_worker.h"
+#include "engine/tensor_collectives.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -111,7 +112,8 @@ struct PipelineEngine::Replica {
   Progress progress;
 };
 
-// One rank this process runs: its worker, its replica, its sub-groups, and
+// One rank this process runs: its worker, its replica (the pipeline of its
+// data-parallel and tensor-parallel ranks), its sub-groups, and
 // (with d > 1) its data-parallel reductions: by action index, the stages
 // whose reduce-scatter may be posted after it; those of this step under
 // way, in the order they were posted (the same on every replica, as a
@@ -120,10 +122,14 @@ struct PipelineEngine::LocalRank {
   int world_rank = 0;
   RankId rank;  // pipeline rank
   int data_rank = 0;
+  int tensor_rank = 0;
   Replica* replica = nullptr;
   Communicator* pipeline = nullptr;
   Communicator* data = nullptr;
+  Communicator* tensor = nullptr;
   Communicator* world = nullptr;
+  // The layers' tensor-parallel collectives (tensor parallelism > 1).
+  std::unique_ptr<TensorCollectives> tensor_collectives;
   std::unique_ptr<RankWorker> worker;
   std::vector<std::vector<StageId>> reduce_after;
   struct Reduction {
@@ -137,7 +143,9 @@ struct PipelineEngine::LocalRank {
 PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
                                EngineOptions options)
     : PipelineEngine(config, schedule, std::move(boundaries), options, nullptr,
-                     RankGroup::in_threads({.pipeline = schedule.num_ranks(), .data_parallel = options.data_parallel})) {}
+                     RankGroup::in_threads({.pipeline = schedule.num_ranks(),
+                                            .data_parallel = options.data_parallel,
+                                            .tensor = options.tensor_parallel})) {}
 
 PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
                                EngineOptions options, RankGroup& group)
@@ -165,38 +173,47 @@ PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& sc
          schedule_.num_ranks());
   }
   options_.data_parallel = layout.data_parallel;
+  options_.tensor_parallel = layout.tensor;
   options_.data_rank = 0;
+  nn::validate_tensor_parallel(config_, layout.tensor);
   const auto num_stages = static_cast<std::size_t>(schedule_.num_stages());
   const auto num_ranks = static_cast<std::size_t>(schedule_.num_ranks());
   const PipelineTraffic traffic{.inbox_capacity = inbox_capacities(schedule_),
                                 .stages = schedule_.num_stages(),
                                 .microbatches = schedule_.num_microbatches(),
                                 .wire = options_.format};
-  std::vector<Replica*> by_data_rank(static_cast<std::size_t>(layout.data_parallel), nullptr);
+  // One pipeline per (data-parallel rank, tensor-parallel rank).
+  std::vector<Replica*> by_pipeline(static_cast<std::size_t>(layout.data_parallel * layout.tensor), nullptr);
   for (const int w : group_->local_ranks()) {
     const int d = layout.data_rank(w);
-    Replica*& replica = by_data_rank[static_cast<std::size_t>(d)];
+    const int t = layout.tensor_rank(w);
+    Replica*& replica = by_pipeline[static_cast<std::size_t>(d * layout.tensor + t)];
     if (replica == nullptr) {
       replicas_.push_back(std::make_unique<Replica>(d, options_, num_stages, num_ranks));
       replica = replicas_.back().get();
-      replica->transport = group_->pipeline_transport(d, traffic);
+      replica->transport = group_->pipeline_transport(d, t, traffic);
     }
     auto r = std::make_unique<LocalRank>();
     r->world_rank = w;
     r->rank = RankId(layout.pipeline_rank(w));
     r->data_rank = d;
+    r->tensor_rank = t;
     r->replica = replica;
     r->pipeline = &group_->pipeline(w);
     r->data = &group_->data(w);
+    r->tensor = &group_->tensor(w);
     r->world = &group_->world(w);
+    if (layout.tensor > 1) r->tensor_collectives = std::make_unique<TensorCollectives>(*r->tensor, options_.timeout);
     for (const StageId s : schedule_.stages_of(r->rank)) {
       const auto i = static_cast<std::size_t>(s.value());
       const nn::LayerRange range{boundaries_[i], boundaries_[i + 1]};
       replica->stages[i] = std::make_unique<nn::Stage>(
           config_, range,
           nn::StageOptions{.recompute_interval = options_.recompute_interval,
-                           .name = fmt::format("stage {}", s),
-                           .format = options_.format});
+                           .name = layout.tensor > 1 ? fmt::format("stage {} (tensor-parallel rank {})", s, t)
+                                                     : fmt::format("stage {}", s),
+                           .format = options_.format,
+                           .tensor = r->tensor_collectives.get()});
       replica->optimizers[i] = std::make_unique<nn::AdamW>(
           *replica->stages[i], options_.optimizer,
           nn::OptimizerShard::of(replica->stages[i]->layout().total(), sharded() ? layout.data_parallel : 1,
@@ -288,46 +305,77 @@ void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
   }
 }
 
+// A rank's tensors, whole: a split tensor's parts are gathered at
+// tensor-parallel rank 0, which alone returns a writer that holds anything
+// (ZeRO-1: the moments are first gathered at data-parallel rank 0).
 nn::SafetensorsWriter PipelineEngine::rank_state(LocalRank& r, bool with_optimizer, bool with_gradients) const {
   nn::SafetensorsWriter writer;
   nn::write_config(writer, config_);
   // The stage that holds each tensor name first: the model keeps its copy (the embedding's wte).
   std::map<std::string, std::size_t, std::less<>> first_holder;
-  std::vector<nn::ParameterLayout> layouts;
   for (std::size_t i = 0; i < boundaries_.size() - 1; ++i) {
-    layouts.emplace_back(config_, nn::LayerRange{boundaries_[i], boundaries_[i + 1]});
-    for (const nn::ParameterInfo& info : layouts.back().entries()) first_holder.emplace(info.name, i);
+    const nn::ParameterLayout layout(config_, {boundaries_[i], boundaries_[i + 1]});
+    for (const nn::ParameterInfo& info : layout.entries()) first_holder.emplace(info.name, i);
   }
+  const Deadline deadline = deadline_after(options_.timeout);
+  const auto add = [&](std::string name, const nn::ParameterInfo& info, std::span<const float> part) {
+    if (!info.split()) {
+      if (r.tensor_rank == 0) writer.add(std::move(name), part, info.whole);
+      return;
+    }
+    const std::vector<std::string> parts = r.tensor->gather_bytes(
+        std::string(reinterpret_cast<const char*>(part.data()), part.size_bytes()), deadline,
+        fmt::format("every tensor-parallel rank's part of {}", name));
+    if (r.tensor_rank != 0) return;
+    std::vector<float> whole(static_cast<std::size_t>(info.whole.numel()));
+    std::vector<float> theirs(part.size());
+    nn::ParameterInfo holder = info;
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      std::memcpy(theirs.data(), parts[k].data(), std::min(parts[k].size(), theirs.size() * sizeof(float)));
+      holder.slice.rank = static_cast<int>(k);
+      nn::place_part<float>(holder, theirs, whole);
+    }
+    writer.add(std::move(name), whole, info.whole);
+  };
+  const auto of = [](std::span<const float> values, const nn::ParameterInfo& info) {
+    return values.subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+  };
   const std::vector<StageId> mine = schedule_.stages_of(r.rank);
   for (const StageId s : mine) {
     const auto i = static_cast<std::size_t>(s.value());
     const nn::Stage& stage = *r.replica->stages[i];
-    for (const nn::ParameterInfo& info : layouts[i].entries()) {
+    for (const nn::ParameterInfo& info : stage.layout().entries()) {
       if (first_holder.at(info.name) != i) continue;
-      writer.add(info.name, stage.parameter(info.name), info.shape);
-      if (with_gradients) writer.add("grad." + info.name, stage.gradient(info.name), info.shape);
+      add(info.name, info, stage.parameter(info.name));
+      if (with_gradients) add("grad." + info.name, info, stage.gradient(info.name));
     }
   }
   if (!with_optimizer) return writer;
   for (const StageId s : mine) {
     const auto i = static_cast<std::size_t>(s.value());
+    const nn::Stage& stage = *r.replica->stages[i];
     const nn::AdamW& optimizer = *r.replica->optimizers[i];
-    const auto owned = [&, i](const nn::ParameterInfo& info) { return first_holder.at(info.name) == i; };
-    if (!sharded()) {
-      nn::AdamW::add_moments(writer, layouts[i], optimizer.exp_avg(), optimizer.exp_avg_sq(), optimizer.steps(),
-                             owned);
-      continue;
+    std::span<const float> m = optimizer.exp_avg();
+    std::span<const float> v = optimizer.exp_avg_sq();
+    std::vector<float> all_m, all_v;
+    if (sharded()) {  // ZeRO-1: every replica's moments of the stage, put together at data-parallel rank 0
+      const nn::OptimizerShard& shard = optimizer.shard();
+      all_m.resize(static_cast<std::size_t>(stage.layout().total()));
+      all_v.resize(all_m.size());
+      std::copy(m.begin(), m.end(), all_m.begin() + shard.begin);
+      std::copy(v.begin(), v.end(), all_v.begin() + shard.begin);
+      r.data->gather_parts(all_m, deadline, "every replica's AdamW moments (ZeRO-1)");
+      r.data->gather_parts(all_v, deadline, "every replica's AdamW moments (ZeRO-1)");
+      if (r.data_rank != 0) continue;
+      m = all_m;
+      v = all_v;
     }
-    // ZeRO-1: every replica's moments of the stage, put together at data-parallel rank 0.
-    const nn::OptimizerShard& shard = optimizer.shard();
-    std::vector<float> m(static_cast<std::size_t>(layouts[i].total()));
-    std::vector<float> v(m.size());
-    std::copy(optimizer.exp_avg().begin(), optimizer.exp_avg().end(), m.begin() + shard.begin);
-    std::copy(optimizer.exp_avg_sq().begin(), optimizer.exp_avg_sq().end(), v.begin() + shard.begin);
-    const Deadline deadline = deadline_after(options_.timeout);
-    r.data->gather_parts(m, deadline, "every replica's AdamW moments (ZeRO-1)");
-    r.data->gather_parts(v, deadline, "every replica's AdamW moments (ZeRO-1)");
-    if (r.data_rank == 0) nn::AdamW::add_moments(writer, layouts[i], m, v, optimizer.steps(), owned);
+    for (const nn::ParameterInfo& info : stage.layout().entries()) {
+      if (first_holder.at(info.name) != i) continue;
+      add("exp_avg." + info.name, info, of(m, info));
+      add("exp_avg_sq." + info.name, info, of(v, info));
+    }
+    writer.set_metadata("adamw_step", std::to_string(optimizer.steps()));
   }
   return writer;
 }
@@ -359,7 +407,7 @@ void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::in
 void PipelineEngine::write_checkpoint_rank(LocalRank& r, const std::filesystem::path& path,
                                            std::int64_t steps_done) const {
   nn::SafetensorsWriter shard = rank_state(r, true);
-  if (r.data_rank != 0) return;
+  if (r.data_rank != 0 || r.tensor_rank != 0) return;
   shard.set_metadata("steps_done", std::to_string(steps_done));
   shard.set_metadata("precision", to_string(options_.format));
   if (scaler_) {
@@ -465,8 +513,9 @@ std::unique_ptr<nn::Stage> PipelineEngine::assemble_model(bool with_gradients) c
       [&](int w) {
         LocalRank& r = local(w);
         if (r.data_rank != 0) return;
-        const std::vector<nn::SafetensorsFile> parts =
-            gather_at_world_rank_0(r, rank_state(r, false, with_gradients), "the whole model");
+        const nn::SafetensorsWriter mine = rank_state(r, false, with_gradients);
+        if (r.tensor_rank != 0) return;
+        const std::vector<nn::SafetensorsFile> parts = gather_at_world_rank_0(r, mine, "the whole model");
         if (r.world_rank == 0) state = nn::SafetensorsFile::merge(parts, "the gathered model");
       },
       [this] { abort_transports(); });
@@ -542,8 +591,10 @@ StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, St
          current_step_);
   }
   if (run == RunMode::kSerial &&
-      (ranks_.size() != static_cast<std::size_t>(group_->layout().world_size()) || options_.data_parallel > 1)) {
-    fail("an emulated (serial) step runs one pipeline with every rank in this process (data_parallel 1, no mpirun)");
+      (ranks_.size() != static_cast<std::size_t>(group_->layout().world_size()) || options_.data_parallel > 1 ||
+       options_.tensor_parallel > 1)) {
+    fail("an emulated (serial) step runs one pipeline with every rank in this process (data_parallel 1, "
+         "tensor_parallel 1, no mpirun)");
   }
   current_step_ = step;
   for (auto& replica : replicas_) replica->transport->reset();
@@ -621,8 +672,19 @@ bool PipelineEngine::flush_step(FlushStep step, LocalRank& r, std::size_t index,
         sum = 0;
         for (const double part : parts) sum += part;
       }
-      if (run == RunMode::kThreaded && w.all_reduce_sum(sum) == RankWorker::Outcome::kAborted) return false;
       double small = w.small_square_sum();
+      if (options_.tensor_parallel > 1) {  // the tensor-parallel ranks' parts, in rank order
+        const double mine[] = {sum, small};
+        const std::vector<double> parts = r.tensor->all_gather(mine, deadline_after(options_.timeout),
+                                                               "every tensor-parallel rank's part of the gradient norm");
+        sum = 0;
+        small = 0;
+        for (std::size_t k = 0; k < parts.size(); k += 2) {
+          sum += parts[k];
+          small += parts[k + 1];
+        }
+      }
+      if (run == RunMode::kThreaded && w.all_reduce_sum(sum) == RankWorker::Outcome::kAborted) return false;
       if (w.measures_noise_scale() && run == RunMode::kThreaded &&
           w.all_reduce_sum(small) == RankWorker::Outcome::kAborted) {
         return false;
@@ -783,11 +845,12 @@ void PipelineEngine::finish_serial(StepResult& result) const {
 namespace {
 
 // A RankRecord as doubles, to gather at world rank 0: the epoch (seconds of
-// rank 0's steady clock), the peak, the counts, then 8 numbers per action and
-// 4 per phase.
+// rank 0's steady clock), the peak, the counts, then 8 numbers per action, 4
+// per phase and 3 per tensor-parallel collective.
 std::string record_bytes(const RankRecord& record, double epoch_s) {
   std::vector<double> v{epoch_s, static_cast<double>(record.peak_activation_bytes),
-                        static_cast<double>(record.actions.size()), static_cast<double>(record.phases.size())};
+                        static_cast<double>(record.actions.size()), static_cast<double>(record.phases.size()),
+                        static_cast<double>(record.collectives.size())};
   for (const ActionTiming& t : record.actions) {
     v.insert(v.end(), {static_cast<double>(t.action.stage.value()), static_cast<double>(t.action.kind),
                        static_cast<double>(t.action.microbatch.value()), t.start_s, t.end_s, t.wait_s,
@@ -795,6 +858,9 @@ std::string record_bytes(const RankRecord& record, double epoch_s) {
   }
   for (const PhaseTiming& p : record.phases) {
     v.insert(v.end(), {static_cast<double>(p.phase), static_cast<double>(p.stage.value()), p.start_s, p.end_s});
+  }
+  for (const CollectiveTiming& c : record.collectives) {
+    v.insert(v.end(), {c.start_s, c.end_s, static_cast<double>(c.bytes)});
   }
   return {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(double)};
 }
@@ -807,7 +873,8 @@ RankRecord parse_record(const std::string& bytes, double shift) {
   record.peak_activation_bytes = static_cast<std::int64_t>(v.at(1));
   const auto actions = static_cast<std::size_t>(v.at(2));
   const auto phases = static_cast<std::size_t>(v.at(3));
-  std::size_t i = 4;
+  const auto collectives = static_cast<std::size_t>(v.at(4));
+  std::size_t i = 5;
   for (std::size_t a = 0; a < actions; ++a, i += 8) {
     const Action action{StageId(static_cast<int>(v.at(i))), static_cast<ActionKind>(static_cast<int>(v.at(i + 1))),
                         MicrobatchId(static_cast<int>(v.at(i + 2)))};
@@ -824,6 +891,10 @@ RankRecord parse_record(const std::string& bytes, double shift) {
                              .start_s = v.at(i + 2) + shift,
                              .end_s = v.at(i + 3) + shift});
   }
+  for (std::size_t c = 0; c < collectives; ++c, i += 3) {
+    record.collectives.push_back(
+        {.start_s = v.at(i) + shift, .end_s = v.at(i + 1) + shift, .bytes = static_cast<std::int64_t>(v.at(i + 2))});
+  }
   return record;
 }
 
@@ -836,15 +907,19 @@ RankRecord parse_record(const std::string& bytes, double shift) {
 void PipelineEngine::gather_results(LocalRank& r, StepResult* result, Clock::time_point epoch) const {
   const int m = schedule_.num_microbatches();
   const RankWorker& w = *r.worker;
-  std::vector<double> mine{w.holds_last_stage() ? 1.0 : 0.0};
-  for (int j = 0; j < m; ++j) mine.push_back(w.holds_last_stage() ? w.microbatch_loss(j) : 0.0);
+  // Every tensor-parallel rank of the last stage holds the losses: the first reports them.
+  const bool reports_losses = w.holds_last_stage() && r.tensor_rank == 0;
+  std::vector<double> mine{reports_losses ? 1.0 : 0.0};
+  for (int j = 0; j < m; ++j) mine.push_back(reports_losses ? w.microbatch_loss(j) : 0.0);
   const std::vector<double> all =
       r.world->all_gather(mine, deadline_after(options_.timeout), "the micro-batch losses of every replica");
   std::vector<std::string> records;
   const double epoch_s =
       std::chrono::duration<double>(epoch.time_since_epoch()).count() - group_->clock_offset_s();
-  if (r.data_rank == 0) {
-    records = r.pipeline->gather_bytes(record_bytes(w.record(), epoch_s), deadline_after(options_.timeout),
+  RankRecord record = w.record();
+  if (r.tensor_collectives) record.collectives = r.tensor_collectives->take(epoch);
+  if (r.data_rank == 0 && r.tensor_rank == 0) {
+    records = r.pipeline->gather_bytes(record_bytes(record, epoch_s), deadline_after(options_.timeout),
                                        "every pipeline rank's timings of the step");
   }
   if (result == nullptr) return;
@@ -862,7 +937,7 @@ void PipelineEngine::gather_results(LocalRank& r, StepResult* result, Clock::tim
     std::memcpy(&their_epoch_s, part.data(), sizeof their_epoch_s);
     result->ranks.push_back(parse_record(part, their_epoch_s - epoch_s));
   }
-  if (result->ranks.empty()) result->ranks.push_back(w.record());
+  if (result->ranks.empty()) result->ranks.push_back(std::move(record));
 }
 
 }  // namespace pipeflow::runtime

@@ -304,6 +304,12 @@ void RankWorker::fail_flush_timeout(const char* phase, const std::string& waited
 
 // --- The flush ---
 
+// The rows of the stage's copy of the tied embedding: the vocabulary, or
+// its tensor-parallel rank's part of it.
+std::int64_t RankWorker::tied_rows(const nn::Stage& st) {
+  return st.layout().at(st.config().embedding_name()).shape[0];
+}
+
 StageId RankWorker::tied_partner(StageId s) const {
   return s.value() == 0 ? StageId(schedule_->num_stages() - 1) : StageId(0);
 }
@@ -317,8 +323,7 @@ RankWorker::Outcome RankWorker::post_tied_gradients() {
     if (to == rank_) continue;
     const auto gradient = st.tied_gradient();
     const bool with_small = sends_small_tied(own_[i]);
-    Tensor copy = Tensor::uninitialized({st.config().vocab_size * (with_small ? 2 : 1), st.config().n_embd},
-                                        st.allocator());
+    Tensor copy = Tensor::uninitialized({tied_rows(st) * (with_small ? 2 : 1), st.config().n_embd}, st.allocator());
     std::copy(gradient.begin(), gradient.end(), copy.data());
     if (with_small) std::copy(small_tied_[i].begin(), small_tied_[i].end(), copy.data() + gradient.size());
     const MessageKey key{rank_, to, own_[i], MicrobatchId(0), Direction::kTiedGradient};
@@ -343,7 +348,7 @@ RankWorker::Outcome RankWorker::reduce_tied_gradients(bool block) {
       if (!st.has_embedding()) continue;
       nn::Stage& head = stage(partner);
       const auto mine = st.tied_gradient();
-      Tensor copy = Tensor::uninitialized({st.config().vocab_size, st.config().n_embd}, st.allocator());
+      Tensor copy = Tensor::uninitialized({tied_rows(st), st.config().n_embd}, st.allocator());
       std::copy(mine.begin(), mine.end(), copy.data());
       st.add_tied_gradient(head.tied_gradient());
       head.add_tied_gradient(copy.span());
@@ -351,7 +356,7 @@ RankWorker::Outcome RankWorker::reduce_tied_gradients(bool block) {
       continue;
     }
     const MessageKey key{from, rank_, partner, MicrobatchId(0), Direction::kTiedGradient};
-    const Shape shape{st.config().vocab_size * (sends_small_tied(partner) ? 2 : 1), st.config().n_embd};
+    const Shape shape{tied_rows(st) * (sends_small_tied(partner) ? 2 : 1), st.config().n_embd};
     Tensor other;
     if (!block) {
       if (!transport_->try_receive(key, shape, st.allocator(), other)) {

@@ -150,6 +150,7 @@ class RankWorker {
   Outcome receive(std::size_t index, const Action& a, bool block, ActionTiming& timing);
   void hand_over(Tensor tensor, StageId to, MicrobatchId j, bool gradient);
   MessageKey message_of(const Action& a) const;
+  static std::int64_t tied_rows(const nn::Stage& st);
   StageId tied_partner(StageId s) const;
   std::size_t own_index(StageId s) const;
   bool sends_small_tied(StageId s) const;

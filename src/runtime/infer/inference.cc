@@ -67,7 +67,7 @@ class Decode {
     // Message ids run over every step (step · m + group); an inbox holds a
     // step's m messages and the last step's tokens.
     transport_ = group.pipeline_transport(
-        0, {.inbox_capacity = std::vector<int>(stages.size(), m_ + 1),
+        0, 0, {.inbox_capacity = std::vector<int>(stages.size(), m_ + 1),
             .stages = p_,
             .microbatches = m_ * options.sampling.new_tokens});
     result_.tokens.resize(prompts.size());

@@ -70,7 +70,7 @@ class PingPong {
         go_tag_(1),
         options_(options),
         transport_(group.pipeline_transport(
-            0, {.inbox_capacity = std::vector<int>(static_cast<std::size_t>(processes), 1),
+            0, 0, {.inbox_capacity = std::vector<int>(static_cast<std::size_t>(processes), 1),
                 .stages = processes,
                 .microbatches = 1})) {}
   PingPong(const PingPong&) = delete;

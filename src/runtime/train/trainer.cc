@@ -427,7 +427,9 @@ TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, con
 
 TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop) {
   const std::unique_ptr<RankGroup> group =
-      RankGroup::in_threads({.pipeline = settings.schedule.num_ranks(), .data_parallel = settings.engine.data_parallel});
+      RankGroup::in_threads({.pipeline = settings.schedule.num_ranks(),
+                             .data_parallel = settings.engine.data_parallel,
+                             .tensor = settings.engine.tensor_parallel});
   return train(settings, progress, stop, *group);
 }
 

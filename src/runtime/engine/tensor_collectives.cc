@@ -1,0 +1,36 @@
+#include "engine/tensor_collectives.h"
+
+#include <algorithm>
+
+namespace pipeflow::runtime {
+
+void TensorCollectives::all_reduce_sum(std::span<float> values, std::string_view what) {
+  const Clock::time_point start = Clock::now();
+  comm_->all_reduce_sum(values, deadline_after(timeout_), what, values.size());
+  done_.push_back({start, Clock::now(), static_cast<std::int64_t>(values.size_bytes())});
+}
+
+// A few values a row (the logits' row maxima): gathered whole, each
+// member's largest taken in member order, the same on every member.
+void TensorCollectives::all_reduce_max(std::span<float> values, std::string_view what) {
+  const Clock::time_point start = Clock::now();
+  const std::vector<double> mine(values.begin(), values.end());
+  const std::vector<double> all = comm_->all_gather(mine, deadline_after(timeout_), what);
+  for (std::size_t member = 0; member < all.size() / std::max<std::size_t>(values.size(), 1); ++member) {
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      values[i] = std::max(values[i], static_cast<float>(all[member * values.size() + i]));
+    }
+  }
+  done_.push_back({start, Clock::now(), static_cast<std::int64_t>(values.size_bytes())});
+}
+
+std::vector<CollectiveTiming> TensorCollectives::take(Clock::time_point epoch) {
+  std::vector<CollectiveTiming> timings;
+  timings.reserve(done_.size());
+  const auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - epoch).count(); };
+  for (const Done& d : done_) timings.push_back({since(d.start), since(d.end), d.bytes});
+  done_.clear();
+  return timings;
+}
+
+}  // namespace pipeflow::runtime

@@ -1,0 +1,211 @@
+// Tensor parallelism (Megatron-LM's scheme) in threads: every layout of
+// t tensor-parallel × p pipeline × d data-parallel ranks trains to the losses,
+// gradients and weights of the unpipelined run; a checkpoint holds whole
+// tensors, so a run saved at one tensor-parallel size resumes at another.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "pipeflow/nn/parameter_layout.h"
+#include "pipeflow/runtime/batch_source.h"
+#include "pipeflow/runtime/checkpoint_search.h"
+#include "pipeflow/runtime/engine.h"
+#include "pipeflow/schedule/generators.h"
+#include "test_support.h"
+
+namespace pipeflow::runtime {
+namespace {
+
+using testing::error_of;
+using testing::Reference;
+
+// --- Which part of each tensor a rank holds ---
+
+TEST(TensorSlice, AFusedQkvGivesEachRankItsHeadsOfQAndOfKAndOfV) {
+  const nn::ModelConfig model{.vocab_size = 8, .context = 4, .n_layer = 1, .n_head = 2, .n_embd = 4};
+  const nn::ParameterLayout layout(model, {1, 2}, {.size = 2, .rank = 1});
+  const nn::ParameterInfo& qkv = layout.at("h.0.attn.c_attn.weight");  // [C, 3C] = [4, 12] in Conv1D layout
+  EXPECT_EQ(qkv.shape, (Shape{4, 6}));
+  EXPECT_EQ(qkv.whole, (Shape{4, 12}));
+  std::vector<float> whole(48);
+  for (std::size_t i = 0; i < whole.size(); ++i) whole[i] = static_cast<float>(i);
+  std::vector<float> part(24);
+  nn::copy_part<float>(qkv, whole, part);
+  // Row 0: q's columns 2, 3, k's 6, 7, v's 10, 11; row 1 starts at 12.
+  EXPECT_EQ(std::vector<float>(part.begin(), part.begin() + 8), (std::vector<float>{2, 3, 6, 7, 10, 11, 14, 15}));
+  std::vector<float> back(48, -1);
+  nn::place_part<float>(qkv, part, back);
+  for (std::size_t i = 0; i < back.size(); ++i) {
+    EXPECT_EQ(back[i], i % 4 >= 2 ? whole[i] : -1.0f) << i;  // its columns, and nothing else
+  }
+  // Row-parallel: rows; replicated: whole.
+  EXPECT_EQ(layout.at("h.0.attn.c_proj.weight").shape, (Shape{2, 4}));
+  EXPECT_EQ(layout.at("h.0.mlp.c_fc.bias").shape, (Shape{8}));
+  EXPECT_EQ(layout.at("h.0.attn.c_proj.bias").shape, (Shape{4}));
+  EXPECT_FALSE(layout.at("h.0.ln_1.weight").split());
+}
+
+TEST(TensorSlice, AModelThatDoesNotDivideIsRefusedNamingTheField) {
+  EXPECT_EQ(error_of([] { nn::validate_tensor_parallel(testing::kTiny, 4); }),
+            "tensor_parallel = 4: the model's n_head (each rank computes whole heads) = 2 is not a multiple of it: "
+            "choose a tensor_parallel that divides 2");
+  EXPECT_NE(error_of([] { nn::validate_tensor_parallel(testing::kTinyLlama, 4); }).find("n_kv_head"),
+            std::string::npos);
+}
+
+// --- Training ---
+
+struct Layout {
+  int tensor = 1;
+  int stages = 1;
+  int data_parallel = 1;
+  std::string schedule = "1f1b";
+  bool zero1 = false;
+};
+
+std::string describe(const Layout& l, const nn::ModelConfig& model) {
+  return fmt::format("{} tp {} x pp {} x dp {} {}{}", nn::to_string(model.family), l.tensor, l.stages,
+                     l.data_parallel, l.schedule, l.zero1 ? " ZeRO-1" : "");
+}
+
+// Three steps of the layout equal the unpipelined run on the same global
+// batch: the losses, the gradients of the first step (gathered whole) and
+// the weights after the last.
+void expect_equals_unpipelined(const Layout& l, const nn::ModelConfig& model) {
+  const int virtual_stages = l.schedule == "interleaved-1f1b" || l.schedule == "zbv" ? 2 : 1;
+  const int microbatches = l.schedule == "1f1b" ? 2 : 2 * l.stages;
+  const Schedule schedule = make_schedule(l.schedule, l.stages, microbatches, virtual_stages);
+  EngineOptions options = testing::tiny_options();
+  options.data_parallel = l.data_parallel;
+  options.tensor_parallel = l.tensor;
+  options.shard_optimizer = l.zero1;
+  PipelineEngine engine(model, schedule, partition_uniform(model.pipeline_layers(), schedule.num_stages()), options);
+  engine.init_parameters(11);
+  const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
+  Reference unpipelined(microbatches * l.data_parallel * testing::kMicroBatch, 11, model);
+  const std::string what = describe(l, model);
+  // Step 0's gradients alone, then three steps that update.
+  engine.step(0, source, StepMode::kGradientsOnly);
+  unpipelined.step(0, false);
+  const auto gradients = engine.assemble_model(true);
+  ASSERT_NE(gradients, nullptr);
+  // (Under ZeRO-1 a replica keeps only its part of the summed gradients.)
+  for (const nn::ParameterInfo& info : l.zero1 ? std::vector<nn::ParameterInfo>{} : gradients->layout().entries()) {
+    EXPECT_LT(testing::relative_error(gradients->gradient(info.name), unpipelined.model().gradient(info.name)), 1e-5)
+        << what << ": gradient of " << info.name;
+  }
+  for (int step = 0; step < 3; ++step) {
+    const StepResult result = engine.step(step, source);
+    const double reference = unpipelined.step(step, true);
+    EXPECT_NEAR(result.loss, reference, 1e-5 * reference) << what << ", step " << step;
+    EXPECT_EQ(result.microbatch_losses.size(), static_cast<std::size_t>(microbatches * l.data_parallel)) << what;
+    if (l.tensor > 1 && step == 2) {
+      // Every rank's record holds its tensor-parallel all-reduces: 2 a block in F, 2 in I (fewer on no stage).
+      for (const RankRecord& record : result.ranks) EXPECT_GE(record.collectives.size(), 4U) << what;
+    }
+  }
+  const auto model_after = engine.assemble_model();
+  ASSERT_NE(model_after, nullptr);
+  EXPECT_LT(testing::relative_error(model_after->parameters(), unpipelined.model().parameters()), 1e-5) << what;
+}
+
+TEST(TensorParallelInThreads, GptTwoTrainsAsTheUnpipelinedRunInEveryLayoutOfUpToEightRanks) {
+  for (const Layout& l : {Layout{.tensor = 2}, Layout{.tensor = 2, .stages = 2},
+                          Layout{.tensor = 2, .stages = 2, .data_parallel = 2},
+                          Layout{.tensor = 2, .data_parallel = 2, .zero1 = true},
+                          Layout{.tensor = 2, .stages = 2, .schedule = "interleaved-1f1b"},
+                          Layout{.tensor = 2, .stages = 2, .schedule = "zbv"}}) {
+    expect_equals_unpipelined(l, testing::kTiny);
+  }
+}
+
+TEST(TensorParallelInThreads, FourTensorParallelRanksTrainAsTheUnpipelinedRun) {
+  nn::ModelConfig four_heads = testing::kTiny;
+  four_heads.n_head = 4;
+  for (const Layout& l : {Layout{.tensor = 4, .stages = 2, .schedule = "zbv"},
+                          Layout{.tensor = 4, .data_parallel = 2, .zero1 = true}}) {
+    expect_equals_unpipelined(l, four_heads);
+  }
+}
+
+TEST(TensorParallelInThreads, LlamaTrainsAsTheUnpipelinedRunWithItsKeyValueHeadsSplit) {
+  for (const Layout& l : {Layout{.tensor = 2}, Layout{.tensor = 2, .stages = 2, .schedule = "zbv"},
+                          Layout{.tensor = 2, .stages = 2, .data_parallel = 2, .zero1 = true}}) {
+    expect_equals_unpipelined(l, testing::kTinyLlama);
+  }
+}
+
+TEST(TensorParallelInThreads, ACheckpointHoldsWholeTensorsAndResumesAtAnotherSize) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "pipeflow_tensor_parallel_checkpoint";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const nn::ModelConfig model = testing::kTinyLlama;  // 4 heads on 2 key/value heads: splits in 2, not 4
+  const nn::ModelConfig gpt = testing::kTiny;
+  const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
+  for (const nn::ModelConfig& m : {model, gpt}) {
+    EngineOptions options = testing::tiny_options();
+    options.tensor_parallel = 2;
+    const Schedule schedule = make_schedule("1f1b", 2, 2, 1);
+    PipelineEngine split(m, schedule, partition_uniform(m.pipeline_layers(), 2), options);
+    split.init_parameters(11);
+    for (int step = 0; step < 2; ++step) split.step(step, source);
+    split.write_checkpoint(dir / "checkpoint.safetensors", 2);
+    const nn::SafetensorsFile file = read_checkpoint(dir / "checkpoint.safetensors");
+    EXPECT_EQ(file.entry(std::string("exp_avg.") + m.embedding_name()).shape,
+              (Shape{m.vocab_size, m.n_embd}));
+    const auto written = split.assemble_model();
+    for (const int tensor : {1, 2}) {
+      EngineOptions resumed_options = testing::tiny_options();
+      resumed_options.tensor_parallel = tensor;
+      PipelineEngine resumed(m, make_schedule("1f1b", 1, 2, 1), partition_uniform(m.pipeline_layers(), 1),
+                             resumed_options);
+      EXPECT_EQ(resumed.load_checkpoint(file), 2);
+      const auto loaded = resumed.assemble_model();
+      EXPECT_EQ(std::vector<float>(written->parameters().begin(), written->parameters().end()),
+                std::vector<float>(loaded->parameters().begin(), loaded->parameters().end()))
+          << nn::to_string(m.family) << " resumed at tensor_parallel " << tensor;
+      // The moments came back too: the next step equals the split run's next step.
+      const double next = resumed.step(2, source).loss;
+      EXPECT_NEAR(next, split.step(2, source).loss, 1e-5 * next) << nn::to_string(m.family) << " tp " << tensor;
+      // Put the split run back where it was for the next size.
+      split.load_checkpoint(file);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TensorParallelInThreads, AGptTwoCheckpointOfTwoRanksResumesAtFour) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "pipeflow_tensor_parallel_four";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const nn::ModelConfig model{.vocab_size = 256, .context = 16, .n_layer = 2, .n_head = 4, .n_embd = 32};
+  const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
+  EngineOptions options = testing::tiny_options();
+  options.tensor_parallel = 2;
+  PipelineEngine two(model, make_schedule("1f1b", 1, 2, 1), partition_uniform(model.pipeline_layers(), 1), options);
+  two.init_parameters(5);
+  two.step(0, source);
+  two.write_checkpoint(dir / "checkpoint.safetensors", 1);
+  options.tensor_parallel = 4;
+  PipelineEngine four(model, make_schedule("1f1b", 1, 2, 1), partition_uniform(model.pipeline_layers(), 1), options);
+  four.load_checkpoint(read_checkpoint(dir / "checkpoint.safetensors"));
+  const double at_four = four.step(1, source).loss;
+  EXPECT_NEAR(at_four, two.step(1, source).loss, 1e-5 * at_four);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TensorParallelInThreads, ALayoutThatTheModelDoesNotDivideIsRefusedBeforeAnyStep) {
+  EngineOptions options = testing::tiny_options();
+  options.tensor_parallel = 4;  // kTiny has 2 heads
+  EXPECT_NE(error_of([&] {
+              PipelineEngine engine(testing::kTiny, make_schedule("1f1b", 1, 2, 1),
+                                    partition_uniform(testing::kTiny.pipeline_layers(), 1), options);
+            }).find("tensor_parallel = 4: the model's n_head"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace pipeflow::runtime
