@@ -414,6 +414,67 @@ TEST_F(MpiTrain, ACheckpointOfTwoByTwoResumesUnderFourStagesAndInOneProcess) {
   }
 }
 
+// Tensor parallelism under mpirun (Megatron-LM's order: the tensor-parallel
+// rank fastest): GPT-2 and a Llama split over 2 ranks, with pipeline and
+// data parallelism and ZeRO-1, train to the unpipelined run's losses and
+// weights and to the same layout in threads; a checkpoint written at tp 2
+// holds whole tensors and resumes at tp 1 in one process.
+TEST_F(MpiTrain, TensorParallelLayoutsEqualTheUnpipelinedRunAndTheirCheckpointResumesAtTensorParallelOne) {
+  const std::string llama = dir_ + "/config.json";
+  write_file_atomic(llama, R"({"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 32,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 256,
+    "max_position_embeddings": 16, "tie_word_embeddings": false})");
+  struct Case {
+    std::string name;
+    Layout layout;
+    int tensor;
+    std::string extra;
+    std::string model;
+  };
+  const std::string zero = "\"zero_optimization\": {\"stage\": 1},";
+  const std::string gpt_unpipelined = train({"1f1b", 1, 1, 1}, "gpt-unpipelined", "", "--steps 4");
+  const std::string llama_unpipelined = train({"1f1b", 1, 1, 1}, "llama-unpipelined", "", "--steps 4 --model " + llama);
+  for (const Case& c : {Case{"gpt-tp2-pp2", {"interleaved-1f1b", 2, 2, 1}, 2, "", ""},
+                        Case{"gpt-tp2-pp2-dp2", {"1f1b", 2, 1, 2}, 2, zero, ""},
+                        Case{"llama-tp2-pp2", {"zbv", 2, 2, 1}, 2, "", llama},
+                        Case{"llama-tp2-dp2", {"1f1b", 1, 1, 2}, 2, zero, llama}}) {
+    const std::string flags = fmt::format("--steps 4 --tp {}{}", c.tensor, c.model.empty() ? "" : " --model " + c.model);
+    const std::string out = dir_ + "/" + c.name;
+    const std::string config = write_config(
+        out + ".json",
+        config_text(out, c.layout.schedule, c.layout.stages, c.layout.chunks, c.extra + "\"checkpoint\": {\"interval\": 2},"));
+    const int processes = c.layout.stages * c.layout.data_parallel * c.tensor;
+    const CommandResult result = run_mpirun(processes, "train --config " + config + " " + flags);
+    ASSERT_EQ(result.exit_code, 0) << c.name << "\n" << result.err;
+    EXPECT_NE(read_file(out + "/report.md").find(fmt::format("{} MPI processes (pipeline {} x data parallel {} x tensor "
+                                                             "parallel {})",
+                                                             processes, c.layout.stages, c.layout.data_parallel,
+                                                             c.tensor)),
+              std::string::npos)
+        << c.name;
+    expect_same_run(out, c.model.empty() ? gpt_unpipelined : llama_unpipelined, c.name + " under MPI vs unpipelined");
+    // The same layout as threads of one process.
+    const std::string threads = dir_ + "/" + c.name + "-threads";
+    const std::string threads_config = write_config(
+        threads + ".json", config_text(threads, c.layout.schedule, c.layout.stages, c.layout.chunks, c.extra));
+    const CommandResult in_threads = run_pipeflow("train --config " + threads_config + " " + flags +
+                                                  " --data-parallel " + std::to_string(c.layout.data_parallel));
+    ASSERT_EQ(in_threads.exit_code, 0) << c.name << "\n" << in_threads.err;
+    expect_same_run(threads, out, c.name + " in threads vs under MPI");
+    // Whole tensors in the checkpoint: it resumes at tp 1 in one process.
+    const std::string resumed = dir_ + "/" + c.name + "-resumed";
+    const std::string resumed_config =
+        write_config(resumed + ".json", config_text(resumed, "1f1b", 1, 1, c.extra));
+    const CommandResult one = run_pipeflow("train --config " + resumed_config + " --steps 4 --resume " + out +
+                                           "/checkpoints/step_2" + (c.model.empty() ? "" : " --model " + c.model));
+    ASSERT_EQ(one.exit_code, 0) << c.name << "\n" << one.err;
+    const std::vector<double> all = losses(out);
+    const std::vector<double> tail = losses(resumed);
+    ASSERT_EQ(tail.size(), 2u) << c.name;
+    for (std::size_t i = 0; i < 2; ++i) EXPECT_NEAR(tail[i], all[i + 2], 1e-5 * all[i + 2]) << c.name << " step " << i;
+  }
+}
+
 // A sharded checkpoint without its index (a writer stopped before it), or
 // with a shard whose bytes changed, is passed over for the one before it,
 // with a warning naming the folder, or the shard file and the tensor (a
@@ -535,10 +596,11 @@ struct FailedJob {
 
 // Starts a long 2-process run, waits for its first step, does `fault` to
 // world rank 1, and waits (at most 120 s) for mpirun to end.
+// `stages` 1 with flags "--tp 2": the two processes split one stage.
 template <typename Fault>
-FailedJob fail_rank_one(const std::string& dir, Fault fault, const std::string& flags) {
+FailedJob fail_rank_one(const std::string& dir, Fault fault, const std::string& flags, int stages = 2) {
   const std::string out = dir + "/faulty";
-  const std::string config = write_config(dir + "/faulty.json", config_text(out, "1f1b", 2, 1));
+  const std::string config = write_config(dir + "/faulty.json", config_text(out, "1f1b", stages, 1));
   const std::string err_path = dir + "/err";
   const std::string command = "exec " + mpirun_command(2) + " " + PIPEFLOW_BINARY + " train --config " + config +
                               " --steps 100000 " + flags + " >/dev/null 2>" + err_path;
@@ -624,6 +686,29 @@ TEST(MpiTrainFaults, ARankThatHangsMakesItsPeerTimeOutAndEndTheJob) {
   for (const pid_t rank : job.ranks) {
     const bool ended = ends_within_10_s(rank);
     if (!ended) ::kill(rank, SIGKILL);  // does not outlive the test either
+    EXPECT_TRUE(ended) << "process " << rank << " outlived the job";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A tensor-parallel peer that stops answering: the other rank waits in a
+// collective of the layers (nearly every collective of a step is one), times
+// out after --timeout naming it, and ends the job.
+TEST(MpiTrainFaults, ATensorParallelPeerThatHangsEndsTheJobNamingTheCollective) {
+  const std::string dir = make_temp_dir();
+  const FailedJob job = fail_rank_one(dir, [](pid_t rank) { ::kill(rank, SIGSTOP); }, "--timeout 3 --tp 2", 1);
+  ASSERT_NE(job.ranks[1], 0) << "the job never reached step 1:\n" << job.err;
+  EXPECT_NE(job.exit_code, 0);
+  EXPECT_LT(job.seconds, 60) << job.err;
+  EXPECT_NE(job.err.find("pipeflow: error in MPI process 0 of 2"), std::string::npos) << job.err;
+  EXPECT_NE(job.err.find("timed out after 3 s waiting for the "), std::string::npos) << job.err;
+  // A layer's all-reduce, or (stopped in the flush) the gradient norm's or the losses' gather.
+  EXPECT_TRUE(job.err.find("tensor-parallel") != std::string::npos ||
+              job.err.find("the micro-batch losses of every replica") != std::string::npos)
+      << job.err;
+  for (const pid_t rank : job.ranks) {
+    const bool ended = ends_within_10_s(rank);
+    if (!ended) ::kill(rank, SIGKILL);
     EXPECT_TRUE(ended) << "process " << rank << " outlived the job";
   }
   std::filesystem::remove_all(dir);

@@ -14,6 +14,8 @@
 #include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/runtime/engine.h"
 #include "pipeflow/schedule/generators.h"
+#include "engine/tensor_collectives.h"
+#include "pipeflow/runtime/rank_group.h"
 #include "test_support.h"
 
 namespace pipeflow::runtime {
@@ -205,6 +207,26 @@ TEST(TensorParallelInThreads, ALayoutThatTheModelDoesNotDivideIsRefusedBeforeAny
                                     partition_uniform(testing::kTiny.pipeline_layers(), 1), options);
             }).find("tensor_parallel = 4: the model's n_head"),
             std::string::npos);
+}
+
+// A rank that never joins a layer's collective: its peer's wait ends at the
+// deadline naming the collective, the group and the rank that never came.
+TEST(TensorParallelInThreads, AWaitForAPeerInALayersCollectiveTimesOutNamingItAndThePeer) {
+  const auto group = RankGroup::in_threads({.pipeline = 1, .data_parallel = 1, .tensor = 2});
+  const std::string error = error_of([&] {
+    group->run(
+        [&](int w) {
+          if (w != 0) return;
+          TensorCollectives collectives(group->tensor(0), std::chrono::milliseconds(200));
+          std::vector<float> values(8, 1.0f);
+          collectives.all_reduce_sum(values, "the tensor-parallel all-reduce of the MLP's output");
+        },
+        [] {});
+  });
+  EXPECT_NE(error.find("timed out after 0 s waiting for the tensor-parallel all-reduce of the MLP's output in the "
+                       "tensor-parallel group of pipeline rank 0, data-parallel rank 0: world rank 1 never came"),
+            std::string::npos)
+      << error;
 }
 
 }  // namespace
