@@ -25,6 +25,16 @@ constexpr std::array<ActionKind, 4> kComputeKinds = {ActionKind::kForward, Actio
 
 // ---- the trace's own figures ----
 
+// The time `e` runs under the rank's compute actions.
+double overlap_with_compute(const std::vector<const TraceEvent*>& events, const TraceEvent& e) {
+  double overlap = 0;
+  for (const TraceEvent* other : events) {
+    if (!is_compute(other->category)) continue;
+    overlap += std::max(0.0, std::min(e.end_s(), other->end_s()) - std::max(e.start_s, other->start_s));
+  }
+  return overlap;
+}
+
 std::vector<RankUsage> rank_usage(const Timeline& timeline) {
   const double start = timeline.start_s();
   const double end = timeline.end_s();
@@ -60,6 +70,12 @@ std::vector<RankUsage> rank_usage(const Timeline& timeline) {
           break;
         case EventCategory::kWait:
           u.wait_s += e->duration_s;
+          break;
+        case EventCategory::kTensorParallel:
+          // Inside a compute action: its time moves from the action's to
+          // communication (a collective outside any action is communication too).
+          u.comm_s += e->duration_s;
+          u.busy_s -= overlap_with_compute(events, *e);
           break;
         case EventCategory::kAllreduce:
         case EventCategory::kOptimizer:

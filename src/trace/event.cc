@@ -10,7 +10,7 @@
 namespace pipeflow {
 namespace {
 
-constexpr std::array<std::pair<EventCategory, std::string_view>, 10> kNames{{
+constexpr std::array<std::pair<EventCategory, std::string_view>, 11> kNames{{
     {EventCategory::kForward, "forward"},
     {EventCategory::kBackward, "backward"},
     {EventCategory::kBackwardInput, "backward_input"},
@@ -19,6 +19,7 @@ constexpr std::array<std::pair<EventCategory, std::string_view>, 10> kNames{{
     {EventCategory::kRecv, "recv"},
     {EventCategory::kWait, "wait"},
     {EventCategory::kAllreduce, "allreduce"},
+    {EventCategory::kTensorParallel, "tensor_parallel"},
     {EventCategory::kOptimizer, "optimizer"},
     {EventCategory::kOther, "other"},
 }};
@@ -37,7 +38,7 @@ EventCategory parse_event_category(std::string_view text) {
     if (name == text) return c;
   }
   fail("unknown event category \"{}\": expected forward, backward, backward_input, backward_weight, send, recv, "
-       "wait, allreduce, optimizer or other",
+       "wait, allreduce, tensor_parallel, optimizer or other",
        text);
 }
 

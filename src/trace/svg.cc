@@ -47,6 +47,7 @@ Rgb base_colour(EventCategory category) {
     case EventCategory::kRecv: return {0x44, 0x44, 0x44};
     case EventCategory::kWait: return {0xe1, 0x57, 0x59};
     case EventCategory::kAllreduce: return {0x76, 0xb7, 0xb2};
+    case EventCategory::kTensorParallel: return {0x1f, 0x5f, 0x5b};
     case EventCategory::kOptimizer: return {0xed, 0xc9, 0x48};
     case EventCategory::kOther: return {0x9c, 0x75, 0x5f};
   }
@@ -197,7 +198,8 @@ class SvgTimeline {
         {EventCategory::kForward, "F forward"},          {EventCategory::kBackward, "B backward"},
         {EventCategory::kBackwardInput, "I input grad"}, {EventCategory::kBackwardWeight, "W weight grad"},
         {EventCategory::kSend, "send/recv"},             {EventCategory::kWait, "wait"},
-        {EventCategory::kAllreduce, "all-reduce"},       {EventCategory::kOptimizer, "optimizer"},
+        {EventCategory::kAllreduce, "all-reduce"},       {EventCategory::kTensorParallel, "tensor-parallel all-reduce"},
+        {EventCategory::kOptimizer, "optimizer"},
         {EventCategory::kOther, "other"}};
     for (const auto& [category, label] : kinds) {
       const bool shown = present.count(category) || (category == EventCategory::kSend && present.count(EventCategory::kRecv));

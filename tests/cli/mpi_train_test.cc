@@ -453,6 +453,9 @@ TEST_F(MpiTrain, TensorParallelLayoutsEqualTheUnpipelinedRunAndTheirCheckpointRe
               std::string::npos)
         << c.name;
     expect_same_run(out, c.model.empty() ? gpt_unpipelined : llama_unpipelined, c.name + " under MPI vs unpipelined");
+    // Each layer's all-reduce is in the trace and measured in the report beside the simulator's price.
+    EXPECT_NE(read_file(out + "/trace.json").find(R"("cat":"tensor_parallel")"), std::string::npos) << c.name;
+    EXPECT_NE(read_file(out + "/report.md").find("## Tensor parallelism"), std::string::npos) << c.name;
     // The same layout as threads of one process.
     const std::string threads = dir_ + "/" + c.name + "-threads";
     const std::string threads_config = write_config(

@@ -129,6 +129,26 @@ TEST(Analyze, AReductionPostedDuringComputeCountsAsFlushOnlyWhereNothingElseRuns
   EXPECT_NEAR(a.ranks[0].idle_s, 0, 1e-15);
 }
 
+// pipeflow's own trace of a tensor-parallel run: a layer's all-reduce lies
+// inside its F; its time counts as communication, not compute.
+TEST(Analyze, ATensorParallelAllReduceInsideAnActionCountsAsCommunication) {
+  TraceInput input;
+  input.source = "trace.json";
+  input.timeline = read_chrome_trace(R"({"traceEvents": [
+      {"name": "0F0", "cat": "forward", "ph": "X", "pid": 0, "tid": 0, "ts": 0, "dur": 10},
+      {"name": "tensor-parallel all-reduce", "cat": "tensor_parallel", "ph": "X", "pid": 0, "tid": 0, "ts": 2,
+       "dur": 3},
+      {"name": "0B0", "cat": "backward", "ph": "X", "pid": 0, "tid": 0, "ts": 10, "dur": 20},
+      {"name": "tensor-parallel all-reduce", "cat": "tensor_parallel", "ph": "X", "pid": 0, "tid": 0, "ts": 25,
+       "dur": 4}]})",
+                                     input.source);
+  const Analysis a = analyze(input);
+  EXPECT_DOUBLE_EQ(a.step_s, 30e-6);
+  EXPECT_NEAR(a.ranks[0].busy_s, 23e-6, 1e-15);
+  EXPECT_NEAR(a.ranks[0].comm_s, 7e-6, 1e-15);
+  EXPECT_NEAR(a.ranks[0].idle_s, 0, 1e-15);
+}
+
 TEST(Analyze, ASlowStageIsNamedFirstWithTheGainOfTheRebalancedPartition) {
   // gpt2-124m has 14 pipeline layers: stage 1 gets 6 blocks, the others 2 or 3 layers.
   const Analysis a = analyze(simulated_trace(config_of(R"({

@@ -61,7 +61,7 @@ TEST(EventCategory, NamesRoundTripAndUnknownNamesAreRejected) {
   } catch (const Error& error) {
     EXPECT_STREQ(error.what(),
                  "unknown event category \"fwd\": expected forward, backward, backward_input, backward_weight, send, "
-                 "recv, wait, allreduce, optimizer or other");
+                 "recv, wait, allreduce, tensor_parallel, optimizer or other");
   }
 }
 

@@ -21,7 +21,8 @@ namespace pipeflow::runtime {
 // its kind (a SEND or RECV that blocked: a wait event for the blocked part,
 // then its own event), and with `with_flush` the flush after the pipeline
 // (tied gradients and the norm as allreduce events, each stage's update as
-// an optimizer event). Times are seconds since the step's start.
+// an optimizer event) and the tensor-parallel collectives inside the
+// actions (tensor_parallel events). Times are seconds since the step's start.
 Timeline measured_timeline(const StepResult& step, int num_ranks, std::string title, bool with_flush);
 
 // One rank's share of a step. compute + comm + wait + other = pipeline_end_s.
@@ -40,6 +41,11 @@ struct RankFigures {
   double data_parallel_s = 0;
   double data_parallel_early_s = 0;
   double bubble = 0;          // 1 − compute_s / pipeline_s (bubble_stats per rank)
+  // The tensor-parallel collectives inside compute_s: their time, the bytes
+  // of the rank's buffers and how many.
+  double tensor_parallel_s = 0;
+  std::int64_t tensor_parallel_bytes = 0;
+  int tensor_parallel_collectives = 0;
   std::int64_t peak_activation_bytes = 0;
 };
 

@@ -23,12 +23,16 @@ enum class EventCategory {
   kRecv,
   kWait,
   kAllreduce,
+  // A tensor-parallel collective inside a compute action (the all-reduce that
+  // ends a row-parallel product): drawn over its action, and counted as
+  // communication, not compute, where it overlaps one.
+  kTensorParallel,
   kOptimizer,
   kOther,
 };
 
 // "forward", "backward", "backward_input", "backward_weight", "send", "recv",
-// "wait", "allreduce", "optimizer", "other"; parse_event_category is its
+// "wait", "allreduce", "tensor_parallel", "optimizer", "other"; parse_event_category is its
 // inverse and throws Error for any other text.
 std::string_view to_string(EventCategory category);
 EventCategory parse_event_category(std::string_view text);

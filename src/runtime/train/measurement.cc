@@ -51,6 +51,10 @@ Timeline measured_timeline(const StepResult& step, int num_ranks, std::string ti
                                  t.duration_s() - t.wait_s});
     }
     if (!with_flush) continue;
+    for (const CollectiveTiming& c : step.ranks[r].collectives) {
+      timeline.events.push_back({rank, "tensor-parallel all-reduce", EventCategory::kTensorParallel, std::nullopt,
+                                 c.start_s, c.end_s - c.start_s});
+    }
     for (const PhaseTiming& p : step.ranks[r].phases) {
       const EventCategory category =
           p.phase == FlushPhase::kOptimizer ? EventCategory::kOptimizer : EventCategory::kAllreduce;
@@ -83,6 +87,11 @@ StepFigures step_figures(const StepResult& step, int num_ranks) {
       rank.pipeline_end_s = std::max(rank.pipeline_end_s, t.end_s);
     }
     rank.other_s = rank.pipeline_end_s - rank.compute_s - rank.comm_s - rank.wait_s;
+    for (const CollectiveTiming& c : record.collectives) {
+      rank.tensor_parallel_s += c.end_s - c.start_s;
+      rank.tensor_parallel_bytes += c.bytes;
+      ++rank.tensor_parallel_collectives;
+    }
     for (const PhaseTiming& p : record.phases) {
       rank.flush_s += p.end_s - std::max(p.start_s, rank.pipeline_end_s);  // a reduction may start earlier
       if (p.phase == FlushPhase::kOptimizer) rank.optimizer_s += p.end_s - p.start_s;
