@@ -464,7 +464,7 @@ TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
               .step_time_predicted_s = 0.05, .tokens_per_s = 12345, .tokens_per_s_predicted = 13000,
               .bubble_measured = 0.112, .bubble_predicted = 0.109, .ideal_fraction = 0.931, .busy_s = {}, .busy_predicted_s = {},
               .idle_s = {}, .idle_predicted_s = {}, .comm_s = {}, .data_parallel_s = {},
-              .data_parallel_early_s = {}, .peak_activation_bytes = {},
+              .data_parallel_early_s = {}, .tensor_parallel_s = {}, .tensor_parallel_predicted_s = {}, .peak_activation_bytes = {},
               .peak_activation_bytes_predicted = {}, .val_loss = {}};
   char buffer[1024] = {};
   std::FILE* out = fmemopen(buffer, sizeof buffer, "w");

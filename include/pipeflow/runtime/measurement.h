@@ -62,6 +62,12 @@ struct StepFigures {
 
 StepFigures step_figures(const StepResult& step, int num_ranks);
 
+// What the simulator prices a rank's tensor-parallel collectives at: each a
+// ring all-reduce of their mean bytes over `tensor_parallel` members on the
+// link between devices 0 and t − 1 of `hardware` (× its collective
+// efficiency), as simulate prices a layer's (sim/cost_model.h).
+double predicted_tensor_parallel_s(const RankFigures& rank, int tensor_parallel, const HardwareProfile& hardware);
+
 // Per-action costs measured over some steps, as sim/profile.h states them
 // (medians): for every (stage, compute kind) its duration, the bytes an F
 // (an I) left held, the working bytes of F and the largest of B's, I's and

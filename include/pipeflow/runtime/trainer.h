@@ -97,6 +97,10 @@ struct StepLog {
   // Per rank under MPI with d > 1 (else empty): the data-parallel reduction
   // and its part before the rank's last pipeline action ended (RankFigures).
   std::vector<double> data_parallel_s, data_parallel_early_s;
+  // Per rank with tensor parallelism (else empty): its tensor-parallel
+  // collectives' time, measured and as the simulator prices them
+  // (RankFigures, predicted_tensor_parallel_s).
+  std::vector<double> tensor_parallel_s, tensor_parallel_predicted_s;
   std::vector<std::int64_t> peak_activation_bytes;  // per rank, measured
   std::vector<std::int64_t> peak_activation_bytes_predicted;  // per rank, the simulator's memory walk
   std::optional<double> val_loss;

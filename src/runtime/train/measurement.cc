@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/sim/cost_model.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -105,6 +106,13 @@ StepFigures step_figures(const StepResult& step, int num_ranks) {
     figures.ranks.push_back(rank);
   }
   return figures;
+}
+
+double predicted_tensor_parallel_s(const RankFigures& rank, int tensor_parallel, const HardwareProfile& hardware) {
+  if (tensor_parallel <= 1 || rank.tensor_parallel_collectives == 0) return 0;
+  const LinkCost link = collective_link_cost(link_between(hardware, 0, tensor_parallel - 1), hardware);
+  const double bytes = static_cast<double>(rank.tensor_parallel_bytes) / rank.tensor_parallel_collectives;
+  return rank.tensor_parallel_collectives * ring_all_reduce_seconds(bytes, tensor_parallel, link);
 }
 
 CostProfile::CostProfile(int num_stages)

@@ -35,6 +35,10 @@ nlohmann::ordered_json to_json(const StepLog& log) {
     json["data_parallel_s"] = log.data_parallel_s;
     json["data_parallel_early_s"] = log.data_parallel_early_s;
   }
+  if (!log.tensor_parallel_s.empty()) {
+    json["tensor_parallel_s"] = log.tensor_parallel_s;
+    json["tensor_parallel_predicted_s"] = log.tensor_parallel_predicted_s;
+  }
   json["peak_activation_bytes"] = log.peak_activation_bytes;
   json["peak_activation_bytes_predicted"] = log.peak_activation_bytes_predicted;
   if (log.val_loss) json["val_loss"] = *log.val_loss;

@@ -11,8 +11,7 @@
 #include "pipeflow/core/units.h"
 #include "pipeflow/nn/model_config.h"
 #include "pipeflow/runtime/noise_scale.h"
-#include "pipeflow/sim/cost_model.h"
-#include "pipeflow/sim/simulation.h"
+#include "pipeflow/runtime/measurement.h"
 
 namespace pipeflow::runtime {
 
@@ -175,7 +174,6 @@ std::string tensor_parallel_section(const RunRecord& run) {
   const std::vector<const StepFigures*> steps = steady_steps(run);
   if (steps.empty()) return "";
   const HardwareProfile& hw = run.settings->hardware;
-  const LinkCost link = collective_link_cost(link_between(hw, 0, t - 1), hw);
   std::string out = fmt::format(
       "\n## Tensor parallelism\n\nEach stage split over {} tensor-parallel ranks (Megatron-LM's scheme): per step, "
       "the all-reduces inside each rank's actions (2 a block in F and 2 in I, 1 in the embedding's F, the head's "
@@ -190,11 +188,7 @@ std::string tensor_parallel_section(const RunRecord& run) {
     for (const StepFigures* s : steps) seconds.push_back(s->ranks[r].tensor_parallel_s);
     std::sort(seconds.begin(), seconds.end());
     const RankFigures& last = steps.back()->ranks[r];
-    const double per_collective =
-        last.tensor_parallel_collectives > 0
-            ? static_cast<double>(last.tensor_parallel_bytes) / last.tensor_parallel_collectives
-            : 0;
-    const double predicted = last.tensor_parallel_collectives * ring_all_reduce_seconds(per_collective, t, link);
+    const double predicted = predicted_tensor_parallel_s(last, t, hw);
     const double median = median_of(steps, [&](const StepFigures& s) { return s.ranks[r].tensor_parallel_s; });
     const double compute = median_of(steps, [&](const StepFigures& s) { return s.ranks[r].compute_s; });
     out += fmt::format("| {} | {} | {} | {} ({} - {}) | {} | {} |\n", r, last.tensor_parallel_collectives,

@@ -273,6 +273,8 @@ StepLog Run::train_step(std::int64_t step) {
               .comm_s = {},
               .data_parallel_s = {},
               .data_parallel_early_s = {},
+              .tensor_parallel_s = {},
+              .tensor_parallel_predicted_s = {},
               .peak_activation_bytes = {},
               .peak_activation_bytes_predicted = {},
               .val_loss = std::nullopt,
@@ -287,6 +289,11 @@ StepLog Run::train_step(std::int64_t step) {
     if (settings_.engine.data_parallel > 1) {
       log.data_parallel_s.push_back(rank.data_parallel_s);
       log.data_parallel_early_s.push_back(rank.data_parallel_early_s);
+    }
+    if (settings_.engine.tensor_parallel > 1) {
+      log.tensor_parallel_s.push_back(rank.tensor_parallel_s);
+      log.tensor_parallel_predicted_s.push_back(
+          predicted_tensor_parallel_s(rank, settings_.engine.tensor_parallel, settings_.hardware));
     }
     log.peak_activation_bytes.push_back(rank.peak_activation_bytes);
   }
