@@ -25,6 +25,7 @@ struct GenerateCommand {
   std::string prompts_file;
   bool from_file = false;  // --prompts given
   int stages = 1;
+  int tensor_parallel = 1;
   int microbatches = 1;
   std::string partition = "parameters";
   nn::SamplingOptions sampling;
@@ -99,9 +100,11 @@ nlohmann::ordered_json to_json(const std::vector<std::string>& prompts, const ru
 
 void print_report(const std::vector<std::string>& prompts, const runtime::InferenceResult& result,
                   const GenerateCommand& command, const nn::ModelConfig& config) {
-  fmt::print("tokens/s {:.1f} ({} new tokens for {} in {}; {}, {})\n", result.tokens_per_s(), result.new_tokens(),
+  fmt::print("tokens/s {:.1f} ({} new tokens for {} in {}; {}{}, {})\n", result.tokens_per_s(), result.new_tokens(),
              format_count(static_cast<std::int64_t>(prompts.size()), "prompt"), format_seconds(result.seconds),
-             format_count(command.stages, "stage"), format_count(command.microbatches, "micro-batch", "micro-batches"));
+             format_count(command.stages, "stage"),
+             command.tensor_parallel > 1 ? fmt::format(" x tensor parallel {}", command.tensor_parallel) : "",
+             format_count(command.microbatches, "micro-batch", "micro-batches"));
   fmt::print("time to first token {}, then decode at {:.1f} tokens/s\n", format_seconds(result.time_to_first_token_s),
              result.decode_tokens_per_s());
   for (std::size_t r = 0; r < result.stages.size(); ++r) {
@@ -112,8 +115,8 @@ void print_report(const std::vector<std::string>& prompts, const runtime::Infere
   }
 }
 
-// Under mpirun: one stage per process, the text and the figures on world
-// rank 0 alone.
+// Under mpirun: one stage (or one tensor-parallel part of one) per process,
+// the text and the figures on world rank 0 alone.
 void run(GenerateCommand& command, bool stages_given, const runtime::MpiWorld* mpi) {
   const std::vector<std::string> texts = command.from_file ? read_prompts(command.prompts_file)
                                                             : std::vector<std::string>{command.prompt};
@@ -121,17 +124,24 @@ void run(GenerateCommand& command, bool stages_given, const runtime::MpiWorld* m
   for (const std::string& text : texts) tokens.push_back(nn::encode_text(text));
   const nn::SafetensorsFile weights = runtime::read_checkpoint(command.weights);
   const PartitionMethod partition = parse_partition_method(command.partition);
+  const int t = command.tensor_parallel;
+  if (t < 1) fail("--tensor-parallel {}: must be at least 1", t);
   if (mpi != nullptr) {
-    if (stages_given && command.stages != mpi->size()) {
-      fail("--stages {} and mpirun -np {}: under mpirun each process runs one stage; give --stages {} or leave it "
-           "out",
-           command.stages, mpi->size(), mpi->size());
+    if (mpi->size() % t != 0) {
+      fail("mpirun -np {} with --tensor-parallel {}: the processes must be a multiple of it (stages x tensor "
+           "parallel); start mpirun -np {}",
+           mpi->size(), t, (mpi->size() / t + 1) * t);
     }
-    command.stages = mpi->size();
+    if (stages_given && command.stages * t != mpi->size()) {
+      fail("--stages {} and mpirun -np {}: under mpirun each process runs one stage{}; give --stages {} or leave it "
+           "out",
+           command.stages, mpi->size(), t > 1 ? fmt::format("'s part of {}", t) : "", mpi->size() / t);
+    }
+    command.stages = mpi->size() / t;
   }
   if (command.stages < 1) fail("--stages {}: must be at least 1", command.stages);
   const std::unique_ptr<runtime::RankGroup> group =
-      runtime::RankGroup::make(mpi, {.pipeline = command.stages, .data_parallel = 1});
+      runtime::RankGroup::make(mpi, {.pipeline = command.stages, .data_parallel = 1, .tensor = t});
   runtime::InferencePipeline pipeline(weights, *group, partition);
   const bool reporter = group->is_reporter();
   runtime::InferenceOptions options{.microbatches = command.microbatches, .sampling = command.sampling};
@@ -177,6 +187,10 @@ void add_generate_command(CLI::App& app) {
   prompt->excludes(prompts);
   sub->add_option("--stages", command->stages,
                   "Pipeline stages (threads; under mpirun the processes), each with its layers' KV cache")
+      ->capture_default_str();
+  sub->add_option("--tensor-parallel,--tp", command->tensor_parallel,
+                  "Ranks each stage is split over (Megatron-LM's tensor parallelism; threads, or processes under "
+                  "mpirun)")
       ->capture_default_str();
   sub->add_option("--microbatches", command->microbatches,
                   "Groups of prompts circulating through the stages (at most the number of prompts)")

@@ -19,19 +19,9 @@ BasicTensor<T> EmbeddingLayer<T>::forward(EmbeddingSaved<T>& saved, IntTensor to
   auto x = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
   if (tensor_ == nullptr) {
     embedding_forward(x.data(), tokens.data(), weights_.wte, weights_.wpe, shape.b, shape.t, shape.c);
-  } else if constexpr (std::is_same_v<T, float>) {
-    const auto [first, count] = rows(shape);
+  } else {
     const long c = shape.c;
-    for (int i = 0; i < shape.rows(); ++i) {
-      const int row = tokens.data()[i] - first;
-      T* out = x.data() + i * c;
-      if (row >= 0 && row < count) {
-        std::copy_n(weights_.wte + row * c, c, out);
-      } else {
-        std::fill_n(out, c, T(0));
-      }
-    }
-    tensor_->all_reduce_sum(x.span(), "the tensor-parallel all-reduce of the embedding");
+    lookup_split(x.data(), tokens.data(), shape.rows(), shape);
     if (weights_.wpe != nullptr) {
       for (int i = 0; i < shape.rows(); ++i) {
         const T* position = weights_.wpe + (i % shape.t) * c;
@@ -42,6 +32,24 @@ BasicTensor<T> EmbeddingLayer<T>::forward(EmbeddingSaved<T>& saved, IntTensor to
   }
   saved.tokens = std::move(tokens);
   return x;
+}
+
+template <class T>
+void EmbeddingLayer<T>::lookup_split(T* x, const std::int32_t* tokens, int n, const LayerShape& shape) const {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto [first, count] = rows(shape);
+    const long c = shape.c;
+    for (int i = 0; i < n; ++i) {
+      const int row = tokens[i] - first;
+      T* out = x + i * c;
+      if (row >= 0 && row < count) {
+        std::copy_n(weights_.wte + row * c, c, out);
+      } else {
+        std::fill_n(out, c, T(0));
+      }
+    }
+    tensor_->all_reduce_sum({x, static_cast<std::size_t>(n * c)}, "the tensor-parallel all-reduce of the embedding");
+  }
 }
 
 template <class T>

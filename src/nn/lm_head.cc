@@ -1,5 +1,6 @@
 #include "pipeflow/nn/lm_head.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -137,9 +138,25 @@ BasicTensor<T> LmHead<T>::logits(const BasicTensor<T>& x, const LayerShape& shap
   HeadSaved<T> s;
   s.x = x.clone(allocator);
   normalise(s, shape, allocator);
-  auto out = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.v}, allocator);
-  gemm<T>(Transpose::kNo, Transpose::kYes, shape.rows(), shape.v, shape.c, T(1), s.ln_f.data(), shape.c,
-          weights_.matrix, shape.c, T(0), out.data(), shape.v);
+  const int v = vocab(shape);
+  auto out = BasicTensor<T>::uninitialized({shape.b, shape.t, v}, allocator);
+  gemm<T>(Transpose::kNo, Transpose::kYes, shape.rows(), v, shape.c, T(1), s.ln_f.data(), shape.c, weights_.matrix,
+          shape.c, T(0), out.data(), v);
+  if constexpr (std::is_same_v<T, float>) {
+    if (tensor_ != nullptr) {  // every rank's columns: [members][rows][v] laid out as [rows][V]
+      const int members = tensor_->size();
+      std::vector<float> all(static_cast<std::size_t>(out.numel()) * static_cast<std::size_t>(members));
+      tensor_->all_gather(out.span(), all, "the tensor-parallel all-gather of the logits");
+      auto whole = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.v}, allocator);
+      for (int k = 0; k < members; ++k) {
+        for (int row = 0; row < shape.rows(); ++row) {
+          const float* from = all.data() + (static_cast<long>(k) * shape.rows() + row) * v;
+          std::copy_n(from, v, whole.data() + static_cast<long>(row) * shape.v + static_cast<long>(k) * v);
+        }
+      }
+      return whole;
+    }
+  }
   return out;
 }
 

@@ -484,8 +484,9 @@ BasicTensor<T> BasicStage<T>::logits(const IntTensor& tokens) {
 
 template <class T>
 BasicKvCache<T> BasicStage<T>::make_kv_cache(int sequences) const {
+  const int parts = split() ? options_.tensor->size() : 1;  // the rank's key/value heads
   return BasicKvCache<T>(static_cast<int>(blocks_.size()), sequences, config_.context,
-                         config_.kv_heads() * config_.head_size(), options_.name);
+                         config_.kv_heads() / parts * config_.head_size(), options_.name);
 }
 
 template <class T>
@@ -524,7 +525,6 @@ LayerShape BasicStage<T>::check_cached_input(const BasicKvCache<T>& cache, const
 
 template <class T>
 BasicTensor<T> BasicStage<T>::forward_cached(BasicKvCache<T>& cache, const SequenceRows& rows, Input input) {
-  require_whole("forward_cached");
   const LayerShape shape = check_cached_input(cache, rows, input);
   const int c = shape.c;
   const T* weights = packed_ ? (half() ? compute_values_.data() : values_.data()) : compute_weights();
@@ -534,11 +534,18 @@ BasicTensor<T> BasicStage<T>::forward_cached(BasicKvCache<T>& cache, const Seque
     x = BasicTensor<T>::uninitialized({1, shape.t, c}, allocator());
     const T* wte = weights + layout_.at(config_.embedding_name()).offset;
     const T* wpe = config_.llama() ? nullptr : weights + layout_.at("wpe.weight").offset;
+    if (split()) embedding_->lookup_split(x.data(), input.tokens.data(), shape.t, shape);
     int row = 0;
     for (std::size_t i = 0; i < rows.counts.size(); ++i) {
       const int past = cache.length(rows.first + static_cast<int>(i));
-      embedding_forward(x.data() + static_cast<long>(row) * c, input.tokens.data() + row, wte,
-                        wpe == nullptr ? wpe : wpe + static_cast<long>(past) * c, 1, rows.counts[i], c);
+      T* out = x.data() + static_cast<long>(row) * c;
+      if (!split()) {
+        embedding_forward(out, input.tokens.data() + row, wte, wpe == nullptr ? wpe : wpe + static_cast<long>(past) * c,
+                          1, rows.counts[i], c);
+      } else if (wpe != nullptr) {  // the positions after the vocabulary-parallel lookup
+        const T* position = wpe + static_cast<long>(past) * c;
+        for (long j = 0; j < static_cast<long>(rows.counts[i]) * c; ++j) out[j] += position[j];
+      }
       row += rows.counts[i];
     }
   }
@@ -608,14 +615,13 @@ void BasicStage<T>::add_tied_gradient(std::span<const T> other) {
 template <class T>
 void BasicStage<T>::pack_for_inference() {
   if (packed_) return;
-  require_whole("pack_for_inference");
   // The matrices the blocks read: a half-precision stage's rounded copy
   // (fresh now; once packed, nothing writes the parameters again).
   T* base = half() ? const_cast<T*>(compute_weights()) : values_.data();
   const int first_block = std::max(range_.first, 1) - 1;  // as the constructor numbers them
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     blocks_[i].pack_weights(block_params<T*>(config_, layout_, first_block + static_cast<int>(i), base),
-                            config_.n_embd);
+                            {0, 0, config_.n_embd, config_.n_head, config_.vocab_size});
   }
   packed_ = true;
 }

@@ -77,12 +77,14 @@ void TransformerBlock<T>::row_projection(T* y, const T* x, const T* w, const T* 
 }
 
 template <class T>
-void TransformerBlock<T>::pack_weights(const BlockParams<T*>& writable, int c) {
+void TransformerBlock<T>::pack_weights(const BlockParams<T*>& writable, const LayerShape& shape) {
   if (panels_ || llama_) return;
-  pack_panels(writable.attn_weight, c, 3 * c);
-  pack_panels(writable.attn_proj_weight, c, c);
-  pack_panels(writable.fc_weight, c, 4 * c);
-  pack_panels(writable.fc_proj_weight, 4 * c, c);
+  const int c = shape.c;
+  const Widths d = widths(shape);
+  pack_panels(writable.attn_weight, c, d.qkv);
+  pack_panels(writable.attn_proj_weight, d.attn, c);
+  pack_panels(writable.fc_weight, c, d.ffn);
+  pack_panels(writable.fc_proj_weight, d.ffn, c);
   panels_ = true;
 }
 
@@ -186,14 +188,14 @@ template <class T>
 BasicTensor<T> TransformerBlock<T>::forward_cached(BasicTensor<T> x, BasicKvCache<T>& cache, int block,
                                                    const SequenceRows& rows, const LayerShape& shape,
                                                    Allocator allocator) const {
-  const int c = shape.c;
   const Widths d = widths(shape);
+  const int a = d.attn;
   const int width = d.qkv;
   const int kv = d.kv;
   BlockSaved<T> s;
   s.x = std::move(x);
   project_qkv(s, shape, allocator);
-  s.attn_y = BasicTensor<T>::uninitialized({shape.b, shape.t, c}, allocator);
+  s.attn_y = BasicTensor<T>::uninitialized({shape.b, shape.t, a}, allocator);
   int row = 0;
   for (std::size_t i = 0; i < rows.counts.size(); ++i) {
     const int sequence = rows.first + static_cast<int>(i);
@@ -204,13 +206,13 @@ BasicTensor<T> TransformerBlock<T>::forward_cached(BasicTensor<T> x, BasicKvCach
     T* qkv = s.qkv.data() + static_cast<long>(row) * width;
     if (llama_) rotate(qkv, count, past, shape);
     for (int r = 0; r < count; ++r) {
-      const T* k = qkv + static_cast<long>(r) * width + c;
+      const T* k = qkv + static_cast<long>(r) * width + a;
       std::copy(k, k + kv, keys + static_cast<long>(past + r) * kv);
       std::copy(k + kv, k + 2 * kv, values + static_cast<long>(past + r) * kv);
     }
     auto scores = BasicTensor<T>::uninitialized({count, past + count}, allocator);
-    attention_forward_cached(s.attn_y.data() + static_cast<long>(row) * c, scores.data(), qkv, width, keys, values,
-                             count, past, c, shape.nh, d.kv_heads);
+    attention_forward_cached(s.attn_y.data() + static_cast<long>(row) * a, scores.data(), qkv, width, keys, values,
+                             count, past, a, d.heads, d.kv_heads);
     row += count;
   }
   return project_and_mlp(s, shape, allocator);

@@ -211,6 +211,28 @@ TEST_F(GenerateCommand, UnderMpirunEveryLayoutGivesTheUnpipelinedTokens) {
   EXPECT_NE(tokens_of(one.out), expected);
 }
 
+// Tensor parallelism: tp 2 x pp 2 under mpirun (4 processes) and in threads,
+// greedy and sampled, gives the tokens of one rank; a model that does not
+// split is refused naming the field.
+TEST_F(GenerateCommand, TensorParallelStagesGiveOneRanksTokens) {
+  const std::string base =
+      "generate --weights " + weights_ + " --prompts " + prompts_file() + " --max-new-tokens 10 --json";
+  for (const std::string& sampling : {std::string(), std::string(" --temperature 0.8 --top-k 20 --seed 3")}) {
+    const CommandResult one = run_pipeflow(base + sampling);
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    const CommandResult threads = run_pipeflow(base + sampling + " --stages 2 --tp 2 --microbatches 2");
+    ASSERT_EQ(threads.exit_code, 0) << threads.err;
+    EXPECT_EQ(tokens_of(threads.out), tokens_of(one.out)) << sampling;
+    const CommandResult processes = run_mpirun(4, base + sampling + " --tp 2");
+    ASSERT_EQ(processes.exit_code, 0) << processes.err;
+    EXPECT_EQ(tokens_of(processes.out), tokens_of(one.out)) << sampling;
+    EXPECT_EQ(nlohmann::json::parse(processes.out)["stages"].size(), 2U);
+  }
+  const CommandResult odd = run_pipeflow(base + " --tp 3");
+  EXPECT_EQ(odd.exit_code, 1);
+  EXPECT_NE(odd.err.find("tensor_parallel = 3: the model's n_head"), std::string::npos) << odd.err;
+}
+
 TEST_F(GenerateCommand, UnderMpirunOnePromptStreamsOnRankZeroAlone) {
   const std::string args = "generate --weights " + weights_ + " --prompt hello --max-new-tokens 6 --partition uniform";
   const CommandResult in_process = run_pipeflow(args + " --stages 2");

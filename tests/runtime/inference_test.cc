@@ -170,3 +170,34 @@ TEST(Inference, BadPromptsAndLayoutsAreErrors) {
 
 }  // namespace
 }  // namespace pipeflow::runtime
+
+namespace pipeflow::runtime {
+namespace {
+
+// Tensor parallelism: every stage split over 2 ranks (their logits
+// all-gathered, each sampling the same tokens) generates one rank's greedy
+// tokens, from the same logits to rounding, GPT-2 (panels) and Llama.
+TEST(InferenceTensorParallel, SplitStagesGiveOneRanksGreedyTokensAndLogits) {
+  for (const nn::ModelConfig* config : kModels) {
+    auto model = whole_model(*config);
+    const nn::SamplingOptions greedy{.new_tokens = kNewTokens};
+    InferencePipeline whole(*model, 1);
+    Recorded expected;
+    const InferenceResult reference = run(whole, 1, greedy, &expected);
+    for (const int stages : {1, 2}) {
+      InferencePipeline split(*model, stages, InferencePipeline::kByParameters, 2);
+      Recorded got;
+      const InferenceResult result = run(split, stages, greedy, &got);
+      EXPECT_EQ(result.tokens, reference.tokens) << nn::to_string(config->family) << " tp 2 pp " << stages;
+      for (std::size_t s = 0; s < kPrompts.size(); ++s) {
+        for (std::size_t step = 0; step < got.logits[s].size(); ++step) {
+          EXPECT_LT(max_relative_error(got.logits[s][step], expected.logits[s][step]), 1e-4)
+              << nn::to_string(config->family) << " sequence " << s << " step " << step;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pipeflow::runtime

@@ -42,6 +42,9 @@ class EmbeddingLayer {
 
   BasicTensor<T> forward(EmbeddingSaved<T>& saved, IntTensor tokens, const LayerShape& shape,
                          Allocator allocator) const;
+  // Split over a group: x[i] = wte[tokens[i]] for `rows` tokens, each row
+  // from the rank holding it (all-reduced), without wpe.
+  void lookup_split(T* x, const std::int32_t* tokens, int rows, const LayerShape& shape) const;
   void backward_input(EmbeddingSaved<T>& saved, BasicTensor<T> dx) const;
   void backward_weight(EmbeddingSaved<T>& saved, const LayerShape& shape) const;
 

@@ -37,8 +37,8 @@ struct HeadSaved {
 // rank's rows [rank · V/size, …), so each rank computes its columns of the
 // logits; the cross-entropy all-reduces each row's largest logit, then its
 // sum of exponentials with the target's logit (held by one rank), and I
-// all-reduces the gradient of the norm's output. logits() needs the whole
-// matrix.
+// all-reduces the gradient of the norm's output; logits() all-gathers every
+// rank's columns.
 //
 // Thread safety: const methods; concurrent use needs distinct gradient buffers.
 template <class T>

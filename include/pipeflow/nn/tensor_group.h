@@ -21,6 +21,9 @@ class TensorGroup {
   virtual void all_reduce_sum(std::span<float> values, std::string_view what) = 0;
   // The members' `values` element by element at their largest, in place.
   virtual void all_reduce_max(std::span<float> values, std::string_view what) = 0;
+  // Every member's `mine` (the same count on each) into `all`, member k's
+  // at k · mine.size().
+  virtual void all_gather(std::span<const float> mine, std::span<float> all, std::string_view what) = 0;
 };
 
 }  // namespace pipeflow::nn

@@ -106,13 +106,14 @@ class TransformerBlock {
   BasicTensor<T> forward_cached(BasicTensor<T> x, BasicKvCache<T>& cache, int block, const SequenceRows& rows,
                                 const LayerShape& shape, Allocator allocator) const;
 
-  // GPT-2: rearranges the four weight matrices into column panels
-  // (panels.h) in place, through `writable`, the same memory as this block's
-  // weights (of width c); forward_cached then multiplies by them. forward and
+  // GPT-2: rearranges the four weight matrices (this rank's parts) into
+  // column panels (panels.h) in place, through `writable`, the same memory
+  // as this block's weights (of the model's width and heads, shape.c and
+  // shape.nh); forward_cached then multiplies by them. forward and
   // the backward must not be called afterwards (BasicStage::pack_for_inference
   // refuses them). A Llama block keeps its matrices (its decode goes through
   // sgemm).
-  void pack_weights(const BlockParams<T*>& writable, int c);
+  void pack_weights(const BlockParams<T*>& writable, const LayerShape& shape);
 
  private:
   // The parts of forward around attention, shared with forward_cached:

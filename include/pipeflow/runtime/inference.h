@@ -90,18 +90,25 @@ struct InferenceResult {
 // mpirun it ends the job: a peer cannot be told to stop half way).
 //
 // Thread safety: one thread calls generate at a time.
+class TensorCollectives;
+
 class InferencePipeline {
  public:
   // DeepSpeed's `parameters`, pipeflow's default partition everywhere.
   static inline const PartitionMethod kByParameters{PartitionMethod::Kind::kParameters, {}, {}};
 
-  // The stages cut from `model`'s layers by `partition` (weights copied).
-  InferencePipeline(const nn::Stage& model, int stages, const PartitionMethod& partition = kByParameters);
+  // The stages cut from `model`'s layers by `partition` (weights copied),
+  // each split over `tensor_parallel` ranks (threads of this process).
+  InferencePipeline(const nn::Stage& model, int stages, const PartitionMethod& partition = kByParameters,
+                    int tensor_parallel = 1);
   // The stages loaded from a weights file (model_file.h).
   InferencePipeline(const nn::SafetensorsFile& weights, int stages,
                     const PartitionMethod& partition = kByParameters);
-  // The stages of `group`'s pipeline ranks that run here (it must outlive
-  // the pipeline, and hold one replica: data_parallel 1).
+  // The stages of `group`'s ranks that run here (it must outlive the
+  // pipeline, and hold one replica: data_parallel 1; with tensor parallelism
+  // each stage is split over its tensor-parallel ranks, each of which runs
+  // the pipeline of its parts, and every one samples the same tokens from
+  // the logits all-gathered).
   InferencePipeline(const nn::SafetensorsFile& weights, RankGroup& group,
                     const PartitionMethod& partition = kByParameters);
   ~InferencePipeline();
@@ -109,7 +116,7 @@ class InferencePipeline {
   InferencePipeline& operator=(const InferencePipeline&) = delete;
 
   const nn::ModelConfig& config() const { return config_; }
-  int num_stages() const { return static_cast<int>(stages_.size()); }
+  int num_stages() const { return static_cast<int>(boundaries_.size()) - 1; }
 
   // Generates options.sampling.new_tokens tokens for every prompt. Errors
   // name the prompt: empty, a token outside the vocabulary, or more
@@ -118,7 +125,7 @@ class InferencePipeline {
   InferenceResult generate(const std::vector<std::vector<std::int32_t>>& prompts, const InferenceOptions& options);
 
  private:
-  static std::unique_ptr<RankGroup> in_threads(int stages);
+  static std::unique_ptr<RankGroup> in_threads(int stages, int tensor_parallel);
   // Makes the stages this process runs.
   void start(const PartitionMethod& partition);
   // Once the weights are in: every stage of this process rearranges its
@@ -129,7 +136,10 @@ class InferencePipeline {
   std::unique_ptr<RankGroup> own_group_;  // the threads of an in-process pipeline
   RankGroup* group_ = nullptr;
   std::vector<int> boundaries_;                     // stage i holds layers [boundaries_[i], boundaries_[i + 1])
-  std::vector<std::unique_ptr<nn::Stage>> stages_;  // one per stage; null for another process's
+  // By tensor-parallel rank, one per stage; null for another process's.
+  std::vector<std::vector<std::unique_ptr<nn::Stage>>> stages_;
+  // By world rank: the layers' collectives of a local rank split over t > 1.
+  std::vector<std::unique_ptr<TensorCollectives>> collectives_;
 };
 
 }  // namespace pipeflow::runtime

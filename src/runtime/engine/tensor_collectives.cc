@@ -24,6 +24,15 @@ void TensorCollectives::all_reduce_max(std::span<float> values, std::string_view
   done_.push_back({start, Clock::now(), static_cast<std::int64_t>(values.size_bytes())});
 }
 
+// Each member's part of `all` is nn::OptimizerShard::of(all.size(), size, k):
+// k · mine.size() onwards when every member gives as many.
+void TensorCollectives::all_gather(std::span<const float> mine, std::span<float> all, std::string_view what) {
+  const Clock::time_point start = Clock::now();
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(rank() * mine.size()));
+  comm_->all_gather_parts(all, deadline_after(timeout_), what);
+  done_.push_back({start, Clock::now(), static_cast<std::int64_t>(all.size_bytes())});
+}
+
 std::vector<CollectiveTiming> TensorCollectives::take(Clock::time_point epoch) {
   std::vector<CollectiveTiming> timings;
   timings.reserve(done_.size());

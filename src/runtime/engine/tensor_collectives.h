@@ -27,7 +27,10 @@ class TensorCollectives final : public nn::TensorGroup {
   int rank() const override { return comm_->rank(); }
   void all_reduce_sum(std::span<float> values, std::string_view what) override;
   void all_reduce_max(std::span<float> values, std::string_view what) override;
+  void all_gather(std::span<const float> mine, std::span<float> all, std::string_view what) override;
 
+  // How long each later collective may wait.
+  void set_timeout(std::chrono::duration<double> timeout) { timeout_ = timeout; }
   // The collectives since the last call, their times seconds after `epoch`.
   std::vector<CollectiveTiming> take(Clock::time_point epoch);
 

@@ -11,6 +11,7 @@
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/runtime/stage_partition.h"
 #include "pipeflow/schedule/generators.h"
+#include "engine/tensor_collectives.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -46,14 +47,17 @@ void check_prompts(const std::vector<std::vector<std::int32_t>>& prompts, const 
 // stage, cache and busy time, the last rank alone the tokens.
 class Decode {
  public:
-  Decode(const std::vector<std::unique_ptr<nn::Stage>>& stages, RankGroup& group,
+  // The pipeline of tensor-parallel rank `tensor_rank` (its parts of every stage).
+  Decode(const std::vector<std::unique_ptr<nn::Stage>>& stages, RankGroup& group, int tensor_rank,
          const std::vector<std::vector<std::int32_t>>& prompts, const InferenceOptions& options)
       : stages_(stages),
         prompts_(prompts),
         options_(options),
         p_(static_cast<int>(stages.size())),
         m_(options.microbatches),
-        collects_(p_ > 1 && !group.shares_process(0, p_ - 1)),
+        reports_(tensor_rank == 0),
+        collects_(p_ > 1 && !group.shares_process(group.layout().world_rank(0, 0, tensor_rank),
+                                                  group.layout().world_rank(p_ - 1, 0, tensor_rank))),
         round_(make_schedule("inference", p_, m_)),
         timeout_(std::chrono::duration_cast<Clock::duration>(options.timeout)),
         busy_(stages.size(), 0.0) {
@@ -67,7 +71,7 @@ class Decode {
     // Message ids run over every step (step · m + group); an inbox holds a
     // step's m messages and the last step's tokens.
     transport_ = group.pipeline_transport(
-        0, 0, {.inbox_capacity = std::vector<int>(stages.size(), m_ + 1),
+        0, tensor_rank, {.inbox_capacity = std::vector<int>(stages.size(), m_ + 1),
             .stages = p_,
             .microbatches = m_ * options.sampling.new_tokens});
     result_.tokens.resize(prompts.size());
@@ -206,7 +210,7 @@ class Decode {
 
   void record(int sequence, int step, std::int32_t token, std::span<const float> logits) {
     result_.tokens[static_cast<std::size_t>(sequence)].push_back(token);
-    if (options_.on_token) options_.on_token({sequence, step, token, logits});
+    if (options_.on_token && reports_) options_.on_token({sequence, step, token, logits});
   }
 
   // On the last stage: one token per sequence from its logits row, recorded
@@ -230,6 +234,7 @@ class Decode {
   const InferenceOptions& options_;
   const int p_;
   const int m_;
+  const bool reports_;   // tensor-parallel rank 0's pipeline: the others sample the same tokens silently
   const bool collects_;  // the last stage runs in another process: rank 0 records the tokens it sends
   const Schedule round_;
   const Clock::duration timeout_;
@@ -255,18 +260,21 @@ double InferenceResult::decode_tokens_per_s() const {
   return decoding > 0 && after_first > 0 ? after_first / decoding : 0;
 }
 
-InferencePipeline::InferencePipeline(const nn::Stage& model, int stages, const PartitionMethod& partition)
-    : config_(model.config()), own_group_(in_threads(stages)), group_(own_group_.get()) {
+InferencePipeline::InferencePipeline(const nn::Stage& model, int stages, const PartitionMethod& partition,
+                                     int tensor_parallel)
+    : config_(model.config()), own_group_(in_threads(stages, tensor_parallel)), group_(own_group_.get()) {
   start(partition);
-  for (auto& stage : stages_) stage->copy_parameters_from(model);
+  for (auto& pipeline : stages_) {
+    for (auto& stage : pipeline) stage->copy_parameters_from(model);
+  }
   pack_stages();
 }
 
 InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, int stages,
                                      const PartitionMethod& partition)
-    : config_(nn::read_config(weights)), own_group_(in_threads(stages)), group_(own_group_.get()) {
+    : config_(nn::read_config(weights)), own_group_(in_threads(stages, 1)), group_(own_group_.get()) {
   start(partition);
-  for (auto& stage : stages_) nn::load_parameters(*stage, weights);
+  for (auto& stage : stages_.front()) nn::load_parameters(*stage, weights);
   pack_stages();
 }
 
@@ -279,34 +287,53 @@ InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, RankGro
          layout.pipeline, layout.pipeline);
   }
   start(partition);
-  for (auto& stage : stages_) {
-    if (stage) nn::load_parameters(*stage, weights);
+  for (auto& pipeline : stages_) {
+    for (auto& stage : pipeline) {
+      if (stage) nn::load_parameters(*stage, weights);
+    }
   }
   pack_stages();
 }
 
 InferencePipeline::~InferencePipeline() = default;
 
-std::unique_ptr<RankGroup> InferencePipeline::in_threads(int stages) {
+std::unique_ptr<RankGroup> InferencePipeline::in_threads(int stages, int tensor_parallel) {
   if (stages < 1) fail("--stages {}: must be at least 1", stages);
-  return RankGroup::in_threads({.pipeline = stages, .data_parallel = 1});
+  if (tensor_parallel < 1) fail("--tensor-parallel {}: must be at least 1", tensor_parallel);
+  return RankGroup::in_threads({.pipeline = stages, .data_parallel = 1, .tensor = tensor_parallel});
 }
 
 void InferencePipeline::start(const PartitionMethod& partition) {
-  const int stages = group_->layout().pipeline;
+  const RankLayout& layout = group_->layout();
+  const int stages = layout.pipeline;
+  nn::validate_tensor_parallel(config_, layout.tensor);
   boundaries_ = partition_model(config_, stages, partition, 1, config_.context, hardware_preset("cpu"));
-  for (int i = 0; i < stages; ++i) {
-    const auto b = static_cast<std::size_t>(i);
-    stages_.push_back(group_->is_local(i) ? std::make_unique<nn::Stage>(
-                                                config_, nn::LayerRange{boundaries_[b], boundaries_[b + 1]},
-                                                nn::StageOptions{.name = fmt::format("stage {}", i)})
-                                          : nullptr);
+  collectives_.resize(static_cast<std::size_t>(layout.world_size()));
+  stages_.resize(static_cast<std::size_t>(layout.tensor));
+  for (int t = 0; t < layout.tensor; ++t) {
+    for (int i = 0; i < stages; ++i) {
+      const int w = layout.world_rank(i, 0, t);
+      const auto b = static_cast<std::size_t>(i);
+      if (!group_->is_local(w)) {
+        stages_[static_cast<std::size_t>(t)].push_back(nullptr);
+        continue;
+      }
+      auto& collectives = collectives_[static_cast<std::size_t>(w)];
+      if (layout.tensor > 1) collectives = std::make_unique<TensorCollectives>(group_->tensor(w), std::chrono::hours(1));
+      stages_[static_cast<std::size_t>(t)].push_back(std::make_unique<nn::Stage>(
+          config_, nn::LayerRange{boundaries_[b], boundaries_[b + 1]},
+          nn::StageOptions{.name = layout.tensor > 1 ? fmt::format("stage {} (tensor-parallel rank {})", i, t)
+                                                     : fmt::format("stage {}", i),
+                           .tensor = collectives.get()}));
+    }
   }
 }
 
 void InferencePipeline::pack_stages() {
-  for (auto& stage : stages_) {
-    if (stage) stage->pack_for_inference();
+  for (auto& pipeline : stages_) {
+    for (auto& stage : pipeline) {
+      if (stage) stage->pack_for_inference();
+    }
   }
 }
 
@@ -320,14 +347,27 @@ InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::i
          "one sequence",
          options.microbatches, sequences);
   }
-  Decode decode(stages_, *group_, prompts, options);
+  // One pipeline per tensor-parallel rank (those with a stage here).
+  const RankLayout& layout = group_->layout();
+  std::vector<std::unique_ptr<Decode>> decodes(static_cast<std::size_t>(layout.tensor));
+  for (const int w : group_->local_ranks()) {
+    auto& decode = decodes[static_cast<std::size_t>(layout.tensor_rank(w))];
+    if (!decode) {
+      decode = std::make_unique<Decode>(stages_[static_cast<std::size_t>(layout.tensor_rank(w))], *group_,
+                                        layout.tensor_rank(w), prompts, options);
+    }
+  }
+  for (auto& collectives : collectives_) {
+    if (collectives) collectives->set_timeout(options.timeout);
+  }
   std::vector<double> figures;
   group_->run(
       [&](int w) {
         Communicator& pipeline = group_->pipeline(w);
+        Decode& decode = *decodes[static_cast<std::size_t>(layout.tensor_rank(w))];
         const int r = pipeline.rank();
         // Every rank starts together: the loading of weights is not the generation's time.
-        pipeline.barrier(deadline_after(options.timeout), "the start of the generation");
+        group_->world(w).barrier(deadline_after(options.timeout), "the start of the generation");
         const Clock::time_point start = Clock::now();
         decode.run_rank(r, start);
         std::vector<double> all = pipeline.all_gather(decode.figures(r, seconds_since(start)),
@@ -335,8 +375,16 @@ InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::i
                                                       "every stage's figures of the generation");
         if (w == group_->local_ranks().front()) figures = std::move(all);
       },
-      [&] { decode.abort(); });
-  return decode.result(boundaries_, figures);
+      [&] {
+        for (auto& decode : decodes) {
+          if (decode) decode->abort();
+        }
+      });
+  for (auto& collectives : collectives_) {
+    if (collectives) collectives->take(Clock::now());  // timed for training's records; a generation keeps none
+  }
+  return decodes[static_cast<std::size_t>(layout.tensor_rank(group_->local_ranks().front()))]->result(boundaries_,
+                                                                                                      figures);
 }
 
 }  // namespace pipeflow::runtime
