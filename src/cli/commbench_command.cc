@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <array>
+#include <charconv>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -14,6 +16,24 @@
 namespace pipeflow::cli {
 namespace {
 
+// "B,T,C": a layer's activation of B sequences, T positions and C features.
+std::array<std::int64_t, 3> parse_activation(const std::string& text) {
+  std::array<std::int64_t, 3> dims{};
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    const std::size_t end = i + 1 < dims.size() ? text.find(',', at) : text.size();
+    const std::string field = end == std::string::npos ? "" : text.substr(at, end - at);
+    std::int64_t value = 0;
+    const auto [last, error] = std::from_chars(field.data(), field.data() + field.size(), value);
+    if (field.empty() || error != std::errc() || last != field.data() + field.size()) {
+      fail("--activation {}: expected B,T,C (sequences, positions, features), e.g. 8,64,512", text);
+    }
+    dims[i] = value;
+    at = end + 1;
+  }
+  return dims;
+}
+
 struct CommbenchCommand {
   std::string min_bytes = "1K";
   std::string max_bytes = "64M";
@@ -23,6 +43,8 @@ struct CommbenchCommand {
   bool json = false;
   std::string save_hardware;
   std::string hardware = "cpu";
+  int tensor_parallel = 0;
+  std::vector<std::string> activations;
 
   runtime::CommbenchOptions options() const {
     runtime::CommbenchOptions o{.min_bytes = parse_byte_size(min_bytes, "--min-bytes"),
@@ -30,6 +52,9 @@ struct CommbenchCommand {
                                 .iters = iters,
                                 .warmup = warmup,
                                 .timeout = std::chrono::duration<double>(timeout_s)};
+    o.tensor_parallel = tensor_parallel;
+    if (!activations.empty()) o.activations.clear();
+    for (const std::string& text : activations) o.activations.push_back(parse_activation(text));
     runtime::validate_commbench_options(o);
     return o;
   }
@@ -76,6 +101,13 @@ void add_commbench_command(CLI::App& app) {
   sub->add_option("--warmup", c->warmup, "Untimed rounds per size before them")->capture_default_str();
   sub->add_option("--timeout", c->timeout_s, "Longest any wait for a peer may take, in seconds")
       ->capture_default_str();
+  sub->add_option("--tp,--tensor-parallel", c->tensor_parallel,
+                  "Also measure the tensor-parallel all-reduce and all-gather over groups of this many consecutive "
+                  "processes (0: not)")
+      ->capture_default_str();
+  sub->add_option("--activation", c->activations,
+                  "A layer's activation B,T,C for the tensor-parallel test (repeatable; default 8,64,128 and "
+                  "8,64,512)");
   sub->add_flag("--json", c->json, "Print the rows as JSON (nccl-tests' columns) instead of a table");
   sub->add_option("--save-hardware", c->save_hardware,
                   "Write a hardware profile with the measured link latency and bandwidth (atomically), for "

@@ -82,6 +82,40 @@ TEST(CommbenchCommand, ThreeProcessesMeasureBothLinksAndTheAllReduceBusFactor) {
   expect_rows(json.at("all_reduce"), 16 << 10, 2.0 * (3 - 1) / 3, "all_reduce");
 }
 
+// The tensor-parallel test: 4 processes in groups of 2, each activation's
+// all-reduce and all-gather through the layers' collectives, right answers,
+// nccl-tests' bus factors; bad groups and activations named.
+TEST(CommbenchCommand, TensorParallelGroupsMeasureALayersAllReduceAndAllGather) {
+  const CommandResult r = run_mpirun(
+      4, "commbench --json --max-bytes 1K --iters 2 --warmup 1 --tp 2 --activation 2,8,32 --activation 1,4,16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json.at("tensor_parallel"), 2);
+  ASSERT_EQ(json.at("tensor").size(), 2u);
+  EXPECT_EQ(json["tensor"][0]["activation"], nlohmann::json::parse("[2, 8, 32]"));
+  for (const nlohmann::json& row : json.at("tensor")) {
+    const std::int64_t floats = row["activation"][0].get<std::int64_t>() * row["activation"][1].get<std::int64_t>() *
+                                row["activation"][2].get<std::int64_t>();
+    for (const auto& [test, factor] : {std::pair{"all_reduce", 1.0}, std::pair{"all_gather", 0.5}}) {
+      const nlohmann::json& m = row.at(test);
+      EXPECT_EQ(m.at("bytes").get<std::int64_t>(), 4 * floats) << test;
+      EXPECT_EQ(m.at("wrong_elements").get<std::int64_t>(), 0) << test;
+      EXPECT_NEAR(m.at("busbw_GBps").get<double>(), factor * m.at("algbw_GBps").get<double>(),
+                  1e-12 * m.at("algbw_GBps").get<double>())
+          << test;
+    }
+  }
+  const CommandResult odd = run_pipeflow("commbench --tp 2 --activation 1,1,3");
+  EXPECT_EQ(odd.exit_code, 1);
+  EXPECT_NE(odd.err.find("--activation 1,1,3: b, t and c must be positive"), std::string::npos) << odd.err;
+  const CommandResult garbled = run_pipeflow("commbench --tp 2 --activation 8x64");
+  EXPECT_EQ(garbled.exit_code, 1);
+  EXPECT_NE(garbled.err.find("--activation 8x64: expected B,T,C"), std::string::npos) << garbled.err;
+  const CommandResult three = run_mpirun(3, "commbench --max-bytes 1K --iters 1 --tp 2");
+  EXPECT_NE(three.exit_code, 0);
+  EXPECT_NE(three.err.find("--tp 2: mpirun started 3 processes, not a multiple of it"), std::string::npos) << three.err;
+}
+
 TEST(CommbenchCommand, TheTableNamesEveryTestAndTheRatioToRawMpi) {
   const CommandResult r = run_mpirun(2, "commbench --max-bytes 4K --iters 2 --warmup 0");
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -14,7 +15,8 @@ namespace pipeflow::runtime {
 // measured before training as nccl-tests measures NCCL's (and as a cluster
 // checks its interconnect before a run).
 //
-// Three tests, each a row per message size (powers of two):
+// Three tests, each a row per message size (powers of two), and a fourth
+// with tensor_parallel > 0:
 //   p2p:        ping-pong between neighbouring pipeline ranks r <-> r + 1
 //               through MpiTransport, the path pipeflow's training sends
 //               activations and gradients on (MPI_Isend / MPI_Irecv polled
@@ -24,7 +26,13 @@ namespace pipeflow::runtime {
 //               machine;
 //   all_reduce: the sum of a float buffer over every process through
 //               MpiGroups::all_reduce_sum, the path of the data-parallel
-//               gradient all-reduce (16 MiB buckets).
+//               gradient all-reduce (16 MiB buckets);
+//   tensor:     per activation [b, t, c] (a layer's output, float), over
+//               each group of tensor_parallel consecutive processes
+//               (Megatron-LM's order) through the layers' collectives
+//               (TensorCollectives): the all-reduce that ends a row-parallel
+//               product (b·t·c floats) and the all-gather of the logits'
+//               columns (each member b·t·c / tensor_parallel floats).
 // nccl-tests' figures: a point-to-point time is one way (half a round
 // trip), algbw = bytes / time, busbw = algbw for point-to-point and
 // algbw · 2(n − 1)/n for all-reduce (n processes); GB = 1e9 bytes. With
@@ -43,10 +51,16 @@ struct CommbenchOptions {
   int iters = 20;   // timed rounds per size
   int warmup = 5;   // untimed rounds before them
   std::chrono::duration<double> timeout{60};  // longest wait for a peer
+  // The tensor-parallel test: the group size (0: not run) and the
+  // activations [b, t, c] measured.
+  int tensor_parallel = 0;
+  std::vector<std::array<std::int64_t, 3>> activations = {{8, 64, 128}, {8, 64, 512}};
 };
 
 // Error naming the option unless both sizes are powers of two, whole floats
-// (>= 4 bytes), min <= max <= 1 GiB, iters >= 1 and warmup >= 0.
+// (>= 4 bytes), min <= max <= 1 GiB, iters >= 1 and warmup >= 0, and with
+// tensor_parallel > 0 it is at least 2 and each activation's b·t·c floats
+// are positive, at most 1 GiB and a multiple of tensor_parallel.
 void validate_commbench_options(const CommbenchOptions& options);
 
 // The message sizes: min_bytes, 2·min_bytes, ..., max_bytes.
@@ -73,6 +87,15 @@ struct LinkTimes {
   std::vector<double> one_way_s;
 };
 
+// The tensor-parallel test at one activation: the slowest process's mean
+// round. nccl-tests' bus factors: 2(n − 1)/n for the all-reduce, (n − 1)/n
+// for the all-gather (its bytes: the gathered whole).
+struct TensorRow {
+  std::array<std::int64_t, 3> activation{};
+  CommRow all_reduce;
+  CommRow all_gather;
+};
+
 struct CommbenchResult {
   int processes = 0;
   int hosts = 0;
@@ -81,6 +104,7 @@ struct CommbenchResult {
   std::vector<CommRow> baseline;
   std::vector<CommRow> all_reduce;
   std::vector<LinkTimes> links;
+  std::vector<TensorRow> tensor;  // with options.tensor_parallel > 0
 };
 
 // Runs the three tests; every process of `world` must call it (collective).
@@ -94,7 +118,9 @@ CommbenchResult run_commbench(const MpiWorld& world, const CommbenchOptions& opt
 std::string commbench_text(const CommbenchResult& result);
 // {"processes", "hosts", "iters", "warmup", "p2p": [rows], "all_reduce": [rows],
 //  "baseline": [rows]}, a row {"bytes", "time_us", "algbw_GBps", "busbw_GBps",
-//  "wrong_elements"}.
+//  "wrong_elements"}; with the tensor-parallel test also "tensor_parallel"
+//  (the group size) and "tensor": [{"activation": [b, t, c], "all_reduce":
+//  row, "all_gather": row}].
 std::string commbench_json(const CommbenchResult& result);
 
 // `base` with the link figures measured by the p2p test: for the links

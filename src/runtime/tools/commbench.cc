@@ -14,6 +14,7 @@
 #include "pipeflow/config/run_config.h"
 #include "pipeflow/runtime/rank_group.h"
 #include "pipeflow/tensor/buffer_pool.h"
+#include "engine/tensor_collectives.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -218,6 +219,50 @@ AllReduceTimes measure_all_reduce(Communicator& world, int rank, int processes, 
   return times;
 }
 
+// The tensor-parallel collectives at `floats` floats, over `collectives`'
+// group: the all-reduce's and the all-gather's mean round and wrong elements.
+struct TensorTimes {
+  AllReduceTimes all_reduce, all_gather;
+};
+
+TensorTimes measure_tensor(TensorCollectives& collectives, std::int64_t floats, const CommbenchOptions& options) {
+  const int members = collectives.size();
+  const int member = collectives.rank();
+  const auto n = static_cast<std::size_t>(floats);
+  const std::size_t part = n / static_cast<std::size_t>(members);
+  std::vector<float> buffer(n);
+  std::vector<float> gathered(n);
+  const std::string what = fmt::format("the commbench tensor-parallel collectives of {}",
+                                       format_bytes(static_cast<double>(floats) * sizeof(float)));
+  TensorTimes times;
+  for (int round = 0; round < options.warmup + options.iters; ++round) {
+    for (std::size_t i = 0; i < n; ++i) buffer[i] = all_reduce_term(static_cast<std::int64_t>(i), member, round);
+    Clock::time_point start = Clock::now();
+    collectives.all_reduce_sum(buffer, what);
+    const double reduce_s = seconds_since(start);
+    std::vector<float> mine(part);
+    for (std::size_t i = 0; i < part; ++i) mine[i] = all_reduce_term(static_cast<std::int64_t>(i), member, round);
+    start = Clock::now();
+    collectives.all_gather(mine, gathered, what);
+    const double gather_s = seconds_since(start);
+    if (round < options.warmup) continue;
+    times.all_reduce.time_s += reduce_s;
+    times.all_gather.time_s += gather_s;
+    for (std::size_t i = 0; i < n; ++i) {
+      float expected = 0;
+      for (int r = 0; r < members; ++r) expected += all_reduce_term(static_cast<std::int64_t>(i), r, round);
+      times.all_reduce.wrong += buffer[i] != expected ? 1 : 0;
+      const auto k = static_cast<int>(i / part);
+      times.all_gather.wrong +=
+          gathered[i] != all_reduce_term(static_cast<std::int64_t>(i % part), k, round) ? 1 : 0;
+    }
+  }
+  times.all_reduce.time_s /= options.iters;
+  times.all_gather.time_s /= options.iters;
+  (void)collectives.take(Clock::now());
+  return times;
+}
+
 bool is_power_of_two(std::int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
 std::string gbps(double bytes_per_s) { return fmt::format("{:.2f}", bytes_per_s / kGB); }
@@ -265,6 +310,16 @@ void validate_commbench_options(const CommbenchOptions& options) {
   }
   if (options.warmup < 0 || options.warmup > kMaxRounds) fail("--warmup {}: must be 0 to {}", options.warmup, kMaxRounds);
   if (!(options.timeout.count() > 0)) fail("--timeout {}: must be > 0 seconds", options.timeout.count());
+  if (options.tensor_parallel == 0) return;
+  if (options.tensor_parallel < 2) fail("--tp {}: the tensor-parallel test needs groups of at least 2", options.tensor_parallel);
+  for (const auto& [b, t, c] : options.activations) {
+    const std::int64_t floats = b * t * c;
+    if (b < 1 || t < 1 || c < 1 || floats * 4 > kLargestMessage || floats % options.tensor_parallel != 0) {
+      fail("--activation {},{},{}: b, t and c must be positive, b·t·c floats at most 1G bytes and a multiple of "
+           "--tp {} (each member gathers an equal part)",
+           b, t, c, options.tensor_parallel);
+    }
+  }
 }
 
 std::vector<std::int64_t> message_sizes(const CommbenchOptions& options) {
@@ -322,6 +377,19 @@ CommbenchResult run_commbench(const MpiWorld& world, const CommbenchOptions& opt
     reduces[s] = measure_all_reduce(comm, rank, processes, sizes[s], options, buffer);
   }
 
+  // The tensor-parallel collectives, over groups of consecutive processes.
+  std::vector<TensorTimes> tensor;
+  if (options.tensor_parallel > 0) {
+    if (processes % options.tensor_parallel != 0) {
+      fail("--tp {}: mpirun started {} processes, not a multiple of it: start mpirun -np {}", options.tensor_parallel,
+           processes, options.tensor_parallel);
+    }
+    const std::unique_ptr<RankGroup> split = RankGroup::in_processes(
+        world, {.pipeline = processes / options.tensor_parallel, .data_parallel = 1, .tensor = options.tensor_parallel});
+    TensorCollectives collectives(split->tensor(rank), options.timeout);
+    for (const auto& [b, t, c] : options.activations) tensor.push_back(measure_tensor(collectives, b * t * c, options));
+  }
+
   // Every process's figures to every process: per size p2p, baseline,
   // their wrong elements, the all-reduce's time and wrong elements; then
   // the process's machine.
@@ -331,6 +399,10 @@ CommbenchResult run_commbench(const MpiWorld& world, const CommbenchOptions& opt
     mine.insert(mine.end(), {pings[s].p2p_s, pings[s].baseline_s, static_cast<double>(pings[s].p2p_wrong),
                              static_cast<double>(pings[s].baseline_wrong), reduces[s].time_s,
                              static_cast<double>(reduces[s].wrong)});
+  }
+  for (const TensorTimes& t : tensor) {
+    mine.insert(mine.end(), {t.all_reduce.time_s, static_cast<double>(t.all_reduce.wrong), t.all_gather.time_s,
+                             static_cast<double>(t.all_gather.wrong)});
   }
   mine.push_back(world.first_rank_on_host());
   const std::size_t stride = mine.size();
@@ -374,6 +446,24 @@ CommbenchResult run_commbench(const MpiWorld& world, const CommbenchOptions& opt
     result.all_reduce.push_back(
         comm_row(sizes[s], all_reduce, all_reduce_bus_factor(processes), all_reduce_wrong));
   }
+  for (std::size_t a = 0; a < tensor.size(); ++a) {
+    const std::size_t at = count * kFields + 4 * a;
+    double reduce_s = 0, gather_s = 0;
+    std::int64_t reduce_wrong = 0, gather_wrong = 0;
+    for (int r = 0; r < processes; ++r) {
+      const double* f = &all[static_cast<std::size_t>(r) * stride + at];
+      reduce_s = std::max(reduce_s, f[0]);
+      reduce_wrong += static_cast<std::int64_t>(f[1]);
+      gather_s = std::max(gather_s, f[2]);
+      gather_wrong += static_cast<std::int64_t>(f[3]);
+    }
+    const auto& [b, t, c] = options.activations[a];
+    const std::int64_t bytes = b * t * c * static_cast<std::int64_t>(sizeof(float));
+    const int n = options.tensor_parallel;
+    result.tensor.push_back({.activation = options.activations[a],
+                             .all_reduce = comm_row(bytes, reduce_s, all_reduce_bus_factor(n), reduce_wrong),
+                             .all_gather = comm_row(bytes, gather_s, (n - 1.0) / n, gather_wrong)});
+  }
   return result;
 }
 
@@ -400,7 +490,25 @@ std::string commbench_text(const CommbenchResult& result) {
                    gbps(reduce.algbw_bytes_per_s), gbps(reduce.busbw_bytes_per_s),
                    std::to_string(reduce.wrong_elements)});
   }
-  return text + table.render();
+  text += table.render();
+  if (result.tensor.empty()) return text;
+  text += fmt::format(
+      "\ntensor parallel: groups of {} consecutive processes, through the layers' collectives; per activation "
+      "[b, t, c] of floats: the all-reduce that ends a row-parallel product (busbw = algbw x 2(n-1)/n) and the "
+      "all-gather of the logits' columns (its bytes the gathered whole, busbw = algbw x (n-1)/n); the slowest "
+      "process\n",
+      result.options.tensor_parallel);
+  TextTable tensor({"activation", "size", "all-reduce us", "algbw GB/s", "busbw GB/s", "wrong", "all-gather us",
+                    "algbw GB/s", "busbw GB/s", "wrong"});
+  for (const TensorRow& row : result.tensor) {
+    tensor.add_row({fmt::format("[{}, {}, {}]", row.activation[0], row.activation[1], row.activation[2]),
+                    format_bytes(static_cast<double>(row.all_reduce.bytes)), microseconds(row.all_reduce.time_s),
+                    gbps(row.all_reduce.algbw_bytes_per_s), gbps(row.all_reduce.busbw_bytes_per_s),
+                    std::to_string(row.all_reduce.wrong_elements), microseconds(row.all_gather.time_s),
+                    gbps(row.all_gather.algbw_bytes_per_s), gbps(row.all_gather.busbw_bytes_per_s),
+                    std::to_string(row.all_gather.wrong_elements)});
+  }
+  return text + tensor.render();
 }
 
 std::string commbench_json(const CommbenchResult& result) {
@@ -412,6 +520,15 @@ std::string commbench_json(const CommbenchResult& result) {
   json["p2p"] = rows_json(result.p2p);
   json["all_reduce"] = rows_json(result.all_reduce);
   json["baseline"] = rows_json(result.baseline);
+  if (!result.tensor.empty()) {
+    json["tensor_parallel"] = result.options.tensor_parallel;
+    json["tensor"] = nlohmann::ordered_json::array();
+    for (const TensorRow& row : result.tensor) {
+      json["tensor"].push_back({{"activation", row.activation},
+                                {"all_reduce", rows_json({row.all_reduce}).front()},
+                                {"all_gather", rows_json({row.all_gather}).front()}});
+    }
+  }
   return json.dump(2) + "\n";
 }
 
