@@ -40,6 +40,11 @@ typename TransformerBlock<T>::Widths TransformerBlock<T>::widths(const LayerShap
 }
 
 template <class T>
+int TransformerBlock<T>::local_rows(const LayerShape& shape) const {
+  return sequence_ ? shape.rows() / tensor_->size() : shape.rows();
+}
+
+template <class T>
 void TransformerBlock<T>::reduce(T* values, int count, std::string_view what) const {
   if (tensor_ == nullptr) return;
   if constexpr (std::is_same_v<T, float>) {
@@ -48,10 +53,44 @@ void TransformerBlock<T>::reduce(T* values, int count, std::string_view what) co
 }
 
 template <class T>
-void TransformerBlock<T>::finish_row_parallel(T* y, const T* b, const T* residual, int n, int out,
-                                              std::string_view what) const {
-  reduce(y, n * out, what);
-  for (int row = 0; row < n; ++row) {
+BasicTensor<T> TransformerBlock<T>::whole(BasicTensor<T> part, const LayerShape& shape, Allocator allocator,
+                                          std::string_view what) const {
+  if (!sequence_) return part;
+  auto gathered = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
+  if constexpr (std::is_same_v<T, float>) {
+    gather_sequence(*tensor_, part.data(), gathered.data(), shape.b, shape.t / tensor_->size(), shape.c, what);
+  }
+  return gathered;
+}
+
+template <class T>
+BasicTensor<T> TransformerBlock<T>::input_gradient(BasicTensor<T> partial, const LayerShape& shape,
+                                                   Allocator allocator, std::string_view what) const {
+  if (!sequence_) {
+    reduce(partial.data(), static_cast<int>(partial.numel()), what);
+    return partial;
+  }
+  const int ts = shape.t / tensor_->size();
+  auto part = BasicTensor<T>::uninitialized({shape.b, ts, shape.c}, allocator);
+  if constexpr (std::is_same_v<T, float>) {
+    scatter_sequence(*tensor_, partial.data(), part.data(), shape.b, ts, shape.c, what);
+  }
+  return part;
+}
+
+// y (the rank's rows) = the group's sum of `partial` (every row) + b + residual.
+template <class T>
+void TransformerBlock<T>::finish_row_parallel(T* partial, T* y, const T* b, const T* residual,
+                                              const LayerShape& shape, std::string_view what) const {
+  const int out = shape.c;
+  if (sequence_) {
+    if constexpr (std::is_same_v<T, float>) {
+      scatter_sequence(*tensor_, partial, y, shape.b, shape.t / tensor_->size(), out, what);
+    }
+  } else {
+    reduce(y, shape.rows() * out, what);
+  }
+  for (int row = 0; row < local_rows(shape); ++row) {
     T* y_row = y + static_cast<long>(row) * out;
     const T* r_row = residual + static_cast<long>(row) * out;
     for (int j = 0; j < out; ++j) y_row[j] += (b == nullptr ? T(0) : b[j]) + r_row[j];
@@ -59,21 +98,33 @@ void TransformerBlock<T>::finish_row_parallel(T* y, const T* b, const T* residua
 }
 
 template <class T>
-void TransformerBlock<T>::row_linear(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in,
-                                     int out, std::string_view what) const {
+void TransformerBlock<T>::row_linear(T* y, const T* x, const T* w, const T* b, const T* residual, int in,
+                                     const LayerShape& shape, Allocator allocator, std::string_view what) const {
+  const int n = shape.rows();
   if (tensor_ == nullptr) {
-    linear(y, x, w, b, residual, n, in, out);
+    linear(y, x, w, b, residual, n, in, shape.c);
     return;
   }
-  linear(y, x, w, static_cast<const T*>(nullptr), static_cast<const T*>(nullptr), n, in, out);
-  finish_row_parallel(y, b, residual, n, out, what);
+  BasicTensor<T> partial;
+  if (sequence_) partial = BasicTensor<T>::uninitialized({n, shape.c}, allocator);
+  T* into = sequence_ ? partial.data() : y;
+  linear(into, x, w, static_cast<const T*>(nullptr), static_cast<const T*>(nullptr), n, in, shape.c);
+  finish_row_parallel(into, y, b, residual, shape, what);
 }
 
 template <class T>
-void TransformerBlock<T>::row_projection(T* y, const T* x, const T* w, const T* residual, int n, int in, int out,
-                                         std::string_view what) const {
-  projection_forward(y, out, x, w, tensor_ == nullptr ? residual : static_cast<const T*>(nullptr), n, in, out);
-  if (tensor_ != nullptr) finish_row_parallel(y, static_cast<const T*>(nullptr), residual, n, out, what);
+void TransformerBlock<T>::row_projection(T* y, const T* x, const T* w, const T* residual, int in,
+                                         const LayerShape& shape, Allocator allocator, std::string_view what) const {
+  const int n = shape.rows();
+  if (tensor_ == nullptr) {
+    projection_forward(y, shape.c, x, w, residual, n, in, shape.c);
+    return;
+  }
+  BasicTensor<T> partial;
+  if (sequence_) partial = BasicTensor<T>::uninitialized({n, shape.c}, allocator);
+  T* into = sequence_ ? partial.data() : y;
+  projection_forward(into, shape.c, x, w, static_cast<const T*>(nullptr), n, in, shape.c);
+  finish_row_parallel(into, y, static_cast<const T*>(nullptr), residual, shape, what);
 }
 
 template <class T>
@@ -88,28 +139,36 @@ void TransformerBlock<T>::pack_weights(const BlockParams<T*>& writable, const La
   panels_ = true;
 }
 
+
+// The first norm over the rank's rows of saved.x, its output whole (gathered
+// along the sequence under sequence parallelism), and the qkv projection.
 template <class T>
 void TransformerBlock<T>::project_qkv(BlockSaved<T>& s, const LayerShape& shape, Allocator allocator) const {
   const int n = shape.rows();
+  const int rows = local_rows(shape);
   const int c = shape.c;
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
-  s.ln_1 = make({shape.b, shape.t, c});
-  s.ln_1_rstd = make({n});
+  BasicTensor<T> normed = make({rows, c});
+  s.ln_1_rstd = make({rows});
   const Widths d = widths(shape);
   if (llama_) {
+    rmsnorm_forward(normed.data(), s.ln_1_rstd.data(), s.x.data(), w.ln_1_weight, llama_->norm_eps, rows, c);
+  } else {
+    s.ln_1_mean = make({rows});
+    layernorm_forward(normed.data(), s.ln_1_mean.data(), s.ln_1_rstd.data(), s.x.data(), w.ln_1_weight, w.ln_1_bias,
+                      rows, c);
+  }
+  s.ln_1 = whole(std::move(normed), shape, allocator, "the sequence-parallel all-gather of ln_1's output");
+  s.ln_1.reshape({shape.b, shape.t, c});
+  s.qkv = make({shape.b, shape.t, d.qkv});
+  if (llama_) {
     const T* none = nullptr;
-    rmsnorm_forward(s.ln_1.data(), s.ln_1_rstd.data(), s.x.data(), w.ln_1_weight, llama_->norm_eps, n, c);
-    s.qkv = make({shape.b, shape.t, d.qkv});
     projection_forward(s.qkv.data(), d.qkv, s.ln_1.data(), w.q_proj, none, n, c, d.attn);
     projection_forward(s.qkv.data() + d.attn, d.qkv, s.ln_1.data(), w.k_proj, none, n, c, d.kv);
     projection_forward(s.qkv.data() + d.attn + d.kv, d.qkv, s.ln_1.data(), w.v_proj, none, n, c, d.kv);
     return;
   }
-  s.ln_1_mean = make({n});
-  layernorm_forward(s.ln_1.data(), s.ln_1_mean.data(), s.ln_1_rstd.data(), s.x.data(), w.ln_1_weight, w.ln_1_bias,
-                    n, c);
-  s.qkv = make({shape.b, shape.t, d.qkv});
   linear(s.qkv.data(), s.ln_1.data(), w.attn_weight, w.attn_bias, static_cast<const T*>(nullptr), n, c, d.qkv);
 }
 
@@ -117,43 +176,43 @@ template <class T>
 BasicTensor<T> TransformerBlock<T>::project_and_mlp(BlockSaved<T>& s, const LayerShape& shape,
                                                     Allocator allocator) const {
   const int n = shape.rows();
+  const int rows = local_rows(shape);
   const int c = shape.c;
+  const int ts = rows / shape.b;  // the rank's positions of each sequence
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   const Widths d = widths(shape);
-  s.x2 = make({shape.b, shape.t, c});
+  const int f = d.ffn;
+  s.x2 = make({shape.b, ts, c});
+  BasicTensor<T> normed = make({rows, c});
+  s.ln_2_rstd = make({rows});
+  auto y = make({shape.b, ts, c});
   if (llama_) {
-    const int f = d.ffn;
     const T* none = nullptr;
-    row_projection(s.x2.data(), s.attn_y.data(), w.o_proj, s.x.data(), n, d.attn, c,
+    row_projection(s.x2.data(), s.attn_y.data(), w.o_proj, s.x.data(), d.attn, shape, allocator,
                    "the tensor-parallel all-reduce of the attention's output");
-    s.ln_2 = make({shape.b, shape.t, c});
-    s.ln_2_rstd = make({n});
-    rmsnorm_forward(s.ln_2.data(), s.ln_2_rstd.data(), s.x2.data(), w.ln_2_weight, llama_->norm_eps, n, c);
+    rmsnorm_forward(normed.data(), s.ln_2_rstd.data(), s.x2.data(), w.ln_2_weight, llama_->norm_eps, rows, c);
+    s.ln_2 = whole(std::move(normed), shape, allocator, "the sequence-parallel all-gather of ln_2's output");
     s.h = make({shape.b, shape.t, 2 * f});
     projection_forward(s.h.data(), 2 * f, s.ln_2.data(), w.gate_proj, none, n, c, f);
     projection_forward(s.h.data() + f, 2 * f, s.ln_2.data(), w.up_proj, none, n, c, f);
     s.g = make({shape.b, shape.t, f});
     swiglu_forward(s.g.data(), s.h.data(), n, f);
-    auto y = make({shape.b, shape.t, c});
-    row_projection(y.data(), s.g.data(), w.down_proj, s.x2.data(), n, f, c,
+    row_projection(y.data(), s.g.data(), w.down_proj, s.x2.data(), f, shape, allocator,
                    "the tensor-parallel all-reduce of the MLP's output");
     return y;
   }
-  row_linear(s.x2.data(), s.attn_y.data(), w.attn_proj_weight, w.attn_proj_bias, s.x.data(), n, d.attn, c,
+  row_linear(s.x2.data(), s.attn_y.data(), w.attn_proj_weight, w.attn_proj_bias, s.x.data(), d.attn, shape, allocator,
              "the tensor-parallel all-reduce of the attention's output");
-  s.ln_2 = make({shape.b, shape.t, c});
-  s.ln_2_mean = make({n});
-  s.ln_2_rstd = make({n});
-  layernorm_forward(s.ln_2.data(), s.ln_2_mean.data(), s.ln_2_rstd.data(), s.x2.data(), w.ln_2_weight,
-                    w.ln_2_bias, n, c);
-  const int f = d.ffn;
+  s.ln_2_mean = make({rows});
+  layernorm_forward(normed.data(), s.ln_2_mean.data(), s.ln_2_rstd.data(), s.x2.data(), w.ln_2_weight, w.ln_2_bias,
+                    rows, c);
+  s.ln_2 = whole(std::move(normed), shape, allocator, "the sequence-parallel all-gather of ln_2's output");
   s.h = make({shape.b, shape.t, f});
   linear(s.h.data(), s.ln_2.data(), w.fc_weight, w.fc_bias, static_cast<const T*>(nullptr), n, c, f);
   s.g = make({shape.b, shape.t, f});
   gelu_forward(s.g.data(), s.h.data(), n * f);
-  auto y = make({shape.b, shape.t, c});
-  row_linear(y.data(), s.g.data(), w.fc_proj_weight, w.fc_proj_bias, s.x2.data(), n, f, c,
+  row_linear(y.data(), s.g.data(), w.fc_proj_weight, w.fc_proj_bias, s.x2.data(), f, shape, allocator,
              "the tensor-parallel all-reduce of the MLP's output");
   return y;
 }
@@ -218,30 +277,41 @@ BasicTensor<T> TransformerBlock<T>::forward_cached(BasicTensor<T> x, BasicKvCach
   return project_and_mlp(s, shape, allocator);
 }
 
+
 template <class T>
 BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor<T> dy, const LayerShape& shape,
                                                    Allocator allocator) const {
   const int n = shape.rows();
+  const int rows = local_rows(shape);
   const int c = shape.c;
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   s.dy = std::move(dy);
+  if (sequence_) s.dy_whole = whole(s.dy.clone(allocator), shape, allocator, "the sequence-parallel all-gather of dy");
   if (llama_) return llama_backward_input(s, shape, allocator);
   const Widths d = widths(shape);
   const int f = d.ffn;
+  const T* dy_whole = sequence_ ? s.dy_whole.data() : s.dy.data();
   s.dh = make({shape.b, shape.t, f});
-  linear_backward_input(s.dh.data(), s.dy.data(), w.fc_proj_weight, n, f, c);
+  linear_backward_input(s.dh.data(), dy_whole, w.fc_proj_weight, n, f, c);
   gelu_backward(s.dh.data(), s.h.data(), n * f);
   s.h.reset();
-  s.d_ln_2 = make({shape.b, shape.t, c});
-  linear_backward_input(s.d_ln_2.data(), s.dh.data(), w.fc_weight, n, c, f);
-  reduce(s.d_ln_2.data(), n * c, "the tensor-parallel all-reduce of the MLP's input gradient");
-  s.dx2 = make({shape.b, shape.t, c});
+  {
+    auto partial = make({n, c});
+    linear_backward_input(partial.data(), s.dh.data(), w.fc_weight, n, c, f);
+    s.d_ln_2 = input_gradient(std::move(partial), shape, allocator,
+                              "the tensor-parallel all-reduce of the MLP's input gradient");
+  }
+  s.dx2 = make({rows, c});
   layernorm_backward_input(s.dx2.data(), s.dy.data(), s.d_ln_2.data(), s.x2.data(), s.ln_2_mean.data(),
-                           s.ln_2_rstd.data(), w.ln_2_weight, n, c);
+                           s.ln_2_rstd.data(), w.ln_2_weight, rows, c);
+  if (sequence_) {
+    s.dx2_whole = whole(s.dx2.clone(allocator), shape, allocator, "the sequence-parallel all-gather of dx2");
+  }
   {
     auto d_attn_y = make({shape.b, shape.t, d.attn});
-    linear_backward_input(d_attn_y.data(), s.dx2.data(), w.attn_proj_weight, n, d.attn, c);
+    linear_backward_input(d_attn_y.data(), sequence_ ? s.dx2_whole.data() : s.dx2.data(), w.attn_proj_weight, n,
+                          d.attn, c);
     auto scratch = make({shape.t, shape.t});
     s.dqkv = make({shape.b, shape.t, d.qkv});
     attention_backward(s.dqkv.data(), scratch.data(), d_attn_y.data(), s.probs.data(), s.qkv.data(), shape.b,
@@ -249,18 +319,26 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
   }
   s.probs.reset();
   s.qkv.reset();
-  s.d_ln_1 = make({shape.b, shape.t, c});
-  linear_backward_input(s.d_ln_1.data(), s.dqkv.data(), w.attn_weight, n, c, d.qkv);
-  reduce(s.d_ln_1.data(), n * c, "the tensor-parallel all-reduce of the attention's input gradient");
-  auto dx = make({shape.b, shape.t, c});
+  {
+    auto partial = make({n, c});
+    linear_backward_input(partial.data(), s.dqkv.data(), w.attn_weight, n, c, d.qkv);
+    s.d_ln_1 = input_gradient(std::move(partial), shape, allocator,
+                              "the tensor-parallel all-reduce of the attention's input gradient");
+  }
+  auto dx = make({shape.b, rows / shape.b, c});
   layernorm_backward_input(dx.data(), s.dx2.data(), s.d_ln_1.data(), s.x.data(), s.ln_1_mean.data(),
-                           s.ln_1_rstd.data(), w.ln_1_weight, n, c);
+                           s.ln_1_rstd.data(), w.ln_1_weight, rows, c);
   return dx;
 }
 
+// Under sequence parallelism the weight matrices take the whole gradients
+// (gathered in I), the biases after a row-parallel product and the norms
+// the rank's rows: their gradients are partial sums, which the engine adds
+// over the group before the update.
 template <class T>
 void TransformerBlock<T>::backward_weight(BlockSaved<T>& s, const LayerShape& shape) const {
   const int n = shape.rows();
+  const int rows = local_rows(shape);
   const int c = shape.c;
   const auto& g = grads_;
   if (llama_) {
@@ -268,14 +346,18 @@ void TransformerBlock<T>::backward_weight(BlockSaved<T>& s, const LayerShape& sh
     return;
   }
   const Widths d = widths(shape);
-  linear_backward_weight(g.fc_proj_weight, g.fc_proj_bias, s.g.data(), s.dy.data(), n, d.ffn, c);
+  const T* dy_whole = sequence_ ? s.dy_whole.data() : s.dy.data();
+  const T* dx2_whole = sequence_ ? s.dx2_whole.data() : s.dx2.data();
+  linear_backward_weight(g.fc_proj_weight, static_cast<T*>(nullptr), s.g.data(), dy_whole, n, d.ffn, c);
+  add_column_sums(g.fc_proj_bias, s.dy.data(), rows, c);
   linear_backward_weight(g.fc_weight, g.fc_bias, s.ln_2.data(), s.dh.data(), n, c, d.ffn);
   layernorm_backward_weight(g.ln_2_weight, g.ln_2_bias, s.d_ln_2.data(), s.x2.data(), s.ln_2_mean.data(),
-                            s.ln_2_rstd.data(), n, c);
-  linear_backward_weight(g.attn_proj_weight, g.attn_proj_bias, s.attn_y.data(), s.dx2.data(), n, d.attn, c);
+                            s.ln_2_rstd.data(), rows, c);
+  linear_backward_weight(g.attn_proj_weight, static_cast<T*>(nullptr), s.attn_y.data(), dx2_whole, n, d.attn, c);
+  add_column_sums(g.attn_proj_bias, s.dx2.data(), rows, c);
   linear_backward_weight(g.attn_weight, g.attn_bias, s.ln_1.data(), s.dqkv.data(), n, c, d.qkv);
   layernorm_backward_weight(g.ln_1_weight, g.ln_1_bias, s.d_ln_1.data(), s.x.data(), s.ln_1_mean.data(),
-                            s.ln_1_rstd.data(), n, c);
+                            s.ln_1_rstd.data(), rows, c);
   s = {};
 }
 
@@ -285,6 +367,7 @@ template <class T>
 BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const LayerShape& shape,
                                                          Allocator allocator) const {
   const int n = shape.rows();
+  const int rows = local_rows(shape);
   const int c = shape.c;
   const Widths d = widths(shape);
   const int f = d.ffn;
@@ -294,21 +377,28 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   {
     auto da = make({shape.b, shape.t, f});
-    projection_backward_input(da.data(), s.dy.data(), c, w.down_proj, n, f, c, false);
+    projection_backward_input(da.data(), sequence_ ? s.dy_whole.data() : s.dy.data(), c, w.down_proj, n, f, c, false);
     s.dh = make({shape.b, shape.t, 2 * f});
     swiglu_backward(s.dh.data(), da.data(), s.h.data(), n, f);
   }
   s.h.reset();
-  s.d_ln_2 = make({shape.b, shape.t, c});
-  projection_backward_input(s.d_ln_2.data(), s.dh.data(), 2 * f, w.gate_proj, n, c, f, false);
-  projection_backward_input(s.d_ln_2.data(), s.dh.data() + f, 2 * f, w.up_proj, n, c, f, true);
-  reduce(s.d_ln_2.data(), n * c, "the tensor-parallel all-reduce of the MLP's input gradient");
-  s.dx2 = make({shape.b, shape.t, c});
+  {
+    auto partial = make({n, c});
+    projection_backward_input(partial.data(), s.dh.data(), 2 * f, w.gate_proj, n, c, f, false);
+    projection_backward_input(partial.data(), s.dh.data() + f, 2 * f, w.up_proj, n, c, f, true);
+    s.d_ln_2 = input_gradient(std::move(partial), shape, allocator,
+                              "the tensor-parallel all-reduce of the MLP's input gradient");
+  }
+  s.dx2 = make({rows, c});
   rmsnorm_backward_input(s.dx2.data(), s.dy.data(), s.d_ln_2.data(), s.x2.data(), s.ln_2_rstd.data(), w.ln_2_weight,
-                         n, c);
+                         rows, c);
+  if (sequence_) {
+    s.dx2_whole = whole(s.dx2.clone(allocator), shape, allocator, "the sequence-parallel all-gather of dx2");
+  }
   {
     auto d_attn_y = make({shape.b, shape.t, d.attn});
-    projection_backward_input(d_attn_y.data(), s.dx2.data(), c, w.o_proj, n, d.attn, c, false);
+    projection_backward_input(d_attn_y.data(), sequence_ ? s.dx2_whole.data() : s.dx2.data(), c, w.o_proj, n, d.attn,
+                              c, false);
     auto scratch = make({shape.t, shape.t});
     s.dqkv = make({shape.b, shape.t, width});
     attention_backward(s.dqkv.data(), scratch.data(), d_attn_y.data(), s.probs.data(), s.qkv.data(), shape.b,
@@ -322,35 +412,40 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
     rope_rotate(dqkv + d.attn, width, shape.t, 0, d.kv_heads, d.hs, llama_->rope_cos, llama_->rope_sin,
                 RopeDirection::kInverse);
   }
-  s.d_ln_1 = make({shape.b, shape.t, c});
-  projection_backward_input(s.d_ln_1.data(), s.dqkv.data(), width, w.q_proj, n, c, d.attn, false);
-  projection_backward_input(s.d_ln_1.data(), s.dqkv.data() + d.attn, width, w.k_proj, n, c, kv, true);
-  projection_backward_input(s.d_ln_1.data(), s.dqkv.data() + d.attn + kv, width, w.v_proj, n, c, kv, true);
-  reduce(s.d_ln_1.data(), n * c, "the tensor-parallel all-reduce of the attention's input gradient");
-  auto dx = make({shape.b, shape.t, c});
-  rmsnorm_backward_input(dx.data(), s.dx2.data(), s.d_ln_1.data(), s.x.data(), s.ln_1_rstd.data(), w.ln_1_weight, n,
-                         c);
+  {
+    auto partial = make({n, c});
+    projection_backward_input(partial.data(), s.dqkv.data(), width, w.q_proj, n, c, d.attn, false);
+    projection_backward_input(partial.data(), s.dqkv.data() + d.attn, width, w.k_proj, n, c, kv, true);
+    projection_backward_input(partial.data(), s.dqkv.data() + d.attn + kv, width, w.v_proj, n, c, kv, true);
+    s.d_ln_1 = input_gradient(std::move(partial), shape, allocator,
+                              "the tensor-parallel all-reduce of the attention's input gradient");
+  }
+  auto dx = make({shape.b, rows / shape.b, c});
+  rmsnorm_backward_input(dx.data(), s.dx2.data(), s.d_ln_1.data(), s.x.data(), s.ln_1_rstd.data(), w.ln_1_weight,
+                         rows, c);
   return dx;
 }
 
 template <class T>
 void TransformerBlock<T>::llama_backward_weight(BlockSaved<T>& s, const LayerShape& shape) const {
   const int n = shape.rows();
+  const int rows = local_rows(shape);
   const int c = shape.c;
   const Widths d = widths(shape);
   const int f = d.ffn;
   const int kv = d.kv;
   const int width = d.qkv;
   const auto& g = grads_;
-  projection_backward_weight(g.down_proj, s.g.data(), s.dy.data(), c, n, f, c);
+  projection_backward_weight(g.down_proj, s.g.data(), sequence_ ? s.dy_whole.data() : s.dy.data(), c, n, f, c);
   projection_backward_weight(g.gate_proj, s.ln_2.data(), s.dh.data(), 2 * f, n, c, f);
   projection_backward_weight(g.up_proj, s.ln_2.data(), s.dh.data() + f, 2 * f, n, c, f);
-  rmsnorm_backward_weight(g.ln_2_weight, s.d_ln_2.data(), s.x2.data(), s.ln_2_rstd.data(), n, c);
-  projection_backward_weight(g.o_proj, s.attn_y.data(), s.dx2.data(), c, n, d.attn, c);
+  rmsnorm_backward_weight(g.ln_2_weight, s.d_ln_2.data(), s.x2.data(), s.ln_2_rstd.data(), rows, c);
+  projection_backward_weight(g.o_proj, s.attn_y.data(), sequence_ ? s.dx2_whole.data() : s.dx2.data(), c, n, d.attn,
+                             c);
   projection_backward_weight(g.q_proj, s.ln_1.data(), s.dqkv.data(), width, n, c, d.attn);
   projection_backward_weight(g.k_proj, s.ln_1.data(), s.dqkv.data() + d.attn, width, n, c, kv);
   projection_backward_weight(g.v_proj, s.ln_1.data(), s.dqkv.data() + d.attn + kv, width, n, c, kv);
-  rmsnorm_backward_weight(g.ln_1_weight, s.d_ln_1.data(), s.x.data(), s.ln_1_rstd.data(), n, c);
+  rmsnorm_backward_weight(g.ln_1_weight, s.d_ln_1.data(), s.x.data(), s.ln_1_rstd.data(), rows, c);
   s = {};
 }
 

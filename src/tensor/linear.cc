@@ -55,7 +55,7 @@ void add_column_sums(T* db, const T* dy, int n, int out) {
 template <class T>
 void linear_backward_weight(T* dw, T* db, const T* x, const T* dy, int n, int in, int out) {
   gemm<T>(Transpose::kYes, Transpose::kNo, in, out, n, T(1), x, in, dy, out, T(1), dw, out);
-  add_column_sums(db, dy, n, out);
+  if (db != nullptr) add_column_sums(db, dy, n, out);
 }
 
 template <class T>

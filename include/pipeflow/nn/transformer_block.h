@@ -63,6 +63,10 @@ struct BlockSaved {
   BasicTensor<T> h;                             // [B, T, 4C] before GELU; Llama [B, T, 2F] gate | up
   BasicTensor<T> g;                             // [B, T, 4C] after GELU; Llama [B, T, F]
   BasicTensor<T> dy;                            // [B, T, C] ∂L/∂y
+  // Sequence parallelism: dy and dx2 gathered whole (x, x2, dy, dx2, the
+  // norms' statistics, d_ln_1 and d_ln_2 hold the rank's positions; ln_1
+  // and ln_2 are gathered whole in F).
+  BasicTensor<T> dy_whole, dx2_whole;
   BasicTensor<T> dh;                            // ∂L/∂h
   BasicTensor<T> d_ln_2;                        // [B, T, C]
   BasicTensor<T> dx2;                           // [B, T, C]
@@ -82,6 +86,16 @@ struct BlockSaved {
 // of the two norms' outputs are all-reduced. W exchanges nothing, so the I/W
 // split of the zero-bubble schedules holds. float blocks only.
 //
+// With sequence parallelism (Megatron-LM's, beside tensor parallelism) the
+// block's input and output are the rank's positions of each sequence
+// [B, T/size, C] (LayerShape keeps the whole T): the norms run on them, their
+// outputs are all-gathered along the sequence before the column-parallel
+// products, and the row-parallel products end in a reduce-scatter along the
+// sequence instead of the all-reduce; I all-gathers dy and dx2 and
+// reduce-scatters the norms' input gradients. The norms' and the
+// row-parallel biases' gradients are then the rank's rows' part only: the
+// engine sums them over the group.
+//
 // Thread safety: const methods; concurrent use needs distinct gradient buffers.
 template <class T>
 class TransformerBlock {
@@ -89,8 +103,10 @@ class TransformerBlock {
   // A GPT-2 block, or a Llama block when `llama` is given; split over
   // `tensor` when it is not null.
   TransformerBlock(BlockParams<const T*> weights, BlockParams<T*> grads,
-                   std::optional<LlamaConstants<T>> llama = std::nullopt, TensorGroup* tensor = nullptr)
-      : weights_(weights), grads_(grads), llama_(llama), tensor_(tensor) {}
+                   std::optional<LlamaConstants<T>> llama = std::nullopt, TensorGroup* tensor = nullptr,
+                   bool sequence_parallel = false)
+      : weights_(weights), grads_(grads), llama_(llama), tensor_(tensor),
+        sequence_(tensor != nullptr && sequence_parallel) {}
 
   BasicTensor<T> forward(BlockSaved<T>& saved, BasicTensor<T> x, const LayerShape& shape,
                          Allocator allocator) const;
@@ -135,22 +151,36 @@ class TransformerBlock {
     int heads, kv_heads, hs, attn, kv, qkv, ffn;
   };
   Widths widths(const LayerShape& shape) const;
+  // The rows this rank holds between layers: B·T, or B·T/size under
+  // sequence parallelism.
+  int local_rows(const LayerShape& shape) const;
   // The group's sum of `count` values in place (nothing without a group).
   void reduce(T* values, int count, std::string_view what) const;
-  // A row-parallel product's end: y summed over the group, then + b (unless
-  // null) + residual.
-  void finish_row_parallel(T* y, const T* b, const T* residual, int n, int out, std::string_view what) const;
+  // The rank's rows made whole [B, T, C] (gathered along the sequence), or
+  // `part` itself without sequence parallelism.
+  BasicTensor<T> whole(BasicTensor<T> part, const LayerShape& shape, Allocator allocator,
+                       std::string_view what) const;
+  // A norm's input gradient from the group's partial sums over every row:
+  // all-reduced, or reduce-scattered to the rank's rows.
+  BasicTensor<T> input_gradient(BasicTensor<T> partial, const LayerShape& shape, Allocator allocator,
+                                std::string_view what) const;
+  // A row-parallel product's end: `partial` (every row; y itself without
+  // sequence parallelism) summed over the group into y's rows, then + b
+  // (unless null) + residual.
+  void finish_row_parallel(T* partial, T* y, const T* b, const T* residual, const LayerShape& shape,
+                           std::string_view what) const;
   // y = x · w + b + residual (GPT-2's layout), or x · wᵀ + residual
-  // (Llama's), w being a row-parallel part when split.
-  void row_linear(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out,
-                  std::string_view what) const;
-  void row_projection(T* y, const T* x, const T* w, const T* residual, int n, int in, int out,
-                      std::string_view what) const;
+  // (Llama's), of out = C features, w being a row-parallel part when split.
+  void row_linear(T* y, const T* x, const T* w, const T* b, const T* residual, int in, const LayerShape& shape,
+                  Allocator allocator, std::string_view what) const;
+  void row_projection(T* y, const T* x, const T* w, const T* residual, int in, const LayerShape& shape,
+                      Allocator allocator, std::string_view what) const;
 
   BlockParams<const T*> weights_;
   BlockParams<T*> grads_;
   std::optional<LlamaConstants<T>> llama_;
   TensorGroup* tensor_ = nullptr;
+  bool sequence_ = false;
   bool panels_ = false;
 };
 

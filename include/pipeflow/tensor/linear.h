@@ -23,7 +23,7 @@ template <class T>
 void linear_backward_input(T* dx, const T* dy, const T* w, int n, int in, int out);
 
 // The weight part of the backward (W), accumulating:
-// dw[in, out] += xᵀ · dy, db[out] += Σ_rows dy.
+// dw[in, out] += xᵀ · dy, db[out] += Σ_rows dy (unless db is null).
 template <class T>
 void linear_backward_weight(T* dw, T* db, const T* x, const T* dy, int n, int in, int out);
 

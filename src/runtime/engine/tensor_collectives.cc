@@ -33,6 +33,14 @@ void TensorCollectives::all_gather(std::span<const float> mine, std::span<float>
   done_.push_back({start, Clock::now(), static_cast<std::int64_t>(all.size_bytes())});
 }
 
+void TensorCollectives::reduce_scatter(std::span<float> values, std::span<float> mine, std::string_view what) {
+  const Clock::time_point start = Clock::now();
+  comm_->reduce_scatter_parts(values, std::string(what), values.size())->finish(deadline_after(timeout_));
+  const auto from = values.begin() + static_cast<std::ptrdiff_t>(rank() * mine.size());
+  std::copy(from, from + static_cast<std::ptrdiff_t>(mine.size()), mine.begin());
+  done_.push_back({start, Clock::now(), static_cast<std::int64_t>(values.size_bytes())});
+}
+
 std::vector<CollectiveTiming> TensorCollectives::take(Clock::time_point epoch) {
   std::vector<CollectiveTiming> timings;
   timings.reserve(done_.size());

@@ -28,6 +28,7 @@ class TensorCollectives final : public nn::TensorGroup {
   void all_reduce_sum(std::span<float> values, std::string_view what) override;
   void all_reduce_max(std::span<float> values, std::string_view what) override;
   void all_gather(std::span<const float> mine, std::span<float> all, std::string_view what) override;
+  void reduce_scatter(std::span<float> values, std::span<float> mine, std::string_view what) override;
 
   // How long each later collective may wait.
   void set_timeout(std::chrono::duration<double> timeout) { timeout_ = timeout; }
