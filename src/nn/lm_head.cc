@@ -15,17 +15,26 @@ namespace pipeflow::nn {
 
 template <class T>
 void LmHead<T>::normalise(HeadSaved<T>& s, const LayerShape& shape, Allocator allocator) const {
-  const int n = shape.rows();
-  s.ln_f = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
+  const int n = local_rows(shape);
+  auto normed = BasicTensor<T>::uninitialized({n, shape.c}, allocator);
   s.ln_f_rstd = BasicTensor<T>::uninitialized({n}, allocator);
   if (rmsnorm_epsilon_) {
-    rmsnorm_forward(s.ln_f.data(), s.ln_f_rstd.data(), s.x.data(), weights_.ln_f_weight, *rmsnorm_epsilon_, n,
+    rmsnorm_forward(normed.data(), s.ln_f_rstd.data(), s.x.data(), weights_.ln_f_weight, *rmsnorm_epsilon_, n,
                     shape.c);
+  } else {
+    s.ln_f_mean = BasicTensor<T>::uninitialized({n}, allocator);
+    layernorm_forward(normed.data(), s.ln_f_mean.data(), s.ln_f_rstd.data(), s.x.data(), weights_.ln_f_weight,
+                      weights_.ln_f_bias, n, shape.c);
+  }
+  if (!sequence_) {
+    s.ln_f = std::move(normed);
     return;
   }
-  s.ln_f_mean = BasicTensor<T>::uninitialized({n}, allocator);
-  layernorm_forward(s.ln_f.data(), s.ln_f_mean.data(), s.ln_f_rstd.data(), s.x.data(), weights_.ln_f_weight,
-                    weights_.ln_f_bias, n, shape.c);
+  s.ln_f = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
+  if constexpr (std::is_same_v<T, float>) {
+    gather_sequence(*tensor_, normed.data(), s.ln_f.data(), shape.b, shape.t / tensor_->size(), shape.c,
+                    "the sequence-parallel all-gather of ln_f's output");
+  }
 }
 
 template <class T>
@@ -99,22 +108,28 @@ BasicTensor<T> LmHead<T>::backward_input(HeadSaved<T>& s, const IntTensor& targe
       for (int j = 0; j < v; ++j) p[j] *= scale;
     }
   }
+  const int rows = local_rows(shape);
   s.d_ln_f = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
   gemm<T>(Transpose::kNo, Transpose::kNo, n, shape.c, v, T(1), s.probs.data(), v, weights_.matrix, shape.c, T(0),
           s.d_ln_f.data(), shape.c);
   if constexpr (std::is_same_v<T, float>) {
-    if (tensor_ != nullptr) {
+    if (sequence_) {
+      auto part = BasicTensor<T>::uninitialized({shape.b, rows / shape.b, shape.c}, allocator);
+      scatter_sequence(*tensor_, s.d_ln_f.data(), part.data(), shape.b, rows / shape.b, shape.c,
+                       "the sequence-parallel reduce-scatter of the LM head's input gradient");
+      s.d_ln_f = std::move(part);
+    } else if (tensor_ != nullptr) {
       tensor_->all_reduce_sum(s.d_ln_f.span(), "the tensor-parallel all-reduce of the LM head's input gradient");
     }
   }
-  auto dx = BasicTensor<T>::uninitialized({shape.b, shape.t, shape.c}, allocator);
+  auto dx = BasicTensor<T>::uninitialized({shape.b, rows / shape.b, shape.c}, allocator);
   if (rmsnorm_epsilon_) {
     rmsnorm_backward_input(dx.data(), static_cast<const T*>(nullptr), s.d_ln_f.data(), s.x.data(),
-                           s.ln_f_rstd.data(), weights_.ln_f_weight, n, shape.c);
+                           s.ln_f_rstd.data(), weights_.ln_f_weight, rows, shape.c);
     return dx;
   }
   layernorm_backward_input(dx.data(), static_cast<const T*>(nullptr), s.d_ln_f.data(), s.x.data(),
-                           s.ln_f_mean.data(), s.ln_f_rstd.data(), weights_.ln_f_weight, n, shape.c);
+                           s.ln_f_mean.data(), s.ln_f_rstd.data(), weights_.ln_f_weight, rows, shape.c);
   return dx;
 }
 
@@ -124,11 +139,12 @@ void LmHead<T>::backward_weight(HeadSaved<T>& s, const LayerShape& shape) const 
   const int v = vocab(shape);
   gemm<T>(Transpose::kYes, Transpose::kNo, v, shape.c, n, T(1), s.probs.data(), v, s.ln_f.data(), shape.c, T(1),
           grads_.matrix, shape.c);
+  const int rows = local_rows(shape);
   if (rmsnorm_epsilon_) {
-    rmsnorm_backward_weight(grads_.ln_f_weight, s.d_ln_f.data(), s.x.data(), s.ln_f_rstd.data(), n, shape.c);
+    rmsnorm_backward_weight(grads_.ln_f_weight, s.d_ln_f.data(), s.x.data(), s.ln_f_rstd.data(), rows, shape.c);
   } else {
     layernorm_backward_weight(grads_.ln_f_weight, grads_.ln_f_bias, s.d_ln_f.data(), s.x.data(),
-                              s.ln_f_mean.data(), s.ln_f_rstd.data(), n, shape.c);
+                              s.ln_f_mean.data(), s.ln_f_rstd.data(), rows, shape.c);
   }
   s = {};
 }

@@ -85,7 +85,8 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
   if (has_embedding()) {
     const std::int64_t wpe = llama ? 0 : offset("wpe.weight");
     embedding_.emplace(EmbeddingParams<const T*>{v + embedding, llama ? nullptr : v + wpe},
-                       EmbeddingParams<T*>{g + embedding, llama ? nullptr : g + wpe}, options_.tensor);
+                       EmbeddingParams<T*>{g + embedding, llama ? nullptr : g + wpe}, options_.tensor,
+                       options_.sequence_parallel);
   }
   std::optional<LlamaConstants<T>> constants;
   if (llama) {
@@ -102,7 +103,8 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
   }
   for (int layer = std::max(range_.first, 1); layer < std::min(range_.last, config_.n_layer + 1); ++layer) {
     blocks_.emplace_back(block_params<const T*>(config_, layout_, layer - 1, v),
-                         block_params<T*>(config_, layout_, layer - 1, g), constants, options_.tensor);
+                         block_params<T*>(config_, layout_, layer - 1, g), constants, options_.tensor,
+                         options_.sequence_parallel);
   }
   if (has_head()) {
     const char* norm = llama ? "model.norm.weight" : "ln_f.weight";
@@ -110,7 +112,8 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
     const std::int64_t bias = llama ? 0 : offset("ln_f.bias");
     head_.emplace(HeadParams<const T*>{v + offset(norm), llama ? nullptr : v + bias, v + matrix},
                   HeadParams<T*>{g + offset(norm), llama ? nullptr : g + bias, g + matrix},
-                  llama ? std::optional<double>(config_.norm_eps) : std::nullopt, options_.tensor);
+                  llama ? std::optional<double>(config_.norm_eps) : std::nullopt, options_.tensor,
+                  options_.sequence_parallel);
   }
 }
 
@@ -263,7 +266,13 @@ LayerShape BasicStage<T>::check_input(const Input& input, bool with_targets) con
            shape_text(s));
     }
     shape.b = static_cast<int>(s[0]);
-    shape.t = static_cast<int>(s[1]);
+    // Sequence parallelism: the previous stage sent this rank's positions.
+    shape.t = static_cast<int>(s[1]) * (sequence_split() ? options_.tensor->size() : 1);
+  }
+  if (sequence_split() && shape.t % options_.tensor->size() != 0) {
+    fail("{}: sequence length {} is not a multiple of tensor_parallel {}: sequence parallelism splits each sequence "
+         "over the tensor-parallel ranks",
+         where(), shape.t, options_.tensor->size());
   }
   if (shape.t > config_.context) {
     fail("{}: sequence length {} exceeds the model's context of {}", where(), shape.t, config_.context);
@@ -393,7 +402,7 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
         break;
       }
       case Kind::kEmbedding:
-        embedding_->backward_input(state.embedding_, std::move(grad));
+        embedding_->backward_input(state.embedding_, std::move(grad), state.shape_, allocator());
         break;
     }
   }
@@ -408,9 +417,9 @@ BasicTensor<T> BasicStage<T>::backward_input(State& state, BasicTensor<T> grad_o
   require_phase(state, State::Phase::kForward, "backward_input");
   if (has_head()) fail("{}: holds the head: its backward starts at the loss (backward_input_from_loss)", where());
   const LayerShape& s = state.shape_;
-  if (!(grad_output.shape() == Shape{s.b, s.t, s.c})) {
+  if (!(grad_output.shape() == Shape{s.b, positions_held(s.t), s.c})) {
     fail("{}: gradient of the output has shape {}, expected [{}, {}, {}]", where(), shape_text(grad_output.shape()),
-         s.b, s.t, s.c);
+         s.b, positions_held(s.t), s.c);
   }
   grad_output.charge_to(&activation_memory_);
   return input_pass(state, std::move(grad_output), 1.0);

@@ -417,8 +417,9 @@ TEST_F(MpiTrain, ACheckpointOfTwoByTwoResumesUnderFourStagesAndInOneProcess) {
 // Tensor parallelism under mpirun (Megatron-LM's order: the tensor-parallel
 // rank fastest): GPT-2 and a Llama split over 2 ranks, with pipeline and
 // data parallelism and ZeRO-1, train to the unpipelined run's losses and
-// weights and to the same layout in threads; a checkpoint written at tp 2
-// holds whole tensors and resumes at tp 1 in one process.
+// weights and to the same layout in threads, with and without sequence
+// parallelism; a checkpoint written at tp 2 holds whole tensors and resumes
+// at tp 1 in one process.
 TEST_F(MpiTrain, TensorParallelLayoutsEqualTheUnpipelinedRunAndTheirCheckpointResumesAtTensorParallelOne) {
   const std::string llama = dir_ + "/config.json";
   write_file_atomic(llama, R"({"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 32,
@@ -432,12 +433,15 @@ TEST_F(MpiTrain, TensorParallelLayoutsEqualTheUnpipelinedRunAndTheirCheckpointRe
     std::string model;
   };
   const std::string zero = "\"zero_optimization\": {\"stage\": 1},";
+  const std::string sequence = "\"sequence_parallel\": true,";
   const std::string gpt_unpipelined = train({"1f1b", 1, 1, 1}, "gpt-unpipelined", "", "--steps 4");
   const std::string llama_unpipelined = train({"1f1b", 1, 1, 1}, "llama-unpipelined", "", "--steps 4 --model " + llama);
   for (const Case& c : {Case{"gpt-tp2-pp2", {"interleaved-1f1b", 2, 2, 1}, 2, "", ""},
                         Case{"gpt-tp2-pp2-dp2", {"1f1b", 2, 1, 2}, 2, zero, ""},
                         Case{"llama-tp2-pp2", {"zbv", 2, 2, 1}, 2, "", llama},
-                        Case{"llama-tp2-dp2", {"1f1b", 1, 1, 2}, 2, zero, llama}}) {
+                        Case{"llama-tp2-dp2", {"1f1b", 1, 1, 2}, 2, zero, llama},
+                        Case{"gpt-tp2-pp2-sp", {"1f1b", 2, 1, 1}, 2, sequence, ""},
+                        Case{"llama-tp2-dp2-sp", {"zbv", 1, 2, 2}, 2, zero + sequence, llama}}) {
     const std::string flags = fmt::format("--steps 4 --tp {}{}", c.tensor, c.model.empty() ? "" : " --model " + c.model);
     const std::string out = dir_ + "/" + c.name;
     const std::string config = write_config(

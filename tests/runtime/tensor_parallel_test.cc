@@ -66,11 +66,14 @@ struct Layout {
   int data_parallel = 1;
   std::string schedule = "1f1b";
   bool zero1 = false;
+  bool sequence = false;
+  int recompute_interval = 0;
 };
 
 std::string describe(const Layout& l, const nn::ModelConfig& model) {
-  return fmt::format("{} tp {} x pp {} x dp {} {}{}", nn::to_string(model.family), l.tensor, l.stages,
-                     l.data_parallel, l.schedule, l.zero1 ? " ZeRO-1" : "");
+  return fmt::format("{} tp {} x pp {} x dp {} {}{}{}{}", nn::to_string(model.family), l.tensor, l.stages,
+                     l.data_parallel, l.schedule, l.zero1 ? " ZeRO-1" : "", l.sequence ? " sequence-parallel" : "",
+                     l.recompute_interval > 0 ? " recompute" : "");
 }
 
 // Three steps of the layout equal the unpipelined run on the same global
@@ -84,6 +87,8 @@ void expect_equals_unpipelined(const Layout& l, const nn::ModelConfig& model) {
   options.data_parallel = l.data_parallel;
   options.tensor_parallel = l.tensor;
   options.shard_optimizer = l.zero1;
+  options.sequence_parallel = l.sequence;
+  options.recompute_interval = l.recompute_interval;
   PipelineEngine engine(model, schedule, partition_uniform(model.pipeline_layers(), schedule.num_stages()), options);
   engine.init_parameters(11);
   const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
@@ -131,6 +136,23 @@ TEST(TensorParallelInThreads, FourTensorParallelRanksTrainAsTheUnpipelinedRun) {
                           Layout{.tensor = 4, .data_parallel = 2, .zero1 = true}}) {
     expect_equals_unpipelined(l, four_heads);
   }
+}
+
+// Sequence parallelism beside tensor parallelism: the activations between
+// layers and stages split along the sequence, every layout still the
+// unpipelined run's losses, gradients and weights.
+TEST(TensorParallelInThreads, SequenceParallelLayoutsTrainAsTheUnpipelinedRun) {
+  nn::ModelConfig four_heads = testing::kTiny;
+  four_heads.n_head = 4;
+  for (const Layout& l : {Layout{.tensor = 2, .sequence = true}, Layout{.tensor = 2, .stages = 2, .sequence = true},
+                          Layout{.tensor = 2, .stages = 2, .schedule = "zbv", .sequence = true},
+                          Layout{.tensor = 2, .stages = 2, .schedule = "interleaved-1f1b", .sequence = true,
+                                 .recompute_interval = 1},
+                          Layout{.tensor = 2, .data_parallel = 2, .zero1 = true, .sequence = true}}) {
+    expect_equals_unpipelined(l, testing::kTiny);
+    expect_equals_unpipelined(l, testing::kTinyLlama);
+  }
+  expect_equals_unpipelined(Layout{.tensor = 4, .stages = 2, .sequence = true}, four_heads);
 }
 
 TEST(TensorParallelInThreads, LlamaTrainsAsTheUnpipelinedRunWithItsKeyValueHeadsSplit) {

@@ -20,7 +20,8 @@ struct EmbeddingParams {
 template <class T>
 struct EmbeddingSaved {
   IntTensor tokens;  // [B, T], from forward
-  BasicTensor<T> dx;  // [B, T, C] ∂L/∂x, from I, for W
+  BasicTensor<T> dx;  // [B, T, C] ∂L/∂x, from I, for W (sequence parallelism: the rank's positions)
+  BasicTensor<T> dx_whole;  // sequence parallelism: dx gathered whole, for wte's rows
 };
 
 // Forward / I / W of the embedding. The embedding has no input gradient: I
@@ -31,30 +32,41 @@ struct EmbeddingSaved {
 // VocabParallelEmbedding): wte holds the rank's rows [rank · V/size, …); a
 // token's row comes from the rank that holds it (the others add zeros, so
 // the all-reduced x has the bits of the whole table's), then wpe is added.
+// With sequence parallelism the sums are reduce-scattered along the sequence
+// instead (x is the rank's positions [B, T/size, C], plus their wpe rows),
+// and I all-gathers ∂L/∂x for wte's rows; wpe's gradient is then the rank's
+// positions' part (the engine sums it over the group).
 //
 // Thread safety: const methods; different saved states may be used from
 // different threads only if the gradient buffers differ.
 template <class T>
 class EmbeddingLayer {
  public:
-  EmbeddingLayer(EmbeddingParams<const T*> weights, EmbeddingParams<T*> grads, TensorGroup* tensor = nullptr)
-      : weights_(weights), grads_(grads), tensor_(tensor) {}
+  EmbeddingLayer(EmbeddingParams<const T*> weights, EmbeddingParams<T*> grads, TensorGroup* tensor = nullptr,
+                 bool sequence_parallel = false)
+      : weights_(weights), grads_(grads), tensor_(tensor), sequence_(tensor != nullptr && sequence_parallel) {}
 
   BasicTensor<T> forward(EmbeddingSaved<T>& saved, IntTensor tokens, const LayerShape& shape,
                          Allocator allocator) const;
   // Split over a group: x[i] = wte[tokens[i]] for `rows` tokens, each row
   // from the rank holding it (all-reduced), without wpe.
   void lookup_split(T* x, const std::int32_t* tokens, int rows, const LayerShape& shape) const;
-  void backward_input(EmbeddingSaved<T>& saved, BasicTensor<T> dx) const;
+  void backward_input(EmbeddingSaved<T>& saved, BasicTensor<T> dx, const LayerShape& shape,
+                      Allocator allocator) const;
   void backward_weight(EmbeddingSaved<T>& saved, const LayerShape& shape) const;
 
  private:
   // The rank's first vocabulary row and how many it holds.
   std::pair<int, int> rows(const LayerShape& shape) const;
+  // x[i] = the rank's row of tokens[i], or zeros: its part of the group's sum.
+  void lookup_rows(T* x, const std::int32_t* tokens, int n, const LayerShape& shape) const;
+  // wpe's rows added: x holds positions first … first + t − 1 of each of b sequences.
+  void add_positions(T* x, int b, int t, int first, int c) const;
 
   EmbeddingParams<const T*> weights_;
   EmbeddingParams<T*> grads_;
   TensorGroup* tensor_ = nullptr;
+  bool sequence_ = false;
 };
 
 extern template class EmbeddingLayer<float>;

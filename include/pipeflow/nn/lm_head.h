@@ -24,6 +24,8 @@ struct HeadParams {
 // all of them. After W: nothing.
 template <class T>
 struct HeadSaved {
+  // Sequence parallelism: x, the statistics and d_ln_f hold the rank's
+  // positions, ln_f is gathered whole.
   BasicTensor<T> x;                          // [B, T, C]
   BasicTensor<T> ln_f, ln_f_mean, ln_f_rstd;  // [B, T, C], [B·T], [B·T]
   BasicTensor<T> probs;                      // [B, T, V] softmax, then ∂L/∂logits
@@ -38,7 +40,9 @@ struct HeadSaved {
 // logits; the cross-entropy all-reduces each row's largest logit, then its
 // sum of exponentials with the target's logit (held by one rank), and I
 // all-reduces the gradient of the norm's output; logits() all-gathers every
-// rank's columns.
+// rank's columns. With sequence parallelism x is the rank's positions: the
+// norm's output is all-gathered along the sequence before the product and
+// its gradient reduce-scattered (ln_f's gradient then the rank's part).
 //
 // Thread safety: const methods; concurrent use needs distinct gradient buffers.
 template <class T>
@@ -46,8 +50,9 @@ class LmHead {
  public:
   // With LayerNorm; with RMSNorm of ε = rmsnorm_epsilon when it is given.
   LmHead(HeadParams<const T*> weights, HeadParams<T*> grads, std::optional<double> rmsnorm_epsilon = std::nullopt,
-         TensorGroup* tensor = nullptr)
-      : weights_(weights), grads_(grads), rmsnorm_epsilon_(rmsnorm_epsilon), tensor_(tensor) {}
+         TensorGroup* tensor = nullptr, bool sequence_parallel = false)
+      : weights_(weights), grads_(grads), rmsnorm_epsilon_(rmsnorm_epsilon), tensor_(tensor),
+        sequence_(tensor != nullptr && sequence_parallel) {}
 
   // Returns the mean cross-entropy of the micro-batch.
   double forward(HeadSaved<T>& saved, BasicTensor<T> x, const IntTensor& targets, const LayerShape& shape,
@@ -61,7 +66,9 @@ class LmHead {
   BasicTensor<T> logits(const BasicTensor<T>& x, const LayerShape& shape, Allocator allocator) const;
 
  private:
+  // ln_f of saved.x's rows, made whole (gathered along the sequence).
   void normalise(HeadSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
+  int local_rows(const LayerShape& shape) const { return sequence_ ? shape.rows() / tensor_->size() : shape.rows(); }
   // The vocabulary columns this rank computes, and the first one's index.
   int vocab(const LayerShape& shape) const { return tensor_ == nullptr ? shape.v : shape.v / tensor_->size(); }
   int first_column(const LayerShape& shape) const { return tensor_ == nullptr ? 0 : tensor_->rank() * vocab(shape); }
@@ -73,6 +80,7 @@ class LmHead {
   HeadParams<T*> grads_;
   std::optional<double> rmsnorm_epsilon_;
   TensorGroup* tensor_ = nullptr;
+  bool sequence_ = false;
 };
 
 extern template class LmHead<float>;

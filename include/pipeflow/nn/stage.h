@@ -46,6 +46,12 @@ struct StageOptions {
   // float stages only; training only (logits, the kv cache and packing need
   // whole layers).
   TensorGroup* tensor = nullptr;
+  // Megatron-LM's sequence parallelism beside `tensor` (ignored without it):
+  // the activations between layers and stages are the rank's positions of
+  // each sequence, [B, T/size, C] (T a multiple of the group's size); the
+  // gradients of the whole (replicated) tensors are then each rank's part,
+  // to be summed over the group before the update (the engine does).
+  bool sequence_parallel = false;
 };
 
 // What a stage's forward consumes; move the tensors in.
@@ -139,6 +145,9 @@ class BasicStage {
   const StageOptions& options() const { return options_; }
   bool has_embedding() const { return range_.first == 0; }
   bool has_head() const { return range_.last == config_.pipeline_layers(); }
+  // The positions of each sequence of t an activation between this stage's
+  // layers (and sent to or from it) holds: t, or t/size under sequence parallelism.
+  int positions_held(int t) const { return sequence_split() ? t / options_.tensor->size() : t; }
 
   // --- Parameters and gradients ---
   const ParameterLayout& layout() const { return layout_; }
@@ -256,6 +265,7 @@ class BasicStage {
   // Fails, naming `what`, when the stage is split over a tensor-parallel group.
   void require_whole(const char* what) const;
   bool split() const { return options_.tensor != nullptr; }
+  bool sequence_split() const { return split() && options_.sequence_parallel; }
   bool checkpointing() const { return options_.recompute_interval > 0; }
   bool half() const { return options_.format != ComputeFormat::kFp32; }
   // The weights the layers read: the rounded copy (refreshed when stale), or

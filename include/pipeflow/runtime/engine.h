@@ -204,7 +204,7 @@ class PipelineEngine {
 
  private:
   enum class FlushStep;
-  static const FlushStep kFlushOrder[5];
+  static const FlushStep kFlushOrder[6];
   struct Flush;
   struct Replica;
   struct LocalRank;
@@ -232,6 +232,10 @@ class PipelineEngine {
   void plan_early_reductions(LocalRank& r);
   void post_reduction(LocalRank& r, StageId s);
   void reduce_data_parallel(LocalRank& r);
+  // Sequence parallelism in force (tensor_parallel > 1): the whole tensors'
+  // gradients are summed over the tensor-parallel ranks in the flush.
+  bool sequence_parallel() const;
+  void reduce_sequence_parallel(LocalRank& r);
   // ZeRO-1 in force: the optimizers hold shards (EngineOptions::shard_optimizer, d > 1).
   bool sharded() const;
   void gather_parameters(LocalRank& r);

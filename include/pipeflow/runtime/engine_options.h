@@ -39,6 +39,10 @@ struct EngineOptions {
   // Tensor parallelism (Megatron-LM's, nn::StageOptions::tensor): each stage
   // split over `tensor_parallel` ranks, which run the same micro-batches.
   int tensor_parallel = 1;
+  // Megatron-LM's sequence parallelism beside it (nn::StageOptions::
+  // sequence_parallel; ignored at tensor_parallel 1): seq_length must be a
+  // multiple of tensor_parallel.
+  bool sequence_parallel = false;
   // ZeRO stage 1 (zero_optimization.stage 1): with data_parallel > 1, each
   // replica's AdamW keeps the moments of 1/data_parallel of every stage's
   // parameters (nn::OptimizerShard), updates those, and the replicas

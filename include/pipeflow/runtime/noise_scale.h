@@ -59,11 +59,12 @@ bool measures_noise_scale(std::int64_t step, int interval);
 // but looped-bfs, which runs its backwards in reverse: j* = m − 1). None,
 // with the reason, when the stages complete different micro-batches first,
 // or when a step has one micro-batch and `data_parallel` is 1 (no batch
-// smaller than the step's).
+// smaller than the step's), or under sequence parallelism (each rank holds
+// only its part of the norms' gradients until the flush sums them).
 struct NoiseMicrobatch {
   std::optional<int> microbatch;
   std::string obstacle;  // why not, when no micro-batch
 };
-NoiseMicrobatch noise_microbatch(const Schedule& schedule, int data_parallel);
+NoiseMicrobatch noise_microbatch(const Schedule& schedule, int data_parallel, bool sequence_parallel = false);
 
 }  // namespace pipeflow::runtime

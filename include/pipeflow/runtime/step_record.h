@@ -39,6 +39,7 @@ enum class FlushPhase {
   kDataParallelGradients,  // a stage's gradients summed over its data-parallel replicas (from its posting)
   kDataParallelWeights,    // ZeRO-1: a stage's updated weights all-gathered from the replicas
   kTiedGradients,          // ReduceTiedGrads: exchange and sum the wte copies
+  kSequenceParallelGradients,  // a stage's whole tensors' gradients summed over its tensor-parallel ranks
   kGradientNorm,   // the global norm: all-reduce of the square sums
   kOptimizer,      // clipping and the AdamW step of the rank's stages
 };

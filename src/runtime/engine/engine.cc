@@ -213,7 +213,8 @@ PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& sc
                            .name = layout.tensor > 1 ? fmt::format("stage {} (tensor-parallel rank {})", s, t)
                                                      : fmt::format("stage {}", s),
                            .format = options_.format,
-                           .tensor = r->tensor_collectives.get()});
+                           .tensor = r->tensor_collectives.get(),
+                           .sequence_parallel = options_.sequence_parallel});
       replica->optimizers[i] = std::make_unique<nn::AdamW>(
           *replica->stages[i], options_.optimizer,
           nn::OptimizerShard::of(replica->stages[i]->layout().total(), sharded() ? layout.data_parallel : 1,
@@ -231,7 +232,9 @@ PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& sc
     }
     r->worker = std::make_unique<RankWorker>(schedule_, r->rank, stages, optimizers, *replica.transport,
                                              replica.options, replica.progress);
-    if (options_.data_parallel > 1) plan_early_reductions(*r);
+    // Under sequence parallelism a stage's gradients are complete only after
+    // the flush's sum over its tensor-parallel ranks: nothing is posted early.
+    if (options_.data_parallel > 1 && !sequence_parallel()) plan_early_reductions(*r);
   }
 }
 
@@ -549,12 +552,14 @@ std::int64_t PipelineEngine::tokens_per_step() const {
 enum class PipelineEngine::FlushStep {
   kPostTiedGradients,
   kReduceTiedGradients,
+  kReduceSequenceParallel,
   kReduceDataParallel,
   kGradientNorm,
   kUpdate
 };
 const PipelineEngine::FlushStep PipelineEngine::kFlushOrder[] = {
-    FlushStep::kPostTiedGradients, FlushStep::kReduceTiedGradients, FlushStep::kReduceDataParallel,
+    FlushStep::kPostTiedGradients, FlushStep::kReduceTiedGradients, FlushStep::kReduceSequenceParallel,
+    FlushStep::kReduceDataParallel,
     FlushStep::kGradientNorm, FlushStep::kUpdate};
 
 // What the ranks' flushes share within one step (each rank writes only its
@@ -651,6 +656,9 @@ bool PipelineEngine::flush_step(FlushStep step, LocalRank& r, std::size_t index,
   switch (step) {
     case FlushStep::kReduceDataParallel:
       if (options_.data_parallel > 1) reduce_data_parallel(r);
+      return true;
+    case FlushStep::kReduceSequenceParallel:
+      if (sequence_parallel()) reduce_sequence_parallel(r);
       return true;
     case FlushStep::kPostTiedGradients:
       flush.tied_start[index] = Clock::now();
@@ -810,6 +818,36 @@ std::int64_t PipelineEngine::local_parameter_count() const {
     if (stage) count += stage->layout().total();
   }
   return count;
+}
+
+bool PipelineEngine::sequence_parallel() const { return options_.sequence_parallel && options_.tensor_parallel > 1; }
+
+// Under sequence parallelism each tensor-parallel rank's gradients of the
+// whole tensors (norms, row-parallel biases, wpe) cover its positions only:
+// summed over the group, packed into one all-reduce per stage, they are the
+// whole batch's on every rank.
+void PipelineEngine::reduce_sequence_parallel(LocalRank& r) {
+  for (const StageId s : schedule_.stages_of(r.rank)) {
+    const Clock::time_point start = Clock::now();
+    nn::Stage& stage = *r.replica->stages[static_cast<std::size_t>(s.value())];
+    std::vector<float> packed;
+    for (const nn::ParameterInfo& info : stage.layout().entries()) {
+      if (info.split()) continue;
+      const auto g = stage.gradient(info.name);
+      packed.insert(packed.end(), g.begin(), g.end());
+    }
+    r.tensor->all_reduce_sum(packed, deadline_after(options_.timeout),
+                             fmt::format("the sequence-parallel sum of stage {}'s whole tensors' gradients", s),
+                             packed.size());
+    std::size_t at = 0;
+    for (const nn::ParameterInfo& info : stage.layout().entries()) {
+      if (info.split()) continue;
+      const auto g = stage.gradient(info.name);
+      std::copy_n(packed.begin() + static_cast<std::ptrdiff_t>(at), g.size(), g.begin());
+      at += g.size();
+    }
+    r.worker->record_phase(FlushPhase::kSequenceParallelGradients, s, start);
+  }
 }
 
 bool PipelineEngine::sharded() const { return options_.shard_optimizer && options_.data_parallel > 1; }

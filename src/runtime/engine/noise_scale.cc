@@ -37,7 +37,12 @@ std::optional<double> NoiseScaleAverage::value() const {
 
 bool measures_noise_scale(std::int64_t step, int interval) { return interval > 0 && step % interval == 0; }
 
-NoiseMicrobatch noise_microbatch(const Schedule& schedule, int data_parallel) {
+NoiseMicrobatch noise_microbatch(const Schedule& schedule, int data_parallel, bool sequence_parallel) {
+  if (sequence_parallel) {
+    return {.microbatch = std::nullopt,
+            .obstacle = "under sequence parallelism each tensor-parallel rank holds only its positions' part of the "
+                        "norms' gradients until the step's flush sums them"};
+  }
   if (schedule.num_microbatches() == 1 && data_parallel == 1) {
     return {.microbatch = std::nullopt,
             .obstacle = "a step of one micro-batch (gradient_accumulation_steps 1, data_parallel 1) has no smaller "

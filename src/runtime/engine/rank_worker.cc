@@ -45,7 +45,7 @@ RankWorker::RankWorker(const Schedule& schedule, RankId rank, std::span<nn::Stag
   losses_.assign(m, std::numeric_limits<double>::quiet_NaN());
   small_tied_.resize(own_.size());
   if (options.noise_scale_interval > 0) {
-    noise_microbatch_ = noise_microbatch(schedule, options.data_parallel).microbatch;
+    noise_microbatch_ = noise_microbatch(schedule, options.data_parallel, options.sequence_parallel).microbatch;
   }
   record_.actions.reserve(actions_->size());
 }
@@ -256,7 +256,7 @@ RankWorker::Outcome RankWorker::receive(std::size_t index, const Action& a, bool
   nn::Stage& st = stage(a.stage);
   Tensor& into = a.kind == ActionKind::kRecvForward ? sl.activation_in : sl.gradient_in;
   const MessageKey key = message_of(a);
-  const Shape shape{options_->micro_batch, options_->seq_length, st.config().n_embd};
+  const Shape shape{options_->micro_batch, st.positions_held(options_->seq_length), st.config().n_embd};
   if (!block) {
     if (!transport_->try_receive(key, shape, st.allocator(), into)) {
       return transport_->aborted() ? Outcome::kAborted : Outcome::kNotReady;

@@ -19,6 +19,8 @@ const char* phase_name(FlushPhase phase) {
       return "ZeRO-1 weight all-gather";
     case FlushPhase::kTiedGradients:
       return "tied gradients";
+    case FlushPhase::kSequenceParallelGradients:
+      return "sequence-parallel gradients";
     case FlushPhase::kGradientNorm:
       return "gradient norm";
     case FlushPhase::kOptimizer:

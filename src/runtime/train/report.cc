@@ -229,7 +229,7 @@ std::string noise_scale_section(const RunRecord& run) {
   const EngineOptions& engine = run.settings->engine;
   const int interval = engine.noise_scale_interval;
   if (interval == 0) return out + "Not measured (metrics.noise_scale_interval = 0).\n";
-  const NoiseMicrobatch small = noise_microbatch(*run.schedule, engine.data_parallel);
+  const NoiseMicrobatch small = noise_microbatch(*run.schedule, engine.data_parallel, engine.sequence_parallel);
   if (!small.microbatch) return out + fmt::format("Not measured: {}.\n", small.obstacle);
   const auto measured = std::count_if(run.log.begin(), run.log.end(),
                                       [](const StepLog& l) { return l.grad_square_small.has_value(); });

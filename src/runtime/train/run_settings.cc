@@ -34,11 +34,6 @@ nn::LrSchedule lr_schedule(const SchedulerConfig& s, double optimizer_lr) {
 TrainSettings train_settings(const ResolvedRun& resolved) {
   const RunConfig& run = resolved.config;
   const std::string& source = run.source;
-  if (run.sequence_parallel && run.tensor_parallel > 1) {
-    fail("{}: sequence_parallel = true: pipeflow train splits the layers over the tensor-parallel ranks but not yet "
-         "the sequence between them; remove it (pipeflow simulate models it)",
-         source);
-  }
   if (run.zero != ZeroStage::kNone && run.zero != ZeroStage::kOne) {
     fail("{}: zero_optimization.stage = {}: pipeflow train shards the optimizer states (stage 1) and not yet the "
          "gradients or the weights; use 0 or 1 (pipeflow simulate models every stage)",
@@ -67,6 +62,7 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   s.engine.micro_batch = resolved.batch.micro;
   s.engine.data_parallel = run.data_parallel;
   s.engine.tensor_parallel = run.tensor_parallel;
+  s.engine.sequence_parallel = resolved.sequence_parallel;
   s.engine.shard_optimizer = run.zero == ZeroStage::kOne;
   s.engine.reduce_bucket_size = run.reduce_bucket_size;
   s.engine.seq_length = resolved.seq_length;
