@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -81,7 +82,7 @@ std::string describe(const Layout& l, const nn::ModelConfig& model) {
 // the weights after the last.
 void expect_equals_unpipelined(const Layout& l, const nn::ModelConfig& model) {
   const int virtual_stages = l.schedule == "interleaved-1f1b" || l.schedule == "zbv" ? 2 : 1;
-  const int microbatches = l.schedule == "1f1b" ? 2 : 2 * l.stages;
+  const int microbatches = l.schedule == "1f1b" ? std::max(2, l.stages) : 2 * l.stages;
   const Schedule schedule = make_schedule(l.schedule, l.stages, microbatches, virtual_stages);
   EngineOptions options = testing::tiny_options();
   options.data_parallel = l.data_parallel;
@@ -153,6 +154,37 @@ TEST(TensorParallelInThreads, SequenceParallelLayoutsTrainAsTheUnpipelinedRun) {
     expect_equals_unpipelined(l, testing::kTinyLlama);
   }
   expect_equals_unpipelined(Layout{.tensor = 4, .stages = 2, .sequence = true}, four_heads);
+}
+
+// Every layout of t ≥ 2 tensor-parallel × p × d ranks up to 8 that the model
+// divides, for 1F1B, interleaved 1F1B and ZB-V, with and without sequence
+// parallelism (and ZeRO-1 where d > 1): GPT-2 of 4 heads, Llama of 4 heads
+// on 2 key/value heads (t = 2 only).
+TEST(TensorParallelInThreads, EveryLayoutOfUpToEightRanksTrainsAsTheUnpipelinedRun) {
+  nn::ModelConfig gpt = testing::kTiny;
+  gpt.n_head = 4;
+  int layouts = 0;
+  for (const nn::ModelConfig* model : {static_cast<const nn::ModelConfig*>(&gpt), &testing::kTinyLlama}) {
+    for (const int t : {2, 4}) {
+      if (model->kv_heads() % t != 0) continue;
+      for (const int p : {1, 2, 4}) {
+        for (const int d : {1, 2}) {
+          if (t * p * d > 8) continue;
+          for (const std::string schedule : {"1f1b", "interleaved-1f1b", "zbv"}) {
+            if (schedule != "1f1b" && p == 4) continue;  // 8 stages of the 8 pipeline layers: covered at p = 2
+            for (const bool sequence : {false, true}) {
+              expect_equals_unpipelined(
+                  {.tensor = t, .stages = p, .data_parallel = d, .schedule = schedule, .zero1 = d > 1,
+                   .sequence = sequence},
+                  *model);
+              ++layouts;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(layouts, 70);  // GPT-2: 8 (t, p, d) x 3 schedules (1F1B alone at p = 4) x 2; Llama: 5 of them at t = 2
 }
 
 TEST(TensorParallelInThreads, LlamaTrainsAsTheUnpipelinedRunWithItsKeyValueHeadsSplit) {
