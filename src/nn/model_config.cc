@@ -81,16 +81,24 @@ void validate_tensor_parallel(const ModelConfig& config, int size) {
   if (size < 1) fail("tensor_parallel = {}: must be at least 1", size);
   if (size == 1) return;
   const std::pair<const char*, int> divided[] = {
-      {"n_head (each rank computes whole heads)", config.n_head},
-      {config.llama() ? "n_kv_head (each rank holds its own key/value heads)" : nullptr, config.kv_heads()},
-      {config.llama() ? "intermediate (the MLP's columns are split)" : "4 x n_embd (the MLP's columns are split)",
+      {"n_head (num_attention_heads: each rank computes whole heads)", config.n_head},
+      {config.llama() ? "n_kv_head (num_key_value_heads: each rank holds its own key/value heads)" : nullptr,
+       config.kv_heads()},
+      {config.llama() ? "intermediate (intermediate_size: the MLP's columns are split)"
+                      : "4 x n_embd (the MLP's columns are split)",
        config.ffn()},
       {"vocab_size (the embedding and the LM head are split by vocabulary rows)", config.vocab_size}};
   for (const auto& [what, value] : divided) {
     if (what == nullptr || value % size == 0) continue;
-    fail("tensor_parallel = {}: the model's {} = {} is not a multiple of it: choose a tensor_parallel that divides "
+    std::string fits;  // every size that divides all four
+    for (int t = 1; t <= config.n_head; ++t) {
+      bool divides = true;
+      for (const auto& [field, v] : divided) divides = divides && (field == nullptr || v % t == 0);
+      if (divides) fits += (fits.empty() ? "" : ", ") + std::to_string(t);
+    }
+    fail("tensor_parallel = {}: the model's {} = {} is not a multiple of it: this model splits over tensor_parallel "
          "{}",
-         size, what, value, value);
+         size, what, value, fits);
   }
 }
 

@@ -72,10 +72,11 @@ std::vector<RankUsage> rank_usage(const Timeline& timeline) {
           u.wait_s += e->duration_s;
           break;
         case EventCategory::kTensorParallel:
-          // Inside a compute action: its time moves from the action's to
-          // communication (a collective outside any action is communication too).
-          u.comm_s += e->duration_s;
-          u.busy_s -= overlap_with_compute(events, *e);
+          // Inside a compute action: communication the action's span holds
+          // (the bubble is the pipeline's, outside the actions); one outside
+          // every action is communication of the rank.
+          u.tensor_parallel_s += overlap_with_compute(events, *e);
+          u.comm_s += e->duration_s - overlap_with_compute(events, *e);
           break;
         case EventCategory::kAllreduce:
         case EventCategory::kOptimizer:
@@ -604,18 +605,20 @@ Analysis timeline_figures(const TraceInput& input) {
   a.step_s = t.makespan_s();
   a.ranks = rank_usage(t);
   a.rank_seen.assign(a.ranks.size(), true);
-  double busy = 0, fill_drain = 0, stall = 0, comm_wait = 0;
+  double busy = 0, fill_drain = 0, stall = 0, comm_wait = 0, tensor = 0;
   for (const RankUsage& u : a.ranks) {
     busy += u.busy_s;
     fill_drain += u.fill_s + u.drain_s;
     stall += u.stall_s;
     comm_wait += u.comm_s + u.wait_s;
+    tensor += u.tensor_parallel_s;
   }
   const double total = a.step_s * a.num_ranks;
   a.bubble = total > 0 ? 1 - busy / total : 0.0;
   a.fill_drain_share = fraction(fill_drain, total);
   a.stall_share = fraction(stall, total);
   a.comm_wait_share = fraction(comm_wait, total);
+  a.tensor_parallel_share = fraction(tensor, total);
   const ActionEvents actions = compute_actions(t);
   a.stage_compute_s.assign(actions.num_stages, 0.0);
   for (const auto& [action, e] : actions.by_action) a.stage_compute_s[action.stage.value()] += e->duration_s;

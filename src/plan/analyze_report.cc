@@ -117,6 +117,11 @@ std::vector<std::string> summary_lines(const Analysis& a) {
   } else {
     lines.push_back(fmt::format("communication and waits {}", format_percent(a.comm_wait_share)));
   }
+  if (a.tensor_parallel_share > 0) {
+    lines.push_back(fmt::format("tensor-parallel collectives inside the actions {} of the step (communication the "
+                                "actions' time includes)",
+                                format_percent(a.tensor_parallel_share)));
+  }
   if (!a.stage_compute_s.empty()) {
     lines.push_back(fmt::format("stage imbalance {:.2f} (slowest stage's compute over the mean)", a.imbalance));
   }
@@ -190,6 +195,7 @@ std::string analysis_json(const Analysis& a) {
   json["fill_drain_share"] = a.fill_drain_share;
   json["stall_share"] = a.stall_share;
   json["comm_wait_share"] = a.comm_wait_share;
+  json["tensor_parallel_share"] = a.tensor_parallel_share;
   json["imbalance"] = a.imbalance;
   json["memory_skew"] = a.memory_skew;
   json["ranks"] = nlohmann::ordered_json::array();
@@ -197,7 +203,8 @@ std::string analysis_json(const Analysis& a) {
     const RankUsage& u = a.ranks[r];
     nlohmann::ordered_json rank = {{"rank", r},          {"busy_s", u.busy_s},   {"comm_s", u.comm_s},
                                    {"wait_s", u.wait_s}, {"flush_s", u.flush_s}, {"idle_s", u.idle_s},
-                                   {"fill_s", u.fill_s}, {"stall_s", u.stall_s}, {"drain_s", u.drain_s}};
+                                   {"fill_s", u.fill_s}, {"stall_s", u.stall_s}, {"drain_s", u.drain_s},
+                                   {"tensor_parallel_s", u.tensor_parallel_s}};
     if (r < a.peak_memory_bytes.size()) rank["peak_memory_bytes"] = a.peak_memory_bytes[r];
     if (r < a.rank_seen.size()) rank["seen"] = static_cast<bool>(a.rank_seen[r]);
     json["ranks"].push_back(rank);

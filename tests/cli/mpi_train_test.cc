@@ -435,6 +435,16 @@ TEST_F(MpiTrain, TensorParallelLayoutsEqualTheUnpipelinedRunAndTheirCheckpointRe
   const std::string zero = "\"zero_optimization\": {\"stage\": 1},";
   const std::string sequence = "\"sequence_parallel\": true,";
   const std::string gpt_unpipelined = train({"1f1b", 1, 1, 1}, "gpt-unpipelined", "", "--steps 4");
+  // --emulate replays one pipeline: refused with tensor parallelism, before any step.
+  const CommandResult emulated = run_pipeflow("train --config " + write_config(dir_ + "/emulated.json",
+                                                                               config_text(dir_ + "/emulated", "1f1b",
+                                                                                           2, 1)) +
+                                              " --tp 2 --emulate");
+  EXPECT_EQ(emulated.exit_code, 1);
+  EXPECT_NE(emulated.err.find("--emulate replays one pipeline with one rank a stage: it cannot emulate "
+                              "data_parallel 1 x tensor_parallel 2"),
+            std::string::npos)
+      << emulated.err;
   const std::string llama_unpipelined = train({"1f1b", 1, 1, 1}, "llama-unpipelined", "", "--steps 4 --model " + llama);
   for (const Case& c : {Case{"gpt-tp2-pp2", {"interleaved-1f1b", 2, 2, 1}, 2, "", ""},
                         Case{"gpt-tp2-pp2-dp2", {"1f1b", 2, 1, 2}, 2, zero, ""},
@@ -468,6 +478,10 @@ TEST_F(MpiTrain, TensorParallelLayoutsEqualTheUnpipelinedRunAndTheirCheckpointRe
                                                   " --data-parallel " + std::to_string(c.layout.data_parallel));
     ASSERT_EQ(in_threads.exit_code, 0) << c.name << "\n" << in_threads.err;
     expect_same_run(threads, out, c.name + " in threads vs under MPI");
+    EXPECT_NE(in_threads.err.find("tensor-parallel group (pipeline rank 0, data-parallel rank 0): world ranks 0 1"),
+              std::string::npos)
+        << in_threads.err;
+    EXPECT_NE(read_file(threads + "/timeline.svg").find("tensor-parallel all-reduce"), std::string::npos) << c.name;
     // Whole tensors in the checkpoint: it resumes at tp 1 in one process.
     const std::string resumed = dir_ + "/" + c.name + "-resumed";
     const std::string resumed_config =

@@ -130,8 +130,9 @@ TEST(Analyze, AReductionPostedDuringComputeCountsAsFlushOnlyWhereNothingElseRuns
 }
 
 // pipeflow's own trace of a tensor-parallel run: a layer's all-reduce lies
-// inside its F; its time counts as communication, not compute.
-TEST(Analyze, ATensorParallelAllReduceInsideAnActionCountsAsCommunication) {
+// inside its F; its time is counted as the communication inside the
+// actions, the bubble stays the pipeline's (outside the actions).
+TEST(Analyze, ATensorParallelAllReduceInsideAnActionCountsAsCommunicationInsideIt) {
   TraceInput input;
   input.source = "trace.json";
   input.timeline = read_chrome_trace(R"({"traceEvents": [
@@ -144,9 +145,14 @@ TEST(Analyze, ATensorParallelAllReduceInsideAnActionCountsAsCommunication) {
                                      input.source);
   const Analysis a = analyze(input);
   EXPECT_DOUBLE_EQ(a.step_s, 30e-6);
-  EXPECT_NEAR(a.ranks[0].busy_s, 23e-6, 1e-15);
-  EXPECT_NEAR(a.ranks[0].comm_s, 7e-6, 1e-15);
-  EXPECT_NEAR(a.ranks[0].idle_s, 0, 1e-15);
+  EXPECT_NEAR(a.ranks[0].busy_s, 30e-6, 1e-15);
+  EXPECT_NEAR(a.ranks[0].tensor_parallel_s, 7e-6, 1e-15);
+  EXPECT_NEAR(a.ranks[0].comm_s, 0, 1e-15);
+  EXPECT_NEAR(a.bubble, 0, 1e-12);
+  EXPECT_NEAR(a.tensor_parallel_share, 7.0 / 30, 1e-12);
+  EXPECT_NE(analysis_text(a).find("tensor-parallel collectives inside the actions 23.3% of the step"),
+            std::string::npos)
+      << analysis_text(a);
 }
 
 TEST(Analyze, ASlowStageIsNamedFirstWithTheGainOfTheRebalancedPartition) {

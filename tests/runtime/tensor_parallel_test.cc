@@ -53,10 +53,11 @@ TEST(TensorSlice, AFusedQkvGivesEachRankItsHeadsOfQAndOfKAndOfV) {
 
 TEST(TensorSlice, AModelThatDoesNotDivideIsRefusedNamingTheField) {
   EXPECT_EQ(error_of([] { nn::validate_tensor_parallel(testing::kTiny, 4); }),
-            "tensor_parallel = 4: the model's n_head (each rank computes whole heads) = 2 is not a multiple of it: "
-            "choose a tensor_parallel that divides 2");
-  EXPECT_NE(error_of([] { nn::validate_tensor_parallel(testing::kTinyLlama, 4); }).find("n_kv_head"),
-            std::string::npos);
+            "tensor_parallel = 4: the model's n_head (num_attention_heads: each rank computes whole heads) = 2 is not "
+            "a multiple of it: this model splits over tensor_parallel 1, 2");
+  EXPECT_EQ(error_of([] { nn::validate_tensor_parallel(testing::kTinyLlama, 4); }),
+            "tensor_parallel = 4: the model's n_kv_head (num_key_value_heads: each rank holds its own key/value "
+            "heads) = 2 is not a multiple of it: this model splits over tensor_parallel 1, 2");
 }
 
 // --- Training ---
@@ -251,6 +252,19 @@ TEST(TensorParallelInThreads, AGptTwoCheckpointOfTwoRanksResumesAtFour) {
   const double at_four = four.step(1, source).loss;
   EXPECT_NEAR(at_four, two.step(1, source).loss, 1e-5 * at_four);
   std::filesystem::remove_all(dir);
+}
+
+// A stage's parameters as a rank holds them (the profile's model-state
+// bytes and the memory the simulator re-walks): its tensor-parallel part.
+TEST(TensorParallelInThreads, AStagesParameterCountIsOneRanksPart) {
+  EngineOptions options = testing::tiny_options();
+  options.tensor_parallel = 2;
+  PipelineEngine engine(testing::kTiny, make_schedule("1f1b", 2, 2, 1),
+                        partition_uniform(testing::kTiny.pipeline_layers(), 2), options);
+  const nn::LayerRange first{0, testing::kTiny.pipeline_layers() / 2};
+  EXPECT_EQ(engine.stage_parameter_count(StageId(0)),
+            nn::ParameterLayout(testing::kTiny, first, {.size = 2, .rank = 1}).total());
+  EXPECT_LT(engine.stage_parameter_count(StageId(0)), nn::ParameterLayout(testing::kTiny, first).total() * 6 / 10);
 }
 
 TEST(TensorParallelInThreads, ALayoutThatTheModelDoesNotDivideIsRefusedBeforeAnyStep) {

@@ -515,12 +515,16 @@ TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
 }
 
 TEST(Report, SaysWhenRanksOutnumberCores) {
-  EXPECT_EQ(oversubscription_note(2, 2, false), "");
-  EXPECT_EQ(oversubscription_note(4, 2, false),
+  EXPECT_EQ(oversubscription_note(2, 2, false, true), "");
+  EXPECT_EQ(oversubscription_note(4, 2, false, true),
             "4 ranks share 2 cores: the workers are time-sliced, so the measured step time, tokens/s and bubble are "
             "not those of a pipeline with one device per rank; --emulate runs each action alone and replays the "
             "measured durations with one core per rank.");
-  EXPECT_EQ(oversubscription_note(8, 2, true),
+  // With data or tensor parallelism there is nothing to emulate: no pointer to --emulate.
+  EXPECT_EQ(oversubscription_note(4, 2, false, false),
+            "4 ranks share 2 cores: the workers are time-sliced, so the measured step time, tokens/s and bubble are "
+            "not those of a pipeline with one device per rank.");
+  EXPECT_EQ(oversubscription_note(8, 2, true, true),
             "8 ranks, 2 cores: threads would time-slice, so this run is emulated: each action ran alone and the "
             "timeline replays the measured durations with one core per rank.");
   EXPECT_EQ(printable("ok\n\tfine\x01\xff"), "ok\n\tfine??");

@@ -70,6 +70,9 @@ TraceInput load_trace_input(const std::vector<std::filesystem::path>& paths, con
 // (the timeline's makespan); idle + wait = fill + stall + drain.
 struct RankUsage {
   double busy_s = 0;   // F, B, I, W
+  // Of busy_s: tensor-parallel collectives inside the actions (pipeflow's
+  // tensor_parallel events), communication that the action's span holds.
+  double tensor_parallel_s = 0;
   double comm_s = 0;   // send and receive events (the rank held by a transfer)
   double wait_s = 0;   // wait events: a send or receive waiting for its partner
   double flush_s = 0;  // the data-parallel reduction (where no earlier event covers it) and the optimizer step
@@ -120,6 +123,7 @@ struct Analysis {
   double fill_drain_share = 0;  // Σ (fill + drain) / (ranks · step)
   double stall_share = 0;       // Σ stall / (ranks · step)
   double comm_wait_share = 0;   // Σ (comm + wait) / (ranks · step)
+  double tensor_parallel_share = 0;  // Σ tensor_parallel_s / (ranks · step): inside the actions
   bool idle_by_phase = true;    // false: a log's totals, whose idle is not split into fill, stall and drain
   std::vector<bool> rank_seen;  // per rank, whether the input has its times (DeepSpeed's log: rank 0's only)
   std::vector<double> stage_compute_s;  // compute per stage over the step, from the actions

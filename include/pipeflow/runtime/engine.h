@@ -176,7 +176,8 @@ class PipelineEngine {
   // held in other processes only).
   nn::Stage& stage(StageId s);
   const nn::Stage& stage(StageId s) const;
-  // Parameters of stage s, wherever it runs.
+  // Parameters of stage s a rank holds, wherever it runs (with tensor
+  // parallelism, each tensor-parallel rank's part).
   std::int64_t stage_parameter_count(StageId s) const;
   // The AdamW moments of the first replica this process holds (8 bytes per
   // element of each optimizer's shard), and its stages' parameters Ψ.
@@ -194,7 +195,8 @@ class PipelineEngine {
   std::optional<std::string> first_non_finite(Values values) const;
 
   // A tensor by name from the first replica's stage holding it (the
-  // embedding's copy for wte).
+  // embedding's copy for wte); with tensor parallelism tensor-parallel rank
+  // 0's part of a split tensor (assemble_model gathers whole ones).
   std::span<const float> parameter(std::string_view name) const;
   std::span<const float> gradient(std::string_view name) const;
   // The whole model in one stage (for sampling, evaluation and saving), with

@@ -19,10 +19,11 @@ namespace pipeflow::runtime {
 
 // The step as a timeline, one track per rank: every action as an event of
 // its kind (a SEND or RECV that blocked: a wait event for the blocked part,
-// then its own event), and with `with_flush` the flush after the pipeline
-// (tied gradients and the norm as allreduce events, each stage's update as
-// an optimizer event) and the tensor-parallel collectives inside the
-// actions (tensor_parallel events). Times are seconds since the step's start.
+// then its own event), the tensor-parallel collectives inside the actions
+// (tensor_parallel events, which bubble_stats does not count as compute),
+// and with `with_flush` the flush after the pipeline (tied gradients and the
+// norm as allreduce events, each stage's update as an optimizer event).
+// Times are seconds since the step's start.
 Timeline measured_timeline(const StepResult& step, int num_ranks, std::string title, bool with_flush);
 
 // One rank's share of a step. compute + comm + wait + other = pipeline_end_s.

@@ -130,7 +130,9 @@ int usable_cores();
 // ranks share the cores, so the measured step time, tokens/s and bubble are
 // not those of a pipeline with one device per rank (`emulated`: the serial
 // run, which times each action alone, says what it emulates instead).
-std::string oversubscription_note(int ranks, int cores, bool emulated);
+// `can_emulate`: the run could be emulated (one pipeline, no data or tensor
+// parallelism), so the warning points to --emulate.
+std::string oversubscription_note(int ranks, int cores, bool emulated, bool can_emulate);
 
 // Where the ranks of a run live, and the only place that knows: either every
 // rank is a thread of this process, or each is an MPI process started by

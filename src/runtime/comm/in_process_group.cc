@@ -302,7 +302,8 @@ class ThreadGroup final : public RankGroup {
   }
 
   std::string oversubscription(bool emulated) const override {
-    return oversubscription_note(layout().world_size(), usable_cores(), emulated);
+    return oversubscription_note(layout().world_size(), usable_cores(), emulated,
+                                 layout().data_parallel == 1 && layout().tensor == 1);
   }
 
   // How long a wait for a message spins before it sleeps: spinning pays only

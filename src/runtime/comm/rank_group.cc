@@ -94,7 +94,7 @@ int usable_cores() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-std::string oversubscription_note(int ranks, int cores, bool emulated) {
+std::string oversubscription_note(int ranks, int cores, bool emulated, bool can_emulate) {
   if (cores <= 0 || ranks <= cores) return "";
   if (emulated) {
     return fmt::format(
@@ -104,9 +104,10 @@ std::string oversubscription_note(int ranks, int cores, bool emulated) {
   }
   return fmt::format(
       "{} ranks share {} cores: the workers are time-sliced, so the measured step time, tokens/s and bubble are "
-      "not those of a pipeline with one device per rank; --emulate runs each action alone and replays the measured "
-      "durations with one core per rank.",
-      ranks, cores);
+      "not those of a pipeline with one device per rank{}",
+      ranks, cores,
+      can_emulate ? "; --emulate runs each action alone and replays the measured durations with one core per rank."
+                  : ".");
 }
 
 }  // namespace pipeflow::runtime

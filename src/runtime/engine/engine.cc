@@ -284,7 +284,10 @@ const nn::Stage& PipelineEngine::stage(StageId s) const {
 
 std::int64_t PipelineEngine::stage_parameter_count(StageId s) const {
   const auto i = static_cast<std::size_t>(s.value());
-  return nn::ParameterLayout(config_, {boundaries_.at(i), boundaries_.at(i + 1)}).total();
+  // Every tensor-parallel rank holds equal parts: tensor rank 0's count.
+  return nn::ParameterLayout(config_, {boundaries_.at(i), boundaries_.at(i + 1)},
+                             {.size = options_.tensor_parallel, .rank = 0})
+      .total();
 }
 
 void PipelineEngine::init_parameters(std::uint64_t seed) {
@@ -488,19 +491,22 @@ const nn::Stage& PipelineEngine::holder(std::string_view name) const {
            : "");
 }
 
+// Every pipeline this process holds: with tensor parallelism each holds its
+// own parts of the split tensors.
 std::optional<std::string> PipelineEngine::first_non_finite(Values values) const {
-  const Replica& replica = first_replica();
-  for (std::size_t s = 0; s < replica.stages.size(); ++s) {
-    if (!replica.stages[s]) continue;
-    const nn::Stage& stage = *replica.stages[s];
-    const bool parameters = values == Values::kParameters;
-    // Under ZeRO-1 a replica's summed gradient is its optimizer's part (the
-    // rest is its own, unsummed); the parameters are whole.
-    const nn::OptimizerShard part =
-        parameters ? nn::OptimizerShard::of(stage.layout().total(), 1, 0) : replica.optimizers[s]->shard();
-    if (const auto name =
-            non_finite_tensor(stage.layout(), parameters ? stage.parameters() : stage.gradients(), part)) {
-      return fmt::format("stage {}'s {} {}", s, parameters ? "parameter" : "gradient of", *name);
+  for (const auto& replica : replicas_) {
+    for (std::size_t s = 0; s < replica->stages.size(); ++s) {
+      if (!replica->stages[s]) continue;
+      const nn::Stage& stage = *replica->stages[s];
+      const bool parameters = values == Values::kParameters;
+      // Under ZeRO-1 a replica's summed gradient is its optimizer's part (the
+      // rest is its own, unsummed); the parameters are whole.
+      const nn::OptimizerShard part =
+          parameters ? nn::OptimizerShard::of(stage.layout().total(), 1, 0) : replica->optimizers[s]->shard();
+      if (const auto name =
+              non_finite_tensor(stage.layout(), parameters ? stage.parameters() : stage.gradients(), part)) {
+        return fmt::format("stage {}'s {} {}", s, parameters ? "parameter" : "gradient of", *name);
+      }
     }
   }
   return std::nullopt;

@@ -53,11 +53,11 @@ Timeline measured_timeline(const StepResult& step, int num_ranks, std::string ti
       timeline.events.push_back({rank, name, category_of(t.action.kind), t.action, t.start_s + t.wait_s,
                                  t.duration_s() - t.wait_s});
     }
-    if (!with_flush) continue;
-    for (const CollectiveTiming& c : step.ranks[r].collectives) {
+    for (const CollectiveTiming& c : step.ranks[r].collectives) {  // inside the actions: not the flush
       timeline.events.push_back({rank, "tensor-parallel all-reduce", EventCategory::kTensorParallel, std::nullopt,
                                  c.start_s, c.end_s - c.start_s});
     }
+    if (!with_flush) continue;
     for (const PhaseTiming& p : step.ranks[r].phases) {
       const EventCategory category =
           p.phase == FlushPhase::kOptimizer ? EventCategory::kOptimizer : EventCategory::kAllreduce;

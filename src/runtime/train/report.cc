@@ -176,12 +176,13 @@ std::string tensor_parallel_section(const RunRecord& run) {
   const HardwareProfile& hw = run.settings->hardware;
   std::string out = fmt::format(
       "\n## Tensor parallelism\n\nEach stage split over {} tensor-parallel ranks (Megatron-LM's scheme): per step, "
-      "the all-reduces inside each rank's actions (2 a block in F and 2 in I, 1 in the embedding's F, the head's "
-      "two row-wise ones in F and 1 in I), measured over {} steps beside the simulator's ring all-reduce of the same "
+      "the collectives inside each rank's actions (2 a block in F and 2 in I, 1 in the embedding's F, the head's "
+      "two row-wise ones in F and 1 in I; recomputation repeats the F ones, sequence parallelism turns them into "
+      "all-gathers and reduce-scatters), measured over {} beside the simulator's ring all-reduce of the same "
       "bytes on {}'s link between devices 0 and {} ({}/s, collective efficiency {:.0f}%). The share is of the rank's compute time, which "
       "includes them.\n\n| rank | all-reduces | bytes | measured median (min - max) | predicted | share of "
       "compute |\n|---|---|---|---|---|---|\n",
-      t, steps.size(), hw.name, t - 1, format_bytes(link_between(hw, 0, t - 1).bandwidth_bytes_per_s),
+      t, format_count(static_cast<std::int64_t>(steps.size()), "step"), hw.name, t - 1, format_bytes(link_between(hw, 0, t - 1).bandwidth_bytes_per_s),
       100 * hw.collective_efficiency);
   for (std::size_t r = 0; r < steps.front()->ranks.size(); ++r) {
     std::vector<double> seconds;

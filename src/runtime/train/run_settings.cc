@@ -56,6 +56,11 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
   }
   TrainSettings s;
   s.model = runtime_model(resolved.model, source);
+  try {
+    nn::validate_tensor_parallel(s.model, run.tensor_parallel);
+  } catch (const Error& error) {
+    fail("{}: {}", source, error.what());
+  }
   s.schedule = resolved.schedule;
   s.partition = run.pipeline.partition_method;
   s.hardware = run.hardware;

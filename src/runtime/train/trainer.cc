@@ -143,9 +143,10 @@ std::string Run::placement() const {
     const std::int64_t psi = engine_->local_parameter_count();
     const std::int64_t kept = engine_->optimizer_state_bytes();
     const double formula = 8.0 * static_cast<double>(psi) * (1 - 1.0 / layout.data_parallel);
-    text += fmt::format("; ZeRO-1: this process keeps {} of {} bytes of AdamW moments, saving {} (8Ψ(1 - 1/d) = {:.0f} "
+    text += fmt::format("; ZeRO-1: {} keeps {} of {} bytes of AdamW moments, saving {} (8Ψ(1 - 1/d) = {:.0f} "
                         "for its Ψ = {} parameters, d = {})",
-                        kept, 8 * psi, 8 * psi - kept, formula, psi, layout.data_parallel);
+                        group_.spans_processes() ? "this process" : "the first pipeline of this process", kept, 8 * psi,
+                        8 * psi - kept, formula, psi, layout.data_parallel);
   }
   return text;
 }
@@ -223,7 +224,7 @@ void Run::announce() const {
       format_count(s.num_stages(), "stage"), format_count(s.num_microbatches(), "micro-batch", "micro-batches"),
       settings_.engine.micro_batch, seq_length(), format_count(settings_.steps, "step"),
       settings_.emulate ? ", emulated" : ""));
-  if (group_.layout().data_parallel > 1 || group_.spans_processes()) {
+  if (group_.layout().data_parallel > 1 || group_.layout().tensor > 1 || group_.spans_processes()) {
     progress_.message(placement() + "; ranks (Megatron-LM's order):\n" + group_.layout().describe());
   }
   const std::string note = oversubscription();
@@ -428,6 +429,11 @@ void Run::write_outputs(TrainOutcome& outcome, const nn::Stage& model) const {
 
 TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, const StopRequest* stop,
                    RankGroup& group) {
+  if (settings.emulate && (settings.engine.data_parallel > 1 || settings.engine.tensor_parallel > 1)) {
+    fail("--emulate replays one pipeline with one rank a stage: it cannot emulate data_parallel {} x "
+         "tensor_parallel {}; drop --emulate (or run pipeline stages alone)",
+         settings.engine.data_parallel, settings.engine.tensor_parallel);
+  }
   Run run(settings, progress, stop, group);
   return run.run();
 }
