@@ -111,7 +111,8 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   const std::unique_ptr<runtime::RankGroup> group =
       runtime::RankGroup::make(mpi, {.pipeline = settings.schedule.num_ranks(),
                                      .data_parallel = resolved.config.data_parallel,
-                                     .tensor = resolved.config.tensor_parallel});
+                                     .tensor = resolved.config.tensor_parallel,
+                                     .order = resolved.config.rank_order});
   runtime::ProgressPrinter progress(reporter ? stderr : nullptr, isatty(fileno(stderr)) == 1, settings.steps,
                                     settings.emulate, settings.steps_per_print);
   runtime::TrainOutcome outcome;

@@ -224,6 +224,7 @@ MegatronArgs read_megatron_args(std::string_view text, const std::string& source
   o.set("pipeline.partition_method", "uniform");  // Megatron splits the blocks evenly
   o.set("sequence_parallel", a.flag("--sequence-parallel"));
   if (a.flag("--use-distributed-optimizer")) o.set("zero_optimization.stage", 1);
+  if (a.flag("--use-tp-pp-dp-mapping")) o.set("rank_order", "tp-pp-dp");
   if (const std::optional<std::string> granularity = a.text("--recompute-granularity")) {
     if (*granularity != "full" && *granularity != "selective") {
       fail("{}: --recompute-granularity {}: must be full or selective", source, *granularity);

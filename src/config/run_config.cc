@@ -16,6 +16,10 @@
 #include "pipeflow/schedule/validate.h"
 
 namespace pipeflow {
+const char* to_string(RankOrder order) {
+  return order == RankOrder::kTensorPipelineData ? "tp-pp-dp" : "tp-dp-pp";
+}
+
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -278,6 +282,14 @@ void read_simulation_keys(const Config& config, RunConfig& run) {
   run.data_parallel = positive(config, "data_parallel", 1, "1 for a single replica");
   run.data_parallel_given = config.has("data_parallel");
   run.sequence_parallel = config.get("sequence_parallel", false);
+  const std::string order = config.get("rank_order", std::string(to_string(RankOrder::kTensorDataPipeline)));
+  if (order == to_string(RankOrder::kTensorDataPipeline)) {
+    run.rank_order = RankOrder::kTensorDataPipeline;
+  } else if (order == to_string(RankOrder::kTensorPipelineData)) {
+    run.rank_order = RankOrder::kTensorPipelineData;
+  } else {
+    config.fail_value("rank_order", "must be \"tp-dp-pp\" (Megatron-LM's default) or \"tp-pp-dp\"");
+  }
   if (config.has("recompute")) {
     const std::string text = config.require<std::string>("recompute");
     run.recompute = with_value_context(config, "recompute", [&] { return parse_recompute(text); });
@@ -710,6 +722,7 @@ std::string run_config_to_json(const RunConfig& run) {
   json["tensor_parallel"] = run.tensor_parallel;
   json["data_parallel"] = run.data_parallel;
   json["sequence_parallel"] = run.sequence_parallel;
+  json["rank_order"] = to_string(run.rank_order);
   if (run.recompute) json["recompute"] = std::string(to_string(*run.recompute));
   json["seq_length"] = run.seq_length;
   json["comm_mode"] = run.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped";

@@ -13,7 +13,16 @@ namespace {
 
 // Index of the first device of pipeline rank r (tp rank 0, dp rank 0).
 int first_device(const Layout& layout, RankId rank) {
-  return rank.value() * layout.tensor_parallel * layout.data_parallel;
+  const int stride = layout.rank_order == RankOrder::kTensorPipelineData
+                         ? layout.tensor_parallel
+                         : layout.tensor_parallel * layout.data_parallel;
+  return rank.value() * stride;
+}
+
+// Devices between neighbouring replicas of the same rank.
+int data_parallel_stride(const Layout& layout) {
+  return layout.rank_order == RankOrder::kTensorPipelineData ? layout.tensor_parallel * layout.pipeline_ranks
+                                                             : layout.tensor_parallel;
 }
 
 // The seconds of one layer of each kind, priced once per stage.
@@ -86,13 +95,13 @@ LinkTable pipeline_links(const Layout& layout, const Schedule& schedule) {
   return links;
 }
 
-// The data-parallel group of rank r spans devices first .. first + (d − 1)·t;
-// a ring over it runs at the slowest link it crosses.
+// The data-parallel group of rank r spans devices first .. first + (d − 1)·s,
+// s the replicas' stride; a ring over it runs at the slowest link it crosses.
 std::vector<LinkCost> data_parallel_links(const Layout& layout, int ranks) {
   std::vector<LinkCost> links;
   for (int r = 0; r < ranks; ++r) {
     const int first = first_device(layout, RankId(r));
-    const int last = first + (layout.data_parallel - 1) * layout.tensor_parallel;
+    const int last = first + (layout.data_parallel - 1) * data_parallel_stride(layout);
     links.push_back(collective_link_cost(link_between(layout.hardware, first, last), layout.hardware));
   }
   return links;

@@ -92,6 +92,7 @@ nlohmann::ordered_json layout_json(const Layout& l, int microbatches, int chunks
           {"tensor_parallel", l.tensor_parallel},
           {"pipeline_parallel", l.pipeline_ranks},
           {"data_parallel", l.data_parallel},
+          {"rank_order", to_string(l.rank_order)},
           {"micro_batch", l.micro_batch},
           {"global_batch", l.global_batch},
           {"microbatches", microbatches},

@@ -451,6 +451,7 @@ TEST_F(MpiTrain, TensorParallelLayoutsEqualTheUnpipelinedRunAndTheirCheckpointRe
                         Case{"llama-tp2-pp2", {"zbv", 2, 2, 1}, 2, "", llama},
                         Case{"llama-tp2-dp2", {"1f1b", 1, 1, 2}, 2, zero, llama},
                         Case{"gpt-tp2-pp2-sp", {"1f1b", 2, 1, 1}, 2, sequence, ""},
+                        Case{"gpt-tp2-pp2-dp2-tp-pp-dp", {"1f1b", 2, 1, 2}, 2, R"("rank_order": "tp-pp-dp",)", ""},
                         Case{"llama-tp2-dp2-sp", {"zbv", 1, 2, 2}, 2, zero + sequence, llama}}) {
     const std::string flags = fmt::format("--steps 4 --tp {}{}", c.tensor, c.model.empty() ? "" : " --model " + c.model);
     const std::string out = dir_ + "/" + c.name;
@@ -461,7 +462,7 @@ TEST_F(MpiTrain, TensorParallelLayoutsEqualTheUnpipelinedRunAndTheirCheckpointRe
     const CommandResult result = run_mpirun(processes, "train --config " + config + " " + flags);
     ASSERT_EQ(result.exit_code, 0) << c.name << "\n" << result.err;
     EXPECT_NE(read_file(out + "/report.md").find(fmt::format("{} MPI processes (pipeline {} x data parallel {} x tensor "
-                                                             "parallel {})",
+                                                             "parallel {}",
                                                              processes, c.layout.stages, c.layout.data_parallel,
                                                              c.tensor)),
               std::string::npos)
@@ -723,9 +724,11 @@ TEST(MpiTrainFaults, ATensorParallelPeerThatHangsEndsTheJobNamingTheCollective) 
   EXPECT_LT(job.seconds, 60) << job.err;
   EXPECT_NE(job.err.find("pipeflow: error in MPI process 0 of 2"), std::string::npos) << job.err;
   EXPECT_NE(job.err.find("timed out after 3 s waiting for the "), std::string::npos) << job.err;
-  // A layer's all-reduce, or (stopped in the flush) the gradient norm's or the losses' gather.
+  // A layer's all-reduce, or (stopped in the flush or between steps) the
+  // gradient norm's, the losses' or the stop request's gather.
   EXPECT_TRUE(job.err.find("tensor-parallel") != std::string::npos ||
-              job.err.find("the micro-batch losses of every replica") != std::string::npos)
+              job.err.find("the micro-batch losses of every replica") != std::string::npos ||
+              job.err.find("every process's stop request") != std::string::npos)
       << job.err;
   for (const pid_t rank : job.ranks) {
     const bool ended = ends_within_10_s(rank);

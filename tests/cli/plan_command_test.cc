@@ -154,7 +154,7 @@ TEST(SimulateCommand, ReadsAMegatronLaunchLine) {
   --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear \
   --untie-embeddings-and-output-weights --vocab-size 128256 --seq-length 8192 --max-position-embeddings 8192 \
   --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 4 \
-  --sequence-parallel --use-distributed-optimizer --recompute-granularity selective \
+  --sequence-parallel --use-distributed-optimizer --recompute-granularity selective --use-tp-pp-dp-mapping \
   --micro-batch-size 1 --global-batch-size 64 --bf16 --lr 3e-4 --train-iters 1000 \
   --tokenizer-type HuggingFaceTokenizer --data-path /data/corpus --attention-dropout 0 --hidden-dropout 0
 )");
@@ -166,6 +166,7 @@ TEST(SimulateCommand, ReadsAMegatronLaunchLine) {
   EXPECT_EQ(layout["tensor_parallel"], 4);
   EXPECT_EQ(layout["pipeline_parallel"], 2);
   EXPECT_EQ(layout["data_parallel"], 2);
+  EXPECT_EQ(layout["rank_order"], "tp-pp-dp");
   EXPECT_EQ(layout["virtual_stages"], 4);
   EXPECT_EQ(layout["schedule"], "interleaved-1f1b");
   EXPECT_EQ(layout["precision"], "bf16");

@@ -162,6 +162,40 @@ TEST(RankGroup, InThreadsAWaitPastItsDeadlineNamesWhatItWaitedForAndWhoNeverCame
   EXPECT_NE(error.find("world rank 2 never came"), std::string::npos) << error;
 }
 
+// Megatron-LM's two orders over t = 2, d = 2, p = 2: tp-dp-pp (default)
+// w = (p·2 + d)·2 + t, tp-pp-dp w = (d·2 + p)·2 + t; each world rank's
+// coordinates invert its number, and the groups follow.
+TEST(RankGroup, BothRankOrdersNumberTheWorldAsMegatronDoes) {
+  const RankLayout tdp{.pipeline = 2, .data_parallel = 2, .tensor = 2};
+  const RankLayout tpd{.pipeline = 2, .data_parallel = 2, .tensor = 2, .order = RankOrder::kTensorPipelineData};
+  EXPECT_EQ(tdp.world_rank(1, 0, 0), 4);
+  EXPECT_EQ(tdp.world_rank(0, 1, 1), 3);
+  EXPECT_EQ(tpd.world_rank(1, 0, 0), 2);
+  EXPECT_EQ(tpd.world_rank(0, 1, 1), 5);
+  for (const RankLayout& l : {tdp, tpd}) {
+    for (int w = 0; w < l.world_size(); ++w) {
+      EXPECT_EQ(l.world_rank(l.pipeline_rank(w), l.data_rank(w), l.tensor_rank(w)), w) << w;
+    }
+  }
+  EXPECT_EQ(tpd.describe(),
+            "pipeline (data-parallel rank 0, tensor-parallel rank 0): world ranks 0 2\n"
+            "pipeline (data-parallel rank 0, tensor-parallel rank 1): world ranks 1 3\n"
+            "pipeline (data-parallel rank 1, tensor-parallel rank 0): world ranks 4 6\n"
+            "pipeline (data-parallel rank 1, tensor-parallel rank 1): world ranks 5 7\n"
+            "data-parallel group (pipeline rank 0, tensor-parallel rank 0): world ranks 0 4\n"
+            "data-parallel group (pipeline rank 0, tensor-parallel rank 1): world ranks 1 5\n"
+            "data-parallel group (pipeline rank 1, tensor-parallel rank 0): world ranks 2 6\n"
+            "data-parallel group (pipeline rank 1, tensor-parallel rank 1): world ranks 3 7\n"
+            "tensor-parallel group (pipeline rank 0, data-parallel rank 0): world ranks 0 1\n"
+            "tensor-parallel group (pipeline rank 0, data-parallel rank 1): world ranks 4 5\n"
+            "tensor-parallel group (pipeline rank 1, data-parallel rank 0): world ranks 2 3\n"
+            "tensor-parallel group (pipeline rank 1, data-parallel rank 1): world ranks 6 7\n");
+  const auto group = RankGroup::in_threads(tpd);
+  EXPECT_EQ(group->data(4).rank(), 1);
+  EXPECT_EQ(group->pipeline(6).rank(), 1);
+  EXPECT_EQ(group->tensor(7).rank(), 1);
+}
+
 TEST(RankGroup, ALayoutOfNoRanksIsRefused) {
   EXPECT_EQ(error_of([] { RankGroup::in_threads({.pipeline = 0, .data_parallel = 1}); }),
             "a rank group of pipeline 0 x data parallel 1 x tensor parallel 1: each must be at least 1");

@@ -254,6 +254,23 @@ TEST(TensorParallelInThreads, AGptTwoCheckpointOfTwoRanksResumesAtFour) {
   std::filesystem::remove_all(dir);
 }
 
+// Megatron's other rank order (--use-tp-pp-dp-mapping) in threads: the
+// same run.
+TEST(TensorParallelInThreads, TheTensorPipelineDataOrderTrainsAsTheUnpipelinedRun) {
+  const auto group = RankGroup::in_threads(
+      {.pipeline = 2, .data_parallel = 2, .tensor = 2, .order = RankOrder::kTensorPipelineData});
+  const Schedule schedule = make_schedule("1f1b", 2, 2, 1);
+  PipelineEngine engine(testing::kTiny, schedule, partition_uniform(testing::kTiny.pipeline_layers(), 2),
+                        testing::tiny_options(), *group);
+  engine.init_parameters(11);
+  const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
+  Reference unpipelined(2 * 2 * testing::kMicroBatch);
+  for (int step = 0; step < 3; ++step) {
+    const double loss = engine.step(step, source).loss;
+    EXPECT_NEAR(loss, unpipelined.step(step, true), 1e-5 * loss) << step;
+  }
+}
+
 // A stage's parameters as a rank holds them (the profile's model-state
 // bytes and the memory the simulator re-walks): its tensor-parallel part.
 TEST(TensorParallelInThreads, AStagesParameterCountIsOneRanksPart) {

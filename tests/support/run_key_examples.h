@@ -90,6 +90,7 @@ inline std::vector<RunKeyExample> run_key_examples() {
       {"tensor_parallel", 2},
       {"data_parallel", 2},
       {"sequence_parallel", true, {{"tensor_parallel", 2}}},
+      {"rank_order", "tp-pp-dp"},
       {"recompute", "selective"},
       {"seq_length", 32},
       {"comm_mode", "blocking"},

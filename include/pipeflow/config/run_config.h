@@ -194,6 +194,13 @@ inline constexpr std::int64_t kReduceBucketSize = std::int64_t{1} << 22;
 
 // The configuration as written: every key read and checked on its own and
 // against the keys it is tied to, nothing derived from the model yet.
+// How world ranks are numbered over the three dimensions, fastest first
+// (Megatron-LM's order strings): "tp-dp-pp", Megatron's default, keeps a
+// data-parallel group within few machines; "tp-pp-dp"
+// (--use-tp-pp-dp-mapping) keeps a pipeline together instead.
+enum class RankOrder { kTensorDataPipeline, kTensorPipelineData };
+const char* to_string(RankOrder order);
+
 struct RunConfig {
   std::string source;  // the file, for messages
 
@@ -227,6 +234,7 @@ struct RunConfig {
   int data_parallel = 1;
   bool data_parallel_given = false;    // the key was written (or --data-parallel given)
   bool sequence_parallel = false;      // as written; ResolvedRun has the effective value
+  RankOrder rank_order = RankOrder::kTensorDataPipeline;
   std::optional<Recompute> recompute;  // absent: from pipeline.recompute_interval
   int seq_length = 0;                  // 0: the model's context
   CommMode comm_mode = CommMode::kOverlapped;

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "pipeflow/config/run_config.h"
 #include "pipeflow/runtime/transport.h"
 #include "pipeflow/tensor/half.h"
 
@@ -24,19 +25,28 @@ namespace pipeflow::runtime {
 // consecutive ranks, on one machine when mpirun fills machines in order; a
 // data-parallel group (the ranks holding the same part of the same stages,
 // which all-reduce gradients) is d ranks t apart; a pipeline (one replica's
-// ranks of one tensor-parallel rank) is p ranks d · t apart.
+// ranks of one tensor-parallel rank) is p ranks d · t apart. With order
+// tp-pp-dp (Megatron's --use-tp-pp-dp-mapping) the data-parallel rank varies
+// slowest instead: w = (data_rank · p + pipeline_rank) · t + tensor_rank.
 struct RankLayout {
   int pipeline = 1;       // p
   int data_parallel = 1;  // d
   int tensor = 1;         // t
+  RankOrder order = RankOrder::kTensorDataPipeline;
 
   int world_size() const { return pipeline * data_parallel * tensor; }
-  int pipeline_rank(int world_rank) const { return world_rank / (data_parallel * tensor); }
-  int data_rank(int world_rank) const { return world_rank / tensor % data_parallel; }
+  int pipeline_rank(int world_rank) const {
+    return data_slowest() ? world_rank / tensor % pipeline : world_rank / (data_parallel * tensor);
+  }
+  int data_rank(int world_rank) const {
+    return data_slowest() ? world_rank / (tensor * pipeline) : world_rank / tensor % data_parallel;
+  }
   int tensor_rank(int world_rank) const { return world_rank % tensor; }
   int world_rank(int pipeline_rank, int data_rank, int tensor_rank = 0) const {
-    return (pipeline_rank * data_parallel + data_rank) * tensor + tensor_rank;
+    const int outer = data_slowest() ? data_rank * pipeline + pipeline_rank : pipeline_rank * data_parallel + data_rank;
+    return outer * tensor + tensor_rank;
   }
+  bool data_slowest() const { return order == RankOrder::kTensorPipelineData; }
   // One line per pipeline, per data-parallel and per tensor-parallel group
   // (the groups of one rank only):
   //   "pipeline (data-parallel rank 0): world ranks 0 2 4 6"

@@ -22,7 +22,9 @@ namespace pipeflow {
 //   pp_rank · (tp · dp) + dp_rank · tp + tp_rank,
 // with devices_per_node consecutive devices per node. A tensor-parallel group
 // is tp neighbours (one node when tp <= devices_per_node); pipeline neighbours
-// are tp · dp devices apart.
+// are tp · dp devices apart. With rank_order tp-pp-dp (Megatron's
+// --use-tp-pp-dp-mapping) the device is dp_rank · (tp · pp) + pp_rank · tp +
+// tp_rank: pipeline neighbours tp apart, data-parallel ones tp · pp.
 struct Layout {
   ModelSpec model;
   HardwareProfile hardware;
@@ -43,6 +45,7 @@ struct Layout {
   PartitionMethod partition{PartitionMethod::Kind::kParameters, {}, {}};  // DeepSpeed's default
   ZeroStage zero = ZeroStage::kNone;
   CommMode comm_mode = CommMode::kOverlapped;
+  RankOrder rank_order = RankOrder::kTensorDataPipeline;
   // Weights, activations and messages, and the GEMMs' peak (Precision);
   // the data-parallel gradients travel in `gradient_precision`.
   Precision precision = Precision::kFp32;

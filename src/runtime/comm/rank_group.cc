@@ -60,6 +60,7 @@ std::string RankLayout::describe() const {
 std::string RankLayout::dimensions() const {
   std::string text = fmt::format("pipeline {} x data parallel {}", pipeline, data_parallel);
   if (tensor > 1) text += fmt::format(" x tensor parallel {}", tensor);
+  if (data_slowest()) text += ", ranks tp-pp-dp";
   return text;
 }
 
