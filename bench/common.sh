@@ -7,3 +7,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 need() { [ -x "$1" ] || { echo "missing $1: build first (make build)" >&2; exit 1; }; }
 # load: the load average now; other work on the cores shows in every ratio.
 load() { echo "load: $(uptime | sed 's/.*load average/load average/')"; }
+# train CONFIG NAME "FLAGS" [LAUNCHER...]: one `pipeflow train` of $steps
+# steps into $runs/NAME ($pipeflow, $steps and $runs set by the script),
+# quiet unless it fails.
+train() {
+  local config=$1 name=$2 flags=$3
+  shift 3
+  mkdir -p "$runs"
+  # shellcheck disable=SC2086
+  "$@" "$pipeflow" train --config "$config" --steps "$steps" --out-dir "$runs/$name" $flags >/dev/null \
+    2>"$runs/last.err" || { cat "$runs/last.err" >&2; exit 1; }
+}

@@ -21,14 +21,7 @@ steps=${STEPS:-20}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 mpirun=(mpirun --allow-run-as-root --bind-to core --timeout 600)
-# train CONFIG NAME "FLAGS" [LAUNCHER...]: one run into $out/NAME
-train() {
-  local config=$1 name=$2 flags=$3
-  shift 3
-  # shellcheck disable=SC2086
-  "$@" "$pipeflow" train --config "$config" --steps "$steps" --out-dir "$out/$name" $flags >/dev/null \
-    2>"$out/last.err" || { cat "$out/last.err" >&2; exit 1; }
-}
+runs=$out
 for model in small make_run; do
   config=examples/train_1f1b_2stage.json
   [ "$model" = small ] && config=examples/train_1f1b_2stage_small.json
@@ -41,12 +34,11 @@ for model in small make_run; do
   train "$config" dp2threads "--stages 1 --data-parallel 2"
   load
   /usr/bin/python3 - "$out" <<'PY'
-import json, statistics, sys
+import statistics, sys
+sys.path.insert(0, "bench")
+from metrics import rows as rows_in, spread
 out = sys.argv[1]
-def rows(name):
-    return [json.loads(line) for line in open(f"{out}/{name}/metrics.jsonl")]
-def spread(values, fmt="{:.1f}"):
-    return "min " + fmt.format(min(values)) + " / median " + fmt.format(statistics.median(values)) + " / max " + fmt.format(max(values))
+rows = lambda name: rows_in(out, name)
 every = {name: rows(name) for name in ["threads", "mpi", "one", "dp2", "dp2threads"]}
 runs = {name: r[1:] for name, r in every.items()}  # after the first step
 for name, r in runs.items():

@@ -34,14 +34,7 @@ cat >"$out/wide.json" <<'JSON'
   "seed": 1
 }
 JSON
-# train CONFIG NAME "FLAGS" [LAUNCHER...]: one run into $out/runs/NAME
-train() {
-  local config=$1 name=$2 flags=$3
-  shift 3
-  # shellcheck disable=SC2086
-  "$@" "$pipeflow" train --config "$config" --steps "$steps" --out-dir "$out/runs/$name" $flags >/dev/null \
-    2>"$out/last.err" || { cat "$out/last.err" >&2; exit 1; }
-}
+runs=$out/runs
 for config in examples/train_1f1b_2stage.json "$out/wide.json"; do
   echo "== $(basename "$config"): $(sed -n 's/.*"model": \({[^}]*}\).*/\1/p' "$config")"
   load
@@ -51,12 +44,11 @@ for config in examples/train_1f1b_2stage.json "$out/wide.json"; do
   train "$config" pp2 "--stages 2"
   load
   /usr/bin/python3 - "$out/runs" <<'PY'
-import json, statistics, sys
+import statistics, sys
+sys.path.insert(0, "bench")
+from metrics import rows as rows_in, spread
 out = sys.argv[1]
-def rows(name):
-    return [json.loads(line) for line in open(f"{out}/{name}/metrics.jsonl")]
-def spread(values, fmt="{:.1f}"):
-    return "min " + fmt.format(min(values)) + " / median " + fmt.format(statistics.median(values)) + " / max " + fmt.format(max(values))
+rows = lambda name: rows_in(out, name)
 names = ["one", "tp2", "tp2mpi", "pp2"]
 every = {name: rows(name) for name in names}
 runs = {name: r[1:] for name, r in every.items()}  # after the first step

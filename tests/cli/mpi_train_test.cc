@@ -497,6 +497,37 @@ TEST_F(MpiTrain, TensorParallelLayoutsEqualTheUnpipelinedRunAndTheirCheckpointRe
   }
 }
 
+// Every layout of tensor parallelism under mpirun for the GPT-2 of 2 heads
+// (t = 2 with p = 1, 2, 4 and d = 1, 2 up to 8 processes, 1F1B, with and
+// without sequence parallelism, ZeRO-1 where d = 2) and one of 4 heads at
+// t = 4: the unpipelined run's losses over 5 steps and its weights.
+TEST_F(MpiTrain, EveryTensorParallelLayoutUnderMpirunEqualsTheUnpipelinedRun) {
+  const std::string zero = "\"zero_optimization\": {\"stage\": 1},";
+  const std::string gpt4 = dir_ + "/gpt4.json";
+  write_file_atomic(gpt4, R"({"model_type": "gpt2", "n_layer": 4, "n_head": 4, "n_embd": 32, "n_positions": 16,
+    "vocab_size": 256, "resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0})");
+  const std::string two_heads = train({"1f1b", 1, 1, 1}, "unpipelined", "", "--steps 5");
+  const std::string four_heads = train({"1f1b", 1, 1, 1}, "unpipelined-4", "", "--steps 5 --model " + gpt4);
+  struct Case {
+    int t, p, d;
+    std::string model;
+  };
+  for (const Case& c : {Case{2, 1, 1, ""}, Case{2, 1, 2, ""}, Case{2, 2, 1, ""}, Case{2, 2, 2, ""}, Case{2, 4, 1, ""},
+                        Case{4, 2, 1, gpt4}, Case{4, 1, 2, gpt4}}) {
+    for (const bool sequence : {false, true}) {
+      const std::string name = fmt::format("tp{}-pp{}-dp{}{}", c.t, c.p, c.d, sequence ? "-sp" : "");
+      const std::string extra = (c.d > 1 ? zero : "") + (sequence ? "\"sequence_parallel\": true," : "");
+      const std::string out = dir_ + "/" + name;
+      const std::string config = write_config(out + ".json", config_text(out, "1f1b", c.p, 1, extra));
+      const CommandResult result =
+          run_mpirun(c.t * c.p * c.d, "train --config " + config + fmt::format(" --steps 5 --tp {}", c.t) +
+                                          (c.model.empty() ? "" : " --model " + c.model));
+      ASSERT_EQ(result.exit_code, 0) << name << "\n" << result.err;
+      expect_same_run(out, c.model.empty() ? two_heads : four_heads, name);
+    }
+  }
+}
+
 // A sharded checkpoint without its index (a writer stopped before it), or
 // with a shard whose bytes changed, is passed over for the one before it,
 // with a warning naming the folder, or the shard file and the tensor (a
