@@ -71,13 +71,15 @@ std::vector<RankUsage> rank_usage(const Timeline& timeline) {
         case EventCategory::kWait:
           u.wait_s += e->duration_s;
           break;
-        case EventCategory::kTensorParallel:
+        case EventCategory::kTensorParallel: {
           // Inside a compute action: communication the action's span holds
           // (the bubble is the pipeline's, outside the actions); one outside
           // every action is communication of the rank.
-          u.tensor_parallel_s += overlap_with_compute(events, *e);
-          u.comm_s += e->duration_s - overlap_with_compute(events, *e);
+          const double inside = overlap_with_compute(events, *e);
+          u.tensor_parallel_s += inside;
+          u.comm_s += e->duration_s - inside;
           break;
+        }
         case EventCategory::kAllreduce:
         case EventCategory::kOptimizer:
         case EventCategory::kOther:
