@@ -1,5 +1,7 @@
 # The two commands of the README: `make run` (the main job) and `make test`.
 # Both install the Debian packages they need first (tools/install_deps.sh).
+# `make run` builds only the pipeflow executable, `make bench` only it and the
+# benchmarks; `make build` and `make test` build everything (every test).
 # CI (.ci/run) also runs `make check-sanitizers`: the whole suite under
 # ASan + UBSan, every fuzz target for FUZZ_RUNS inputs (one clang build for
 # both) and the runtime's tests under TSan.
@@ -33,10 +35,12 @@ build: configure
 test: build
 	@ctest --preset $(PRESET)
 
-run: build
+run: configure
+	@cmake --build --preset $(PRESET) -j $(JOBS) --target pipeflow
 	$(PIPEFLOW) train --config examples/train_1f1b_2stage.json
 
-bench: build
+bench: configure
+	@cmake --build --preset $(PRESET) -j $(JOBS) --target pipeflow benchmarks
 	@bash bench/run_all.sh $(BUILD_DIR)
 
 test-asan: deps
