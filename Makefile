@@ -37,7 +37,7 @@ test: build
 
 run: configure
 	@cmake --build --preset $(PRESET) -j $(JOBS) --target pipeflow
-	$(PIPEFLOW) train --config examples/train_1f1b_2stage.json
+	$(PIPEFLOW) train --config examples/train_1f1b_2stage.json --overwrite
 
 bench: configure
 	@cmake --build --preset $(PRESET) -j $(JOBS) --target pipeflow benchmarks

@@ -36,6 +36,7 @@ struct SweepCommand {
   std::string lr_rule = "sqrt";
   bool train = false;
   bool emulate = false;
+  bool overwrite = false;
   double timeout_s = 60;
   std::optional<double> noise_scale;
   std::string profile;
@@ -54,6 +55,7 @@ MeasuredPoint train_point(const SweepCommand& c, const ResolvedRun& run, const s
   settings.out_dir /= name;
   settings.checkpoint_dir /= name;
   settings.emulate = c.emulate;
+  settings.overwrite = c.overwrite;
   settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);
   fmt::print(stderr, "pipeflow sweep: training {} ({} steps) into {}\n", name, settings.steps,
              settings.out_dir.string());
@@ -128,6 +130,8 @@ void add_sweep_command(CLI::App& app) {
                 "Also train every point as pipeflow train does (its steps, into out_dir/KEY=VALUE) and show the "
                 "measured figures and loss beside the predicted");
   sub->add_flag("--emulate", c->emulate, "With --train: run the actions one at a time and replay their durations");
+  sub->add_flag("--overwrite", c->overwrite,
+                "With --train: replace an earlier sweep's runs in the points' folders (as pipeflow train --overwrite)");
   sub->add_option("--timeout", c->timeout_s, "With --train: longest any wait for a peer may take, in seconds")
       ->capture_default_str();
   sub->add_option("--profile", c->profile,

@@ -33,6 +33,7 @@ struct TrainCommand {
   std::string config;
   std::string weights;
   bool emulate = false;
+  bool overwrite = false;
   double timeout_s = 60;
   RunFlags flags;
 
@@ -105,6 +106,7 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   refuse_overwriting({"out_dir's", settings.out_dir / "weights.safetensors"}, {{"--weights", c.weights}});
   refuse_overwriting({"out_dir's", settings.out_dir / "run_config.json"}, {{"--config", c.config}});
   settings.emulate = c.emulate;
+  settings.overwrite = c.overwrite;
   if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
   settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);
   if (mpi != nullptr && settings.emulate) fail("--emulate runs every rank in one process; run it without mpirun");
@@ -149,6 +151,9 @@ void add_train_command(CLI::App& app) {
   sub->add_flag("--emulate", c->emulate,
                 "Run the actions one at a time and replay their measured durations with one core per rank "
                 "(for more ranks than cores)");
+  sub->add_flag("--overwrite", c->overwrite,
+                "Replace the files of another run in out_dir and its checkpoint folder (without it such a folder is "
+                "refused; --resume continues the run instead)");
   sub->add_option("--timeout", c->timeout_s, "Longest any wait for a peer may take, in seconds")->capture_default_str();
   c->flags.add_to(sub, {FlagScope::kAll, FlagScope::kTraining, FlagScope::kTrain});
   sub->callback([c] { run(*c); });

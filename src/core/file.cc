@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -255,6 +256,21 @@ void require_writable_folder(const std::filesystem::path& folder, std::string_vi
   }
   ::close(fd);
   ::unlink(probe.c_str());
+}
+
+std::optional<FolderLock> FolderLock::try_lock(const std::filesystem::path& folder) {
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open folder {} to lock it: {}", folder.string(), system_reason());
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return FolderLock(fd);
+  const int reason = errno;
+  ::close(fd);
+  if (reason == EWOULDBLOCK) return std::nullopt;
+  errno = reason;
+  fail("cannot lock folder {}: {}", folder.string(), system_reason());
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the lock
 }
 
 std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& folder) {

@@ -235,7 +235,7 @@ TEST(TrainCommand, ASecondSignalEndsTheRunAtOnceAndTheNextRunLeavesNoTemporaries
   const std::string config = write_config(dir, tiny_config(out, "\n  \"steps_per_print\": 1,"));
   const auto [exit_code, err] = train_until_sigterm(config, dir, 2);
   EXPECT_EQ(exit_code, 143) << err;
-  ASSERT_EQ(run_pipeflow("train --config " + config + " --steps 1").exit_code, 0);
+  ASSERT_EQ(run_pipeflow("train --config " + config + " --steps 1 --overwrite").exit_code, 0);
   EXPECT_TRUE(temporaries_in(out).empty());
   std::filesystem::remove_all(dir);
 }

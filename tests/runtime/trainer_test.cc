@@ -27,6 +27,13 @@
 namespace pipeflow::runtime {
 namespace {
 
+// checkpoints_in's paths, newest first.
+std::vector<std::filesystem::path> checkpoint_paths(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> paths;
+  for (const FoundCheckpoint& checkpoint : checkpoints_in(dir)) paths.push_back(checkpoint.path);
+  return paths;
+}
+
 std::filesystem::path temp_dir(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / ("pipeflow_runtime_" + name + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
@@ -169,6 +176,7 @@ TEST(Trainer, EmulatedAndThreadedRunsTrainTheSameWeights) {
   const TrainOutcome threaded = train(settings, progress);
   const std::string threaded_weights = read_file(settings.out_dir / "weights.safetensors");
   settings.emulate = true;
+  settings.overwrite = true;  // the threaded run's folder
   const TrainOutcome emulated = train(settings, progress);
   for (std::size_t i = 0; i < threaded.log.size(); ++i) EXPECT_EQ(threaded.log[i].loss, emulated.log[i].loss);
   EXPECT_EQ(read_file(settings.out_dir / "weights.safetensors"), threaded_weights);
@@ -339,7 +347,7 @@ TEST(Trainer, AWorkerThrowingMidStepEndsTheRunAndTheLastGoodCheckpointResumesIt)
   };
   EXPECT_EQ(testing::error_of([&] { train(failing, progress); }), "injected failure at 1B2");
   const auto checkpoints = failing.out_dir / "checkpoints";
-  EXPECT_EQ(checkpoints_in(checkpoints), std::vector<std::filesystem::path>{checkpoints / "step_2.safetensors"});
+  EXPECT_EQ(checkpoint_paths(checkpoints), std::vector<std::filesystem::path>{checkpoints / "step_2.safetensors"});
   EXPECT_EQ(read_file(failing.out_dir / "metrics.jsonl").find("\"step\":2,"), std::string::npos);  // steps 0 and 1 only
   EXPECT_NE(read_file(failing.out_dir / "metrics.jsonl").find("\"step\":1,"), std::string::npos);
   for (const auto& entry : std::filesystem::recursive_directory_iterator(failing.out_dir)) {
@@ -413,9 +421,9 @@ TEST(Trainer, BadCheckpointsAreRefusedAndResumeFallsBackToTheNewestGoodOne) {
   ProgressPrinter progress(log, false, settings.steps, false);
   const TrainOutcome straight = train(settings, progress);
   const auto checkpoints = settings.out_dir / "checkpoints";
-  EXPECT_EQ(checkpoints_in(checkpoints),
-            (std::vector<std::filesystem::path>{checkpoints / "step_2.safetensors", checkpoints / "step_3.safetensors",
-                                                checkpoints / "step_4.safetensors"}));
+  EXPECT_EQ(checkpoint_paths(checkpoints),
+            (std::vector<std::filesystem::path>{checkpoints / "step_4.safetensors", checkpoints / "step_3.safetensors",
+                                                checkpoints / "step_2.safetensors"}));
 
   std::string bytes = read_file(checkpoints / "step_4.safetensors");
   bytes[bytes.size() - 3] ^= 0x10;  // in the last tensor's data

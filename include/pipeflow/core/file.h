@@ -3,8 +3,10 @@
 #include <cstddef>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace pipeflow {
@@ -72,6 +74,27 @@ void refuse_overwriting(const NamedPath& output, std::initializer_list<NamedPath
 // folder before its work, not after. Throws Error naming `what` ("out_dir"),
 // the folder and the system's reason.
 void require_writable_folder(const std::filesystem::path& folder, std::string_view what);
+
+// An exclusive lock on a folder (flock(2) on the folder itself): held while
+// the object lives, released when its process ends however it ends (a
+// kill -9 leaves no stale lock). Advisory: it keeps out the programs that
+// ask for it, here every pipeflow train into the same folder.
+class FolderLock {
+ public:
+  // The lock on `folder` (which exists), or none when another process (or
+  // another FolderLock in this one) holds it. Throws Error when the folder
+  // cannot be opened.
+  static std::optional<FolderLock> try_lock(const std::filesystem::path& folder);
+  ~FolderLock();
+  FolderLock(FolderLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FolderLock& operator=(FolderLock&&) = delete;
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  explicit FolderLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
 
 // The streaming form of write_file_atomic, for files too large to build in
 // memory (checkpoints). Nothing appears at `path` until commit(); a writer

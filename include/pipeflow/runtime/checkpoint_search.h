@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "pipeflow/nn/safetensors.h"
@@ -19,7 +21,7 @@ std::filesystem::path checkpoint_path(const std::filesystem::path& dir, std::int
 // The checkpoints to resume from (checkpoint.load, --resume), newest first:
 // `path` itself when it is a checkpoint file or folder (a folder holding the
 // index or named step_N; the index file stands for its folder); else the
-// checkpoints of the directory by N descending, or, when it holds none,
+// checkpoints of the directory (checkpoints_in's order), or, when it holds none,
 // those of its checkpoints/ folder (a run's out_dir). The trainer takes the
 // first that loads. Throws Error saying what to give instead when there is
 // none.
@@ -41,7 +43,20 @@ nn::SafetensorsFile read_checkpoint_metadata(const std::filesystem::path& checkp
 // model's shape), or the newest when none does.
 std::filesystem::path checkpoint_to_resume(const std::filesystem::path& path);
 
-// The checkpoints (files and folders) in `dir`, by N ascending (none when `dir` is missing).
-std::vector<std::filesystem::path> checkpoints_in(const std::filesystem::path& dir);
+// A step_N file or folder of a directory, with what its header says.
+struct FoundCheckpoint {
+  std::filesystem::path path;
+  std::int64_t named_steps = 0;            // N of its name
+  std::optional<std::int64_t> steps_done;  // its __metadata__'s; none when its header does not read
+  std::string run_id;                      // its __metadata__'s run_id ("": none, or no header)
+  // The steps it holds: its header's, else its name's.
+  std::int64_t steps() const { return steps_done.value_or(named_steps); }
+};
+
+// The checkpoints (step_N files and folders) in `dir`, newest first: by the
+// steps their headers hold (a renamed step_0009 holding 3 steps ranks as 3),
+// those whose header does not read by their name's N after the readable ones
+// of the same steps. None when `dir` is missing.
+std::vector<FoundCheckpoint> checkpoints_in(const std::filesystem::path& dir);
 
 }  // namespace pipeflow::runtime

@@ -155,8 +155,10 @@ class PipelineEngine {
   // last (it removes an older index first, and shards of another layout).
   // The metadata also says the precision the run computed in ("precision":
   // fp32, bf16, fp16; the weights are its fp32 masters either way) and, in
-  // fp16, the loss scaler's state ("loss_scale.*").
-  void write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const;
+  // fp16, the loss scaler's state ("loss_scale.*"), and "run_id": the run
+  // that wrote it (the trainer's; "" writes none).
+  void write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done,
+                        std::string_view run_id = "") const;
   // Loads weights and moments from such a file (or the shards merged:
   // checkpoint_search.h read_checkpoint); returns its steps_done. An fp16 run
   // continues the file's loss scale when it has one (a run of another
@@ -226,7 +228,8 @@ class PipelineEngine {
   // collective of r's pipeline; `what` names it.
   std::vector<nn::SafetensorsFile> gather_at_world_rank_0(LocalRank& r, const nn::SafetensorsWriter& part,
                                                           std::string_view what) const;
-  void write_checkpoint_rank(LocalRank& r, const std::filesystem::path& path, std::int64_t steps_done) const;
+  void write_checkpoint_rank(LocalRank& r, const std::filesystem::path& path, std::int64_t steps_done,
+                             std::string_view run_id) const;
   // Advances the reductions under way and posts the data-parallel
   // reduce-scatter of the stages whose gradients are complete once action
   // `index` of the rank has run.

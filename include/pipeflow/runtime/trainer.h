@@ -49,14 +49,21 @@ struct TrainSettings {
   // checkpoint that loads, with a warning for each newer one that does not;
   // the run continues from its steps_done up to `steps` (the total) on the
   // same data and learning-rate schedule as an uninterrupted run. After each
-  // checkpoint written, all but the newest `checkpoint_keep` step_N files or folders of
-  // the directory are deleted (0: none). At the start, temporaries of killed
-  // writers (NAME.pipeflow-tmp.PID) are removed from the directory, its step_N folders
-  // and out_dir.
+  // checkpoint written, all but the newest `checkpoint_keep` of this run's
+  // checkpoints in the directory (its run id in their headers, ranked by the
+  // steps they hold; none holding more steps than the one written) are
+  // deleted (0: none); another run's files and a user's are never touched.
+  // At the start, temporaries of killed writers (NAME.pipeflow-tmp.PID) are
+  // removed from the directory, its step_N folders and out_dir.
   int save_interval = 0;
   int checkpoint_keep = 0;
   std::filesystem::path checkpoint_dir = "runs/pipeflow/checkpoints";
   std::filesystem::path resume;
+  // The folders are the run's own (train/run_folders.h): a fresh run into
+  // folders that hold another run's files, or a resumed one into an out_dir
+  // another run owns, is refused unless `overwrite`, which removes those
+  // files first.
+  bool overwrite = false;
   // A step whose loss or gradient norm is not finite is skipped (no update);
   // this many skipped in a row stop the run with an Error naming the step
   // and the first non-finite tensor.

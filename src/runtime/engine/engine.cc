@@ -398,23 +398,26 @@ std::vector<nn::SafetensorsFile> PipelineEngine::gather_at_world_rank_0(LocalRan
   return files;
 }
 
-void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done) const {
+void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done,
+                                      std::string_view run_id) const {
   if (update_failed_) fail("cannot write checkpoint {}: an optimizer update failed and the weights are inconsistent",
                            path.string());
   if (const auto bad = first_non_finite(Values::kParameters)) {
     fail("not writing checkpoint {}: {} is not finite; the run diverged (lower optimizer.params.lr)", path.string(),
          *bad);
   }
-  group_->run([&](int w) { write_checkpoint_rank(local(w), path, steps_done); }, [this] { abort_transports(); });
+  group_->run([&](int w) { write_checkpoint_rank(local(w), path, steps_done, run_id); },
+              [this] { abort_transports(); });
 }
 
 // Replica 0's ranks write the checkpoint (ZeRO-1: the other replicas send
 // their moments first): one file through world rank 0, or a shard each.
 void PipelineEngine::write_checkpoint_rank(LocalRank& r, const std::filesystem::path& path,
-                                           std::int64_t steps_done) const {
+                                           std::int64_t steps_done, std::string_view run_id) const {
   nn::SafetensorsWriter shard = rank_state(r, true);
   if (r.data_rank != 0 || r.tensor_rank != 0) return;
   shard.set_metadata("steps_done", std::to_string(steps_done));
+  if (!run_id.empty()) shard.set_metadata("run_id", std::string(run_id));
   shard.set_metadata("precision", to_string(options_.format));
   if (scaler_) {
     const LossScaler::State& state = scaler_->state();

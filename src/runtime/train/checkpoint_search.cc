@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "pipeflow/core/error.h"
@@ -48,16 +49,27 @@ std::filesystem::path checkpoint_path(const std::filesystem::path& dir, std::int
   return dir / fmt::format("step_{}{}", steps_done, sharded ? "" : kSuffix);
 }
 
-std::vector<std::filesystem::path> checkpoints_in(const std::filesystem::path& dir) {
-  std::vector<std::pair<std::int64_t, std::filesystem::path>> found;
+std::vector<FoundCheckpoint> checkpoints_in(const std::filesystem::path& dir) {
+  std::vector<FoundCheckpoint> found;
   std::error_code missing;
   for (const auto& entry : std::filesystem::directory_iterator(dir, missing)) {
-    if (const auto steps = steps_of(entry.path(), entry.is_directory())) found.emplace_back(*steps, entry.path());
+    const auto named = steps_of(entry.path(), entry.is_directory());
+    if (!named) continue;
+    FoundCheckpoint checkpoint{.path = entry.path(), .named_steps = *named, .steps_done = std::nullopt, .run_id = ""};
+    try {
+      const nn::SafetensorsFile header = read_checkpoint_metadata(entry.path());
+      checkpoint.steps_done = header.metadata_count("steps_done");
+      const auto& metadata = header.metadata();
+      if (const auto id = metadata.find("run_id"); id != metadata.end()) checkpoint.run_id = id->second;
+    } catch (const Error&) {
+      // not a checkpoint whose header reads: ranked by its name; its load says what is wrong
+    }
+    found.push_back(std::move(checkpoint));
   }
-  std::sort(found.begin(), found.end());
-  std::vector<std::filesystem::path> paths;
-  for (auto& [steps, path] : found) paths.push_back(std::move(path));
-  return paths;
+  std::sort(found.begin(), found.end(), [](const FoundCheckpoint& a, const FoundCheckpoint& b) {
+    return std::tuple(a.steps(), a.steps_done.has_value(), a.path) > std::tuple(b.steps(), b.steps_done.has_value(), b.path);
+  });
+  return found;
 }
 
 std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::path& path) {
@@ -70,15 +82,16 @@ std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::
     return {without_index(path)};
   }
   if (is_sharded_checkpoint(path)) return {path};
-  std::vector<std::filesystem::path> found = checkpoints_in(path);
+  std::vector<FoundCheckpoint> found = checkpoints_in(path);
   if (found.empty()) found = checkpoints_in(path / "checkpoints");
   if (found.empty()) {
     fail("checkpoint.load = {}: neither the directory nor its checkpoints/ holds a step_N.safetensors or a step_N "
          "folder: give a checkpoint",
          path.string());
   }
-  std::reverse(found.begin(), found.end());
-  return found;
+  std::vector<std::filesystem::path> paths;
+  for (FoundCheckpoint& checkpoint : found) paths.push_back(std::move(checkpoint.path));
+  return paths;
 }
 
 // Hugging Face's own checkpoints carry the model in a config.json beside

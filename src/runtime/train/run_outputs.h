@@ -1,7 +1,9 @@
 #pragma once
 
+#include <array>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pipeflow/runtime/engine.h"
@@ -16,6 +18,11 @@ namespace pipeflow::runtime {
 // sim/run_metadata.h), predicted.svg, profile.json, run_config.json (the
 // resolved configuration, settings.config_text), weights.safetensors
 // (`model`: the engine's, assembled) and report.md. Returns the paths written.
+// The names of the files write_run_outputs writes, in its order.
+inline constexpr std::array<std::string_view, 8> kRunOutputFiles = {
+    "metrics.jsonl", "timeline.svg",        "trace.json", "predicted.svg", "profile.json",
+    "run_config.json", "weights.safetensors", "report.md"};
+
 std::vector<std::filesystem::path> write_run_outputs(const RunRecord& record, const PipelineEngine& engine,
                                                      const nn::Stage& model, const StepResult& last,
                                                      const std::string& earlier_metrics);

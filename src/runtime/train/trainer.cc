@@ -18,6 +18,7 @@
 #include "pipeflow/runtime/noise_scale.h"
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/report.h"
+#include "train/run_folders.h"
 #include "train/run_outputs.h"
 #include "pipeflow/runtime/stage_partition.h"
 #include "pipeflow/schedule/generators.h"
@@ -58,7 +59,13 @@ class Run {
   // " in bf16", " in fp16, dynamic loss scale from 2^16"; "" in fp32.
   std::string precision_text() const;
   void remove_stale_temporaries() const;
-  std::int64_t resume();
+  // Loads the checkpoint to resume from (none: a fresh run) and sets
+  // first_step_; returns the run id its header holds ("": none, or fresh).
+  std::string resume();
+  // The run's id, the same in every process: the resumed checkpoint's, else
+  // the one out_dir/run_id.json names (a checkpoint from before run ids),
+  // else a new one; world rank 0 claims the folders for it.
+  void claim_folders(const std::string& resumed_id);
   StepLog train_step(std::int64_t step);
   void check_skipped(const std::vector<StepLog>& log);
   void write_metrics(const std::vector<StepLog>& log) const {
@@ -88,6 +95,8 @@ class Run {
   nn::ByteDataset dataset_;
   DatasetSource source_;
   std::unique_ptr<PipelineEngine> engine_;
+  std::optional<RunFolders> folders_;  // world rank 0's: locked for the run's life
+  std::string run_id_;
   std::int64_t first_step_ = 0;  // steps done before this run (a resumed checkpoint's)
   std::string earlier_metrics_;   // metrics.jsonl lines of those steps, when resumed into the same out_dir
   CostProfile first_costs_;  // this run's first step (warm-up), until later steps are measured
@@ -156,8 +165,8 @@ std::string Run::oversubscription() const { return group_.oversubscription(setti
 void Run::remove_stale_temporaries() const {
   if (!reporter()) return;
   std::vector<std::filesystem::path> dirs{settings_.checkpoint_dir, settings_.out_dir};
-  for (const auto& checkpoint : checkpoints_in(settings_.checkpoint_dir)) {
-    if (std::filesystem::is_directory(checkpoint)) dirs.push_back(checkpoint);  // its shards' temporaries
+  for (const FoundCheckpoint& checkpoint : checkpoints_in(settings_.checkpoint_dir)) {
+    if (std::filesystem::is_directory(checkpoint.path)) dirs.push_back(checkpoint.path);  // its shards' temporaries
   }
   for (const auto& dir : dirs) {
     for (const auto& removed : pipeflow::remove_stale_temporaries(dir)) {
@@ -166,15 +175,18 @@ void Run::remove_stale_temporaries() const {
   }
 }
 
-std::int64_t Run::resume() {
-  if (settings_.resume.empty()) return 0;
+std::string Run::resume() {
+  if (settings_.resume.empty()) return "";
   const std::vector<std::filesystem::path> candidates = checkpoints_to_resume(settings_.resume);
   std::filesystem::path file;
   std::int64_t done = 0;
+  std::string run_id;
   // A checkpoint cut short, corrupted or holding NaN falls back to the one before it.
   for (const std::filesystem::path& candidate : candidates) {
     try {
-      done = engine_->load_checkpoint(read_checkpoint(candidate));
+      const nn::SafetensorsFile checkpoint = read_checkpoint(candidate);
+      done = engine_->load_checkpoint(checkpoint);
+      if (const auto id = checkpoint.metadata().find("run_id"); id != checkpoint.metadata().end()) run_id = id->second;
       file = candidate;
       break;
     } catch (const Error& error) {
@@ -188,9 +200,22 @@ std::int64_t Run::resume() {
          settings_.steps);
   }
   progress_.message(fmt::format("resuming after {} from {}", format_count(done, "step"), file.string()));
-  earlier_metrics_ = earlier_metrics(settings_.out_dir / "metrics.jsonl", done);
   progress_.start(static_cast<int>(done));
-  return done;
+  first_step_ = done;
+  return run_id;
+}
+
+void Run::claim_folders(const std::string& resumed_id) {
+  std::uint64_t id = run_id_number(resumed_id);
+  if (folders_ && id == 0 && !settings_.resume.empty()) id = run_id_number(folders_->owner());
+  if (folders_ && id == 0) id = new_run_id();
+  run_id_ = run_id_text(static_cast<std::uint64_t>(group_.max_over_processes(
+      static_cast<double>(id), deadline_after(settings_.engine.timeout), "world rank 0's run id")));
+  if (!folders_) return;
+  for (const std::filesystem::path& removed : folders_->claim(run_id_, !settings_.resume.empty())) {
+    progress_.message(fmt::format("removed {}: another run's (--overwrite)", removed.string()));
+  }
+  if (first_step_ > 0) earlier_metrics_ = earlier_metrics(settings_.out_dir / "metrics.jsonl", first_step_);
 }
 
 std::filesystem::path Run::checkpoint_path(std::int64_t steps_done) const {
@@ -200,11 +225,20 @@ std::filesystem::path Run::checkpoint_path(std::int64_t steps_done) const {
 void Run::write_checkpoint(std::int64_t steps_done) const {
   const std::filesystem::path dir = settings_.checkpoint_dir;
   if (reporter()) std::filesystem::create_directories(dir);
-  engine_->write_checkpoint(checkpoint_path(steps_done), steps_done);  // collective under MPI
+  engine_->write_checkpoint(checkpoint_path(steps_done), steps_done, run_id_);  // collective under MPI
   if (!reporter() || settings_.checkpoint_keep == 0) return;
-  const std::vector<std::filesystem::path> written = checkpoints_in(dir);
-  const std::size_t keep = static_cast<std::size_t>(settings_.checkpoint_keep);
-  for (std::size_t i = 0; i + keep < written.size(); ++i) std::filesystem::remove_all(written[i]);
+  // This run's, newest first; one holding more steps (left by an attempt
+  // that went further before it was resumed from an earlier checkpoint) is
+  // replaced when the run gets there.
+  std::vector<std::filesystem::path> mine;
+  for (const FoundCheckpoint& checkpoint : checkpoints_in(dir)) {
+    if (checkpoint.steps_done && checkpoint.run_id == run_id_ && *checkpoint.steps_done <= steps_done) {
+      mine.push_back(checkpoint.path);
+    }
+  }
+  for (std::size_t i = static_cast<std::size_t>(settings_.checkpoint_keep); i < mine.size(); ++i) {
+    std::filesystem::remove_all(mine[i]);
+  }
 }
 
 std::string Run::precision_text() const {
@@ -368,12 +402,13 @@ TrainOutcome Run::run() {
   if (settings_.save_interval < 0) {
     fail("checkpoint.interval = {}: must be >= 0 (0: no checkpoints)", settings_.save_interval);
   }
-  // Before any work: outputs that cannot be written fail now, not after the last step.
-  require_writable_folder(settings_.out_dir, "out_dir");
+  // Before any work: outputs that cannot be written fail now, not after the
+  // last step, and folders another run writes into or owns are refused.
+  if (reporter()) folders_.emplace(settings_);
   if (settings_.save_interval > 0) require_writable_folder(settings_.checkpoint_dir, "checkpoint folder");
   announce();
   remove_stale_temporaries();
-  first_step_ = resume();
+  claim_folders(resume());
   TrainOutcome outcome;
   const Clock::time_point start = Clock::now();
   for (std::int64_t step = first_step_; step < settings_.steps && outcome.stop_signal == 0; ++step) {
@@ -389,10 +424,10 @@ TrainOutcome Run::run() {
     check_skipped(outcome.log);
     const bool checkpoint =
         stopping || (settings_.save_interval > 0 && (last || (step + 1) % settings_.save_interval == 0));
-    if (checkpoint) write_checkpoint(step + 1);
-    // With each checkpoint the metrics of its steps, so that a run resumed
-    // from it after any failure keeps a line for every step.
+    // The metrics of a checkpoint's steps are on disk before it is, so that
+    // a run resumed from it after any failure keeps a line for every step.
     if ((checkpoint || outcome.log.back().val_loss) && reporter()) write_metrics(outcome.log);
+    if (checkpoint) write_checkpoint(step + 1);
   }
   const std::int64_t steps_done = first_step_ + static_cast<std::int64_t>(outcome.log.size());
   if (steps_done < settings_.steps) {
