@@ -9,12 +9,12 @@ need() { [ -x "$1" ] || { echo "missing $1: build first (make build)" >&2; exit 
 load() { echo "load: $(uptime | sed 's/.*load average/load average/')"; }
 # train CONFIG NAME "FLAGS" [LAUNCHER...]: one `pipeflow train` of $steps
 # steps into $runs/NAME ($pipeflow, $steps and $runs set by the script),
-# quiet unless it fails.
+# replacing an earlier run there (--overwrite), quiet unless it fails.
 train() {
   local config=$1 name=$2 flags=$3
   shift 3
   mkdir -p "$runs"
   # shellcheck disable=SC2086
-  "$@" "$pipeflow" train --config "$config" --steps "$steps" --out-dir "$runs/$name" $flags >/dev/null \
+  "$@" "$pipeflow" train --config "$config" --steps "$steps" --out-dir "$runs/$name" --overwrite $flags >/dev/null \
     2>"$runs/last.err" || { cat "$runs/last.err" >&2; exit 1; }
 }

@@ -628,27 +628,6 @@ TEST_F(MpiTrain, ARankThatThrowsEndsTheJobNamingItAndTheLastGoodCheckpointResume
   EXPECT_EQ(losses(out), losses(straight));
 }
 
-// The pids of the job's pipeflow processes, by world rank (from their
-// environment: mpirun sets OMPI_COMM_WORLD_RANK).
-std::vector<pid_t> ranks_of_job(const std::string& marker, int processes) {
-  std::vector<pid_t> pids(static_cast<std::size_t>(processes), 0);
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (!std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    std::ifstream cmdline(entry.path() / "cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-    if (args.find(marker) == std::string::npos || args.rfind(PIPEFLOW_BINARY, 0) != 0) continue;
-    std::ifstream environ(entry.path() / "environ");
-    std::string env((std::istreambuf_iterator<char>(environ)), std::istreambuf_iterator<char>());
-    const std::string key = std::string("OMPI_COMM_WORLD_RANK=");
-    const std::size_t at = env.find(key);
-    if (at == std::string::npos) continue;
-    const int rank = std::stoi(env.substr(at + key.size()));
-    if (rank >= 0 && rank < processes) pids[static_cast<std::size_t>(rank)] = std::stoi(name);
-  }
-  return pids;
-}
-
 struct FailedJob {
   int exit_code = -1;
   std::string err;
@@ -695,26 +674,6 @@ FailedJob fail_rank_one(const std::string& dir, Fault fault, const std::string& 
   job.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   job.err = read_file(err_path);
   return job;
-}
-
-// Running, not a zombie (an ended process whose new parent has not reaped it yet).
-bool alive(pid_t pid) {
-  if (pid == 0) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const std::size_t state = text.rfind(") ");
-  return state != std::string::npos && text.at(state + 2) != 'Z' && text.at(state + 2) != 'X';
-}
-
-// A process may still be tearing down (MPI_Finalize, the sanitizers' exit
-// work) for a moment after mpirun returned: "no process outlives the job"
-// means each one is gone within 10 s of it.
-bool ends_within_10_s(pid_t pid) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (alive(pid) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return !alive(pid);
 }
 
 TEST(MpiTrainFaults, ARankKilledEndsTheJobNamingIt) {

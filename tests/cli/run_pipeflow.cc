@@ -3,9 +3,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
+#include <thread>
 
 #include "pipeflow/core/file.h"
 
@@ -57,6 +62,41 @@ std::string make_temp_dir() {
   std::string pattern = (std::filesystem::temp_directory_path() / "pipeflow-test-XXXXXX").string();
   if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
   return pattern;
+}
+
+std::vector<pid_t> ranks_of_job(const std::string& marker, int processes) {
+  std::vector<pid_t> pids(static_cast<std::size_t>(processes), 0);
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (!std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream cmdline(entry.path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    if (args.find(marker) == std::string::npos || args.rfind(PIPEFLOW_BINARY, 0) != 0) continue;
+    std::ifstream environ(entry.path() / "environ");
+    std::string env((std::istreambuf_iterator<char>(environ)), std::istreambuf_iterator<char>());
+    const std::string key = std::string("OMPI_COMM_WORLD_RANK=");
+    const std::size_t at = env.find(key);
+    if (at == std::string::npos) continue;
+    const int rank = std::stoi(env.substr(at + key.size()));
+    if (rank >= 0 && rank < processes) pids[static_cast<std::size_t>(rank)] = std::stoi(name);
+  }
+  return pids;
+}
+
+bool alive(pid_t pid) {
+  if (pid == 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::size_t state = text.rfind(") ");
+  return state != std::string::npos && text.at(state + 2) != 'Z' && text.at(state + 2) != 'X';
+}
+
+bool ends_within_10_s(pid_t pid) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (alive(pid) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return !alive(pid);
 }
 
 }  // namespace pipeflow::testing

@@ -1,6 +1,9 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
+#include <vector>
 
 namespace pipeflow::testing {
 
@@ -27,5 +30,18 @@ std::string read_file_if_exists(const std::string& path);
 
 // A fresh, empty directory under the system's temporary directory.
 std::string make_temp_dir();
+
+// The pids of an MPI job's pipeflow processes, by world rank (from their
+// environment: mpirun sets OMPI_COMM_WORLD_RANK): those whose command line
+// holds `marker`; 0 for a rank not (yet) running.
+std::vector<pid_t> ranks_of_job(const std::string& marker, int processes);
+
+// Running, not a zombie (an ended process whose new parent has not reaped it yet).
+bool alive(pid_t pid);
+
+// A process may still be tearing down (MPI_Finalize, the sanitizers' exit
+// work) for a moment after mpirun returned: "no process outlives the job"
+// means each one is gone within 10 s of it.
+bool ends_within_10_s(pid_t pid);
 
 }  // namespace pipeflow::testing
