@@ -78,20 +78,6 @@ BlockActivations block_activations(const ModelSpec& m, const ParallelConfig& c) 
   return act;
 }
 
-double block_activation_bytes(const ModelSpec& m, const ParallelConfig& c) {
-  const double t = c.tensor_parallel;
-  const double sp = c.sequence_parallel ? t : 1;
-  const double sbh = static_cast<double>(c.seq_length) * c.micro_batch * m.hidden;
-  const BlockActivations act = block_activations(m, c);
-  switch (c.recompute) {
-    case Recompute::kNone: return act.replicated / sp + (act.sharded + act.core) / t;
-    case Recompute::kSelective: return act.replicated / sp + act.sharded / t;
-    // Only the block's input is kept; with SP it is the sequence shard (as Megatron stores it).
-    case Recompute::kFull: return c.bytes_per_element * sbh / sp;
-  }
-  return 0;
-}
-
 void validate_config(const ModelSpec& m, const ParallelConfig& c) {
   if (c.micro_batch < 1) fail("micro_batch = {}: must be >= 1", c.micro_batch);
   if (c.seq_length < 1) fail("sequence = {}: must be >= 1 (tokens per sequence)", c.seq_length);
@@ -164,6 +150,20 @@ PipelineLayer head_layer(const ModelSpec& m, const ParallelConfig& c) {
 }
 
 }  // namespace
+
+double block_activation_bytes(const ModelSpec& m, const ParallelConfig& c) {
+  const double t = c.tensor_parallel;
+  const double sp = c.sequence_parallel ? t : 1;
+  const double sbh = static_cast<double>(c.seq_length) * c.micro_batch * m.hidden;
+  const BlockActivations act = block_activations(m, c);
+  switch (c.recompute) {
+    case Recompute::kNone: return act.replicated / sp + (act.sharded + act.core) / t;
+    case Recompute::kSelective: return act.replicated / sp + act.sharded / t;
+    // Only the block's input is kept; with SP it is the sequence shard (as Megatron stores it).
+    case Recompute::kFull: return c.bytes_per_element * sbh / sp;
+  }
+  return 0;
+}
 
 std::string_view to_string(Recompute recompute) {
   switch (recompute) {

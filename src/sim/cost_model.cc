@@ -32,8 +32,36 @@ struct KindSeconds {
   double weight_gradient_bytes = 0;
 };
 
+// The activations a stage holds per micro-batch. With full recomputation
+// every k-th layer of the stage keeps its input (nn::Stage's segments, from
+// its first layer): the blocks between keep nothing until the backward
+// rebuilds their segment, k blocks' whole activations at once.
+struct StageActivations {
+  double held = 0;
+  double recompute_working = 0;  // above `held`, while a backward rebuilds a segment
+};
+
+StageActivations stage_activations(const Layout& layout, const std::vector<PipelineLayer>& layers,
+                                   const StagePlan& plan) {
+  StageActivations out;
+  const int k = layout.recompute == Recompute::kFull ? layout.recompute_interval : 1;
+  int blocks = 0;
+  for (int i = plan.first; i < plan.end; ++i) {
+    const PipelineLayer& layer = layers[static_cast<std::size_t>(i)];
+    const bool kept = layer.kind != LayerKind::kBlock || (i - plan.first) % k == 0;
+    if (kept) out.held += layer.activation_bytes;
+    if (layer.kind == LayerKind::kBlock) ++blocks;
+  }
+  if (layout.recompute == Recompute::kFull && blocks > 0) {
+    ParallelConfig whole = parallel_config(layout);
+    whole.recompute = Recompute::kNone;
+    out.recompute_working = std::min(k, blocks) * block_activation_bytes(layout.model, whole);
+  }
+  return out;
+}
+
 StageCosts price_stage(const Layout& layout, const std::vector<PipelineLayer>& layers, const StagePlan& plan,
-                       const LinkCost& tensor_link) {
+                       const LinkCost& tensor_link, const LinkCost& data_parallel_link) {
   const ModelSpec& model = layout.model;
   const ParallelConfig config = parallel_config(layout);
   const HardwareProfile hw = priced_hardware(layout);
@@ -56,6 +84,19 @@ StageCosts price_stage(const Layout& layout, const std::vector<PipelineLayer>& l
     stage.weight_gradient_bytes += priced->weight_gradient_bytes;
   }
   stage.backward_input_s += recompute_s;
+  // ZeRO-3: every F and every backward first all-gathers the stage's
+  // parameters from the replicas (in the compute format), as DeepSpeed's
+  // stage 3 does for each micro-batch, and the gradients are reduce-scattered,
+  // not all-reduced (gradient_bytes below): 1.5x plain data parallelism's
+  // traffic at one micro-batch (Rajbhandari et al. 2020, §7.2.2).
+  const bool zero3 = layout.zero == ZeroStage::kThree && layout.data_parallel > 1;
+  if (zero3) {
+    const double gather = ring_all_gather_seconds(
+        static_cast<double>(config.bytes_per_element) * static_cast<double>(plan.parameters), layout.data_parallel,
+        data_parallel_link);
+    stage.forward_s += gather;
+    stage.backward_input_s += gather;
+  }
   stage.backward_s = stage.backward_input_s + stage.backward_weight_s;
   stage.output_bytes = layers[static_cast<std::size_t>(plan.end - 1)].output_bytes;
 
@@ -63,8 +104,11 @@ StageCosts price_stage(const Layout& layout, const std::vector<PipelineLayer>& l
   const StateAccounting accounting =
       layout.precision == Precision::kFp32 ? StateAccounting::kFp32Adam : StateAccounting::kMixedPrecisionAdam;
   stage.model_state_bytes = model_state_bytes(parameters, layout.zero, layout.data_parallel, accounting).total();
-  stage.activation_bytes = sum_layers(layers, plan.first, plan.end).activation_bytes;
-  stage.gradient_bytes = bytes_per_element(layout.gradient_precision) * static_cast<double>(parameters);
+  const StageActivations activations = stage_activations(layout, layers, plan);
+  stage.activation_bytes = activations.held;
+  stage.backward_working_bytes = activations.recompute_working;
+  stage.gradient_bytes = bytes_per_element(layout.gradient_precision) * static_cast<double>(parameters) *
+                         (zero3 ? 0.5 : 1);
   const double local = layout.zero == ZeroStage::kNone
                            ? static_cast<double>(parameters)
                            : static_cast<double>(parameters) / layout.data_parallel;
@@ -377,14 +421,16 @@ LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule, Partiti
 
   const LinkCost tensor_link =
       collective_link_cost(link_between(layout.hardware, 0, layout.tensor_parallel - 1), layout.hardware);
-  for (const StagePlan& plan : out.partition.stages) {
-    out.costs.stages.push_back(price_stage(layout, layers, plan, tensor_link));
+  out.costs.data_parallel = layout.data_parallel;
+  out.costs.data_parallel_links = data_parallel_links(layout, schedule.num_ranks());
+  for (std::size_t s = 0; s < out.partition.stages.size(); ++s) {
+    const RankId rank = schedule.rank_of(StageId(static_cast<int>(s)));
+    out.costs.stages.push_back(price_stage(layout, layers, out.partition.stages[s], tensor_link,
+                                           out.costs.data_parallel_links[static_cast<std::size_t>(rank.value())]));
   }
   add_comm_buffers(out.costs.stages);
   out.costs.links = pipeline_links(layout, schedule);
   out.costs.comm_mode = layout.comm_mode;
-  out.costs.data_parallel = layout.data_parallel;
-  out.costs.data_parallel_links = data_parallel_links(layout, schedule.num_ranks());
 
   // Whole-model FLOPs: the layers without tensor parallelism, once per
   // micro-batch of every replica (B / b of them).

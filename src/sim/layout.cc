@@ -1,5 +1,7 @@
 #include "pipeflow/sim/layout.h"
 
+#include <algorithm>
+
 #include "pipeflow/config/rules.h"
 #include "pipeflow/core/error.h"
 
@@ -28,6 +30,7 @@ Layout layout_of(const ResolvedRun& run) {
   layout.file_schedule = keys.pipeline.file_schedule;
   layout.chunks = keys.pipeline.chunks;
   layout.recompute = run.recompute;
+  layout.recompute_interval = std::max(1, keys.pipeline.recompute_interval);
   layout.sequence_parallel = run.sequence_parallel;
   layout.partition = keys.pipeline.partition_method;
   layout.zero = keys.zero;

@@ -283,6 +283,10 @@ double ring_all_reduce_seconds(double bytes, int members, const LinkCost& link) 
   return 2 * (n - 1) / n * bytes / link.bandwidth_bytes_per_s + 2 * (n - 1) * link.latency_s;
 }
 
+double ring_all_gather_seconds(double bytes, int members, const LinkCost& link) {
+  return ring_all_reduce_seconds(bytes, members, link) / 2;
+}
+
 std::uint64_t LinkTable::key(RankId from, RankId to) {
   return static_cast<std::uint64_t>(static_cast<std::uint32_t>(from.value())) << 32 |
          static_cast<std::uint32_t>(to.value());

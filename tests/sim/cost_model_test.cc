@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "../support/error_of.h"
@@ -44,6 +45,22 @@ const StageCosts& block_stage(const LayoutCosts& costs) { return costs.costs.sta
 
 LayoutCosts costs_of(const Layout& layout) { return layout_costs(layout, layout_schedule(layout)); }
 
+Layout make_layout_like(Layout layout, int recompute_interval) {
+  layout.recompute_interval = recompute_interval;
+  return layout;
+}
+
+double worst_peak(const Prediction& prediction) {
+  double peak = 0;
+  for (const RankResult& rank : prediction.result.ranks) peak = std::max(peak, rank.peak_memory_bytes);
+  return peak;
+}
+
+Layout make_zero(Layout layout, ZeroStage zero) {
+  layout.zero = zero;
+  return layout;
+}
+
 // Korthikanti et al. 2022 eq. 1-6 per layer (GPT-3 175B, b = 1, s = 2048,
 // h = 12288, a = 96, t = 8), through the cost model's per-stage figure.
 TEST(CostModel, StageActivationsReproduceKorthikantisPerLayerExpressions) {
@@ -61,6 +78,61 @@ TEST(CostModel, StageActivationsReproduceKorthikantisPerLayerExpressions) {
   EXPECT_DOUBLE_EQ(block_stage(costs_of(single_block_stages(8, true, R::kSelective))).activation_bytes,
                    sbh * 34 / t);
   EXPECT_DOUBLE_EQ(block_stage(costs_of(single_block_stages(8, false, R::kFull))).activation_bytes, 2 * sbh);
+}
+
+// Full recomputation every k layers (activation_checkpoint_interval), as
+// nn::Stage keeps it: of a stage's layers only every k-th from its first
+// keeps its input (2·sbh in bf16), and a backward rebuilds min(k, blocks)
+// blocks' whole activations (34·sbh + 5·a·s²·b each, t = 1) above that. The
+// recomputed FLOPs, and so the step time, do not depend on k: every block's
+// forward runs once more either way.
+TEST(CostModel, ACheckpointIntervalKeepsEveryKthInputAndRebuildsKBlocks) {
+  const double s = 2048, h = 12288, a = 96, sbh = s * h;
+  const double whole_block = sbh * (34 + 5 * a * s / h);
+  Layout layout = make_layout("gpt3-175b", "a100-80g", 1, 2, 1, 8, 2048);
+  layout.recompute = Recompute::kFull;
+  layout.partition = parse_partition_method("bounds:0,10,98");  // stage 1: blocks 9..95 and the head
+  const LayoutCosts one = costs_of(layout);
+  layout.recompute_interval = 4;
+  const LayoutCosts four = costs_of(layout);
+  // Stage 0: the embedding (local layer 0) and blocks 0-8 (local 1-9): k = 4 keeps blocks at local 4 and 8.
+  EXPECT_DOUBLE_EQ(one.costs.stages[0].activation_bytes - four.costs.stages[0].activation_bytes, 7 * 2 * sbh);
+  EXPECT_DOUBLE_EQ(one.costs.stages[0].backward_working_bytes, whole_block);
+  EXPECT_DOUBLE_EQ(four.costs.stages[0].backward_working_bytes, 4 * whole_block);
+  // Stage 1: blocks 9..95 at local 0..86 (22 of them at multiples of 4) and the head.
+  EXPECT_DOUBLE_EQ(one.costs.stages[1].activation_bytes - four.costs.stages[1].activation_bytes, (87 - 22) * 2 * sbh);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_DOUBLE_EQ(four.costs.stages[i].forward_s, one.costs.stages[i].forward_s);
+    EXPECT_DOUBLE_EQ(four.costs.stages[i].backward_s, one.costs.stages[i].backward_s);
+  }
+  // The trade: with 1F1B's two micro-batches in flight the larger segment
+  // rebuilt outweighs the inputs saved; with GPipe's 8 the saving wins.
+  EXPECT_GT(worst_peak(predict(layout)), worst_peak(predict(make_layout_like(layout, 1))));
+  layout.schedule = "gpipe";
+  EXPECT_LT(worst_peak(predict(layout)), worst_peak(predict(make_layout_like(layout, 1))));
+}
+
+// ZeRO-3 gathers each stage's bf16 parameters from the d replicas before
+// every F and every backward ((d-1)/d·2Ψ bytes a gather on a ring), and
+// reduce-scatters the gradients instead of all-reducing them: slower steps
+// than ZeRO-1, which moves the same bytes as plain data parallelism.
+TEST(CostModel, ZeroThreeGathersTheParametersForEveryForwardAndBackward) {
+  Layout layout = single_block_stages(1, false, Recompute::kNone);
+  const double block = 12.0 * 12288 * 12288 + 13.0 * 12288;
+  layout.data_parallel = 4;
+  layout.devices = 16;
+  layout.global_batch = 32;
+  layout.zero = ZeroStage::kOne;
+  const LayoutCosts zero1 = costs_of(layout);
+  layout.zero = ZeroStage::kThree;
+  const LayoutCosts zero3 = costs_of(layout);
+  const LinkCost link = zero3.costs.data_parallel_links[1];
+  const double gather = 0.75 * 2 * block / link.bandwidth_bytes_per_s + 3 * link.latency_s;
+  EXPECT_DOUBLE_EQ(block_stage(zero3).forward_s - block_stage(zero1).forward_s, gather);
+  EXPECT_DOUBLE_EQ(block_stage(zero3).backward_s - block_stage(zero1).backward_s, gather);
+  EXPECT_DOUBLE_EQ(block_stage(zero3).gradient_bytes, block_stage(zero1).gradient_bytes / 2);
+  EXPECT_DOUBLE_EQ(block_stage(zero3).model_state_bytes, 16 * block / 4);
+  EXPECT_GT(predict(layout).result.step_time_s, predict(make_zero(layout, ZeroStage::kOne)).result.step_time_s);
 }
 
 // W keeps each matrix's input and output gradient: 2·sbh·(4 + (4h + 2f)/(h·t))

@@ -97,6 +97,10 @@ struct PipelineLayer {
 // position table, t not dividing the heads, ...).
 std::vector<PipelineLayer> pipeline_layers(const ModelSpec& spec, const ParallelConfig& config);
 
+// The activation bytes one block keeps per micro-batch from its forward to
+// its backward under `config` (its recompute mode; Korthikanti et al. 2022).
+double block_activation_bytes(const ModelSpec& spec, const ParallelConfig& config);
+
 // Sums over layers [first, end).
 struct LayerTotals {
   std::int64_t parameters = 0;  // including tied copies whose owner is outside the range

@@ -41,6 +41,11 @@ struct Layout {
   // generator's; resolve() checked it against p, v and m.
   std::optional<Schedule> file_schedule;
   Recompute recompute = Recompute::kNone;
+  // Full recomputation keeps a block's input only at every k-th layer of its
+  // stage (pipeline.activation_checkpoint_interval; Megatron-LM's
+  // --recompute-num-layers with its uniform method): fewer inputs held, the
+  // same recomputed FLOPs, and a backward that rebuilds k blocks at once.
+  int recompute_interval = 1;
   bool sequence_parallel = false;
   PartitionMethod partition{PartitionMethod::Kind::kParameters, {}, {}};  // DeepSpeed's default
   ZeroStage zero = ZeroStage::kNone;

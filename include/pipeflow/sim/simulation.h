@@ -38,6 +38,8 @@ struct LinkCost {
 // (n−1)/n of the buffer through every rank in n−1 steps:
 //   2(n−1)/n · bytes / bandwidth + 2(n−1) · latency;  0 for n = 1.
 double ring_all_reduce_seconds(double bytes, int members, const LinkCost& link);
+// A ring all-gather (or reduce-scatter) of `bytes` in all: half the all-reduce.
+double ring_all_gather_seconds(double bytes, int members, const LinkCost& link);
 
 // Point-to-point links between pipeline ranks: one cost for every pair, and
 // any pair set apart (Megatron's layout puts some neighbours on one node and

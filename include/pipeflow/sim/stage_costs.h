@@ -37,7 +37,8 @@ struct StageCosts {
   double comm_buffer_bytes = 0;      // send and receive buffers, held for the whole step
 
   // After the pipeline: this stage's gradient bytes all-reduced across the
-  // data-parallel replicas, and the optimizer step over its parameters.
+  // data-parallel replicas (ZeRO-3: reduce-scattered only, so half of them
+  // here), and the optimizer step over its parameters.
   double gradient_bytes = 0;
   double optimizer_s = 0;
 
