@@ -165,9 +165,9 @@ struct SignalledRun {
 };
 
 // Runs `pipeflow train --config CONFIG --steps 5000` and sends it `signals`
-// SIGTERMs once its third step line is out (the shell execs pipeflow, so
-// the signals reach it).
-SignalledRun train_until_sigterm(const std::string& config, const std::string& dir, int signals) {
+// times `signal` once its third step line is out (the shell execs pipeflow,
+// so the signals reach it).
+SignalledRun train_until_signal(const std::string& config, const std::string& dir, int signals, int signal = SIGTERM) {
   const std::string err_path = dir + "/err";
   const std::string command =
       "exec " + std::string(PIPEFLOW_BINARY) + " train --config " + config + " --steps 5000 >/dev/null 2>" + err_path;
@@ -177,7 +177,7 @@ SignalledRun train_until_sigterm(const std::string& config, const std::string& d
     ::_exit(127);
   }
   if (wait_for_text(err_path, "step 3/5000 ", std::chrono::seconds(60))) {
-    for (int i = 0; i < signals; ++i) ::kill(pid, SIGTERM);
+    for (int i = 0; i < signals; ++i) ::kill(pid, signal);
   } else {
     ::kill(pid, SIGKILL);  // never started: the exit code fails the test, which does not hang
   }
@@ -201,7 +201,7 @@ TEST(TrainCommand, SigtermWritesACheckpointAndTheFilesExits143AndTheResumeContin
   const std::string dir = make_temp_dir();
   const std::string out = dir + "/out";
   const std::string config = write_config(dir, tiny_config(out, "\n  \"steps_per_print\": 1,"));
-  const auto [exit_code, err] = train_until_sigterm(config, dir, 1);
+  const auto [exit_code, err] = train_until_signal(config, dir, 1);
   EXPECT_EQ(exit_code, 143) << err;
   const std::size_t at = err.find("stopped by signal 15 after step ");
   ASSERT_NE(at, std::string::npos) << err;
@@ -225,6 +225,23 @@ TEST(TrainCommand, SigtermWritesACheckpointAndTheFilesExits143AndTheResumeContin
   std::filesystem::remove_all(dir);
 }
 
+// SIGINT (Ctrl-C) as SIGTERM: the step finishes, the checkpoint and the
+// files are written, and the exit status is 128 + 2.
+TEST(TrainCommand, SigintStopsAfterTheStepWithACheckpointAndExits130) {
+  const std::string dir = make_temp_dir();
+  const std::string out = dir + "/out";
+  const std::string config = write_config(dir, tiny_config(out, "\n  \"steps_per_print\": 1,"));
+  const auto [exit_code, err] = train_until_signal(config, dir, 1, SIGINT);
+  EXPECT_EQ(exit_code, 130) << err;
+  const std::size_t at = err.find("stopped by signal 2 after step ");
+  ASSERT_NE(at, std::string::npos) << err;
+  const int done = std::stoi(err.substr(at + std::string("stopped by signal 2 after step ").size()));
+  EXPECT_TRUE(std::filesystem::exists(out + "/checkpoints/step_" + std::to_string(done) + ".safetensors"));
+  EXPECT_NE(err.find("pipeflow: stopped by signal 2: resume with --resume " + out + "/checkpoints"), std::string::npos)
+      << err;
+  std::filesystem::remove_all(dir);
+}
+
 // A second signal does not wait for the step: the process ends at once with
 // the same status, and what it was writing stays a temporary that the next
 // run into the same out_dir removes. (Where the second signal lands, in the
@@ -233,7 +250,7 @@ TEST(TrainCommand, ASecondSignalEndsTheRunAtOnceAndTheNextRunLeavesNoTemporaries
   const std::string dir = make_temp_dir();
   const std::string out = dir + "/out";
   const std::string config = write_config(dir, tiny_config(out, "\n  \"steps_per_print\": 1,"));
-  const auto [exit_code, err] = train_until_sigterm(config, dir, 2);
+  const auto [exit_code, err] = train_until_signal(config, dir, 2);
   EXPECT_EQ(exit_code, 143) << err;
   ASSERT_EQ(run_pipeflow("train --config " + config + " --steps 1 --overwrite").exit_code, 0);
   EXPECT_TRUE(temporaries_in(out).empty());

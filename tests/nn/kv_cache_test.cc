@@ -156,6 +156,15 @@ TEST(Sampling, TopKAndTopPKeepOnlyTheMostLikely) {
   for (int i = 0; i < 400; ++i) ++seen[static_cast<std::size_t>(sample_token(logits, {.temperature = 1.0, .top_p = 0.6}, rng))];
   EXPECT_EQ(seen[0] + seen[3] + seen[4], 0);
   EXPECT_GT(seen[2], 0);
+  // At the boundary: four equal tokens, top_p 0.5 reaches exactly half with
+  // tokens 0 and 1 (the nucleus is the smallest set whose mass is >= top_p),
+  // so tokens 2 and 3 never come.
+  const std::vector<float> equal = {0.0f, 0.0f, 0.0f, 0.0f};
+  std::vector<int> drawn(equal.size());
+  for (int i = 0; i < 400; ++i) ++drawn[static_cast<std::size_t>(sample_token(equal, {.temperature = 1.0, .top_p = 0.5}, rng))];
+  EXPECT_EQ(drawn[2] + drawn[3], 0);
+  EXPECT_GT(drawn[0], 0);
+  EXPECT_GT(drawn[1], 0);
   EXPECT_NE(error_of([] { SamplingOptions{.top_p = 0}.validate(); }).find("--top-p 0: must lie in (0, 1]"),
             std::string::npos);
   EXPECT_NE(error_of([] { SamplingOptions{.temperature = -1}.validate(); }).find("--temperature -1"),

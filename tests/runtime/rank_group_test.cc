@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <filesystem>
 #include <thread>
 #include <numeric>
@@ -215,6 +217,16 @@ void expect_data_parallel_equals_unpipelined(const std::string& schedule_name, i
   const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
   Reference unpipelined(kMicrobatches * data_parallel * testing::kMicroBatch);
   const std::string what = schedule_name + " dp " + std::to_string(data_parallel) + (zero1 ? " ZeRO-1" : "");
+  // The averaged gradient itself, 1/(m·d) of the sum over every replica's
+  // micro-batches: clipping and AdamW would hide a uniform scale in the weights.
+  const StepResult first = engine.step(0, source, StepMode::kGradientsOnly);
+  EXPECT_NEAR(first.loss, unpipelined.step(0, false), 1e-5 * first.loss) << what;
+  EXPECT_NEAR(first.grad_norm, std::sqrt(unpipelined.model().gradient_square_sum()), 1e-5 * first.grad_norm) << what;
+  if (!zero1) {  // ZeRO-1: each replica holds the reduced gradient of its own shard only
+    const auto with_gradients = engine.assemble_model(true);
+    ASSERT_NE(with_gradients, nullptr);
+    EXPECT_LT(testing::relative_error(with_gradients->gradients(), unpipelined.model().gradients()), 1e-5) << what;
+  }
   for (int step = 0; step < 3; ++step) {
     const StepResult result = engine.step(step, source);
     const double reference = unpipelined.step(step, true);

@@ -23,6 +23,7 @@
 #include "pipeflow/runtime/trainer.h"
 #include "pipeflow/sim/profile.h"
 #include "test_support.h"
+#include "train/skipped_steps.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -370,6 +371,24 @@ TEST(Trainer, AWorkerThrowingMidStepEndsTheRunAndTheLastGoodCheckpointResumesIt)
   EXPECT_EQ(expected_step, 4);
   std::fclose(log);
   std::filesystem::remove_all(dir);
+}
+
+// numerics.max_skipped_steps counts non-finite steps in a row: a finite step
+// ends the streak, an fp16 overflow the scaler absorbs leaves it as it was.
+TEST(Trainer, AFiniteStepEndsAStreakOfSkippedStepsAndAnAbsorbedOverflowDoesNot) {
+  SkippedInARow streak;
+  const auto step = [](bool skipped, bool overflow) {
+    StepLog log;
+    log.skipped = skipped;
+    log.overflow = overflow;
+    return log;
+  };
+  EXPECT_EQ(streak.after(step(true, false)), 1);
+  EXPECT_EQ(streak.after(step(true, false)), 2);
+  EXPECT_EQ(streak.after(step(false, false)), 0);
+  EXPECT_EQ(streak.after(step(true, false)), 1);
+  EXPECT_EQ(streak.after(step(true, true)), 1);
+  EXPECT_EQ(streak.after(step(true, false)), 2);
 }
 
 // lr 1e30: the first update throws the weights to ~1e30 and every later loss

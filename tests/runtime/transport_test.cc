@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <set>
 #include <thread>
 
 #include "pipeflow/runtime/in_process_transport.h"
@@ -46,6 +47,26 @@ Tensor filled(float value, BufferPool* pool = nullptr) {
   Tensor t = Tensor::uninitialized({4, 8}, {pool, nullptr});
   for (float& x : t.span()) x = value;
   return t;
+}
+
+// Every message of a step between processes has a tag of its own (direction,
+// sending stage and micro-batch all count), within the range the MPI
+// transport checks against the library's largest tag.
+TEST(MessageTags, EveryMessageOfAStepHasItsOwnTagInRange) {
+  constexpr int kStages = 5, kMicrobatches = 7;
+  std::set<int> seen;
+  for (Direction direction : {Direction::kActivation, Direction::kGradient, Direction::kTiedGradient}) {
+    for (int s = 0; s < kStages; ++s) {
+      for (int j = 0; j < kMicrobatches; ++j) {
+        const MessageKey key{RankId(0), RankId(1), StageId(s), MicrobatchId(j), direction};
+        const int tag = message_tag(key, kStages, kMicrobatches);
+        EXPECT_TRUE(seen.insert(tag).second) << describe(key) << " shares tag " << tag;
+        EXPECT_GE(tag, 0);
+        EXPECT_LT(tag, message_tags(kStages, kMicrobatches));
+      }
+    }
+  }
+  EXPECT_EQ(static_cast<std::int64_t>(seen.size()), message_tags(kStages, kMicrobatches));
 }
 
 TEST(InProcessTransport, ReceivesMatchByKeyInAnyOrder) {

@@ -41,6 +41,13 @@ struct MessageKey {
 // "activation of micro-batch 3 from stage 0 (rank 0 -> rank 1)".
 std::string describe(const MessageKey& key);
 
+// The tag a message travels under between processes (MpiTransport): one
+// per direction, sending stage and micro-batch of a step, so that two
+// messages between the same ranks never match each other's receive;
+// 0 .. message_tags(num_stages, num_microbatches) - 1.
+int message_tag(const MessageKey& key, int num_stages, int num_microbatches);
+std::int64_t message_tags(int num_stages, int num_microbatches);
+
 // How a blocking transport call ended. kAborted: abort() was called (another
 // worker failed); the caller stops without an error of its own.
 enum class WaitStatus { kOk, kTimedOut, kAborted };

@@ -19,7 +19,7 @@ MpiTransport::MpiTransport(MPI_Comm pipeline, RankId self, int num_stages, int n
   int* upper = nullptr;
   int found = 0;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &upper, &found);
-  const std::int64_t largest = 3LL * num_stages_ * num_microbatches_;
+  const std::int64_t largest = message_tags(num_stages_, num_microbatches_) - 1;
   if (found != 0 && largest > *upper) {
     fail("{} stages × {} micro-batches × 3 directions need MPI tags up to {}, and this MPI library allows {}: use "
          "fewer micro-batches per step",
@@ -47,10 +47,7 @@ std::vector<std::string> MpiTransport::sends_in_flight() const {
   return names;
 }
 
-int MpiTransport::tag(const MessageKey& key) const {
-  return (static_cast<int>(key.direction) * num_stages_ + key.stage.value()) * num_microbatches_ +
-         key.microbatch.value();
-}
+int MpiTransport::tag(const MessageKey& key) const { return message_tag(key, num_stages_, num_microbatches_); }
 
 void MpiTransport::progress_sends() {
   std::erase_if(sends_, [](PendingSend& send) {

@@ -25,4 +25,16 @@ std::string describe(const MessageKey& key) {
                      key.microbatch, key.stage, key.source, key.destination);
 }
 
+// Direction, then stage, then micro-batch: dense and in a known range, so
+// the constructor can check it against the MPI library's largest tag.
+int message_tag(const MessageKey& key, int num_stages, int num_microbatches) {
+  return (static_cast<int>(key.direction) * num_stages + key.stage.value()) * num_microbatches +
+         key.microbatch.value();
+}
+
+std::int64_t message_tags(int num_stages, int num_microbatches) {
+  constexpr std::int64_t kDirections = 3;
+  return kDirections * num_stages * num_microbatches;
+}
+
 }  // namespace pipeflow::runtime

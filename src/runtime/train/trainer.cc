@@ -20,6 +20,7 @@
 #include "pipeflow/runtime/report.h"
 #include "train/run_folders.h"
 #include "train/run_outputs.h"
+#include "train/skipped_steps.h"
 #include "pipeflow/runtime/stage_partition.h"
 #include "pipeflow/schedule/generators.h"
 
@@ -104,7 +105,7 @@ class Run {
   SimulationResult prediction_;
   std::vector<StepFigures> figures_;
   std::optional<StepResult> last_;
-  int skipped_in_a_row_ = 0;
+  SkippedInARow skipped_in_a_row_;
   int overflows_ = 0;  // fp16 steps skipped for an overflow that lowered the loss scale
   NoiseScaleAverage noise_scale_;  // over this run's measured steps (a resumed run starts afresh)
 };
@@ -353,6 +354,7 @@ StepLog Run::train_step(std::int64_t step) {
 // run diverged, and it stops naming where the first NaN or Inf is.
 void Run::check_skipped(const std::vector<StepLog>& logs) {
   const StepLog& log = logs.back();
+  const int in_a_row = skipped_in_a_row_.after(log);
   if (log.overflow) {  // fp16: the scaler lowered the scale; the next step tries again
     ++overflows_;
     progress_.message(fmt::format(
@@ -363,19 +365,17 @@ void Run::check_skipped(const std::vector<StepLog>& logs) {
         overflows_, overflows_ == 1 ? "" : "s"));
     return;
   }
-  skipped_in_a_row_ = log.skipped ? skipped_in_a_row_ + 1 : 0;
   if (!log.skipped) return;
   progress_.message(fmt::format("warning: step {} skipped: loss {}, gradient norm {}: not finite, so no update "
                                 "({} of numerics.max_skipped_steps = {} in a row)",
-                                log.step + 1, log.loss, log.grad_norm, skipped_in_a_row_,
-                                settings_.max_skipped_steps));
-  if (skipped_in_a_row_ < settings_.max_skipped_steps) return;
+                                log.step + 1, log.loss, log.grad_norm, in_a_row, settings_.max_skipped_steps));
+  if (in_a_row < settings_.max_skipped_steps) return;
   if (reporter()) write_metrics(logs);
   std::optional<std::string> first = engine_->first_non_finite(PipelineEngine::Values::kParameters);
   if (!first) first = engine_->first_non_finite(PipelineEngine::Values::kGradients);
   fail("step {}: {} steps in a row had a non-finite loss or gradient norm (numerics.max_skipped_steps = {}); the "
        "first non-finite tensor: {}; the run diverged: lower optimizer.params.lr or set gradient_clipping",
-       log.step + 1, skipped_in_a_row_, settings_.max_skipped_steps,
+       log.step + 1, in_a_row, settings_.max_skipped_steps,
        first.value_or("none (the loss alone)"));
 }
 
