@@ -30,9 +30,21 @@ std::filesystem::path temporary_beside(const std::filesystem::path& path) {
   return path.string() + fmt::format("{}{}", kTemporaryMarker, static_cast<long>(::getpid()));
 }
 
+// The system's calls end a path at its first NUL byte (a JSON string may
+// hold one: "a\u0000b"): such a path would read or write another file than
+// the one named.
+void refuse_nul(const std::filesystem::path& path) {
+  const std::string& text = path.native();
+  const std::size_t nul = text.find('\0');
+  if (nul == std::string::npos) return;
+  fail("the path that begins {}: holds a NUL byte at byte {}, which no file name can: give the path without it",
+       text.substr(0, std::min<std::size_t>(nul, 200)), nul);
+}
+
 // The file a write to `path` lands in: a symbolic link's target (followed
 // to the end, relative links from their folder), else the path itself.
 std::filesystem::path followed(const std::filesystem::path& path) {
+  refuse_nul(path);
   std::filesystem::path at = path;
   for (int hops = 0; hops < 40; ++hops) {
     std::error_code error;
@@ -60,6 +72,7 @@ bool is_special(const std::filesystem::path& path) {
 // Refuses a FIFO or socket (a FIFO's open would block until a writer came)
 // and, unless `devices`, a device.
 void refuse_non_file(const std::filesystem::path& path, bool devices) {
+  refuse_nul(path);
   const mode_t type = file_type(path);
   if (type == 0 || S_ISREG(type) || S_ISDIR(type) || (devices && !S_ISFIFO(type) && !S_ISSOCK(type))) return;
   const char* kind = S_ISFIFO(type) ? "a FIFO" : S_ISSOCK(type) ? "a socket" : "a device";

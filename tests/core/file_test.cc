@@ -9,6 +9,8 @@
 #include <zlib.h>
 
 #include <filesystem>
+#include <optional>
+#include <string>
 
 #include "pipeflow/core/error.h"
 
@@ -27,6 +29,17 @@ std::filesystem::path fresh_dir() {
 std::string error_of_writable(const std::filesystem::path& folder) {
   try {
     require_writable_folder(folder, "out_dir");
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+// The message of the Error `call` throws ("(no error)" when none).
+template <class Call>
+std::string error_of(Call call) {
+  try {
+    call();
   } catch (const Error& error) {
     return error.what();
   }
@@ -198,6 +211,37 @@ std::string error_of_inflating(const std::filesystem::path& path, std::size_t li
     return error.what();
   }
   return "";
+}
+
+// A path with a NUL byte (a JSON string may hold one) would name another
+// file to the system: readers and writers refuse it, and nothing is made.
+TEST(File, APathWithANulByteIsRefusedByReadersAndWriters) {
+  const auto dir = fresh_dir();
+  const std::filesystem::path path = dir / std::string("a\0b", 3);
+  const std::string written = error_of([&] { write_file_atomic(path, "x"); });
+  EXPECT_NE(written.find("holds a NUL byte at byte "), std::string::npos) << written;
+  EXPECT_FALSE(std::filesystem::exists(dir / "a"));
+  EXPECT_NE(error_of([&] { read_file(path, 100, "test file"); }).find("holds a NUL byte"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_file(path); }).find("holds a NUL byte"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// A folder lock is exclusive between holders, in one process or several,
+// and released with its holder.
+TEST(File, AFolderLockIsExclusiveAndReleasedWithItsHolder) {
+  const auto dir = fresh_dir();
+  std::optional<FolderLock> first = FolderLock::try_lock(dir);
+  ASSERT_TRUE(first);
+  EXPECT_FALSE(FolderLock::try_lock(dir));
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(FolderLock::try_lock(dir) ? 1 : 0);  // another process is refused too
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  first.reset();
+  EXPECT_TRUE(FolderLock::try_lock(dir));
+  EXPECT_NE(error_of([&] { FolderLock::try_lock(dir / "missing"); }).find("cannot open folder"), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(File, AGzipFileIsInflatedAndAPlainOneReadAsItIs) {
