@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/text.h"
 
 namespace pipeflow {
 namespace {
@@ -181,41 +182,6 @@ nlohmann::json plain_scalar(const std::string& text) {
     return number;
   }
   return text;
-}
-
-// Whether `text` is UTF-8 as RFC 3629 defines it (JSON's strings are; YAML's
-// may be any bytes): no overlong forms, no surrogates, nothing past U+10FFFF.
-bool is_utf8(std::string_view text) {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
-  std::size_t i = 0;
-  while (i < text.size()) {
-    const unsigned char c = byte(i);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t length = 0;
-    unsigned char low = 0x80, high = 0xBF;  // the second byte's range
-    if (c >= 0xC2 && c <= 0xDF) {
-      length = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      length = 3;
-      if (c == 0xE0) low = 0xA0;
-      if (c == 0xED) high = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      length = 4;
-      if (c == 0xF0) low = 0x90;
-      if (c == 0xF4) high = 0x8F;
-    } else {
-      return false;
-    }
-    if (i + length > text.size() || byte(i + 1) < low || byte(i + 1) > high) return false;
-    for (std::size_t k = 2; k < length; ++k) {
-      if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return false;
-    }
-    i += length;
-  }
-  return true;
 }
 
 const std::string& utf8(const std::string& text, const std::string& source) {

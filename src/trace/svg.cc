@@ -5,6 +5,7 @@
 #include <set>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/text.h"
 #include "pipeflow/core/units.h"
 
 namespace pipeflow {
@@ -262,13 +263,25 @@ std::string render_svg(const Timeline& timeline) {
 
 std::string xml_escape(std::string_view text) {
   std::string out;
-  for (char c : text) {
-    switch (c) {
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t length = utf8_sequence_length(text, i);
+    const std::string_view character = text.substr(i, std::max<std::size_t>(length, 1));
+    i += character.size();
+    // XML 1.0 holds no other control character, no U+FFFE or U+FFFF and no
+    // byte outside UTF-8, written as it is or as a reference (&#1; is
+    // ill-formed too): each such byte becomes U+FFFD, the replacement character.
+    const auto byte = static_cast<unsigned char>(character.front());
+    if (length == 0 || (byte < 0x20 && byte != '\t' && byte != '\n' && byte != '\r') || character == "\xEF\xBF\xBE" ||
+        character == "\xEF\xBF\xBF") {
+      out += "\xEF\xBF\xBD";
+      continue;
+    }
+    switch (byte) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
       case '"': out += "&quot;"; break;
-      default: out += c;
+      default: out += character;
     }
   }
   return out;

@@ -3,9 +3,11 @@
 // no "internal error", no unbounded memory.
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <string>
 
+#include "../trace/xml_check.h"
 #include "pipeflow/core/file.h"
 #include "run_pipeflow.h"
 
@@ -138,6 +140,26 @@ TEST(HostileInput, AnEndlessCorpusFailsAtTheCap) {
     "vocab_size": 256}, "data": {"path": "/dev/zero"}, "steps": 1, "out_dir": ")" + dir + R"(/out"})");
   expect_error(run_pipeflow("train --config " + dir + "/run.json"),
                "/dev/zero: more than 67108864 bytes, the limit for a training corpus");
+}
+
+const std::string kTinyRun = std::string(PIPEFLOW_SOURCE_DIR) + "/examples/simulate/gpt-tiny-1f1b-cpu.json";
+
+// A schedule's name with control characters (\x01, an escape sequence)
+// used to make the SVG ill-formed XML.
+TEST(HostileInput, ControlCharactersInAScheduleNameLeaveTheSvgWellFormed) {
+  const std::string dir = make_temp_dir();
+  ASSERT_EQ(run_pipeflow("schedule --schedule 1f1b --stages 2 --microbatches 8 --format json -o " + dir + "/s.json")
+                .exit_code,
+            0);
+  nlohmann::json schedule = nlohmann::json::parse(read_file(dir + "/s.json"));
+  schedule["name"] = "1f1b\x01\x1b[31mred\x7f";
+  write_file_atomic(dir + "/s.json", schedule.dump());
+  const CommandResult result = run_pipeflow("simulate --config " + kTinyRun + " --schedule-file " + dir +
+                                            "/s.json --svg " + dir + "/t.svg");
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const std::string svg = read_file(dir + "/t.svg");
+  EXPECT_EQ(xml_problem(svg), "");
+  EXPECT_NE(svg.find("1f1b\uFFFD\uFFFD[31mred\x7f"), std::string::npos);
 }
 
 }  // namespace

@@ -121,6 +121,27 @@ TEST(XmlCheck, RejectsWhatABrowserWouldReject) {
   EXPECT_EQ(testing::xml_problem("<a x=\"1\" x=\"2\"/>"), "duplicate attribute x at offset 10");
   EXPECT_EQ(testing::xml_problem("<a/><b/>"), "a second root element at offset 4");
   EXPECT_EQ(testing::xml_problem("<?xml version=\"1.0\"?>\n<a><!-- c --><b x=\"&amp;\"/>t&#38;</a>\n"), "");
+  EXPECT_EQ(testing::xml_problem("<a>\x01</a>"), "character U+0001, which XML 1.0 cannot hold at offset 3");
+  EXPECT_EQ(testing::xml_problem("<a>&#x1b;</a>"), "&#x1b; refers to a character XML 1.0 cannot hold at offset 3");
+  EXPECT_EQ(testing::xml_problem("<a>\xff</a>"), "a byte that is not UTF-8 at offset 3");
+  EXPECT_EQ(testing::xml_problem("<a>\xc0\xaf</a>"), "an overlong UTF-8 form at offset 3");
+  EXPECT_EQ(testing::xml_problem("<a>\t\xc3\xa9\xef\xbf\xbd</a>"), "");
+}
+
+// A schedule's name and an event's are a user's bytes: a control character
+// (\x01, an escape sequence's \x1b) or a byte that is not UTF-8 made the SVG
+// ill-formed; each is drawn as U+FFFD.
+TEST(Svg, TextXmlCannotHoldIsReplaced) {
+  Timeline timeline;
+  timeline.title = "a\x01" "b\x1b[31mc\xff d\xef\xbf\xbf\t\xc3\xa9";
+  timeline.num_ranks = 1;
+  timeline.events.push_back({RankId(0), std::string("0F0\x02"), EventCategory::kForward,
+                             Action{StageId(0), ActionKind::kForward, MicrobatchId(0)}, 0, 1});
+  const std::string svg = render_svg(timeline);
+  EXPECT_EQ(testing::xml_problem(svg), "");
+  EXPECT_NE(svg.find("a\uFFFDb\uFFFD[31mc\uFFFD d\uFFFD\t\u00e9 — bubble"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("data-action=\"0F0\uFFFD\""), std::string::npos) << svg;
+  EXPECT_EQ(xml_escape("<\x7f\r\n>"), "&lt;\x7f\r\n&gt;");
 }
 
 TEST(Svg, ATimelineTooLargeToDrawIsRefusedNamingTheFix) {

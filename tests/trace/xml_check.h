@@ -1,22 +1,26 @@
 #pragma once
 
 #include <cctype>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace pipeflow::testing {
 
-// A small XML well-formedness check for the SVG tests: one root element,
-// balanced and properly nested tags, quoted attributes, no duplicate
-// attribute, text and attribute values free of raw '<' and of '&' outside
-// the five predefined entities and numeric references. Returns "" when the
-// document is well-formed, else what is wrong and where.
+// A small XML well-formedness check for the SVG tests: only XML 1.0's
+// characters (tab, line feed, carriage return, U+0020 and above less the
+// surrogates, U+FFFE and U+FFFF) in UTF-8, written or referenced; one root
+// element, balanced and properly nested tags, quoted attributes, no
+// duplicate attribute, text and attribute values free of raw '<' and of '&'
+// outside the five predefined entities and numeric references. Returns ""
+// when the document is well-formed, else what is wrong and where.
 class XmlCheck {
  public:
   explicit XmlCheck(std::string_view text) : s_(text) {}
 
   std::string run() {
+    if (!characters()) return error_;
     skip_space();
     if (s_.substr(i_, 5) == "<?xml") {
       const std::size_t end = s_.find("?>", i_);
@@ -50,6 +54,35 @@ class XmlCheck {
     at(what);
     return false;
   }
+  static bool xml_char(std::uint32_t c) {
+    return c == 0x9 || c == 0xA || c == 0xD || (c >= 0x20 && c <= 0xD7FF) || (c >= 0xE000 && c <= 0xFFFD) ||
+           (c >= 0x10000 && c <= 0x10FFFF);
+  }
+  // Every character decoded from UTF-8 (the shortest form) must be XML's.
+  bool characters() {
+    for (i_ = 0; i_ < s_.size();) {
+      const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s_[i_ + k]); };
+      const unsigned char lead = byte(0);
+      const std::size_t length = lead < 0x80 ? 1 : lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 0;
+      if (length == 0 || i_ + length > s_.size()) return fail("a byte that is not UTF-8");
+      std::uint32_t c = length == 1 ? lead : lead & (0x7F >> length);
+      for (std::size_t k = 1; k < length; ++k) {
+        if ((byte(k) & 0xC0) != 0x80) return fail("a byte that is not UTF-8");
+        c = (c << 6) | (byte(k) & 0x3F);
+      }
+      const std::uint32_t shortest[] = {0, 0, 0x80, 0x800, 0x10000};
+      if (c < shortest[length]) return fail("an overlong UTF-8 form");
+      if (!xml_char(c)) return fail("character U+" + hex(c) + ", which XML 1.0 cannot hold");
+      i_ += length;
+    }
+    i_ = 0;
+    return true;
+  }
+  static std::string hex(std::uint32_t c) {
+    std::string out;
+    for (int shift = c > 0xFFFF ? 20 : 12; shift >= 0; shift -= 4) out += "0123456789ABCDEF"[(c >> shift) & 0xF];
+    return out;
+  }
   void skip_space() {
     while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
   }
@@ -74,6 +107,17 @@ class XmlCheck {
     const bool named = ref == "amp" || ref == "lt" || ref == "gt" || ref == "quot" || ref == "apos";
     const bool numeric = ref.size() > 1 && ref[0] == '#';
     if (!named && !numeric) return fail("unknown entity &" + std::string(ref) + ";");
+    if (numeric) {
+      const bool is_hex = ref[1] == 'x';
+      const std::string digits(ref.substr(is_hex ? 2 : 1));
+      const char* valid = is_hex ? "0123456789abcdefABCDEF" : "0123456789";
+      if (digits.empty() || digits.size() > 8 || digits.find_first_not_of(valid) != std::string::npos) {
+        return fail("bad character reference &" + std::string(ref) + ";");
+      }
+      if (!xml_char(static_cast<std::uint32_t>(std::stoul(digits, nullptr, is_hex ? 16 : 10)))) {
+        return fail("&" + std::string(ref) + "; refers to a character XML 1.0 cannot hold");
+      }
+    }
     i_ = end + 1;
     return true;
   }

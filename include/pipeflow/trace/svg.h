@@ -26,8 +26,11 @@ std::string render_svg(const Timeline& timeline);
 // caller can refuse before building the timeline.
 void check_svg_events(std::size_t events);
 
-// `text` with &, <, > and " written as entities: for XML and HTML text and
-// attribute values.
+// `text` with &, <, > and " written as entities, for XML and HTML text and
+// attribute values, and well-formed XML whatever its bytes: a control
+// character other than tab, line feed and carriage return, U+FFFE, U+FFFF
+// and each byte that is not UTF-8 become U+FFFD (a schedule's name, a
+// trace's title and event names are a user's bytes).
 std::string xml_escape(std::string_view text);
 
 }  // namespace pipeflow
