@@ -70,7 +70,7 @@ void add_grad_command(CLI::App& app) {
                                             .chunks = command->chunks,
                                             .partition = parse_partition_method(command->partition)});
     if (!std::isfinite(g.loss)) {
-      fail("loss = {}: the weights in {} or the forward produced a non-finite value; {} was not written",
+      fail("loss = {}: the forward produced a non-finite value from the (finite) weights in {}; {} was not written",
            g.loss, command->weights, command->out);
     }
     nn::SafetensorsWriter writer;

@@ -5,10 +5,16 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "../trace/xml_check.h"
 #include "pipeflow/core/file.h"
+#include "pipeflow/nn/safetensors.h"
 #include "run_pipeflow.h"
 
 namespace pipeflow::testing {
@@ -56,6 +62,58 @@ TEST(HostileInput, AnOutDirThatIsAFileIsRefusedByKey) {
   write_file_atomic(dir + "/run.json", R"({"model": "gpt2-124m", "out_dir": ")" + dir + R"(/taken"})");
   expect_error(run_pipeflow("train --config " + dir + "/run.json"),
                "out_dir = \"" + dir + "/taken\": names a file, not a directory: choose another out_dir");
+}
+
+// `from`'s tensors, each through `edit`, and its metadata with `metadata`
+// over it, written to `to` (with CRCs of the new values).
+void rewrite_weights(const std::string& from, const std::string& to,
+                     const std::function<void(const std::string&, Tensor&)>& edit,
+                     const std::map<std::string, std::string>& metadata = {}) {
+  const nn::SafetensorsFile file = nn::SafetensorsFile::read(from);
+  nn::SafetensorsWriter writer;
+  for (const std::string& name : file.names()) {
+    Tensor values = file.floats(name);
+    edit(name, values);
+    writer.add(name, values.span(), values.shape());
+  }
+  for (const auto& [key, text] : file.metadata()) {
+    if (!key.starts_with("crc32.")) writer.set_metadata(key, metadata.contains(key) ? metadata.at(key) : text);
+  }
+  writer.write(to);
+}
+
+// A batch for grad: 2 sequences of 8 tokens and their next tokens.
+void write_batch(const std::string& path) {
+  std::vector<std::int32_t> tokens(18);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(i);
+  nn::SafetensorsWriter writer;
+  writer.add("tokens", tokens, {2, 9});
+  writer.write(path);
+}
+
+// Used to generate from all-NaN weights, exiting 0 with token 0 after token 0.
+TEST(HostileInput, GenerateAndGradRefuseWeightsThatAreNotFiniteNamingTheTensor) {
+  const std::string dir = make_temp_dir();
+  const std::string weights = dir + "/w.safetensors", nan = dir + "/nan.safetensors";
+  ASSERT_EQ(run_pipeflow("init --layers 2 --heads 2 --width 32 --context 32 --seed 1 --out " + weights).exit_code, 0);
+  rewrite_weights(weights, nan, [](const std::string&, Tensor& values) {
+    for (float& v : values.span()) v = std::nanf("");
+  });
+  const std::string refused = nan + ": tensor wte.weight holds nan at index 0: values must be finite; start from "
+                                    "another file or an earlier checkpoint";
+  expect_error(run_pipeflow("generate --weights " + nan + " --prompt 'the cat' --max-new-tokens 4"), refused);
+  expect_error(run_pipeflow("generate --weights " + nan + " --prompt 'the cat' --max-new-tokens 4 --stages 2"), refused);
+
+  rewrite_weights(weights, nan, [](const std::string& name, Tensor& values) {
+    if (name == "h.1.mlp.c_proj.weight") values.span()[5] = -INFINITY;
+  });
+  write_batch(dir + "/batch.safetensors");
+  const std::string one = nan + ": tensor h.1.mlp.c_proj.weight holds -inf at index 5: values must be finite";
+  expect_error(run_pipeflow("generate --weights " + nan + " --prompt a --max-new-tokens 1"), one);
+  expect_error(run_pipeflow("grad --weights " + nan + " --batch " + dir + "/batch.safetensors --out " + dir +
+                            "/g.safetensors"),
+               one);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/g.safetensors"));
 }
 
 // Used to be accepted: only the Llama path checked it.

@@ -29,8 +29,9 @@ std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::
 
 // A checkpoint (file or folder) read whole, every check of its format made
 // (nn::read_sharded for a folder: an incomplete one without its index is an
-// Error naming the folder, and a shard holding a non-finite value one naming
-// the shard: nn::check_values); its header's __metadata__ alone. The index
+// Error naming the folder), every value checked (nn::check_values: a
+// non-finite value is an Error naming the file, or the shard, and the
+// tensor); its header's __metadata__ alone. The index
 // file stands for its folder. read_checkpoint is also how generate and grad
 // read --weights: a weights file, or a checkpoint in either form, or a
 // Hugging Face checkpoint as published (BF16, F16 or F32 tensors, sharded or

@@ -133,10 +133,10 @@ class PipelineEngine {
   PipelineEngine& operator=(const PipelineEngine&) = delete;
 
   void init_parameters(std::uint64_t seed);
-  // Whole-model weights by name (pipeflow init's or a checkpoint's file);
-  // Error naming the file when its model's shape differs from the engine's,
-  // and naming the file and the tensor when a float in it is not finite (or
-  // a second moment exp_avg_sq.* is negative): nothing is loaded then.
+  // Whole-model weights by name (pipeflow init's or a checkpoint's file, as
+  // checkpoint_search.h read_checkpoint reads and checks it); Error naming
+  // the file when its model's shape differs from the engine's: nothing is
+  // loaded then.
   void load_parameters(const nn::SafetensorsFile& file);
 
   // A training checkpoint: the whole model's weights as load_parameters reads

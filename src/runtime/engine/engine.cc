@@ -303,7 +303,6 @@ void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
   if (!(stored == config_)) {
     fail("{}: holds a model {}; the run's model is a {}", file.source(), nn::describe(stored), nn::describe(config_));
   }
-  nn::check_values(file);
   for (auto& replica : replicas_) {
     for (auto& stage : replica->stages) {
       if (stage) nn::load_parameters(*stage, file);

@@ -110,9 +110,12 @@ nn::SafetensorsFile with_hf_config(nn::SafetensorsFile file, const std::filesyst
 
 nn::SafetensorsFile read_checkpoint(const std::filesystem::path& path) {
   const std::filesystem::path checkpoint = without_index(path);
-  return with_hf_config(std::filesystem::is_directory(checkpoint) ? nn::read_sharded(checkpoint, nn::check_values)
-                                                                  : nn::SafetensorsFile::read(checkpoint),
-                        checkpoint);
+  const bool sharded = std::filesystem::is_directory(checkpoint);
+  // A folder's shards are checked one by one, so that an error names the shard.
+  nn::SafetensorsFile file =
+      sharded ? nn::read_sharded(checkpoint, nn::check_values) : nn::SafetensorsFile::read(checkpoint);
+  if (!sharded) nn::check_values(file);
+  return with_hf_config(std::move(file), checkpoint);
 }
 
 nn::SafetensorsFile read_checkpoint_metadata(const std::filesystem::path& path) {
