@@ -4,9 +4,12 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 #include <string>
+#include <string_view>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/nn/parameter_layout.h"
 
 namespace pipeflow::nn {
 namespace {
@@ -21,6 +24,27 @@ bool metadata_flag(const SafetensorsFile& file, const char* key) {
   const std::string& text = file.metadata(key);
   if (text != "true" && text != "false") fail("{}: __metadata__ {} = \"{}\" must be true or false", file.source(), key, text);
   return text == "true";
+}
+
+// A parameter's name for `name`: itself, or the name of the parameter
+// whose AdamW moment or gradient it holds.
+std::string_view parameter_of(std::string_view name) {
+  for (const std::string_view state : {"exp_avg_sq.", "exp_avg.", "grad."}) {
+    if (name.starts_with(state)) return name.substr(state.size());
+  }
+  return name;
+}
+
+// `name` with a block's index written 0: the name the family's one-block
+// model gives the same tensor of its block.
+std::string in_first_block(std::string_view name, const ModelConfig& config) {
+  const std::string_view block = config.llama() ? "model.layers." : "h.";
+  if (!name.starts_with(block)) return std::string(name);
+  const std::size_t dot = name.find('.', block.size());
+  if (dot == name.npos) return std::string(name);
+  const std::string_view index = name.substr(block.size(), dot - block.size());
+  if (index.empty() || index.find_first_not_of("0123456789") != index.npos) return std::string(name);
+  return fmt::format("{}0{}", block, name.substr(dot));
 }
 
 // Shortest text that reads back as the same double.
@@ -116,6 +140,27 @@ void check_values(const SafetensorsFile& file) {
       fail("{}: tensor {} holds {} at index {}: {}; start from another file or an earlier checkpoint", file.source(),
            name, v, i, second_moment ? "a second moment must be finite and >= 0" : "values must be finite");
     }
+  }
+}
+
+void check_tensors_taken(const SafetensorsFile& file, const ModelConfig& config) {
+  ModelConfig one_block = config;
+  one_block.n_layer = 1;
+  one_block.tied_embeddings = !config.llama();  // an untied Llama: lm_head.weight too
+  const auto names = [](const ModelConfig& model) {
+    const ParameterLayout layout(model, all_layers(model));
+    std::set<std::string, std::less<>> out;
+    for (const ParameterInfo& info : layout.entries()) out.insert(info.name);
+    return out;
+  };
+  const auto family = names(one_block), taken = names(config);
+  for (const std::string& name : file.names()) {
+    const std::string_view parameter = parameter_of(name);
+    if (taken.contains(parameter) || !family.contains(in_first_block(parameter, config))) continue;
+    fail("{}: tensor {} is not a parameter of the model its metadata describes ({}): a file whose tensors the model "
+         "does not all take is another model's, or its metadata is wrong; give this model's weights, or correct {} "
+         "in its metadata (a Hugging Face checkpoint's: in the config.json beside it)",
+         file.source(), name, describe(config), config.llama() ? "n_layer or tie_word_embeddings" : "n_layer");
   }
 }
 

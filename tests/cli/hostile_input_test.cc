@@ -116,6 +116,39 @@ TEST(HostileInput, GenerateAndGradRefuseWeightsThatAreNotFiniteNamingTheTensor) 
   EXPECT_FALSE(std::filesystem::exists(dir + "/g.safetensors"));
 }
 
+// A file of 6 blocks whose metadata says 2 used to load as its first 2
+// blocks, silently, in generate, grad and train --weights.
+TEST(HostileInput, WeightsWithMoreBlocksThanTheirMetadataSaysAreRefused) {
+  const std::string dir = make_temp_dir();
+  const auto keep = [](const std::string&, Tensor&) {};
+  const std::string six = dir + "/six.safetensors", wrong = dir + "/wrong.safetensors";
+  ASSERT_EQ(run_pipeflow("init --layers 6 --heads 2 --width 32 --context 32 --seed 1 --out " + six).exit_code, 0);
+  rewrite_weights(six, wrong, keep, {{"n_layer", "2"}});
+  const std::string refused =
+      wrong + ": tensor h.2.ln_1.weight is not a parameter of the model its metadata describes (GPT-2, 2 layers, "
+              "width 32, 2 heads, context 32, vocabulary 256): a file whose tensors the model does not all take is "
+              "another model's, or its metadata is wrong; give this model's weights, or correct n_layer in its "
+              "metadata";
+  expect_error(run_pipeflow("generate --weights " + wrong + " --prompt a --max-new-tokens 1"), refused);
+  write_batch(dir + "/batch.safetensors");
+  expect_error(run_pipeflow("grad --weights " + wrong + " --batch " + dir + "/batch.safetensors --out " + dir +
+                            "/g.safetensors --schedule 1f1b --stages 2 --microbatches 2"),
+               refused);
+  write_file_atomic(dir + "/run.json", R"({"steps": 1, "eval_interval": 0, "gradient_accumulation_steps": 2})");
+  expect_error(run_pipeflow("train --config " + dir + "/run.json --weights " + wrong + " --out-dir " + dir + "/out"),
+               refused);
+
+  // Hugging Face's names: a Llama whose metadata says 1 block of its 3.
+  const std::string llama = dir + "/llama.safetensors";
+  ASSERT_EQ(run_pipeflow("init --arch llama --layers 3 --heads 2 --width 32 --context 32 --seed 1 --out " + llama)
+                .exit_code,
+            0);
+  rewrite_weights(llama, wrong, keep, {{"n_layer", "1"}});
+  expect_error(run_pipeflow("generate --weights " + wrong + " --prompt a --max-new-tokens 1"),
+               wrong + ": tensor model.layers.1.input_layernorm.weight is not a parameter of the model its metadata "
+                       "describes (Llama, 1 layers");
+}
+
 // Used to be accepted: only the Llama path checked it.
 TEST(HostileInput, Gpt2WidthMustBeAMultipleOfHeads) {
   const std::string dir = make_temp_dir();

@@ -158,6 +158,42 @@ TEST(ModelFile, WeightsRoundTripWithTheShapeInTheMetadata) {
   std::filesystem::remove(path);
 }
 
+// A file holding h.2.* for a model of 2 blocks drops them when loaded: its
+// metadata is wrong, or it is another model's. Names of no parameter pass.
+TEST(ModelFile, TensorsNamedAsParametersTheModelDoesNotTakeAreRefused) {
+  const ModelConfig gpt2{.vocab_size = 256, .context = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
+  const auto taken = [](const ModelConfig& config, const std::vector<std::string>& names) {
+    SafetensorsWriter writer;
+    const std::vector<float> value = {0};
+    for (const std::string& name : names) writer.add(name, value, {1});
+    return testing::error_of(
+        [&] { check_tensors_taken(SafetensorsFile::parse(writer.serialize(), "w.safetensors"), config); });
+  };
+  const std::string model = "(GPT-2, 2 layers, width 16, 2 heads, context 8, vocabulary 256)";
+  EXPECT_EQ(taken(gpt2, {"wte.weight", "h.1.ln_1.weight", "exp_avg.h.1.ln_1.weight", "exp_avg_sq.wte.weight",
+                         "grad.h.0.mlp.c_fc.bias", "tokens", "logits", "h.0.attn.bias", "h.7.attn.masked_bias"}),
+            "(no error)");
+  EXPECT_EQ(taken(gpt2, {"wte.weight", "h.1.ln_1.weight", "h.2.ln_1.weight", "h.3.ln_1.weight"}),
+            "w.safetensors: tensor h.2.ln_1.weight is not a parameter of the model its metadata describes " + model +
+                ": a file whose tensors the model does not all take is another model's, or its metadata is wrong; "
+                "give this model's weights, or correct n_layer in its metadata (a Hugging Face checkpoint's: in the "
+                "config.json beside it)");
+  EXPECT_NE(taken(gpt2, {"exp_avg_sq.h.12.mlp.c_proj.weight"}).find("tensor exp_avg_sq.h.12.mlp.c_proj.weight is not"),
+            std::string::npos);
+
+  ModelConfig llama = gpt2;
+  llama.family = Family::kLlama;
+  EXPECT_EQ(taken(llama, {"model.layers.1.mlp.up_proj.weight", "model.layers.0.self_attn.rotary_emb.inv_freq"}),
+            "(no error)");
+  EXPECT_NE(taken(llama, {"model.layers.2.mlp.up_proj.weight"}).find("tensor model.layers.2.mlp.up_proj.weight is not"),
+            std::string::npos);
+  // A tied Llama's head is the embedding: an lm_head.weight of its own says the metadata is wrong.
+  EXPECT_NE(taken(llama, {"lm_head.weight"}).find("tensor lm_head.weight is not a parameter"), std::string::npos);
+  EXPECT_NE(taken(llama, {"lm_head.weight"}).find("correct n_layer or tie_word_embeddings"), std::string::npos);
+  llama.tied_embeddings = false;
+  EXPECT_EQ(taken(llama, {"lm_head.weight"}), "(no error)");
+}
+
 // Hugging Face's sharded layout: the shards and an index naming each
 // tensor's shard; the reader merges them, and refuses an index that does
 // not match its shards, or a folder without one.

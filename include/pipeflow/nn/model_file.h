@@ -41,6 +41,16 @@ void load_parameters(Stage& stage, const SafetensorsFile& file);
 // (F32 tensors; exp_avg_sq.* must also be >= 0).
 void check_values(const SafetensorsFile& file);
 
+// A tensor the model of `config` does not take, though its name is one of
+// the model family's parameters at some layer or head (h.5.ln_1.weight,
+// model.layers.5.mlp.up_proj.weight, an untied Llama's lm_head.weight), or
+// such a parameter's AdamW moment (exp_avg.*, exp_avg_sq.*) or gradient
+// (grad.*): loading would drop it silently, so the file holds another model
+// or its metadata is wrong. An Error naming the file, the first such tensor
+// (in file order) and the model. Names of no parameter (a reference file's
+// tokens and logits, Hugging Face's attention-mask buffers) pass.
+void check_tensors_taken(const SafetensorsFile& file, const ModelConfig& config);
+
 // A whole-model weights file: config in the metadata plus every parameter,
 // and "precision": what the weights were trained in (fp32, bf16, fp16; they
 // are the fp32 master weights either way).

@@ -31,7 +31,8 @@ std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::
 // (nn::read_sharded for a folder: an incomplete one without its index is an
 // Error naming the folder), every value checked (nn::check_values: a
 // non-finite value is an Error naming the file, or the shard, and the
-// tensor); its header's __metadata__ alone. The index
+// tensor) and every tensor named as a parameter taken by the model it
+// describes (nn::check_tensors_taken); its header's __metadata__ alone. The index
 // file stands for its folder. read_checkpoint is also how generate and grad
 // read --weights: a weights file, or a checkpoint in either form, or a
 // Hugging Face checkpoint as published (BF16, F16 or F32 tensors, sharded or

@@ -115,7 +115,9 @@ nn::SafetensorsFile read_checkpoint(const std::filesystem::path& path) {
   nn::SafetensorsFile file =
       sharded ? nn::read_sharded(checkpoint, nn::check_values) : nn::SafetensorsFile::read(checkpoint);
   if (!sharded) nn::check_values(file);
-  return with_hf_config(std::move(file), checkpoint);
+  file = with_hf_config(std::move(file), checkpoint);
+  nn::check_tensors_taken(file, nn::read_config(file));
+  return file;
 }
 
 nn::SafetensorsFile read_checkpoint_metadata(const std::filesystem::path& path) {
