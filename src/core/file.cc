@@ -258,6 +258,20 @@ void refuse_overwriting(const NamedPath& output, std::initializer_list<NamedPath
   }
 }
 
+bool is_within(const std::filesystem::path& path, const std::filesystem::path& folder) {
+  const auto resolved = [](const std::filesystem::path& p) -> std::optional<std::filesystem::path> {
+    std::error_code error;
+    std::filesystem::path at = std::filesystem::absolute(p, error);
+    if (!error) at = std::filesystem::weakly_canonical(at, error);
+    if (error) return std::nullopt;
+    return at;
+  };
+  const auto inner = resolved(path), outer = resolved(folder);
+  if (!inner || !outer) return false;
+  const std::filesystem::path relative = inner->lexically_relative(*outer);
+  return !relative.empty() && *relative.begin() != "..";
+}
+
 void require_writable_folder(const std::filesystem::path& folder, std::string_view what) {
   std::error_code error;
   std::filesystem::create_directories(folder, error);

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <vector>
@@ -31,6 +32,29 @@ void append_until(const nlohmann::json& value, std::string& out, std::size_t lim
     append_until(element, out, limit);
   }
   out += object ? '}' : ']';
+}
+
+// nlohmann's message quotes the token it stopped at whole ("...; last read:
+// '<token>'", "number overflow parsing '<token>'"): a 5 MB string, or the
+// first line of a file that is no JSON at all. The message keeps its place
+// (line and column) and description; the token becomes a short excerpt.
+std::string without_whole_token(std::string_view message) {
+  if (const std::size_t tag = message.find("] "); message.starts_with("[json.exception.") && tag != message.npos) {
+    message.remove_prefix(tag + 2);
+  }
+  for (const std::string_view marker : {"last read: '", "parsing '"}) {
+    const std::size_t at = message.find(marker);
+    if (at == message.npos) continue;
+    const std::size_t begin = at + marker.size();
+    // A syntax error's "; expected <what>" follows the token; <what> names a token kind.
+    std::size_t end = message.rfind("'; expected ");
+    if (end == message.npos || end < begin) end = message.rfind('\'');
+    if (end == message.npos || end < begin) end = message.size();
+    return fmt::format("{}{}{}", message.substr(0, at + marker.size() - 1),
+                       quoted_excerpt(message.substr(begin, end - begin), kShortDumpChars),
+                       message.substr(std::min(end + 1, message.size())));
+  }
+  return std::string(message);
 }
 
 struct TooDeep {};
@@ -135,7 +159,7 @@ nlohmann::json parse_json(std::string_view text, const std::string& source) {
     fail("{}: key {} appears twice in one object (first {}): JSON keys must be unique; keep the one you mean",
          source, duplicate.path, duplicate.first);
   } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range for a number like 1e400
-    fail("{}: not valid JSON: {}", source, error.what());
+    fail("{}: not valid JSON: {}", source, without_whole_token(error.what()));
   }
   fail("{}: JSON nested deeper than the limit of {} levels (arrays and objects within each other), far more than any "
        "configuration, schedule, profile or trace needs: is it the right file?",

@@ -1,7 +1,11 @@
 #include "pipeflow/sim/run_metadata.h"
 
+#include <algorithm>
+#include <filesystem>
+
 #include "pipeflow/core/config.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
 #include "pipeflow/core/json.h"
 #include "pipeflow/model/hardware.h"
 
@@ -25,6 +29,31 @@ MeasuredProfile profile_of_costs(const SimulationCosts& costs, std::string sourc
   return profile;
 }
 
+namespace {
+
+// A trace travels between people, and re-simulating its run reads the files
+// its configuration names: only those beside the trace or under the working
+// directory, so that a trace cannot make analyze open (and quote in an
+// error) any other file its user can read. A preset's name, taken as a
+// path, lies under the working directory.
+void check_named_files(const nlohmann::json& config, const std::string& trace, const std::string& where) {
+  std::filesystem::path beside = std::filesystem::path(trace).parent_path();
+  if (beside.empty()) beside = ".";
+  for (const char* pointer : kRunConfigFileKeys) {
+    const nlohmann::json::json_pointer key(pointer);
+    if (!config.contains(key) || !config[key].is_string()) continue;
+    const std::string path = config[key].get<std::string>();
+    if (is_within(path, beside) || is_within(path, std::filesystem::current_path())) continue;
+    std::string name = key.to_string().substr(1);
+    std::replace(name.begin(), name.end(), '/', '.');
+    fail("{}.config.{} = {}: a trace names only files beside it ({} or below) or under the working directory: copy "
+         "the file beside the trace and name it so",
+         where, name, quoted_excerpt(path), beside.string());
+  }
+}
+
+}  // namespace
+
 RunMetadata read_run_metadata(const nlohmann::json& json, const std::string& source) {
   const std::string where = source + ": otherData.pipeflow";
   if (!json.is_object()) fail("{}: not an object", where);
@@ -44,6 +73,7 @@ RunMetadata read_run_metadata(const nlohmann::json& json, const std::string& sou
   // The configuration names its hardware by preset or path; the trace carries the profile itself.
   nlohmann::json config = json["config"];
   config["hardware"] = "cpu";
+  check_named_files(config, source, where);
   metadata.config = parse_run_config(Config::from_json(std::move(config), where + ".config"));
   metadata.config.hardware = hardware;
   metadata.config.hardware_source = hardware.name;

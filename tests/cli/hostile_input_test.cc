@@ -235,6 +235,51 @@ TEST(HostileInput, AnEndlessCorpusFailsAtTheCap) {
 
 const std::string kTinyRun = std::string(PIPEFLOW_SOURCE_DIR) + "/examples/simulate/gpt-tiny-1f1b-cpu.json";
 
+// A trace of simulate whose run's configuration has `key` (a JSON pointer)
+// set to `value`, written to `path`.
+void write_trace_naming(const std::string& dir, const std::string& path, const std::string& key,
+                        const std::string& value) {
+  ASSERT_EQ(run_pipeflow("simulate --config " + kTinyRun + " --trace " + dir + "/t.json").exit_code, 0);
+  nlohmann::json trace = nlohmann::json::parse(read_file(dir + "/t.json"));
+  nlohmann::json& config = trace["otherData"]["pipeflow"]["config"];
+  config[nlohmann::json::json_pointer(key)] = value;
+  if (key == "/pipeline/schedule_file") config["pipeline"].erase("schedule");
+  write_file_atomic(path, trace.dump());
+}
+
+// A trace naming /etc/passwd as its model or schedule file used to have
+// analyze open it and print its first line in the error.
+TEST(HostileInput, ATraceNamesOnlyFilesBesideItOrUnderTheWorkingDirectory) {
+  const std::string dir = make_temp_dir();
+  const std::string trace = dir + "/evil.json";
+  const std::string rule = ": a trace names only files beside it (" + dir +
+                           " or below) or under the working directory: copy the file beside the trace and name it so";
+  for (const char* key : {"/model", "/pipeline/schedule_file"}) {
+    SCOPED_TRACE(key);
+    write_trace_naming(dir, trace, key, "/etc/passwd");
+    const CommandResult result = run_pipeflow("analyze " + trace);
+    const std::string name = std::string(key) == "/model" ? "model" : "pipeline.schedule_file";
+    expect_error(result, trace + ": otherData.pipeflow.config." + name + " = \"/etc/passwd\"" + rule);
+    EXPECT_EQ(result.err.find("root"), std::string::npos) << result.err;
+    // A link beside the trace is followed to where it leads.
+    std::filesystem::create_symlink("/etc/passwd", dir + "/link.json");
+    write_trace_naming(dir, trace, key, dir + "/link.json");
+    expect_error(run_pipeflow("analyze " + trace), "config." + name + " = \"" + dir + "/link.json\"" + rule);
+    std::filesystem::remove(dir + "/link.json");
+  }
+  // Beside the trace: read (a model read from config.json, a schedule file as written).
+  write_file_atomic(dir + "/sub/config.json", R"({"model_type": "gpt2", "n_layer": 4, "n_head": 4, "n_embd": 128,
+    "n_positions": 64, "vocab_size": 256})");
+  write_trace_naming(dir, trace, "/model", dir + "/sub/../sub/config.json");
+  const CommandResult beside = run_pipeflow("analyze " + trace);
+  EXPECT_EQ(beside.exit_code, 0) << beside.err;
+  ASSERT_EQ(run_pipeflow("schedule --schedule 1f1b --stages 2 --microbatches 8 --format json -o " + dir + "/s.json")
+                .exit_code,
+            0);
+  write_trace_naming(dir, trace, "/pipeline/schedule_file", "s.json");  // relative: under the working directory
+  EXPECT_EQ(run_pipeflow("analyze " + trace, dir).exit_code, 0);
+}
+
 // A schedule's name with control characters (\x01, an escape sequence)
 // used to make the SVG ill-formed XML.
 TEST(HostileInput, ControlCharactersInAScheduleNameLeaveTheSvgWellFormed) {

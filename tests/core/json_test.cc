@@ -71,6 +71,24 @@ TEST(Json, AConfigurationOfDeepValueReportsItShort) {
             "c.json: stages must be an integer, got " + kCutBrackets);
 }
 
+// nlohmann's message quoted the token it stopped at whole: a 100 KB string,
+// or the first line of a file that is not JSON (/etc/passwd, named by a trace).
+TEST(Json, AParseErrorGivesThePlaceAndAShortExcerptOfTheToken) {
+  const std::string open_string = "{\"model\": \"" + std::string(100'000, 'A') + "\n";
+  EXPECT_EQ(testing::error_of([&] { parse_json(open_string, "c.json"); }),
+            "c.json: not valid JSON: parse error at line 2, column 0: syntax error while parsing value - invalid string: "
+            "control character U+000A (LF) must be escaped to \\u000A or \\n; last read: \"\\x22" +
+                std::string(59, 'A') + "\"... (100009 bytes)");
+  EXPECT_EQ(testing::error_of([&] { parse_json("root:x:0:0:root:/root:/bin/bash\n", "passwd"); }),
+            "passwd: not valid JSON: parse error at line 1, column 1: syntax error while parsing value - invalid "
+            "literal; last read: \"r\"");
+  EXPECT_EQ(testing::error_of([&] { parse_json("[1e999999]", "n.json"); }),
+            "n.json: not valid JSON: number overflow parsing \"1e999999\"");
+  EXPECT_EQ(testing::error_of([&] { parse_json("{\"a\" 1}", "k.json"); }),
+            "k.json: not valid JSON: parse error at line 1, column 6: syntax error while parsing object separator - "
+            "unexpected number literal; expected ':'");
+}
+
 TEST(BoundedRead, DevZeroFailsAtTheLimit) {
   EXPECT_EQ(error_of([] { read_file("/dev/zero", 1000, "configuration file"); }),
             "/dev/zero: more than 1000 bytes, the limit for a configuration file: is it the right file?");

@@ -261,6 +261,11 @@ struct RunConfig {
 //   run.json: pipeline.stages = 0: must be a positive integer: the number of pipeline ranks
 RunConfig parse_run_config(const Config& config, const RunOverrides& overrides = {});
 RunConfig load_run_config(const std::filesystem::path& path, const RunOverrides& overrides = {});
+
+// The keys whose string values parse_run_config opens as files (model and
+// hardware when they are a path rather than a preset's name), as JSON
+// pointers into the configuration.
+inline constexpr std::array<const char*, 3> kRunConfigFileKeys = {"/model", "/hardware", "/pipeline/schedule_file"};
 // The defaults alone (a command line without --config), with the overrides;
 // source "the command line".
 RunConfig default_run_config(const RunOverrides& overrides = {});

@@ -69,6 +69,11 @@ struct NamedPath {
 // none), naming both and the fix: writing it would replace the input.
 void refuse_overwriting(const NamedPath& output, std::initializer_list<NamedPath> inputs);
 
+// Whether `path` lies in `folder` or below it, both resolved as opening them
+// would (relative to the working directory, "..", "." and symbolic links
+// followed); false when either cannot be resolved.
+bool is_within(const std::filesystem::path& path, const std::filesystem::path& folder);
+
 // Creates `folder` if needed and proves a file can be made in it (a probe,
 // made and removed), so that a run finds a read-only or missing output
 // folder before its work, not after. Throws Error naming `what` ("out_dir"),

@@ -18,8 +18,9 @@ namespace pipeflow {
 // stack; pipeflow's own files nest a few levels.
 inline constexpr int kMaxJsonDepth = 64;
 
-// Throws Error "<source>: not valid JSON: ..." or "<source>: JSON nested
-// deeper than 64 levels ...".
+// Throws Error "<source>: not valid JSON: ..." (the line and column, and of
+// the text there at most a quoted_excerpt) or "<source>: JSON nested deeper
+// than 64 levels ...".
 nlohmann::json parse_json(std::string_view text, const std::string& source);
 
 // A YAML document (a configuration written in YAML) as JSON, by YAML 1.2's

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/file.h"
 #include "pipeflow/core/json.h"
 #include "pipeflow/runtime/checkpoint_search.h"
 #include "train/run_outputs.h"
@@ -38,13 +39,6 @@ Owner read_owner(const std::filesystem::path& out_dir) {
   }
 }
 
-bool inside(const std::filesystem::path& folder, const std::filesystem::path& outer) {
-  const std::filesystem::path a = std::filesystem::weakly_canonical(folder);
-  const std::filesystem::path b = std::filesystem::weakly_canonical(outer);
-  const auto [end, unused] = std::mismatch(b.begin(), b.end(), a.begin(), a.end());
-  return end == b.end();
-}
-
 // "a, b, c, d and 4 more", relative to `folder`
 std::string listed(const std::vector<std::filesystem::path>& paths, const std::filesystem::path& folder) {
   std::string text;
@@ -60,7 +54,9 @@ std::string listed(const std::vector<std::filesystem::path>& paths, const std::f
 
 RunFolders::RunFolders(const TrainSettings& settings) : settings_(settings) {
   std::vector<std::pair<std::string_view, std::filesystem::path>> folders{{"out_dir", settings.out_dir}};
-  if (!inside(settings.checkpoint_dir, settings.out_dir)) folders.emplace_back("checkpoint.dir", settings.checkpoint_dir);
+  if (!is_within(settings.checkpoint_dir, settings.out_dir)) {
+    folders.emplace_back("checkpoint.dir", settings.checkpoint_dir);
+  }
   for (const auto& [key, folder] : folders) {
     require_writable_folder(folder, key);
     std::optional<FolderLock> lock = FolderLock::try_lock(folder);
