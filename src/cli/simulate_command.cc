@@ -79,7 +79,8 @@ void run_inference(const SimulateCommand& command) {
 // takes its data-parallel size from the world it starts in, one replica
 // without --devices). What it does not model is listed once.
 RunConfig megatron_run(const std::string& text_or_file, const RunFlags& flags) {
-  const bool file = std::filesystem::is_regular_file(text_or_file);
+  std::error_code not_a_path;  // a launch line longer than a file name may be
+  const bool file = std::filesystem::is_regular_file(text_or_file, not_a_path);
   const std::string source = file ? text_or_file : "--megatron-args";
   MegatronArgs args =
       read_megatron_args(file ? read_file(text_or_file, kMaxConfigFileBytes, "Megatron-LM arguments") : text_or_file,

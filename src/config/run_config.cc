@@ -483,7 +483,8 @@ RunConfig parse_keys(const Config& config) {
       non_negative(config, "eval_interval", run.eval_interval, "steps between validations, 0 for the last step only");
   run.out_dir = config.get("out_dir", run.out_dir);
   if (run.out_dir.empty()) config.fail_value("out_dir", "must name a directory");
-  if (std::filesystem::exists(run.out_dir) && !std::filesystem::is_directory(run.out_dir)) {
+  std::error_code unreadable;  // a name too long or a loop of links: creating the folder says so
+  if (std::filesystem::exists(run.out_dir, unreadable) && !std::filesystem::is_directory(run.out_dir, unreadable)) {
     config.fail_value("out_dir", "names a file, not a directory: choose another out_dir or move the file away");
   }
   const Config checkpoint = config.object("checkpoint");

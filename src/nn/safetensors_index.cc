@@ -16,7 +16,8 @@ namespace {
 // The index of `folder`: tensor name -> shard file, checked.
 std::map<std::string, std::string> read_weight_map(const std::filesystem::path& folder) {
   const std::filesystem::path index = folder / kSafetensorsIndex;
-  if (!std::filesystem::exists(index)) {
+  std::error_code unreadable;  // a name too long, a loop of links: no index either
+  if (!std::filesystem::exists(index, unreadable)) {
     fail("{}: no {}: the checkpoint is incomplete (its index is written last, after every shard: a writer stopped "
          "before it); resume from another checkpoint",
          folder.string(), kSafetensorsIndex);

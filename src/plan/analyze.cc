@@ -740,7 +740,8 @@ RunMetadata measured_run(const RunConfig& config, const TimerLog& log, const std
 }
 
 RunMetadata measured_run_from(const std::filesystem::path& path, const RunConfig& config) {
-  if (std::filesystem::is_regular_file(path)) {
+  std::error_code unreadable;  // a name too long, a loop of links: reading it says so
+  if (std::filesystem::is_regular_file(path, unreadable)) {
     // A profile (profile.json as train writes it) is one JSON object with "stages" and no "traceEvents".
     const std::string text = read_file_inflated(path, kMaxTraceFileBytes, "profile or trace");
     const std::size_t first = text.find_first_not_of(" \t\r\n");

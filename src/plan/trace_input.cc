@@ -54,7 +54,7 @@ std::vector<Candidate> candidates(const std::vector<fs::path>& paths) {
       out.push_back({path, true});
       continue;
     }
-    if (fs::exists(path / "trace.json")) {  // a run directory of pipeflow train
+    if (fs::exists(path / "trace.json", error)) {  // a run directory of pipeflow train
       out.push_back({path / "trace.json", true});
       continue;
     }

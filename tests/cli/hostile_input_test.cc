@@ -298,5 +298,28 @@ TEST(HostileInput, ControlCharactersInAScheduleNameLeaveTheSvgWellFormed) {
   EXPECT_NE(svg.find("1f1b\uFFFD\uFFFD[31mred\x7f"), std::string::npos);
 }
 
+// std::filesystem's tests throw on a path they cannot look at: these used to
+// end in "internal error: filesystem error: status: ...".
+TEST(HostileInput, PathsThatCannotBeLookedAtAreErrorsNamingTheReason) {
+  const std::string dir = make_temp_dir();
+  std::filesystem::create_symlink("loop", dir + "/loop");  // a link to itself
+  const std::string loop = dir + "/loop/x";
+  const std::string reason = "Too many levels of symbolic links";
+  expect_error(run_pipeflow("generate --weights " + loop + " --prompt a --max-new-tokens 1"), reason);
+  expect_error(run_pipeflow("train --config " + kTinyRun + " --weights " + loop + " --steps 1"), reason);
+  expect_error(run_pipeflow("train --config " + kTinyRun + " --resume " + loop + " --steps 1"),
+               "checkpoint.load = " + loop + ": no such file or directory");
+  expect_error(run_pipeflow("train --config " + kTinyRun + " --steps 1 --out-dir " + loop),
+               "out_dir " + loop + ": cannot create it: " + reason);
+  expect_error(run_pipeflow("simulate --config " + kTinyRun + " --profile " + loop), ": no such file or folder");
+  // A Megatron-LM launch line longer than a file name may be is a line, not a file.
+  const CommandResult megatron = run_pipeflow(
+      "simulate --megatron-args '--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 64 "
+      "--max-position-embeddings 64 --micro-batch-size 1 --global-batch-size 8 --pipeline-model-parallel-size 2 "
+      "--tokenizer-model " +
+      std::string(300, 'x') + "'");
+  EXPECT_EQ(megatron.exit_code, 0) << megatron.err;
+}
+
 }  // namespace
 }  // namespace pipeflow::testing

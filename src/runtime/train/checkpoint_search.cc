@@ -34,13 +34,25 @@ std::optional<std::int64_t> steps_of(const std::filesystem::path& path, bool fol
   return steps;
 }
 
+// std::filesystem's tests that throw on a path they cannot look at (a name
+// too long, a loop of links): such a path is neither, and reading it names why.
+bool is_folder(const std::filesystem::path& path) {
+  std::error_code unreadable;
+  return std::filesystem::is_directory(path, unreadable);
+}
+
+bool is_there(const std::filesystem::path& path) {
+  std::error_code unreadable;
+  return std::filesystem::exists(path, unreadable);
+}
+
 // The folder of a sharded checkpoint's index file; any other path as it is.
 std::filesystem::path without_index(const std::filesystem::path& path) {
   return path.filename() == nn::kSafetensorsIndex ? path.parent_path() : path;
 }
 
 bool is_sharded_checkpoint(const std::filesystem::path& dir) {
-  return std::filesystem::exists(dir / nn::kSafetensorsIndex) || steps_of(dir, true).has_value();
+  return is_there(dir / nn::kSafetensorsIndex) || steps_of(dir, true).has_value();
 }
 
 }  // namespace
@@ -73,12 +85,12 @@ std::vector<FoundCheckpoint> checkpoints_in(const std::filesystem::path& dir) {
 }
 
 std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::path& path) {
-  if (!std::filesystem::exists(path)) {
+  if (!is_there(path)) {
     fail("checkpoint.load = {}: no such file or directory: give a checkpoint file or folder, the directory that "
          "checkpoint.dir names or the run's out_dir",
          path.string());
   }
-  if (!std::filesystem::is_directory(path)) {
+  if (!is_folder(path)) {
     return {without_index(path)};
   }
   if (is_sharded_checkpoint(path)) return {path};
@@ -99,10 +111,10 @@ std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::
 // metadata the way pipeflow's files carry it.
 nn::SafetensorsFile with_hf_config(nn::SafetensorsFile file, const std::filesystem::path& checkpoint) {
   if (file.metadata().contains("n_layer")) return file;
-  const std::filesystem::path folder =
-      std::filesystem::is_directory(checkpoint) ? checkpoint : checkpoint.parent_path();
+  const std::filesystem::path folder = is_folder(checkpoint) ? checkpoint : checkpoint.parent_path();
   const std::filesystem::path config = (folder.empty() ? std::filesystem::path(".") : folder) / "config.json";
-  if (!std::filesystem::is_regular_file(config)) return file;  // read_config names what is missing
+  std::error_code unreadable;
+  if (!std::filesystem::is_regular_file(config, unreadable)) return file;  // read_config names what is missing
   const nn::ModelConfig model = runtime_model(model_from_hf_config(config), config.string());
   for (auto& [key, value] : nn::config_metadata(model)) file.set_metadata(key, value);
   return file;
@@ -110,7 +122,7 @@ nn::SafetensorsFile with_hf_config(nn::SafetensorsFile file, const std::filesyst
 
 nn::SafetensorsFile read_checkpoint(const std::filesystem::path& path) {
   const std::filesystem::path checkpoint = without_index(path);
-  const bool sharded = std::filesystem::is_directory(checkpoint);
+  const bool sharded = is_folder(checkpoint);
   // A folder's shards are checked one by one, so that an error names the shard.
   nn::SafetensorsFile file =
       sharded ? nn::read_sharded(checkpoint, nn::check_values) : nn::SafetensorsFile::read(checkpoint);
@@ -122,9 +134,9 @@ nn::SafetensorsFile read_checkpoint(const std::filesystem::path& path) {
 
 nn::SafetensorsFile read_checkpoint_metadata(const std::filesystem::path& path) {
   const std::filesystem::path checkpoint = without_index(path);
-  return with_hf_config(std::filesystem::is_directory(checkpoint) ? nn::read_sharded_metadata(checkpoint)
-                                                                  : nn::SafetensorsFile::read_metadata(checkpoint),
-                        checkpoint);
+  return with_hf_config(
+      is_folder(checkpoint) ? nn::read_sharded_metadata(checkpoint) : nn::SafetensorsFile::read_metadata(checkpoint),
+      checkpoint);
 }
 
 std::filesystem::path checkpoint_to_resume(const std::filesystem::path& path) {

@@ -81,9 +81,11 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
                                                         : ComputeFormat::kFp32;
   if (run.precision == Precision::kFp16) s.engine.loss_scale = run.loss_scale;
   for (const std::string& path : run.data.paths) {
-    if (!std::filesystem::exists(path) || std::filesystem::is_directory(path)) {
+    std::error_code unreadable;  // a name too long, a loop of links: not there
+    const bool there = std::filesystem::exists(path, unreadable);
+    if (!there || std::filesystem::is_directory(path, unreadable)) {
       fail("{}: data path \"{}\" is {}: name text files, or leave data out for the fortunes corpus", source, path,
-           std::filesystem::exists(path) ? "a directory" : "not there");
+           there ? "a directory" : "not there");
     }
   }
   s.data.assign(run.data.paths.begin(), run.data.paths.end());
