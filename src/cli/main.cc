@@ -2,9 +2,17 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "commands.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
+
+namespace {
+
+constexpr std::size_t kMaxCliMessage = 400;
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"pipeflow: plan, predict, run and explain pipeline-parallel training"};
@@ -33,7 +41,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     // --help and --version arrive as ParseErrors with exit code 0; CLI11 prints them.
     if (error.get_exit_code() == 0) return app.exit(error);
-    std::fprintf(stderr, "pipeflow: error: %s (run with --help for the options)\n", error.what());
+    // CLI11 quotes the argument it refuses whole (up to 128 KiB): a message
+    // longer than any of its own is cut as pipeflow cuts a user's value.
+    std::string message = error.what();
+    if (message.size() > kMaxCliMessage) message = pipeflow::quoted_excerpt(message, kMaxCliMessage);
+    std::fprintf(stderr, "pipeflow: error: %s (run with --help for the options)\n", message.c_str());
     return error.get_exit_code();
   } catch (const pipeflow::cli::ExitStatus& exit) {
     return exit.status;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow {
 namespace {
@@ -170,7 +171,7 @@ const RunKey* find_run_flag(std::string_view name) {
 
 nlohmann::json run_key_value(const RunKey& key, std::string_view text, std::string_view origin) {
   const auto refuse = [&] {
-    fail("{} {}: must be {} (key {}: {})", origin, text, type_name(key.type), key.path, key.rule);
+    fail("{} {}: must be {} (key {}: {})", origin, quoted_excerpt(text), type_name(key.type), key.path, key.rule);
   };
   switch (key.type) {
     case kInteger: {

@@ -11,11 +11,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow {
 namespace {
@@ -37,13 +39,27 @@ void refuse_nul(const std::filesystem::path& path) {
   const std::string& text = path.native();
   const std::size_t nul = text.find('\0');
   if (nul == std::string::npos) return;
-  fail("the path that begins {}: holds a NUL byte at byte {}, which no file name can: give the path without it",
-       text.substr(0, std::min<std::size_t>(nul, 200)), nul);
+  fail("the path {}: holds a NUL byte at byte {}, which no file name can: give the path without it",
+       quoted_excerpt(text.substr(0, nul)), nul);
+}
+
+// No path the system opens is longer than PATH_MAX bytes: a longer one (a
+// value meant for something else, or hostile) is refused before a message
+// quotes it whole.
+constexpr std::size_t kMaxPathBytes = PATH_MAX;
+
+// `what` names the path's flag or key ("out_dir"), if anything does here.
+void refuse_overlong(const std::filesystem::path& path, std::string_view what = "") {
+  const std::string& text = path.native();
+  if (text.size() <= kMaxPathBytes) return;
+  fail("{}{}: a path of {} bytes, more than the system's limit of {}: give a shorter path",
+       what.empty() ? "" : fmt::format("{} ", what), quoted_excerpt(text), text.size(), kMaxPathBytes);
 }
 
 // The file a write to `path` lands in: a symbolic link's target (followed
 // to the end, relative links from their folder), else the path itself.
 std::filesystem::path followed(const std::filesystem::path& path) {
+  refuse_overlong(path);
   refuse_nul(path);
   std::filesystem::path at = path;
   for (int hops = 0; hops < 40; ++hops) {
@@ -72,6 +88,7 @@ bool is_special(const std::filesystem::path& path) {
 // Refuses a FIFO or socket (a FIFO's open would block until a writer came)
 // and, unless `devices`, a device.
 void refuse_non_file(const std::filesystem::path& path, bool devices) {
+  refuse_overlong(path);
   refuse_nul(path);
   const mode_t type = file_type(path);
   if (type == 0 || S_ISREG(type) || S_ISDIR(type) || (devices && !S_ISFIFO(type) && !S_ISSOCK(type))) return;
@@ -273,6 +290,8 @@ bool is_within(const std::filesystem::path& path, const std::filesystem::path& f
 }
 
 void require_writable_folder(const std::filesystem::path& folder, std::string_view what) {
+  refuse_overlong(folder, what);
+  refuse_nul(folder);
   std::error_code error;
   std::filesystem::create_directories(folder, error);
   if (error) fail("{} {}: cannot create it: {}: choose a folder you can write", what, folder.string(), error.message());

@@ -173,15 +173,21 @@ std::string short_dump(const nlohmann::json& value) {
   return text;
 }
 
-std::string quoted_excerpt(std::string_view text, std::size_t max_chars) {
+std::string quoted_excerpt(std::string_view text, std::size_t max_bytes) {
   std::string out = "\"";
-  const std::string_view shown = text.substr(0, max_chars);
-  for (const char c : shown) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte >= 0x20 && byte < 0x7f && c != '"' && c != '\\') {
-      out += c;
+  const std::string_view shown = text.substr(0, max_bytes);
+  for (std::size_t i = 0; i < shown.size();) {
+    const auto byte = static_cast<unsigned char>(shown[i]);
+    const std::size_t length = utf8_sequence_length(shown, i);
+    // Printable ASCII but the quote and the backslash, and UTF-8 past the C1 controls (U+0080..U+009F).
+    const bool as_is = length == 1 ? byte >= 0x20 && byte < 0x7f && byte != '"' && byte != '\\'
+                                   : length > 1 && !(byte == 0xC2 && static_cast<unsigned char>(shown[i + 1]) < 0xA0);
+    if (as_is) {
+      out += shown.substr(i, length);
+      i += length;
     } else {
       out += fmt::format("\\x{:02x}", byte);
+      ++i;
     }
   }
   out += '"';

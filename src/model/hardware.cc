@@ -9,6 +9,7 @@
 #include "pipeflow/core/config.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow {
 namespace {
@@ -192,7 +193,8 @@ HardwareProfile hardware_preset(std::string_view name) {
   for (const HardwareProfile& profile : hardware_presets()) {
     if (profile.name == name) return profile;
   }
-  fail("unknown hardware '{}': use one of {} or the path of a hardware JSON file", name, preset_names());
+  fail("unknown hardware {}: use one of {} or the path of a hardware JSON file", quoted_excerpt(name),
+       preset_names());
 }
 
 HardwareProfile hardware_from_json(std::string_view json_text, std::string source) {

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/model/hf_config.h"
 #include "pipeflow/model/pipeline_layers.h"
 
@@ -158,7 +159,8 @@ ModelSpec model_preset(std::string_view name) {
   for (const ModelSpec& spec : model_presets()) {
     if (spec.name == name) return spec;
   }
-  fail("unknown model '{}': use one of {} or the path of a Hugging Face config.json", name, preset_names());
+  fail("unknown model {}: use one of {} or the path of a Hugging Face config.json", quoted_excerpt(name),
+       preset_names());
 }
 
 ModelSpec resolve_model(std::string_view name_or_path) {

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow {
 namespace {
@@ -98,7 +99,8 @@ std::vector<int> parse_list(std::string_view text, std::string_view method) {
     int value = 0;
     const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), value);
     if (item.empty() || error != std::errc() || end != item.data() + item.size()) {
-      fail("partition '{}{}': '{}' is not an integer; {}", method, text, item, kMethodHelp);
+      fail("partition {}: {} is not an integer; {}", quoted_excerpt(std::string(method) + std::string(text)),
+           quoted_excerpt(item), kMethodHelp);
     }
     values.push_back(value);
     start = comma + 1;
@@ -234,7 +236,7 @@ PartitionMethod parse_partition_method(std::string_view text) {
   if (text.starts_with("type:") && text.size() > 5) return {Kind::kType, std::string(text.substr(5)), {}};
   if (text.starts_with("counts:")) return {Kind::kCounts, "", parse_list(text.substr(7), "counts:")};
   if (text.starts_with("bounds:")) return {Kind::kBounds, "", parse_list(text.substr(7), "bounds:")};
-  fail("unknown partition method '{}': {}", text, kMethodHelp);
+  fail("unknown partition method {}: {}", quoted_excerpt(text), kMethodHelp);
 }
 
 std::string to_string(const PartitionMethod& method) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow {
 namespace {
@@ -187,7 +188,7 @@ Recompute parse_recompute(std::string_view text) {
   for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     if (text == to_string(mode)) return mode;
   }
-  fail("recompute '{}': use none, selective or full", text);
+  fail("recompute {}: use none, selective or full", quoted_excerpt(text));
 }
 
 std::vector<PipelineLayer> pipeline_layers(const ModelSpec& spec, const ParallelConfig& config) {

@@ -15,8 +15,8 @@ namespace pipeflow {
 OptimizerFamily parse_optimizer_family(const std::string& text) {
   if (text == "adam" || text == "adamw") return OptimizerFamily::kAdam;
   if (text == "sgd") return OptimizerFamily::kSgd;
-  fail("optimizer '{}': use adam (Adam, AdamW: the square-root rule) or sgd (SGD with momentum: the linear rule)",
-       text);
+  fail("optimizer {}: use adam (Adam, AdamW: the square-root rule) or sgd (SGD with momentum: the linear rule)",
+       quoted_excerpt(text));
 }
 
 BatchAdvice advise_batch(const BatchAdviceRequest& r) {

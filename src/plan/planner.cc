@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/sim/cost_model.h"
@@ -104,7 +105,7 @@ class Search {
     if (request.partitions.empty()) fail("internal: no partition method to search");
     for (const std::string& name : request.schedules) {
       const ScheduleInfo* info = find_schedule(name);
-      if (info == nullptr) fail("schedule '{}': use one of {}", name, known_schedule_names());
+      if (info == nullptr) fail("schedule {}: use one of {}", quoted_excerpt(name), known_schedule_names());
       require_training_schedule(*info);
     }
     limit_bytes_ = request.memory_fraction * request.hardware.memory_bytes;

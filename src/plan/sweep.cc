@@ -10,6 +10,7 @@
 
 #include "pipeflow/config/run_keys.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/plan/advise_batch.h"
@@ -36,7 +37,7 @@ int positive(const std::string& key, const std::string& value) {
   int n = 0;
   const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), n);
   if (error != std::errc() || end != value.data() + value.size() || n < 1) {
-    fail("--vary {}={}: must be a positive integer", key, value);
+    fail("--vary {}: must be a positive integer", quoted_excerpt(key + "=" + value));
   }
   return n;
 }
@@ -426,7 +427,7 @@ SweepAxis parse_sweep_axis(std::string_view text) {
   if (eq == std::string_view::npos || eq == 0) {
     fail("--vary {}: give KEY=V1,V2,... with KEY one of {} or a key path of the run configuration "
          "(pipeline.stages, optimizer.params.lr, ...)",
-         text, sweep_option_names());
+         quoted_excerpt(text), sweep_option_names());
   }
   SweepAxis axis;
   axis.key = std::string(text.substr(0, eq));
@@ -434,7 +435,7 @@ SweepAxis parse_sweep_axis(std::string_view text) {
   while (true) {
     const std::size_t comma = rest.find(',');
     const std::string_view value = rest.substr(0, comma);
-    if (value.empty()) fail("--vary {}: an empty value; separate values by single commas", text);
+    if (value.empty()) fail("--vary {}: an empty value; separate values by single commas", quoted_excerpt(text));
     axis.values.emplace_back(value);
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
@@ -448,7 +449,7 @@ LrRule parse_lr_rule(std::string_view text) {
   if (text == "none") return LrRule::kNone;
   fail("--lr-rule {}: use sqrt (Adam, AdamW: advise-batch's rule), linear (SGD's) or none (the configured rate at "
        "every global batch)",
-       text);
+       quoted_excerpt(text));
 }
 
 std::string_view to_string(LrRule rule) {
@@ -485,7 +486,7 @@ Sweep run_sweep(const ConfigSource& config, const SweepRequest& request) {
     const std::vector<std::string> paths = key_paths(base);
     for (const SweepAxis& axis : axes) {
       if (is_option(axis.key) || std::binary_search(paths.begin(), paths.end(), axis.key)) continue;
-      fail("--vary {}: {} is neither an option ({}) nor a key path of {} ({})", axis.key, axis.key,
+      fail("--vary {}: neither an option ({}) nor a key path of {} ({})", quoted_excerpt(axis.key),
            sweep_option_names(), base.source, fmt::join(paths, ", "));
     }
     context.base_batch = resolve_batch_sizes(base.batch_keys, base.data_parallel, base.source).global;

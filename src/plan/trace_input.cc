@@ -48,7 +48,7 @@ std::vector<Candidate> candidates(const std::vector<fs::path>& paths) {
   std::vector<Candidate> out;
   for (const fs::path& path : paths) {
     std::error_code error;
-    if (!fs::exists(path, error)) fail("{}: no such file or folder", path.string());
+    if (!fs::exists(path, error)) fail("{}: no such file or folder", quoted_excerpt(path.string()));
     if (!fs::is_directory(path, error)) {
       require_regular_file(path);  // /dev/zero would be read up to the limit
       out.push_back({path, true});

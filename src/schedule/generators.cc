@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow {
 namespace {
@@ -436,7 +437,7 @@ std::string known_schedule_names() {
 
 Schedule make_schedule(std::string_view name, int ranks, int microbatches, int chunks_per_rank) {
   const ScheduleInfo* info = find_schedule(name);
-  if (info == nullptr) fail("unknown schedule \"{}\": known schedules are {}", name, known_schedule_names());
+  if (info == nullptr) fail("unknown schedule {}: known schedules are {}", quoted_excerpt(name), known_schedule_names());
   info->check(ranks, microbatches, chunks_per_rank);
   return info->generate(ranks, microbatches, chunks_per_rank);
 }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow {
 namespace {
@@ -37,9 +38,9 @@ EventCategory parse_event_category(std::string_view text) {
   for (const auto& [c, name] : kNames) {
     if (name == text) return c;
   }
-  fail("unknown event category \"{}\": expected forward, backward, backward_input, backward_weight, send, recv, "
+  fail("unknown event category {}: expected forward, backward, backward_input, backward_weight, send, recv, "
        "wait, allreduce, tensor_parallel, optimizer or other",
-       text);
+       quoted_excerpt(text));
 }
 
 EventCategory category_of(ActionKind kind) {

@@ -298,6 +298,36 @@ TEST(HostileInput, ControlCharactersInAScheduleNameLeaveTheSvgWellFormed) {
   EXPECT_NE(svg.find("1f1b\uFFFD\uFFFD[31mred\x7f"), std::string::npos);
 }
 
+// A value of 100 KB used to be echoed whole, once or twice; an out_dir of
+// 5 MB ended in "internal error: filesystem error: status: File name too long".
+TEST(HostileInput, ErrorsQuoteALongValueCutAndNeverEchoItWhole) {
+  const std::string dir = make_temp_dir();
+  const std::string value(100'000, 'x');
+  const std::string cut = "\"" + std::string(200, 'x') + "\"... (100000 bytes)";
+  for (const std::string& arguments :
+       {"simulate --config " + kTinyRun + " --model " + value, "simulate --config " + kTinyRun + " --hardware " + value,
+        "simulate --config " + kTinyRun + " --stages " + value, "schedule --schedule " + value +
+        " --stages 2 --microbatches 2", "generate --weights " + value + " --prompt a --max-new-tokens 1",
+        "analyze " + value, "sweep --config " + kTinyRun + " --vary " + value,
+        "schedule --schedule gpipe --stages 2 --microbatches 2 --format " + value}) {
+    SCOPED_TRACE(arguments.substr(0, 60));
+    const CommandResult result = run_pipeflow(arguments);
+    EXPECT_NE(result.exit_code, 0);
+    EXPECT_LT(result.err.size(), 2000u) << result.err.substr(0, 2000);
+    EXPECT_EQ(result.err.find("internal error"), std::string::npos) << result.err.substr(0, 2000);
+  }
+  expect_error(run_pipeflow("simulate --config " + kTinyRun + " --model " + value), "unknown model " + cut);
+
+  nlohmann::json run = nlohmann::json::parse(read_file(kTinyRun));
+  run["out_dir"] = "/" + std::string(5 << 20, 'x');
+  run["steps"] = 1;
+  write_file_atomic(dir + "/run.json", run.dump());
+  const CommandResult result = run_pipeflow("train --config " + dir + "/run.json");
+  expect_error(result, "out_dir \"/" + std::string(199, 'x') + "\"... (5242881 bytes): a path of 5242881 bytes, "
+                       "more than the system's limit of 4096: give a shorter path");
+  EXPECT_LT(result.err.size(), 2000u);
+}
+
 // std::filesystem's tests throw on a path they cannot look at: these used to
 // end in "internal error: filesystem error: status: ...".
 TEST(HostileInput, PathsThatCannotBeLookedAtAreErrorsNamingTheReason) {

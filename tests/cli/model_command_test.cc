@@ -41,7 +41,7 @@ TEST(ModelCommand, ReadsAHuggingFaceConfig) {
 TEST(ModelCommand, UnknownModelFailsWithOneLine) {
   const CommandResult result = run_pipeflow("model --model gpt5");
   EXPECT_EQ(result.exit_code, 1);
-  EXPECT_EQ(result.err.rfind("pipeflow: error: unknown model 'gpt5': use one of gpt2-124m,", 0), 0u) << result.err;
+  EXPECT_EQ(result.err.rfind("pipeflow: error: unknown model \"gpt5\": use one of gpt2-124m,", 0), 0u) << result.err;
   EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1);
 }
 

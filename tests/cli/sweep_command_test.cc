@@ -108,7 +108,7 @@ TEST(SweepCommand, AKeyPathIsSweptAndAnUnknownOneNamesTheValidKeys) {
   EXPECT_EQ(table.out.rfind("model.n_layer  step time  bubble  peak memory  tokens/s\n", 0), 0u) << table.out;
   const CommandResult bad = run_pipeflow("sweep --config " + config + " --vary pipeline.microbatches=2,4");
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_NE(bad.err.find("--vary pipeline.microbatches: pipeline.microbatches is neither an option (microbatches, "),
+  EXPECT_NE(bad.err.find("--vary \"pipeline.microbatches\": neither an option (microbatches, "),
             std::string::npos)
       << bad.err;
   EXPECT_NE(bad.err.find("gradient_accumulation_steps, "), std::string::npos) << bad.err;

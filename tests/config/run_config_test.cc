@@ -276,13 +276,13 @@ TEST(RunConfig, BadValuesNameThePathTheValueTheRuleAndTheFix) {
             "run.json: pipeline.schedule = \"inference\": inference is a forward-only inference schedule, with no "
             "backward to train with: use a training schedule (gpipe, 1f1b, ...), or pipeflow generate for inference");
   EXPECT_EQ(parse_error(R"({"pipeline": {"partition_method": "bogus"}})"),
-            "run.json: pipeline.partition_method = \"bogus\": unknown partition method 'bogus': use uniform, "
+            "run.json: pipeline.partition_method = \"bogus\": unknown partition method \"bogus\": use uniform, "
             "parameters, type:REGEX, balanced, counts:N,N,... or bounds:0,B,...,LAYERS");
   EXPECT_EQ(parse_error(R"({"pipeline": {"stages": 4}, "gradient_accumulation_steps": 2})"),
             "run.json: pipeline.schedule = \"1f1b\" (stages = 4, micro-batches per step = 2, virtual_stages = 1): "
             "1f1b needs microbatches >= stages (got 2 < 4): raise gradient_accumulation_steps or use gpipe");
   EXPECT_EQ(parse_error(R"({"recompute": "some"})"),
-            "run.json: recompute = \"some\": recompute 'some': use none, selective or full");
+            "run.json: recompute = \"some\": recompute \"some\": use none, selective or full");
   EXPECT_EQ(parse_error(R"({"recompute": "selective", "pipeline": {"activation_checkpoint_interval": 1}})"),
             "run.json: recompute = \"selective\": pipeline.activation_checkpoint_interval = 1 recomputes whole "
             "blocks: drop recompute or set it to \"full\"");
@@ -303,7 +303,7 @@ TEST(RunConfig, BadValuesNameThePathTheValueTheRuleAndTheFix) {
             "run.json: devices = 8: tensor_parallel × pipeline stages × data_parallel = 2 × 1 × 1 = 2 devices, "
             "not 8: use data_parallel 4 or devices 2");
   EXPECT_EQ(parse_error(R"({"hardware": "tpu"})"),
-            "run.json: hardware = \"tpu\": unknown hardware 'tpu': use one of a100-40g, a100-80g, h100, h200, "
+            "run.json: hardware = \"tpu\": unknown hardware \"tpu\": use one of a100-40g, a100-80g, h100, h200, "
             "ascend-910b, cpu or the path of a hardware JSON file");
   EXPECT_EQ(parse_error(R"({"model": "gpt-tiny", "seq_length": 100})"),
             "run.json: seq_length = 100: gpt-tiny has 64 positions: use seq_length <= 64");
@@ -330,7 +330,7 @@ TEST(RunConfig, ModelIsAPresetAConfigJsonOrTheSmallGpt) {
   EXPECT_EQ(hf.model->architecture, Architecture::kLlama);
   EXPECT_EQ(hf.model->kv_heads, 8);
   EXPECT_EQ(parse_error(R"({"model": "gpt9"})"),
-            "run.json: model = \"gpt9\": unknown model 'gpt9': use one of gpt2-124m, gpt2-355m, gpt2-774m, gpt2-1.5b, "
+            "run.json: model = \"gpt9\": unknown model \"gpt9\": use one of gpt2-124m, gpt2-355m, gpt2-774m, gpt2-1.5b, "
             "gpt3-1.3b, gpt3-6.7b, gpt3-13b, gpt3-175b, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, "
             "llama3-405b, gpt-tiny or the path of a Hugging Face config.json");
 }
@@ -443,7 +443,7 @@ TEST(RunConfig, DeepSpeedKeysAreReadAsDeepSpeedReadsThem) {
             "run.json: fp16.hysteresis = 0: must be a positive integer: overflowing steps in a row before the scale "
             "halves");
   EXPECT_EQ(parse_error(R"({"communication_data_type": "fp8"})"),
-            "run.json: communication_data_type = \"fp8\": precision 'fp8': use fp32, bf16 or fp16");
+            "run.json: communication_data_type = \"fp8\": precision \"fp8\": use fp32, bf16 or fp16");
   // --bf16 over a file in fp16 turns the file's fp16 off.
   RunOverrides bf16;
   bf16.set("bf16.enabled", true);

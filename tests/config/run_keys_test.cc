@@ -105,11 +105,11 @@ TEST(RunKeys, EveryKeyRoundTripsFromTheCommandLineThroughTheWrittenFile) {
 
 TEST(RunKeys, ATypedValueIsCheckedAgainstTheKeysType) {
   EXPECT_EQ(error_of([] { run_key_value(*find_run_flag("--pp"), "two", "--pp"); }),
-            "--pp two: must be an integer (key pipeline.stages: >= 1)");
+            "--pp \"two\": must be an integer (key pipeline.stages: >= 1)");
   EXPECT_EQ(error_of([] { run_key_value(*find_run_key("gradient_clipping"), "1.0x", "--vary gradient_clipping"); }),
-            "--vary gradient_clipping 1.0x: must be a number (key gradient_clipping: >= 0)");
+            "--vary gradient_clipping \"1.0x\": must be a number (key gradient_clipping: >= 0)");
   EXPECT_EQ(error_of([] { run_key_value(*find_run_key("sequence_parallel"), "yes", "--vary sequence-parallel"); }),
-            "--vary sequence-parallel yes: must be true or false (key sequence_parallel: true | false)");
+            "--vary sequence-parallel \"yes\": must be true or false (key sequence_parallel: true | false)");
   EXPECT_EQ(error_of([] { RunOverrides().set("pipeline.speed", 1); }),
             "pipeline.speed: no key of the run configuration has this path");
   // A flag is checked as its key in a file.

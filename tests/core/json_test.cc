@@ -105,8 +105,12 @@ TEST(BoundedRead, AFileAtTheLimitIsRead) {
 
 TEST(QuotedExcerpt, CutsLongAndEscapesBinaryText) {
   EXPECT_EQ(quoted_excerpt("0F1"), "\"0F1\"");
-  EXPECT_EQ(quoted_excerpt(std::string(100'000, 'a')), fmt::format("\"{:a>40}\"... (100000 bytes)", ""));
+  EXPECT_EQ(quoted_excerpt(std::string(100'000, 'a')), fmt::format("\"{:a>200}\"... (100000 bytes)", ""));
+  EXPECT_EQ(quoted_excerpt(std::string(100'000, 'a'), 40), fmt::format("\"{:a>40}\"... (100000 bytes)", ""));
   EXPECT_EQ(quoted_excerpt(std::string("\x01\xff\"z", 4)), "\"\\x01\\xff\\x22z\"");
+  // UTF-8 reads as it is, but for its controls (U+0085) and what is cut or not UTF-8.
+  EXPECT_EQ(quoted_excerpt("donn\xc3\xa9" "es\xc2\x85\xed\xa0\x80"), "\"donn\xc3\xa9" "es\\xc2\\x85\\xed\\xa0\\x80\"");
+  EXPECT_EQ(quoted_excerpt("\xc3\xa9\xc3\xa9", 3), "\"\xc3\xa9\\xc3\"... (4 bytes)");
 }
 
 }  // namespace

@@ -112,7 +112,7 @@ TEST(Hardware, ResolveTakesANameOrAFile) {
   EXPECT_EQ(resolve_hardware(dir + "/lab.json").name, "x");
   std::filesystem::remove_all(dir);
   EXPECT_EQ(error_of([] { resolve_hardware("tpu"); }),
-            "unknown hardware 'tpu': use one of a100-40g, a100-80g, h100, h200, ascend-910b, cpu or the path of a "
+            "unknown hardware \"tpu\": use one of a100-40g, a100-80g, h100, h200, ascend-910b, cpu or the path of a "
             "hardware JSON file");
 }
 

@@ -105,7 +105,7 @@ TEST(ModelSpec, TinyModelFromItsNumbers) {
 
 TEST(ModelSpec, UnknownPresetListsThePresets) {
   EXPECT_EQ(error_of([] { resolve_model("gpt5"); }),
-            "unknown model 'gpt5': use one of gpt2-124m, gpt2-355m, gpt2-774m, gpt2-1.5b, gpt3-1.3b, gpt3-6.7b, "
+            "unknown model \"gpt5\": use one of gpt2-124m, gpt2-355m, gpt2-774m, gpt2-1.5b, gpt3-1.3b, gpt3-6.7b, "
             "gpt3-13b, gpt3-175b, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama3-405b, gpt-tiny "
             "or the path of a Hugging Face config.json");
 }

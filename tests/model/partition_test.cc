@@ -243,10 +243,10 @@ TEST(Partition, ErrorsNameTheRuleAndTheFix) {
   EXPECT_EQ(error_of([] { partition_gpt2("bounds:0,5,9,14"); }),
             "partition bounds:0,5,9,14 has 3 stages but the pipeline has 4: give 5 entries");
   EXPECT_EQ(error_of([] { parse_partition_method("counts:4,x"); }),
-            "partition 'counts:4,x': 'x' is not an integer; use uniform, parameters, type:REGEX, balanced, "
+            "partition \"counts:4,x\": \"x\" is not an integer; use uniform, parameters, type:REGEX, balanced, "
             "counts:N,N,... or bounds:0,B,...,LAYERS");
   EXPECT_EQ(error_of([] { parse_partition_method("greedy"); }),
-            "unknown partition method 'greedy': use uniform, parameters, type:REGEX, balanced, counts:N,N,... or "
+            "unknown partition method \"greedy\": use uniform, parameters, type:REGEX, balanced, counts:N,N,... or "
             "bounds:0,B,...,LAYERS");
   EXPECT_EQ(error_of([] { partition_min_max(std::vector<double>{1, -1}, 1); }),
             "layer weight 1 = -1: weights must be finite and >= 0");

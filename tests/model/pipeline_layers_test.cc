@@ -192,7 +192,7 @@ TEST(PipelineLayers, ConfigErrorsNameTheRuleAndTheFix) {
 TEST(PipelineLayers, RecomputeParsesItsThreeNames) {
   EXPECT_EQ(parse_recompute("selective"), Recompute::kSelective);
   EXPECT_EQ(to_string(parse_recompute("full")), "full");
-  EXPECT_EQ(error_of([] { parse_recompute("some"); }), "recompute 'some': use none, selective or full");
+  EXPECT_EQ(error_of([] { parse_recompute("some"); }), "recompute \"some\": use none, selective or full");
 }
 
 }  // namespace

@@ -69,7 +69,7 @@ TEST(AdviseBatch, BadInputNamesTheOption) {
   EXPECT_EQ(error_of([] { advise_batch(request(8, -1, 0, 8)); }),
             "--base-lr -1: must be a positive learning rate (the one the base batch trains well with)");
   EXPECT_EQ(error_of([] { parse_optimizer_family("lamb"); }),
-            "optimizer 'lamb': use adam (Adam, AdamW: the square-root rule) or sgd (SGD with momentum: the linear "
+            "optimizer \"lamb\": use adam (Adam, AdamW: the square-root rule) or sgd (SGD with momentum: the linear "
             "rule)");
 }
 

@@ -145,12 +145,12 @@ TEST(Sweep, TheFoldersOfTheRunsAreNotVaried) {
 
 TEST(Sweep, RejectsAnUnknownKeyAndABadValue) {
   EXPECT_EQ(error_of([] { parse_sweep_axis("1,2"); }),
-            "--vary 1,2: give KEY=V1,V2,... with KEY one of microbatches, global-batch, micro-batch, zero, fp16, "
+            "--vary \"1,2\": give KEY=V1,V2,... with KEY one of microbatches, global-batch, micro-batch, zero, fp16, "
             "bf16, stages, partition, schedule, virtual, model, hardware, tensor-parallel, data-parallel, "
             "sequence-parallel, recompute, seq-length, comm or a key path of the run configuration (pipeline.stages, "
             "optimizer.params.lr, ...)");
   EXPECT_EQ(error_of([] { parse_sweep_axis("stages=2,,4"); }),
-            "--vary stages=2,,4: an empty value; separate values by single commas");
+            "--vary \"stages=2,,4\": an empty value; separate values by single commas");
   const Sweep sweep = sweep_of({parse_sweep_axis("microbatches=3")});
   EXPECT_EQ(sweep.points[0].error,
             "--vary microbatches=3: the global batch 32 is not a whole number of 3 micro-batches on each of 1 replicas");
@@ -171,7 +171,7 @@ TEST(Sweep, AVariedGlobalBatchScalesTheLearningRateByTheChosenRule) {
   }
   EXPECT_EQ(parse_lr_rule("linear"), LrRule::kLinear);
   EXPECT_EQ(error_of([] { parse_lr_rule("cubic"); }),
-            "--lr-rule cubic: use sqrt (Adam, AdamW: advise-batch's rule), linear (SGD's) or none (the configured "
+            "--lr-rule \"cubic\": use sqrt (Adam, AdamW: advise-batch's rule), linear (SGD's) or none (the configured "
             "rate at every global batch)");
 }
 
@@ -252,7 +252,7 @@ TEST(Sweep, AKeyPathVariesThatKeyOfTheConfiguration) {
 
 TEST(Sweep, AnUnknownKeyIsAnErrorNamingItAndListingTheValidOnes) {
   const std::string error = error_of([] { sweep_of({parse_sweep_axis("pipeline.speed=1,2")}); });
-  EXPECT_EQ(error.rfind("--vary pipeline.speed: pipeline.speed is neither an option (microbatches, global-batch, "
+  EXPECT_EQ(error.rfind("--vary \"pipeline.speed\": neither an option (microbatches, global-batch, "
                         "micro-batch, zero, fp16, bf16, stages, partition, schedule, virtual, model, hardware, tensor-parallel, "
                         "data-parallel, sequence-parallel, recompute, seq-length, comm) nor a key path of run.json (",
                         0),

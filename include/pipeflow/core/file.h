@@ -11,6 +11,11 @@
 
 namespace pipeflow {
 
+// The readers and writers here (require_regular_file, read_file,
+// write_file_atomic, AtomicFileWriter, require_writable_folder) refuse a
+// path longer than the system's PATH_MAX (no file has one; a message would
+// otherwise quote it whole) with an Error quoting an excerpt of it.
+
 // Throws Error unless `path` is a regular file (links followed): a device
 // such as /dev/zero would be read without end, a FIFO would block until a
 // writer came. A path that is not there passes (opening it names why).

@@ -39,9 +39,12 @@ nlohmann::json parse_yaml(std::string_view text, const std::string& source);
 inline constexpr std::size_t kShortDumpChars = 60;
 std::string short_dump(const nlohmann::json& value);
 
-// `text` (a cell of a CSV file, a token) quoted for an error message, however
-// long or binary it is: at most `max_chars` characters (then "... (N
-// bytes)"), bytes that are not printable ASCII written as \xNN.
-std::string quoted_excerpt(std::string_view text, std::size_t max_chars = 40);
+// A user's value (a flag's or a key's, a name, a path, a token or a cell
+// of a file) quoted for an error message, however long or binary it is: at
+// most `max_bytes` bytes of it (then "... (N bytes)"), a control character,
+// '"', '\\' and a byte that is not UTF-8 written as \xNN. Every message
+// quotes such a value through it, so that a 5 MB value makes a line.
+inline constexpr std::size_t kQuotedExcerptBytes = 200;
+std::string quoted_excerpt(std::string_view text, std::size_t max_bytes = kQuotedExcerptBytes);
 
 }  // namespace pipeflow

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/runtime/stage_partition.h"
@@ -84,8 +85,8 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
     std::error_code unreadable;  // a name too long, a loop of links: not there
     const bool there = std::filesystem::exists(path, unreadable);
     if (!there || std::filesystem::is_directory(path, unreadable)) {
-      fail("{}: data path \"{}\" is {}: name text files, or leave data out for the fortunes corpus", source, path,
-           there ? "a directory" : "not there");
+      fail("{}: data path {} is {}: name text files, or leave data out for the fortunes corpus", source,
+           quoted_excerpt(path), there ? "a directory" : "not there");
     }
   }
   s.data.assign(run.data.paths.begin(), run.data.paths.end());
