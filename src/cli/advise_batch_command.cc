@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/plan/advise_batch.h"
 
 namespace pipeflow::cli {
@@ -49,7 +50,7 @@ void run(AdviseBatchCommand c) {
     if (advice.steps_over_minimum) json["steps_over_minimum"] = *advice.steps_over_minimum;
     if (advice.samples_over_minimum) json["samples_over_minimum"] = *advice.samples_over_minimum;
     json["warnings"] = advice.warnings;
-    write_output(json.dump(2) + "\n", "");
+    write_output(json_text(json, 2) + "\n", "");
     return;
   }
   std::string out = fmt::format("batch {} -> {} ({:.3g}x): learning rate {:.4g} -> {:.4g}, warmup {} -> {} steps\n",

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/runtime/inference.h"
@@ -157,8 +158,7 @@ void run(GenerateCommand& command, bool stages_given, const runtime::MpiWorld* m
   const runtime::InferenceResult result = pipeline.generate(tokens, options);
   if (!reporter) return;
   if (command.json) {
-    fmt::print("{}\n", to_json(texts, result, command, pipeline.config())
-                           .dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+    fmt::print("{}\n", json_text(to_json(texts, result, command, pipeline.config()), 2));
     return;
   }
   if (stream) {

@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "model_options.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
 
@@ -87,7 +88,7 @@ void add_model_command(CLI::App& app) {
     const ParallelConfig config = command->options.config(spec);
     const std::vector<PipelineLayer> layers = pipeline_layers(spec, config);
     if (command->json) {
-      fmt::print("{}\n", to_json(spec, config, layers).dump(2));
+      fmt::print("{}\n", json_text(to_json(spec, config, layers), 2));
     } else {
       fmt::print("{}", text_report(spec, config, layers));
     }

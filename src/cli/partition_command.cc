@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "model_options.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/model/partition.h"
@@ -78,7 +79,7 @@ void add_partition_command(CLI::App& app) {
     const Partition partition = partition_layers(layers, command->stages, parse_partition_method(command->method),
                                                  resolve_hardware(command->hardware));
     if (command->json) {
-      fmt::print("{}\n", to_json(spec, *command, partition).dump(2));
+      fmt::print("{}\n", json_text(to_json(spec, *command, partition), 2));
     } else {
       fmt::print("{}", text_report(spec, *command, partition));
     }

@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/log.h"
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
@@ -80,7 +81,7 @@ std::string inference_json_report(const InferencePlanRequest& request, const Inf
   for (const InferenceOption& o : plan.rejected) {
     json["rejected"].push_back({{"stages", o.stages}, {"reason", o.rejected}});
   }
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 void run_inference(const PlanCommand& command) {
@@ -200,7 +201,7 @@ std::string json_report(const PlanRequest& request, const PlanResult& result) {
     rejected[std::string(to_string(static_cast<RejectReason>(r)))] = result.rejected[r];
   }
   json["rejected"] = rejected;
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 // A model or hardware file as an absolute path (a preset's name as it is):
@@ -249,7 +250,7 @@ std::string deepspeed_config(const Layout& l) {
   json["pipeline"] = {{"stages", l.pipeline_ranks},
                       {"partition_method", to_string(l.partition)},
                       {"activation_checkpoint_interval", l.recompute == Recompute::kFull ? 1 : 0}};
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 // Megatron-LM's arguments: 1F1B, or its interleaved schedule with

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/log.h"
 
 namespace pipeflow::cli {
@@ -16,7 +17,7 @@ void RunFlags::add_to(CLI::App* app, std::initializer_list<FlagScope> scopes) {
     std::string fallback;  // as typed on a command line
     if (!key.fallback.empty()) {
       const nlohmann::json value = nlohmann::json::parse(key.fallback);
-      fallback = value.is_string() ? value.get<std::string>() : value.dump();
+      fallback = value.is_string() ? value.get<std::string>() : json_text(value);
     }
     const std::string help = fmt::format("{} (key: {}; {}{})", key.help, key.path, key.rule,
                                          fallback.empty() ? "" : fmt::format("; default {}", fallback));

@@ -11,6 +11,7 @@
 #include "pipeflow/core/file.h"
 #include "pipeflow/config/megatron_args.h"
 #include "pipeflow/config/run_config.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/plan/analyze.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/log.h"
@@ -71,7 +72,7 @@ void run_inference(const SimulateCommand& command) {
   print_config_notes(config);
   const InferencePrediction p = predict_inference(inference_setup(config, command.context, command.sequences,
                                                                   command.prompt_tokens, command.microbatches));
-  write_output(command.json ? inference_json(p).dump(2) + "\n" : inference_text(p), "");
+  write_output(command.json ? json_text(inference_json(p), 2) + "\n" : inference_text(p), "");
 }
 
 // A Megatron-LM launch line (the arguments, or a file of them) as a run: its

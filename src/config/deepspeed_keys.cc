@@ -160,7 +160,7 @@ Json deepspeed_as_written(Json json, const std::string& source, std::vector<std:
     Json* at = find(json, path);
     if (!is_auto(at)) return;
     *at = value;
-    notes.push_back(fmt::format("{}: {} = \"auto\" resolved to {} ({})", source, path, value.dump(), why));
+    notes.push_back(fmt::format("{}: {} = \"auto\" resolved to {} ({})", source, path, json_text(value), why));
   };
   if (Json* global = find(json, "train_batch_size"); is_auto(global)) {
     json.erase("train_batch_size");

@@ -9,6 +9,7 @@
 #include "pipeflow/config/deepspeed_keys.h"
 #include "pipeflow/config/rules.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/model/hf_config.h"
 #include "pipeflow/schedule/generators.h"
@@ -185,7 +186,7 @@ void read_model(const Config& config, RunConfig& run) {
     const Config section = config.object("model");
     if (section.has("model_type") || section.has("num_hidden_layers")) {
       // A Hugging Face config.json written inline: its keys, its defaults.
-      ModelSpec spec = model_from_hf_config_text(config.raw("model").dump(), config.source() + " (model)");
+      ModelSpec spec = model_from_hf_config_text(json_text(config.raw("model")), config.source() + " (model)");
       spec.name = fmt::format("{}-{}x{}", to_string(spec.architecture), spec.layers, spec.hidden);
       run.model = spec;
     } else {
@@ -727,7 +728,7 @@ std::string run_config_to_json(const RunConfig& run) {
   if (run.recompute) json["recompute"] = std::string(to_string(*run.recompute));
   json["seq_length"] = run.seq_length;
   json["comm_mode"] = run.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped";
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 }  // namespace pipeflow

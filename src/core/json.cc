@@ -18,7 +18,7 @@ namespace {
 void append_until(const nlohmann::json& value, std::string& out, std::size_t limit) {
   if (out.size() > limit) return;
   if (!value.is_structured()) {
-    out += value.dump();
+    out += json_text(value);
     return;
   }
   const bool object = value.is_object();
@@ -28,7 +28,7 @@ void append_until(const nlohmann::json& value, std::string& out, std::size_t lim
     if (out.size() > limit) return;
     if (!first) out += ',';
     first = false;
-    if (object) out += nlohmann::json(key).dump() + ':';
+    if (object) out += json_text(nlohmann::json(key)) + ':';
     append_until(element, out, limit);
   }
   out += object ? '}' : ']';

@@ -249,7 +249,7 @@ std::string hardware_to_json(const HardwareProfile& profile) {
   for (const CurveKey& curve : kCurveKeys) json[curve.key] = profile.*curve.field;
   json["estimated"] = profile.estimated;
   json["note"] = profile.note;
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 HardwareProfile resolve_hardware(std::string_view name_or_path) {

@@ -360,7 +360,7 @@ std::string SafetensorsWriter::serialize() const {
     metadata[crc_key(tensor.name)] = crc32_hex(data_.data() + tensor.begin, tensor.end - tensor.begin);
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::string text = header.dump();
+  std::string text = json_text(header);
   text.append((8 - text.size() % 8) % 8, ' ');
   const std::uint64_t length = text.size();
   std::string out(reinterpret_cast<const char*>(&length), kLengthBytes);

@@ -64,7 +64,7 @@ void write_safetensors_index(const std::filesystem::path& folder, const std::vec
     total += shard.bytes;
   }
   const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
-  write_file_atomic(folder / kSafetensorsIndex, index.dump(2) + "\n");
+  write_file_atomic(folder / kSafetensorsIndex, json_text(index, 2) + "\n");
 }
 
 SafetensorsFile read_sharded(const std::filesystem::path& folder,

@@ -120,7 +120,7 @@ double noise_scale_of_metrics(const std::filesystem::path& path) {
   if (!value.is_number() || !(value.get<double>() > 0) || !std::isfinite(value.get<double>())) {
     fail("{}: \"noise_scale\" = {}: must be a positive number of sequences (B_simple); the estimate is noisy "
          "over few steps: train longer, or pass --noise-scale",
-         where, value.dump());
+         where, short_dump(value));
   }
   return value.get<double>();
 }

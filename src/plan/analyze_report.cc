@@ -6,6 +6,7 @@
 #include <cmath>
 #include <optional>
 
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/plan/analyze.h"
@@ -254,7 +255,7 @@ std::string analysis_json(const Analysis& a) {
   }
   reading["notes"] = r.notes;
   json["reading"] = std::move(reading);
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 namespace {
@@ -425,7 +426,7 @@ std::string comparison_json(const Analysis& before, const Analysis& after) {
   for (const Compared& c : compared(before, after)) {
     json["figures"].push_back({{"figure", c.name}, {"a", value(c.before)}, {"b", value(c.after)}});
   }
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 }  // namespace pipeflow

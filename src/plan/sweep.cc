@@ -593,7 +593,7 @@ std::string sweep_json(const Sweep& sweep) {
     }
     json["points"].push_back(point);
   }
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 std::string sweep_svg(const Sweep& sweep) {

@@ -312,7 +312,7 @@ Shape infer_shape(const std::vector<std::vector<Action>>& rows, const std::strin
   return shape;
 }
 
-std::string quoted(const std::string& text) { return nlohmann::json(text).dump(); }
+std::string quoted(const std::string& text) { return json_text(nlohmann::json(text)); }
 
 }  // namespace
 

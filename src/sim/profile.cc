@@ -8,6 +8,7 @@
 #include "pipeflow/core/config.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
+#include "pipeflow/core/json.h"
 
 namespace pipeflow {
 namespace {
@@ -131,7 +132,7 @@ std::string profile_to_json(const MeasuredProfile& profile) {
     json["link"] = {{"latency_s", profile.link.latency_s},
                     {"bandwidth_bytes_per_s", profile.link.bandwidth_bytes_per_s}};
   }
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 SimulationCosts costs_from_profile(const MeasuredProfile& profile) {

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
 
@@ -163,7 +164,7 @@ std::string prediction_json(const Prediction& p) {
                               {"model_state_bytes", c.model_state_bytes}});
   }
   json["warnings"] = p.warnings;
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 }  // namespace pipeflow

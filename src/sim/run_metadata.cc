@@ -69,7 +69,7 @@ RunMetadata read_run_metadata(const nlohmann::json& json, const std::string& sou
   RunMetadata metadata;
   metadata.producer = json["producer"].get<std::string>();
   metadata.costs_measured = json["costs_measured"].get<bool>();
-  const HardwareProfile hardware = hardware_from_json(json["hardware"].dump(), where + ".hardware");
+  const HardwareProfile hardware = hardware_from_json(json_text(json["hardware"]), where + ".hardware");
   // The configuration names its hardware by preset or path; the trace carries the profile itself.
   nlohmann::json config = json["config"];
   config["hardware"] = "cpu";
@@ -77,7 +77,7 @@ RunMetadata read_run_metadata(const nlohmann::json& json, const std::string& sou
   metadata.config = parse_run_config(Config::from_json(std::move(config), where + ".config"));
   metadata.config.hardware = hardware;
   metadata.config.hardware_source = hardware.name;
-  metadata.costs = profile_from_json(json["costs"].dump(), where + ".costs");
+  metadata.costs = profile_from_json(json_text(json["costs"]), where + ".costs");
   return metadata;
 }
 

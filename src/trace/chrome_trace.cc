@@ -87,7 +87,7 @@ std::string write_chrome_trace(const Timeline& timeline) {
   nlohmann::json other = {{"title", timeline.title}, {"num_ranks", timeline.num_ranks}, {"time_unit", timeline.time_unit}};
   if (!timeline.run_metadata.is_null()) other["pipeflow"] = timeline.run_metadata;
   const nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", other}};
-  return trace.dump() + "\n";
+  return json_text(trace) + "\n";
 }
 
 Timeline read_chrome_trace(std::string_view text, const std::string& source) {

@@ -298,6 +298,22 @@ TEST(HostileInput, ControlCharactersInAScheduleNameLeaveTheSvgWellFormed) {
   EXPECT_NE(svg.find("1f1b\uFFFD\uFFFD[31mred\x7f"), std::string::npos);
 }
 
+// A path that is not UTF-8 used to end in "internal error:
+// [json.exception.type_error.316] invalid UTF-8 byte" when pipeflow wrote
+// it into JSON: a message's value, run_config.json, profile.json.
+TEST(HostileInput, PathsThatAreNotUtf8WorkOrAreRefusedCleanly) {
+  const std::string dir = make_temp_dir();
+  expect_error(run_pipeflow("simulate --config " + kTinyRun + " --schedule-file " + dir + "/\xff.json"),
+               "pipeline.schedule_file = \"" + dir + "/\uFFFD.json\": cannot read " + dir + "/\xff.json");
+  write_file_atomic(dir + "/run\xff.json", R"({"model": {"n_layer": 1, "n_head": 1, "n_embd": 8, "n_ctx": 4,
+    "vocab_size": 256}, "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "steps": 1, "eval_interval": 0})");
+  const CommandResult trained =
+      run_pipeflow("train --config " + dir + "/run\xff.json --out-dir " + dir + "/out\xff");
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  EXPECT_NE(read_file(dir + "/out\xff/run_config.json").find("out\uFFFD"), std::string::npos);
+  EXPECT_NE(read_file(dir + "/out\xff/profile.json").find("run\uFFFD.json"), std::string::npos);
+}
+
 // A value of 100 KB used to be echoed whole, once or twice; an out_dir of
 // 5 MB ended in "internal error: filesystem error: status: File name too long".
 TEST(HostileInput, ErrorsQuoteALongValueCutAndNeverEchoItWhole) {

@@ -33,6 +33,16 @@ nlohmann::json parse_json(std::string_view text, const std::string& source);
 inline constexpr std::size_t kMaxYamlNodes = std::size_t{1} << 20;
 nlohmann::json parse_yaml(std::string_view text, const std::string& source);
 
+// `value` as JSON text, as every file and line pipeflow writes it: a string
+// that is not UTF-8 (a path's or an argument's bytes), which JSON cannot
+// hold and nlohmann's dump() throws on, has each byte that is not UTF-8
+// written as U+FFFD. `indent` as dump()'s (-1: one line). For json and
+// ordered_json.
+template <class Json>
+std::string json_text(const Json& value, int indent = -1) {
+  return value.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+
 // `value` as compact JSON for an error message: at most kShortDumpChars
 // characters (longer ones end in "..."), built without dumping the whole
 // value, so a huge or deeply nested value costs no more than a short one.

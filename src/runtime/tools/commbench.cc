@@ -8,6 +8,7 @@
 #include <span>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
 #include "comm/mpi.h"
@@ -529,7 +530,7 @@ std::string commbench_json(const CommbenchResult& result) {
                                 {"all_gather", rows_json({row.all_gather}).front()}});
     }
   }
-  return json.dump(2) + "\n";
+  return json_text(json, 2) + "\n";
 }
 
 HardwareProfile with_measured_links(HardwareProfile base, const CommbenchResult& result) {

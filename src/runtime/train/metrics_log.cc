@@ -56,7 +56,7 @@ nlohmann::ordered_json to_json(const StepLog& log) {
 
 std::string metrics_jsonl(const std::vector<StepLog>& log) {
   std::string text;
-  for (const StepLog& line : log) text += to_json(line).dump() + "\n";
+  for (const StepLog& line : log) text += json_text(to_json(line)) + "\n";
   return text;
 }
 

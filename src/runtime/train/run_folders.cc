@@ -112,7 +112,7 @@ std::vector<std::filesystem::path> RunFolders::claim(const std::string& run_id, 
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   const nlohmann::ordered_json record = {{"run_id", run_id}, {"pid", static_cast<long>(::getpid())}, {"host", host}};
-  write_file_atomic(out / kOwnerFile, record.dump(2) + "\n");
+  write_file_atomic(out / kOwnerFile, json_text(record, 2) + "\n");
   return removed;
 }
 
