@@ -182,7 +182,7 @@ TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptio
       if (options.config) {
         fail("--config {}: {} carries its run (otherData.pipeflow), which the advice re-simulates; --config is for "
              "traces without one",
-             options.config->string(), input.source);
+             quoted_excerpt(options.config->string()), input.source);
       }
       input.run = read_run_metadata(input.timeline.run_metadata, input.source);
     } else if (options.config) {

@@ -318,6 +318,7 @@ TEST(HostileInput, PathsThatAreNotUtf8WorkOrAreRefusedCleanly) {
 // 5 MB ended in "internal error: filesystem error: status: File name too long".
 TEST(HostileInput, ErrorsQuoteALongValueCutAndNeverEchoItWhole) {
   const std::string dir = make_temp_dir();
+  ASSERT_EQ(run_pipeflow("simulate --config " + kTinyRun + " --trace " + dir + "/t.json").exit_code, 0);
   const std::string value(100'000, 'x');
   const std::string cut = "\"" + std::string(200, 'x') + "\"... (100000 bytes)";
   for (const std::string& arguments :
@@ -325,6 +326,7 @@ TEST(HostileInput, ErrorsQuoteALongValueCutAndNeverEchoItWhole) {
         "simulate --config " + kTinyRun + " --stages " + value, "schedule --schedule " + value +
         " --stages 2 --microbatches 2", "generate --weights " + value + " --prompt a --max-new-tokens 1",
         "analyze " + value, "sweep --config " + kTinyRun + " --vary " + value,
+        "train --config " + kTinyRun + " --resume " + value, "analyze " + dir + "/t.json --config " + value,
         "schedule --schedule gpipe --stages 2 --microbatches 2 --format " + value}) {
     SCOPED_TRACE(arguments.substr(0, 60));
     const CommandResult result = run_pipeflow(arguments);
@@ -354,7 +356,7 @@ TEST(HostileInput, PathsThatCannotBeLookedAtAreErrorsNamingTheReason) {
   expect_error(run_pipeflow("generate --weights " + loop + " --prompt a --max-new-tokens 1"), reason);
   expect_error(run_pipeflow("train --config " + kTinyRun + " --weights " + loop + " --steps 1"), reason);
   expect_error(run_pipeflow("train --config " + kTinyRun + " --resume " + loop + " --steps 1"),
-               "checkpoint.load = " + loop + ": no such file or directory");
+               "checkpoint.load = \"" + loop + "\": no such file or directory");
   expect_error(run_pipeflow("train --config " + kTinyRun + " --steps 1 --out-dir " + loop),
                "out_dir " + loop + ": cannot create it: " + reason);
   expect_error(run_pipeflow("simulate --config " + kTinyRun + " --profile " + loop), ": no such file or folder");

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/json.h"
 #include "pipeflow/model/hf_config.h"
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/nn/safetensors_index.h"
@@ -88,7 +89,7 @@ std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::
   if (!is_there(path)) {
     fail("checkpoint.load = {}: no such file or directory: give a checkpoint file or folder, the directory that "
          "checkpoint.dir names or the run's out_dir",
-         path.string());
+         quoted_excerpt(path.string()));
   }
   if (!is_folder(path)) {
     return {without_index(path)};
