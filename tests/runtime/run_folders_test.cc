@@ -32,20 +32,13 @@ std::filesystem::path temp_dir(const std::string& name) {
   return dir;
 }
 
+// testing::tiny_settings for `steps` steps of 2 micro-batches, without validation.
 TrainSettings settings_in(const std::filesystem::path& dir, int steps) {
-  write_file_atomic(dir / "corpus.txt", testing::corpus());
-  TrainSettings s;
-  s.model = testing::kTiny;
+  TrainSettings s = testing::tiny_settings(dir);
   s.schedule = make_schedule("1f1b", 2, 2);
-  s.partition = parse_partition_method("uniform");
-  s.hardware = hardware_preset("cpu");
-  s.engine = testing::tiny_options();
-  s.data = {dir / "corpus.txt"};
   s.steps = steps;
   s.eval_interval = 0;
   s.sample_tokens = 1;
-  s.out_dir = dir / "out";
-  s.checkpoint_dir = s.out_dir / "checkpoints";
   return s;
 }
 

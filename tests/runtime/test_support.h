@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 
 #include "pipeflow/core/error.h"
@@ -12,7 +13,9 @@
 #include "pipeflow/nn/byte_dataset.h"
 #include "pipeflow/nn/gradient_clipping.h"
 #include "pipeflow/nn/stage.h"
+#include "pipeflow/core/file.h"
 #include "pipeflow/runtime/engine.h"
+#include "pipeflow/runtime/trainer.h"
 #include "../nn/test_support.h"
 
 namespace pipeflow::runtime::testing {
@@ -79,6 +82,27 @@ inline std::unique_ptr<PipelineEngine> tiny_engine(const Schedule& schedule, int
       tiny_options(recompute_interval));
   engine->init_parameters(seed);
   return engine;
+}
+
+// A training run of kTiny on 2 ranks (1F1B, 4 micro-batches) over corpus(),
+// written into `dir` (corpus.txt, out/): 12 steps, validated every 5.
+inline TrainSettings tiny_settings(const std::filesystem::path& dir) {
+  write_file_atomic(dir / "corpus.txt", corpus());
+  TrainSettings s;
+  s.model = kTiny;
+  s.schedule = make_schedule("1f1b", 2, 4);
+  s.partition = parse_partition_method("uniform");
+  s.hardware = hardware_preset("cpu");
+  s.engine = tiny_options();
+  s.engine.optimizer = {.lr = 3e-3};
+  s.engine.lr_schedule = nn::LrSchedule::constant(3e-3);
+  s.data = {dir / "corpus.txt"};
+  s.steps = 12;
+  s.eval_interval = 5;
+  s.out_dir = dir / "out";
+  s.checkpoint_dir = s.out_dir / "checkpoints";
+  s.sample_tokens = 40;
+  return s;
 }
 
 // The unpipelined run: the whole model as one stage; each step one forward

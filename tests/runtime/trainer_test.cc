@@ -42,28 +42,9 @@ std::filesystem::path temp_dir(const std::string& name) {
   return dir;
 }
 
-TrainSettings tiny_settings(const std::filesystem::path& dir) {
-  write_file_atomic(dir / "corpus.txt", testing::corpus());
-  TrainSettings s;
-  s.model = testing::kTiny;
-  s.schedule = make_schedule("1f1b", 2, 4);
-  s.partition = parse_partition_method("uniform");
-  s.hardware = hardware_preset("cpu");
-  s.engine = testing::tiny_options();
-  s.engine.optimizer = {.lr = 3e-3};
-  s.engine.lr_schedule = nn::LrSchedule::constant(3e-3);
-  s.data = {dir / "corpus.txt"};
-  s.steps = 12;
-  s.eval_interval = 5;
-  s.out_dir = dir / "out";
-  s.checkpoint_dir = s.out_dir / "checkpoints";
-  s.sample_tokens = 40;
-  return s;
-}
-
 // A few steps, validated and sampled only as much as a run must.
 TrainSettings short_settings(const std::filesystem::path& dir, int steps) {
-  TrainSettings s = tiny_settings(dir);
+  TrainSettings s = testing::tiny_settings(dir);
   s.steps = steps;
   s.eval_interval = 0;
   s.sample_tokens = 1;
@@ -72,7 +53,7 @@ TrainSettings short_settings(const std::filesystem::path& dir, int steps) {
 
 TEST(Trainer, TrainsWritesMetricsReportTimelineAndWeights) {
   const auto dir = temp_dir("train");
-  const TrainSettings settings = tiny_settings(dir);
+  const TrainSettings settings = testing::tiny_settings(dir);
   std::FILE* log = std::tmpfile();
   ProgressPrinter progress(log, false, settings.steps, false);
   const TrainOutcome outcome = train(settings, progress);
@@ -168,7 +149,7 @@ TEST(Trainer, LogsTheGradientNoiseScaleOnTheStepsThatMeasureIt) {
 
 TEST(Trainer, EmulatedAndThreadedRunsTrainTheSameWeights) {
   const auto dir = temp_dir("emulate");
-  TrainSettings settings = tiny_settings(dir);
+  TrainSettings settings = testing::tiny_settings(dir);
   settings.steps = 3;
   settings.sample_tokens = 1;
   settings.schedule = make_schedule("zbv", 2, 4);
@@ -397,7 +378,7 @@ TEST(Trainer, AFiniteStepEndsAStreakOfSkippedStepsAndAnAbsorbedOverflowDoesNot) 
 // the run naming the step and the tensor.
 TEST(Trainer, NonFiniteStepsAreSkippedAndTooManyInARowStopTheRun) {
   const auto dir = temp_dir("nan");
-  TrainSettings settings = tiny_settings(dir);
+  TrainSettings settings = testing::tiny_settings(dir);
   settings.engine.optimizer = {.lr = 1e30};
   settings.engine.lr_schedule = nn::LrSchedule::constant(1e30);
   settings.save_interval = 1;
