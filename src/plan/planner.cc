@@ -224,6 +224,7 @@ class Search {
   void enqueue_schedules(Layout layout, const std::vector<std::pair<const ScheduleInfo*, int>>& choices, int m,
                          int layer_count) {
     std::map<std::pair<Placement, int>, std::shared_ptr<const LayoutCosts>> shared;
+    std::vector<double> one_stage_peaks;  // of the schedules queued at p = 1, v = 1 (kSameSchedule)
     for (const auto& [info, v] : choices) {
       const int p = layout.pipeline_ranks;
       if (static_cast<std::int64_t>(p) * v > layer_count) {
@@ -251,6 +252,10 @@ class Search {
         reject(RejectReason::kOutOfMemory);
         continue;
       }
+      if (p * v == 1 && repeats_a_peak(layout, *costs, one_stage_peaks)) {
+        reject(RejectReason::kSameSchedule);
+        continue;
+      }
       queue_.push_back(Queued{layout, costs, step_lower_bound(*costs, info->placement, p, v, m)});
     }
   }
@@ -276,6 +281,15 @@ class Search {
       other.partition = method;
       if (cut(other, shape).boundaries == own_cut) return true;
     }
+    return false;
+  }
+
+  // At one stage (planner.h): whether an earlier schedule of the layout
+  // peaks as this one does; else its peak joins `peaks`.
+  static bool repeats_a_peak(const Layout& layout, const LayoutCosts& costs, std::vector<double>& peaks) {
+    const double peak = peak_memory_bytes(layout_schedule(layout), costs.costs, RankId(0));
+    if (std::find(peaks.begin(), peaks.end(), peak) != peaks.end()) return true;
+    peaks.push_back(peak);
     return false;
   }
 
@@ -345,6 +359,7 @@ std::string_view to_string(RejectReason reason) {
     case RejectReason::kSchedule: return "schedule constraint";
     case RejectReason::kOutOfMemory: return "out of memory";
     case RejectReason::kSameCut: return "same cut as an earlier partition method";
+    case RejectReason::kSameSchedule: return "same as an earlier schedule at one stage";
   }
   return "?";
 }

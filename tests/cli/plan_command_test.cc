@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "pipeflow/core/file.h"
 #include "pipeflow/model/hardware.h"
@@ -21,6 +23,21 @@ TEST(PlanCommand, ListsTheTopLayoutsAndTheRejections) {
   EXPECT_NE(r.out.find("\n3  tp "), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("\n4  tp "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("memory limit: 0.8 × 80.0 GiB = 64.0 GiB per device\nrejected: "), std::string::npos) << r.out;
+}
+
+// At one stage the five schedules that run F then B used to be five identical
+// rows: the layout is listed once, under the first schedule's name.
+TEST(PlanCommand, OneStageListsALayoutOnceWhateverTheSchedule) {
+  const CommandResult r = run_pipeflow("plan --model gpt2-124m --devices 1 --global-batch 8 --seq 1024");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> rows;  // every row of that layout, whatever its schedule
+  for (std::size_t at = r.out.find("b 8 (m 1), "); at != std::string::npos; at = r.out.find("b 8 (m 1), ", at + 1)) {
+    const std::string row = r.out.substr(at, r.out.find('\n', at) - at);
+    if (row.find(", recompute none, zero 0, parameters ") != std::string::npos) rows.push_back(row);
+  }
+  ASSERT_EQ(rows.size(), 1u) << r.out;
+  EXPECT_EQ(rows[0].rfind("b 8 (m 1), gpipe, ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(" same as an earlier schedule at one stage\n"), std::string::npos) << r.out;
 }
 
 // The JSON's best layout, written as a pipeflow configuration, simulates to

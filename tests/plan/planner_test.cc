@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <tuple>
 
@@ -71,7 +72,8 @@ TEST(Planner, TheBoundedSearchFindsTheExhaustiveSearchsBest) {
 // cuts as the first did counted once. The planner's ranked list has the
 // same step times, best first, and its best is a layout of that fastest
 // time. Both partition methods (the default), so that each layout is also
-// tried cut both ways.
+// tried cut both ways. At one stage a schedule that holds as much as an
+// earlier one is counted once too.
 TEST(Planner, TheBestIsTheBestOfEveryLayoutPredictedOnItsOwn) {
   PlanRequest tight = small_cluster("gpt3-1.3b", 8, 16, 2048);
   tight.memory_fraction = 0.2;
@@ -81,6 +83,7 @@ TEST(Planner, TheBestIsTheBestOfEveryLayoutPredictedOnItsOwn) {
     const double limit = request.memory_fraction * request.hardware.memory_bytes;
     std::vector<std::pair<double, Layout>> fitting;
     std::set<std::tuple<int, int, int, std::string, int, Recompute, ZeroStage, std::vector<int>>> cuts;
+    std::set<std::tuple<int, int, Recompute, ZeroStage, double>> one_stage;
     for (int tp = 1; tp <= request.hardware.devices_per_node; tp *= 2) {
       for (int pp = 1; tp * pp <= request.devices; pp *= 2) {
         const int dp = request.devices / (tp * pp);
@@ -107,6 +110,8 @@ TEST(Planner, TheBestIsTheBestOfEveryLayoutPredictedOnItsOwn) {
                       if (!cuts.insert(cut).second) continue;
                       double largest = 0;
                       for (const RankResult& r : p.result.ranks) largest = std::max(largest, r.peak_memory_bytes);
+                      // One stage: a schedule that holds as much as an earlier one is the same layout.
+                      if (pp * v == 1 && !one_stage.insert({tp, b, recompute, zero, largest}).second) continue;
                       if (largest <= limit) fitting.emplace_back(p.result.step_time_s, l);
                     } catch (const Error&) {
                       // a schedule's constraint, a batch or heads that do not divide, too few layers
@@ -241,6 +246,41 @@ TEST(InferencePlan, Llama405BAt128KFitsOnlyOnSeveralStages) {
             }),
             "memory fraction = 1.5: must be in (0, 1] (the share of device memory a stage may fill; the course uses "
             "0.8)");
+}
+
+// At one stage every schedule runs the same forwards and backwards one after
+// another: a schedule that holds as much as an earlier one is that layout
+// again, listed once (GPipe and looped BFS hold every micro-batch, 1F1B,
+// interleaved, ZB-H1 and ZB-H2 one); 5 identical rows used to be listed.
+TEST(Planner, OneStageListsEachScheduleThatHoldsAsMuchOnce) {
+  PlanRequest request = small_cluster("gpt2-124m", 1, 8, 1024);
+  request.top_k = 50;
+  const PlanResult plan = plan_layouts(request);
+  std::set<std::tuple<int, Recompute, std::vector<double>>> seen;
+  std::map<int, std::set<std::string>> schedules;  // one-chunk schedules listed, by micro-batch size
+  for (const PlanCandidate& c : plan.best) {
+    const Layout& l = c.layout;
+    ASSERT_EQ(l.pipeline_ranks, 1);
+    if (l.chunks != 1) continue;  // ZB-V and DualPipeV: two stages on the rank
+    EXPECT_TRUE(seen.insert({l.micro_batch, l.recompute, c.stage_peak_bytes}).second)
+        << l.schedule << " at b " << l.micro_batch << " repeats an earlier schedule's row";
+    if (l.recompute == Recompute::kNone) schedules[l.micro_batch].insert(l.schedule);
+  }
+  EXPECT_EQ(schedules[8], (std::set<std::string>{"gpipe"}));  // m = 1: every schedule is F then B
+  EXPECT_EQ(schedules[4], (std::set<std::string>{"gpipe", "1f1b"}));
+  EXPECT_GT(plan.rejected[static_cast<int>(RejectReason::kSameSchedule)], 0);
+  std::int64_t accounted = plan.simulated + plan.pruned;
+  for (std::int64_t n : plan.rejected) accounted += n;
+  EXPECT_EQ(accounted, plan.candidates);
+  // The one listed is the step every schedule of that layout is simulated to take.
+  for (const PlanCandidate& c : plan.best) {
+    if (c.layout.chunks != 1) continue;
+    for (const char* other : {"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2"}) {
+      Layout l = c.layout;
+      l.schedule = other;
+      EXPECT_NEAR(predict(l).result.step_time_s, c.step_time_s, 1e-12 * c.step_time_s) << other;
+    }
+  }
 }
 
 }  // namespace

@@ -67,8 +67,9 @@ enum class RejectReason {
   kSchedule,          // the schedule's constraints reject (p, m, v)
   kOutOfMemory,       // a rank's peak (or its model states alone) over memory_fraction × memory
   kSameCut,           // an earlier partition method cuts the same stages: listed once
+  kSameSchedule,      // one stage: an earlier schedule holds as much at once (plan_layouts): listed once
 };
-inline constexpr int kRejectReasons = 6;
+inline constexpr int kRejectReasons = 7;
 std::string_view to_string(RejectReason reason);  // "indivisible batch", ...
 
 struct PlanResult {
@@ -91,6 +92,13 @@ struct PlanResult {
 // divides s (it only removes work and memory in the cost model). Every
 // candidate that fits is simulated; ranked by step time, ties by headroom,
 // then by enumeration order (the schedule registry's: simplest first).
+//
+// Listed once: a layout an earlier partition method cuts the same way
+// (kSameCut), and at p = 1 with one chunk, a schedule whose rank peaks as an
+// earlier schedule's (kSameSchedule): one rank holding the one stage runs
+// the same forwards and backwards back to back whatever the order (nothing
+// to wait for or send), so the schedules differ only in how many
+// micro-batches' activations they hold at once: GPipe's m, 1F1B's one.
 //
 // Work is skipped, never a candidate that could rank:
 //   memory   a rank's model states alone over the limit: out of memory
