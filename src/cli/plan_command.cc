@@ -62,10 +62,16 @@ std::string inference_report(const InferencePlanRequest& request, const Inferenc
                    format_seconds(p.per_token_s), fmt::format("{:.1f}", p.tokens_per_s), format_bytes(p.peak_bytes())});
   }
   out += plan.fitting.empty() ? "no stage count fits\n" : table.render();
-  if (!plan.rejected.empty()) out += "does not fit:\n";
+  if (plan.more_fitting > 0) {
+    out += fmt::format("{} more stage {} fit{}: --top {} lists them all\n", plan.more_fitting,
+                       plan.more_fitting == 1 ? "count" : "counts", plan.more_fitting == 1 ? "s" : "",
+                       plan.fitting.size() + static_cast<std::size_t>(plan.more_fitting));
+  }
+  if (!plan.rejected.empty() || !plan.untried.empty()) out += "does not fit:\n";
   for (const InferenceOption& o : plan.rejected) {
     out += fmt::format("  {}: {}\n", format_count(o.stages, "stage"), o.rejected);
   }
+  if (!plan.untried.empty()) out += fmt::format("  {}\n", plan.untried);
   return out;
 }
 
@@ -77,10 +83,12 @@ std::string inference_json_report(const InferencePlanRequest& request, const Inf
   json["memory_limit_bytes"] = plan.limit_bytes;
   json["fitting"] = nlohmann::ordered_json::array();
   for (const InferenceOption& o : plan.fitting) json["fitting"].push_back(inference_json(o.prediction));
+  json["more_fitting"] = plan.more_fitting;
   json["rejected"] = nlohmann::ordered_json::array();
   for (const InferenceOption& o : plan.rejected) {
     json["rejected"].push_back({{"stages", o.stages}, {"reason", o.rejected}});
   }
+  if (!plan.untried.empty()) json["untried"] = plan.untried;
   return json_text(json, 2) + "\n";
 }
 
@@ -104,6 +112,7 @@ void run_inference(const PlanCommand& command) {
   request.setup.partition = parse_partition_method(command.partitions.empty() ? "parameters" : command.partitions.front());
   request.max_stages = command.devices;
   request.memory_fraction = command.memory_fraction;
+  request.top_k = command.top;
   const InferencePlan plan = plan_inference(request);
   write_output(command.json ? inference_json_report(request, plan) : inference_report(request, plan), "");
   if (plan.fitting.empty()) {
@@ -384,7 +393,7 @@ void add_plan_command(CLI::App& app) {
   sub->add_option("--global-batch", c->global_batch, "Sequences per optimizer step (required but with --inference)");
   sub->add_option("--seq,--seq-length", c->seq_length,
                   "Tokens per sequence (required but with --inference, where it is the context)");
-  sub->add_option("--top", c->top, "Layouts to list")->capture_default_str();
+  sub->add_option("--top", c->top, "Layouts to list (with --inference: stage counts that fit)")->capture_default_str();
   sub->add_option("--precision", c->precision,
                   "fp32, bf16 or fp16 (mixed precision): what every layout trains in and the configs say")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))

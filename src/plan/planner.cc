@@ -370,10 +370,20 @@ PlanResult plan_layouts_exhaustively(const PlanRequest& request) { return Search
 
 InferencePlan plan_inference(const InferencePlanRequest& request) {
   if (request.max_stages < 1) fail("devices = {}: must be >= 1 (the most pipeline stages to try)", request.max_stages);
+  if (request.top_k < 1) fail("top = {}: must be >= 1 (the stage counts to list)", request.top_k);
   check_memory_fraction(request.memory_fraction);
+  validate_model(request.setup.model);
   InferencePlan plan;
   plan.limit_bytes = request.memory_fraction * request.setup.hardware.memory_bytes;
-  for (int p = 1; p <= request.max_stages; ++p) {
+  const int layers = request.setup.model.layers + 2;  // embedding, blocks, head
+  const int most = std::min(request.max_stages, layers);
+  if (most < request.max_stages) {
+    plan.untried = fmt::format("{} .. {} stages: more than the {} pipeline layers of {} (embedding, {} blocks, "
+                               "head), and every stage needs one",
+                               most + 1, request.max_stages, layers, request.setup.model.name,
+                               request.setup.model.layers);
+  }
+  for (int p = 1; p <= most; ++p) {
     InferenceOption option;
     option.stages = p;
     InferenceSetup setup = request.setup;
@@ -405,6 +415,10 @@ InferencePlan plan_inference(const InferencePlanRequest& request) {
     if (x.tokens_per_s != y.tokens_per_s) return x.tokens_per_s > y.tokens_per_s;
     return x.time_to_first_token_s < y.time_to_first_token_s;
   });
+  if (plan.fitting.size() > static_cast<std::size_t>(request.top_k)) {
+    plan.more_fitting = static_cast<int>(plan.fitting.size()) - request.top_k;
+    plan.fitting.resize(static_cast<std::size_t>(request.top_k));
+  }
   return plan;
 }
 

@@ -369,5 +369,17 @@ TEST(HostileInput, PathsThatCannotBeLookedAtAreErrorsNamingTheReason) {
   EXPECT_EQ(megatron.exit_code, 0) << megatron.err;
 }
 
+// Used to print every stage count up to --devices: 146 MB in 15 s.
+TEST(HostileInput, AnInferencePlanListsTheBestStageCountsWhateverTheDevices) {
+  const CommandResult r = run_pipeflow("plan --inference --model llama3-70b --devices 1000000");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(r.out.size(), 2000u) << r.out;
+  EXPECT_NE(r.out.find("75 more stage counts fit: --top 80 lists them all\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  83 .. 1000000 stages: more than the 82 pipeline layers of llama3-70b (embedding, 80 "
+                       "blocks, head), and every stage needs one\n"),
+            std::string::npos)
+      << r.out;
+}
+
 }  // namespace
 }  // namespace pipeflow::testing

@@ -231,21 +231,45 @@ TEST(InferencePlan, Llama405BAt128KFitsOnlyOnSeveralStages) {
   for (std::size_t i = 1; i < plan.fitting.size(); ++i) {
     EXPECT_GE(plan.fitting[i - 1].prediction.tokens_per_s, plan.fitting[i].prediction.tokens_per_s);
   }
-  // Too many stages for the layers (128 pipeline layers) is a reason, not an error.
+  // Too many stages for the layers is a reason, not an error.
   request.setup.model = model_preset("llama3-8b");
   request.setup.context = 8192;
   request.max_stages = 35;
   const InferencePlan small = plan_inference(request);
-  EXPECT_EQ(small.rejected.size(), 1u);
-  EXPECT_EQ(small.rejected.front().rejected,
-            "stages = 35: llama3-8b has 34 pipeline layers (embedding, 32 blocks, head) and every stage needs one; "
-            "use 34 stages or fewer");
+  EXPECT_TRUE(small.rejected.empty());
+  EXPECT_EQ(small.untried,
+            "35 .. 35 stages: more than the 34 pipeline layers of llama3-8b (embedding, 32 blocks, head), and every "
+            "stage needs one");
   EXPECT_EQ(error_of([&] {
               request.memory_fraction = 1.5;
               plan_inference(request);
             }),
             "memory fraction = 1.5: must be in (0, 1] (the share of device memory a stage may fill; the course uses "
             "0.8)");
+}
+
+// --devices 1000000 used to predict every stage count up to a million (15 s)
+// and list them all (146 MB): the stage counts past the pipeline layers are
+// one reason, and the top_k that fit are listed with the count of the rest.
+TEST(InferencePlan, StageCountsAreBoundedByTheLayersAndTheListingByTopK) {
+  InferencePlanRequest request;
+  request.setup.model = model_preset("llama3-70b");
+  request.setup.hardware = hardware_preset("a100-80g");
+  request.max_stages = 1'000'000;
+  const InferencePlan plan = plan_inference(request);
+  ASSERT_EQ(plan.fitting.size(), 5u);
+  EXPECT_EQ(plan.more_fitting + 5 + static_cast<int>(plan.rejected.size()), 82);  // every P of 1 .. 82 once
+  for (const InferenceOption& o : plan.rejected) EXPECT_LE(o.stages, 82);
+  EXPECT_EQ(plan.untried,
+            "83 .. 1000000 stages: more than the 82 pipeline layers of llama3-70b (embedding, 80 blocks, head), and "
+            "every stage needs one");
+  request.top_k = 100;
+  const InferencePlan all = plan_inference(request);
+  EXPECT_EQ(all.more_fitting, 0);
+  EXPECT_EQ(static_cast<int>(all.fitting.size()), plan.more_fitting + 5);
+  for (std::size_t i = 0; i < plan.fitting.size(); ++i) EXPECT_EQ(plan.fitting[i].stages, all.fitting[i].stages);
+  request.top_k = 0;
+  EXPECT_EQ(error_of([&] { plan_inference(request); }), "top = 0: must be >= 1 (the stage counts to list)");
 }
 
 // At one stage every schedule runs the same forwards and backwards one after

@@ -127,13 +127,17 @@ PlanResult plan_layouts_exhaustively(const PlanRequest& request);
 
 // `pipeflow plan --inference`: how many stages (one device each) the setup
 // needs to fit, and what each stage count gives. Every P in 1 .. max_stages
-// is predicted (predict_inference, setup.stages replaced; setup.microbatches
-// 0 picks min(P, sequences) for each); it fits when every stage's peak is
-// within memory_fraction × the device's memory, as the training plan's rule.
+// up to the model's pipeline layers (every stage needs one, as in the
+// training search) is predicted (predict_inference, setup.stages replaced;
+// setup.microbatches 0 picks min(P, sequences) for each); it fits when every
+// stage's peak is within memory_fraction × the device's memory, as the
+// training plan's rule. The work and the listing are bounded by the model,
+// not by max_stages (llama3-70b: 82 stage counts at most, whatever --devices).
 struct InferencePlanRequest {
   InferenceSetup setup;
   int max_stages = 1;
   double memory_fraction = 0.8;
+  int top_k = 5;  // fitting stage counts listed, as PlanRequest::top_k
 };
 
 struct InferenceOption {
@@ -144,12 +148,16 @@ struct InferenceOption {
 
 struct InferencePlan {
   double limit_bytes = 0;                // memory_fraction × device memory
-  std::vector<InferenceOption> fitting;  // by tokens/s, then time to first token, then fewer stages
+  std::vector<InferenceOption> fitting;  // the top_k best: by tokens/s, then time to first token, then fewer stages
+  int more_fitting = 0;                  // stage counts that fit past the top_k listed
   std::vector<InferenceOption> rejected; // in increasing P
+  // The stage counts past the pipeline layers, not tried, as one reason
+  // ("83 .. 1000000 stages: ..."); empty when max_stages is within them.
+  std::string untried;
 };
 
-// Throws Error for max_stages < 1 or a memory fraction outside (0, 1]; a
-// setup no P fits is no error (every option says why).
+// Throws Error for max_stages < 1, top_k < 1 or a memory fraction outside
+// (0, 1]; a setup no P fits is no error (every option says why).
 InferencePlan plan_inference(const InferencePlanRequest& request);
 
 }  // namespace pipeflow
