@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "commands.h"
+#include "inference_flags.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/json.h"
@@ -29,8 +31,8 @@ struct PlanCommand {
   std::string model;
   std::string hardware = "a100-80g";
   int devices = 0;
-  int global_batch = 0;
-  int seq_length = 0;
+  std::optional<int> global_batch;
+  std::optional<int> seq_length;
   int top = 5;
   std::string precision = "bf16";
   double memory_fraction = 0.8;
@@ -42,9 +44,7 @@ struct PlanCommand {
   std::string megatron;
   // --inference: the stage counts that fit generation instead.
   bool inference = false;
-  std::int64_t context = 0;
-  int sequences = 1;
-  std::int64_t prompt_tokens = 0;
+  InferenceFlags inference_flags;
 };
 
 std::string inference_report(const InferencePlanRequest& request, const InferencePlan& plan) {
@@ -99,13 +99,13 @@ void run_inference(const PlanCommand& command) {
   InferencePlanRequest request;
   request.setup.model = resolve_model(command.model);
   request.setup.hardware = resolve_hardware(command.hardware);
-  // Resolved here, so that the report's heading names them.
-  const std::int64_t model_context = request.setup.model.max_positions;
-  request.setup.context = command.context > 0      ? command.context
-                          : command.seq_length > 0 ? command.seq_length
-                                                   : model_context;
-  request.setup.sequences = command.sequences;
-  request.setup.prompt_tokens = command.prompt_tokens > 0 ? command.prompt_tokens : request.setup.context;
+  if (command.seq_length) require_positive_flag("--seq", *command.seq_length, "tokens of each sequence: the context");
+  command.inference_flags.apply(request.setup, command.seq_length.value_or(0));
+  // Resolved here, so that the report's heading names the defaults, and a
+  // setup no stage count can run is refused once rather than for each.
+  const InferenceSetup resolved = resolve_inference_setup(request.setup);
+  request.setup.context = resolved.context;
+  request.setup.prompt_tokens = resolved.prompt_tokens;
   if (command.partitions.size() > 1) {
     fail("--inference takes one --partition method (got {})", command.partitions.size());
   }
@@ -127,8 +127,8 @@ PlanRequest make_request(const PlanCommand& command) {
   request.model = resolve_model(command.model);
   request.hardware = resolve_hardware(command.hardware);
   request.devices = command.devices;
-  request.global_batch = command.global_batch;
-  request.seq_length = command.seq_length;
+  request.global_batch = *command.global_batch;
+  request.seq_length = *command.seq_length;
   request.top_k = command.top;
   request.precision = parse_precision(command.precision);
   request.memory_fraction = command.memory_fraction;
@@ -355,7 +355,10 @@ void run(const PlanCommand& command) {
     refuse_overwriting({flag, *output}, {{"--model", command.model}, {"--hardware", command.hardware}});
   }
   if (command.inference) return run_inference(command);
-  if (command.global_batch == 0 || command.seq_length == 0) {
+  if (command.inference_flags.any_given()) {
+    fail("--context, --sequences and --prompt-tokens shape a generation: add --inference, or leave them out");
+  }
+  if (!command.global_batch || !command.seq_length) {
     fail("plan needs --global-batch and --seq (or --inference for generation)");
   }
   PlanRequest request = make_request(command);
@@ -411,10 +414,7 @@ void add_plan_command(CLI::App& app) {
   sub->add_flag("--inference", c->inference,
                 "List the pipeline stage counts (1 .. --devices) that fit generation, with time to first token, "
                 "per-token latency and tokens/s (docs/INFERENCE.md)");
-  sub->add_option("--context", c->context, "--inference: tokens of each sequence the KV cache holds (default --seq, "
-                                           "else the model's)");
-  sub->add_option("--sequences", c->sequences, "--inference: concurrent sequences")->capture_default_str();
-  sub->add_option("--prompt-tokens", c->prompt_tokens, "--inference: tokens of each prompt (default the context)");
+  c->inference_flags.add_to(sub, false);
   sub->callback([c] { run(*c); });
 }
 

@@ -22,6 +22,7 @@
 #include "pipeflow/sim/run_metadata.h"
 #include "pipeflow/trace/chrome_trace.h"
 #include "pipeflow/trace/svg.h"
+#include "inference_flags.h"
 #include "run_options.h"
 
 namespace pipeflow::cli {
@@ -37,16 +38,12 @@ struct SimulateCommand {
   RunFlags flags;
   // --inference: generation instead of a training step.
   bool inference = false;
-  std::int64_t context = 0;
-  int sequences = 1;
-  std::int64_t prompt_tokens = 0;
-  int microbatches = 0;
+  InferenceFlags inference_flags;
 };
 
 // The inference setup of the configuration (model, hardware, stages,
 // partition; seq_length as the context unless --context) and the flags.
-InferenceSetup inference_setup(const RunConfig& config, std::int64_t context, int sequences,
-                               std::int64_t prompt_tokens, int microbatches) {
+InferenceSetup inference_setup(const RunConfig& config, const InferenceFlags& flags) {
   if (!config.model) fail("--inference needs a model: give --model (a preset or a config.json)");
   if (config.tensor_parallel != 1 || config.data_parallel != 1) {
     fail("--inference prices pipeline stages only (got tensor_parallel {} and data_parallel {}): leave both at 1",
@@ -57,10 +54,7 @@ InferenceSetup inference_setup(const RunConfig& config, std::int64_t context, in
   setup.hardware = config.hardware;
   setup.stages = config.pipeline.ranks;
   setup.partition = config.pipeline.partition_method;
-  setup.context = context > 0 ? context : config.seq_length;
-  setup.sequences = sequences;
-  setup.prompt_tokens = prompt_tokens;
-  setup.microbatches = microbatches;
+  flags.apply(setup, config.seq_length);
   return setup;
 }
 
@@ -70,8 +64,7 @@ void run_inference(const SimulateCommand& command) {
   }
   const RunConfig config = run_config_of(command.config, command.flags.overrides());
   print_config_notes(config);
-  const InferencePrediction p = predict_inference(inference_setup(config, command.context, command.sequences,
-                                                                  command.prompt_tokens, command.microbatches));
+  const InferencePrediction p = predict_inference(inference_setup(config, command.inference_flags));
   write_output(command.json ? json_text(inference_json(p), 2) + "\n" : inference_text(p), "");
 }
 
@@ -103,6 +96,10 @@ RunConfig megatron_run(const std::string& text_or_file, const RunFlags& flags) {
 
 void run(const SimulateCommand& command) {
   if (command.inference) return run_inference(command);
+  if (command.inference_flags.any_given()) {
+    fail("--context, --sequences, --prompt-tokens and --microbatches shape a generation: add --inference, or leave "
+         "them out");
+  }
   for (const auto& [flag, output] : {std::pair{"--trace", &command.trace}, std::pair{"--svg", &command.svg}}) {
     refuse_overwriting({flag, *output}, {{"--config", command.config}, {"--profile", command.profile}});
   }
@@ -152,12 +149,7 @@ void add_simulate_command(CLI::App& app) {
   sub->add_flag("--inference", c->inference,
                 "Predict generation instead: time to first token, per-token latency, tokens/s and memory per stage "
                 "(docs/INFERENCE.md)");
-  sub->add_option("--context", c->context,
-                  "--inference: tokens of each sequence the KV cache holds (default --seq-length, else the model's)");
-  sub->add_option("--sequences", c->sequences, "--inference: concurrent sequences")->capture_default_str();
-  sub->add_option("--prompt-tokens", c->prompt_tokens, "--inference: tokens of each prompt (default the context)");
-  sub->add_option("--microbatches", c->microbatches,
-                  "--inference: groups of sequences in flight (default min(stages, sequences))");
+  c->inference_flags.add_to(sub, true);
   sub->callback([c] { run(*c); });
 }
 

@@ -13,9 +13,8 @@
 #include "pipeflow/sim/cost_model.h"
 
 namespace pipeflow {
-namespace {
 
-InferenceSetup resolved(const InferenceSetup& in) {
+InferenceSetup resolve_inference_setup(const InferenceSetup& in) {
   validate_model(in.model);
   validate_hardware(in.hardware);
   InferenceSetup s = in;
@@ -43,6 +42,8 @@ InferenceSetup resolved(const InferenceSetup& in) {
   }
   return s;
 }
+
+namespace {
 
 // Group g of M holds ⌊S·g/M⌋ … ⌊S·(g+1)/M⌋ − 1, as pipeflow generate cuts them.
 std::vector<int> group_sizes(int sequences, int groups) {
@@ -128,7 +129,7 @@ double InferencePrediction::peak_bytes() const {
 
 InferencePrediction predict_inference(const InferenceSetup& setup) {
   InferencePrediction out;
-  out.setup = resolved(setup);
+  out.setup = resolve_inference_setup(setup);
   const InferenceSetup& s = out.setup;
   ParallelConfig config;
   config.seq_length = static_cast<int>(s.prompt_tokens);

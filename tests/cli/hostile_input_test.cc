@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../trace/xml_check.h"
@@ -379,6 +380,57 @@ TEST(HostileInput, AnInferencePlanListsTheBestStageCountsWhateverTheDevices) {
                        "blocks, head), and every stage needs one\n"),
             std::string::npos)
       << r.out;
+}
+
+// 0 and negative counts used to mean "the default" (--context -1 priced the
+// model's context); each is refused naming the flag, the value and the rule.
+TEST(HostileInput, EveryInferenceCountBelowOneIsRefusedNamingTheFlag) {
+  const std::string dir = make_temp_dir();
+  const std::string weights = dir + "/w.safetensors";
+  ASSERT_EQ(run_pipeflow("init --layers 1 --heads 1 --width 8 --context 8 --seed 1 --out " + weights).exit_code, 0);
+  const std::string simulate = "simulate --inference --model gpt2-124m --stages 2";
+  const std::string plan = "plan --inference --model gpt2-124m --devices 2";
+  const std::string generate = "generate --weights " + weights + " --prompt a";
+  const std::string two_tokens = generate + " --max-new-tokens 2";
+  const std::pair<std::string, std::string> cases[] = {
+      {simulate + " --context -1", "--context -1: must be >= 1 (tokens the KV cache holds per sequence)"},
+      {simulate + " --context 0", "--context 0: must be >= 1"},
+      {simulate + " --sequences 0", "--sequences 0: must be >= 1 (concurrent sequences)"},
+      {simulate + " --sequences -3", "--sequences -3: must be >= 1"},
+      {simulate + " --prompt-tokens 0", "--prompt-tokens 0: must be >= 1 (tokens of each prompt)"},
+      {simulate + " --prompt-tokens -1", "--prompt-tokens -1: must be >= 1"},
+      {simulate + " --microbatches 0", "--microbatches 0: must be >= 1 (groups of sequences"},
+      {simulate + " --microbatches -1", "--microbatches -1: must be >= 1"},
+      {simulate + " --context 2048", "context = 2048: gpt2-124m has a position table of 1024 positions"},
+      {plan + " --context -1", "--context -1: must be >= 1"},
+      {plan + " --context 0", "--context 0: must be >= 1"},
+      {plan + " --sequences 0", "--sequences 0: must be >= 1"},
+      {plan + " --prompt-tokens -1", "--prompt-tokens -1: must be >= 1"},
+      {plan + " --seq 0", "--seq 0: must be >= 1"},
+      {plan + " --seq -5", "--seq -5: must be >= 1"},
+      {plan + " --top 0", "top = 0: must be >= 1 (the stage counts to list)"},
+      // A setup no stage count runs: refused once, not once per stage count.
+      {plan + " --context 2048", "context = 2048: gpt2-124m has a position table of 1024 positions"},
+      {two_tokens + " --stages 0", "--stages 0: must be at least 1"},
+      {two_tokens + " --stages -1", "--stages -1: must be at least 1"},
+      {two_tokens + " --tp 0", "--tensor-parallel 0: must be at least 1"},
+      {two_tokens + " --microbatches 0", "--microbatches 0: must lie in [1, 1]"},
+      {two_tokens + " --microbatches -1", "--microbatches -1: must lie in [1, 1]"},
+      {generate + " --max-new-tokens 0", "--max-new-tokens 0: must be at least 1"},
+      {generate + " --max-new-tokens -1", "--max-new-tokens -1: must be at least 1"},
+      {two_tokens + " --top-k -1", "--top-k -1: must be >= 0"},
+      {two_tokens + " --top-p 0", "--top-p 0: must lie in (0, 1]"},
+      {two_tokens + " --temperature -1", "--temperature -1: must be a finite number >= 0"},
+  };
+  for (const auto& [arguments, message] : cases) {
+    SCOPED_TRACE(arguments);
+    expect_error(run_pipeflow(arguments), message);
+  }
+  // Without --inference they used to be ignored.
+  expect_error(run_pipeflow("simulate --model gpt2-124m --context 512"),
+               "--context, --sequences, --prompt-tokens and --microbatches shape a generation: add --inference");
+  expect_error(run_pipeflow("plan --model gpt2-124m --devices 1 --global-batch 8 --seq 1024 --sequences 4"),
+               "--context, --sequences and --prompt-tokens shape a generation: add --inference");
 }
 
 }  // namespace

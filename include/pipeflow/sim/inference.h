@@ -74,10 +74,15 @@ struct InferencePrediction {
   double peak_bytes() const;  // the largest stage's
 };
 
-// Throws Error naming the field and the fix for a setup that cannot run:
-// stages, sequences or microbatches < 1, more groups than sequences, more
-// stages than pipeline layers, a prompt longer than the context, a GPT
-// context above its position table.
+// The setup with its defaults filled in (microbatches, context, prompt
+// tokens). Throws Error naming the field and the fix for a setup that cannot
+// run at any stage count: stages, sequences or microbatches < 1, more groups
+// than sequences, a prompt longer than the context, a GPT context above its
+// position table.
+InferenceSetup resolve_inference_setup(const InferenceSetup& setup);
+
+// Throws Error as resolve_inference_setup, and for more stages than pipeline
+// layers.
 InferencePrediction predict_inference(const InferenceSetup& setup);
 
 // What `simulate --inference` prints: the setup, the latencies and
