@@ -55,7 +55,10 @@ std::string render(const Schedule& schedule, const std::string& format) {
   if (format == "csv") return write_csv(schedule);
   if (format == "json") return write_json(schedule);
   // Refused before the dry run, which alone takes minutes at Schedule's size limit.
-  if (format == "svg") check_svg_events(schedule.total_actions());
+  if (format == "svg") {
+    check_svg_events(schedule.total_actions(),
+                     "use fewer stages or micro-batches, or --format csv for the whole schedule");
+  }
   if (format == "grid" && grid_cells(schedule) > kMaxGridCells) {
     fail("the grid of {} would have {} cells, more than the limit of {}: use fewer stages or micro-batches, or "
          "--format csv",

@@ -114,6 +114,12 @@ void run(const SimulateCommand& command) {
   for (const std::string& warning : p.warnings) log_warning("{}", warning);
 
   if (!command.trace.empty() || !command.svg.empty()) {
+    // Refused before the timeline is built, which alone takes about 1.5 KB an
+    // event: every action is one (two when it waits).
+    const std::size_t actions = p.schedule.total_actions();
+    const char* fewer = "lower the micro-batches (--global-batch, --micro-batch) or the stages (--pp)";
+    if (!command.trace.empty()) check_chrome_trace_events(actions, fmt::format("{}, or leave out --trace", fewer));
+    if (!command.svg.empty()) check_svg_events(actions, fmt::format("{}, or leave out --svg", fewer));
     const std::string title =
         fmt::format("{} {}: {} ranks, {} micro-batches, simulated{}", layout.model.name, layout.schedule,
                     p.schedule.num_ranks(), p.microbatches, profile ? " from a measured profile" : "");

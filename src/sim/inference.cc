@@ -140,6 +140,9 @@ InferencePrediction predict_inference(const InferenceSetup& setup) {
          "stages or fewer",
          s.stages, s.model.name, layers.size(), s.model.layers, layers.size());
   }
+  // Made before anything sized by the groups: the generators refuse a
+  // schedule past their limit, which bounds the groups too.
+  const Schedule prefill = make_schedule("inference", s.stages, s.microbatches);
   const Partition partition = partition_layers(layers, s.stages, s.partition, s.hardware);
   out.group_sizes = group_sizes(s.sequences, s.microbatches);
   const int largest = *std::max_element(out.group_sizes.begin(), out.group_sizes.end());
@@ -162,7 +165,6 @@ InferencePrediction predict_inference(const InferenceSetup& setup) {
   auto link = [&](int from, int to) { return link_between(s.hardware, from, to); };
   auto group = [&](MicrobatchId k) { return static_cast<std::size_t>(k.value()); };
 
-  const Schedule prefill = make_schedule("inference", s.stages, s.microbatches);
   ExecutionCosts costs;
   costs.duration = [&](const Action& a, RankId) {
     return seconds[static_cast<std::size_t>(a.stage.value())][group(a.microbatch)].prefill_s;

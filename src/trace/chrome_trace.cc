@@ -9,6 +9,7 @@
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/json.h"
+#include "pipeflow/core/units.h"
 
 namespace pipeflow {
 namespace {
@@ -68,6 +69,14 @@ TraceEvent read_event(const nlohmann::json& e, std::size_t index, const std::str
 }
 
 }  // namespace
+
+void check_chrome_trace_events(std::size_t events, std::string_view fix) {
+  if (events > kMaxChromeTraceEvents) {
+    fail("a Chrome trace of {} events (about {} of JSON, {} of memory to write) is more than the limit of {}: {}",
+         events, format_bytes(140.0 * static_cast<double>(events)), format_bytes(1500.0 * static_cast<double>(events)),
+         kMaxChromeTraceEvents, fix);
+  }
+}
 
 std::string write_chrome_trace(const Timeline& timeline) {
   nlohmann::json events = nlohmann::json::array();

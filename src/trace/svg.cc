@@ -248,16 +248,15 @@ class SvgTimeline {
 
 }  // namespace
 
-void check_svg_events(std::size_t events) {
+void check_svg_events(std::size_t events, std::string_view fix) {
   if (events > kMaxSvgEvents) {
-    fail("an SVG timeline of {} events is more than the limit of {} (about 60 MB, more than a browser draws): use "
-         "fewer stages or micro-batches, or a Chrome trace / --format csv for the whole schedule",
-         events, kMaxSvgEvents);
+    fail("an SVG timeline of {} events is more than the limit of {} (about 60 MB, more than a browser draws): {}",
+         events, kMaxSvgEvents, fix);
   }
 }
 
 std::string render_svg(const Timeline& timeline) {
-  check_svg_events(timeline.events.size());
+  check_svg_events(timeline.events.size(), "use fewer stages or micro-batches, or a Chrome trace");
   return SvgTimeline(timeline).render();
 }
 

@@ -433,5 +433,27 @@ TEST(HostileInput, EveryInferenceCountBelowOneIsRefusedNamingTheFlag) {
                "--context, --sequences and --prompt-tokens shape a generation: add --inference");
 }
 
+// 4 stages x 1048576 micro-batches used to end in std::bad_alloc (at 3 GB
+// under ulimit -v 4000000; about 12 GB without): the trace of 8388608
+// actions was built in memory first. Refused past the limits, before the
+// timeline is built; here just past them.
+TEST(HostileInput, ATraceTooLargeToWriteIsRefusedBeforeItIsBuilt) {
+  const std::string dir = make_temp_dir();
+  const std::string simulate = "simulate --model gpt2-124m --pp 4 --micro-batch 1";
+  expect_error(run_pipeflow(simulate + " --global-batch 131072 --trace " + dir + "/t.json"),
+               "a Chrome trace of 1048576 events (about 140 MiB of JSON, 1.46 GiB of memory to write) is more than "
+               "the limit of 1000000: lower the micro-batches (--global-batch, --micro-batch) or the stages (--pp), or "
+               "leave out --trace");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/t.json"));
+  expect_error(run_pipeflow(simulate + " --global-batch 32768 --svg " + dir + "/t.svg"),
+               "an SVG timeline of 262144 events is more than the limit of 200000 (about 60 MB, more than a browser "
+               "draws): lower the micro-batches (--global-batch, --micro-batch) or the stages (--pp), or leave out "
+               "--svg");
+  // --inference's groups: 2^31 - 1 of them used to be sized before the schedule's limit refused them.
+  expect_error(run_pipeflow("simulate --inference --model gpt2-124m --sequences 2147483647 --microbatches 2147483647"),
+               "schedule inference is too large: 1 stages x 2147483647 microbatches = 2147483647 (stage, micro-batch) "
+               "pairs, more than the limit of 4194304: use fewer stages or microbatches");
+}
+
 }  // namespace
 }  // namespace pipeflow::testing

@@ -82,7 +82,8 @@ struct InferencePrediction {
 InferenceSetup resolve_inference_setup(const InferenceSetup& setup);
 
 // Throws Error as resolve_inference_setup, and for more stages than pipeline
-// layers.
+// layers or an inference schedule (stages x microbatches) over the
+// generators' limit.
 InferencePrediction predict_inference(const InferenceSetup& setup);
 
 // What `simulate --inference` prints: the setup, the latencies and

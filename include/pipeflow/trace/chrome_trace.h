@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -18,6 +19,17 @@ namespace pipeflow {
 // title, the number of ranks and the run metadata (otherData.pipeflow) travel in otherData, so that
 // read_chrome_trace(write_chrome_trace(t)) gives t back.
 std::string write_chrome_trace(const Timeline& timeline);
+
+// The most events a trace is written with. Measured at the limit (simulate,
+// 4 stages x 125 000 micro-batches, F and B): about 140 bytes an event in the file
+// (136 MB, an eighth of what analyze reads, kMaxTraceFileBytes) and 1.5 KB an
+// event in memory while the timeline is built and written (1.5 GB).
+inline constexpr std::size_t kMaxChromeTraceEvents = 1'000'000;
+
+// Throws Error for a trace of more than kMaxChromeTraceEvents events, with
+// the size it would have and `fix`: a caller refuses before building the
+// timeline.
+void check_chrome_trace_events(std::size_t events, std::string_view fix);
 
 // Reads the "X" events of a Chrome trace (other phases are skipped). Throws
 // Error naming the source and the event index for a malformed event.

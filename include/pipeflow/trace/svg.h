@@ -22,9 +22,10 @@ namespace pipeflow {
 inline constexpr std::size_t kMaxSvgEvents = 200'000;
 std::string render_svg(const Timeline& timeline);
 
-// Throws the Error render_svg would for a timeline of `events` events, so a
-// caller can refuse before building the timeline.
-void check_svg_events(std::size_t events);
+// Throws the Error render_svg would for a timeline of `events` events, with
+// `fix` (what the caller can lower), so a caller can refuse before building
+// the timeline.
+void check_svg_events(std::size_t events, std::string_view fix);
 
 // `text` with &, <, > and " written as entities, for XML and HTML text and
 // attribute values, and well-formed XML whatever its bytes: a control
