@@ -26,9 +26,10 @@ void add_calibrate_command(CLI::App& app) {
                   "Write the profile JSON to FILE (atomically) instead of standard output; "
                   "pipeflow simulate --hardware FILE reads it");
   sub->add_option("--name", command->name, "The profile's name")->capture_default_str();
-  sub->add_option("--seconds", command->seconds, "Time spent on each of the four measurements")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  sub->add_option("--seconds", command->seconds,
+                  fmt::format("Time spent on each of the four measurements, in (0, {:g}]",
+                              runtime::kMaxSecondsPerMeasurement))
+      ->capture_default_str();
   sub->callback([command] {
     const runtime::Calibration c = runtime::calibrate({.seconds_per_measurement = command->seconds});
     const HardwareProfile profile = runtime::calibrated_profile(c, command->name);

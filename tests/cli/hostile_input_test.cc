@@ -455,5 +455,15 @@ TEST(HostileInput, ATraceTooLargeToWriteIsRefusedBeforeItIsBuilt) {
                "pairs, more than the limit of 4194304: use fewer stages or microbatches");
 }
 
+// --seconds 1e9 used to measure for 126 years; NaN and infinity passed CLI11's
+// PositiveNumber. ulimit -t: a run that measures ends (and fails) within 10 s.
+TEST(HostileInput, CalibrateSecondsAreBounded) {
+  for (const std::string seconds : {"1e9", "61", "0", "-1", "nan", "inf"}) {
+    const CommandResult r = run_pipeflow("calibrate --seconds " + seconds, "", "ulimit -t 10");
+    expect_error(r, ": must be in (0, 60] (seconds for each of the four measurements");
+    EXPECT_EQ(r.err.rfind("pipeflow: error: --seconds ", 0), 0u) << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace pipeflow::testing

@@ -20,10 +20,17 @@ struct Calibration {
   double memory_bytes = 0;        // physical memory
 };
 
+// Each measurement keeps the best of repeated runs, the slowest of which (the
+// training step) takes tens of milliseconds on one core: the default 0.5 s
+// repeats it about ten times, and past a minute the best no longer moves.
+inline constexpr double kMaxSecondsPerMeasurement = 60;
+
 struct CalibrationOptions {
-  double seconds_per_measurement = 0.5;
+  double seconds_per_measurement = 0.5;  // in (0, kMaxSecondsPerMeasurement]
 };
 
+// Throws Error for seconds_per_measurement outside (0, kMaxSecondsPerMeasurement]
+// (naming --seconds), before measuring anything.
 Calibration calibrate(const CalibrationOptions& options = {});
 
 // One message between two threads through an InProcessTransport whose waits

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "pipeflow/core/error.h"
 #include "pipeflow/model/pipeline_layers.h"
 #include "pipeflow/nn/random.h"
 #include "pipeflow/nn/stage.h"
@@ -104,6 +105,11 @@ double measure_model(double seconds) {
 
 Calibration calibrate(const CalibrationOptions& options) {
   const double seconds = options.seconds_per_measurement;
+  if (!(seconds > 0 && seconds <= kMaxSecondsPerMeasurement)) {
+    fail("--seconds {}: must be in (0, {:g}] (seconds for each of the four measurements, which keep the best of "
+         "repeated runs: the default 0.5 already repeats the slowest about ten times)",
+         seconds, kMaxSecondsPerMeasurement);
+  }
   Calibration c;
   c.sgemm_flop_per_s = measure_sgemm(seconds);
   c.memcpy_bytes_per_s = measure_memcpy(seconds);
