@@ -83,6 +83,7 @@ nlohmann::ordered_json to_json(const std::vector<std::string>& prompts, const ru
   json["seconds"] = result.seconds;
   json["new_tokens"] = result.new_tokens();
   json["microbatches"] = command.microbatches;
+  json["passes"] = result.passes;
   json["stages"] = nlohmann::ordered_json::array();
   for (const runtime::StageInference& stage : result.stages) {
     json["stages"].push_back({{"first_layer", nn::pipeline_layer_name(config, stage.layers.first)},
@@ -101,11 +102,12 @@ nlohmann::ordered_json to_json(const std::vector<std::string>& prompts, const ru
 
 void print_report(const std::vector<std::string>& prompts, const runtime::InferenceResult& result,
                   const GenerateCommand& command, const nn::ModelConfig& config) {
-  fmt::print("tokens/s {:.1f} ({} new tokens for {} in {}; {}{}, {})\n", result.tokens_per_s(), result.new_tokens(),
-             format_count(static_cast<std::int64_t>(prompts.size()), "prompt"), format_seconds(result.seconds),
-             format_count(command.stages, "stage"),
+  fmt::print("tokens/s {:.1f} ({} new tokens for {} in {}; {}{}, {}{})\n", result.tokens_per_s(),
+             result.new_tokens(), format_count(static_cast<std::int64_t>(prompts.size()), "prompt"),
+             format_seconds(result.seconds), format_count(command.stages, "stage"),
              command.tensor_parallel > 1 ? fmt::format(" x tensor parallel {}", command.tensor_parallel) : "",
-             format_count(command.microbatches, "micro-batch", "micro-batches"));
+             format_count(command.microbatches, "micro-batch", "micro-batches"),
+             result.passes > 1 ? fmt::format(", {} passes of bounded memory", result.passes) : "");
   fmt::print("time to first token {}, then decode at {:.1f} tokens/s\n", format_seconds(result.time_to_first_token_s),
              result.decode_tokens_per_s());
   for (std::size_t r = 0; r < result.stages.size(); ++r) {

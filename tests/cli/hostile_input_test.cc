@@ -465,5 +465,28 @@ TEST(HostileInput, CalibrateSecondsAreBounded) {
   }
 }
 
+// One prompt per line of a file of a million used to ask for every prompt's
+// kv cache at once; they run in passes of bounded memory, every prompt
+// answered. The file itself is bounded (/dev/zero).
+TEST(HostileInput, AMillionPromptsRunInPassesOfBoundedMemory) {
+  const std::string dir = make_temp_dir();
+  const std::string weights = dir + "/w.safetensors";
+  // 4 MiB of kv cache a prompt: 300 prompts are 1.2 GiB, more than a pass holds.
+  ASSERT_EQ(run_pipeflow("init --layers 1 --heads 8 --width 512 --context 1024 --seed 1 --out " + weights).exit_code,
+            0);
+  std::string prompts;
+  for (int i = 0; i < 300; ++i) prompts += "a\n";
+  write_file_atomic(dir + "/prompts.txt", prompts);
+  const CommandResult r =
+      run_pipeflow("generate --weights " + weights + " --prompts " + dir + "/prompts.txt --max-new-tokens 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto json = nlohmann::json::parse(r.out);
+  EXPECT_EQ(json["outputs"].size(), 300u);
+  EXPECT_EQ(json["passes"], 2);
+  EXPECT_LE(json["stages"][0]["kv_cache_bytes"].get<std::int64_t>(), std::int64_t{1} << 30);
+  expect_error(run_pipeflow("generate --weights " + weights + " --prompts /dev/zero --max-new-tokens 1"),
+               "/dev/zero: more than 16777216 bytes, the limit for a prompts file");
+}
+
 }  // namespace
 }  // namespace pipeflow::testing

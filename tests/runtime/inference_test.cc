@@ -145,6 +145,43 @@ TEST(Inference, KvCacheBytesPerStageAreTheFormula) {
   }
 }
 
+// Prompts beyond InferenceOptions::max_pass_bytes are generated in passes,
+// each with a kv cache of its own prompts only: the same tokens (greedy and
+// sampled, each prompt its own seed) and the same token indices reported, at
+// the memory of a pass.
+TEST(Inference, PromptsPastTheMemoryBoundRunInPassesWithTheSameTokens) {
+  auto model = whole_model();
+  const std::int64_t per_prompt_cache =
+      kv_cache_bytes(kModel.n_layer, kModel.kv_heads(), kModel.head_size(), 4, kModel.context, 1);
+  for (const nn::SamplingOptions& sampling :
+       {nn::SamplingOptions{.new_tokens = kNewTokens},
+        nn::SamplingOptions{.new_tokens = kNewTokens, .temperature = 0.9, .seed = 4, .top_k = 40}}) {
+    for (int stages = 1; stages <= 2; ++stages) {
+      InferencePipeline pipeline(*model, stages);
+      const InferenceResult whole = run(pipeline, 2, sampling);
+      EXPECT_EQ(whole.passes, 1);
+      // Less than any prompt needs: a pass for each (of one group, not 2).
+      std::vector<int> reported;
+      const InferenceOptions options{.microbatches = 2,
+                                     .sampling = sampling,
+                                     .max_pass_bytes = per_prompt_cache,
+                                     .timeout = std::chrono::seconds(20),
+                                     .on_token = [&](const GeneratedToken& token) {
+                                       if (token.step == 0) reported.push_back(token.sequence);
+                                     }};
+      const InferenceResult passes = pipeline.generate(kPrompts, options);
+      EXPECT_EQ(passes.tokens, whole.tokens) << "P = " << stages;
+      EXPECT_EQ(passes.passes, 3);
+      EXPECT_EQ(reported, (std::vector<int>{0, 1, 2}));
+      std::int64_t cache = 0;
+      for (const StageInference& stage : passes.stages) cache += stage.kv_cache_bytes;
+      EXPECT_EQ(cache, per_prompt_cache);  // one prompt's, not all three's
+      EXPECT_GE(passes.prefill_s, passes.time_to_first_token_s);
+      EXPECT_LT(passes.prefill_s, passes.seconds);
+    }
+  }
+}
+
 TEST(Inference, BadPromptsAndLayoutsAreErrors) {
   auto model = whole_model();
   InferencePipeline pipeline(*model, 2);

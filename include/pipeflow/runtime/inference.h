@@ -32,6 +32,15 @@ struct InferenceOptions {
   // prompt's tokens do not depend on the stages, the micro-batches or the
   // other prompts.
   nn::SamplingOptions sampling;
+  // Memory is bounded whatever the number of prompts: they are generated in
+  // passes, one after another, each of the next prompts whose bytes sum to
+  // at most this (at least one prompt). A prompt's bytes: its kv cache (every
+  // block's, for the whole context), a block's activations of its tokens
+  // while its group's prefill runs (model/pipeline_layers.h's count for one
+  // token, times its tokens) and its row of logits. A pass cuts its prompts
+  // into min(microbatches, its prompts) groups. 1 GiB: GPT-2 124M (a kv
+  // cache of 72 MiB at its context of 1024) takes 14 short prompts a pass.
+  std::int64_t max_pass_bytes = std::int64_t{1} << 30;
   // Every wait for a message times out with an error after this long.
   std::chrono::duration<double> timeout = std::chrono::seconds(60);
   // Called on the last stage's thread for every token, in order for each
@@ -51,13 +60,17 @@ struct StageInference {
 struct InferenceResult {
   std::vector<std::vector<std::int32_t>> tokens;  // the new tokens of each prompt
   double seconds = 0;                // the whole generation, prefill included
-  double time_to_first_token_s = 0;  // until every prompt has its first new token (the prefill)
+  // Until every prompt of the first pass has its first new token (its prefill).
+  double time_to_first_token_s = 0;
+  double prefill_s = 0;              // every pass's prefill, summed
+  int passes = 1;                    // InferenceOptions::max_pass_bytes
+  // Per stage: busy_s summed over the passes, kv_cache_bytes the largest pass's.
   std::vector<StageInference> stages;
 
   std::int64_t new_tokens() const;
   double tokens_per_s() const { return seconds > 0 ? static_cast<double>(new_tokens()) / seconds : 0; }
   // The decode alone: every token after each sequence's first, over the
-  // time after the first tokens (0 with one new token per sequence).
+  // time outside the prefills (0 with one new token per sequence).
   double decode_tokens_per_s() const;
 };
 
@@ -65,7 +78,9 @@ struct InferenceResult {
 // RankGroup (threads of this process, or one stage per process under
 // mpirun; the code is the same): each stage holds a contiguous range of layers and a
 // key/value cache for its blocks, preallocated for the model's context and
-// every sequence of a call (its bytes in the stage's memory account).
+// every sequence of a pass (its bytes in the stage's memory account; a call
+// runs its prompts in passes of bounded memory, InferenceOptions::
+// max_pass_bytes, each as below).
 //
 // The schedule is forward only. Prefill is DeepSpeed's InferenceSchedule,
 // the registry's `inference` schedule, whose rank lists every step follows:
@@ -128,6 +143,12 @@ class InferencePipeline {
   static std::unique_ptr<RankGroup> in_threads(int stages, int tensor_parallel);
   // Makes the stages this process runs.
   void start(const PartitionMethod& partition);
+  // The first prompt of each pass (InferenceOptions::max_pass_bytes), then prompts.size().
+  std::vector<int> pass_starts(const std::vector<std::vector<std::int32_t>>& prompts,
+                               std::int64_t max_pass_bytes) const;
+  // One pass over `prompts`, the first of which is prompt `first_sequence` of the call.
+  InferenceResult generate_pass(std::span<const std::vector<std::int32_t>> prompts, int first_sequence,
+                                const InferenceOptions& options);
   // Once the weights are in: every stage of this process rearranges its
   // weights for decoding (nn::BasicStage::pack_for_inference).
   void pack_stages();

@@ -8,6 +8,8 @@
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/model/hardware.h"
+#include "pipeflow/model/model_states.h"
+#include "pipeflow/model/pipeline_layers.h"
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/runtime/stage_partition.h"
 #include "pipeflow/schedule/generators.h"
@@ -47,11 +49,14 @@ void check_prompts(const std::vector<std::vector<std::int32_t>>& prompts, const 
 // stage, cache and busy time, the last rank alone the tokens.
 class Decode {
  public:
-  // The pipeline of tensor-parallel rank `tensor_rank` (its parts of every stage).
+  // The pipeline of tensor-parallel rank `tensor_rank` (its parts of every
+  // stage), for a pass over `prompts`, the first of which is sequence
+  // `first_sequence` of the call (its seed and the index on_token reports).
   Decode(const std::vector<std::unique_ptr<nn::Stage>>& stages, RankGroup& group, int tensor_rank,
-         const std::vector<std::vector<std::int32_t>>& prompts, const InferenceOptions& options)
+         std::span<const std::vector<std::int32_t>> prompts, int first_sequence, const InferenceOptions& options)
       : stages_(stages),
         prompts_(prompts),
+        first_sequence_(first_sequence),
         options_(options),
         p_(static_cast<int>(stages.size())),
         m_(options.microbatches),
@@ -75,7 +80,9 @@ class Decode {
             .stages = p_,
             .microbatches = m_ * options.sampling.new_tokens});
     result_.tokens.resize(prompts.size());
-    for (int s = 0; s < sequences; ++s) rngs_.emplace_back(nn::derive_seed(options.sampling.seed, s));
+    for (int s = 0; s < sequences; ++s) {
+      rngs_.emplace_back(nn::derive_seed(options.sampling.seed, first_sequence + s));
+    }
   }
 
   // Prefill (step 0), then one token per step: each step runs rank r's list
@@ -138,6 +145,7 @@ class Decode {
     const auto p = static_cast<std::size_t>(p_);
     for (std::size_t i = 0; i < p; ++i) result_.seconds = std::max(result_.seconds, all[4 * i + 3]);
     result_.time_to_first_token_s = all[4 * (p - 1) + 2];  // the last stage samples the first tokens
+    result_.prefill_s = result_.time_to_first_token_s;
     for (std::size_t i = 0; i < p; ++i) {
       result_.stages.push_back({.layers = {boundaries[i], boundaries[i + 1]},
                                 .busy_s = all[4 * i],
@@ -210,7 +218,7 @@ class Decode {
 
   void record(int sequence, int step, std::int32_t token, std::span<const float> logits) {
     result_.tokens[static_cast<std::size_t>(sequence)].push_back(token);
-    if (options_.on_token && reports_) options_.on_token({sequence, step, token, logits});
+    if (options_.on_token && reports_) options_.on_token({first_sequence_ + sequence, step, token, logits});
   }
 
   // On the last stage: one token per sequence from its logits row, recorded
@@ -230,7 +238,8 @@ class Decode {
   }
 
   const std::vector<std::unique_ptr<nn::Stage>>& stages_;  // null: another process's
-  const std::vector<std::vector<std::int32_t>>& prompts_;
+  const std::span<const std::vector<std::int32_t>> prompts_;
+  const int first_sequence_;
   const InferenceOptions& options_;
   const int p_;
   const int m_;
@@ -255,7 +264,7 @@ std::int64_t InferenceResult::new_tokens() const {
 }
 
 double InferenceResult::decode_tokens_per_s() const {
-  const double decoding = seconds - time_to_first_token_s;
+  const double decoding = seconds - prefill_s;
   const auto after_first = static_cast<double>(new_tokens()) - static_cast<double>(tokens.size());
   return decoding > 0 && after_first > 0 ? after_first / decoding : 0;
 }
@@ -337,6 +346,30 @@ void InferencePipeline::pack_stages() {
   }
 }
 
+std::vector<int> InferencePipeline::pass_starts(const std::vector<std::vector<std::int32_t>>& prompts,
+                                                std::int64_t max_pass_bytes) const {
+  const double cache = static_cast<double>(
+      kv_cache_bytes(config_.n_layer, config_.kv_heads(), config_.head_size(), sizeof(float), config_.context, 1));
+  // block.0's activations of one token (every block's are the same).
+  const double per_token =
+      pipeline_layers(model_spec(config_), {.micro_batch = 1, .seq_length = 1, .bytes_per_element = 4})
+          .at(1)
+          .activation_bytes;
+  const double logits = sizeof(float) * static_cast<double>(config_.vocab_size);
+  std::vector<int> starts;
+  double bytes = 0;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const double prompt = cache + per_token * static_cast<double>(prompts[i].size()) + logits;
+    if (starts.empty() || bytes + prompt > static_cast<double>(max_pass_bytes)) {
+      starts.push_back(static_cast<int>(i));
+      bytes = 0;
+    }
+    bytes += prompt;
+  }
+  starts.push_back(static_cast<int>(prompts.size()));
+  return starts;
+}
+
 InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::int32_t>>& prompts,
                                             const InferenceOptions& options) {
   options.sampling.validate();
@@ -347,6 +380,33 @@ InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::i
          "one sequence",
          options.microbatches, sequences);
   }
+  const std::vector<int> starts = pass_starts(prompts, options.max_pass_bytes);
+  InferenceResult all;
+  for (std::size_t k = 0; k + 1 < starts.size(); ++k) {
+    const int first = starts[k];
+    const int count = starts[k + 1] - first;
+    InferenceOptions pass = options;
+    pass.microbatches = std::min(options.microbatches, count);
+    InferenceResult done = generate_pass(std::span(prompts).subspan(first, count), first, pass);
+    if (first == 0) {
+      all = std::move(done);
+      continue;
+    }
+    ++all.passes;
+    for (auto& tokens : done.tokens) all.tokens.push_back(std::move(tokens));
+    all.seconds += done.seconds;
+    all.prefill_s += done.prefill_s;
+    for (std::size_t i = 0; i < all.stages.size(); ++i) {
+      all.stages[i].busy_s += done.stages[i].busy_s;
+      all.stages[i].kv_cache_bytes = std::max(all.stages[i].kv_cache_bytes, done.stages[i].kv_cache_bytes);
+    }
+  }
+  for (StageInference& stage : all.stages) stage.busy_share = all.seconds > 0 ? stage.busy_s / all.seconds : 0;
+  return all;
+}
+
+InferenceResult InferencePipeline::generate_pass(std::span<const std::vector<std::int32_t>> prompts,
+                                                 int first_sequence, const InferenceOptions& options) {
   // One pipeline per tensor-parallel rank (those with a stage here).
   const RankLayout& layout = group_->layout();
   std::vector<std::unique_ptr<Decode>> decodes(static_cast<std::size_t>(layout.tensor));
@@ -354,7 +414,7 @@ InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::i
     auto& decode = decodes[static_cast<std::size_t>(layout.tensor_rank(w))];
     if (!decode) {
       decode = std::make_unique<Decode>(stages_[static_cast<std::size_t>(layout.tensor_rank(w))], *group_,
-                                        layout.tensor_rank(w), prompts, options);
+                                        layout.tensor_rank(w), prompts, first_sequence, options);
     }
   }
   for (auto& collectives : collectives_) {
