@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/units.h"
 #include "pipeflow/tensor/embedding.h"
 #include "pipeflow/tensor/rope.h"
 
@@ -228,23 +229,29 @@ void BasicStage<T>::check_tokens(const IntTensor& tokens, const char* what, cons
 }
 
 // The kernels and BLAS index a tensor with int: every activation of one
-// micro-batch (the MLP's [B, T, 4C], the attention scores [B, NH, T, T], the
-// logits [B, T, V]) must hold fewer than 2^31 elements.
+// batch must hold fewer than 2^31 elements. `batch` says what made it.
+template <class T>
+void BasicStage<T>::check_tensor_sizes(std::initializer_list<std::pair<const char*, std::int64_t>> largest,
+                                       std::string_view batch, std::string_view fix) const {
+  for (const auto& [what, elements] : largest) {
+    if (elements >= (std::int64_t{1} << 31)) {
+      fail("{}: {} makes {} {} elements, over the 2^31 - 1 that the kernels and BLAS index: {}", where(), batch,
+           what, elements, fix);
+    }
+  }
+}
+
+// A training micro-batch: the MLP's [B, T, 4C], the attention scores
+// [B, NH, T, T], the logits [B, T, V].
 template <class T>
 void BasicStage<T>::check_tensor_sizes(const LayerShape& shape) const {
   const std::int64_t rows = static_cast<std::int64_t>(shape.b) * shape.t;
-  const std::pair<const char*, std::int64_t> largest[] = {
-      {config_.llama() ? "the MLP's gate and up [B, T, 2F]" : "the MLP's [B, T, 4C]",
-       rows * (config_.llama() ? 2 * config_.ffn() : 4 * shape.c)},
-      {"the attention scores [B, NH, T, T]", rows * shape.nh * shape.t},
-      {"the logits [B, T, V]", rows * shape.v}};
-  for (const auto& [what, elements] : largest) {
-    if (elements >= (std::int64_t{1} << 31)) {
-      fail("{}: a micro-batch of {} x {} tokens makes {} {} elements, over the 2^31 - 1 that the kernels and BLAS "
-           "index: lower train_micro_batch_size_per_gpu or the sequence length",
-           where(), shape.b, shape.t, what, elements);
-    }
-  }
+  check_tensor_sizes({{config_.llama() ? "the MLP's gate and up [B, T, 2F]" : "the MLP's [B, T, 4C]",
+                       rows * (config_.llama() ? 2 * config_.ffn() : 4 * shape.c)},
+                      {"the attention scores [B, NH, T, T]", rows * shape.nh * shape.t},
+                      {"the logits [B, T, V]", rows * shape.v}},
+                     fmt::format("a micro-batch of {} x {} tokens", shape.b, shape.t),
+                     "lower train_micro_batch_size_per_gpu or the sequence length");
 }
 
 template <class T>
@@ -528,7 +535,21 @@ LayerShape BasicStage<T>::check_cached_input(const BasicKvCache<T>& cache, const
     fail("{}: needs an activation [1, {}, {}] from the previous stage, got {}", where(), shape.t, shape.c,
          shape_text(input.activation.shape()));
   }
-  check_tensor_sizes(shape);
+  // The sequences' rows share the MLP's [1, R, 4C]; attention runs one
+  // sequence at a time ([its new rows, its positions]); the head's logits
+  // are each sequence's last row's.
+  std::int64_t scores = 0;
+  for (std::size_t i = 0; i < rows.counts.size(); ++i) {
+    const std::int64_t count = rows.counts[i];
+    scores = std::max(scores, count * (cache.length(rows.first + static_cast<int>(i)) + count));
+  }
+  const std::int64_t sequences = static_cast<std::int64_t>(rows.counts.size());
+  check_tensor_sizes({{config_.llama() ? "the MLP's gate and up [1, R, 2F]" : "the MLP's [1, R, 4C]",
+                       static_cast<std::int64_t>(shape.t) * (config_.llama() ? 2 * config_.ffn() : 4 * shape.c)},
+                      {"a sequence's attention scores [T, past + T]", scores},
+                      {"the logits [S, V]", sequences * shape.v}},
+                     fmt::format("an inference batch of {}, R = {} rows", format_count(sequences, "sequence"), shape.t),
+                     "generate fewer prompts at once (more --microbatches) or shorter ones");
   return shape;
 }
 

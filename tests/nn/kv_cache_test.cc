@@ -136,6 +136,33 @@ TEST(KvCache, ContextAndVocabularyAreChecked) {
             std::string::npos);
 }
 
+// Attention runs one sequence at a time: 46341 one-token prompts in one
+// batch used to be refused as attention scores of 46341² elements, the
+// training check of one sequence of that many tokens. Each still gets the
+// logits of its own prompt; a sequence's own scores stay checked.
+TEST(KvCache, ManySequencesInOneBatchAreCheckedOneSequenceAtATime) {
+  const ModelConfig tiny{.vocab_size = 16, .context = 2, .n_layer = 1, .n_head = 1, .n_embd = 8};
+  Stage model(tiny, all_layers(tiny));
+  model.init_parameters(3);
+  constexpr int kSequences = 46341;  // 46341² > 2^31
+  KvCache cache = model.make_kv_cache(kSequences);
+  const IntTensor tokens = random_tokens(1, kSequences, tiny.vocab_size, 4);
+  const Tensor logits = model.forward_cached(cache, {0, std::vector<int>(kSequences, 1)}, {.tokens = tokens.clone()});
+  ASSERT_EQ(logits.shape(), (Shape{kSequences, tiny.vocab_size}));
+  for (const int s : {0, 12345, kSequences - 1}) {
+    const Tensor alone = model.logits(row_of({tokens[s]}));
+    EXPECT_LT(max_relative_error(logits.span().subspan(static_cast<std::size_t>(s) * 16, 16), alone.span()), 1e-5)
+        << "sequence " << s;
+  }
+  const ModelConfig long_context{.vocab_size = 16, .context = 65536, .n_layer = 1, .n_head = 1, .n_embd = 8};
+  Stage whole(long_context, all_layers(long_context), {.name = "model"});
+  KvCache one = whole.make_kv_cache(1);
+  EXPECT_EQ(error_of([&] { whole.forward_cached(one, {0, {65536}}, {.tokens = random_tokens(1, 65536, 16, 5)}); }),
+            "model (embedding..head): an inference batch of 1 sequence, R = 65536 rows makes a sequence's attention "
+            "scores [T, past + T] 4294967296 elements, over the 2^31 - 1 that the kernels and BLAS index: generate "
+            "fewer prompts at once (more --microbatches) or shorter ones");
+}
+
 TEST(Sampling, TopKAndTopPKeepOnlyTheMostLikely) {
   const std::vector<float> logits = {0.5f, 3.0f, 2.9f, -1.0f, 2.8f};
   Rng rng(1);

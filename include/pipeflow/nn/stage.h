@@ -1,11 +1,13 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "pipeflow/nn/embedding_layer.h"
@@ -256,6 +258,8 @@ class BasicStage {
   Kind kind(int local) const;
   int block_index(int local) const;
   LayerShape check_input(const Input& input, bool with_targets) const;
+  void check_tensor_sizes(std::initializer_list<std::pair<const char*, std::int64_t>> largest, std::string_view batch,
+                          std::string_view fix) const;
   void check_tensor_sizes(const LayerShape& shape) const;
   void check_tokens(const IntTensor& tokens, const char* what, const LayerShape& shape) const;
   LayerShape check_cached_input(const BasicKvCache<T>& cache, const SequenceRows& rows, const Input& input) const;
