@@ -75,10 +75,11 @@ RunFolders::RunFolders(const TrainSettings& settings) : settings_(settings) {
 
 std::string RunFolders::owner() const { return read_owner(settings_.out_dir).run_id; }
 
-std::vector<std::filesystem::path> RunFolders::others_files(const std::string& run_id) const {
+std::vector<std::filesystem::path> RunFolders::others_files(const std::string& run_id,
+                                                            const std::string& owner) const {
   std::vector<std::filesystem::path> files;
-  std::filesystem::path owner_file = settings_.out_dir / kOwnerFile;
-  if (std::filesystem::exists(owner_file) && read_owner(settings_.out_dir).run_id != run_id) files.push_back(owner_file);
+  const std::filesystem::path owner_file = settings_.out_dir / kOwnerFile;
+  if (std::filesystem::exists(owner_file) && owner != run_id) files.push_back(owner_file);
   for (const std::string_view name : kRunOutputFiles) {
     if (std::filesystem::exists(settings_.out_dir / name)) files.push_back(settings_.out_dir / name);
   }
@@ -93,7 +94,7 @@ std::vector<std::filesystem::path> RunFolders::claim(const std::string& run_id, 
   std::vector<std::filesystem::path> removed;
   const std::string owner = this->owner();
   if (!resumed || (!owner.empty() && owner != run_id)) {
-    const std::vector<std::filesystem::path> others = others_files(run_id);
+    const std::vector<std::filesystem::path> others = others_files(run_id, owner);
     if (!others.empty() && !settings_.overwrite) {
       if (resumed) {
         fail("out_dir {} belongs to run {} ({}), the checkpoint resumed to run {}: resuming into it would mix the two "

@@ -35,8 +35,9 @@ class RunFolders {
   std::vector<std::filesystem::path> claim(const std::string& run_id, bool resumed) const;
 
  private:
-  // The files of another run than `run_id` in the folders.
-  std::vector<std::filesystem::path> others_files(const std::string& run_id) const;
+  // The files of another run than `run_id` in the folders; `owner`: the
+  // run run_id.json names ("": none).
+  std::vector<std::filesystem::path> others_files(const std::string& run_id, const std::string& owner) const;
 
   const TrainSettings& settings_;
   std::vector<FolderLock> locks_;

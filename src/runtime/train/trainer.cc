@@ -166,8 +166,11 @@ std::string Run::oversubscription() const { return group_.oversubscription(setti
 void Run::remove_stale_temporaries() const {
   if (!reporter()) return;
   std::vector<std::filesystem::path> dirs{settings_.checkpoint_dir, settings_.out_dir};
-  for (const FoundCheckpoint& checkpoint : checkpoints_in(settings_.checkpoint_dir)) {
-    if (std::filesystem::is_directory(checkpoint.path)) dirs.push_back(checkpoint.path);  // its shards' temporaries
+  // Sharded checkpoints' folders hold their shards' temporaries: every
+  // subfolder is searched (by name only; no checkpoint's header is read).
+  std::error_code missing;
+  for (const auto& entry : std::filesystem::directory_iterator(settings_.checkpoint_dir, missing)) {
+    if (entry.is_directory()) dirs.push_back(entry.path());
   }
   for (const auto& dir : dirs) {
     for (const auto& removed : pipeflow::remove_stale_temporaries(dir)) {
