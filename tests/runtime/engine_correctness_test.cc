@@ -3,6 +3,9 @@
 // same global batch computes in one forward and backward of the whole batch:
 // the loss and every gradient after one step, the losses of three training
 // steps and the weights after them, each tensor within 1e-5 of its norm.
+// Under a sanitizer, each p keeps the smallest and the largest m its schedule
+// takes: the sanitizers look for races and bad accesses, which those show;
+// the release suite checks every layout's numbers.
 
 #include <gtest/gtest.h>
 
@@ -75,10 +78,23 @@ void check_layout(const nn::ModelConfig& model, const std::string& name, int ran
                        [](const nn::Stage& s, const std::string& n) { return s.parameter(n); }, "weights after 3 steps");
 }
 
+constexpr int kMicrobatchCounts[] = {1, 2, 3, 4, 5, 8};
+
+// The m of kMicrobatchCounts that the schedule takes at p ranks (all, or under
+// a sanitizer the smallest and the largest).
+std::vector<int> microbatch_counts(const std::string& name, int ranks) {
+  std::vector<int> taken;
+  for (int microbatches : kMicrobatchCounts) {
+    if (try_schedule(name, ranks, microbatches)) taken.push_back(microbatches);
+  }
+  if (testing::kSanitized && taken.size() > 2) taken = {taken.front(), taken.back()};
+  return taken;
+}
+
 void sweep(const std::string& name) {
   for (const nn::ModelConfig& model : {kTiny, kTinyLlama}) {
     for (int ranks = 1; ranks <= 4; ++ranks) {
-      for (int microbatches : {1, 2, 3, 4, 5, 8}) {
+      for (int microbatches : microbatch_counts(name, ranks)) {
         for (int recompute_interval : {0, 1}) check_layout(model, name, ranks, microbatches, recompute_interval);
       }
     }
@@ -110,9 +126,7 @@ TEST(PipelineCorrectness, EveryLayoutOfTheSweepRuns) {
   for (const ScheduleInfo& info : list_schedules()) {
     if (info.inference) continue;  // forward only: the engine trains
     for (int ranks = 1; ranks <= 4; ++ranks) {
-      int accepted = 0;
-      for (int microbatches : {1, 2, 3, 4, 5, 8}) accepted += try_schedule(info.name, ranks, microbatches) ? 1 : 0;
-      EXPECT_GE(accepted, 1) << info.name << " p=" << ranks;
+      EXPECT_FALSE(microbatch_counts(info.name, ranks).empty()) << info.name << " p=" << ranks;
     }
   }
 }
