@@ -3,9 +3,12 @@
 config.json of LlamaForCausalLM (rope_scaling llama3, grouped-query attention, tied embeddings) beside a
 model.safetensors of BF16 tensors in Hugging Face's names with no pipeflow metadata -- and expected.json: the
 greedy continuation of a prompt that PyTorch computes from those bf16 weights in float64, for pipeflow's
-tests to load the checkpoint as it is and generate the same tokens (CI never runs this script).
+tests to load the checkpoint as it is and generate the same tokens (CI never runs this script). Beside it,
+tiny-llama-bf16-sharded/: the same tensors as Hugging Face's save_pretrained shards a checkpoint past its
+max_shard_size -- model-0000K-of-0000N.safetensors files, tensors in order, a shard closed once it passes its
+share of the bytes, and model.safetensors.index.json mapping every tensor to its shard with the total size.
 
-    /usr/bin/python3 tools/make_hf_llama_checkpoint.py [out-dir]
+    /usr/bin/python3 tools/make_hf_llama_checkpoint.py [hf-data-dir]
 """
 
 import json
@@ -46,11 +49,43 @@ CONFIG = {
 }
 PROMPT = b"The cat"
 NEW_TOKENS = 12
+SHARDS = 2
+
+
+def write_config(folder):
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(CONFIG, f, indent=2)
+        f.write("\n")
+
+
+def write_sharded(folder, tensors):
+    """tensors in SHARDS files of about equal bytes, in order, and the index that maps them."""
+    os.makedirs(folder, exist_ok=True)
+    sizes = {name: t.numel() * t.element_size() for name, t in tensors.items()}
+    total = sum(sizes.values())
+    shards, current, held = [], {}, 0
+    for name, tensor in tensors.items():
+        current[name] = tensor
+        held += sizes[name]
+        if held * SHARDS >= total * (len(shards) + 1) and len(shards) < SHARDS - 1:
+            shards.append(current)
+            current = {}
+    shards.append(current)
+    weight_map = {}
+    for k, shard in enumerate(shards):
+        file = f"model-{k + 1:05}-of-{len(shards):05}.safetensors"
+        safetensors_io.save(os.path.join(folder, file), shard, {"format": "pt"})
+        weight_map.update({name: file for name in shard})
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        f.write("\n")
+    write_config(folder)
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "hf", "tiny-llama-bf16")
+    data = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "hf")
+    out = os.path.join(data, "tiny-llama-bf16")
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(SEED)
     c = CONFIG
@@ -65,9 +100,8 @@ def main():
                 p.normal_(0.0, 0.15)
     tensors = {name: p.detach().to(torch.bfloat16) for name, p in model.named_parameters()}
     safetensors_io.save(os.path.join(out, "model.safetensors"), tensors, {})
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(CONFIG, f, indent=2)
-        f.write("\n")
+    write_config(out)
+    write_sharded(os.path.join(data, "tiny-llama-bf16-sharded"), tensors)
     # The reference computes in float64 from exactly the bf16 values.
     with torch.no_grad():
         for name, p in model.named_parameters():

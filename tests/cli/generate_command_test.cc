@@ -124,18 +124,25 @@ TEST_F(GenerateCommand, TextStreamsThePromptAndContinuationOnTheFirstLine) {
 // tiny-llama-bf16: BF16 tensors, no pipeflow metadata, config.json beside:
 // grouped-query attention with one key/value head, Llama 3 rope scaling,
 // tied embeddings; written by tools/make_hf_llama_checkpoint.py) loads as
-// it is, and greedy decoding on 1 and 3 stages gives the tokens PyTorch
-// computed in float64 from the same bf16 weights.
+// it is, one file or sharded (the same tensors in two shards and
+// model.safetensors.index.json, given as the folder or as the index), and
+// greedy decoding on 1 and 3 stages gives the tokens PyTorch computed in
+// float64 from the same bf16 weights.
 TEST_F(GenerateCommand, AHuggingFaceLlamaCheckpointLoadsAsItIsAndDecodesAsPyTorch) {
-  const std::string folder = std::string(PIPEFLOW_SOURCE_DIR) + "/tests/data/hf/tiny-llama-bf16";
-  const nlohmann::json expected = nlohmann::json::parse(read_file(folder + "/expected.json"));
+  const std::string data = std::string(PIPEFLOW_SOURCE_DIR) + "/tests/data/hf/";
+  const nlohmann::json expected = nlohmann::json::parse(read_file(data + "tiny-llama-bf16/expected.json"));
   const auto want = expected.at("new_tokens").get<std::vector<std::int32_t>>();
-  for (const int stages : {1, 3}) {
-    const CommandResult result = run_pipeflow(
-        "generate --weights " + folder + "/model.safetensors --prompt '" + expected.at("prompt").get<std::string>() +
-        "' --max-new-tokens " + std::to_string(want.size()) + " --stages " + std::to_string(stages) + " --json");
-    ASSERT_EQ(result.exit_code, 0) << result.err;
-    EXPECT_EQ(tokens_of(result.out), std::vector<std::vector<std::int32_t>>{want}) << stages << " stages";
+  for (const std::string& weights :
+       {data + "tiny-llama-bf16/model.safetensors", data + "tiny-llama-bf16-sharded",
+        data + "tiny-llama-bf16-sharded/model.safetensors.index.json"}) {
+    for (const int stages : {1, 3}) {
+      const CommandResult result = run_pipeflow(
+          "generate --weights " + weights + " --prompt '" + expected.at("prompt").get<std::string>() +
+          "' --max-new-tokens " + std::to_string(want.size()) + " --stages " + std::to_string(stages) + " --json");
+      ASSERT_EQ(result.exit_code, 0) << weights << "\n" << result.err;
+      EXPECT_EQ(tokens_of(result.out), std::vector<std::vector<std::int32_t>>{want}) << weights << ", " << stages
+                                                                                      << " stages";
+    }
   }
 }
 
