@@ -30,7 +30,13 @@ struct GenerateCommand {
   int microbatches = 1;
   std::string partition = "parameters";
   nn::SamplingOptions sampling;
+  bool bf16 = false;
+  bool fp16 = false;
   bool json = false;
+
+  ComputeFormat format() const {
+    return bf16 ? ComputeFormat::kBf16 : fp16 ? ComputeFormat::kFp16 : ComputeFormat::kFp32;
+  }
 };
 
 // One prompt a line; a final newline ends the last line (it starts no empty
@@ -83,6 +89,7 @@ nlohmann::ordered_json to_json(const std::vector<std::string>& prompts, const ru
   json["seconds"] = result.seconds;
   json["new_tokens"] = result.new_tokens();
   json["microbatches"] = command.microbatches;
+  json["precision"] = to_string(command.format());
   json["passes"] = result.passes;
   json["stages"] = nlohmann::ordered_json::array();
   for (const runtime::StageInference& stage : result.stages) {
@@ -102,12 +109,13 @@ nlohmann::ordered_json to_json(const std::vector<std::string>& prompts, const ru
 
 void print_report(const std::vector<std::string>& prompts, const runtime::InferenceResult& result,
                   const GenerateCommand& command, const nn::ModelConfig& config) {
-  fmt::print("tokens/s {:.1f} ({} new tokens for {} in {}; {}{}, {}{})\n", result.tokens_per_s(),
+  fmt::print("tokens/s {:.1f} ({} new tokens for {} in {}; {}{}, {}{}{})\n", result.tokens_per_s(),
              result.new_tokens(), format_count(static_cast<std::int64_t>(prompts.size()), "prompt"),
              format_seconds(result.seconds), format_count(command.stages, "stage"),
              command.tensor_parallel > 1 ? fmt::format(" x tensor parallel {}", command.tensor_parallel) : "",
              format_count(command.microbatches, "micro-batch", "micro-batches"),
-             result.passes > 1 ? fmt::format(", {} passes of bounded memory", result.passes) : "");
+             result.passes > 1 ? fmt::format(", {} passes of bounded memory", result.passes) : "",
+             command.format() == ComputeFormat::kFp32 ? "" : fmt::format(", in {}", to_string(command.format())));
   fmt::print("time to first token {}, then decode at {:.1f} tokens/s\n", format_seconds(result.time_to_first_token_s),
              result.decode_tokens_per_s());
   for (std::size_t r = 0; r < result.stages.size(); ++r) {
@@ -145,7 +153,7 @@ void run(GenerateCommand& command, bool stages_given, const runtime::MpiWorld* m
   if (command.stages < 1) fail("--stages {}: must be at least 1", command.stages);
   const std::unique_ptr<runtime::RankGroup> group =
       runtime::RankGroup::make(mpi, {.pipeline = command.stages, .data_parallel = 1, .tensor = t});
-  runtime::InferencePipeline pipeline(weights, *group, partition);
+  runtime::InferencePipeline pipeline(weights, *group, partition, command.format());
   const bool reporter = group->is_reporter();
   runtime::InferenceOptions options{.microbatches = command.microbatches, .sampling = command.sampling};
   // One prompt streams: its tokens are printed as they come.
@@ -212,6 +220,11 @@ void add_generate_command(CLI::App& app) {
   sub->add_option("--seed", command->sampling.seed, "Seed of the sampling (each prompt its own stream)")
       ->check(non_negative_seed())
       ->capture_default_str();
+  auto* bf16 = sub->add_flag("--bf16", command->bf16,
+                             "Compute in bf16: weights and every layer's output rounded to it, norms, softmax and "
+                             "the logits in fp32 (default fp32, whatever the weights' format)");
+  sub->add_flag("--fp16", command->fp16, "Compute in fp16 (as --bf16; a value past 65504 overflows: an error)")
+      ->excludes(bf16);
   sub->add_flag("--json", command->json, "Print one JSON object instead of text");
   sub->callback([command, sub] {
     if (sub->count("--prompt") == 0 && sub->count("--prompts") == 0) {

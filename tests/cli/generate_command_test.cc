@@ -146,6 +146,37 @@ TEST_F(GenerateCommand, AHuggingFaceLlamaCheckpointLoadsAsItIsAndDecodesAsPyTorc
   }
 }
 
+// --bf16 under mpirun: the activations cross between the processes in 16
+// bits, the sampled tokens as exact ids. A vocabulary of 512 makes ids past
+// 256, the largest run of integers bf16 holds, so a token narrowed to bf16
+// on its way back to the first stage would change the continuation.
+TEST_F(GenerateCommand, InBf16UnderMpirunTheTokensAreTheInProcessRunsAndIdsPast256Survive) {
+  const std::string wide_vocab = dir_ + "/v512.safetensors";
+  ASSERT_EQ(run_pipeflow("init --layers 2 --heads 2 --width 32 --context 32 --vocab 512 --seed 5 --out " +
+                         wide_vocab)
+                .exit_code,
+            0);
+  const std::string base = "generate --weights " + wide_vocab + " --prompts " + prompts_file() +
+                           " --max-new-tokens 12 --microbatches 2 --bf16 --json";
+  const CommandResult threads = run_pipeflow(base + " --stages 2");
+  ASSERT_EQ(threads.exit_code, 0) << threads.err;
+  EXPECT_EQ(nlohmann::json::parse(threads.out)["precision"], "bf16");
+  const auto expected = tokens_of(threads.out);
+  bool past_256 = false;
+  for (const auto& tokens : expected) {
+    for (const std::int32_t token : tokens) past_256 = past_256 || (token > 256 && token % 2 == 1);
+  }
+  ASSERT_TRUE(past_256) << "no odd id past 256 to lose in bf16: pick another seed";
+  const CommandResult mpi = run_mpirun(2, base);
+  ASSERT_EQ(mpi.exit_code, 0) << mpi.err;
+  EXPECT_EQ(tokens_of(mpi.out), expected);
+  const CommandResult text = run_pipeflow("generate --weights " + wide_vocab + " --prompt hi --max-new-tokens 2 --fp16");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find(" micro-batch, in fp16)\n"), std::string::npos) << text.out;
+  EXPECT_NE(run_pipeflow("generate --weights " + wide_vocab + " --prompt hi --max-new-tokens 2 --fp16 --bf16").exit_code,
+            0);
+}
+
 TEST_F(GenerateCommand, BadInputIsAnErrorNamingTheRule) {
   const std::string base = "generate --weights " + weights_ + " --max-new-tokens 4 ";
   const CommandResult long_prompt = run_pipeflow(base + "--prompt " + std::string(33, 'a'));

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "pipeflow/model/hardware.h"
@@ -180,6 +183,80 @@ TEST(Inference, PromptsPastTheMemoryBoundRunInPassesWithTheSameTokens) {
       EXPECT_LT(passes.prefill_s, passes.seconds);
     }
   }
+}
+
+// In bf16 or fp16 every stage multiplies by its weights rounded to the
+// format and rounds each layer's output, as training does. The first token's
+// logits are then fp32's up to that rounding: over 0 (the format is applied)
+// and within kHalfBound units of the format's roundoff u (2^-9 bf16, 2^-12
+// fp16) of the largest logit: 8 rounded layer outputs and the rounded weights
+// of each, whose errors mostly cancel (measured: at most 2.6 u in bf16, 3.0 u
+// in fp16, GPT-2 and Llama). A row's arithmetic does not depend on where the
+// stages are cut, so every P gives the bits of one stage at the same M; other
+// groupings (M) give the same tokens, the logits to fp32's summation order.
+constexpr double kHalfBound = 8;
+
+TEST(Inference, HalfPrecisionLogitsAreFp32sWithinTheFormatsRoundingOnEveryLayout) {
+  const nn::SamplingOptions greedy{.new_tokens = kNewTokens};
+  for (const nn::ModelConfig* config : kModels) {
+    auto model = whole_model(*config);
+    InferencePipeline fp32(*model, 1);
+    Recorded exact;
+    run(fp32, 1, greedy, &exact);
+    for (const ComputeFormat format : {ComputeFormat::kBf16, ComputeFormat::kFp16}) {
+      SCOPED_TRACE(fmt::format("{} in {}", nn::to_string(config->family), to_string(format)));
+      InferencePipeline one_stage(*model, 1, InferencePipeline::kByParameters, 1, format);
+      std::vector<Recorded> half(4);  // by M
+      std::vector<InferenceResult> results;
+      for (int microbatches = 1; microbatches <= 3; ++microbatches) {
+        results.push_back(run(one_stage, microbatches, greedy, &half[static_cast<std::size_t>(microbatches)]));
+      }
+      const double u = format == ComputeFormat::kBf16 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12);
+      for (std::size_t s = 0; s < kPrompts.size(); ++s) {
+        const double error = max_relative_error(half[1].logits[s][0], exact.logits[s][0]);
+        EXPECT_GT(error, 0) << "sequence " << s;
+        EXPECT_LE(error, kHalfBound * u) << "sequence " << s;
+        for (int microbatches = 2; microbatches <= 3; ++microbatches) {
+          EXPECT_EQ(results[static_cast<std::size_t>(microbatches - 1)].tokens[s], results[0].tokens[s]);
+          for (int step = 0; step < kNewTokens; ++step) {
+            EXPECT_LT(max_relative_error(half[static_cast<std::size_t>(microbatches)].logits[s][step],
+                                         half[1].logits[s][step]),
+                      1e-5)
+                << "M = " << microbatches << ", sequence " << s << ", step " << step;
+          }
+        }
+      }
+      for (int stages = 2; stages <= 4; ++stages) {
+        InferencePipeline pipeline(*model, stages, InferencePipeline::kByParameters, 1, format);
+        for (int microbatches = 1; microbatches <= 3; ++microbatches) {
+          Recorded recorded;
+          EXPECT_EQ(run(pipeline, microbatches, greedy, &recorded).tokens, results[0].tokens)
+              << "P = " << stages << ", M = " << microbatches;
+          EXPECT_TRUE(recorded.logits == half[static_cast<std::size_t>(microbatches)].logits)
+              << "P = " << stages << ", M = " << microbatches << ": not the bits of one stage";
+        }
+      }
+    }
+  }
+}
+
+// fp16 holds at most 65504: a model whose activations pass it gives inf and
+// NaN logits, an error that says so, where fp32 and bf16 generate.
+TEST(Inference, AnFp16OverflowIsAnErrorNamingTheFormat) {
+  auto model = whole_model();
+  for (float& value : model->parameter("h.0.mlp.c_fc.weight")) value *= 10000;
+  for (float& value : model->parameter("h.0.mlp.c_proj.weight")) value *= 10000;
+  const nn::SamplingOptions greedy{.new_tokens = 2};
+  for (const ComputeFormat format : {ComputeFormat::kFp32, ComputeFormat::kBf16}) {
+    InferencePipeline pipeline(*model, 2, InferencePipeline::kByParameters, 1, format);
+    EXPECT_EQ(run(pipeline, 1, greedy).new_tokens(), 2 * static_cast<std::int64_t>(kPrompts.size()));
+  }
+  InferencePipeline fp16(*model, 2, InferencePipeline::kByParameters, 1, ComputeFormat::kFp16);
+  const std::string error = error_of([&] { run(fp16, 1, greedy); });
+  EXPECT_NE(error.find("prompt 0: the logits of new token 0 hold "), std::string::npos) << error;
+  EXPECT_NE(error.find("a layer's output overflowed fp16 (largest value 65504): generate with --bf16 or in fp32"),
+            std::string::npos)
+      << error;
 }
 
 TEST(Inference, BadPromptsAndLayoutsAreErrors) {

@@ -90,11 +90,16 @@ struct InferenceResult {
 // one token per sequence, so stage r decodes one group while stage r + 1
 // decodes another: with m >= p every stage is busy in steady state. The last
 // stage samples (nn::sample_token); a token travels to the first stage as a
-// float (exact: a vocabulary holds at most 2^24 ids).
+// float (exact: a vocabulary holds at most 2^24 ids; never narrowed to 16 bits).
 //
 // Messages go through the group's pipeline transport under the training
-// runtime's keys: activations and tokens are kActivation messages,
-// micro-batch id step · m + group.
+// runtime's keys: activations are kActivation messages, tokens
+// kSampledTokens, micro-batch id step · m + group.
+//
+// In bf16 or fp16 (`format`) each stage multiplies by its weights rounded to
+// the format and rounds every layer's output (nn::StageOptions::format, as
+// training does); between processes the activations travel in 2 bytes a
+// value. Norm statistics, softmax, the logits and sampling stay fp32.
 //
 // A process loads only the layers of the stages it runs. When the last stage
 // runs in another process than the first (under mpirun), the last stage
@@ -115,7 +120,7 @@ class InferencePipeline {
   // The stages cut from `model`'s layers by `partition` (weights copied),
   // each split over `tensor_parallel` ranks (threads of this process).
   InferencePipeline(const nn::Stage& model, int stages, const PartitionMethod& partition = kByParameters,
-                    int tensor_parallel = 1);
+                    int tensor_parallel = 1, ComputeFormat format = ComputeFormat::kFp32);
   // The stages loaded from a weights file (model_file.h).
   InferencePipeline(const nn::SafetensorsFile& weights, int stages,
                     const PartitionMethod& partition = kByParameters);
@@ -125,12 +130,13 @@ class InferencePipeline {
   // the pipeline of its parts, and every one samples the same tokens from
   // the logits all-gathered).
   InferencePipeline(const nn::SafetensorsFile& weights, RankGroup& group,
-                    const PartitionMethod& partition = kByParameters);
+                    const PartitionMethod& partition = kByParameters, ComputeFormat format = ComputeFormat::kFp32);
   ~InferencePipeline();
   InferencePipeline(const InferencePipeline&) = delete;
   InferencePipeline& operator=(const InferencePipeline&) = delete;
 
   const nn::ModelConfig& config() const { return config_; }
+  ComputeFormat format() const { return format_; }
   int num_stages() const { return static_cast<int>(boundaries_.size()) - 1; }
 
   // Generates options.sampling.new_tokens tokens for every prompt. Errors
@@ -154,6 +160,7 @@ class InferencePipeline {
   void pack_stages();
 
   nn::ModelConfig config_;
+  ComputeFormat format_ = ComputeFormat::kFp32;
   std::unique_ptr<RankGroup> own_group_;  // the threads of an in-process pipeline
   RankGroup* group_ = nullptr;
   std::vector<int> boundaries_;                     // stage i holds layers [boundaries_[i], boundaries_[i + 1])

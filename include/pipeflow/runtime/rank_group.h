@@ -127,7 +127,7 @@ struct PipelineTraffic {
   int microbatches = 1;
   // The format of the activations and their gradients (bf16, fp16: every
   // value one of the format's): between processes they travel in 2 bytes a
-  // value. The tied-embedding gradient is fp32 always.
+  // value. The tied-embedding gradient and sampled tokens are fp32 always.
   ComputeFormat wire = ComputeFormat::kFp32;
 };
 

@@ -22,9 +22,11 @@ inline Deadline deadline_after(std::chrono::duration<double> timeout) {
 //   kTiedGradient: a copy of the tied wte gradient, between the stage holding
 //                  the embedding and the one holding the LM head, after the
 //                  flush (DeepSpeed's ReduceTiedGrads).
-enum class Direction { kActivation, kGradient, kTiedGradient };
+// kSampledTokens: generate's tokens from the last stage back to the first
+// (ids carried as floats, exact: never narrowed to a 16-bit wire format).
+enum class Direction { kActivation, kGradient, kTiedGradient, kSampledTokens };
 
-const char* to_string(Direction direction);  // "activation", "gradient", "tied gradient"
+const char* to_string(Direction direction);  // "activation", "gradient", "tied gradient", "sampled tokens"
 
 // Names one message of a step: who sends it to whom, and what it is. `stage`
 // is the sending stage. A key is sent at most once per step.

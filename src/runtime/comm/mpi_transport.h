@@ -67,9 +67,12 @@ class MpiTransport final : public Transport {
     Tensor payload;
     std::shared_ptr<std::vector<std::uint16_t>> packed;  // the payload in the wire format, when packed
   };
-  // Whether the message travels in the 16-bit wire format.
+  // Whether the message travels in the 16-bit wire format: activations and
+  // their gradients (values of the format already), not the fp32 tied
+  // gradient or token ids.
   bool packs(const MessageKey& key) const {
-    return wire_ != ComputeFormat::kFp32 && key.direction != Direction::kTiedGradient;
+    return wire_ != ComputeFormat::kFp32 &&
+           (key.direction == Direction::kActivation || key.direction == Direction::kGradient);
   }
   void abandon_sends();
   // Tests every pending send and drops those done.

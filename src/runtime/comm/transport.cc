@@ -12,6 +12,8 @@ const char* to_string(Direction direction) {
       return "gradient";
     case Direction::kTiedGradient:
       return "tied gradient";
+    case Direction::kSampledTokens:
+      return "sampled tokens";
   }
   return "?";
 }
@@ -33,7 +35,7 @@ int message_tag(const MessageKey& key, int num_stages, int num_microbatches) {
 }
 
 std::int64_t message_tags(int num_stages, int num_microbatches) {
-  constexpr std::int64_t kDirections = 3;
+  constexpr std::int64_t kDirections = 4;
   return kDirections * num_stages * num_microbatches;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <memory>
 
 #include "pipeflow/core/error.h"
@@ -51,9 +52,11 @@ class Decode {
  public:
   // The pipeline of tensor-parallel rank `tensor_rank` (its parts of every
   // stage), for a pass over `prompts`, the first of which is sequence
-  // `first_sequence` of the call (its seed and the index on_token reports).
+  // `first_sequence` of the call (its seed and the index on_token reports);
+  // activations travel in `wire` (the stages' format).
   Decode(const std::vector<std::unique_ptr<nn::Stage>>& stages, RankGroup& group, int tensor_rank,
-         std::span<const std::vector<std::int32_t>> prompts, int first_sequence, const InferenceOptions& options)
+         std::span<const std::vector<std::int32_t>> prompts, int first_sequence, const InferenceOptions& options,
+         ComputeFormat wire)
       : stages_(stages),
         prompts_(prompts),
         first_sequence_(first_sequence),
@@ -78,7 +81,8 @@ class Decode {
     transport_ = group.pipeline_transport(
         0, tensor_rank, {.inbox_capacity = std::vector<int>(stages.size(), m_ + 1),
             .stages = p_,
-            .microbatches = m_ * options.sampling.new_tokens});
+            .microbatches = m_ * options.sampling.new_tokens,
+            .wire = wire});
     result_.tokens.resize(prompts.size());
     for (int s = 0; s < sequences; ++s) {
       rngs_.emplace_back(nn::derive_seed(options.sampling.seed, first_sequence + s));
@@ -159,7 +163,8 @@ class Decode {
   // The message from rank `from` to rank `to` of group g at `step`: an
   // activation to the next stage, or the sampled tokens back to the first.
   MessageKey key(int from, int to, int step, int g) const {
-    return {RankId(from), RankId(to), StageId(from), MicrobatchId(step * m_ + g)};
+    return {RankId(from), RankId(to), StageId(from), MicrobatchId(step * m_ + g),
+            to > from ? Direction::kActivation : Direction::kSampledTokens};
   }
   Deadline deadline() const { return Clock::now() + timeout_; }
 
@@ -223,6 +228,17 @@ class Decode {
 
   // On the last stage: one token per sequence from its logits row, recorded
   // and reported; returned as floats for the first stage.
+  // A layer's output past the format's range (fp16's 65504) reaches the
+  // logits as inf or NaN: no token can be sampled from them.
+  void check_finite(int sequence, int step, std::span<const float> row, ComputeFormat format) const {
+    const auto bad = std::find_if(row.begin(), row.end(), [](float v) { return !std::isfinite(v); });
+    if (bad == row.end()) return;
+    fail("prompt {}: the logits of new token {} hold {} (token id {}): a layer's output overflowed {}{}",
+         first_sequence_ + sequence, step, *bad, bad - row.begin(), to_string(format),
+         format == ComputeFormat::kFp16 ? " (largest value 65504): generate with --bf16 or in fp32"
+                                        : ": the weights drive the activations past the format's range");
+  }
+
   Tensor sample(int step, const nn::SequenceRows& rows, const Tensor& logits) {
     nn::Stage& stage = *stages_.back();
     const auto vocab = static_cast<std::size_t>(stage.config().vocab_size);
@@ -230,6 +246,7 @@ class Decode {
     for (std::size_t i = 0; i < rows.counts.size(); ++i) {
       const int s = rows.first + static_cast<int>(i);
       const auto row = logits.span().subspan(i * vocab, vocab);
+      check_finite(s, step, row, stage.options().format);
       const std::int32_t token = nn::sample_token(row, options_.sampling, rngs_[static_cast<std::size_t>(s)]);
       if (!collects_) record(s, step, token, row);
       tokens[static_cast<std::int64_t>(i)] = static_cast<float>(token);
@@ -270,8 +287,8 @@ double InferenceResult::decode_tokens_per_s() const {
 }
 
 InferencePipeline::InferencePipeline(const nn::Stage& model, int stages, const PartitionMethod& partition,
-                                     int tensor_parallel)
-    : config_(model.config()), own_group_(in_threads(stages, tensor_parallel)), group_(own_group_.get()) {
+                                     int tensor_parallel, ComputeFormat format)
+    : config_(model.config()), format_(format), own_group_(in_threads(stages, tensor_parallel)), group_(own_group_.get()) {
   start(partition);
   for (auto& pipeline : stages_) {
     for (auto& stage : pipeline) stage->copy_parameters_from(model);
@@ -288,8 +305,8 @@ InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, int sta
 }
 
 InferencePipeline::InferencePipeline(const nn::SafetensorsFile& weights, RankGroup& group,
-                                     const PartitionMethod& partition)
-    : config_(nn::read_config(weights)), group_(&group) {
+                                     const PartitionMethod& partition, ComputeFormat format)
+    : config_(nn::read_config(weights)), format_(format), group_(&group) {
   const RankLayout& layout = group.layout();
   if (layout.data_parallel != 1) {
     fail("{} ranks in pipelines of {}: generate runs one pipeline; start mpirun -np {}", layout.world_size(),
@@ -333,6 +350,7 @@ void InferencePipeline::start(const PartitionMethod& partition) {
           config_, nn::LayerRange{boundaries_[b], boundaries_[b + 1]},
           nn::StageOptions{.name = layout.tensor > 1 ? fmt::format("stage {} (tensor-parallel rank {})", i, t)
                                                      : fmt::format("stage {}", i),
+                           .format = format_,
                            .tensor = collectives.get()}));
     }
   }
@@ -414,7 +432,7 @@ InferenceResult InferencePipeline::generate_pass(std::span<const std::vector<std
     auto& decode = decodes[static_cast<std::size_t>(layout.tensor_rank(w))];
     if (!decode) {
       decode = std::make_unique<Decode>(stages_[static_cast<std::size_t>(layout.tensor_rank(w))], *group_,
-                                        layout.tensor_rank(w), prompts, first_sequence, options);
+                                        layout.tensor_rank(w), prompts, first_sequence, options, format_);
     }
   }
   for (auto& collectives : collectives_) {
