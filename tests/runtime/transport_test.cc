@@ -55,7 +55,8 @@ Tensor filled(float value, BufferPool* pool = nullptr) {
 TEST(MessageTags, EveryMessageOfAStepHasItsOwnTagInRange) {
   constexpr int kStages = 5, kMicrobatches = 7;
   std::set<int> seen;
-  for (Direction direction : {Direction::kActivation, Direction::kGradient, Direction::kTiedGradient}) {
+  for (Direction direction :
+       {Direction::kActivation, Direction::kGradient, Direction::kTiedGradient, Direction::kSampledTokens}) {
     for (int s = 0; s < kStages; ++s) {
       for (int j = 0; j < kMicrobatches; ++j) {
         const MessageKey key{RankId(0), RankId(1), StageId(s), MicrobatchId(j), direction};
