@@ -361,6 +361,43 @@ void BasicStage<T>::checkpoint_layer(State& state, int local) {
   }
 }
 
+namespace {
+
+template <class Saved>
+void pack_half(Saved& saved, ComputeFormat format, Allocator allocator) {
+  auto tensors = saved.half_tensors();
+  saved.stash.pack(format, tensors, allocator);
+}
+
+template <class Saved>
+void unpack_half(Saved& saved, Allocator allocator) {
+  auto tensors = saved.half_tensors();
+  saved.stash.unpack(tensors, allocator);
+}
+
+}  // namespace
+
+template <class T>
+void BasicStage<T>::stash_layer(State& state, int local) {
+  if (!half()) return;
+  switch (kind(local)) {
+    case Kind::kEmbedding: pack_half(state.embedding_, options_.format, allocator()); break;
+    case Kind::kBlock:
+      pack_half(state.blocks_[static_cast<std::size_t>(block_index(local))], options_.format, allocator());
+      break;
+    case Kind::kHead: pack_half(state.head_, options_.format, allocator()); break;
+  }
+}
+
+template <class T>
+void BasicStage<T>::unstash_layer(State& state, int local) {
+  switch (kind(local)) {
+    case Kind::kEmbedding: unpack_half(state.embedding_, allocator()); break;
+    case Kind::kBlock: unpack_half(state.blocks_[static_cast<std::size_t>(block_index(local))], allocator()); break;
+    case Kind::kHead: unpack_half(state.head_, allocator()); break;
+  }
+}
+
 template <class T>
 void BasicStage<T>::recompute_segment(State& state, int segment) {
   auto& checkpoint = state.checkpoints_[static_cast<std::size_t>(segment)];
@@ -386,7 +423,11 @@ BasicTensor<T> BasicStage<T>::forward(State& state, Input input) {
   Flow flow{std::move(input.tokens), std::move(input.activation)};
   for (int local = 0; local < range_.size(); ++local) {
     flow = forward_layer(state, local, std::move(flow));
-    if (checkpointing()) checkpoint_layer(state, local);
+    if (checkpointing()) {
+      checkpoint_layer(state, local);  // nothing is left to stash: the backward recomputes it
+    } else {
+      stash_layer(state, local);
+    }
   }
   state.phase_ = State::Phase::kForward;
   return std::move(flow.x);
@@ -397,6 +438,7 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
   for (int local = range_.size() - 1; local >= 0; --local) {
     const int k = options_.recompute_interval;
     if (checkpointing() && (local % k == k - 1 || local == range_.size() - 1)) recompute_segment(state, local / k);
+    unstash_layer(state, local);
     switch (kind(local)) {
       case Kind::kHead:
         grad = head_->backward_input(state.head_, state.targets_, loss_scale, state.shape_, allocator());
@@ -412,6 +454,7 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
         embedding_->backward_input(state.embedding_, std::move(grad), state.shape_, allocator());
         break;
     }
+    stash_layer(state, local);  // what W reads
   }
   state.checkpoints_.clear();
   state.targets_.reset();  // W does not need them
@@ -443,6 +486,7 @@ template <class T>
 void BasicStage<T>::backward_weight(State& state) {
   require_phase(state, State::Phase::kInputGrad, "backward_weight");
   for (int local = range_.size() - 1; local >= 0; --local) {
+    unstash_layer(state, local);
     switch (kind(local)) {
       case Kind::kHead:
         head_->backward_weight(state.head_, state.shape_);

@@ -121,5 +121,6 @@ void BasicTensor<T>::charge_to(MemoryAccount* account) {
 template class BasicTensor<float>;
 template class BasicTensor<double>;
 template class BasicTensor<std::int32_t>;
+template class BasicTensor<std::uint16_t>;
 
 }  // namespace pipeflow

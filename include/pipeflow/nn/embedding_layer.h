@@ -1,7 +1,9 @@
 #pragma once
 
+#include <array>
 #include <utility>
 
+#include "pipeflow/nn/half_stash.h"
 #include "pipeflow/nn/layer_shape.h"
 #include "pipeflow/nn/tensor_group.h"
 #include "pipeflow/tensor/tensor.h"
@@ -22,6 +24,10 @@ struct EmbeddingSaved {
   IntTensor tokens;  // [B, T], from forward
   BasicTensor<T> dx;  // [B, T, C] ∂L/∂x, from I, for W (sequence parallelism: the rank's positions)
   BasicTensor<T> dx_whole;  // sequence parallelism: dx gathered whole, for wte's rows
+
+  // In bf16/fp16, between I and W: dx in 16 bits.
+  std::array<BasicTensor<T>*, 2> half_tensors() { return {&dx, &dx_whole}; }
+  HalfStash<T> stash;
 };
 
 // Forward / I / W of the embedding. The embedding has no input gradient: I

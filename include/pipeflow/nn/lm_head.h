@@ -1,8 +1,10 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 
+#include "pipeflow/nn/half_stash.h"
 #include "pipeflow/nn/layer_shape.h"
 #include "pipeflow/nn/tensor_group.h"
 #include "pipeflow/tensor/tensor.h"
@@ -30,6 +32,11 @@ struct HeadSaved {
   BasicTensor<T> ln_f, ln_f_mean, ln_f_rstd;  // [B, T, C], [B·T], [B·T]
   BasicTensor<T> probs;                      // [B, T, V] softmax, then ∂L/∂logits
   BasicTensor<T> d_ln_f;                     // [B, T, C]
+
+  // In bf16/fp16, between passes: x, ln_f and d_ln_f in 16 bits (the
+  // statistics and the probabilities stay fp32, as the loss does).
+  std::array<BasicTensor<T>*, 3> half_tensors() { return {&x, &ln_f, &d_ln_f}; }
+  HalfStash<T> stash;
 };
 
 // Forward / I / W of the head. Targets must lie in [0, V) (the stage checks).

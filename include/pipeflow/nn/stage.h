@@ -280,6 +280,10 @@ class BasicStage {
 
   Flow forward_layer(State& state, int local, Flow flow);
   void checkpoint_layer(State& state, int local);
+  // In bf16/fp16 a layer keeps what it saved in 16 bits between passes
+  // (half_stash.h): stashed after F and after I, unstashed before I and W.
+  void stash_layer(State& state, int local);
+  void unstash_layer(State& state, int local);
   void recompute_segment(State& state, int segment);
   BasicTensor<T> input_pass(State& state, BasicTensor<T> grad, double loss_scale);
 

@@ -1,8 +1,10 @@
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string_view>
 
+#include "pipeflow/nn/half_stash.h"
 #include "pipeflow/nn/kv_cache.h"
 #include "pipeflow/nn/layer_shape.h"
 #include "pipeflow/nn/tensor_group.h"
@@ -72,6 +74,14 @@ struct BlockSaved {
   BasicTensor<T> dx2;                           // [B, T, C]
   BasicTensor<T> dqkv;                          // [B, T, W] (Llama: before the rotation)
   BasicTensor<T> d_ln_1;                        // [B, T, C]
+
+  // In bf16/fp16, between passes: every tensor above but the norms'
+  // statistics, in 16 bits (half_stash.h).
+  std::array<BasicTensor<T>*, 17> half_tensors() {
+    return {&x, &ln_1, &qkv, &probs, &attn_y, &x2, &ln_2, &h, &g, &dy, &dy_whole, &dx2_whole, &dh, &d_ln_2, &dx2,
+            &dqkv, &d_ln_1};
+  }
+  HalfStash<T> stash;
 };
 
 // Forward / I / W of a block. forward takes x into the saved state and returns

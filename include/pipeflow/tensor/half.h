@@ -8,7 +8,8 @@ namespace pipeflow {
 // kBf16 / kFp16: the values a mixed-precision run keeps in half precision
 // (the weights the layers multiply by, the activations and their gradients
 // between layers) are rounded to that format, each kept in a float that holds
-// it exactly; the arithmetic inside a layer, the norms' statistics, softmax,
+// it exactly while a layer computes (and in 16 bits between passes:
+// nn/half_stash.h); the arithmetic inside a layer, the norms' statistics, softmax,
 // the loss, the weight gradients and the optimizer stay fp32 (DeepSpeed's and
 // Megatron's bf16/fp16 semantics with fp32 master weights and accumulation).
 enum class ComputeFormat { kFp32, kBf16, kFp16 };

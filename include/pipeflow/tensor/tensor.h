@@ -18,7 +18,7 @@ struct Allocator {
   MemoryAccount* account = nullptr;
 };
 
-// A dense row-major tensor of T (float, double or std::int32_t) that owns its
+// A dense row-major tensor of T (float, double, std::int32_t or std::uint16_t) that owns its
 // storage: 64-byte aligned, from the allocator's pool when it has one,
 // charged to its account for as long as the tensor lives. Move-only; clone()
 // copies. A default-constructed tensor is empty (rank 0, no storage).
@@ -83,5 +83,6 @@ using IntTensor = BasicTensor<std::int32_t>;
 extern template class BasicTensor<float>;
 extern template class BasicTensor<double>;
 extern template class BasicTensor<std::int32_t>;
+extern template class BasicTensor<std::uint16_t>;  // a half-precision value's bits (nn/half_stash.h)
 
 }  // namespace pipeflow
