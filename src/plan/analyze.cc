@@ -632,6 +632,42 @@ Analysis timeline_figures(const TraceInput& input) {
   return a;
 }
 
+// Ascend's Bubble column, where every seen rank has it and it holds any
+// time: in a pipeline job a stage's receives hold its waits for the
+// neighbouring stages, so their share of the step is the bubble (torch_npu
+// counts the receive operators' time as the bubble); busy counts Ascend's
+// Computing, the optimizer step's kernels among them.
+void set_bubble_from_receives(Analysis& a, const TimerLog& log, double total) {
+  double receive = 0;
+  for (const std::optional<RankTimes>& t : log.ranks) {
+    if (!t) continue;
+    if (!t->receive_s) return;
+    receive += *t->receive_s;
+  }
+  if (!(receive > 0 && total > 0)) return;
+  a.notes.push_back(fmt::format("bubble from the Bubble column (receive time) {}; from busy time it would be {} "
+                                "(1 - busy / (ranks x step), the idle outside receives counted)",
+                                format_percent(receive / total), format_percent(a.bubble)));
+  a.bubble = receive / total;
+  a.bubble_source = "Ascend's Bubble column: receive time / (ranks x step)";
+}
+
+// Ascend's Stage column: each stage's step less its receives; the slowest is named.
+void note_slowest_stage_time(Analysis& a, const TimerLog& log) {
+  std::optional<std::size_t> slowest;
+  double sum = 0;
+  for (std::size_t s = 0; s < log.ranks.size(); ++s) {
+    if (!log.ranks[s] || !log.ranks[s]->stage_s) return;
+    sum += *log.ranks[s]->stage_s;
+    if (!slowest || *log.ranks[s]->stage_s > *log.ranks[*slowest]->stage_s) slowest = s;
+  }
+  if (!slowest || log.ranks.size() < 2 || !(sum > 0)) return;
+  const double time = *log.ranks[*slowest]->stage_s;
+  a.notes.push_back(fmt::format("the Stage column (the step less its receives): stage {} is the slowest, {} against "
+                                "a mean of {}",
+                                *slowest, format_seconds(time), format_seconds(sum / log.ranks.size())));
+}
+
 // The figures of a timer log: per-rank totals, no timeline.
 Analysis log_figures(const TimerLog& log) {
   Analysis a;
@@ -662,6 +698,8 @@ Analysis log_figures(const TimerLog& log) {
   const double total = a.step_s * seen;
   a.bubble = seen > 0 && total > 0 ? 1 - busy / total : 0.0;
   a.comm_wait_share = fraction(comm, total);
+  set_bubble_from_receives(a, log, total);
+  note_slowest_stage_time(a, log);
   if (all_seen) {
     for (const std::optional<RankTimes>& t : log.ranks) a.stage_compute_s.push_back(t->forward_s + t->backward_s);
     set_imbalance(a);

@@ -105,9 +105,10 @@ std::vector<std::string> reading_lines(const Analysis& a) {
 
 std::vector<std::string> summary_lines(const Analysis& a) {
   std::vector<std::string> lines = reading_lines(a);
-  lines.push_back(fmt::format("step {} on {} rank{}; bubble {}{}", duration(a, a.step_s), a.num_ranks,
+  lines.push_back(fmt::format("step {} on {} rank{}; bubble {}{}{}", duration(a, a.step_s), a.num_ranks,
                               a.num_ranks == 1 ? "" : "s",
                               format_percent(a.bubble),
+                              a.bubble_source.empty() ? std::string() : " (" + a.bubble_source + ")",
                               a.theoretical_bubble
                                   ? fmt::format(" (the schedule's own: {})", format_percent(*a.theoretical_bubble))
                                   : std::string()));
@@ -191,6 +192,7 @@ std::string analysis_json(const Analysis& a) {
   json["ranks_count"] = a.num_ranks;
   json["step_s"] = a.step_s;
   json["bubble"] = a.bubble;
+  json["bubble_source"] = a.bubble_source.empty() ? "1 - busy / (ranks x step)" : a.bubble_source;
   json["theoretical_bubble"] = a.theoretical_bubble ? nlohmann::ordered_json(*a.theoretical_bubble) : nullptr;
   json["idle_by_phase"] = a.idle_by_phase;
   json["fill_drain_share"] = a.fill_drain_share;

@@ -70,6 +70,48 @@ double milliseconds(std::string_view text, const std::string& source, std::size_
 
 // ---- Megatron-LM ----
 
+// Adds `t`'s times into `sum` (a Bubble or Stage column's where `t` has it).
+void add_times(RankTimes& sum, const RankTimes& t) {
+  sum.forward_s += t.forward_s;
+  sum.backward_s += t.backward_s;
+  sum.comm_s += t.comm_s;
+  sum.optimizer_s += t.optimizer_s;
+  if (t.receive_s) sum.receive_s = sum.receive_s.value_or(0) + *t.receive_s;
+  if (t.stage_s) sum.stage_s = sum.stage_s.value_or(0) + *t.stage_s;
+}
+
+// The mean of `count` times summed by add_times.
+RankTimes mean_times(RankTimes sum, int count) {
+  for (double* s : {&sum.forward_s, &sum.backward_s, &sum.comm_s, &sum.optimizer_s}) *s /= count;
+  for (std::optional<double>* s : {&sum.receive_s, &sum.stage_s}) {
+    if (*s) **s /= count;
+  }
+  return sum;
+}
+
+// Global ranks' times as their stages': rank r is stage r / replicas, a
+// stage's replicas (tensor and data parallel) averaged; a rank past the
+// stages is left out, noted.
+std::vector<std::optional<RankTimes>> stages_of_ranks(const std::map<int, RankTimes>& by_rank, int replicas,
+                                                      int stages, std::vector<std::string>& notes) {
+  std::vector<RankTimes> sum(stages);
+  std::vector<int> count(stages, 0);
+  for (const auto& [global, times] : by_rank) {
+    const int stage = global / replicas;
+    if (stage >= stages) {
+      notes.push_back(fmt::format("rank {} is past the world of {} ranks: left out", global, replicas * stages));
+      continue;
+    }
+    add_times(sum[stage], times);
+    ++count[stage];
+  }
+  std::vector<std::optional<RankTimes>> out(stages);
+  for (int s = 0; s < stages; ++s) {
+    if (count[s] > 0) out[s] = mean_times(sum[s], count[s]);
+  }
+  return out;
+}
+
 bool is_comm_timer(std::string_view name) {
   return name.find("-send") != std::string_view::npos || name.find("-recv") != std::string_view::npos;
 }
@@ -223,30 +265,11 @@ TimerLog read_megatron(const std::vector<std::string_view>& lines, const std::st
   if (pp == 0) {
     pp = by_global_rank.empty() ? 1 : by_global_rank.rbegin()->first + 1;
   }
-  // The replicas of a stage (tensor and data parallel) are averaged.
-  std::vector<RankTimes> sum(pp);
-  std::vector<int> count(pp, 0);
+  std::map<int, RankTimes> by_rank;
   for (const auto& [global, timers] : by_global_rank) {
-    const int stage = global / (tp * dp);
-    if (stage >= pp) {
-      log.notes.push_back(fmt::format("rank {} is past the world of {} ranks: left out", global, tp * dp * pp));
-      continue;
-    }
-    RankTimes t;
-    for (const auto& [name, seconds] : timers) add_timer(t, name, seconds);
-    sum[stage].forward_s += t.forward_s;
-    sum[stage].backward_s += t.backward_s;
-    sum[stage].comm_s += t.comm_s;
-    sum[stage].optimizer_s += t.optimizer_s;
-    ++count[stage];
+    for (const auto& [name, seconds] : timers) add_timer(by_rank[global], name, seconds);
   }
-  log.ranks.resize(pp);
-  for (int s = 0; s < pp; ++s) {
-    if (count[s] == 0) continue;
-    RankTimes t{sum[s].forward_s / count[s], sum[s].backward_s / count[s], sum[s].comm_s / count[s],
-                sum[s].optimizer_s / count[s], std::nullopt};
-    log.ranks[s] = t;
-  }
+  log.ranks = stages_of_ranks(by_rank, tp * dp, pp, log.notes);
   for (const auto& [global, peak] : peak_by_global_rank) {
     const int stage = global / (tp * dp);
     if (stage < pp && log.ranks[stage]) {
@@ -407,7 +430,9 @@ TimerLog read_ascend_step_trace(const std::vector<std::string_view>& lines, cons
   };
   const std::size_t step = *column("Step"), computing = *column(kAscendComputing),
                     not_overlapped = *column(kAscendNotOverlapped), free = *column("Free");
-  const std::optional<std::size_t> type = column("Type"), index = column("Index");
+  const std::optional<std::size_t> type = column("Type"), index = column("Index"), bubble = column("Bubble"),
+                                   stage = column("Stage"), device = column("Device_id");
+  log.one_device = !type;
   // A cluster's file has a row per step and rank ("rank") or stage ("stage"): the stages' rows where there are
   // any. A device's own file has a row per step.
   bool stage_rows = false;
@@ -422,6 +447,9 @@ TimerLog read_ascend_step_trace(const std::vector<std::string_view>& lines, cons
   };
   std::map<int, Sum> by_index;
   std::map<std::int64_t, double> step_s;  // the slowest index's time per step
+  const auto microseconds = [&](std::string_view field, std::size_t line) {
+    return seconds(field, 1e-6, "microseconds", source, line);
+  };
   for (std::size_t i = 1; i < lines.size(); ++i) {
     if (trim(lines[i]).empty()) continue;
     const std::vector<std::string_view> f = csv_fields(lines[i]);
@@ -432,14 +460,25 @@ TimerLog read_ascend_step_trace(const std::vector<std::string_view>& lines, cons
     if (number < 0 || number >= kMaxRanks || !step_number || *step_number < 0 || *step_number > 1e12) {
       fail_line(source, i, "Step and Index are whole numbers >= 0");
     }
-    const double compute = seconds(f[computing], 1e-6, "microseconds", source, i);
-    const double comm = seconds(f[not_overlapped], 1e-6, "microseconds", source, i);
-    const double idle = seconds(f[free], 1e-6, "microseconds", source, i);
-    Sum& sum = by_index[static_cast<int>(number)];
+    if (device && !log.device_id) {
+      const std::optional<double> id = number_at(f[*device]);
+      if (!id || *id < 0 || *id >= kMaxRanks || *id != std::floor(*id)) {
+        fail_line(source, i, fmt::format("Device_id \"{}\" is not a device's index (a whole number >= 0)", f[*device]));
+      }
+      log.device_id = static_cast<int>(*id);
+    }
+    const double compute = microseconds(f[computing], i);
+    const double comm = microseconds(f[not_overlapped], i);
+    const double idle = microseconds(f[free], i);
+    RankTimes row;
     // Ascend does not split the computing time into forward and backward: a backward twice its forward.
-    sum.times.forward_s += compute / 3;
-    sum.times.backward_s += 2 * compute / 3;
-    sum.times.comm_s += comm;
+    row.forward_s = compute / 3;
+    row.backward_s = 2 * compute / 3;
+    row.comm_s = comm;
+    if (bubble) row.receive_s = microseconds(f[*bubble], i);
+    if (stage) row.stage_s = microseconds(f[*stage], i);
+    Sum& sum = by_index[static_cast<int>(number)];
+    add_times(sum.times, row);
     ++sum.steps;
     double& s = step_s[static_cast<std::int64_t>(*step_number)];
     s = std::max(s, compute + comm + idle);
@@ -447,13 +486,7 @@ TimerLog read_ascend_step_trace(const std::vector<std::string_view>& lines, cons
   if (by_index.empty()) fail("{}: no rows of {}s", source, kind);
   const int count = by_index.rbegin()->first + 1;
   log.ranks.resize(count);
-  for (auto& [i, sum] : by_index) {
-    RankTimes t = sum.times;
-    t.forward_s /= sum.steps;
-    t.backward_s /= sum.steps;
-    t.comm_s /= sum.steps;
-    log.ranks[i] = t;
-  }
+  for (auto& [i, sum] : by_index) log.ranks[i] = mean_times(sum.times, sum.steps);
   for (const auto& [number, seconds] : step_s) log.step_s.push_back(seconds);
   log.notes.push_back("Ascend's step trace does not split computing into forward and backward: taken as 1 to 2");
   if (!stage_rows && by_index.size() > 1) {
@@ -477,6 +510,41 @@ TimerLog read_timer_log(std::string_view text, const std::string& source) {
   if (text.find(kMegatronIteration) != std::string_view::npos) return read_megatron(lines, source);
   if (text.find(kDeepSpeedStep) != std::string_view::npos) return read_deepspeed(lines, source);
   fail("{}: not a Megatron-LM or DeepSpeed log (no iteration time line) nor an Ascend step_trace_time.csv", source);
+}
+
+TimerLog merge_device_logs(std::vector<DeviceLog> devices, int replicas, int stages) {
+  if (devices.empty()) fail("internal: no device's log to merge");
+  std::sort(devices.begin(), devices.end(), [](const DeviceLog& a, const DeviceLog& b) { return a.rank < b.rank; });
+  TimerLog log;
+  log.format = devices.front().log.format + fmt::format(" ({} devices)", devices.size());
+  log.notes = devices.front().log.notes;
+  if (stages == 0) stages = devices.back().rank / replicas + 1;
+  std::map<int, RankTimes> by_rank;
+  const std::size_t steps = devices.front().log.step_s.size();
+  log.step_s.assign(steps, 0.0);
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const DeviceLog& d = devices[i];
+    if (i > 0 && devices[i - 1].rank == d.rank) {
+      fail("{} and {} are both rank {}: give one job's devices, one file each", devices[i - 1].source, d.source,
+           d.rank);
+    }
+    if (d.log.ranks.size() != 1 || !d.log.ranks.front()) fail("{}: not one device's step trace", d.source);
+    if (d.log.step_s.size() != steps) {
+      fail("{} has {} steps and {} {}: give the devices' traces of the same steps", d.source, d.log.step_s.size(),
+           devices.front().source, steps);
+    }
+    if (d.rank / replicas >= stages) {
+      fail("{}: rank {} is past the {} ranks of {} stages x {} replicas: give the run's layout (--config)", d.source,
+           d.rank, stages * replicas, stages, replicas);
+    }
+    by_rank[d.rank] = *d.log.ranks.front();
+    for (std::size_t s = 0; s < steps; ++s) log.step_s[s] = std::max(log.step_s[s], d.log.step_s[s]);
+  }
+  log.ranks = stages_of_ranks(by_rank, replicas, stages, log.notes);
+  for (int s = 0; s < stages; ++s) {
+    if (!log.ranks[s]) log.notes.push_back(fmt::format("no device of stage {} among the files", s));
+  }
+  return log;
 }
 
 }  // namespace pipeflow

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
+#include <set>
 #include <string_view>
 
 #include "pipeflow/core/error.h"
@@ -102,6 +104,84 @@ std::string joined(const std::vector<std::string>& items) {
                                          items.size());
 }
 
+std::vector<std::string> sources_of(const std::vector<DeviceLog>& logs) {
+  std::vector<std::string> sources;
+  for (const DeviceLog& d : logs) sources.push_back(d.source);
+  return sources;
+}
+
+// R of the one profiler_info_{R}.json in `folder` (torch_npu writes it into each rank's *_ascend_pt folder).
+std::optional<int> profiler_info_rank(const fs::path& folder) {
+  std::optional<int> rank;
+  std::error_code error;
+  int found = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(folder, error)) {
+    const std::string name = e.path().filename().string();
+    constexpr std::string_view kPrefix = "profiler_info_";
+    if (!name.starts_with(kPrefix) || !name.ends_with(".json")) continue;
+    const std::string_view digits = std::string_view(name).substr(kPrefix.size(), name.size() - kPrefix.size() - 5);
+    int r = 0;
+    const auto [end, bad] = std::from_chars(digits.data(), digits.data() + digits.size(), r);
+    if (bad == std::errc() && end == digits.data() + digits.size() && r >= 0) {
+      rank = r;
+      ++found;
+    }
+  }
+  return found == 1 ? rank : std::nullopt;
+}
+
+// The global rank of one device's step_trace_time.csv (torch_npu writes it
+// into {worker}_ascend_pt/ASCEND_PROFILER_OUTPUT/): the profiler_info_{R}.json
+// of its folder or the two above, else a "rank{R}" (rank_R, rank-R) in the
+// file's or those folders' names, else its Device_id (the device's index on
+// its node). `how` collects which told it.
+int device_rank(const DeviceLog& d, std::set<std::string>& how) {
+  const fs::path file(d.source);
+  fs::path folder = file.parent_path();
+  for (int up = 0; up < 3 && !folder.empty(); ++up, folder = folder.parent_path()) {
+    if (const std::optional<int> rank = profiler_info_rank(folder)) {
+      how.insert("profiler_info_{R}.json");
+      return *rank;
+    }
+  }
+  folder = file;
+  for (int up = 0; up < 4 && !folder.empty(); ++up, folder = folder.parent_path()) {
+    if (const std::optional<int> rank = rank_in_file_name(folder.filename().string())) {
+      how.insert("rank{R} in the folders' names");
+      return *rank;
+    }
+  }
+  if (d.log.device_id) {
+    how.insert("Device_id (the device's index on its node: for a job of several nodes, name each device's folder "
+               "rank_{R})");
+    return *d.log.device_id;
+  }
+  fail("{}: whose rank? No profiler_info_{{R}}.json beside it (torch_npu writes one into each *_ascend_pt folder), "
+       "no rank{{R}} in its folders' names, no Device_id column: put each device's folder under one named rank_{{R}}",
+       d.source);
+}
+
+// Ascend's step_trace_time.csv, one per device, as one job (merge_device_logs):
+// the stages of --config's layout, else each device a stage.
+TimerLog merged_devices(std::vector<DeviceLog> logs, const TraceOptions& options) {
+  std::set<std::string> how;
+  for (DeviceLog& d : logs) d.rank = device_rank(d, how);
+  int replicas = 1, stages = 0;
+  if (options.config) {
+    const Layout layout = layout_of(resolve(load_run_config(*options.config)));
+    replicas = layout.tensor_parallel * layout.data_parallel;
+    stages = layout.pipeline_ranks;
+  }
+  const std::size_t count = logs.size();
+  TimerLog log = merge_device_logs(std::move(logs), replicas, stages);
+  log.notes.push_back(fmt::format("{} devices' step traces, their ranks from {}", count, fmt::join(how, " and ")));
+  if (!options.config) {
+    log.notes.push_back("no --config: each device is taken as a pipeline stage (give the run's configuration for "
+                        "its tensor and data parallel replicas)");
+  }
+  return log;
+}
+
 }  // namespace
 
 TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptions& options) {
@@ -109,18 +189,16 @@ TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptio
   TraceInput input;
   std::vector<RankTrace> ranks;
   std::optional<std::string> own;  // a pipeflow trace's file
-  std::optional<std::string> log;  // a log's file
+  std::vector<DeviceLog> logs;  // the logs read, their ranks not yet known
   std::vector<std::string> skipped;  // files of a folder that are neither
   for (const Candidate& c : candidates(paths)) {
+    // torch_npu's profiler_info_{R}.json beside a device's output: device_rank reads its name.
+    if (!c.named && c.path.filename().string().starts_with("profiler_info_")) continue;
     const std::string source = c.path.string();
     const std::string text = read_file_inflated(c.path, kMaxTraceFileBytes, "trace");
     if (!looks_like_json(text)) {
       if (is_timer_log(text)) {
-        if (log) fail("{} and {}: analyze reads one log at a time (Megatron and DeepSpeed print every rank's timers "
-                      "into one)",
-                      *log, source);
-        input.log = read_timer_log(text, source);
-        log = source;
+        logs.push_back({0, read_timer_log(text, source), source});
         input.reading.files.push_back(source);
       } else if (c.named) {
         fail("{}: neither a trace (JSON) nor a Megatron-LM or DeepSpeed log (no iteration time line)", source);
@@ -149,6 +227,29 @@ TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptio
     input.reading.notes.push_back(fmt::format("skipped {} file{} that {} no trace or log: {}", skipped.size(),
                                               skipped.size() == 1 ? "" : "s", skipped.size() == 1 ? "is" : "are",
                                               joined(skipped)));
+  }
+  const bool devices = !logs.empty() && std::all_of(logs.begin(), logs.end(), [](const DeviceLog& d) {
+    return d.log.one_device;
+  });
+  if (devices && !ranks.empty()) {
+    // torch_npu writes a step_trace_time.csv beside each device's trace_view.json: the timelines say more.
+    input.reading.notes.push_back(fmt::format("read the devices' timelines; their step_trace_time.csv left out: {}",
+                                              joined(sources_of(logs))));
+    for (const DeviceLog& d : logs) std::erase(input.reading.files, d.source);
+    logs.clear();
+  }
+  std::optional<std::string> log;  // the log's file, or the folder of the devices' logs
+  if (logs.size() > 1 && !devices) {
+    fail("{} and {}: analyze reads one log at a time (Megatron and DeepSpeed print every rank's timers into one; "
+         "Ascend's step_trace_time.csv, one per device, are read together)",
+         logs[0].source, logs[1].source);
+  }
+  if (logs.size() == 1) {
+    input.log = std::move(logs.front().log);
+    log = logs.front().source;
+  } else if (logs.size() > 1) {
+    input.log = merged_devices(std::move(logs), options);
+    log = paths.size() == 1 ? paths.front().string() : joined(input.reading.files);
   }
   if (log && (own || !ranks.empty())) {
     fail("{} is a log and {} a trace: analyze one job's trace or its log", *log, own ? *own : ranks.front().source);

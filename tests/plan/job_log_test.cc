@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "pipeflow/core/error.h"
@@ -176,7 +179,9 @@ TEST(JobLog, AnAscendClusterStepTraceGivesEachStagesTimes) {
   input.source = "cluster_step_trace_time.csv";
   input.log = log;
   const Analysis a = analyze(input);
-  EXPECT_NEAR(a.bubble, 1 - 0.6 / (2 * 0.43555), 1e-12);
+  // The bubble: the Bubble column's receive time over the step; busy time would give 1 - 0.6 / (2 * 0.43555).
+  EXPECT_NEAR(a.bubble, (0.19 + 0.03) / (2 * 0.43555), 1e-12);
+  EXPECT_EQ(a.bubble_source, "Ascend's Bubble column: receive time / (ranks x step)");
   EXPECT_NEAR(a.imbalance, 1.2, 1e-12);
 }
 
@@ -190,6 +195,90 @@ TEST(JobLog, AnAscendDevicesStepTraceIsOneRankAndAShortRowIsNamed) {
   EXPECT_NEAR(log.step_s.at(0), 0.0831221, 1e-9);
   EXPECT_NE(error_of("Step,Computing,Communication(Not Overlapped),Free\n1,2\n").find("job.log:2: 2 fields, the header has 4"),
             std::string::npos);
+}
+
+// tests/data/logs/ascend/ (tools/make_ascend_traces.py): torch_npu's step_trace_time.csv of each of 8 devices,
+// tensor 2 x pipeline 4, the job of truth.json.
+TEST(JobLog, AscendsDevicesStepTracesAreOneJobWhoseBubbleIsTheBubbleColumns) {
+  const nlohmann::json t = nlohmann::json::parse(read_file(logs("ascend-truth.json")));
+  TraceOptions options;
+  options.config = logs("ascend-run.json");  // tensor 2 x pipeline 4: ranks 2s and 2s + 1 are stage s
+  const TraceInput input = load_trace_input({logs("ascend")}, options);
+  ASSERT_TRUE(input.log);
+  EXPECT_EQ(input.reading.format, "Ascend step trace (8 devices)");
+  EXPECT_EQ(input.reading.files.size(), 8u);
+  ASSERT_EQ(input.log->ranks.size(), 4u);
+  for (int s = 0; s < 4; ++s) {
+    ASSERT_TRUE(input.log->ranks[s]) << s;
+    // Computing holds the optimizer step's kernels (4 ms) too; the two tensor ranks' skews cancel.
+    EXPECT_NEAR(input.log->ranks[s]->forward_s + input.log->ranks[s]->backward_s,
+                (t["compute_ms"][s].get<double>() + 4) * 1e-3, 1e-9);
+  }
+  const Analysis a = analyze(input);
+  EXPECT_NEAR(a.step_s, t["step_ms"].get<double>() * 1e-3, 1e-9);
+  EXPECT_NEAR(a.bubble, t["bubble_column_share"].get<double>(), 1e-9);
+  EXPECT_NEAR(a.bubble, t["bubble"].get<double>(), 0.02);
+  EXPECT_FALSE(a.bubble_source.empty());
+  const auto slowest = std::max_element(a.stage_compute_s.begin(), a.stage_compute_s.end());
+  EXPECT_EQ(slowest - a.stage_compute_s.begin(), t["slow_stage"].get<int>());
+  const auto named = std::find_if(a.notes.begin(), a.notes.end(), [](const std::string& note) {
+    return note.find("the Stage column (the step less its receives): stage 2 is the slowest") != std::string::npos;
+  });
+  EXPECT_NE(named, a.notes.end());
+  ASSERT_TRUE(a.baseline);  // re-simulated on the measured durations
+  EXPECT_NEAR(a.baseline->result.step_time_s, t["step_ms"].get<double>() * 1e-3, 0.03 * a.step_s);
+
+  // Without the layout, each device is a stage, and the report says so.
+  const TraceInput alone = load_trace_input({logs("ascend")});
+  EXPECT_EQ(alone.log->ranks.size(), 8u);
+  const std::vector<std::string>& notes = alone.reading.notes;
+  EXPECT_NE(std::find_if(notes.begin(), notes.end(),
+                         [](const std::string& n) { return n.find("no --config: each device") != std::string::npos; }),
+            notes.end());
+}
+
+// A device's rank: its folder's profiler_info_{R}.json, else a rank{R} in a folder's name, else Device_id.
+TEST(JobLog, AnAscendDevicesRankComesFromItsFolderOrItsDeviceIdAndTwoOfOneRankAreRefused) {
+  const std::string dir = (std::filesystem::temp_directory_path() / "pipeflow_ascend_devices_test").string();
+  std::filesystem::remove_all(dir);
+  const auto write_device = [&](const std::string& folder, const std::string& device_id, double computing) {
+    std::filesystem::create_directories(dir + "/" + folder);
+    write_file_atomic(dir + "/" + folder + "/step_trace_time.csv",
+                      std::string(device_id.empty() ? "" : "Device_id,") + "Step,Computing,"
+                      "Communication(Not Overlapped),Free,Bubble\n" + (device_id.empty() ? "" : device_id + ",") +
+                      fmt::format("1,{},100,50,100\n", computing));
+  };
+  write_device("a/rank_1", "", 3000);
+  write_device("a/rank_0", "", 6000);
+  const TraceInput named = load_trace_input({dir + "/a"});
+  ASSERT_EQ(named.log->ranks.size(), 2u);
+  EXPECT_NEAR(named.log->ranks[0]->forward_s + named.log->ranks[0]->backward_s, 6000e-6, 1e-12);
+  EXPECT_NEAR(named.log->step_s.at(0), 6150e-6, 1e-12);  // the slowest device's
+
+  write_device("b/x", "1", 3000);
+  write_device("b/y", "0", 6000);
+  const TraceInput by_device = load_trace_input({dir + "/b"});
+  EXPECT_NEAR(by_device.log->ranks.at(0)->forward_s + by_device.log->ranks[0]->backward_s, 6000e-6, 1e-12);
+
+  write_device("c/x", "0", 3000);
+  write_device("c/y", "0", 6000);
+  try {
+    load_trace_input({dir + "/c"});
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("are both rank 0: give one job's devices, one file each"),
+              std::string::npos)
+        << error.what();
+  }
+  write_device("d/x", "", 3000);
+  write_device("d/y", "", 6000);
+  try {
+    load_trace_input({dir + "/d"});
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("whose rank? No profiler_info_{R}.json"), std::string::npos)
+        << error.what();
+  }
 }
 
 TEST(JobLog, ALogAndATraceTogetherAreRefused) {

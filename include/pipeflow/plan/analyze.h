@@ -119,7 +119,10 @@ struct Analysis {
   int num_ranks = 0;
   double step_s = 0;  // the timeline's makespan
   std::vector<RankUsage> ranks;
-  double bubble = 0;  // 1 − Σ busy / (ranks · step)
+  double bubble = 0;  // 1 − Σ busy / (ranks · step), or as bubble_source says
+  // Empty: the bubble is 1 − Σ busy / (ranks · step). Else where it came
+  // from: an Ascend log's Bubble column (Σ receive time / (ranks · step)).
+  std::string bubble_source;
   double fill_drain_share = 0;  // Σ (fill + drain) / (ranks · step)
   double stall_share = 0;       // Σ stall / (ranks · step)
   double comm_wait_share = 0;   // Σ (comm + wait) / (ranks · step)

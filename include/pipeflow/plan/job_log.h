@@ -41,7 +41,9 @@ namespace pipeflow {
 // cluster_step_trace_time.csv of a job): a CSV whose header has Step,
 // Computing, Communication(Not Overlapped) and Free, in microseconds; a
 // cluster's rows are per step and rank or stage (Type, Index): the stage rows
-// where there are any.
+// where there are any. Where the header has them: Bubble, the time in receive
+// operators (in a pipeline job, a stage's waits for its neighbours' data:
+// its bubble), Stage, the step less those receives, and Device_id.
 
 // One pipeline rank's timers, per step.
 struct RankTimes {
@@ -50,6 +52,8 @@ struct RankTimes {
   double comm_s = 0;  // send and receive timers: the transfers and the waits for the peer
   double optimizer_s = 0;
   std::optional<double> peak_memory_bytes;
+  std::optional<double> receive_s;  // Ascend's Bubble column: time in receive operators
+  std::optional<double> stage_s;    // Ascend's Stage column: the step less its receives
 };
 
 struct TimerLog {
@@ -60,6 +64,10 @@ struct TimerLog {
   std::vector<int> stage_layers;                // DeepSpeed's partition lines: layers per stage
   int microbatches = 0;                         // per step; 0: the log does not say
   std::vector<std::string> notes;               // what the log could not show
+  // torch_npu's step_trace_time.csv: one device's steps (no Type column), and
+  // its Device_id where the file has one (the device's index on its node).
+  bool one_device = false;
+  std::optional<int> device_id;
 };
 
 // Whether `text` is one of the logs above (a line only such a log prints).
@@ -68,5 +76,21 @@ bool is_timer_log(std::string_view text);
 // Reads a log; throws Error naming `source` and the line for a malformed
 // timer line, and for a log with no step time.
 TimerLog read_timer_log(std::string_view text, const std::string& source);
+
+// One device's log of a job (torch_npu writes a step_trace_time.csv per
+// device) and the device's global rank.
+struct DeviceLog {
+  int rank = 0;
+  TimerLog log;
+  std::string source;
+};
+
+// The devices' logs as one job's: global rank r is stage r / replicas
+// (Megatron's order, which MindSpeed keeps: tensor fastest, then data, then
+// pipeline; replicas = tensor × data), a stage's replicas averaged; `stages`
+// 0: the largest rank's + 1. A step is its slowest device's. Throws Error
+// naming the files for two devices of one rank, devices whose step counts
+// differ, and a rank past the stages.
+TimerLog merge_device_logs(std::vector<DeviceLog> devices, int replicas, int stages);
 
 }  // namespace pipeflow
