@@ -21,6 +21,7 @@
 #include "pipeflow/core/log.h"
 #include "pipeflow/core/table.h"
 #include "pipeflow/core/units.h"
+#include "pipeflow/plan/analyze.h"
 #include "pipeflow/plan/planner.h"
 #include "pipeflow/sim/report.h"
 
@@ -39,6 +40,8 @@ struct PlanCommand {
   // Empty: the default, parameters and balanced (PlanRequest's); --inference: parameters.
   std::vector<std::string> partitions;
   bool json = false;
+  std::string profile;         // a measured run: the cost model is calibrated by it
+  std::string profile_config;  // that run's configuration, where the input does not state it
   std::string write_config;
   std::string deepspeed;
   std::string megatron;
@@ -96,6 +99,9 @@ void run_inference(const PlanCommand& command) {
   if (!command.write_config.empty() || !command.deepspeed.empty() || !command.megatron.empty()) {
     fail("--write-config, --deepspeed and --megatron export a training layout: leave them out with --inference");
   }
+  if (!command.profile.empty()) {
+    fail("--profile calibrates the training plan by a measured training step: leave it out with --inference");
+  }
   InferencePlanRequest request;
   request.setup.model = resolve_model(command.model);
   request.setup.hardware = resolve_hardware(command.hardware);
@@ -136,7 +142,21 @@ PlanRequest make_request(const PlanCommand& command) {
     request.partitions.clear();
     for (const std::string& method : command.partitions) request.partitions.push_back(parse_partition_method(method));
   }
+  if (!command.profile.empty()) {
+    const std::optional<std::filesystem::path> config =
+        command.profile_config.empty() ? std::nullopt : std::optional<std::filesystem::path>(command.profile_config);
+    request.measured = measured_run_of(command.profile, config, "--profile-config");
+  }
   return request;
+}
+
+// What the measured run calibrated: each kind's measured over modelled.
+std::string calibration_line(const PlanRequest& request) {
+  const Resimulator run(*request.measured);
+  return fmt::format("calibrated by the measured run {}: forward x {:.3g}, backward x {:.3g}, optimizer x {:.3g} "
+                     "(measured over the cost model's; its own durations where a layout does its work on its cut)\n",
+                     request.measured->costs.source, run.scale(ActionKind::kForward),
+                     run.scale(ActionKind::kBackward), run.optimizer_scale());
 }
 
 std::string layout_line(const Layout& l) {
@@ -162,6 +182,7 @@ std::string text_report(const PlanRequest& request, const PlanResult& result) {
       "{} on {} × {}, global batch {} × {} tokens: {} candidates, {} simulated, {} skipped by the time bound\n",
       request.model.name, request.devices, request.hardware.name, request.global_batch, request.seq_length,
       result.candidates, result.simulated, result.pruned);
+  if (request.measured) out += calibration_line(request);
   TextTable table({"#", "layout", "step", "tokens/s", "MFU", "bubble", "ZB rate", "comm", "recompute",
                    "peak memory per stage"});
   for (std::size_t i = 0; i < result.best.size(); ++i) {
@@ -190,6 +211,13 @@ std::string json_report(const PlanRequest& request, const PlanResult& result) {
   json["candidates_enumerated"] = result.candidates;
   json["simulated"] = result.simulated;
   json["pruned_by_time_bound"] = result.pruned;
+  if (request.measured) {
+    const Resimulator run(*request.measured);
+    json["calibration"] = {{"source", request.measured->costs.source},
+                           {"forward", run.scale(ActionKind::kForward)},
+                           {"backward", run.scale(ActionKind::kBackward)},
+                           {"optimizer", run.optimizer_scale()}};
+  }
   json["candidates"] = nlohmann::ordered_json::array();
   for (const PlanCandidate& c : result.best) {
     json["candidates"].push_back({{"layout", layout_json(c.layout, microbatches_per_step(c.layout),
@@ -304,7 +332,7 @@ std::string megatron_arguments(const Layout& l) {
 
 // The best layout a framework can express: the plan's best if it can, else
 // a search within what it runs (noted on standard error).
-Layout expressible(const PlanCommand& command, const PlanResult& plan, const char* framework,
+Layout expressible(const PlanRequest& searched, const PlanResult& plan, const char* framework,
                    const std::vector<std::string>& schedules, const std::vector<Recompute>& recomputes,
                    bool whole_blocks) {
   const auto fits = [&](const Layout& l) {
@@ -315,7 +343,8 @@ Layout expressible(const PlanCommand& command, const PlanResult& plan, const cha
   };
   const Layout& best = plan.best.front().layout;
   if (fits(best)) return best;
-  PlanRequest request = make_request(command);
+  PlanRequest request = searched;
+  request.progress = nullptr;
   request.schedules = schedules;
   request.recomputes = recomputes;
   request.top_k = std::max(request.top_k, 32);
@@ -361,6 +390,10 @@ void run(const PlanCommand& command) {
   if (!command.global_batch || !command.seq_length) {
     fail("plan needs --global-batch and --seq (or --inference for generation)");
   }
+  if (!command.profile_config.empty() && command.profile.empty()) {
+    fail("--profile-config {} is the configuration of the run --profile measured: give --profile too, or leave it out",
+         quoted_excerpt(command.profile_config));
+  }
   PlanRequest request = make_request(command);
   show_progress(request);
   const PlanResult result = plan_layouts(request);
@@ -369,7 +402,7 @@ void run(const PlanCommand& command) {
   const Layout& best = result.best.front().layout;
   if (!command.write_config.empty()) write_output(pipeflow_config(command, best), command.write_config);
   if (!command.deepspeed.empty()) {
-    const Layout l = expressible(command, result, "DeepSpeed", {"1f1b"}, {Recompute::kNone, Recompute::kFull}, false);
+    const Layout l = expressible(request, result, "DeepSpeed", {"1f1b"}, {Recompute::kNone, Recompute::kFull}, false);
     if (l.tensor_parallel > 1) {
       log_warning("DeepSpeed's configuration has no tensor-parallel key: run {} with Megatron-DeepSpeed's "
                   "--tensor-model-parallel-size {}{}",
@@ -378,7 +411,7 @@ void run(const PlanCommand& command) {
     write_output(deepspeed_config(l), command.deepspeed);
   }
   if (!command.megatron.empty()) {
-    const Layout l = expressible(command, result, "Megatron-LM", {"1f1b", "interleaved-1f1b"},
+    const Layout l = expressible(request, result, "Megatron-LM", {"1f1b", "interleaved-1f1b"},
                                  {Recompute::kNone, Recompute::kSelective, Recompute::kFull}, true);
     write_output(megatron_arguments(l), command.megatron);
   }
@@ -408,6 +441,13 @@ void add_plan_command(CLI::App& app) {
                   "(default parameters,balanced; --inference: one, default parameters)")
       ->delimiter(',');
   sub->add_flag("--json", c->json, "Print one JSON object instead of tables");
+  sub->add_option("--profile", c->profile,
+                  "A measured run of the model on the hardware (pipeflow's trace, PyTorch profiler traces, a "
+                  "Megatron-LM, DeepSpeed or Ascend log, a profile): every layout's costs are the cost model's "
+                  "calibrated by it (docs/ANALYZE.md)");
+  sub->add_option("--profile-config", c->profile_config,
+                  "The pipeflow configuration of the run --profile measured, where the input does not state it "
+                  "(pipeflow's traces and Megatron-LM's logs do)");
   sub->add_option("--write-config", c->write_config, "Write the best layout as a pipeflow run configuration");
   sub->add_option("--deepspeed", c->deepspeed, "Write the best layout DeepSpeed can run as its JSON configuration");
   sub->add_option("--megatron", c->megatron, "Write the best layout Megatron-LM can run as its arguments");

@@ -32,6 +32,7 @@ struct SimulateCommand {
   std::string config;
   std::string megatron_args;
   std::string profile;
+  std::string profile_config;  // the run --profile measured, where it is not --config's
   std::string trace;
   std::string svg;
   bool json = false;
@@ -108,8 +109,18 @@ void run(const SimulateCommand& command) {
   print_config_notes(config);
   const ResolvedRun resolved = resolve(config);
   const Layout layout = layout_of(resolved);
+  if (!command.profile_config.empty() && command.profile.empty()) {
+    fail("--profile-config {} is the configuration of the run --profile measured: give --profile too, or leave it out",
+         quoted_excerpt(command.profile_config));
+  }
   std::optional<MeasuredProfile> profile;
-  if (!command.profile.empty()) profile = measured_run_from(command.profile, resolved.config).costs;
+  if (!command.profile_config.empty()) {
+    // Another run's measurement: this layout's costs calibrated by it, as plan and sweep predict.
+    profile = Resimulator(measured_run_of(command.profile, command.profile_config, "--profile-config"))
+                  .profile_for(layout);
+  } else if (!command.profile.empty()) {
+    profile = measured_run_from(command.profile, resolved.config).costs;
+  }
   const Prediction p = predict(layout, profile ? &*profile : nullptr);
   for (const std::string& warning : p.warnings) log_warning("{}", warning);
 
@@ -149,6 +160,10 @@ void add_simulate_command(CLI::App& app) {
   sub->add_option("--profile", c->profile,
                   "Measured per-stage costs: a profile (JSON, as pipeflow train writes it), or a trace (pipeflow's, "
                   "PyTorch profiler traces) or a Megatron-LM or DeepSpeed log of this configuration's run");
+  sub->add_option("--profile-config", c->profile_config,
+                  "The pipeflow configuration of the run --profile measured, where it is another layout than "
+                  "--config's: this layout's costs are then the cost model's calibrated by that run, as plan and "
+                  "sweep predict them");
   sub->add_option("--trace", c->trace, "Write the simulated timeline as Chrome-trace JSON (Perfetto)");
   sub->add_option("--svg", c->svg, "Write the simulated timeline as SVG");
   sub->add_flag("--json", c->json, "Print one JSON object instead of tables");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <set>
@@ -407,14 +408,16 @@ bool same_work(const Layout& a, const Layout& b) {
 
 }  // namespace
 
-Prediction Resimulator::predict(const Layout& changed) const {
-  if (!measured_) return pipeflow::predict(changed);
-  const Schedule schedule = layout_schedule(changed);
-  const LayoutCosts modelled = layout_costs(changed, schedule);
-  if (same_work(changed, layout_) && modelled.partition.boundaries == boundaries_ &&
-      (measured_split_ || !splits_backward(schedule))) {
-    return pipeflow::predict(changed, &*measured_);
-  }
+double Resimulator::scale(ActionKind kind) const { return measured_ ? scale_[kind_index(kind)] : 1.0; }
+
+bool Resimulator::does_the_runs_work(const Layout& changed, const LayoutCosts& modelled) const {
+  return measured_ && same_work(changed, layout_) && modelled.partition.boundaries == boundaries_;
+}
+
+std::optional<MeasuredProfile> Resimulator::profile_for(const Layout& changed, const Schedule& schedule,
+                                                        const LayoutCosts& modelled) const {
+  if (!measured_) return std::nullopt;
+  if (does_the_runs_work(changed, modelled) && (measured_split_ || !splits_backward(schedule))) return measured_;
   // Another cut or other work per micro-batch, or a split backward the run
   // did not measure: the cost model's durations, calibrated by the run's.
   MeasuredProfile scaled{measured_->source + ", scaled to another partition by the cost model", {}, measured_->link};
@@ -424,7 +427,18 @@ Prediction Resimulator::predict(const Layout& changed) const {
     s.set_measured(&StageCosts::optimizer_s, stage.optimizer_s * optimizer_scale_);
     scaled.stages.push_back(std::move(s));
   }
-  return pipeflow::predict(changed, &scaled);
+  return scaled;
+}
+
+std::optional<MeasuredProfile> Resimulator::profile_for(const Layout& changed) const {
+  if (!measured_) return std::nullopt;
+  const Schedule schedule = layout_schedule(changed);
+  return profile_for(changed, schedule, layout_costs(changed, schedule));
+}
+
+Prediction Resimulator::predict(const Layout& changed) const {
+  const std::optional<MeasuredProfile> profile = profile_for(changed);
+  return pipeflow::predict(changed, profile ? &*profile : nullptr);
 }
 
 namespace {
@@ -796,6 +810,29 @@ RunMetadata measured_run_from(const std::filesystem::path& path, const RunConfig
   }
   if (input.log) return measured_run(config, *input.log, path.string());
   return measured_run(config, input.timeline, path.string());
+}
+
+RunMetadata measured_run_of(const std::filesystem::path& path, const std::optional<std::filesystem::path>& config,
+                            std::string_view config_flag) {
+  if (config) return measured_run_from(path, load_run_config(*config));
+  // A profile (profile.json, as train writes it) opens with its format's key and states no run.
+  std::ifstream head(path, std::ios::binary);
+  std::string opening(256, '\0');
+  head.read(opening.data(), static_cast<std::streamsize>(opening.size()));
+  opening.resize(static_cast<std::size_t>(head.gcount()));
+  std::optional<RunMetadata> run;
+  if (opening.find("\"pipeflow_profile\"") == std::string::npos) run = load_trace_input({path}).run;
+  if (!run) {
+    fail("{}: it does not state the run it measured (as pipeflow's traces and Megatron-LM's arguments block do): "
+         "give that run's pipeflow configuration with {} FILE",
+         path.string(), config_flag);
+  }
+  if (!run->costs_measured) {
+    fail("{}: its costs are the cost model's ({}), nothing measured: give a trace or log of a run (pipeflow train's, "
+         "or one simulated with --profile)",
+         path.string(), run->producer);
+  }
+  return *run;
 }
 
 }  // namespace pipeflow

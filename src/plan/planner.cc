@@ -10,8 +10,10 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/json.h"
 #include "pipeflow/core/units.h"
+#include "pipeflow/plan/analyze.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/sim/cost_model.h"
+#include "pipeflow/sim/profile.h"
 #include "pipeflow/sim/simulation.h"
 
 namespace pipeflow {
@@ -92,6 +94,25 @@ double largest_model_states(const LayoutCosts& costs, Placement placement, int r
   return largest;
 }
 
+// A measured run calibrates the plan's model on its hardware only: its
+// measured over modelled durations hold for the model and device it ran.
+void check_measured_run(const Layout& run, const PlanRequest& request) {
+  const ModelSpec& a = run.model;
+  const ModelSpec& b = request.model;
+  if (a.layers != b.layers || a.hidden != b.hidden || a.heads != b.heads || a.vocab != b.vocab ||
+      a.architecture != b.architecture) {
+    fail("the measured run is of {} ({} layers of width {}, {} heads, vocabulary {}) and the plan of {} ({} layers of "
+         "width {}, {} heads, vocabulary {}): its calibration holds for the model it ran; plan that model, or leave "
+         "the measurement out",
+         a.name, a.layers, a.hidden, a.heads, a.vocab, b.name, b.layers, b.hidden, b.heads, b.vocab);
+  }
+  if (run.hardware.name != request.hardware.name) {
+    fail("the measured run ran on {} and the plan is for {}: its calibration (measured over modelled) holds for the "
+         "hardware it ran on; plan for {}, or leave the measurement out",
+         run.hardware.name, request.hardware.name, run.hardware.name);
+  }
+}
+
 class Search {
  public:
   explicit Search(const PlanRequest& request) : request_(request) {
@@ -109,6 +130,10 @@ class Search {
       require_training_schedule(*info);
     }
     limit_bytes_ = request.memory_fraction * request.hardware.memory_bytes;
+    if (request.measured) {
+      calibration_.emplace(*request.measured);
+      check_measured_run(calibration_->layout(), request);
+    }
   }
 
   PlanResult run(bool use_time_bound) {
@@ -224,6 +249,7 @@ class Search {
   void enqueue_schedules(Layout layout, const std::vector<std::pair<const ScheduleInfo*, int>>& choices, int m,
                          int layer_count) {
     std::map<std::pair<Placement, int>, std::shared_ptr<const LayoutCosts>> shared;
+    std::map<std::pair<Placement, int>, std::shared_ptr<const LayoutCosts>> scaled;  // shared's, calibrated
     std::vector<double> one_stage_peaks;  // of the schedules queued at p = 1, v = 1 (kSameSchedule)
     for (const auto& [info, v] : choices) {
       const int p = layout.pipeline_ranks;
@@ -246,8 +272,10 @@ class Search {
         reject(RejectReason::kSameCut);
         continue;
       }
-      std::shared_ptr<const LayoutCosts>& costs = shared[{info->placement, v}];
-      if (!costs) costs = std::make_shared<const LayoutCosts>(layout_costs(layout, shape, cut(layout, shape)));
+      std::shared_ptr<const LayoutCosts>& modelled = shared[{info->placement, v}];
+      if (!modelled) modelled = std::make_shared<const LayoutCosts>(layout_costs(layout, shape, cut(layout, shape)));
+      std::shared_ptr<const LayoutCosts> costs = modelled;
+      if (calibration_) costs = calibrated(layout, shape, *modelled, scaled[{info->placement, v}]);
       if (largest_model_states(*costs, info->placement, p, v) > limit_bytes_) {
         reject(RejectReason::kOutOfMemory);
         continue;
@@ -258,6 +286,23 @@ class Search {
       }
       queue_.push_back(Queued{layout, costs, step_lower_bound(*costs, info->placement, p, v, m)});
     }
+  }
+
+  // `modelled` as the measured run calibrates it (Resimulator::profile_for).
+  // A layout that does the run's work on its cut may take the run's own
+  // durations, which depends on its schedule's actions (a split backward the
+  // run did not measure); any other takes the scaled cost model's, the same
+  // for every schedule of its shape: made once into `scaled`.
+  std::shared_ptr<const LayoutCosts> calibrated(const Layout& layout, const Schedule& shape,
+                                                const LayoutCosts& modelled,
+                                                std::shared_ptr<const LayoutCosts>& scaled) const {
+    const bool own = calibration_->does_the_runs_work(layout, modelled);
+    if (!own && scaled) return scaled;
+    LayoutCosts costs = modelled;
+    apply_profile(*calibration_->profile_for(layout, own ? layout_schedule(layout) : shape, modelled), costs.costs);
+    auto priced = std::make_shared<const LayoutCosts>(std::move(costs));
+    if (!own) scaled = priced;
+    return priced;
   }
 
   // layout_partition's cut, made once per parallel_config, method and stage
@@ -343,6 +388,7 @@ class Search {
   using CutKey = std::tuple<ParallelConfig, std::string, int>;
 
   const PlanRequest& request_;
+  std::optional<Resimulator> calibration_;  // request_.measured's
   double limit_bytes_ = 0;
   std::map<CutKey, Partition> cuts_;
   std::vector<Queued> queue_;

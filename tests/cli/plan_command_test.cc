@@ -71,6 +71,63 @@ TEST(PlanCommand, JsonBestFirstAndTheWrittenConfigSimulatesToTheSameStep) {
   EXPECT_NE(read_file(dir + "/megatron.txt").find("--global-batch-size 32"), std::string::npos);
 }
 
+// A measured run (gpt-tiny on 2 cpu devices, 1F1B) whose trace shows every
+// backward three times the cost model's: plan calibrates by it. On one
+// device the best layout's step grows by (3 − 1) · m · B of the model's (one
+// rank runs its forwards and backwards back to back), and the written layout
+// re-simulated with the same measurement (simulate --profile
+// --profile-config) gives the step plan printed.
+TEST(PlanCommand, AMeasuredTraceCalibratesThePlanAndSimulateReadsItsBestBackTheSame) {
+  const std::string dir = make_temp_dir();
+  write_file_atomic(dir + "/measured.json",
+                    R"({"model": "gpt-tiny", "hardware": "cpu", "devices": 2, "pipeline": {"stages": 2, "schedule": "1f1b"},
+                        "seq_length": 64, "train_batch_size": 8, "train_micro_batch_size_per_gpu": 1})");
+  ASSERT_EQ(run_pipeflow("simulate --config measured.json --trace modelled.json", dir).exit_code, 0);
+  nlohmann::json trace = nlohmann::json::parse(read_file(dir + "/modelled.json"));
+  trace["otherData"].erase("pipeflow");  // a trace of another program's: its run is not in it
+  for (nlohmann::json& event : trace["traceEvents"]) {
+    if (event.value("cat", "") == "backward") event["dur"] = 3 * event["dur"].get<double>();
+  }
+  write_file_atomic(dir + "/slow.json", trace.dump());
+
+  const std::string shape = "plan --model gpt-tiny --hardware cpu --devices 1 --global-batch 8 --seq 64 --json";
+  const CommandResult unstated = run_pipeflow(shape + " --profile slow.json", dir);
+  EXPECT_NE(unstated.exit_code, 0);
+  EXPECT_NE(unstated.err.find("give that run's pipeflow configuration with --profile-config FILE"), std::string::npos)
+      << unstated.err;
+  const CommandResult plan =
+      run_pipeflow(shape + " --profile slow.json --profile-config measured.json --write-config best.json", dir);
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  const nlohmann::json planned = nlohmann::json::parse(plan.out);
+  const double forward = planned["calibration"]["forward"].get<double>();
+  const double backward = planned["calibration"]["backward"].get<double>();
+  EXPECT_NEAR(forward, 1, 1e-9);
+  EXPECT_NEAR(backward, 3, 1e-9);
+  const double step = planned["candidates"][0]["step_time_s"].get<double>();
+
+  const CommandResult modelled = run_pipeflow("simulate --config best.json --json", dir);
+  ASSERT_EQ(modelled.exit_code, 0) << modelled.err;
+  const nlohmann::json model = nlohmann::json::parse(modelled.out);
+  ASSERT_EQ(model["stages"].size(), 1u);
+  const double m = model["layout"]["microbatches"].get<double>();
+  EXPECT_NEAR(step - model["step_time_s"].get<double>(),
+              m * ((backward - 1) * model["stages"][0]["backward_s"].get<double>() +
+                   (forward - 1) * model["stages"][0]["forward_s"].get<double>()),
+              1e-9 * step);
+
+  const CommandResult resimulated =
+      run_pipeflow("simulate --config best.json --profile slow.json --profile-config measured.json --json", dir);
+  ASSERT_EQ(resimulated.exit_code, 0) << resimulated.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(resimulated.out)["step_time_s"].get<double>(), step);
+
+  const CommandResult other = run_pipeflow(
+      "plan --model gpt2-124m --hardware cpu --devices 1 --global-batch 8 --seq 64 --profile slow.json "
+      "--profile-config measured.json",
+      dir);
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_NE(other.err.find("the measured run is of gpt-tiny"), std::string::npos) << other.err;
+}
+
 // A model given as a file: the written configuration names it by its
 // absolute path, so that it simulates from any directory, and `train` runs
 // the layout (here 2 data-parallel replicas under MPI) for a step.

@@ -8,9 +8,12 @@
 #include <tuple>
 
 #include "../support/error_of.h"
+#include "pipeflow/config/run_config.h"
 #include "pipeflow/core/units.h"
+#include "pipeflow/plan/analyze.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/sim/prediction.h"
+#include "pipeflow/sim/run_metadata.h"
 
 namespace pipeflow {
 namespace {
@@ -63,6 +66,99 @@ TEST(Planner, TheBoundedSearchFindsTheExhaustiveSearchsBest) {
   }
   const PlanResult pipelined = plan_layouts(tight);
   EXPECT_GT(pipelined.best.front().layout.pipeline_ranks * pipelined.best.front().layout.tensor_parallel, 1);
+}
+
+// A measured run of gpt2-124m on 2 × a100-80g (2 stages, 1F1B, 16 micro-batches of 1 × 1024 tokens) whose
+// forwards took half the cost model's time and whose backwards (B, I, W) twice.
+constexpr double kForwardScale = 0.5;
+constexpr double kBackwardScale = 2;
+
+RunMetadata measured_gpt2_run() {
+  RunOverrides o;
+  o.set("model", "gpt2-124m");
+  o.set("hardware", "a100-80g");
+  o.set("devices", 2);
+  o.set("pipeline.stages", 2);
+  o.set("seq_length", 1024);
+  o.set("train_batch_size", 16);
+  o.set("train_micro_batch_size_per_gpu", 1);
+  o.set("bf16.enabled", true);
+  const RunConfig config = default_run_config(o);
+  const Layout layout = layout_of(resolve(config));
+  MeasuredProfile costs =
+      profile_of_costs(layout_costs(layout, layout_schedule(layout)).costs, "forward half, backward twice the model's");
+  for (ProfiledStage& stage : costs.stages) {
+    for (ActionKind kind : {ActionKind::kForward, ActionKind::kBackward, ActionKind::kBackwardInput,
+                            ActionKind::kBackwardWeight}) {
+      const double scale = kind == ActionKind::kForward ? kForwardScale : kBackwardScale;
+      stage.costs.set_duration(kind, stage.costs.duration(kind) * scale);
+    }
+  }
+  return RunMetadata{"planner_test", config, costs, true};
+}
+
+// With a measured run the bound prices the calibrated costs: the bounded
+// search still finds the exhaustive one's best (measured forwards faster than
+// modelled: a bound on the cost model's costs would skip layouts that rank).
+TEST(Planner, ACalibratedSearchBoundsWithTheCalibratedCostsAndFindsTheExhaustiveBest) {
+  PlanRequest request = small_cluster("gpt2-124m", 8, 16, 1024);
+  request.top_k = 3;
+  request.measured = measured_gpt2_run();
+  const PlanResult bounded = plan_layouts(request);
+  const PlanResult exhaustive = plan_layouts_exhaustively(request);
+  ASSERT_EQ(bounded.best.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(bounded.best[i].step_time_s, exhaustive.best[i].step_time_s) << i;
+    expect_same_layout(bounded.best[i].layout, exhaustive.best[i].layout);
+  }
+  EXPECT_GT(bounded.pruned, 0);
+  // Each is the step analyze's Resimulator (simulate --profile-config) predicts for it.
+  const Resimulator resimulator(*request.measured);
+  for (const PlanCandidate& c : bounded.best) {
+    EXPECT_DOUBLE_EQ(c.step_time_s, resimulator.predict(c.layout).result.step_time_s);
+  }
+}
+
+// On one device every layout is another cut than the run's 2 stages: its
+// costs are the cost model's with the forwards halved and the backwards
+// doubled, the step simulated here from costs scaled by hand.
+TEST(Planner, AMeasuredRunScalesEveryLayoutsForwardsAndBackwardsByItsMeasuredOverModelled) {
+  PlanRequest request = small_cluster("gpt2-124m", 1, 16, 1024);
+  request.top_k = 1;
+  const PlanResult modelled = plan_layouts(request);
+  request.measured = measured_gpt2_run();
+  const PlanResult calibrated = plan_layouts(request);
+  ASSERT_EQ(calibrated.best.size(), 1u);
+  const Layout& best = calibrated.best.front().layout;
+  const Schedule schedule = layout_schedule(best);
+  LayoutCosts costs = layout_costs(best, schedule);
+  for (StageCosts& stage : costs.costs.stages) {
+    for (ActionKind kind : {ActionKind::kForward, ActionKind::kBackward, ActionKind::kBackwardInput,
+                            ActionKind::kBackwardWeight}) {
+      stage.set_duration(kind, stage.duration(kind) * (kind == ActionKind::kForward ? kForwardScale : kBackwardScale));
+    }
+  }
+  const double step = simulate(schedule, costs.costs).step_time_s;
+  EXPECT_NEAR(calibrated.best.front().step_time_s, step, 1e-12 * step);
+  // One rank runs its m forwards and backwards back to back: the step grows by m · (B − F / 2) of the model's.
+  const StageCosts model = layout_costs(best, schedule).costs.stages.at(0);
+  const double model_step = simulate(schedule, layout_costs(best, schedule).costs).step_time_s;
+  const int m = schedule.num_microbatches();
+  EXPECT_NEAR(calibrated.best.front().step_time_s - model_step, m * (model.backward_s - model.forward_s / 2),
+              1e-9 * step);
+  EXPECT_GE(calibrated.best.front().step_time_s, modelled.best.front().step_time_s);
+}
+
+// The calibration holds for the model and hardware measured.
+TEST(Planner, AMeasuredRunOfAnotherModelOrHardwareIsRefused) {
+  PlanRequest request = small_cluster("gpt2-355m", 1, 16, 1024);
+  request.measured = measured_gpt2_run();
+  EXPECT_NE(error_of([&] { plan_layouts(request); }).find("the measured run is of gpt2-124m"), std::string::npos);
+  request = small_cluster("gpt2-124m", 1, 16, 1024);
+  request.hardware = hardware_preset("h100");
+  request.measured = measured_gpt2_run();
+  EXPECT_NE(error_of([&] { plan_layouts(request); }).find("the measured run ran on a100-80g and the plan is for h100"),
+            std::string::npos);
 }
 
 // The check, without the planner's machinery: every layout of the

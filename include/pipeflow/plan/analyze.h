@@ -175,6 +175,16 @@ RunMetadata measured_run(const RunConfig& config, const TimerLog& log, const std
 // --profile`.
 RunMetadata measured_run_from(const std::filesystem::path& path, const RunConfig& config);
 
+// The run `path` measured, under its own configuration: `config` (the run's,
+// as a pipeflow configuration) where given, else the one the input states (a
+// pipeflow trace's otherData.pipeflow, a Megatron-LM log's arguments block).
+// For `plan --profile` and `simulate --profile-config`, which predict other
+// layouts from it (Resimulator). Throws Error naming `config_flag` when
+// neither gives the run, and for a trace whose costs are the cost model's
+// (pipeflow simulate's without --profile): nothing measured.
+RunMetadata measured_run_of(const std::filesystem::path& path, const std::optional<std::filesystem::path>& config,
+                            std::string_view config_flag);
+
 // Analyses `input`. Throws Error for a timeline without events, or run
 // metadata whose configuration does not resolve.
 Analysis analyze(const TraceInput& input);
@@ -192,6 +202,21 @@ class Resimulator {
   explicit Resimulator(const RunMetadata& run);
   const Layout& layout() const { return layout_; }
   Prediction predict(const Layout& changed) const;
+  // The measured costs `changed` runs with (predict's): none without
+  // measured costs; `schedule` and `modelled` are changed's
+  // (layout_schedule, layout_costs; the schedule's actions are read only
+  // where the run's own durations could hold: same work, same cut).
+  std::optional<MeasuredProfile> profile_for(const Layout& changed) const;
+  std::optional<MeasuredProfile> profile_for(const Layout& changed, const Schedule& schedule,
+                                             const LayoutCosts& modelled) const;
+  // Whether `changed` does the run's work per micro-batch on the run's
+  // partition (`modelled`, its costs, gives its cut): then the measured
+  // durations are its own, but for a split backward the run did not measure.
+  bool does_the_runs_work(const Layout& changed, const LayoutCosts& modelled) const;
+  bool measured() const { return measured_.has_value(); }
+  // Per compute kind F, B, I, W: measured over modelled (1 without measured costs).
+  double scale(ActionKind kind) const;
+  double optimizer_scale() const { return optimizer_scale_; }
 
  private:
   Layout layout_;

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "pipeflow/model/partition.h"
 #include "pipeflow/sim/inference.h"
 #include "pipeflow/sim/layout.h"
+#include "pipeflow/sim/run_metadata.h"
 
 namespace pipeflow {
 
@@ -39,6 +41,14 @@ struct PlanRequest {
   // An export to a framework that runs fewer of them searches within them.
   std::vector<std::string> schedules;
   std::vector<Recompute> recomputes;
+  // A measured run of `model` on `hardware` (plan --profile: measured_run_of):
+  // every layout is priced as analyze's Resimulator predicts a changed layout
+  // (the run's own durations where it does the run's work on the run's cut;
+  // elsewhere the cost model's, each action kind's scaled by the run's
+  // measured over modelled total), and the time bound and the memory checks
+  // read those calibrated costs. Throws Error for a run of another model or
+  // hardware.
+  std::optional<RunMetadata> measured;
   // Called after each queued candidate is checked (and, if it fits,
   // simulated): (checked so far, queued in all).
   std::function<void(std::int64_t, std::int64_t)> progress;
