@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -121,6 +122,37 @@ TEST(AnalyzeCommand, PyTorchTracesInAFolderAreReadMergedAndAdvisedWithTheRunsCon
   EXPECT_EQ(json["ranks"].size(), 2u);
   ASSERT_FALSE(json["advice"].empty());
   EXPECT_EQ(json["advice"][0]["kind"], "partition");
+}
+
+// torch_npu's step_trace_time.csv of 8 devices (tools/make_ascend_traces.py): one job, its bubble the Bubble
+// column's, and the report says so.
+TEST(AnalyzeCommand, AscendsDevicesStepTracesInAFolderAreOneJobWhoseBubbleIsTheBubbleColumns) {
+  const std::string args = "analyze tests/data/logs/ascend --config tests/data/logs/ascend-run.json";
+  const CommandResult text = run_pipeflow(args, kSource);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("step 439 ms on 4 ranks; bubble 37.4% (Ascend's Bubble column: receive time / (ranks x "
+                          "step))"),
+            std::string::npos)
+      << text.out;
+  // The profiler_info_{R}.json beside each are read for the ranks, not skipped as no trace.
+  EXPECT_EQ(text.out.find("skipped"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("8 devices' step traces, their ranks from profiler_info_{R}.json"), std::string::npos);
+  const nlohmann::json json = nlohmann::json::parse(run_pipeflow(args + " --json", kSource).out);
+  EXPECT_EQ(json["reading"]["format"], "Ascend step trace (8 devices)");
+  EXPECT_EQ(json["bubble_source"], "Ascend's Bubble column: receive time / (ranks x step)");
+  const nlohmann::json truth = nlohmann::json::parse(read_file(kSource + "/tests/data/logs/ascend-truth.json"));
+  EXPECT_NEAR(json["bubble"].get<double>(), truth["bubble"].get<double>(), 0.02);
+
+  // Beside the devices' timelines (trace_view.json and the like), the CSVs are left out: the timelines say more.
+  const std::string dir = make_temp_dir();
+  std::filesystem::copy(kSource + "/tests/data/traces/torch-1f1b", dir + "/job");
+  std::filesystem::copy(kSource + "/tests/data/logs/ascend/node0_4000_20261204100000000_ascend_pt",
+                        dir + "/job/node0_ascend_pt", std::filesystem::copy_options::recursive);
+  const CommandResult both = run_pipeflow("analyze job --json", dir);
+  ASSERT_EQ(both.exit_code, 0) << both.err;
+  const nlohmann::json merged = nlohmann::json::parse(both.out);
+  EXPECT_EQ(merged["reading"]["format"], "PyTorch profiler (legacy profiler)");
+  EXPECT_NE(merged.dump().find("their step_trace_time.csv left out"), std::string::npos) << both.out;
 }
 
 TEST(AnalyzeCommand, CompareSetsTwoRunsSideBySide) {

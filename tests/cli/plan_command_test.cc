@@ -120,6 +120,14 @@ TEST(PlanCommand, AMeasuredTraceCalibratesThePlanAndSimulateReadsItsBestBackTheS
   ASSERT_EQ(resimulated.exit_code, 0) << resimulated.err;
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(resimulated.out)["step_time_s"].get<double>(), step);
 
+  const CommandResult unmeasured = run_pipeflow(shape + " --profile modelled.json", dir);
+  EXPECT_NE(unmeasured.exit_code, 0);
+  EXPECT_NE(unmeasured.err.find("modelled.json: its costs are the cost model's"), std::string::npos) << unmeasured.err;
+  const CommandResult alone = run_pipeflow(shape + " --profile-config measured.json", dir);
+  EXPECT_NE(alone.exit_code, 0);
+  EXPECT_NE(alone.err.find("is the configuration of the run --profile measured: give --profile too"),
+            std::string::npos)
+      << alone.err;
   const CommandResult other = run_pipeflow(
       "plan --model gpt2-124m --hardware cpu --devices 1 --global-batch 8 --seq 64 --profile slow.json "
       "--profile-config measured.json",
