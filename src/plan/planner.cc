@@ -108,7 +108,8 @@ void check_measured_run(const Layout& run, const PlanRequest& request) {
   }
   if (run.hardware.name != request.hardware.name) {
     fail("the measured run ran on {} and the plan is for {}: its calibration (measured over modelled) holds for the "
-         "hardware it ran on; plan for {}, or leave the measurement out",
+         "hardware it ran on; plan for {}, give the run's own configuration (plan --profile-config) where its input "
+         "does not name its hardware, or leave the measurement out",
          run.hardware.name, request.hardware.name, run.hardware.name);
   }
 }
