@@ -259,19 +259,31 @@ struct BlockGemmSeconds {
   double core = 0;
 };
 
-BlockGemmSeconds block_gemm_seconds(const ModelSpec& model, const ParallelConfig& c, const HardwareProfile& hw) {
-  const double t = c.tensor_parallel;
-  const double tokens = static_cast<double>(c.micro_batch) * c.seq_length;
+// The block's four weight GEMMs over `tokens` rows (QKV, projection, up,
+// down), each split t ways.
+double block_linear_seconds(const ModelSpec& model, double tokens, double t, const HardwareProfile& hw) {
   const double h = model.hidden;
   const double f = model.ffn;
   const bool gpt = model.architecture == Architecture::kGpt;
   const double qkv = gpt ? 3 * h : h + kv_width(model);
   const double up = gpt ? f : 2 * f;
-  const double head_width = h / model.heads;
-  const double heads = c.micro_batch * model.heads / t;
+  return gemms_seconds(hw, {{tokens, qkv / t, h}, {tokens, h, h / t}, {tokens, up / t, h}, {tokens, h, f / t}});
+}
+
+// The attention core of `count` sequences' `rows` queries each against
+// `keys` positions: scores q·kᵀ and their product with v, per head.
+double attention_core_seconds(const ModelSpec& model, double rows, double keys, double count, double t,
+                              const HardwareProfile& hw) {
+  const double head_width = static_cast<double>(model.hidden) / model.heads;
+  const double heads = count * model.heads / t;
+  return gemms_seconds(hw, {{rows, keys, head_width, heads}, {rows, head_width, keys, heads}});
+}
+
+BlockGemmSeconds block_gemm_seconds(const ModelSpec& model, const ParallelConfig& c, const HardwareProfile& hw) {
+  const double t = c.tensor_parallel;
   const double s = c.seq_length;
-  return {gemms_seconds(hw, {{tokens, qkv / t, h}, {tokens, h, h / t}, {tokens, up / t, h}, {tokens, h, f / t}}),
-          gemms_seconds(hw, {{s, s, head_width, heads}, {s, head_width, s, heads}})};
+  return {block_linear_seconds(model, static_cast<double>(c.micro_batch) * s, t, hw),
+          attention_core_seconds(model, s, s, c.micro_batch, t, hw)};
 }
 
 LayerSeconds block_seconds(const ModelSpec& model, const ParallelConfig& c, const HardwareProfile& hw) {
@@ -327,20 +339,37 @@ LayerSeconds layer_compute_seconds(const ModelSpec& model, const ParallelConfig&
   return {};
 }
 
-double layer_prefill_seconds(const ModelSpec& model, const ParallelConfig& c, LayerKind kind,
-                             const HardwareProfile& hw) {
-  const double e = c.bytes_per_element;
-  const double rows = c.micro_batch;  // each sequence's last row reaches the LM head
+double layer_prefill_seconds(const ModelSpec& model, std::span<const PrefillPiece> chunk, int bytes_per_element,
+                             LayerKind kind, const HardwareProfile& hw) {
+  const double e = bytes_per_element;
+  double tokens = 0;
+  double finished = 0;  // rows that reach the LM head
+  for (const PrefillPiece& piece : chunk) {
+    tokens += static_cast<double>(piece.rows * piece.count);
+    if (piece.ends_prompt) finished += static_cast<double>(piece.count);
+  }
+  // Memory-bound kernels move bytes in proportion to the tokens: one token's, scaled.
+  ParallelConfig one_token;
+  one_token.micro_batch = 1;
+  one_token.seq_length = 1;
+  one_token.bytes_per_element = bytes_per_element;
   switch (kind) {
     case LayerKind::kBlock: {
-      const BlockGemmSeconds gemms = block_gemm_seconds(model, c, hw);
-      return gemms.linear + gemms.core + memory_seconds(hw, block_memory_bytes(model, c).forward);
+      double seconds = block_linear_seconds(model, tokens, 1, hw) +
+                       memory_seconds(hw, tokens * block_memory_bytes(model, one_token).forward);
+      for (const PrefillPiece& piece : chunk) {
+        seconds += attention_core_seconds(model, static_cast<double>(piece.rows),
+                                          static_cast<double>(piece.cached + piece.rows),
+                                          static_cast<double>(piece.count), 1, hw);
+      }
+      return seconds;
     }
     case LayerKind::kEmbedding:
-      return layer_compute_seconds(model, c, kind, hw).forward_s;
+      return tokens * layer_compute_seconds(model, one_token, kind, hw).forward_s;
     case LayerKind::kHead:
-      return matmul_seconds(hw, rows, static_cast<double>(model.vocab), model.hidden) +
-             memory_seconds(hw, 2 * e * rows * model.hidden + e * rows * static_cast<double>(model.vocab));
+      if (finished == 0) return 0;
+      return matmul_seconds(hw, finished, static_cast<double>(model.vocab), model.hidden) +
+             memory_seconds(hw, 2 * e * finished * model.hidden + e * finished * static_cast<double>(model.vocab));
   }
   return 0;
 }

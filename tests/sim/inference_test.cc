@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "../support/error_of.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/model/hardware.h"
@@ -124,6 +127,92 @@ TEST(InferenceCost, TimeToFirstTokenIsThePrefillScheduleSimulated) {
   EXPECT_NEAR(p.prefill_bubble, 1 - 2 * (t0 + t1) / (2 * makespan), 1e-12);
 }
 
+// Chunked prefill on a device whose memory and links are infinitely fast,
+// GEMMs at the peak whatever their shape (matmul_half_size 0): a chunk
+// costs its FLOPs, the embedding nothing. GPT, 6 blocks of width 512, 8
+// heads, a vocabulary of 64 (the head's one row per finished prompt is
+// 2 · 64 · 512 FLOPs, 3e-5 of a stage's chunk), 1024 positions; 2 stages of
+// 3 blocks each, 3 stages of 2.
+InferenceSetup compute_only(int stages, int sequences, std::int64_t prompt_tokens, std::int64_t chunk) {
+  HardwareProfile hw = bandwidth_only();
+  hw.peak_flop_per_s = hw.peak_fp32_flop_per_s = 1e12;
+  hw.memory_bandwidth_bytes_per_s = 1e30;
+  const std::vector<int> counts = stages == 1 ? std::vector<int>{8} : stages == 2 ? std::vector<int>{4, 4}
+                                                                                  : std::vector<int>{3, 2, 3};
+  return InferenceSetup{.model = gpt_model("wide", 6, 512, 8, 64, 1024),
+                        .hardware = hw,
+                        .stages = stages,
+                        .microbatches = 1,
+                        .sequences = sequences,
+                        .context = 1024,
+                        .prompt_tokens = prompt_tokens,
+                        .bytes_per_value = 2,
+                        .prefill_chunk = chunk,
+                        .partition = PartitionMethod{PartitionMethod::Kind::kCounts, {}, counts}};
+}
+
+// Uniform chunks: 8 prompts of 128 tokens in one group, chunks of 128, so
+// every chunk is one whole prompt and costs the same, t on each of p equal
+// stages (p · t on one). The pipeline fills in p − 1 chunk-steps and then
+// finishes a chunk every step: (n + p − 1) · t, against n · p · t on one
+// stage, a ratio of (n + p − 1) / (n · p): 9/16 at p = 2, 10/24 at p = 3.
+TEST(InferenceCost, UniformPrefillChunksGiveTheFillAndDrainClosedForm) {
+  const int n = 8;
+  const InferencePrediction one = predict_inference(compute_only(1, n, 128, 128));
+  ASSERT_EQ(one.prefill_chunks, n);
+  const double chunk = one.stages.at(0).prefill_chunk_s.at(0);
+  for (const double t : one.stages.at(0).prefill_chunk_s) EXPECT_NEAR(t, chunk, kRelative * chunk);
+  EXPECT_NEAR(one.time_to_first_token_s, n * chunk, kRelative * n * chunk);
+  for (const int p : {2, 3}) {
+    const InferencePrediction piped = predict_inference(compute_only(p, n, 128, 128));
+    const double ratio = piped.time_to_first_token_s / one.time_to_first_token_s;
+    EXPECT_NEAR(ratio, (n + p - 1.0) / (n * p), 1e-4) << "p = " << p;
+    // Exactly, with the stages' own chunk times a_r (the head's row makes the
+    // last a little slower): the slowest stage every step after the fill.
+    double sum = 0;
+    double slowest = 0;
+    for (const InferenceStage& stage : piped.stages) {
+      sum += stage.prefill_chunk_s.at(0);
+      slowest = std::max(slowest, stage.prefill_chunk_s.at(0));
+    }
+    EXPECT_NEAR(piped.time_to_first_token_s, sum + (n - 1) * slowest, kRelative * piped.time_to_first_token_s);
+  }
+}
+
+// One 1000-token prompt in chunks of 128 (7 of 128 and one of 104). Chunk k
+// attends to the 128 · k positions cached before it as well as its own: its
+// attention core (q·kᵀ and probs·v) costs 4 · rows · (cached + rows) · h
+// FLOPs a block, so each full chunk costs 4 · 128 · 128 · h · L more than
+// the one before. On p equal stages, with a_k = t_k / p a stage's time of
+// chunk k, the largest chunk sets the drain: the makespan is
+// Σ a_k + (p − 1) · max a_k (a flow shop whose jobs take the same time on
+// every machine), so the ratio to one stage is (Σ t_k + (p − 1) t_max) /
+// (p Σ t_k) — above the uniform (n + p − 1) / (n p). Unchunked (chunk 0), a
+// single prompt gains nothing from the stages (its attention is priced
+// T × T: generate's unchunked prefill computes every score and masks).
+TEST(InferenceCost, PrefillChunksAttendToTheCachedPrefix) {
+  const InferencePrediction one = predict_inference(compute_only(1, 1, 1000, 128));
+  const std::vector<double>& t = one.stages.at(0).prefill_chunk_s;
+  ASSERT_EQ(t.size(), 8U);
+  const double growth = 4.0 * 128 * 128 * 512 * 6 / 1e12;
+  for (std::size_t k = 1; k + 1 < t.size(); ++k) EXPECT_NEAR(t[k] - t[k - 1], growth, 1e-9 * t[k]) << k;
+  double sum = 0;
+  for (const double chunk : t) sum += chunk;
+  EXPECT_NEAR(one.time_to_first_token_s, sum, kRelative * sum);
+  const double largest = *std::max_element(t.begin(), t.end());
+  const InferencePrediction whole_one = predict_inference(compute_only(1, 1, 1000, 0));
+  for (const int p : {2, 3}) {
+    const InferencePrediction piped = predict_inference(compute_only(p, 1, 1000, 128));
+    const double ratio = piped.time_to_first_token_s / one.time_to_first_token_s;
+    EXPECT_NEAR(ratio, (sum + (p - 1) * largest) / (p * sum), 1e-4) << "p = " << p;
+    EXPECT_GT(ratio, (8 + p - 1.0) / (8 * p)) << "p = " << p;
+    const InferencePrediction whole = predict_inference(compute_only(p, 1, 1000, 0));
+    EXPECT_EQ(whole.prefill_chunks, 1);
+    EXPECT_NEAR(whole.time_to_first_token_s, whole_one.time_to_first_token_s,
+                kRelative * whole_one.time_to_first_token_s);
+  }
+}
+
 TEST(InferenceCost, SetupErrorsNameTheFieldAndTheFix) {
   EXPECT_EQ(error_of([] { predict_inference(tiny(5, 1, 1)); }),
             "stages = 5: tiny has 4 pipeline layers (embedding, 2 blocks, head) and every stage needs one; use 4 "
@@ -137,6 +226,18 @@ TEST(InferenceCost, SetupErrorsNameTheFieldAndTheFix) {
   long_context.context = 64;
   EXPECT_EQ(error_of([&] { predict_inference(long_context); }),
             "context = 64: tiny has a position table of 32 positions; use --context 32 or less");
+  InferenceSetup negative_chunk = tiny(1, 1, 1);
+  negative_chunk.prefill_chunk = -1;
+  EXPECT_EQ(error_of([&] { predict_inference(negative_chunk); }),
+            "prefill chunk = -1: must be >= 0 (tokens per prefill chunk; 0: a group's prompts in one piece)");
+  InferenceSetup tiny_chunks = tiny(4, 1, 1);
+  tiny_chunks.model = gpt_model("tiny", 2, 64, 4, 100, 1 << 21);
+  tiny_chunks.context = tiny_chunks.prompt_tokens = 1 << 21;
+  tiny_chunks.prefill_chunk = 1;
+  EXPECT_EQ(error_of([&] { predict_inference(tiny_chunks); }),
+            "prefill chunk = 1: the prompts make 2097152 chunks, and 4 stages × 2097152 chunks pass the inference "
+            "schedule's limit of 4194304 (stage, chunk) pairs: use a larger prefill chunk (0: a group's prompts in "
+            "one piece)");
 }
 
 }  // namespace

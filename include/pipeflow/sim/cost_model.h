@@ -1,5 +1,8 @@
 #pragma once
 
+#include <cstdint>
+#include <span>
+
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/model/model_spec.h"
 #include "pipeflow/model/partition.h"
@@ -81,12 +84,15 @@ LayerSeconds layer_compute_seconds(const ModelSpec& model, const ParallelConfig&
                                    const HardwareProfile& hardware);
 
 // Inference (`simulate --inference`, `plan --inference`; docs/INFERENCE.md),
-// per group of config.micro_batch sequences on one device (t = 1), weights,
-// activations and the KV cache in config.bytes_per_element:
-//   prefill  compute-bound: the forward of the prompts' micro_batch ·
-//            seq_length tokens; the attention core fused (FlashAttention:
-//            its scores never reach HBM, so no softmax traffic), the LM head
-//            only on each sequence's last row (what sampling needs);
+// on one device (t = 1), weights, activations and the KV cache in
+// bytes_per_element:
+//   prefill  compute-bound, one chunk at a time: the forward of the chunk's
+//            tokens (Σ rows of its pieces); the attention core fused
+//            (FlashAttention: its scores never reach HBM, so no softmax
+//            traffic), each piece's rows × (cached + rows) scores, so that
+//            a chunk's attention grows with the prefix cached before it; the
+//            LM head only on the last row of each piece that ends its
+//            prompt (what sampling needs);
 //   decode   one new token per sequence with `cached` positions in the cache:
 //            bandwidth-bound, the larger of the bytes it reads over HBM —
 //            every weight of the layer (the head's tied copy included) and
@@ -94,8 +100,17 @@ LayerSeconds layer_compute_seconds(const ModelSpec& model, const ParallelConfig&
 //            · cached per sequence; the embedding gathers only n rows — and
 //            its FLOPs (2 per weight per sequence, 4 · cached · h per
 //            sequence for the attention) at the achieved rate (roofline).
-double layer_prefill_seconds(const ModelSpec& model, const ParallelConfig& config, LayerKind kind,
-                             const HardwareProfile& hardware);
+// A prefill chunk holds consecutive rows of a group's prompts, one after
+// another, as `pipeflow generate` cuts them: a piece is `count` sequences'
+// rows of the same shape.
+struct PrefillPiece {
+  std::int64_t rows = 0;       // new tokens
+  std::int64_t cached = 0;     // positions of the sequence already in the KV cache
+  bool ends_prompt = false;    // its last row is the prompt's: the head runs on it
+  std::int64_t count = 1;      // sequences with these rows, side by side
+};
+double layer_prefill_seconds(const ModelSpec& model, std::span<const PrefillPiece> chunk, int bytes_per_element,
+                             LayerKind kind, const HardwareProfile& hardware);
 struct DecodeWork {
   double bytes = 0;  // read over HBM
   double flops = 0;

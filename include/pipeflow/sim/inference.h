@@ -11,6 +11,13 @@
 
 namespace pipeflow {
 
+// The default prefill chunk (InferenceSetup::prefill_chunk), as vLLM's and
+// TensorRT-LLM's chunked prefill cut prompts on a GPU: 8192 tokens keep
+// every GEMM large enough for its peak rate, and a stage holds one chunk's
+// activations, not the whole prompt's. `pipeflow generate` on a CPU takes
+// 128 (runtime/inference.h).
+inline constexpr std::int64_t kPrefillChunkTokens = 8192;
+
 // What `simulate --inference` prices: `sequences` concurrent sequences of a
 // model cut into `stages` pipeline stages, one device each (no tensor or
 // data parallelism), the sequences in `microbatches` groups as `pipeflow
@@ -24,15 +31,13 @@ struct InferenceSetup {
   std::int64_t context = 0;       // positions of each sequence the KV cache holds (0: the model's)
   std::int64_t prompt_tokens = 0;  // tokens of each prompt; 0: the context (the longest prefill)
   int bytes_per_value = 2;        // bf16 weights, activations and cache
+  // Chunked, pipelined prefill: a group's prompts, one after another, cut
+  // into chunks of at most this many tokens that follow each other through
+  // the stages (0: one chunk per group, the whole group's prompts).
+  std::int64_t prefill_chunk = kPrefillChunkTokens;
   PartitionMethod partition = PartitionMethod{PartitionMethod::Kind::kParameters, {}, {}};
 };
 
-// The prefill processes a group's prompts in chunks of at most this many
-// tokens (as vLLM and TensorRT-LLM's chunked prefill do), so a stage holds
-// one chunk's activations, not the whole prompt's; the time is that of the
-// whole prompt (the same GEMMs), and the next stage starts when the group's
-// prefill is done.
-inline constexpr std::int64_t kPrefillChunkTokens = 8192;
 
 struct InferenceStage {
   int first_layer = 0;  // pipeline layers [first_layer, end_layer)
@@ -47,7 +52,8 @@ struct InferenceStage {
   // a stage with a block (its input and output, the QKV projection, the
   // MLP's up projection), e · tokens · 2h otherwise.
   double activation_bytes = 0;
-  double prefill_s = 0;  // the largest group's prompts
+  double prefill_s = 0;  // the largest group's prompts (the sum of its chunks)
+  std::vector<double> prefill_chunk_s;  // the largest group's chunks, in order
   double decode_s = 0;   // one token of the largest group, the cache full
   double peak_bytes() const { return weight_bytes + kv_cache_bytes + activation_bytes; }
 };
@@ -56,10 +62,14 @@ struct InferencePrediction {
   InferenceSetup setup;  // microbatches, context and prompt_tokens resolved
   std::vector<InferenceStage> stages;
   std::vector<int> group_sizes;  // sequences per group
-  // Prefill: the inference schedule (m + p − 1 steps) simulated with each
-  // stage's prefill of each group and the activations' transfers; every
-  // prompt has its first token at its end.
+  // Prefill: the inference schedule over the chunks of every group (chunks
+  // + p − 1 steps: stage r forwards chunk k at step k + r) simulated with
+  // each stage's prefill of each chunk and the activations' transfers;
+  // every prompt has its first token at its end. For n equal chunks of time
+  // t on each of p equal stages (one stage: p · t a chunk) that is
+  // (n + p − 1) · t, (n + p − 1) / (n · p) of one stage's.
   double time_to_first_token_s = 0;
+  int prefill_chunks = 0;     // of every group
   double prefill_bubble = 0;  // idle share of the prefill
   // Decode: every group passes the stages once per token and its tokens go
   // back from the last stage to the first. With d(r, g) the decode of group
@@ -78,7 +88,7 @@ struct InferencePrediction {
 // tokens). Throws Error naming the field and the fix for a setup that cannot
 // run at any stage count: stages, sequences or microbatches < 1, more groups
 // than sequences, a prompt longer than the context, a GPT context above its
-// position table.
+// position table, a prefill chunk < 0.
 InferenceSetup resolve_inference_setup(const InferenceSetup& setup);
 
 // Throws Error as resolve_inference_setup, and for more stages than pipeline
