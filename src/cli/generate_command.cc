@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "inference_flags.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/core/json.h"
@@ -28,6 +29,7 @@ struct GenerateCommand {
   int stages = 1;
   int tensor_parallel = 1;
   int microbatches = 1;
+  int prefill_chunk = runtime::kDefaultPrefillChunk;
   std::string partition = "parameters";
   nn::SamplingOptions sampling;
   bool bf16 = false;
@@ -90,6 +92,7 @@ nlohmann::ordered_json to_json(const std::vector<std::string>& prompts, const ru
   json["new_tokens"] = result.new_tokens();
   json["microbatches"] = command.microbatches;
   json["precision"] = to_string(command.format());
+  json["prefill_chunk"] = command.prefill_chunk;
   json["passes"] = result.passes;
   json["stages"] = nlohmann::ordered_json::array();
   for (const runtime::StageInference& stage : result.stages) {
@@ -155,7 +158,8 @@ void run(GenerateCommand& command, bool stages_given, const runtime::MpiWorld* m
       runtime::RankGroup::make(mpi, {.pipeline = command.stages, .data_parallel = 1, .tensor = t});
   runtime::InferencePipeline pipeline(weights, *group, partition, command.format());
   const bool reporter = group->is_reporter();
-  runtime::InferenceOptions options{.microbatches = command.microbatches, .sampling = command.sampling};
+  runtime::InferenceOptions options{
+      .microbatches = command.microbatches, .sampling = command.sampling, .prefill_chunk = command.prefill_chunk};
   // One prompt streams: its tokens are printed as they come.
   const bool stream = reporter && texts.size() == 1 && !command.json;
   if (stream) {
@@ -204,6 +208,11 @@ void add_generate_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--microbatches", command->microbatches,
                   "Groups of prompts circulating through the stages (at most the number of prompts)")
+      ->capture_default_str();
+  sub->add_option("--prefill-chunk", command->prefill_chunk,
+                  "Tokens of a prompt per prefill chunk: the chunks follow each other through the stages, so the "
+                  "first token comes sooner with more stages (0: the whole prompt in one piece)")
+      ->check(prefill_chunk_validator())
       ->capture_default_str();
   sub->add_option("--partition", command->partition,
                   "How to cut the layers into stages (uniform, parameters, type:REGEX, balanced, counts:..., "

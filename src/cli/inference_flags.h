@@ -13,9 +13,13 @@ namespace pipeflow::cli {
 // >= 1 (what); leave the flag out for its default".
 void require_positive_flag(const char* flag, std::int64_t value, const char* what);
 
+// --prefill-chunk's check, before CLI11 converts the text: an integer >= 0,
+// else "--prefill-chunk: abc is not an integer >= 0 (...): give ...".
+CLI::Validator prefill_chunk_validator();
+
 // The flags that shape a generation for `simulate --inference` and `plan
-// --inference`: --context, --sequences, --prompt-tokens and (simulate's
-// alone) --microbatches. A flag left out takes its default; one given must
+// --inference`: --context, --sequences, --prompt-tokens, --prefill-chunk
+// (>= 0, prefill_chunk_validator) and (simulate's alone) --microbatches. A flag left out takes its default; one given must
 // be >= 1: 0 or a negative count is refused naming the flag, never read as
 // "the default" (the setup's own checks, predict_inference's, then bound it
 // above).
@@ -24,6 +28,7 @@ struct InferenceFlags {
   std::optional<int> sequences;  // 1 when left out
   std::optional<std::int64_t> prompt_tokens;
   std::optional<int> microbatches;
+  std::optional<std::int64_t> prefill_chunk;  // kPrefillChunkTokens when left out; 0: a group's prompts at once
 
   void add_to(CLI::App* command, bool with_microbatches);
   // Whether any of them was given: they are refused without --inference.

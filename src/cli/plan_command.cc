@@ -385,7 +385,8 @@ void run(const PlanCommand& command) {
   }
   if (command.inference) return run_inference(command);
   if (command.inference_flags.any_given()) {
-    fail("--context, --sequences and --prompt-tokens shape a generation: add --inference, or leave them out");
+    fail("--context, --sequences, --prompt-tokens and --prefill-chunk shape a generation: add --inference, or leave "
+         "them out");
   }
   if (!command.global_batch || !command.seq_length) {
     fail("plan needs --global-batch and --seq (or --inference for generation)");

@@ -98,8 +98,8 @@ RunConfig megatron_run(const std::string& text_or_file, const RunFlags& flags) {
 void run(const SimulateCommand& command) {
   if (command.inference) return run_inference(command);
   if (command.inference_flags.any_given()) {
-    fail("--context, --sequences, --prompt-tokens and --microbatches shape a generation: add --inference, or leave "
-         "them out");
+    fail("--context, --sequences, --prompt-tokens, --prefill-chunk and --microbatches shape a generation: add "
+         "--inference, or leave them out");
   }
   for (const auto& [flag, output] : {std::pair{"--trace", &command.trace}, std::pair{"--svg", &command.svg}}) {
     refuse_overwriting({flag, *output}, {{"--config", command.config}, {"--profile", command.profile}});

@@ -192,12 +192,47 @@ TEST_F(GenerateCommand, BadInputIsAnErrorNamingTheRule) {
   EXPECT_EQ(top_p.err, "pipeflow: error: --top-p 0: must lie in (0, 1] (1 keeps every token)\n");
   EXPECT_EQ(run_pipeflow(base + "--prompt a --seed -1").err,
             "pipeflow: error: --seed: seed -1 is negative: give an integer >= 0 (run with --help for the options)\n");
+  for (const std::string bad : {"-1", "1.5", "abc"}) {
+    EXPECT_EQ(run_pipeflow(base + "--prompt a --prefill-chunk " + bad).err,
+              "pipeflow: error: --prefill-chunk: " + bad +
+                  " is not an integer >= 0 (tokens of a prompt each prefill chunk carries through the stages, at "
+                  "most 9 digits; 0: the whole prompt in one piece): give e.g. --prefill-chunk 128, or 0 (run with "
+                  "--help for the options)\n")
+        << bad;
+  }
   const std::string small = dir_ + "/small.safetensors";
   ASSERT_EQ(run_pipeflow("init --layers 1 --heads 2 --width 16 --context 16 --vocab 64 --out " + small).exit_code, 0);
   const CommandResult vocab = run_pipeflow("generate --weights " + small + " --prompt hi --max-new-tokens 2");
   EXPECT_EQ(vocab.exit_code, 1);
   EXPECT_EQ(vocab.err, "pipeflow: error: prompt 0: token 104 at position 0 is outside the vocabulary [0, 64) of the "
                        "model\n");
+}
+
+// A 24-byte prompt in chunks of 5 (not a multiple) through 1, 2 and 3 stages
+// gives the unchunked prefill's tokens, in one process and under mpirun.
+const char* const kChunkedPrompt = " --prompt 'the quick brown fox jump' --max-new-tokens 8 --json ";
+
+TEST_F(GenerateCommand, ChunkedPrefillGivesTheUnchunkedTokens) {
+  const std::string base = "generate --weights " + weights_ + kChunkedPrompt;
+  const CommandResult whole = run_pipeflow(base + "--prefill-chunk 0");
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  for (const int stages : {1, 2, 3}) {
+    const CommandResult chunked = run_pipeflow(base + "--prefill-chunk 5 --stages " + std::to_string(stages));
+    ASSERT_EQ(chunked.exit_code, 0) << chunked.err;
+    EXPECT_EQ(tokens_of(chunked.out), tokens_of(whole.out)) << stages << " stages";
+    EXPECT_EQ(nlohmann::json::parse(chunked.out).at("prefill_chunk"), 5);
+  }
+}
+
+TEST_F(GenerateCommand, UnderMpirunChunkedPrefillGivesTheUnchunkedTokens) {
+  const std::string base = "generate --weights " + weights_ + kChunkedPrompt;
+  const CommandResult whole = run_pipeflow(base + "--prefill-chunk 0");
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  for (const int processes : {2, 3}) {
+    const CommandResult chunked = run_mpirun(processes, base + "--prefill-chunk 5");
+    ASSERT_EQ(chunked.exit_code, 0) << chunked.err;
+    EXPECT_EQ(tokens_of(chunked.out), tokens_of(whole.out)) << processes << " processes";
+  }
 }
 
 // Greedy: 2 and 4 processes, 1 and 2 groups of sequences, give the tokens of

@@ -428,9 +428,10 @@ TEST(HostileInput, EveryInferenceCountBelowOneIsRefusedNamingTheFlag) {
   }
   // Without --inference they used to be ignored.
   expect_error(run_pipeflow("simulate --model gpt2-124m --context 512"),
-               "--context, --sequences, --prompt-tokens and --microbatches shape a generation: add --inference");
+               "--context, --sequences, --prompt-tokens, --prefill-chunk and --microbatches shape a generation: add "
+               "--inference");
   expect_error(run_pipeflow("plan --model gpt2-124m --devices 1 --global-batch 8 --seq 1024 --sequences 4"),
-               "--context, --sequences and --prompt-tokens shape a generation: add --inference");
+               "--context, --sequences, --prompt-tokens and --prefill-chunk shape a generation: add --inference");
 }
 
 // 4 stages x 1048576 micro-batches used to end in std::bad_alloc (at 3 GB

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <memory>
 
 #include "pipeflow/core/error.h"
@@ -66,22 +67,28 @@ class Decode {
         reports_(tensor_rank == 0),
         collects_(p_ > 1 && !group.shares_process(group.layout().world_rank(0, 0, tensor_rank),
                                                   group.layout().world_rank(p_ - 1, 0, tensor_rank))),
+        chunks_(prefill_chunks(prompts, m_, options.prefill_chunk)),
+        units_(static_cast<int>(chunks_.size())),
+        prefill_(make_schedule("inference", p_, units_)),
         round_(make_schedule("inference", p_, m_)),
         timeout_(std::chrono::duration_cast<Clock::duration>(options.timeout)),
         busy_(stages.size(), 0.0) {
     const int sequences = static_cast<int>(prompts.size());
     for (int g = 0; g <= m_; ++g) first_.push_back(sequences * g / m_);
+    last_chunk_.resize(static_cast<std::size_t>(m_));
+    for (int u = 0; u < units_; ++u) last_chunk_[static_cast<std::size_t>(chunks_[static_cast<std::size_t>(u)].group)] = u;
     for (const auto& stage : stages) {
       // A cache does not move (its tensor is charged to its own account): new
       // constructs it in place from make_kv_cache's result.
       caches_.emplace_back(stage ? new nn::KvCache(stage->make_kv_cache(sequences)) : nullptr);
     }
-    // Message ids run over every step (step · m + group); an inbox holds a
-    // step's m messages and the last step's tokens.
+    // Message ids: the prefill's chunks 0 … units − 1, then units + (step −
+    // 1) · m + group for the decode steps (message_id). An inbox holds a
+    // step's m messages, the last step's tokens and a few chunks ahead.
     transport_ = group.pipeline_transport(
-        0, tensor_rank, {.inbox_capacity = std::vector<int>(stages.size(), m_ + 1),
+        0, tensor_rank, {.inbox_capacity = std::vector<int>(stages.size(), m_ + 1 + std::min(units_, 8)),
             .stages = p_,
-            .microbatches = m_ * options.sampling.new_tokens,
+            .microbatches = units_ + m_ * (options.sampling.new_tokens - 1),
             .wire = wire});
     result_.tokens.resize(prompts.size());
     for (int s = 0; s < sequences; ++s) {
@@ -89,36 +96,20 @@ class Decode {
     }
   }
 
-  // Prefill (step 0), then one token per step: each step runs rank r's list
-  // of the registry's inference schedule (the forward of its stage for
-  // group 0, 1, ..., m - 1).
+  // Prefill (step 0: the chunks of every group, rank r's list of the
+  // registry's inference schedule over them), then one token per step, each
+  // step rank r's list over the groups.
   void run_rank(int r, Clock::time_point start) {
-    for (int step = 0; step < options_.sampling.new_tokens; ++step) {
+    for (const Action& action : prefill_.actions(RankId(r))) {
+      const PrefillChunk& chunk = chunks_[static_cast<std::size_t>(action.microbatch.value())];
+      if (!forward(r, 0, action.microbatch.value(), chunk.group, chunk.rows, start)) return;
+    }
+    for (int step = 1; step < options_.sampling.new_tokens; ++step) {
       for (const Action& action : round_.actions(RankId(r))) {
         const int g = action.microbatch.value();
         nn::SequenceRows rows{first_[static_cast<std::size_t>(g)], {}};
-        for (int s = rows.first; s < first_[static_cast<std::size_t>(g) + 1]; ++s) {
-          rows.counts.push_back(step == 0 ? static_cast<int>(prompts_[static_cast<std::size_t>(s)].size()) : 1);
-        }
-        nn::StageInput input;
-        if (!receive_input(r, step, g, rows, input)) return;
-        const Clock::time_point busy_from = Clock::now();
-        Tensor out = stages_[static_cast<std::size_t>(r)]->forward_cached(*caches_[static_cast<std::size_t>(r)], rows,
-                                                                          std::move(input));
-        if (r + 1 < p_) {
-          busy_[static_cast<std::size_t>(r)] += seconds_since(busy_from);
-          if (!wait(r, transport_->send(key(r, r + 1, step, g), std::move(out), deadline()), key(r, r + 1, step, g))) {
-            return;
-          }
-          continue;
-        }
-        Tensor tokens = sample(step, rows, out);
-        busy_[static_cast<std::size_t>(r)] += seconds_since(busy_from);
-        if (step == 0 && g == m_ - 1) result_.time_to_first_token_s = seconds_since(start);
-        if (p_ > 1 && (step + 1 < options_.sampling.new_tokens || collects_) &&
-            !wait(r, transport_->send(key(r, 0, step, g), std::move(tokens), deadline()), key(r, 0, step, g))) {
-          return;
-        }
+        rows.counts.assign(static_cast<std::size_t>(first_[static_cast<std::size_t>(g) + 1] - rows.first), 1);
+        if (!forward(r, step, g, g, rows, start)) return;
       }
     }
     if (r == 0 && collects_) {  // the last step's tokens, which no stage forwards
@@ -133,7 +124,66 @@ class Decode {
     }
   }
 
+  // Rank r's forward of `rows` at `step` (message index: the chunk at step
+  // 0, else the group g); the last rank samples the sequences whose prompt
+  // or token is done and sends the group's tokens to the first once it has
+  // them all. False when another rank failed.
+  bool forward(int r, int step, int index, int g, const nn::SequenceRows& rows, Clock::time_point start) {
+    nn::StageInput input;
+    if (!receive_input(r, step, index, g, rows, input)) return false;
+    const auto i = static_cast<std::size_t>(r);
+    const Clock::time_point busy_from = Clock::now();
+    Tensor out = stages_[i]->forward_cached(*caches_[i], rows, std::move(input));
+    if (r + 1 < p_) {
+      busy_[i] += seconds_since(busy_from);
+      const MessageKey to = key(r, r + 1, step, index);
+      return wait(r, transport_->send(to, std::move(out), deadline()), to);
+    }
+    const bool group_done = step > 0 || index == last_chunk_[static_cast<std::size_t>(g)];
+    sample(step, g, rows, out);
+    busy_[i] += seconds_since(busy_from);
+    if (!group_done) return true;
+    Tensor tokens = std::move(group_tokens_);
+    group_tokens_.reset();
+    if (step == 0 && g == m_ - 1) result_.time_to_first_token_s = seconds_since(start);
+    if (p_ == 1 || (step + 1 == options_.sampling.new_tokens && !collects_)) return true;
+    const MessageKey to = key(r, 0, step, index);
+    return wait(r, transport_->send(to, std::move(tokens), deadline()), to);
+  }
+
   void abort() { transport_->abort(); }
+
+  // How generate cuts the prefill: group g's prompts, one after another, in
+  // pieces of at most `chunk` rows (0: the whole group at once), in order.
+  struct PrefillChunk {
+    int group = 0;
+    nn::SequenceRows rows;  // each sequence's next rows, from its cached length on
+  };
+  static std::vector<PrefillChunk> prefill_chunks(std::span<const std::vector<std::int32_t>> prompts, int groups,
+                                                  int chunk) {
+    const int sequences = static_cast<int>(prompts.size());
+    std::vector<PrefillChunk> chunks;
+    for (int g = 0; g < groups; ++g) {
+      PrefillChunk piece{g, {}};
+      int room = chunk > 0 ? chunk : std::numeric_limits<int>::max();
+      for (int s = sequences * g / groups; s < sequences * (g + 1) / groups; ++s) {
+        for (int left = static_cast<int>(prompts[static_cast<std::size_t>(s)].size()); left > 0;) {
+          if (piece.rows.counts.empty()) piece.rows.first = s;
+          const int take = std::min(left, room);
+          piece.rows.counts.push_back(take);
+          left -= take;
+          room -= take;
+          if (room == 0) {
+            chunks.push_back(std::move(piece));
+            piece = {g, {}};
+            room = chunk;
+          }
+        }
+      }
+      if (!piece.rows.counts.empty()) chunks.push_back(std::move(piece));
+    }
+    return chunks;
+  }
 
   // Rank r's figures, to gather over the pipeline: its busy time, its
   // cache's bytes, the time to the first tokens (the last rank's) and its
@@ -162,8 +212,11 @@ class Decode {
  private:
   // The message from rank `from` to rank `to` of group g at `step`: an
   // activation to the next stage, or the sampled tokens back to the first.
-  MessageKey key(int from, int to, int step, int g) const {
-    return {RankId(from), RankId(to), StageId(from), MicrobatchId(step * m_ + g),
+  // `index` is the chunk at step 0 (the group's last chunk for its tokens),
+  // else the group.
+  MessageKey key(int from, int to, int step, int index) const {
+    return {RankId(from), RankId(to), StageId(from),
+            MicrobatchId(step == 0 ? index : units_ + (step - 1) * m_ + index),
             to > from ? Direction::kActivation : Direction::kSampledTokens};
   }
   Deadline deadline() const { return Clock::now() + timeout_; }
@@ -177,14 +230,15 @@ class Decode {
     return status == WaitStatus::kOk;
   }
 
-  // The first stage's tokens: the prompts at step 0, then the tokens the last
-  // stage sampled at the step before; every other stage's activation.
-  bool receive_input(int r, int step, int g, const nn::SequenceRows& rows, nn::StageInput& input) {
+  // The first stage's tokens: the chunk's rows of the prompts at step 0
+  // (each from its cached length on), then the tokens the last stage sampled
+  // at the step before; every other stage's activation.
+  bool receive_input(int r, int step, int index, int g, const nn::SequenceRows& rows, nn::StageInput& input) {
     nn::Stage& stage = *stages_[static_cast<std::size_t>(r)];
     const int begin = rows.first;
     const int count = static_cast<int>(rows.counts.size());
     if (r > 0) {
-      const MessageKey from = key(r - 1, r, step, g);
+      const MessageKey from = key(r - 1, r, step, index);
       return wait(r, transport_->receive(from, Shape{1, rows.total(), stage.config().n_embd}, stage.allocator(),
                                          deadline(), input.activation),
                   from);
@@ -192,9 +246,10 @@ class Decode {
     input.tokens = IntTensor(Shape{1, rows.total()});
     if (step == 0) {
       std::int32_t* out = input.tokens.data();
-      for (int s = begin; s < begin + count; ++s) {
-        const auto& prompt = prompts_[static_cast<std::size_t>(s)];
-        out = std::copy(prompt.begin(), prompt.end(), out);
+      for (int i = 0; i < count; ++i) {
+        const auto& prompt = prompts_[static_cast<std::size_t>(begin + i)];
+        const auto from = prompt.begin() + caches_.front()->length(begin + i);
+        out = std::copy(from, from + rows.counts[static_cast<std::size_t>(i)], out);
       }
     } else if (p_ == 1) {
       for (int i = 0; i < count; ++i) input.tokens[i] = result_.tokens[static_cast<std::size_t>(begin + i)].back();
@@ -211,7 +266,7 @@ class Decode {
   bool receive_tokens(int step, int g, Tensor& tokens) {
     const int begin = first_[static_cast<std::size_t>(g)];
     const int count = first_[static_cast<std::size_t>(g) + 1] - begin;
-    const MessageKey from = key(p_ - 1, 0, step, g);
+    const MessageKey from = key(p_ - 1, 0, step, step == 0 ? last_chunk_[static_cast<std::size_t>(g)] : g);
     if (!wait(0, transport_->receive(from, Shape{1, count}, stages_.front()->allocator(), deadline(), tokens), from)) {
       return false;
     }
@@ -226,8 +281,6 @@ class Decode {
     if (options_.on_token && reports_) options_.on_token({first_sequence_ + sequence, step, token, logits});
   }
 
-  // On the last stage: one token per sequence from its logits row, recorded
-  // and reported; returned as floats for the first stage.
   // A layer's output past the format's range (fp16's 65504) reaches the
   // logits as inf or NaN: no token can be sampled from them.
   void check_finite(int sequence, int step, std::span<const float> row, ComputeFormat format) const {
@@ -239,19 +292,27 @@ class Decode {
                                         : ": the weights drive the activations past the format's range");
   }
 
-  Tensor sample(int step, const nn::SequenceRows& rows, const Tensor& logits) {
+  // On the last stage: a token for each sequence of `rows` whose prompt is
+  // done (at step 0 a chunk may end inside one: its logits row is not the
+  // prompt's last), from its logits row, recorded and reported; kept as a
+  // float in group g's tokens for the first stage.
+  void sample(int step, int g, const nn::SequenceRows& rows, const Tensor& logits) {
     nn::Stage& stage = *stages_.back();
+    const nn::KvCache& cache = *caches_.back();
     const auto vocab = static_cast<std::size_t>(stage.config().vocab_size);
-    Tensor tokens(Shape{1, static_cast<std::int64_t>(rows.counts.size())}, stage.allocator());
+    const int group_first = first_[static_cast<std::size_t>(g)];
+    if (group_tokens_.empty()) {
+      group_tokens_ = Tensor(Shape{1, first_[static_cast<std::size_t>(g) + 1] - group_first}, stage.allocator());
+    }
     for (std::size_t i = 0; i < rows.counts.size(); ++i) {
       const int s = rows.first + static_cast<int>(i);
+      if (step == 0 && cache.length(s) < static_cast<int>(prompts_[static_cast<std::size_t>(s)].size())) continue;
       const auto row = logits.span().subspan(i * vocab, vocab);
       check_finite(s, step, row, stage.options().format);
       const std::int32_t token = nn::sample_token(row, options_.sampling, rngs_[static_cast<std::size_t>(s)]);
       if (!collects_) record(s, step, token, row);
-      tokens[static_cast<std::int64_t>(i)] = static_cast<float>(token);
+      group_tokens_[s - group_first] = static_cast<float>(token);
     }
-    return tokens;
   }
 
   const std::vector<std::unique_ptr<nn::Stage>>& stages_;  // null: another process's
@@ -262,8 +323,13 @@ class Decode {
   const int m_;
   const bool reports_;   // tensor-parallel rank 0's pipeline: the others sample the same tokens silently
   const bool collects_;  // the last stage runs in another process: rank 0 records the tokens it sends
-  const Schedule round_;
+  const std::vector<PrefillChunk> chunks_;  // the prefill's, in order
+  const int units_;                         // chunks_.size(): the prefill's micro-batches
+  const Schedule prefill_;                  // the inference schedule over the chunks
+  const Schedule round_;                    // over the groups, every decode step
   const Clock::duration timeout_;
+  std::vector<int> last_chunk_;             // per group: its last chunk (its tokens' message index)
+  Tensor group_tokens_;                     // the last stage's tokens of the group being sampled
   std::vector<int> first_;  // group g holds sequences first_[g] … first_[g + 1] − 1
   std::vector<std::unique_ptr<nn::KvCache>> caches_;  // null for another process's stage
   std::unique_ptr<Transport> transport_;
@@ -397,6 +463,11 @@ InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::i
     fail("--microbatches {}: must lie in [1, {}] (the number of prompts): each micro-batch is a group of at least "
          "one sequence",
          options.microbatches, sequences);
+  }
+  if (options.prefill_chunk < 0) {
+    fail("--prefill-chunk {}: must be >= 0 (tokens of a prompt's prefill each chunk passes the stages with; 0: the "
+         "whole prompt at once): give 0 or a positive count such as {}",
+         options.prefill_chunk, kDefaultPrefillChunk);
   }
   const std::vector<int> starts = pass_starts(prompts, options.max_pass_bytes);
   InferenceResult all;
