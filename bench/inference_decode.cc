@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "int_flags.h"
 #include "pipeflow/nn/random.h"
 #include "pipeflow/runtime/inference.h"
 
@@ -48,28 +49,21 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const int value = std::atoi(argv[i + 1]);
-    if (flag == "--stages") o.stages = value;
-    else if (flag == "--microbatches") o.microbatches = value;
-    else if (flag == "--sequences") o.sequences = value;
-    else if (flag == "--prompt") o.prompt = value;
-    else if (flag == "--new-tokens") o.new_tokens = value;
-    else if (flag == "--layers") o.model.n_layer = value;
-    else if (flag == "--heads") o.model.n_head = value;
-    else if (flag == "--width") o.model.n_embd = value;
-    else if (flag == "--context") o.model.context = value;
-    else if (flag == "--rounds") o.rounds = value;
-    else if (flag == "--cache-layers") o.cache_model.n_layer = value;
-    else if (flag == "--cache-width") o.cache_model.n_embd = value;
-    else if (flag == "--cache-context") o.cache_model.context = value;
-    else if (flag == "--repeats") o.repeats = value;
-    else {
-      std::fprintf(stderr, "unknown option %s\n", flag.c_str());
-      std::exit(2);
-    }
-  }
+  bench::parse_int_flags(argc, argv,
+                         {{"--stages", &o.stages},
+                          {"--microbatches", &o.microbatches},
+                          {"--sequences", &o.sequences},
+                          {"--prompt", &o.prompt},
+                          {"--new-tokens", &o.new_tokens},
+                          {"--layers", &o.model.n_layer},
+                          {"--heads", &o.model.n_head},
+                          {"--width", &o.model.n_embd},
+                          {"--context", &o.model.context},
+                          {"--rounds", &o.rounds},
+                          {"--cache-layers", &o.cache_model.n_layer},
+                          {"--cache-width", &o.cache_model.n_embd},
+                          {"--cache-context", &o.cache_model.context},
+                          {"--repeats", &o.repeats}});
   return o;
 }
 

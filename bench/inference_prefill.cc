@@ -21,11 +21,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <ctime>
 #include <string>
 #include <vector>
 
+#include "int_flags.h"
 #include "pipeflow/nn/random.h"
 #include "pipeflow/runtime/inference.h"
 
@@ -45,21 +45,14 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const int value = std::atoi(argv[i + 1]);
-    if (flag == "--stages") o.stages = value;
-    else if (flag == "--chunk") o.chunk = value;
-    else if (flag == "--prompt") o.prompt = value;
-    else if (flag == "--layers") o.model.n_layer = value;
-    else if (flag == "--heads") o.model.n_head = value;
-    else if (flag == "--width") o.model.n_embd = value;
-    else if (flag == "--rounds") o.rounds = value;
-    else {
-      std::fprintf(stderr, "unknown option %s\n", flag.c_str());
-      std::exit(2);
-    }
-  }
+  bench::parse_int_flags(argc, argv,
+                         {{"--stages", &o.stages},
+                          {"--chunk", &o.chunk},
+                          {"--prompt", &o.prompt},
+                          {"--layers", &o.model.n_layer},
+                          {"--heads", &o.model.n_head},
+                          {"--width", &o.model.n_embd},
+                          {"--rounds", &o.rounds}});
   if (o.prompt > o.model.context) o.model.context = o.prompt;
   return o;
 }
