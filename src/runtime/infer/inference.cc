@@ -67,14 +67,14 @@ class Decode {
         reports_(tensor_rank == 0),
         collects_(p_ > 1 && !group.shares_process(group.layout().world_rank(0, 0, tensor_rank),
                                                   group.layout().world_rank(p_ - 1, 0, tensor_rank))),
-        chunks_(prefill_chunks(prompts, m_, options.prefill_chunk)),
+        first_(group_firsts(static_cast<int>(prompts.size()), m_)),
+        chunks_(prefill_chunks(prompts, first_, options.prefill_chunk)),
         units_(static_cast<int>(chunks_.size())),
         prefill_(make_schedule("inference", p_, units_)),
         round_(make_schedule("inference", p_, m_)),
         timeout_(std::chrono::duration_cast<Clock::duration>(options.timeout)),
         busy_(stages.size(), 0.0) {
     const int sequences = static_cast<int>(prompts.size());
-    for (int g = 0; g <= m_; ++g) first_.push_back(sequences * g / m_);
     last_chunk_.resize(static_cast<std::size_t>(m_));
     for (int u = 0; u < units_; ++u) last_chunk_[static_cast<std::size_t>(chunks_[static_cast<std::size_t>(u)].group)] = u;
     for (const auto& stage : stages) {
@@ -83,7 +83,7 @@ class Decode {
       caches_.emplace_back(stage ? new nn::KvCache(stage->make_kv_cache(sequences)) : nullptr);
     }
     // Message ids: the prefill's chunks 0 … units − 1, then units + (step −
-    // 1) · m + group for the decode steps (message_id). An inbox holds a
+    // 1) · m + group for the decode steps (key). An inbox holds a
     // step's m messages, the last step's tokens and a few chunks ahead.
     transport_ = group.pipeline_transport(
         0, tensor_rank, {.inbox_capacity = std::vector<int>(stages.size(), m_ + 1 + std::min(units_, 8)),
@@ -153,20 +153,28 @@ class Decode {
 
   void abort() { transport_->abort(); }
 
+  // Group g holds sequences ⌊S·g/m⌋ … ⌊S·(g+1)/m⌋ − 1: its first, then S.
+  static std::vector<int> group_firsts(int sequences, int groups) {
+    std::vector<int> firsts;
+    for (int g = 0; g <= groups; ++g) {
+      firsts.push_back(static_cast<int>(std::int64_t{sequences} * g / groups));
+    }
+    return firsts;
+  }
+
   // How generate cuts the prefill: group g's prompts, one after another, in
   // pieces of at most `chunk` rows (0: the whole group at once), in order.
   struct PrefillChunk {
     int group = 0;
     nn::SequenceRows rows;  // each sequence's next rows, from its cached length on
   };
-  static std::vector<PrefillChunk> prefill_chunks(std::span<const std::vector<std::int32_t>> prompts, int groups,
-                                                  int chunk) {
-    const int sequences = static_cast<int>(prompts.size());
+  static std::vector<PrefillChunk> prefill_chunks(std::span<const std::vector<std::int32_t>> prompts,
+                                                  const std::vector<int>& firsts, int chunk) {
     std::vector<PrefillChunk> chunks;
-    for (int g = 0; g < groups; ++g) {
+    for (int g = 0; g + 1 < static_cast<int>(firsts.size()); ++g) {
       PrefillChunk piece{g, {}};
       int room = chunk > 0 ? chunk : std::numeric_limits<int>::max();
-      for (int s = sequences * g / groups; s < sequences * (g + 1) / groups; ++s) {
+      for (int s = firsts[static_cast<std::size_t>(g)]; s < firsts[static_cast<std::size_t>(g) + 1]; ++s) {
         for (int left = static_cast<int>(prompts[static_cast<std::size_t>(s)].size()); left > 0;) {
           if (piece.rows.counts.empty()) piece.rows.first = s;
           const int take = std::min(left, room);
@@ -323,6 +331,7 @@ class Decode {
   const int m_;
   const bool reports_;   // tensor-parallel rank 0's pipeline: the others sample the same tokens silently
   const bool collects_;  // the last stage runs in another process: rank 0 records the tokens it sends
+  const std::vector<int> first_;            // group g holds sequences first_[g] … first_[g + 1] − 1
   const std::vector<PrefillChunk> chunks_;  // the prefill's, in order
   const int units_;                         // chunks_.size(): the prefill's micro-batches
   const Schedule prefill_;                  // the inference schedule over the chunks
@@ -330,7 +339,6 @@ class Decode {
   const Clock::duration timeout_;
   std::vector<int> last_chunk_;             // per group: its last chunk (its tokens' message index)
   Tensor group_tokens_;                     // the last stage's tokens of the group being sampled
-  std::vector<int> first_;  // group g holds sequences first_[g] … first_[g + 1] − 1
   std::vector<std::unique_ptr<nn::KvCache>> caches_;  // null for another process's stage
   std::unique_ptr<Transport> transport_;
   std::vector<double> busy_;
