@@ -42,8 +42,11 @@ struct Recorded {
 };
 
 InferenceResult run(InferencePipeline& pipeline, int microbatches, const nn::SamplingOptions& sampling,
-                    Recorded* recorded = nullptr) {
-  InferenceOptions options{.microbatches = microbatches, .sampling = sampling, .timeout = std::chrono::seconds(20)};
+                    Recorded* recorded = nullptr, int prefill_chunk = kDefaultPrefillChunk) {
+  InferenceOptions options{.microbatches = microbatches,
+                           .sampling = sampling,
+                           .prefill_chunk = prefill_chunk,
+                           .timeout = std::chrono::seconds(20)};
   if (recorded != nullptr) {
     options.on_token = [recorded](const GeneratedToken& token) {
       auto& steps = recorded->logits[static_cast<std::size_t>(token.sequence)];
@@ -361,6 +364,9 @@ TEST(InferenceTensorParallel, SplitStagesGiveOneRanksGreedyTokensAndLogits) {
       Recorded got;
       const InferenceResult result = run(split, stages, greedy, &got);
       EXPECT_EQ(result.tokens, reference.tokens) << nn::to_string(config->family) << " tp 2 pp " << stages;
+      // The prefill in chunks of 2 (the prompts of 5, 1 and 3 tokens cut across their boundaries).
+      EXPECT_EQ(run(split, stages, greedy, nullptr, 2).tokens, reference.tokens)
+          << nn::to_string(config->family) << " tp 2 pp " << stages << ", chunks of 2";
       for (std::size_t s = 0; s < kPrompts.size(); ++s) {
         for (std::size_t step = 0; step < got.logits[s].size(); ++step) {
           EXPECT_LT(max_relative_error(got.logits[s][step], expected.logits[s][step]), 1e-4)
