@@ -1,0 +1,159 @@
+// Compiled for plain x86-64 (CMakeLists.txt overrides -march for this file):
+// each kernel gets its ISA from its target attribute alone, so that the AVX2
+// kernel cannot pick up AVX-512 encodings from -march=native on the build
+// machine, and the dispatcher itself runs on any x86-64 CPU.
+#include "pipeflow/tensor/core_peak.h"
+
+#include <immintrin.h>
+#include <time.h>
+
+#include <algorithm>
+#include <array>
+
+namespace pipeflow {
+namespace {
+
+// Chains per kernel: enough independent accumulators to cover the FMA
+// latency (4 cycles) on two FMA ports (8 in flight), with room to spare,
+// while staying in registers: 16 of AVX-512's 32 zmm, 12 of AVX2's 16 ymm
+// (two more hold the constants).
+constexpr int kAvx512Chains = 16;
+constexpr int kAvx2Chains = 12;
+
+// The kernels' operands come through a volatile so that the compiler cannot
+// fold x·1 + 1 into an add: every instruction stays an FMA (or a dot product).
+volatile float g_one = 1.0f;
+
+// The sum of a vector's lanes, through memory: the kernels' result, off the timed loop.
+__attribute__((target("avx512f"))) float sum_lanes(__m512 vector) {
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, vector);
+  float sum = 0;
+  for (float lane : lanes) sum += lane;
+  return sum;
+}
+
+__attribute__((target("avx512f"))) float run_fp32_avx512(std::int64_t iterations) {
+  const __m512 one = _mm512_set1_ps(g_one);
+  __m512 acc[kAvx512Chains];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  for (std::int64_t i = 0; i < iterations; ++i) {
+    for (__m512& a : acc) a = _mm512_fmadd_ps(a, one, one);
+  }
+  __m512 total = acc[0];
+  for (int c = 1; c < kAvx512Chains; ++c) total = _mm512_add_ps(total, acc[c]);
+  return sum_lanes(total);
+}
+
+__attribute__((target("avx2,fma"))) float run_fp32_avx2(std::int64_t iterations) {
+  const __m256 one = _mm256_set1_ps(g_one);
+  __m256 acc[kAvx2Chains];
+  for (__m256& a : acc) a = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < iterations; ++i) {
+    for (__m256& a : acc) a = _mm256_fmadd_ps(a, one, one);
+  }
+  __m256 total = acc[0];
+  for (int c = 1; c < kAvx2Chains; ++c) total = _mm256_add_ps(total, acc[c]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, total);
+  float sum = 0;
+  for (float lane : lanes) sum += lane;
+  return sum;
+}
+
+// vdpbf16ps: each fp32 lane += a[2i]·b[2i] + a[2i+1]·b[2i+1], bf16 inputs.
+__attribute__((target("avx512f,avx512bf16"))) float run_bf16_avx512(std::int64_t iterations) {
+  const __m512 one = _mm512_set1_ps(g_one);
+  const __m512bh ones = _mm512_cvtne2ps_pbh(one, one);
+  __m512 acc[kAvx512Chains];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  for (std::int64_t i = 0; i < iterations; ++i) {
+    for (__m512& a : acc) a = _mm512_dpbf16_ps(a, ones, ones);
+  }
+  __m512 total = acc[0];
+  for (int c = 1; c < kAvx512Chains; ++c) total = _mm512_add_ps(total, acc[c]);
+  return sum_lanes(total);
+}
+
+bool has_avx512(const CpuFeatures& cpu) { return cpu.avx512f; }
+bool has_avx2(const CpuFeatures& cpu) { return cpu.avx2_fma; }
+bool has_avx512_bf16(const CpuFeatures& cpu) { return cpu.avx512f && cpu.avx512_bf16; }
+
+constexpr std::array<PeakKernel, 3> kKernels = {{
+    {"fp32_avx512", "fp32", "avx512", kAvx512Chains, 16, 2, has_avx512, run_fp32_avx512},
+    {"fp32_avx2", "fp32", "avx2", kAvx2Chains, 8, 2, has_avx2, run_fp32_avx2},
+    {"bf16_avx512", "bf16", "avx512_bf16", kAvx512Chains, 16, 4, has_avx512_bf16, run_bf16_avx512},
+}};
+
+// About a millisecond per call at 100 GFLOP/s: long enough to dwarf the
+// clock's resolution, short enough that a best-of catches a call with no
+// interruption.
+constexpr double kFlopsPerCall = 1e8;
+
+double thread_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+}  // namespace
+
+CpuFeatures detect_cpu_features() {
+  __builtin_cpu_init();
+  // libgcc's answers include the OS's support (XGETBV: the ymm and zmm state saved).
+  return CpuFeatures{.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
+                     .avx512f = __builtin_cpu_supports("avx512f") != 0,
+                     .avx512_bf16 = __builtin_cpu_supports("avx512bf16") != 0};
+}
+
+std::span<const PeakKernel> peak_kernels() { return kKernels; }
+
+std::vector<const PeakKernel*> runnable_peak_kernels(const CpuFeatures& cpu) {
+  std::vector<const PeakKernel*> runnable;
+  for (const PeakKernel& kernel : kKernels) {
+    if (kernel.supported(cpu)) runnable.push_back(&kernel);
+  }
+  return runnable;
+}
+
+double best_cpu_rate(double seconds, const std::function<double()>& work) {
+  double best = 0;
+  const double stop = thread_cpu_seconds() + seconds;
+  do {
+    const double start = thread_cpu_seconds();
+    const double units = work();
+    const double elapsed = thread_cpu_seconds() - start;
+    if (elapsed > 0) best = std::max(best, units / elapsed);
+  } while (thread_cpu_seconds() < stop);
+  return best;
+}
+
+std::vector<CorePeak> measure_core_peaks(const CpuFeatures& cpu, double seconds) {
+  const std::vector<const PeakKernel*> kernels = runnable_peak_kernels(cpu);
+  std::vector<CorePeak> peaks;
+  for (const PeakKernel* kernel : kernels) {
+    const auto iterations = static_cast<std::int64_t>(kFlopsPerCall / kernel->flops_per_call(1));
+    volatile float sink = 0;
+    const double rate = best_cpu_rate(seconds / static_cast<double>(kernels.size()), [&] {
+      sink = kernel->run(iterations);
+      return kernel->flops_per_call(iterations);
+    });
+    peaks.push_back({kernel->precision, kernel->isa, rate});
+  }
+  return peaks;
+}
+
+const CorePeak* best_fp32_peak_entry(const std::vector<CorePeak>& peaks) {
+  const CorePeak* best = nullptr;
+  for (const CorePeak& peak : peaks) {
+    if (peak.precision == "fp32" && (best == nullptr || peak.flop_per_s > best->flop_per_s)) best = &peak;
+  }
+  return best;
+}
+
+double best_fp32_peak(const std::vector<CorePeak>& peaks) {
+  const CorePeak* best = best_fp32_peak_entry(peaks);
+  return best == nullptr ? 0 : best->flop_per_s;
+}
+
+}  // namespace pipeflow
