@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
+#include <map>
 
 #include "pipeflow/core/config.h"
 #include "pipeflow/core/error.h"
@@ -163,7 +165,80 @@ bool is_figure_key(std::string_view key) {
   return std::any_of(kFigures.begin(), kFigures.end(), [&](const Figure& f) { return key == f.key; });
 }
 
+// The measured limits' keys (hardware.h), each optional.
+constexpr const char* kFp32ByIsaKey = "peak_fp32_flop_per_s_by_isa";
+constexpr const char* kBf16ByIsaKey = "peak_bf16_flop_per_s_by_isa";
+constexpr const char* kGemmShapesKey = "gemm_flop_per_s_at_shapes";
+
+bool positive_finite(double value) { return value > 0 && std::isfinite(value); }
+
+std::map<std::string, double> read_peaks_by_isa(const Config& config, const char* key) {
+  std::map<std::string, double> peaks;
+  const nlohmann::json& json = config.raw(key);
+  if (json.is_null()) return peaks;
+  if (!json.is_object()) config.fail_value(key, "must be an object of ISA name -> FLOP/s, e.g. {\"avx512\": 1.2e11}");
+  for (const auto& item : json.items()) {
+    if (!item.value().is_number() || !positive_finite(item.value().get<double>())) {
+      config.fail_value(key, fmt::format("'{}' must be a positive number of FLOP/s", item.key()));
+    }
+    peaks[item.key()] = item.value().get<double>();
+  }
+  return peaks;
+}
+
+std::vector<GemmRate> read_gemm_rates(const Config& config) {
+  std::vector<GemmRate> rates;
+  const nlohmann::json& json = config.raw(kGemmShapesKey);
+  if (json.is_null()) return rates;
+  constexpr const char* kRule =
+      "must be a list of {\"gemm\": NAME, \"m\": M, \"k\": K, \"n\": N, \"flop_per_s\": RATE} with positive "
+      "integer m, k, n and a positive rate";
+  if (!json.is_array()) config.fail_value(kGemmShapesKey, kRule);
+  for (const nlohmann::json& entry : json) {
+    const auto positive_int = [&](const char* name) {
+      const auto found = entry.find(name);
+      return found != entry.end() && found->is_number_integer() && found->get<std::int64_t>() > 0 &&
+             found->get<std::int64_t>() <= std::numeric_limits<int>::max();
+    };
+    const bool valid = entry.is_object() && entry.size() == 5 && entry.contains("gemm") &&
+                       entry["gemm"].is_string() && positive_int("m") && positive_int("k") && positive_int("n") &&
+                       entry.contains("flop_per_s") && entry["flop_per_s"].is_number() &&
+                       positive_finite(entry["flop_per_s"].get<double>());
+    if (!valid) config.fail_value(kGemmShapesKey, kRule);
+    rates.push_back({.gemm = entry["gemm"].get<std::string>(),
+                     .m = entry["m"].get<int>(),
+                     .k = entry["k"].get<int>(),
+                     .n = entry["n"].get<int>(),
+                     .flop_per_s = entry["flop_per_s"].get<double>()});
+  }
+  return rates;
+}
+
+void write_measured_limits(const HardwareProfile& profile, nlohmann::ordered_json& json) {
+  if (!profile.peak_fp32_flop_per_s_by_isa.empty()) json[kFp32ByIsaKey] = profile.peak_fp32_flop_per_s_by_isa;
+  if (!profile.peak_bf16_flop_per_s_by_isa.empty()) json[kBf16ByIsaKey] = profile.peak_bf16_flop_per_s_by_isa;
+  if (profile.gemm_flop_per_s_at_shapes.empty()) return;
+  nlohmann::ordered_json rates = nlohmann::ordered_json::array();
+  for (const GemmRate& rate : profile.gemm_flop_per_s_at_shapes) {
+    rates.push_back({{"gemm", rate.gemm}, {"m", rate.m}, {"k", rate.k}, {"n", rate.n}, {"flop_per_s", rate.flop_per_s}});
+  }
+  json[kGemmShapesKey] = rates;
+}
+
 }  // namespace
+
+double HardwareProfile::best_core_fp32_peak() const {
+  double best = 0;
+  for (const auto& [isa, rate] : peak_fp32_flop_per_s_by_isa) best = std::max(best, rate);
+  return best;
+}
+
+std::string HardwareProfile::best_core_fp32_isa() const {
+  for (const auto& [isa, rate] : peak_fp32_flop_per_s_by_isa) {
+    if (rate == best_core_fp32_peak()) return isa;
+  }
+  return "";
+}
 
 void validate_hardware(const HardwareProfile& profile) {
   for (const Figure& figure : kFigures) require_positive(profile, figure.key, profile.*figure.field);
@@ -181,6 +256,16 @@ void validate_hardware(const HardwareProfile& profile) {
   for (const auto& [key, value] : {std::pair{"memory_efficiency", profile.memory_efficiency},
                                    std::pair{"collective_efficiency", profile.collective_efficiency}}) {
     if (!(value > 0 && value <= 1)) fail("hardware {}: {} = {}: must be in (0, 1]", profile.name, key, value);
+  }
+  for (const auto* peaks : {&profile.peak_fp32_flop_per_s_by_isa, &profile.peak_bf16_flop_per_s_by_isa}) {
+    for (const auto& [isa, rate] : *peaks) require_positive(profile, "peak FLOP/s of " + isa, rate);
+  }
+  for (const GemmRate& rate : profile.gemm_flop_per_s_at_shapes) {
+    if (rate.m < 1 || rate.k < 1 || rate.n < 1) {
+      fail("hardware {}: GEMM {} of {}x{}x{}: every size must be >= 1", profile.name, rate.gemm, rate.m, rate.k,
+           rate.n);
+    }
+    require_positive(profile, "flop_per_s of GEMM " + rate.gemm, rate.flop_per_s);
   }
 }
 
@@ -226,6 +311,9 @@ HardwareProfile hardware_from_json(std::string_view json_text, std::string sourc
     }
   }
   profile.note = config.get("note", "");
+  profile.peak_fp32_flop_per_s_by_isa = read_peaks_by_isa(config, kFp32ByIsaKey);
+  profile.peak_bf16_flop_per_s_by_isa = read_peaks_by_isa(config, kBf16ByIsaKey);
+  profile.gemm_flop_per_s_at_shapes = read_gemm_rates(config);
   config.check_no_unknown_keys();
   if (profile.peak_fp32_flop_per_s == 0) {  // a profile from before the key: fp32 as fast as bf16, said so
     profile.peak_fp32_flop_per_s = profile.peak_flop_per_s;
@@ -249,6 +337,7 @@ std::string hardware_to_json(const HardwareProfile& profile) {
   for (const CurveKey& curve : kCurveKeys) json[curve.key] = profile.*curve.field;
   json["estimated"] = profile.estimated;
   json["note"] = profile.note;
+  write_measured_limits(profile, json);
   return json_text(json, 2) + "\n";
 }
 

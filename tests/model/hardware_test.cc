@@ -64,6 +64,49 @@ TEST(Hardware, JsonRoundTripsEveryBuiltin) {
   }
 }
 
+TEST(Hardware, MeasuredLimitsRoundTrip) {
+  HardwareProfile profile = hardware_from_json(profile_json(), "x.json");
+  profile.peak_fp32_flop_per_s_by_isa = {{"avx512", 1.234567891e11}, {"avx2", 6.1e10}};
+  profile.peak_bf16_flop_per_s_by_isa = {{"avx512_bf16", 2.5e11}};
+  profile.gemm_flop_per_s_at_shapes = {{.gemm = "qkv", .m = 512, .k = 128, .n = 384, .flop_per_s = 7.25e10},
+                                       {.gemm = "fc_proj", .m = 8, .k = 512, .n = 128, .flop_per_s = 1.5e10}};
+  validate_hardware(profile);
+  const std::string json = hardware_to_json(profile);
+  const HardwareProfile back = hardware_from_json(json, "x.json");
+  EXPECT_EQ(back.peak_fp32_flop_per_s_by_isa, profile.peak_fp32_flop_per_s_by_isa);
+  EXPECT_EQ(back.peak_bf16_flop_per_s_by_isa, profile.peak_bf16_flop_per_s_by_isa);
+  EXPECT_EQ(back.gemm_flop_per_s_at_shapes, profile.gemm_flop_per_s_at_shapes);
+  EXPECT_EQ(hardware_to_json(back), json);
+  EXPECT_EQ(back.best_core_fp32_peak(), 1.234567891e11);
+  EXPECT_EQ(back.best_core_fp32_isa(), "avx512");
+  // A datasheet profile has none of them, and writes none.
+  EXPECT_EQ(hardware_preset("a100-80g").best_core_fp32_peak(), 0);
+  EXPECT_EQ(hardware_to_json(hardware_preset("cpu")).find("by_isa"), std::string::npos);
+}
+
+TEST(Hardware, MeasuredLimitErrorsNameTheKey) {
+  EXPECT_EQ(error_of([] { hardware_from_json(profile_json(R"("peak_fp32_flop_per_s_by_isa": {"avx2": 0}, )"), "h.json"); }),
+            "h.json: peak_fp32_flop_per_s_by_isa = {\"avx2\":0}: 'avx2' must be a positive number of FLOP/s");
+  EXPECT_EQ(error_of([] { hardware_from_json(profile_json(R"("peak_bf16_flop_per_s_by_isa": 3, )"), "h.json"); }),
+            "h.json: peak_bf16_flop_per_s_by_isa = 3: must be an object of ISA name -> FLOP/s, e.g. "
+            "{\"avx512\": 1.2e11}");
+  const std::string rule =
+      ": must be a list of {\"gemm\": NAME, \"m\": M, \"k\": K, \"n\": N, \"flop_per_s\": RATE} with positive "
+      "integer m, k, n and a positive rate";
+  EXPECT_EQ(error_of([] {
+              hardware_from_json(profile_json(R"("gemm_flop_per_s_at_shapes": [{"gemm": "qkv", "m": 0, "k": 1, )"
+                                              R"("n": 1, "flop_per_s": 1}], )"),
+                                 "h.json");
+            }),
+            "h.json: gemm_flop_per_s_at_shapes = [{\"flop_per_s\":1,\"gemm\":\"qkv\",\"k\":1,\"m\":0,\"n\":1}]" + rule);
+  EXPECT_NE(error_of([] {
+              hardware_from_json(profile_json(R"("gemm_flop_per_s_at_shapes": [{"gemm": "qkv", "m": 1, "k": 1, )"
+                                              R"("n": 1, "flop_per_s": 1, "extra": 2}], )"),
+                                 "h.json");
+            }).find(rule),
+            std::string::npos);
+}
+
 TEST(Hardware, ExampleFilesEqualTheBuiltins) {
   for (const HardwareProfile& profile : hardware_presets()) {
     const std::string path = std::string(PIPEFLOW_SOURCE_DIR) + "/examples/hardware/" + profile.name + ".json";

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,7 +32,17 @@ namespace pipeflow {
 //    "memory_efficiency": 0.85,                 streaming kernels' share of HBM bandwidth
 //    "collective_efficiency": 0.77,             all-reduce bus bandwidth / link bandwidth
 //    "estimated": ["intra_node_latency_s"],     keys that are not datasheet figures
-//    "note": "free text"}
+//    "note": "free text",
+//    -- measured by `pipeflow calibrate` only, each optional (absent: not measured):
+//    "peak_fp32_flop_per_s_by_isa": {"avx2": 60e9, "avx512": 120e9},
+//                                               one core's register-only FMA peak per ISA it has
+//    "peak_bf16_flop_per_s_by_isa": {"avx512_bf16": 240e9},  vdpbf16ps, where the CPU has it
+//    "gemm_flop_per_s_at_shapes": [{"gemm": "qkv", "m": 512, "k": 128, "n": 384,
+//                                   "flop_per_s": 70e9}, ...]}
+//                                               the GEMM library's rate at a model's shapes
+// The measured keys are informative: the cost model prices with peak_*,
+// efficiency and the curve, not with them. Their shares (a GEMM's rate over
+// the best fp32 peak) are what `calibrate` prints and bench/ reports.
 //
 // The compute model (docs/VALIDATION.md has every constant's source and the
 // published runs it reproduces):
@@ -48,6 +59,18 @@ namespace pipeflow {
 //                (NCCL's bus bandwidth); point-to-point at link bandwidth.
 // A file without these keys: efficiency kDefaultEfficiency, a flat curve,
 // memory_efficiency and collective_efficiency 1.
+// One GEMM C[m, n] = A[m, k] · B[k, n] (fp32, row-major, the forward's layout)
+// of a model, at the rate the GEMM library ran it here.
+struct GemmRate {
+  std::string gemm;  // "qkv", "proj", "fc", "fc_proj"
+  int m = 0;         // rows: micro-batch × sequence, or a decode group
+  int k = 0;
+  int n = 0;
+  double flop_per_s = 0;  // 2·m·k·n per second
+
+  bool operator==(const GemmRate&) const = default;
+};
+
 struct HardwareProfile {
   std::string name;
   double peak_flop_per_s = 0;       // bf16/fp16
@@ -65,6 +88,14 @@ struct HardwareProfile {
   double collective_efficiency = 1;
   std::vector<std::string> estimated;  // JSON keys whose values are estimates, not datasheet figures
   std::string note;
+  // Measured limits (calibrate): ISA name -> FLOP/s, and GEMMs at a model's shapes.
+  std::map<std::string, double> peak_fp32_flop_per_s_by_isa = {};
+  std::map<std::string, double> peak_bf16_flop_per_s_by_isa = {};
+  std::vector<GemmRate> gemm_flop_per_s_at_shapes = {};
+
+  // The highest of peak_fp32_flop_per_s_by_isa (0 if not measured), and its ISA.
+  double best_core_fp32_peak() const;
+  std::string best_core_fp32_isa() const;
 
   // FLOP/s a layer sustains while computing: peak × efficiency.
   double achieved_flop_per_s() const { return peak_flop_per_s * efficiency; }
