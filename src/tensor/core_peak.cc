@@ -24,10 +24,13 @@ constexpr int kAvx2Chains = 12;
 // fold x·1 + 1 into an add: every instruction stays an FMA (or a dot product).
 volatile float g_one = 1.0f;
 
-// The sum of a vector's lanes, through memory: the kernels' result, off the timed loop.
-__attribute__((target("avx512f"))) float sum_lanes(__m512 vector) {
+// The sum of every chain's lanes, through memory: the AVX-512 kernels'
+// result, off the timed loop.
+__attribute__((target("avx512f"))) float sum_chains(const __m512 (&acc)[kAvx512Chains]) {
+  __m512 total = acc[0];
+  for (int c = 1; c < kAvx512Chains; ++c) total = _mm512_add_ps(total, acc[c]);
   alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, vector);
+  _mm512_store_ps(lanes, total);
   float sum = 0;
   for (float lane : lanes) sum += lane;
   return sum;
@@ -40,9 +43,7 @@ __attribute__((target("avx512f"))) float run_fp32_avx512(std::int64_t iterations
   for (std::int64_t i = 0; i < iterations; ++i) {
     for (__m512& a : acc) a = _mm512_fmadd_ps(a, one, one);
   }
-  __m512 total = acc[0];
-  for (int c = 1; c < kAvx512Chains; ++c) total = _mm512_add_ps(total, acc[c]);
-  return sum_lanes(total);
+  return sum_chains(acc);
 }
 
 __attribute__((target("avx2,fma"))) float run_fp32_avx2(std::int64_t iterations) {
@@ -70,9 +71,7 @@ __attribute__((target("avx512f,avx512bf16"))) float run_bf16_avx512(std::int64_t
   for (std::int64_t i = 0; i < iterations; ++i) {
     for (__m512& a : acc) a = _mm512_dpbf16_ps(a, ones, ones);
   }
-  __m512 total = acc[0];
-  for (int c = 1; c < kAvx512Chains; ++c) total = _mm512_add_ps(total, acc[c]);
-  return sum_lanes(total);
+  return sum_chains(acc);
 }
 
 bool has_avx512(const CpuFeatures& cpu) { return cpu.avx512f; }
