@@ -2,6 +2,7 @@
 // kind) gets a clear error naming the file, the rule and the fix: no crash,
 // no "internal error", no unbounded memory.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -10,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -461,9 +463,31 @@ TEST(HostileInput, ATraceTooLargeToWriteIsRefusedBeforeItIsBuilt) {
 TEST(HostileInput, CalibrateSecondsAreBounded) {
   for (const std::string seconds : {"1e9", "61", "0", "-1", "nan", "inf"}) {
     const CommandResult r = run_pipeflow("calibrate --seconds " + seconds, "", "ulimit -t 10");
-    expect_error(r, ": must be in (0, 60] (seconds for each of the four measurements");
+    expect_error(r, ": must be in (0, 60] (seconds for each of the seven measurements");
     EXPECT_EQ(r.err.rfind("pipeflow: error: --seconds ", 0), 0u) << r.err;
   }
+}
+
+TEST(HostileInput, CalibrateGemmShapesAreBounded) {
+  for (const std::string width : {"0", "7", "4097", "-128"}) {
+    const CommandResult r = run_pipeflow("calibrate --seconds 0.01 --gemm-width " + width, "", "ulimit -t 10");
+    expect_error(r, "--gemm-width " + width + ": must be in [8, 4096] (the model width C");
+    expect_error(r, "pass your model's n_embd");
+  }
+  for (const std::string rows : {"0", "512,0", "8193", "-1"}) {
+    const CommandResult r = run_pipeflow("calibrate --seconds 0.01 --gemm-rows " + rows, "", "ulimit -t 10");
+    expect_error(r, ": each row count must be in [1, 8192] (micro-batch × sequence length, or a decode group's rows)");
+    EXPECT_EQ(r.err.rfind("pipeflow: error: --gemm-rows ", 0), 0u) << r.err;
+  }
+  for (const auto& [flag, value, word] :
+       {std::tuple{"--gemm-rows", "512,many", "many"}, std::tuple{"--gemm-rows", "512,,8", ""},
+        std::tuple{"--gemm-rows", "5e2", "5e2"}, std::tuple{"--gemm-width", "wide", "wide"},
+        std::tuple{"--gemm-width", "128.5", "128.5"}}) {
+    const CommandResult r = run_pipeflow(fmt::format("calibrate --seconds 0.01 {} {}", flag, value));
+    expect_error(r, fmt::format("{} {}: '{}' is not a whole number: give ", flag, value, word));
+  }
+  expect_error(run_pipeflow("calibrate --gemm-rows 512,x"), "e.g. --gemm-rows 512,8");
+  expect_error(run_pipeflow("calibrate --gemm-width x"), "e.g. your model's n_embd (128)");
 }
 
 // One prompt per line of a file of a million used to ask for every prompt's

@@ -44,6 +44,33 @@ double measure_sgemm(double seconds) {
   });
 }
 
+std::vector<GemmRate> measure_gemm_rates(int width, const std::vector<int>& rows, double seconds) {
+  std::vector<GemmRate> rates = model_gemm_shapes(width, rows);
+  for (GemmRate& rate : rates) {
+    std::vector<float> a(static_cast<std::size_t>(rate.m) * rate.k, 0.5f);
+    std::vector<float> b(static_cast<std::size_t>(rate.k) * rate.n, 0.25f);
+    std::vector<float> c(static_cast<std::size_t>(rate.m) * rate.n, 0.0f);
+    rate.flop_per_s = best_cpu_rate(seconds / static_cast<double>(rates.size()), [&] {
+      gemm<float>(Transpose::kNo, Transpose::kNo, rate.m, rate.n, rate.k, 1.0f, a.data(), rate.k, b.data(), rate.n,
+                  0.0f, c.data(), rate.n);
+      return 2.0 * rate.m * rate.k * rate.n;
+    });
+  }
+  return rates;
+}
+
+double measure_triad(double seconds) {
+  // Each array at least the last-level cache (sysconf may not know it: 0).
+  const auto cache_bytes = static_cast<std::size_t>(std::max(0L, sysconf(_SC_LEVEL3_CACHE_SIZE)));
+  const std::size_t n = std::max(std::size_t{64} << 20, cache_bytes) / sizeof(float);
+  std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
+  const float scalar = 3.0f;
+  return best_cpu_rate(seconds, [&] {
+    for (std::size_t i = 0; i < n; ++i) a[i] = b[i] + scalar * c[i];
+    return 3.0 * sizeof(float) * static_cast<double>(n);
+  });
+}
+
 double measure_memcpy(double seconds) {
   const std::size_t bytes = std::size_t{64} << 20;
   std::vector<char> from(bytes, 1), to(bytes, 0);
@@ -103,14 +130,53 @@ double measure_model(double seconds) {
 
 }  // namespace
 
-Calibration calibrate(const CalibrationOptions& options) {
+std::vector<GemmRate> model_gemm_shapes(int width, const std::vector<int>& rows) {
+  std::vector<GemmRate> shapes;
+  for (const int m : rows) {
+    shapes.push_back({.gemm = "qkv", .m = m, .k = width, .n = 3 * width});
+    shapes.push_back({.gemm = "proj", .m = m, .k = width, .n = width});
+    shapes.push_back({.gemm = "fc", .m = m, .k = width, .n = 4 * width});
+    shapes.push_back({.gemm = "fc_proj", .m = m, .k = 4 * width, .n = width});
+  }
+  return shapes;
+}
+
+namespace {
+
+void check_options(const CalibrationOptions& options) {
   const double seconds = options.seconds_per_measurement;
   if (!(seconds > 0 && seconds <= kMaxSecondsPerMeasurement)) {
-    fail("--seconds {}: must be in (0, {:g}] (seconds for each of the four measurements, which keep the best of "
+    fail("--seconds {}: must be in (0, {:g}] (seconds for each of the seven measurements, which keep the best of "
          "repeated runs: the default 0.5 already repeats the slowest about ten times)",
          seconds, kMaxSecondsPerMeasurement);
   }
+  if (options.gemm_width < kMinGemmWidth || options.gemm_width > kMaxGemmWidth) {
+    fail("--gemm-width {}: must be in [{}, {}] (the model width C whose qkv, proj, fc and fc_proj GEMMs are "
+         "timed; fc's weight is C × 4C floats): pass your model's n_embd",
+         options.gemm_width, kMinGemmWidth, kMaxGemmWidth);
+  }
+  if (options.gemm_rows.empty()) {
+    fail("--gemm-rows is empty: give at least one row count M (micro-batch × sequence length, or a decode group), "
+         "e.g. --gemm-rows 512,8");
+  }
+  for (const int rows : options.gemm_rows) {
+    if (rows < 1 || rows > kMaxGemmRows) {
+      fail("--gemm-rows {}: each row count must be in [1, {}] (micro-batch × sequence length, or a decode "
+           "group's rows): e.g. --gemm-rows 512,8",
+           rows, kMaxGemmRows);
+    }
+  }
+}
+
+}  // namespace
+
+Calibration calibrate(const CalibrationOptions& options) {
+  check_options(options);
+  const double seconds = options.seconds_per_measurement;
   Calibration c;
+  c.core_peaks = measure_core_peaks(detect_cpu_features(), seconds);
+  c.gemm_rates = measure_gemm_rates(options.gemm_width, options.gemm_rows, seconds);
+  c.triad_bytes_per_s = measure_triad(seconds);
   c.sgemm_flop_per_s = measure_sgemm(seconds);
   c.memcpy_bytes_per_s = measure_memcpy(seconds);
   // As the engine waits: spinning only where the two threads have a core each.
@@ -128,7 +194,7 @@ HardwareProfile calibrated_profile(const Calibration& c, std::string name) {
   profile.peak_flop_per_s = c.sgemm_flop_per_s;  // the runtime computes bf16 in fp32 too
   profile.peak_fp32_flop_per_s = c.sgemm_flop_per_s;
   profile.memory_bytes = c.memory_bytes;
-  profile.memory_bandwidth_bytes_per_s = c.memcpy_bytes_per_s;
+  profile.memory_bandwidth_bytes_per_s = c.triad_bytes_per_s > 0 ? c.triad_bytes_per_s : c.memcpy_bytes_per_s;
   profile.devices_per_node = c.cores;
   profile.intra_node_bandwidth_bytes_per_s = c.memcpy_bytes_per_s;
   profile.intra_node_latency_s = c.handoff_latency_s;
@@ -136,6 +202,11 @@ HardwareProfile calibrated_profile(const Calibration& c, std::string name) {
   profile.inter_node_latency_s = c.handoff_latency_s;
   profile.efficiency = std::clamp(c.model_flop_per_s / c.sgemm_flop_per_s, 0.01, 1.0);
   profile.estimated = {"inter_node_bandwidth_bytes_per_s", "inter_node_latency_s"};
+  for (const CorePeak& peak : c.core_peaks) {
+    (peak.precision == "fp32" ? profile.peak_fp32_flop_per_s_by_isa : profile.peak_bf16_flop_per_s_by_isa)[peak.isa] =
+        peak.flop_per_s;
+  }
+  profile.gemm_flop_per_s_at_shapes = c.gemm_rates;
   profile.note = "measured by pipeflow calibrate: one core is one device; no network (inter-node = intra-node)";
   validate_hardware(profile);
   return profile;
