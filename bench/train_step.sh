@@ -2,7 +2,8 @@
 # One training step (forward + backward + AdamW) on one thread: pipeflow
 # (bench_train_step) against PyTorch (bench/train_step_torch.py, Debian's
 # python3-torch) on the same model, in the same run, with the single-thread
-# sgemm ceiling measured by bench_train_step; GPT-2 at two sizes, then a
+# sgemm ceiling measured by bench_train_step and the core's fp32 FMA peak by
+# bench_core_peak (common.sh's core_peak, once a round); GPT-2 at two sizes, then a
 # Llama of the small GPT-2's size (multi-head, SwiGLU 352: 0.3% more
 # parameters) with both implementations, set beside the GPT-2 step; then the
 # small GPT-2 in bf16 (pipeflow's mixed precision; torch.autocast to bf16)
@@ -16,6 +17,7 @@ source "$(dirname "$0")/common.sh"
 rounds=${ROUNDS:-3}
 bench="$build_dir/bench/bench_train_step"
 need "$bench"
+need "$build_dir/bench/bench_core_peak"
 
 python=${PYTHON:-/usr/bin/python3}
 have_torch=1
@@ -29,13 +31,18 @@ fi
 # G GFLOP/s ..." (pipeflow adds "... of sgemm S GFLOP/s"). The summary takes,
 # per implementation, the median over rounds of the per-round CPU-time median
 # (time-slicing by other processes inflates wall time, not CPU time) and the
-# fastest wall-clock step; GFLOP/s and the sgemm share come from CPU time.
+# fastest wall-clock step; GFLOP/s and the sgemm and peak shares come from
+# CPU time, against the best sgemm and the median core peak of the rounds.
 field() { sed -nE "s|$2|\1|p" <<<"$1"; }
 middle() { sort -g | sed -n "$(( (rounds + 1) / 2 ))p"; }
 summarise() {
-  local lines=$1 sgemm flops name
+  local lines=$1 sgemm peak isa flops name
   sgemm=$(field "$lines" '.* of sgemm ([0-9.]+) GFLOP/s.*' | sort -g | tail -1)
-  echo "summary ($rounds round(s), best sgemm ceiling $sgemm GFLOP/s):"
+  peak=$(median_peak "$lines")
+  isa=$(field "$lines" "^best fp32 peak: $peak GFLOP/s \\(([a-z0-9_]+)\\).*" | head -1)
+  awk -v r="$rounds" -v s="$sgemm" -v p="$peak" -v i="$isa" 'BEGIN {
+    printf "summary (%d round(s), best sgemm ceiling %s GFLOP/s = %.0f%% of the median core fp32 peak %s GFLOP/s, %s):\n",
+           r, s, 100 * s / p, p, i }'
   for name in pipeflow torch pipeflow-llama torch-llama pipeflow-bf16 torch-bf16; do
     local mine cpu fastest slowest
     mine=$(grep "^$name:" <<<"$lines") || continue
@@ -44,10 +51,10 @@ summarise() {
     fastest=$(field "$mine" '.*, min ([0-9.]+), max .*' | sort -g | head -1)
     slowest=$(field "$mine" '.*, max ([0-9.]+)\).*' | sort -g | tail -1)
     eval "${name//-/_}_cpu=$cpu ${name//-/_}_fastest=$fastest"
-    awk -v n="$name" -v c="$cpu" -v f="$fastest" -v w="$slowest" -v flops="$flops" -v s="$sgemm" 'BEGIN {
+    awk -v n="$name" -v c="$cpu" -v f="$fastest" -v w="$slowest" -v flops="$flops" -v s="$sgemm" -v p="$peak" 'BEGIN {
       g = flops / c * 1000
-      printf "  %-14s %8.2f ms/step CPU = %6.1f GFLOP/s = %3.0f%% of sgemm; wall-clock steps %.2f to %.2f ms\n",
-             n, c, g, 100 * g / s, f, w }'
+      printf "  %-14s %8.2f ms/step CPU = %6.1f GFLOP/s = %3.0f%% of sgemm = %3.0f%% of peak; wall-clock steps %.2f to %.2f ms\n",
+             n, c, g, 100 * g / s, 100 * g / p, f, w }'
   done
   if [ $have_torch = 1 ] && [ -n "${pipeflow_cpu:-}" ]; then
     awk -v pc="$pipeflow_cpu" -v tc="$torch_cpu" -v pf="$pipeflow_fastest" -v tf="$torch_fastest" \
@@ -61,6 +68,7 @@ run() {
   echo "-- $name: $*"
   local lines=""
   for ((round = 1; round <= rounds; round++)); do
+    lines+=$(core_peak)$'\n'
     lines+=$(OPENBLAS_NUM_THREADS=1 "$bench" "$@" --steps "$steps")$'\n'
     if [ $have_torch = 1 ]; then
       lines+=$(OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$python" bench/train_step_torch.py "$@" --steps "$steps")$'\n'
@@ -83,6 +91,7 @@ paired() {
   local args=(--layers 4 --heads 4 --width 128 --context 64 --batch 16)
   echo "-- $title: ${args[*]}"
   for ((round = 1; round <= rounds; round++)); do
+    lines+=$(core_peak)$'\n'
     lines+=$(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}" --steps "$steps")$'\n'
     # shellcheck disable=SC2086 # the variant's flags, split on purpose
     lines+=$(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}" --steps "$steps" $pipeflow_args)$'\n'
