@@ -375,6 +375,14 @@ void unpack_half(Saved& saved, Allocator allocator) {
   saved.stash.unpack(tensors, allocator);
 }
 
+// The values a stash and unstash would give, in place.
+template <class Saved>
+void round_half(Saved& saved, ComputeFormat format) {
+  for (auto* tensor : saved.half_tensors()) {
+    if (!tensor->empty()) pipeflow::round_to_format(format, tensor->data(), tensor->numel());
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -386,6 +394,18 @@ void BasicStage<T>::stash_layer(State& state, int local) {
       pack_half(state.blocks_[static_cast<std::size_t>(block_index(local))], options_.format, allocator());
       break;
     case Kind::kHead: pack_half(state.head_, options_.format, allocator()); break;
+  }
+}
+
+template <class T>
+void BasicStage<T>::round_layer(State& state, int local) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!half()) return;
+    switch (kind(local)) {
+      case Kind::kEmbedding: round_half(state.embedding_, options_.format); break;
+      case Kind::kBlock: round_half(state.blocks_[static_cast<std::size_t>(block_index(local))], options_.format); break;
+      case Kind::kHead: round_half(state.head_, options_.format); break;
+    }
   }
 }
 
@@ -434,7 +454,8 @@ BasicTensor<T> BasicStage<T>::forward(State& state, Input input) {
 }
 
 template <class T>
-BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, double loss_scale) {
+BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, double loss_scale,
+                                         bool weight_pass_follows) {
   for (int local = range_.size() - 1; local >= 0; --local) {
     const int k = options_.recompute_interval;
     if (checkpointing() && (local % k == k - 1 || local == range_.size() - 1)) recompute_segment(state, local / k);
@@ -454,7 +475,18 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
         embedding_->backward_input(state.embedding_, std::move(grad), state.shape_, allocator());
         break;
     }
-    stash_layer(state, local);  // what W reads
+    if (weight_pass_follows) {
+      round_layer(state, local);   // as a stash would leave it: W's inputs in the format
+      weight_layer(state, local);  // what it read is freed before the next layer's I
+    } else {
+      stash_layer(state, local);  // what W reads, later
+    }
+  }
+  if (weight_pass_follows) {
+    const double loss = state.loss_;
+    state = State();
+    state.loss_ = loss;
+    return grad;
   }
   state.checkpoints_.clear();
   state.targets_.reset();  // W does not need them
@@ -463,7 +495,8 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
 }
 
 template <class T>
-BasicTensor<T> BasicStage<T>::backward_input(State& state, BasicTensor<T> grad_output) {
+BasicTensor<T> BasicStage<T>::input_pass_from_output(State& state, BasicTensor<T> grad_output,
+                                                     bool weight_pass_follows) {
   require_phase(state, State::Phase::kForward, "backward_input");
   if (has_head()) fail("{}: holds the head: its backward starts at the loss (backward_input_from_loss)", where());
   const LayerShape& s = state.shape_;
@@ -472,52 +505,64 @@ BasicTensor<T> BasicStage<T>::backward_input(State& state, BasicTensor<T> grad_o
          s.b, positions_held(s.t), s.c);
   }
   grad_output.charge_to(&activation_memory_);
-  return input_pass(state, std::move(grad_output), 1.0);
+  return input_pass(state, std::move(grad_output), 1.0, weight_pass_follows);
+}
+
+template <class T>
+BasicTensor<T> BasicStage<T>::input_pass_from_loss(State& state, double loss_scale, bool weight_pass_follows) {
+  require_phase(state, State::Phase::kForward, "backward_input_from_loss");
+  if (!has_head()) fail("{}: does not hold the head: its backward takes the next stage's gradient", where());
+  return input_pass(state, {}, loss_scale, weight_pass_follows);
+}
+
+template <class T>
+BasicTensor<T> BasicStage<T>::backward_input(State& state, BasicTensor<T> grad_output) {
+  return input_pass_from_output(state, std::move(grad_output), false);
 }
 
 template <class T>
 BasicTensor<T> BasicStage<T>::backward_input_from_loss(State& state, double loss_scale) {
-  require_phase(state, State::Phase::kForward, "backward_input_from_loss");
-  if (!has_head()) fail("{}: does not hold the head: its backward takes the next stage's gradient", where());
-  return input_pass(state, {}, loss_scale);
+  return input_pass_from_loss(state, loss_scale, false);
 }
 
 template <class T>
 void BasicStage<T>::backward_weight(State& state) {
   require_phase(state, State::Phase::kInputGrad, "backward_weight");
-  for (int local = range_.size() - 1; local >= 0; --local) {
-    unstash_layer(state, local);
-    switch (kind(local)) {
-      case Kind::kHead:
-        head_->backward_weight(state.head_, state.shape_);
-        break;
-      case Kind::kBlock: {
-        const auto i = static_cast<std::size_t>(block_index(local));
-        blocks_[i].backward_weight(state.blocks_[i], state.shape_);
-        break;
-      }
-      case Kind::kEmbedding:
-        embedding_->backward_weight(state.embedding_, state.shape_);
-        break;
-    }
-  }
+  for (int local = range_.size() - 1; local >= 0; --local) weight_layer(state, local);
   const double loss = state.loss_;
   state = State();
   state.loss_ = loss;
 }
 
 template <class T>
+void BasicStage<T>::weight_layer(State& state, int local) {
+  unstash_layer(state, local);
+  switch (kind(local)) {
+    case Kind::kHead:
+      head_->backward_weight(state.head_, state.shape_);
+      break;
+    case Kind::kBlock: {
+      const auto i = static_cast<std::size_t>(block_index(local));
+      blocks_[i].backward_weight(state.blocks_[i], state.shape_);
+      break;
+    }
+    case Kind::kEmbedding:
+      embedding_->backward_weight(state.embedding_, state.shape_);
+      break;
+  }
+}
+
+// Fused: each layer's W runs right after its I (the same order of the
+// weight-gradient sums as I over every layer, then W), so what a layer's W
+// reads is freed before the next layer's I and never stashed.
+template <class T>
 BasicTensor<T> BasicStage<T>::backward(State& state, BasicTensor<T> grad_output) {
-  auto grad_input = backward_input(state, std::move(grad_output));
-  backward_weight(state);
-  return grad_input;
+  return input_pass_from_output(state, std::move(grad_output), true);
 }
 
 template <class T>
 BasicTensor<T> BasicStage<T>::backward_from_loss(State& state, double loss_scale) {
-  auto grad_input = backward_input_from_loss(state, loss_scale);
-  backward_weight(state);
-  return grad_input;
+  return input_pass_from_loss(state, loss_scale, true);
 }
 
 template <class T>

@@ -190,7 +190,9 @@ class BasicStage {
   BasicTensor<T> backward_input_from_loss(State& state, double loss_scale);
   // W: adds this micro-batch's weight gradients and empties the state.
   void backward_weight(State& state);
-  // B = I then W.
+  // B = I and W, layer by layer from the last: each layer's W runs right
+  // after its I, so what it read is freed before the next layer's I (the
+  // same gradients, bit for bit, as backward_input then backward_weight).
   BasicTensor<T> backward(State& state, BasicTensor<T> grad_output);
   BasicTensor<T> backward_from_loss(State& state, double loss_scale);
 
@@ -284,8 +286,17 @@ class BasicStage {
   // (half_stash.h): stashed after F and after I, unstashed before I and W.
   void stash_layer(State& state, int local);
   void unstash_layer(State& state, int local);
+  // In place, the values stash_layer then unstash_layer give (a fused
+  // backward's W reads what a split one's would).
+  void round_layer(State& state, int local);
+  void weight_layer(State& state, int local);
   void recompute_segment(State& state, int segment);
-  BasicTensor<T> input_pass(State& state, BasicTensor<T> grad, double loss_scale);
+  // I from the output's gradient or from the loss (checked), then over the
+  // layers; `weight_pass_follows` (a fused backward) runs each layer's W
+  // right after its I instead of keeping (stashing) what W reads.
+  BasicTensor<T> input_pass_from_output(State& state, BasicTensor<T> grad_output, bool weight_pass_follows);
+  BasicTensor<T> input_pass_from_loss(State& state, double loss_scale, bool weight_pass_follows);
+  BasicTensor<T> input_pass(State& state, BasicTensor<T> grad, double loss_scale, bool weight_pass_follows);
 
   ModelConfig config_;
   LayerRange range_;
