@@ -19,6 +19,23 @@
 #include "pipeflow/trace/chrome_trace.h"
 
 namespace pipeflow {
+
+double peak_memory(const Prediction& p) {
+  double peak = 0;
+  for (const RankResult& r : p.result.ranks) peak = std::max(peak, r.peak_memory_bytes);
+  return peak;
+}
+
+double modelled_imbalance(const Prediction& p) {
+  double slowest = 0, sum = 0;
+  for (const StageCosts& s : p.costs.costs.stages) {
+    const double compute = s.forward_s + s.backward_s + s.backward_input_s + s.backward_weight_s;
+    slowest = std::max(slowest, compute);
+    sum += compute;
+  }
+  return sum > 0 ? slowest * static_cast<double>(p.costs.costs.stages.size()) / sum : 1.0;
+}
+
 namespace {
 
 constexpr std::array<ActionKind, 4> kComputeKinds = {ActionKind::kForward, ActionKind::kBackward,
@@ -212,12 +229,6 @@ std::size_t kind_index(ActionKind kind) {
   return static_cast<std::size_t>(std::find(kComputeKinds.begin(), kComputeKinds.end(), kind) - kComputeKinds.begin());
 }
 
-double peak_memory(const Prediction& p) {
-  double peak = 0;
-  for (const RankResult& r : p.result.ranks) peak = std::max(peak, r.peak_memory_bytes);
-  return peak;
-}
-
 std::string stage_layers(const Partition& partition, std::size_t stage) {
   const StagePlan& s = partition.stages[stage];
   return s.layer_names.size() == 1 ? s.layer_names.front()
@@ -234,17 +245,6 @@ bool splits_backward(const Schedule& schedule) {
 }
 
 // ---- advice ----
-
-// The slowest stage's F + B over the mean, in a prediction's costs.
-double modelled_imbalance(const Prediction& p) {
-  double slowest = 0, sum = 0;
-  for (const StageCosts& s : p.costs.costs.stages) {
-    const double compute = s.forward_s + s.backward_s + s.backward_input_s + s.backward_weight_s;
-    slowest = std::max(slowest, compute);
-    sum += compute;
-  }
-  return sum > 0 ? slowest * static_cast<double>(p.costs.costs.stages.size()) / sum : 1.0;
-}
 
 struct Candidate {
   std::string kind, finding, change;

@@ -185,6 +185,12 @@ RunMetadata measured_run_from(const std::filesystem::path& path, const RunConfig
 RunMetadata measured_run_of(const std::filesystem::path& path, const std::optional<std::filesystem::path>& config,
                             std::string_view config_flag);
 
+// The largest rank's predicted peak memory, in bytes.
+double peak_memory(const Prediction& p);
+// The slowest stage's compute (F + B + I + W of a micro-batch) over the
+// stages' mean, in a prediction's costs: 1 is balanced.
+double modelled_imbalance(const Prediction& p);
+
 // Analyses `input`. Throws Error for a timeline without events, or run
 // metadata whose configuration does not resolve.
 Analysis analyze(const TraceInput& input);
