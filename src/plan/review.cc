@@ -274,9 +274,17 @@ void check_noise_scale(Context& c) {
                         "{:.2f}x the minimum samples to reach the same loss",
                         c.layout.global_batch, noise, at.samples_over_minimum),
             batch, noise, "", {}};
-  const int unit = c.layout.micro_batch * c.layout.data_parallel;  // B is a multiple of b · d
+  // Smaller micro-batches first (the pipeline keeps its m micro-batches and
+  // its bubble), else fewer of them: B = b · m · d.
+  const int m = c.base.microbatches, d = c.layout.data_parallel;
+  const int micro = static_cast<int>(std::floor(noise / (m * d)));
+  const int unit = c.layout.micro_batch * d;
   const int target = static_cast<int>(std::floor(noise / unit)) * unit;
-  if (target >= unit) {
+  if (micro >= 1) {
+    f.fix = fmt::format("train_micro_batch_size_per_gpu {} (train_batch_size {}, the same {} micro-batches): {:.2f}x "
+                        "the minimum samples",
+                        micro, micro * m * d, m, batch_efficiency(micro * m * d, noise).samples_over_minimum);
+  } else if (target >= unit) {
     f.fix = fmt::format("train_batch_size {} (gradient_accumulation_steps {}): {:.2f}x the minimum samples", target,
                         target / unit, batch_efficiency(target, noise).samples_over_minimum);
   } else {

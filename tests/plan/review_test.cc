@@ -174,6 +174,14 @@ TEST(Review, AGlobalBatchPastTheNoiseScaleIsFoundWithMcCandlishsSamples) {
   // 1 + B / B_noise = 3 times the minimum samples; at 256, 2.
   EXPECT_NE(f.finding.find("3.00x the minimum samples"), std::string::npos) << f.finding;
   EXPECT_NE(f.fix.find("train_batch_size 256 (gradient_accumulation_steps 256): 2.00x"), std::string::npos) << f.fix;
+  // With micro-batches to shrink, the fix keeps the 16 micro-batches (and the bubble): 4 -> 2 sequences each.
+  const Review smaller =
+      review(run_of(R"({"train_micro_batch_size_per_gpu": 4})"), with_noise_scale(32));
+  const Finding& g = only_finding(smaller, "noise-scale");
+  EXPECT_EQ(g.value, 64);
+  EXPECT_NE(g.fix.find("train_micro_batch_size_per_gpu 2 (train_batch_size 32, the same 16 micro-batches): 2.00x"),
+            std::string::npos)
+      << g.fix;
 }
 
 TEST(Review, ALearningRateNotScaledWithTheBatchIsFoundAgainstTheSquareRootRule) {
