@@ -34,6 +34,7 @@ void add_generate_command(CLI::App& app);   // generate_command.cc
 void add_plan_command(CLI::App& app);       // plan_command.cc
 void add_advise_batch_command(CLI::App& app);  // advise_batch_command.cc
 void add_commbench_command(CLI::App& app);  // commbench_command.cc
+void add_review_command(CLI::App& app);     // review_command.cc
 
 // Thrown by a command that has done its work but must end the process with
 // `status` (train stopped by a signal: 128 + its number); main returns it.

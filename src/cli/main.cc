@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   pipeflow::cli::add_plan_command(app);
   pipeflow::cli::add_advise_batch_command(app);
   pipeflow::cli::add_commbench_command(app);
+  pipeflow::cli::add_review_command(app);
 
   try {
     app.parse(argc, argv);
