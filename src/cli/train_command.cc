@@ -15,6 +15,7 @@
 #include "pipeflow/core/file.h"
 #include "pipeflow/core/json.h"
 #include "pipeflow/core/units.h"
+#include "pipeflow/plan/review.h"
 #include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/runtime/mpi_world.h"
 #include "pipeflow/runtime/rank_group.h"
@@ -89,6 +90,20 @@ void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSet
   }
 }
 
+// The review's errors and warnings (pipeflow review), one line each on
+// standard error; the run goes on whatever they say. Nothing where the
+// review cannot predict the run.
+void print_review(const ResolvedRun& resolved) {
+  try {
+    for (const Finding& finding : review(resolved).findings) {
+      if (finding.severity != Severity::kNote) fmt::print(stderr, "review: {}\n", finding_line(finding));
+    }
+  } catch (const Error&) {
+    // A run the simulator cannot predict: train's own checks refuse it
+    // (naming the key), or the report says the prediction is missing.
+  }
+}
+
 void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   const RunConfig config = load_run_config(c.config, c.flags.overrides());
   const bool reporter = mpi == nullptr || mpi->rank() == 0;  // before the group exists: notes on the configuration
@@ -110,6 +125,7 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   if (!(c.timeout_s > 0)) fail("--timeout {}: must be > 0 seconds", c.timeout_s);
   settings.engine.timeout = std::chrono::duration<double>(c.timeout_s);
   if (mpi != nullptr && settings.emulate) fail("--emulate runs every rank in one process; run it without mpirun");
+  if (reporter) print_review(resolved);
   const std::unique_ptr<runtime::RankGroup> group =
       runtime::RankGroup::make(mpi, {.pipeline = settings.schedule.num_ranks(),
                                      .data_parallel = resolved.config.data_parallel,
