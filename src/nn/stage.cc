@@ -361,61 +361,53 @@ void BasicStage<T>::checkpoint_layer(State& state, int local) {
   }
 }
 
-namespace {
-
-template <class Saved>
-void pack_half(Saved& saved, ComputeFormat format, Allocator allocator) {
-  auto tensors = saved.half_tensors();
-  saved.stash.pack(format, tensors, allocator);
-}
-
-template <class Saved>
-void unpack_half(Saved& saved, Allocator allocator) {
-  auto tensors = saved.half_tensors();
-  saved.stash.unpack(tensors, allocator);
-}
-
-// The values a stash and unstash would give, in place.
-template <class Saved>
-void round_half(Saved& saved, ComputeFormat format) {
-  for (auto* tensor : saved.half_tensors()) {
-    if (!tensor->empty()) pipeflow::round_to_format(format, tensor->data(), tensor->numel());
+// What layer `local` saved for this micro-batch (its EmbeddingSaved,
+// BlockSaved or HeadSaved), handed to `f`.
+template <class T>
+template <class F>
+void BasicStage<T>::with_saved(State& state, int local, F&& f) {
+  switch (kind(local)) {
+    case Kind::kEmbedding: f(state.embedding_); break;
+    case Kind::kBlock: f(state.blocks_[static_cast<std::size_t>(block_index(local))]); break;
+    case Kind::kHead: f(state.head_); break;
   }
 }
-
-}  // namespace
 
 template <class T>
 void BasicStage<T>::stash_layer(State& state, int local) {
   if (!half()) return;
-  switch (kind(local)) {
-    case Kind::kEmbedding: pack_half(state.embedding_, options_.format, allocator()); break;
-    case Kind::kBlock:
-      pack_half(state.blocks_[static_cast<std::size_t>(block_index(local))], options_.format, allocator());
-      break;
-    case Kind::kHead: pack_half(state.head_, options_.format, allocator()); break;
-  }
+  with_saved(state, local, [&](auto& saved) {
+    auto tensors = saved.half_tensors();
+    saved.stash.pack(options_.format, tensors, allocator());
+  });
 }
 
+// The values a stash and unstash would give, in place.
 template <class T>
 void BasicStage<T>::round_layer(State& state, int local) {
   if constexpr (std::is_same_v<T, float>) {
     if (!half()) return;
-    switch (kind(local)) {
-      case Kind::kEmbedding: round_half(state.embedding_, options_.format); break;
-      case Kind::kBlock: round_half(state.blocks_[static_cast<std::size_t>(block_index(local))], options_.format); break;
-      case Kind::kHead: round_half(state.head_, options_.format); break;
-    }
+    with_saved(state, local, [&](auto& saved) {
+      for (auto* tensor : saved.half_tensors()) {
+        if (!tensor->empty()) pipeflow::round_to_format(options_.format, tensor->data(), tensor->numel());
+      }
+    });
   }
 }
 
 template <class T>
 void BasicStage<T>::unstash_layer(State& state, int local) {
-  switch (kind(local)) {
-    case Kind::kEmbedding: unpack_half(state.embedding_, allocator()); break;
-    case Kind::kBlock: unpack_half(state.blocks_[static_cast<std::size_t>(block_index(local))], allocator()); break;
-    case Kind::kHead: unpack_half(state.head_, allocator()); break;
-  }
+  with_saved(state, local, [&](auto& saved) {
+    auto tensors = saved.half_tensors();
+    saved.stash.unpack(tensors, allocator());
+  });
+}
+
+template <class T>
+void BasicStage<T>::end_microbatch(State& state) {
+  const double loss = state.loss_;
+  state = State();
+  state.loss_ = loss;
 }
 
 template <class T>
@@ -483,9 +475,7 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
     }
   }
   if (weight_pass_follows) {
-    const double loss = state.loss_;
-    state = State();
-    state.loss_ = loss;
+    end_microbatch(state);
     return grad;
   }
   state.checkpoints_.clear();
@@ -529,9 +519,7 @@ template <class T>
 void BasicStage<T>::backward_weight(State& state) {
   require_phase(state, State::Phase::kInputGrad, "backward_weight");
   for (int local = range_.size() - 1; local >= 0; --local) weight_layer(state, local);
-  const double loss = state.loss_;
-  state = State();
-  state.loss_ = loss;
+  end_microbatch(state);
 }
 
 template <class T>

@@ -290,6 +290,10 @@ class BasicStage {
   // backward's W reads what a split one's would).
   void round_layer(State& state, int local);
   void weight_layer(State& state, int local);
+  template <class F>
+  void with_saved(State& state, int local, F&& f);
+  // Empties the state after W, keeping the micro-batch's loss.
+  void end_microbatch(State& state);
   void recompute_segment(State& state, int segment);
   // I from the output's gradient or from the loss (checked), then over the
   // layers; `weight_pass_follows` (a fused backward) runs each layer's W
