@@ -29,7 +29,6 @@ constexpr std::array kNotModelled = {
     DeepSpeedKey{"csv_monitor", "writes metrics to CSV files"},
     DeepSpeedKey{"curriculum_learning", "the legacy curriculum over sequence length"},
     DeepSpeedKey{"data_efficiency", "data sampling by curriculum and random layerwise token dropping"},
-    DeepSpeedKey{"data_types", "the data type gradients accumulate in; pipeflow accumulates in fp32"},
     DeepSpeedKey{"dataloader_drop_last", "drops the last partial batch of DeepSpeed's data loader"},
     DeepSpeedKey{"dump_state", "prints the engine's state at start"},
     DeepSpeedKey{"elasticity", "batch sizes that stay valid as the GPU count changes"},

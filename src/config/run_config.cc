@@ -113,6 +113,11 @@ void read_precision(const Config& config, RunConfig& run) {
     run.communication_data_type =
         with_value_context(config, "communication_data_type", [&] { return parse_precision(type); });
   }
+  const Config data_types = config.object("data_types");
+  if (data_types.has("grad_accum_dtype")) {
+    const std::string type = data_types.require<std::string>("grad_accum_dtype");
+    run.grad_accum_dtype = with_value_context(data_types, "grad_accum_dtype", [&] { return parse_precision(type); });
+  }
 }
 
 void read_warmup(const Config& params, SchedulerConfig& s) {
@@ -646,6 +651,7 @@ ResolvedRun resolve(const RunConfig& given, const std::optional<ModelFromFile>& 
   }
   r.recompute = run.recompute.value_or(run.pipeline.recompute_interval > 0 ? Recompute::kFull : Recompute::kNone);
   r.sequence_parallel = run.sequence_parallel && run.tensor_parallel > 1;
+  r.gradient_accumulation = run.grad_accum_dtype.value_or(default_gradient_accumulation(run.precision, run.zero));
   if (r.sequence_parallel) {
     try {
       check_sequence_parallel_split(r.seq_length, run.tensor_parallel);
@@ -699,6 +705,7 @@ std::string run_config_to_json(const RunConfig& run) {
                   {"min_loss_scale", scale.min_loss_scale}};
   json["bf16"] = {{"enabled", run.precision == Precision::kBf16}};
   if (run.communication_data_type) json["communication_data_type"] = std::string(to_string(*run.communication_data_type));
+  if (run.grad_accum_dtype) json["data_types"] = {{"grad_accum_dtype", std::string(to_string(*run.grad_accum_dtype))}};
   json["steps_per_print"] = run.steps_per_print;
   json["pipeline"] = {{"stages", run.pipeline.ranks},
                       {"partition_method", to_string(run.pipeline.partition_method)},

@@ -62,6 +62,9 @@ constexpr std::array kRunKeys = {
     RunKey{"bf16.enabled", "--bf16", "", kBoolean, "true | false", "false", "Mixed precision in bf16", kAll, true},
     RunKey{"communication_data_type", "", "", kString, "fp32 | bf16 | fp16", "",
            "Elements of the data-parallel gradient reduction; absent: the training precision's"},
+    RunKey{"data_types.grad_accum_dtype", "", "", kString, "fp32 | bf16 | fp16", "",
+           "Elements gradients accumulate in across micro-batches; absent: fp32 for bf16 without ZeRO, else the "
+           "training precision's (DeepSpeed's)"},
     RunKey{"steps_per_print", "", "", kInteger, ">= 0", "0", "Steps between progress lines; 0: about 50 a run"},
     RunKey{"wall_clock_breakdown", "", "", kBoolean, "true | false", "",
            "Accepted, not kept: pipeflow times every action of every step anyway"},

@@ -20,6 +20,16 @@ ModelStateBytes model_state_bytes(std::int64_t parameters, ZeroStage stage, int 
   return bytes;
 }
 
+Precision default_gradient_accumulation(Precision precision, ZeroStage stage) {
+  return precision == Precision::kBf16 && stage == ZeroStage::kNone ? Precision::kFp32 : precision;
+}
+
+StateAccounting state_accounting(Precision precision, Precision accumulation) {
+  if (precision == Precision::kFp32) return StateAccounting::kFp32Adam;
+  return accumulation == Precision::kFp32 ? StateAccounting::kMixedPrecisionFp32Grads
+                                          : StateAccounting::kMixedPrecisionAdam;
+}
+
 ZeroStage zero_stage_from_int(int stage) {
   if (stage < 0 || stage > 3) fail("zero stage {}: use 0 (off), 1, 2 or 3", stage);
   return static_cast<ZeroStage>(stage);

@@ -226,6 +226,7 @@ class Search {
                 layout.hardware = request_.hardware;
                 layout.precision = request_.precision;
                 layout.gradient_precision = request_.precision;
+                layout.gradient_accumulation = default_gradient_accumulation(request_.precision, zero);
                 layout.devices = request_.devices;
                 layout.tensor_parallel = tp;
                 layout.pipeline_ranks = pp;

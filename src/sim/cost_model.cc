@@ -101,8 +101,7 @@ StageCosts price_stage(const Layout& layout, const std::vector<PipelineLayer>& l
   stage.output_bytes = layers[static_cast<std::size_t>(plan.end - 1)].output_bytes;
 
   const std::int64_t parameters = plan.parameters;
-  const StateAccounting accounting =
-      layout.precision == Precision::kFp32 ? StateAccounting::kFp32Adam : StateAccounting::kMixedPrecisionAdam;
+  const StateAccounting accounting = state_accounting(layout.precision, layout.gradient_accumulation);
   stage.model_state_bytes = model_state_bytes(parameters, layout.zero, layout.data_parallel, accounting).total();
   const StageActivations activations = stage_activations(layout, layers, plan);
   stage.activation_bytes = activations.held;

@@ -38,6 +38,7 @@ Layout layout_of(const ResolvedRun& run) {
   layout.rank_order = keys.rank_order;
   layout.precision = keys.precision;
   layout.gradient_precision = keys.communication_data_type.value_or(keys.precision);
+  layout.gradient_accumulation = run.gradient_accumulation;
   return layout;
 }
 

@@ -379,6 +379,11 @@ TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
   EXPECT_NE(error_of(small + R"("zero_optimization": {"stage": 2}})").find("zero_optimization.stage = 2: "),
             std::string::npos);
   EXPECT_NE(error_of(small + R"("comm_mode": "blocking"})").find("comm_mode = \"blocking\": "), std::string::npos);
+  EXPECT_EQ(error_of(small + R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"}})"),
+            "pipeflow: error: " + dir +
+                "/run.json: data_types.grad_accum_dtype = \"bf16\": pipeflow train accumulates gradients in fp32 "
+                "over its fp32 master weights; remove the key or set \"fp32\" (pipeflow simulate models 16-bit "
+                "accumulation)\n");
   std::filesystem::remove_all(dir);
 }
 

@@ -444,6 +444,19 @@ TEST(RunConfig, DeepSpeedKeysAreReadAsDeepSpeedReadsThem) {
             "halves");
   EXPECT_EQ(parse_error(R"({"communication_data_type": "fp8"})"),
             "run.json: communication_data_type = \"fp8\": precision \"fp8\": use fp32, bf16 or fp16");
+  // What gradients accumulate in: data_types.grad_accum_dtype, else fp32 for
+  // bf16 without ZeRO (DeepSpeed's bf16 optimizer), else the precision.
+  EXPECT_EQ(parse(R"({"data_types": {"grad_accum_dtype": "bf16"}})").grad_accum_dtype, Precision::kBf16);
+  EXPECT_EQ(parse("{}").grad_accum_dtype, std::nullopt);
+  EXPECT_EQ(parse_error(R"({"data_types": {"grad_accum_dtype": "fp8"}})"),
+            "run.json: data_types.grad_accum_dtype = \"fp8\": precision \"fp8\": use fp32, bf16 or fp16");
+  EXPECT_EQ(resolved(R"({"bf16": {"enabled": true}})").gradient_accumulation, Precision::kFp32);
+  EXPECT_EQ(resolved(R"({"fp16": {"enabled": true}})").gradient_accumulation, Precision::kFp16);
+  EXPECT_EQ(resolved(R"({"bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"}})")
+                .gradient_accumulation,
+            Precision::kBf16);
+  EXPECT_EQ(parse(run_config_to_json(parse(R"({"data_types": {"grad_accum_dtype": "fp16"}})"))).grad_accum_dtype,
+            Precision::kFp16);
   // --bf16 over a file in fp16 turns the file's fp16 off.
   RunOverrides bf16;
   bf16.set("bf16.enabled", true);

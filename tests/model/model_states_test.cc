@@ -30,9 +30,23 @@ TEST(ModelStates, ZeroStagesReproduceTheZeroPaperExample) {
   EXPECT_EQ(model_state_bytes(psi, ZeroStage::kThree, 64).total(), 1'875'000'000);
 }
 
-TEST(ModelStates, MegatronCountsEighteenBytesAndSixPlusTwelveOverD) {
-  EXPECT_EQ(model_state_bytes(1000, ZeroStage::kNone, 8, StateAccounting::kMegatron).total(), 18000);
-  EXPECT_EQ(model_state_bytes(1000, ZeroStage::kOne, 8, StateAccounting::kMegatron).total(), 6000 + 12000 / 8);
+TEST(ModelStates, Fp32GradientsCountEighteenBytesAndSixPlusTwelveOverD) {
+  const StateAccounting fp32_grads = StateAccounting::kMixedPrecisionFp32Grads;
+  EXPECT_EQ(model_state_bytes(1000, ZeroStage::kNone, 8, fp32_grads).total(), 18000);
+  EXPECT_EQ(model_state_bytes(1000, ZeroStage::kNone, 8, fp32_grads).gradients, 4000);
+  EXPECT_EQ(model_state_bytes(1000, ZeroStage::kOne, 8, fp32_grads).total(), 6000 + 12000 / 8);
+}
+
+// DeepSpeed: bf16 without ZeRO runs the bf16 optimizer (fp32 gradients, 18
+// B); fp16, and bf16 under ZeRO, keep 16-bit gradients (16 B); fp32 is fp32.
+TEST(ModelStates, GradientsAccumulateInFp32ForBf16WithoutZeroUnlessTheRunSays) {
+  EXPECT_EQ(default_gradient_accumulation(Precision::kBf16, ZeroStage::kNone), Precision::kFp32);
+  EXPECT_EQ(default_gradient_accumulation(Precision::kBf16, ZeroStage::kOne), Precision::kBf16);
+  EXPECT_EQ(default_gradient_accumulation(Precision::kFp16, ZeroStage::kNone), Precision::kFp16);
+  EXPECT_EQ(default_gradient_accumulation(Precision::kFp32, ZeroStage::kTwo), Precision::kFp32);
+  EXPECT_EQ(state_accounting(Precision::kBf16, Precision::kFp32), StateAccounting::kMixedPrecisionFp32Grads);
+  EXPECT_EQ(state_accounting(Precision::kFp16, Precision::kFp16), StateAccounting::kMixedPrecisionAdam);
+  EXPECT_EQ(state_accounting(Precision::kFp32, Precision::kFp32), StateAccounting::kFp32Adam);
 }
 
 // fp32 Adam: 4 (weights) + 4 (gradients) + 8 (moments); ZeRO-1 8Ψ + 8Ψ/d,

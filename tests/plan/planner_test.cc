@@ -198,7 +198,8 @@ TEST(Planner, TheBestIsTheBestOfEveryLayoutPredictedOnItsOwn) {
                                    .seq_length = request.seq_length, .schedule = info.name, .chunks = v, .file_schedule = {},
                                    .recompute = recompute, .sequence_parallel = tp > 1, .partition = partition,
                                    .zero = zero, .comm_mode = CommMode::kOverlapped,
-                                   .precision = request.precision, .gradient_precision = request.precision};
+                                   .precision = request.precision, .gradient_precision = request.precision,
+                                   .gradient_accumulation = default_gradient_accumulation(request.precision, zero)};
                     try {
                       const Prediction p = predict(l);
                       // A second method's identical cut is the same layout: listed once.

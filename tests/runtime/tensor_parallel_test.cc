@@ -174,10 +174,15 @@ TEST(TensorParallelInThreads, EveryLayoutOfUpToEightRanksTrainsAsTheUnpipelinedR
           for (const std::string schedule : {"1f1b", "interleaved-1f1b", "zbv"}) {
             if (schedule != "1f1b" && p == 4) continue;  // 8 stages of the 8 pipeline layers: covered at p = 2
             for (const bool sequence : {false, true}) {
-              expect_equals_unpipelined(
-                  {.tensor = t, .stages = p, .data_parallel = d, .schedule = schedule, .zero1 = d > 1,
-                   .sequence = sequence},
-                  *model);
+              // Under a sanitizer, every fifth layout: 5 is prime to the 6
+              // (schedule, sequence) pairs of a (t, p, d), so the kept ones
+              // still take each schedule with and without sequence parallelism.
+              if (!testing::kSanitized || layouts % 5 == 0) {
+                expect_equals_unpipelined(
+                    {.tensor = t, .stages = p, .data_parallel = d, .schedule = schedule, .zero1 = d > 1,
+                     .sequence = sequence},
+                    *model);
+              }
               ++layouts;
             }
           }

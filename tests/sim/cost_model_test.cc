@@ -28,6 +28,7 @@ Layout make_layout(const char* model, const char* hardware, int tp, int pp, int 
   layout.seq_length = seq_length;
   layout.precision = Precision::kBf16;  // Korthikanti's and the ZeRO paper's 2-byte accounting
   layout.gradient_precision = Precision::kBf16;
+  layout.gradient_accumulation = Precision::kBf16;
   return layout;
 }
 
@@ -217,6 +218,22 @@ TEST(CostModel, ModelStatesAre16BytesPerParameterAndZeroOneShardsTheOptimizer) {
   // The optimizer touches 28 B per local parameter at the streaming share of the HBM bandwidth.
   EXPECT_DOUBLE_EQ(sharded.optimizer_s, 28 * (block / 4) / (0.85 * 2039e9));
   EXPECT_DOUBLE_EQ(sharded.gradient_bytes, 2 * block);
+}
+
+// Gradients accumulated in fp32 (DeepSpeed's bf16 optimizer, Megatron-LM's
+// bf16): 2 + 4 + 12 = 18 B a parameter; 6Ψ + 12Ψ/d under ZeRO-1. The wire
+// (communication_data_type) is another setting: still 2 B a parameter.
+TEST(CostModel, Fp32GradientAccumulationHolds18BytesPerParameter) {
+  Layout layout = single_block_stages(1, false, Recompute::kNone);
+  layout.gradient_accumulation = Precision::kFp32;
+  const double block = 12.0 * 12288 * 12288 + 13.0 * 12288;
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(layout)).model_state_bytes, 18 * block);
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(layout)).gradient_bytes, 2 * block);
+  layout.data_parallel = 4;
+  layout.devices = 16;
+  layout.global_batch = 32;
+  layout.zero = ZeroStage::kOne;
+  EXPECT_DOUBLE_EQ(block_stage(costs_of(layout)).model_state_bytes, 6 * block + 12 * block / 4);
 }
 
 // The same layout in fp32: 4-byte activations (Korthikanti's 34·sbh +

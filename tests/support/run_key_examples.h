@@ -63,6 +63,7 @@ inline std::vector<RunKeyExample> run_key_examples() {
       {"fp16.min_loss_scale", 0.5},
       {"bf16.enabled", true},
       {"communication_data_type", "fp32"},
+      {"data_types.grad_accum_dtype", "fp32"},
       {"steps_per_print", 5},
       {"wall_clock_breakdown", true, {}, "wall_clock_breakdown", nullptr},
       {"pipeline.stages", 2},

@@ -52,6 +52,8 @@ namespace pipeflow {
 //                initial_scale_power 16, loss_scale_window 1000, hysteresis 2, min_loss_scale 1}
 //   communication_data_type   fp32 | bf16 | fp16: the data-parallel gradient reduction's
 //                elements (absent: the training precision's)
+//   data_types   {grad_accum_dtype}: fp32 | bf16 | fp16, what gradients accumulate in
+//                across micro-batches (absent: model_states.h's default_gradient_accumulation)
 //   steps_per_print                  steps between progress lines (0, the default: about 50 lines a run)
 //   wall_clock_breakdown             accepted: pipeflow times every action of every step anyway
 //   pipeline     {stages 1               pipeline ranks p
@@ -213,6 +215,7 @@ struct RunConfig {
   Precision precision = Precision::kFp32;  // bf16.enabled, fp16.enabled
   LossScaleConfig loss_scale;              // the fp16 section's scaling keys
   std::optional<Precision> communication_data_type;  // absent: the precision's
+  std::optional<Precision> grad_accum_dtype;  // data_types.grad_accum_dtype; absent: default_gradient_accumulation
   PipelineConfig pipeline;
 
   std::string model_source;        // as written: preset, path, or "inline"; empty: none given
@@ -292,6 +295,9 @@ struct ResolvedRun {
   int devices = 1;      // tensor_parallel · stages · data_parallel
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;  // effective: off at tensor_parallel 1
+  // What gradients accumulate in: data_types.grad_accum_dtype, else
+  // default_gradient_accumulation(precision, zero).
+  Precision gradient_accumulation = Precision::kFp32;
   // What runs: pipeline.schedule_file's schedule, or the generator's for
   // (pipeline.stages, micro-batches per step, pipeline.virtual_stages).
   Schedule schedule{"unresolved", 1, 1, 1, Placement::kLoop};

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "pipeflow/model/precision.h"
+
 namespace pipeflow {
 
 // ZeRO (Rajbhandari et al. 2020): which model states are sharded across the
@@ -11,11 +13,25 @@ enum class ZeroStage { kNone = 0, kOne = 1, kTwo = 2, kThree = 3 };
 
 // Bytes per parameter of each model state under Adam.
 //   kFp32Adam: 4 (weights) + 4 (grads) + 8 (momentum, variance) = 16 B.
-//   kMixedPrecisionAdam (ZeRO paper, DeepSpeed's bf16/fp16): 2 (bf16/fp16
-//     weights) + 2 (grads) + 12 (fp32 master weights, momentum, variance) = 16 B.
-//   kMegatron (Megatron-LM, fp32 gradient accumulation): 2 + 4 + 12 = 18 B;
-//     its distributed optimizer is ZeRO-1, 6 + 12/d.
-enum class StateAccounting { kFp32Adam, kMixedPrecisionAdam, kMegatron };
+//   kMixedPrecisionAdam (ZeRO paper; DeepSpeed's fp16, and bf16 under ZeRO):
+//     2 (bf16/fp16 weights) + 2 (grads) + 12 (fp32 master weights, momentum,
+//     variance) = 16 B.
+//   kMixedPrecisionFp32Grads (gradients accumulated in fp32: Megatron-LM's
+//     bf16, DeepSpeed's bf16 optimizer without ZeRO, pipeflow train): 2 + 4
+//     + 12 = 18 B; Megatron's distributed optimizer is ZeRO-1, 6 + 12/d.
+enum class StateAccounting { kFp32Adam, kMixedPrecisionAdam, kMixedPrecisionFp32Grads };
+
+// The precision gradients accumulate in across micro-batches when a run
+// does not say (DeepSpeed's data_types.grad_accum_dtype absent): fp32 for
+// bf16 without ZeRO (DeepSpeed then runs its bf16 optimizer, which keeps
+// fp32 gradients; Megatron-LM accumulates bf16 runs' gradients in fp32),
+// else the training precision (DeepSpeed's fp16 optimizer and its ZeRO
+// optimizers keep the model's 16-bit gradients).
+Precision default_gradient_accumulation(Precision precision, ZeroStage stage);
+
+// The accounting of a run trained in `precision` whose gradients accumulate
+// in `accumulation`: fp32 Adam, or mixed precision with 16-bit or fp32 gradients.
+StateAccounting state_accounting(Precision precision, Precision accumulation);
 
 struct ModelStateBytes {
   double weights = 0;

@@ -55,6 +55,9 @@ struct Layout {
   // the data-parallel gradients travel in `gradient_precision`.
   Precision precision = Precision::kFp32;
   Precision gradient_precision = Precision::kFp32;
+  // What the gradients accumulate in across micro-batches (ResolvedRun's):
+  // 4 or 2 bytes a parameter of the model states (model_states.h).
+  Precision gradient_accumulation = Precision::kFp32;
 };
 
 // The hardware as a layout's GEMMs run on it: its peak at the layout's precision.

@@ -55,6 +55,11 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
          "checkpoint covers)",
          source);
   }
+  if (run.grad_accum_dtype && *run.grad_accum_dtype != Precision::kFp32) {
+    fail("{}: data_types.grad_accum_dtype = \"{}\": pipeflow train accumulates gradients in fp32 over its fp32 "
+         "master weights; remove the key or set \"fp32\" (pipeflow simulate models 16-bit accumulation)",
+         source, to_string(*run.grad_accum_dtype));
+  }
   TrainSettings s;
   s.model = runtime_model(resolved.model, source);
   try {
