@@ -350,10 +350,10 @@ double curve_figure(const PublishedRun& run, const RunCurves& curves, int half_s
   return run.figure == Figure::kStepSeconds ? step : curves.flops_per_device_step / step;
 }
 
-// The calibration that best fits every table but `held_out`: the least
+// The calibration that best fits every table but those left out: the least
 // mean over tables of each table's mean squared log error (each table
 // weighs the same, whatever its rows), efficiency by a 0.001 scan.
-Calibration calibrate_without(const std::string& held_out, const std::vector<RunCurves>& curves) {
+Calibration calibrate_without(const std::vector<std::string>& left_out, const std::vector<RunCurves>& curves) {
   const std::vector<PublishedRun>& runs = published_runs();
   Calibration best;
   double best_cost = std::numeric_limits<double>::infinity();
@@ -362,7 +362,7 @@ Calibration calibrate_without(const std::string& held_out, const std::vector<Run
       const double efficiency = milli / 1000.0;
       std::map<std::string, std::vector<double>> squared_log_errors;
       for (std::size_t r = 0; r < runs.size(); ++r) {
-        if (runs[r].table == held_out) continue;
+        if (std::find(left_out.begin(), left_out.end(), runs[r].table) != left_out.end()) continue;
         const double log_error = std::log(curve_figure(runs[r], curves[r], i, efficiency) / runs[r].published);
         squared_log_errors[runs[r].table].push_back(log_error * log_error);
       }
@@ -379,38 +379,62 @@ Calibration calibrate_without(const std::string& held_out, const std::vector<Run
   return best;
 }
 
+// The held-out table's rows predicted in full with `calibration`, into
+// `table`; their errors summarised. `pinned`: each against its held_out.
+ErrorSummary predict_table(const std::string& held_out, const Calibration& calibration,
+                           const std::vector<RunCurves>& curves, bool pinned, std::string& table) {
+  const std::vector<PublishedRun>& runs = published_runs();
+  ErrorSummary summary;
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const PublishedRun& run = runs[r];
+    if (run.table != held_out) continue;
+    const double predicted = figure_of(run, predict(layout_of(run, calibrated(run.hardware, calibration))));
+    // The interpolated step the search ranked by, against the full price.
+    const double interpolated = curve_figure(run, curves[r], static_cast<int>(calibration.half_size / kHalfSizeStep),
+                                             calibration.efficiency);
+    EXPECT_NEAR(interpolated / predicted, 1, 0.01) << run.name;
+    if (pinned) {
+      EXPECT_NEAR(predicted / run.held_out, 1, 1e-3)
+          << run.name << ": the cost model or the calibration changed; update docs/VALIDATION.md";
+    }
+    summary.add(predicted / run.published - 1);
+    table += table_row(run, predicted, "");
+  }
+  return summary;
+}
+
+std::string summary_row(const std::string& held_out, const Calibration& calibration, const ErrorSummary& summary) {
+  return fmt::format("| {} | {:.3f}, {:g} | {} | {:.1f}% | {:+.1f}% |\n", held_out, calibration.efficiency,
+                     calibration.half_size, summary.rows, 100 * summary.mean_abs, 100 * summary.worst);
+}
+
 TEST(Validation, LeaveOneTableOut) {
   const std::vector<PublishedRun>& runs = published_runs();
   std::vector<RunCurves> curves;
   for (const PublishedRun& run : runs) curves.push_back(step_curves(run));
 
-  std::string table = table_header();
-  std::string summaries =
+  const std::string header =
       "\n| held-out table | calibrated on the others: efficiency, half size | rows | mean |error| | worst |\n"
       "|---|---|---|---|---|\n";
+  std::string table = table_header();
+  std::string summaries = header;
   for (const std::string& held_out : table_names()) {
-    const Calibration calibration = calibrate_without(held_out, curves);
-    ErrorSummary summary;
-    for (std::size_t r = 0; r < runs.size(); ++r) {
-      const PublishedRun& run = runs[r];
-      if (run.table != held_out) continue;
-      const double predicted = figure_of(run, predict(layout_of(run, calibrated(run.hardware, calibration))));
-      // The interpolated step the search ranked by, against the full price.
-      const double interpolated =
-          curve_figure(run, curves[r], static_cast<int>(calibration.half_size / kHalfSizeStep), calibration.efficiency);
-      EXPECT_NEAR(interpolated / predicted, 1, 0.01) << run.name;
-      EXPECT_NEAR(predicted / run.held_out, 1, 1e-3)
-          << run.name << ": the cost model or the calibration changed; update docs/VALIDATION.md";
-      summary.add(predicted / run.published - 1);
-      table += table_row(run, predicted, "");
-    }
-    summaries += fmt::format("| {} | {:.3f}, {:g} | {} | {:.1f}% | {:+.1f}% |\n", held_out, calibration.efficiency,
-                             calibration.half_size, summary.rows, 100 * summary.mean_abs, 100 * summary.worst);
+    const Calibration calibration = calibrate_without({held_out}, curves);
+    const ErrorSummary summary = predict_table(held_out, calibration, curves, true, table);
+    summaries += summary_row(held_out, calibration, summary);
     const TableBound& bound = bound_of(kHeldOutBounds, held_out);
     EXPECT_LE(summary.mean_abs, bound.mean) << held_out;
     EXPECT_LE(std::abs(summary.worst), bound.worst) << held_out;
   }
-  std::puts((table + summaries).c_str());
+  // The same with MT-NLG's table in no calibration (docs/VALIDATION.md: its
+  // stack's speed, not its layout, sets it apart); printed, not asserted.
+  std::string without_mt_nlg = "\nMT-NLG's table left out of every calibration:" + header;
+  for (const std::string& held_out : table_names()) {
+    const Calibration calibration = calibrate_without({held_out, "Smith 2022 §2.4"}, curves);
+    std::string rows;
+    without_mt_nlg += summary_row(held_out, calibration, predict_table(held_out, calibration, curves, false, rows));
+  }
+  std::puts((table + summaries + without_mt_nlg).c_str());
 }
 
 }  // namespace
