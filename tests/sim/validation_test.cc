@@ -414,7 +414,7 @@ TEST(Validation, LeaveOneTableOut) {
   for (const PublishedRun& run : runs) curves.push_back(step_curves(run));
 
   const std::string header =
-      "\n| held-out table | calibrated on the others: efficiency, half size | rows | mean |error| | worst |\n"
+      "\n| held-out table | calibrated on the others: efficiency, half size | rows | mean abs. error | worst |\n"
       "|---|---|---|---|---|\n";
   std::string table = table_header();
   std::string summaries = header;
