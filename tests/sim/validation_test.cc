@@ -56,9 +56,9 @@ struct PublishedRun {
   double inter_node_gbit_per_node;  // the cluster's scale-out links, when not the preset's (0)
   Figure figure;
   double published;
-  bool fitted;        // one of the two rows a100's preset curve was fitted to
-  double pinned;      // the prediction with the presets, to 0.1%
-  double held_out;    // the prediction calibrated on the other tables only, to 0.1%
+  bool fitted;      // one of the two rows a100's preset curve was fitted to
+  double pinned;    // the prediction with the presets, to 0.1%
+  double held_out;  // the prediction calibrated on the other tables only, to 0.1%
 };
 
 // Megatron-LM's GPT (Narayanan, Korthikanti, MT-NLG): GPT-2's vocabulary
@@ -83,9 +83,9 @@ ModelSpec bloom_176b() {
 // in docs/VALIDATION.md: micro-batch 1 (Narayanan, Korthikanti, MT-NLG,
 // Llama 3); interleaving v the smallest >= 2 dividing the blocks per rank
 // (Narayanan §5.1 says every Table 1 run interleaved; Korthikanti's
-// pipelined runs the same; Llama 3's 126 blocks over 16 ranks: 2); MT-NLG
-// and BLOOM on DeepSpeed's plain 1F1B pipeline with full recomputation;
-// Llama 3 without recomputation, with sequence parallelism.
+// pipelined runs the same); MT-NLG and BLOOM on DeepSpeed's plain 1F1B
+// pipeline with full recomputation; Llama 3 without recomputation, with
+// sequence parallelism.
 const std::vector<PublishedRun>& published_runs() {
   using R = Recompute;
   using F = Figure;
