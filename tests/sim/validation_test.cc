@@ -259,9 +259,9 @@ const std::vector<TableBound> kPresetBounds = {
 const std::vector<TableBound> kHeldOutBounds = {
     {"Narayanan 2021 T1", 0.05, 0.10},
     // Calibrated with MT-NLG's slower stack and Narayanan's year-older code
-    // (the same 1T layout 8.6% slower there): 14-16% slow at 530B and 1T.
+    // (the same 1T layout 8.6% slower there): 12-16% slow at 530B and 1T.
     {"Korthikanti 2022 T5", 0.11, 0.16},
-    // Its stack's own speed: the 530B layout ran 23-30% faster in Megatron-LM's tables.
+    // Its stack's own speed: it ran the 530B layout 23-30% slower than Megatron-LM's tables.
     {"Smith 2022 §2.4", 0.19, 0.20},
     {"BigScience 2022", 0.05, 0.10},
     // A plateau pulled down by MT-NLG's table: 9-10% slow (the presets: within 1%).
