@@ -13,7 +13,7 @@ JOBS ?= $(shell nproc)
 
 DEBS := cmake g++ ninja-build pkg-config \
         libfmt-dev nlohmann-json3-dev libcli11-dev \
-        libopenblas-dev libopenmpi-dev openmpi-bin zlib1g-dev libyaml-cpp-dev \
+        libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin zlib1g-dev libyaml-cpp-dev \
         libgtest-dev libbenchmark-dev fortunes \
         clang libclang-rt-14-dev chromium-headless-shell
 

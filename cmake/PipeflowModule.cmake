@@ -3,7 +3,9 @@
 # Builds src/<name>/*.cc into the static library pipeflow::<name> with the
 # public headers in include/pipeflow/<name>/, and tests/<name>/*_test.cc into
 # the GoogleTest executable <name>_tests, one ctest entry per test.
-# Two dependency names are special: BLAS (OpenBLAS) and MPI (OpenMPI).
+# Two dependency names are special: BLAS (oneDNN for float GEMMs, with GNU
+# OpenMP, whose thread count tensor/gemm.cc sets; OpenBLAS for double) and
+# MPI (OpenMPI).
 #
 # It also enforces the one-way module rule (a module uses only modules
 # declared before it in CMakeLists.txt) at configure time: src/<name>/,
@@ -30,7 +32,10 @@ function(pipeflow_resolve_deps out)
         find_library(OPENBLAS_LIBRARY NAMES openblas REQUIRED)
         add_library(pipeflow_blas INTERFACE)
         target_include_directories(pipeflow_blas SYSTEM INTERFACE ${OPENBLAS_INCLUDE_DIR})
-        target_link_libraries(pipeflow_blas INTERFACE ${OPENBLAS_LIBRARY})
+        find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.h REQUIRED)
+        find_library(DNNL_LIBRARY NAMES dnnl REQUIRED)
+        target_include_directories(pipeflow_blas SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
+        target_link_libraries(pipeflow_blas INTERFACE ${OPENBLAS_LIBRARY} ${DNNL_LIBRARY} gomp)
       endif()
       list(APPEND resolved pipeflow_blas)
     elseif(dep STREQUAL "MPI")

@@ -12,7 +12,6 @@
 #include "pipeflow/schedule/grid.h"
 #include "pipeflow/schedule/io.h"
 #include "pipeflow/schedule/passes.h"
-#include "pipeflow/tensor/gemm.h"
 #include "test_support.h"
 
 namespace pipeflow::runtime {
@@ -59,12 +58,6 @@ TEST(PipelineEngine, RerunsWithTheSameSeedAreBitIdenticalThreadedOrSerial) {
     const auto ps = serial->stage(StageId(s)).parameters();
     EXPECT_EQ(std::memcmp(pa.data(), ps.data(), pa.size_bytes()), 0) << "stage " << s;
   }
-}
-
-TEST(PipelineEngine, EachWorkerMultipliesOnItsOwnThread) {
-  auto engine = testing::tiny_engine(make_schedule("1f1b", 2, 2));
-  engine->step(0, train_source());
-  EXPECT_EQ(blas_threads(), 1);  // OpenBLAS pinned to the calling thread: p workers use p cores
 }
 
 TEST(PipelineEngine, TheLossIsTheMeanOfTheMicrobatchLosses) {

@@ -49,8 +49,8 @@ TEST(Gemm, StridedViewsMultiplyOneColumnBlock) {
   EXPECT_EQ(c, (std::vector<float>{11, 12, 13, 14, 15, 16}));
 }
 
-// One row of C (a decode step) goes through gemv: every combination of
-// transposes, a strided A, alpha and beta give the definition.
+// One row of C (a decode step): every combination of transposes, a strided
+// A, alpha and beta give the definition.
 TEST(Gemm, OneRowMatchesTheDefinitionForEveryTranspose) {
   const int n = 7, k = 5;
   const auto a = random_floats(3 * k, 6);  // as [k, 3] (lda 3, column 1) or one row
@@ -71,6 +71,27 @@ TEST(Gemm, OneRowMatchesTheDefinitionForEveryTranspose) {
         EXPECT_NEAR(c[j], 0.5 * total + 3.0 * 2.0, 1e-5) << j;
       }
     }
+  }
+}
+
+// Each worker's GEMMs run on the worker's own thread alone: oneDNN's OpenMP
+// thread count is per thread, so each thread's first call sets its own (the
+// engine's workers are such threads: p workers use p cores).
+TEST(Gemm, EveryCallingThreadMultipliesOnOneThread) {
+  const std::vector<float> a = {1, 2, 3, 4}, b = {5, 6, 7, 8};
+  std::vector<int> threads(2, 0);
+  std::vector<std::vector<float>> c(2, std::vector<float>(4));
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      gemm<float>(Transpose::kNo, Transpose::kNo, 2, 2, 2, 1.0f, a.data(), 2, b.data(), 2, 0.0f, c[w].data(), 2);
+      threads[w] = blas_threads();
+    });
+  }
+  for (std::thread& worker : workers) worker.join();
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(threads[w], 1) << "worker " << w;
+    EXPECT_EQ(c[w], (std::vector<float>{19, 22, 43, 50})) << "worker " << w;  // [1 2; 3 4]·[5 6; 7 8]
   }
 }
 
