@@ -1,5 +1,5 @@
-// The product decode runs (tensor/panels.h) against OpenBLAS's sgemm in the
-// same run: y[n, 2048] += x[n, 512] · w for n = 4 … 256 rows, over 12
+// The product decode runs (tensor/panels.h) against pipeflow::gemm (oneDNN's
+// sgemm) in the same run: y[n, 2048] += x[n, 512] · w for n = 4 … 256 rows, over 12
 // matrices (50 MB, more than the caches hold: decode streams its weights)
 // and over 4 (16 MB, within the L3 cache). Three ways per size: sgemm on the
 // row-major matrices (pipeflow::gemm), the panels in 4 KiB pages
