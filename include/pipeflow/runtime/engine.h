@@ -106,8 +106,9 @@ struct StepResult {
 // some rank: then the weights are inconsistent and every later step throws.
 // Under mpirun the job ends, naming the process.
 //
-// BLAS: each worker's matrix products run on its own thread (tensor/gemm.h
-// pins OpenBLAS to one thread), so N ranks use N cores.
+// GEMMs: each worker's matrix products run on its own thread (tensor/gemm.h
+// sets each calling thread's oneDNN/OpenMP threads to one), so N ranks use N
+// cores.
 //
 // Thread safety: one thread drives the engine; stages may be read between
 // steps.
