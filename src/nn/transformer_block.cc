@@ -230,7 +230,8 @@ BasicTensor<T> TransformerBlock<T>::forward(BlockSaved<T>& s, BasicTensor<T> x, 
   }
   s.probs = BasicTensor<T>::uninitialized({shape.b, d.heads, shape.t, shape.t}, allocator);
   s.attn_y = BasicTensor<T>::uninitialized({shape.b, shape.t, d.attn}, allocator);
-  attention_forward(s.attn_y.data(), s.probs.data(), s.qkv.data(), shape.b, shape.t, d.attn, d.heads, d.kv_heads);
+  attention_forward(s.attn_y.data(), s.probs.data(), s.qkv.data(), shape.b, shape.t, d.attn, d.heads, d.kv_heads,
+                    causal_);
   return project_and_mlp(s, shape, allocator);
 }
 
@@ -315,7 +316,7 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
     auto scratch = make({shape.t, shape.t});
     s.dqkv = make({shape.b, shape.t, d.qkv});
     attention_backward(s.dqkv.data(), scratch.data(), d_attn_y.data(), s.probs.data(), s.qkv.data(), shape.b,
-                       shape.t, d.attn, d.heads, d.heads);
+                       shape.t, d.attn, d.heads, d.heads, causal_);
   }
   s.probs.reset();
   s.qkv.reset();
@@ -402,7 +403,7 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
     auto scratch = make({shape.t, shape.t});
     s.dqkv = make({shape.b, shape.t, width});
     attention_backward(s.dqkv.data(), scratch.data(), d_attn_y.data(), s.probs.data(), s.qkv.data(), shape.b,
-                       shape.t, d.attn, d.heads, d.kv_heads);
+                       shape.t, d.attn, d.heads, d.kv_heads, causal_);
   }
   s.probs.reset();
   s.qkv.reset();

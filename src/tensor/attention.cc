@@ -10,12 +10,11 @@
 namespace pipeflow {
 namespace {
 
-// Row `row` of a score matrix holds scaled scores for keys 0 … row; turns them
-// into probabilities in place (max-subtracted, so exp never overflows) and
-// zeroes keys row+1 … t−1.
+// A score row holds scaled scores for its visible keys 0 … keys − 1; turns
+// them into probabilities in place (max-subtracted, so exp never overflows)
+// and zeroes keys … t−1.
 template <class T>
-PIPEFLOW_WIDE_VECTORS void causal_softmax_row(T* __restrict p, int row, int t) {
-  const int keys = row + 1;
+PIPEFLOW_WIDE_VECTORS void softmax_row(T* __restrict p, int keys, int t) {
   const T top = detail::max(p, keys);
   const T total = detail::exponentiate(p, top, keys);
   const T inverse = T(1) / total;
@@ -23,10 +22,9 @@ PIPEFLOW_WIDE_VECTORS void causal_softmax_row(T* __restrict p, int row, int t) {
   std::memset(p + keys, 0, sizeof(T) * static_cast<std::size_t>(t - keys));
 }
 
-// ds = p ⊙ (dp − Σ_s p·dp) · scale, in place over dp, for keys 0 … row.
+// ds = p ⊙ (dp − Σ_s p·dp) · scale, in place over dp, for keys 0 … keys − 1.
 template <class T>
-PIPEFLOW_WIDE_VECTORS void softmax_backward_row(T* __restrict dp, const T* __restrict p, int row, T scale) {
-  const int keys = row + 1;
+PIPEFLOW_WIDE_VECTORS void softmax_backward_row(T* __restrict dp, const T* __restrict p, int keys, T scale) {
   const T inner = detail::dot(p, dp, keys);
   for (int j = 0; j < keys; ++j) dp[j] = p[j] * (dp[j] - inner) * scale;
 }
@@ -34,7 +32,7 @@ PIPEFLOW_WIDE_VECTORS void softmax_backward_row(T* __restrict dp, const T* __res
 }  // namespace
 
 template <class T>
-void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh, int kv) {
+void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh, int kv, bool causal) {
   const int hs = c / nh;
   const int w = (nh + 2 * kv) * hs;
   const int group = nh / kv;
@@ -48,11 +46,13 @@ void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh
       T* out = y + static_cast<long>(seq) * t * c + head * hs;
       for (int first = 0; first < t; first += kAttentionBlock) {
         const int rows = std::min(kAttentionBlock, t - first);
-        const int keys = first + rows;
+        const int keys = causal ? first + rows : t;
         T* p_block = p + static_cast<long>(first) * t;
         gemm<T>(Transpose::kNo, Transpose::kYes, rows, keys, hs, scale, q + static_cast<long>(first) * w, w, k, w,
                 T(0), p_block, t);
-        for (int row = first; row < keys; ++row) causal_softmax_row(p + static_cast<long>(row) * t, row, t);
+        for (int row = first; row < first + rows; ++row) {
+          softmax_row(p + static_cast<long>(row) * t, causal ? row + 1 : t, t);
+        }
         gemm<T>(Transpose::kNo, Transpose::kNo, rows, hs, keys, T(1), p_block, t, v, w, T(0),
                 out + static_cast<long>(first) * c, c);
       }
@@ -60,12 +60,13 @@ void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh
   }
 }
 
-// Per head, row blocks last to first: the last block touches every key, so in
+// Per head, row blocks last to first: the last block touches every key (every
+// block does without the mask), so in
 // the first query head of a key/value group it initialises dk and dv (beta 0);
 // the earlier blocks, and the group's other heads, add to them.
 template <class T>
 void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const T* qkv, int b, int t, int c,
-                        int nh, int kv) {
+                        int nh, int kv, bool causal) {
   const int hs = c / nh;
   const int w = (nh + 2 * kv) * hs;
   const int group = nh / kv;
@@ -85,7 +86,7 @@ void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const 
       const T* d_out = dy + static_cast<long>(seq) * t * c + head * hs;
       for (int first = last_block_start; first >= 0; first -= kAttentionBlock) {
         const int rows = std::min(kAttentionBlock, t - first);
-        const int keys = first + rows;
+        const int keys = causal ? first + rows : t;
         const T beta = first == last_block_start && head % group == 0 ? T(0) : T(1);
         const T* p_block = p + static_cast<long>(first) * t;
         const T* dy_block = d_out + static_cast<long>(first) * c;
@@ -93,9 +94,9 @@ void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const 
         gemm<T>(Transpose::kNo, Transpose::kYes, rows, keys, hs, T(1), dy_block, c, v, w, T(0), ds, t);
         gemm<T>(Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1), p_block, t, dy_block, c, beta, dv, w);
         for (int row = 0; row < rows; ++row) {
-          softmax_backward_row(ds + static_cast<long>(row) * t, p_block + static_cast<long>(row) * t, first + row,
-                               scale);
-          std::fill(ds + static_cast<long>(row) * t + first + row + 1, ds + static_cast<long>(row) * t + keys, T(0));
+          const int visible = causal ? first + row + 1 : t;
+          softmax_backward_row(ds + static_cast<long>(row) * t, p_block + static_cast<long>(row) * t, visible, scale);
+          std::fill(ds + static_cast<long>(row) * t + visible, ds + static_cast<long>(row) * t + keys, T(0));
         }
         gemm<T>(Transpose::kNo, Transpose::kNo, rows, hs, keys, T(1), ds, t, k, w, T(0),
                 dq + static_cast<long>(first) * w, w);
@@ -118,21 +119,21 @@ void attention_forward_cached(T* y, T* scores, const T* q, int ldq, const T* key
     const int kv_column = head / group * hs;
     gemm<T>(Transpose::kNo, Transpose::kYes, rows, total, hs, scale, q + head * hs, ldq, keys + kv_column, width,
             T(0), scores, total);
-    for (int row = 0; row < rows; ++row) causal_softmax_row(scores + static_cast<long>(row) * total, past + row, total);
+    for (int row = 0; row < rows; ++row) softmax_row(scores + static_cast<long>(row) * total, past + row + 1, total);
     gemm<T>(Transpose::kNo, Transpose::kNo, rows, hs, total, T(1), scores, total, values + kv_column, width, T(0),
             y + head * hs, c);
   }
 }
 
-template void attention_forward<float>(float*, float*, const float*, int, int, int, int, int);
-template void attention_forward<double>(double*, double*, const double*, int, int, int, int, int);
+template void attention_forward<float>(float*, float*, const float*, int, int, int, int, int, bool);
+template void attention_forward<double>(double*, double*, const double*, int, int, int, int, int, bool);
 template void attention_forward_cached<float>(float*, float*, const float*, int, const float*, const float*, int,
                                               int, int, int, int);
 template void attention_forward_cached<double>(double*, double*, const double*, int, const double*, const double*,
                                                int, int, int, int, int);
 template void attention_backward<float>(float*, float*, const float*, const float*, const float*, int, int, int,
-                                        int, int);
+                                        int, int, bool);
 template void attention_backward<double>(double*, double*, const double*, const double*, const double*, int, int,
-                                         int, int, int);
+                                         int, int, int, bool);
 
 }  // namespace pipeflow

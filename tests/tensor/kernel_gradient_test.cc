@@ -123,6 +123,41 @@ TEST(KernelGradient, AttentionIsCausalAndRowsSumToOne) {
   for (int j = 0; j < c; ++j) EXPECT_DOUBLE_EQ(y[j], qkv[2 * c + j]);
 }
 
+// A vision encoder's attention: every query sees every key, across both
+// query blocks.
+TEST(KernelGradient, BidirectionalAttentionMatchesFiniteDifferences) {
+  const int b = 2, t = 70, c = 8, nh = 2;
+  auto qkv = normal_vector(b * t * 3 * c, 34);
+  const auto r = normal_vector(b * t * c, 35);
+  std::vector<double> y(b * t * c), probs(b * nh * t * t);
+  auto loss = [&] {
+    attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh, nh, false);
+    return dot(y, r);
+  };
+  loss();
+  std::vector<double> dqkv(qkv.size()), scratch(t * t);
+  attention_backward(dqkv.data(), scratch.data(), r.data(), probs.data(), qkv.data(), b, t, c, nh, nh, false);
+  EXPECT_LT(relative_gradient_error(qkv, dqkv, loss), kTolerance);
+}
+
+// Without the mask the first query sees all t keys; the last query sees what
+// it sees with the mask, so its row and output are the causal one's.
+TEST(KernelGradient, BidirectionalAttentionSeesEveryKey) {
+  const int b = 1, t = 67, c = 4, nh = 1;
+  auto qkv = normal_vector(b * t * 3 * c, 36);
+  std::vector<double> y(b * t * c), probs(b * nh * t * t), y_causal(y.size()), probs_causal(probs.size());
+  attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh, nh, false);
+  attention_forward(y_causal.data(), probs_causal.data(), qkv.data(), b, t, c, nh, nh, true);
+  double first_row = 0;
+  for (int key = 0; key < t; ++key) {
+    EXPECT_GT(probs[key], 0.0) << "key " << key;
+    first_row += probs[key];
+  }
+  EXPECT_NEAR(first_row, 1.0, 1e-12);
+  for (int key = 0; key < t; ++key) EXPECT_DOUBLE_EQ(probs[(t - 1) * t + key], probs_causal[(t - 1) * t + key]);
+  for (int j = 0; j < c; ++j) EXPECT_DOUBLE_EQ(y[(t - 1) * c + j], y_causal[(t - 1) * c + j]);
+}
+
 TEST(KernelGradient, EmbeddingMatchesFiniteDifferences) {
   const int b = 2, t = 3, c = 5, v = 4;
   const std::vector<std::int32_t> tokens = {0, 3, 3, 1, 0, 2};

@@ -17,7 +17,8 @@ namespace pipeflow::nn {
 //          y  = x2 + mlp.c_proj(gelu(mlp.c_fc(ln_2(x2))))
 //   Llama: x2 = x + o_proj(attention(rope(q_proj, k_proj, v_proj of input_layernorm(x))))
 //          y  = x2 + down_proj(silu(gate_proj(n)) ⊙ up_proj(n)), n = post_attention_layernorm(x2)
-// with RMSNorm, grouped-query attention and no biases.
+// with RMSNorm, grouped-query attention and no biases. A vision encoder's
+// (ViT's) block is GPT-2's without the causal mask.
 template <class P>  // const T* for weights, T* for their gradients
 struct BlockParams {
   // Both: the two norms' gains [C] (Llama: input_layernorm, post_attention_layernorm).
@@ -111,12 +112,13 @@ template <class T>
 class TransformerBlock {
  public:
   // A GPT-2 block, or a Llama block when `llama` is given; split over
-  // `tensor` when it is not null.
+  // `tensor` when it is not null. Not `causal`: every position attends to
+  // every other (a ViT block); forward_cached is then meaningless.
   TransformerBlock(BlockParams<const T*> weights, BlockParams<T*> grads,
                    std::optional<LlamaConstants<T>> llama = std::nullopt, TensorGroup* tensor = nullptr,
-                   bool sequence_parallel = false)
+                   bool sequence_parallel = false, bool causal = true)
       : weights_(weights), grads_(grads), llama_(llama), tensor_(tensor),
-        sequence_(tensor != nullptr && sequence_parallel) {}
+        sequence_(tensor != nullptr && sequence_parallel), causal_(causal) {}
 
   BasicTensor<T> forward(BlockSaved<T>& saved, BasicTensor<T> x, const LayerShape& shape,
                          Allocator allocator) const;
@@ -191,6 +193,7 @@ class TransformerBlock {
   std::optional<LlamaConstants<T>> llama_;
   TensorGroup* tensor_ = nullptr;
   bool sequence_ = false;
+  bool causal_ = true;
   bool panels_ = false;
 };
 

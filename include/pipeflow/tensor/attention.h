@@ -2,7 +2,8 @@
 
 namespace pipeflow {
 
-// Causal self-attention on packed projections, every product an sgemm on
+// Self-attention on packed projections, causal unless `causal` is false (a
+// vision encoder's, where every position sees every other), every product an sgemm on
 // strided views (one per head, no copies). Dimension letters: b sequences,
 // t positions, c = nh · hs features, nh query heads of size hs, kv key/value
 // heads (kv = nh: multi-head attention; kv < nh, dividing nh: grouped-query
@@ -10,20 +11,20 @@ namespace pipeflow {
 //   qkv   [b, t, w]: q (nh·hs) | k (kv·hs) | v (kv·hs), head h in columns
 //         h·hs … (h+1)·hs of its part (w = 3c when kv = nh)
 //   probs [b, nh, t, t]: softmax(q kᵀ / √hs) over keys s ≤ query position,
-//         exactly 0 above the diagonal
+//         exactly 0 above the diagonal (over every key when not causal)
 //   y     [b, t, c]: probs · v, heads side by side
 // Rows are processed in blocks of kAttentionBlock queries; a block multiplies
 // only the keys up to its last query, so masked work is mostly skipped.
 inline constexpr int kAttentionBlock = 64;
 
 template <class T>
-void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh, int kv);
+void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh, int kv, bool causal = true);
 
 // I (attention has no weights): dqkv [b, t, w] = ∂L/∂qkv (overwritten) from
 // dy [b, t, c]. `scratch` holds t·t elements.
 template <class T>
 void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const T* qkv, int b, int t, int c,
-                        int nh, int kv);
+                        int nh, int kv, bool causal = true);
 
 // Inference with a key/value cache, one sequence: `rows` new queries at
 // positions past … past + rows − 1 attend to the cached keys and values of
