@@ -6,6 +6,7 @@
 
 #include "pipeflow/core/error.h"
 #include <string>
+#include <utility>
 
 namespace pipeflow::nn {
 
@@ -15,17 +16,34 @@ OptimizerShard OptimizerShard::of(std::int64_t total, int parts, int index) {
   return {begin, std::min(total, begin + chunk)};
 }
 
+namespace {
+
+TrainedTensors trained_tensors(Stage& stage) {
+  return {stage.options().name, &stage.layout(), [&stage] { return stage.parameters(); }, stage.gradients(),
+          &stage.weight_memory()};
+}
+
+}  // namespace
+
 AdamW::AdamW(Stage& stage, AdamWOptions options) : AdamW(stage, options, {0, stage.layout().total()}) {}
 
 AdamW::AdamW(Stage& stage, AdamWOptions options, OptimizerShard shard)
-    : stage_(&stage),
+    : AdamW(trained_tensors(stage), options, shard) {}
+
+AdamW::AdamW(VlmStage& stage, AdamWOptions options)
+    : AdamW(TrainedTensors{stage.options().name, &stage.layout(), [&stage] { return stage.parameters(); },
+                           stage.gradients(), &stage.weight_memory()},
+            options, {0, stage.layout().total()}) {}
+
+AdamW::AdamW(TrainedTensors tensors, AdamWOptions options, OptimizerShard shard)
+    : tensors_(std::move(tensors)),
       options_(options),
       shard_(shard),
-      m_({shard.size()}, {nullptr, &stage.weight_memory()}),
-      v_({shard.size()}, {nullptr, &stage.weight_memory()}) {
-  if (shard.begin < 0 || shard.begin > shard.end || shard.end > stage.layout().total()) {
-    fail("{}: optimizer shard [{}, {}) lies outside its {} parameters", stage.options().name, shard.begin, shard.end,
-         stage.layout().total());
+      m_({shard.size()}, {nullptr, tensors_.account}),
+      v_({shard.size()}, {nullptr, tensors_.account}) {
+  if (shard.begin < 0 || shard.begin > shard.end || shard.end > tensors_.layout->total()) {
+    fail("{}: optimizer shard [{}, {}) lies outside its {} parameters", tensors_.name, shard.begin, shard.end,
+         tensors_.layout->total());
   }
 }
 
@@ -40,12 +58,12 @@ void AdamW::step(double lr) {
   const float step_size = static_cast<float>(lr / (1 - std::pow(beta1, t)));
   const float correction2 = static_cast<float>(std::sqrt(1 - std::pow(beta2_d, t)));
   const float eps = static_cast<float>(options_.eps);
-  float* params = stage_->parameters().data();
-  const float* grads = stage_->gradients().data();
+  float* params = tensors_.parameters().data();
+  const float* grads = tensors_.gradients.data();
   // moments are indexed from the shard's start
   float* m = m_.data() - shard_.begin;
   float* v = v_.data() - shard_.begin;
-  for (const ParameterInfo& info : stage_->layout().entries()) {
+  for (const ParameterInfo& info : tensors_.layout->entries()) {
     const std::int64_t first = std::max(info.offset, shard_.begin);
     const std::int64_t last = std::min(info.offset + info.numel(), shard_.end);
     if (first >= last) continue;
@@ -68,12 +86,12 @@ void AdamW::step(double lr) {
 }
 
 void AdamW::add_state(SafetensorsWriter& writer) const {
-  if (shard_.size() != stage_->layout().total()) {
-    fail("{}: the optimizer holds moments of elements [{}, {}) only; gather the shards to save them", stage_->options().name,
+  if (shard_.size() != tensors_.layout->total()) {
+    fail("{}: the optimizer holds moments of elements [{}, {}) only; gather the shards to save them", tensors_.name,
          shard_.begin, shard_.end);
   }
-  for (const ParameterInfo& info : stage_->layout().entries()) {
-    if (info.split()) fail("{}: the stage is split over tensor-parallel ranks; gather its parts to save them", stage_->options().name);
+  for (const ParameterInfo& info : tensors_.layout->entries()) {
+    if (info.split()) fail("{}: the stage is split over tensor-parallel ranks; gather its parts to save them", tensors_.name);
     const auto offset = static_cast<std::size_t>(info.offset);
     const auto count = static_cast<std::size_t>(info.numel());
     std::string name = "exp_avg." + info.name;
@@ -88,7 +106,7 @@ void AdamW::load_state(const SafetensorsFile& file) {
   const std::int64_t steps = file.metadata_count("adamw_step");
   std::vector<float> whole;
   std::vector<float> mine;  // the tensor-parallel rank's part of `whole`
-  for (const ParameterInfo& info : stage_->layout().entries()) {
+  for (const ParameterInfo& info : tensors_.layout->entries()) {
     const std::int64_t first = std::max(info.offset, shard_.begin);
     const std::int64_t last = std::min(info.offset + info.numel(), shard_.end);
     if (first >= last) continue;

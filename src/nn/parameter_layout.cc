@@ -104,6 +104,10 @@ void ParameterLayout::add(std::string name, Shape whole, bool decay, int split_d
   total_ += (shape.numel() + kAlignElements - 1) / kAlignElements * kAlignElements;
 }
 
+void ParameterLayout::append(const ParameterLayout& other, std::string_view prefix) {
+  for (const ParameterInfo& info : other.entries()) add(std::string(prefix) + info.name, info.whole, info.decay);
+}
+
 namespace {
 
 // Calls run(whole_offset, part_offset, count) for each contiguous run of the

@@ -29,20 +29,7 @@ BlockParams<P> block_params(const ModelConfig& config, const ParameterLayout& la
             .up_proj = at("mlp.up_proj.weight"),
             .down_proj = at("mlp.down_proj.weight")};
   }
-  const std::string p = fmt::format("h.{}.", block);
-  auto at = [&](const char* name) { return base + layout.at(p + name).offset; };
-  return {.ln_1_weight = at("ln_1.weight"),
-          .ln_2_weight = at("ln_2.weight"),
-          .ln_1_bias = at("ln_1.bias"),
-          .ln_2_bias = at("ln_2.bias"),
-          .attn_weight = at("attn.c_attn.weight"),
-          .attn_bias = at("attn.c_attn.bias"),
-          .attn_proj_weight = at("attn.c_proj.weight"),
-          .attn_proj_bias = at("attn.c_proj.bias"),
-          .fc_weight = at("mlp.c_fc.weight"),
-          .fc_bias = at("mlp.c_fc.bias"),
-          .fc_proj_weight = at("mlp.c_proj.weight"),
-          .fc_proj_bias = at("mlp.c_proj.bias")};
+  return gpt2_block_params<P>(layout, fmt::format("h.{}.", block), base);
 }
 
 std::string shape_text(const Shape& shape) { return shape.to_string(); }

@@ -2,10 +2,13 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <string>
 
 #include "pipeflow/nn/safetensors.h"
 #include "pipeflow/nn/stage.h"
+#include "pipeflow/nn/vision_language_model.h"
 
 namespace pipeflow::nn {
 
@@ -47,11 +50,26 @@ struct OptimizerShard {
   static OptimizerShard of(std::int64_t total, int parts, int index);
 };
 
+// What an optimizer updates: a stage's trained tensors, laid out in one
+// buffer of parameters and one of gradients.
+struct TrainedTensors {
+  std::string name;  // the stage's, for errors
+  const ParameterLayout* layout = nullptr;
+  // Called before each update: the parameters to write (a half-precision
+  // stage marks its rounded copy stale).
+  std::function<std::span<float>()> parameters;
+  std::span<const float> gradients;
+  MemoryAccount* account = nullptr;  // the moments' bytes
+};
+
 class AdamW {
  public:
   // The stage must outlive the optimizer. Without a shard: every element.
   AdamW(Stage& stage, AdamWOptions options);
   AdamW(Stage& stage, AdamWOptions options, OptimizerShard shard);
+  // A vision-language stage's trained tensors: a frozen encoder's have no moments.
+  AdamW(VlmStage& stage, AdamWOptions options);
+  AdamW(TrainedTensors tensors, AdamWOptions options, OptimizerShard shard);
 
   // One update from the stage's (accumulated, reduced, clipped) gradients,
   // of the shard's elements.
@@ -76,7 +94,7 @@ class AdamW {
   void load_state(const SafetensorsFile& file);
 
  private:
-  Stage* stage_;
+  TrainedTensors tensors_;
   AdamWOptions options_;
   OptimizerShard shard_;
   Tensor m_;

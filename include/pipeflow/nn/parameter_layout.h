@@ -4,9 +4,11 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "pipeflow/nn/model_config.h"
+#include "pipeflow/nn/transformer_block.h"
 #include "pipeflow/tensor/shape.h"
 
 namespace pipeflow::nn {
@@ -85,6 +87,15 @@ void place_part(const ParameterInfo& info, std::span<const T> part, std::span<T>
 class ParameterLayout {
  public:
   ParameterLayout(const ModelConfig& config, LayerRange range, TensorSlice slice = {});
+  // An empty layout that `add` and `append` fill (a model that is not one
+  // family's stack, e.g. a vision-language model); `name` is what at()'s
+  // error calls it.
+  explicit ParameterLayout(std::string name) : range_name_(std::move(name)) {}
+
+  // A whole (replicated) tensor after the others, 64-byte aligned.
+  void add(std::string name, Shape shape, bool decay) { add(std::move(name), shape, decay, -1, 1); }
+  // Every tensor of `other` (whole), its name prefixed.
+  void append(const ParameterLayout& other, std::string_view prefix);
 
   const std::vector<ParameterInfo>& entries() const { return entries_; }
   // nullptr when the range holds no such tensor.
@@ -96,7 +107,7 @@ class ParameterLayout {
 
  private:
   // split_dim -1: replicated.
-  void add(std::string name, Shape shape, bool decay, int split_dim = -1, int chunks = 1);
+  void add(std::string name, Shape shape, bool decay, int split_dim, int chunks = 1);
   void add_llama(const ModelConfig& config, LayerRange range);
 
   TensorSlice slice_;
@@ -105,6 +116,25 @@ class ParameterLayout {
   std::int64_t total_ = 0;
   std::string range_name_;
 };
+
+// A GPT-2 block's tensors named `prefix` + "ln_1.weight", ... (prefix
+// "h.3." in a GPT-2 model) at their offsets from `base`.
+template <class P, class Buffer>
+BlockParams<P> gpt2_block_params(const ParameterLayout& layout, const std::string& prefix, Buffer* base) {
+  auto at = [&](const char* name) { return base + layout.at(prefix + name).offset; };
+  return {.ln_1_weight = at("ln_1.weight"),
+          .ln_2_weight = at("ln_2.weight"),
+          .ln_1_bias = at("ln_1.bias"),
+          .ln_2_bias = at("ln_2.bias"),
+          .attn_weight = at("attn.c_attn.weight"),
+          .attn_bias = at("attn.c_attn.bias"),
+          .attn_proj_weight = at("attn.c_proj.weight"),
+          .attn_proj_bias = at("attn.c_proj.bias"),
+          .fc_weight = at("mlp.c_fc.weight"),
+          .fc_bias = at("mlp.c_fc.bias"),
+          .fc_proj_weight = at("mlp.c_proj.weight"),
+          .fc_proj_bias = at("mlp.c_proj.bias")};
+}
 
 // Initial values. GPT-2 (Radford et al. 2019; as nanoGPT): weights
 // N(0, 0.02), the residual projections attn.c_proj and mlp.c_proj

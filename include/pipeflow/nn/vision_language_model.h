@@ -1,0 +1,251 @@
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pipeflow/nn/embedding_layer.h"
+#include "pipeflow/nn/lm_head.h"
+#include "pipeflow/nn/model_config.h"
+#include "pipeflow/nn/parameter_layout.h"
+#include "pipeflow/nn/patch_embedding.h"
+#include "pipeflow/nn/projector.h"
+#include "pipeflow/nn/transformer_block.h"
+#include "pipeflow/tensor/buffer_pool.h"
+#include "pipeflow/tensor/memory_account.h"
+#include "pipeflow/tensor/tensor.h"
+
+namespace pipeflow::nn {
+
+// A LLaVA-style vision-language model, small: a ViT encoder (patch
+// embedding, `layers` GPT-2 blocks of its own width D and heads, without the
+// causal mask), LLaVA-1.5's projector (D → C), then a GPT-2 language model
+// whose sequence is the N image tokens followed by T_c text tokens; the loss
+// is the mean cross-entropy over the text positions only.
+struct VisionConfig {
+  PatchGeometry geometry;
+  int width = 32;  // D
+  int heads = 4;
+  int layers = 1;
+
+  int tokens() const { return geometry.patches(); }  // N
+  bool operator==(const VisionConfig& other) const;
+};
+
+struct VlmConfig {
+  VisionConfig vision;
+  ModelConfig text;  // GPT-2's family
+
+  // Throws Error naming the field, its value and the rule: the text model
+  // valid and GPT-2's, the image a whole number of patches, D a multiple of
+  // the heads, the LM's context above the N image tokens.
+  void validate() const;
+  // patch_embedding (0), vit.0 … vit.{Lv−1}, projector, embedding, block.0
+  // … block.{L−1}, head.
+  int pipeline_layers() const { return vision.layers + 2 + text.pipeline_layers(); }
+  int projector_layer() const { return vision.layers + 1; }
+  int embedding_layer() const { return vision.layers + 2; }  // the LM's first
+  int head_layer() const { return pipeline_layers() - 1; }
+  bool operator==(const VlmConfig&) const = default;
+};
+
+// "patch_embedding", "vit.0", "projector", "embedding", "block.1", "head".
+std::string vlm_layer_name(const VlmConfig& config, int layer);
+
+// The parameters of a range of the model's layers, in model order, with
+// GPT-2's names for the language model and these for the rest:
+//   patch_embedding: vision.patch.weight [F, D], vision.patch.bias [D],
+//                    vision.position [N, D]
+//   vit.i:           vision.h.i.<a GPT-2 block's tensors> of width D
+//   projector:       projector.fc1.{weight [D, C], bias [C]},
+//                    projector.fc2.{weight [C, C], bias [C]}
+// A head range without the embedding holds its own copy of the tied wte.
+ParameterLayout vlm_layout(const VlmConfig& config, LayerRange range);
+
+struct VlmStageOptions {
+  std::string name = "stage";
+  // The vision encoder (patch embedding and ViT blocks) is not trained: its
+  // layers run no weight pass, hold no gradients and no optimizer state
+  // (their tensors are in frozen_layout(), not layout()). The projector and
+  // the language model train.
+  bool freeze_vision = false;
+};
+
+// What a VLM stage's forward consumes; move the tensors in.
+template <class T>
+struct BasicVlmInput {
+  BasicTensor<T> images = {};      // [B, channels, H, W]: the stage holding the patch embedding
+  BasicTensor<T> activation = {};  // the previous stage's output: every other stage
+  IntTensor tokens = {};           // [B, T_c] text tokens: the stage holding the LM's embedding
+  IntTensor targets = {};          // [B, T_c] next text tokens: the stage holding the head
+};
+
+template <class T>
+class BasicVlmStage;
+
+// One micro-batch's saved tensors on one VLM stage, as BasicMicrobatchState.
+template <class T>
+class BasicVlmState {
+ public:
+  enum class Phase { kEmpty, kForward, kInputGrad };
+
+  BasicVlmState() = default;
+  BasicVlmState(BasicVlmState&&) noexcept = default;
+  BasicVlmState& operator=(BasicVlmState&&) noexcept = default;
+
+  Phase phase() const { return phase_; }
+  // The mean cross-entropy over the B·T_c text positions (head stage; NaN elsewhere).
+  double loss() const { return loss_; }
+
+ private:
+  friend class BasicVlmStage<T>;
+  struct JoinSaved {  // the LM's embedding with the image tokens in front
+    IntTensor tokens;   // [B, T_c]
+    BasicTensor<T> dx;  // [B, N + T_c, C], from I
+  };
+
+  Phase phase_ = Phase::kEmpty;
+  double loss_ = std::numeric_limits<double>::quiet_NaN();
+  LayerShape vision_;  // {B, N, D, vision heads, 0}
+  LayerShape text_;    // {B, N + T_c, C, n_head, V}
+  IntTensor targets_;
+  PatchEmbeddingSaved<T> patch_;
+  std::vector<BlockSaved<T>> vit_;
+  ProjectorSaved<T> projector_;
+  JoinSaved join_;
+  std::vector<BlockSaved<T>> blocks_;
+  HeadSaved<T> head_;
+};
+
+// A contiguous range of a VLM's pipeline layers with its parameters and
+// gradients (one buffer each, laid out by vlm_layout; with freeze_vision the
+// encoder's tensors in a third buffer that has no gradient), a buffer pool
+// and the two memory accounts of nn::Stage. Per micro-batch: forward →
+// backward_input → backward_weight, or forward → backward; gradients
+// accumulate until zero_gradients(), as nn::Stage's (docs/NN.md).
+//
+// What passes between stages: after the patch embedding and each ViT block
+// [B, N, D]; after the projector [B, N, C]; from the LM's embedding on
+// [B, N + T_c, C]. The stage holding the LM's embedding takes the text
+// tokens, the head's stage the targets, the first stage the images.
+//
+// Tied embedding: as nn::Stage's (needs_tied_reduction, tied_gradient,
+// add_tied_gradient).
+//
+// Thread safety: as nn::Stage's.
+template <class T>
+class BasicVlmStage {
+ public:
+  using State = BasicVlmState<T>;
+  using Input = BasicVlmInput<T>;
+
+  BasicVlmStage(const VlmConfig& config, LayerRange layers, VlmStageOptions options = {});
+  BasicVlmStage(const BasicVlmStage&) = delete;
+  BasicVlmStage& operator=(const BasicVlmStage&) = delete;
+
+  const VlmConfig& config() const { return config_; }
+  LayerRange layers() const { return range_; }
+  const VlmStageOptions& options() const { return options_; }
+  bool has_layer(int layer) const { return range_.first <= layer && layer < range_.last; }
+  bool has_images() const { return range_.first == 0; }
+  bool has_text_embedding() const { return has_layer(config_.embedding_layer()); }
+  bool has_head() const { return range_.last == config_.pipeline_layers(); }
+
+  // --- Parameters ---
+  // The trained tensors (parameters() and gradients() in this layout) and,
+  // with freeze_vision, the frozen ones (frozen_parameters()).
+  const ParameterLayout& layout() const { return layout_; }
+  const ParameterLayout& frozen_layout() const { return frozen_layout_; }
+  std::span<T> parameters() { return values_.span(); }
+  std::span<const T> parameters() const { return values_.span(); }
+  std::span<T> gradients() { return grads_.span(); }
+  std::span<const T> gradients() const { return grads_.span(); }
+  std::span<const T> frozen_parameters() const { return frozen_values_.span(); }
+  // One tensor by name, trained or frozen (Error if the stage holds neither).
+  std::span<T> parameter(std::string_view name);
+  std::span<const T> parameter(std::string_view name) const;
+  std::span<T> gradient(std::string_view name);
+  // GPT-2's initialisation (init_parameters) of every tensor by name: the
+  // same values for a tensor whatever range holds it, frozen or not.
+  void init_parameters(std::uint64_t seed);
+  void copy_parameters_from(const BasicVlmStage& source);
+
+  // --- One micro-batch ---
+  // The output for the next stage, or empty on the head's stage.
+  BasicTensor<T> forward(State& state, Input input);
+  BasicTensor<T> backward_input(State& state, BasicTensor<T> grad_output);
+  BasicTensor<T> backward_input_from_loss(State& state, double loss_scale);
+  void backward_weight(State& state);
+  BasicTensor<T> backward(State& state, BasicTensor<T> grad_output);
+  BasicTensor<T> backward_from_loss(State& state, double loss_scale);
+
+  // Inference on a stage holding the whole model: the logits [B, T_c, V] of
+  // the text positions, for images [B, channels, H, W] and tokens [B, T_c].
+  BasicTensor<T> logits(BasicTensor<T> images, IntTensor tokens);
+
+  // --- Between the last micro-batch and the optimizer step ---
+  void zero_gradients();
+  // Σ g², the head's copy of the tied wte left out when the embedding is elsewhere.
+  double gradient_square_sum() const;
+  bool needs_tied_reduction() const { return has_text_embedding() != has_head(); }
+  std::span<T> tied_gradient() { return gradient("wte.weight"); }
+  void add_tied_gradient(std::span<const T> other);
+
+  MemoryAccount& activation_memory() { return activation_memory_; }
+  MemoryAccount& weight_memory() { return weight_memory_; }
+  Allocator allocator() { return {&pool_, &activation_memory_}; }
+
+ private:
+  enum class Kind { kPatch, kVit, kProjector, kEmbedding, kBlock, kHead };
+  Kind kind(int layer) const;
+  std::string where() const;
+  bool frozen(int layer) const { return options_.freeze_vision && layer < config_.projector_layer(); }
+  void check_input(State& state, const Input& input) const;
+  BasicTensor<T> forward_layer(State& state, int layer, BasicTensor<T> x, IntTensor& tokens);
+  BasicTensor<T> input_layer(State& state, int layer, BasicTensor<T> grad, double loss_scale);
+  void weight_layer(State& state, int layer);
+  BasicTensor<T> input_pass(State& state, BasicTensor<T> grad, double loss_scale, bool weight_pass_follows);
+  // The LM's embedding with the image tokens x [B, N, C] in front.
+  BasicTensor<T> join_forward(State& state, BasicTensor<T> x, IntTensor tokens);
+  BasicTensor<T> join_backward_input(State& state, BasicTensor<T> dx);
+  void join_backward_weight(State& state);
+
+  VlmConfig config_;
+  LayerRange range_;
+  VlmStageOptions options_;
+  ParameterLayout layout_;
+  ParameterLayout frozen_layout_;
+  MemoryAccount weight_memory_;
+  MemoryAccount activation_memory_;
+  BufferPool pool_;
+  BasicTensor<T> values_;
+  BasicTensor<T> grads_;
+  BasicTensor<T> frozen_values_;
+  std::optional<PatchEmbedding<T>> patch_;
+  std::vector<TransformerBlock<T>> vit_;  // by ViT block index, from the range's first
+  std::optional<Projector<T>> projector_;
+  const T* wte_ = nullptr;  // the LM's embedding (the join's)
+  const T* wpe_ = nullptr;
+  T* d_wte_ = nullptr;
+  T* d_wpe_ = nullptr;
+  std::vector<TransformerBlock<T>> blocks_;
+  std::optional<LmHead<T>> head_;
+};
+
+// Greedy captions of images [B, channels, H, W] by a whole model: from
+// `start`, each next byte the most likely one, `bytes` of them per image.
+std::vector<std::string> greedy_captions(BasicVlmStage<float>& model, const Tensor& images, std::int32_t start,
+                                         int bytes);
+
+using VlmStage = BasicVlmStage<float>;
+using VlmState = BasicVlmState<float>;
+using VlmInput = BasicVlmInput<float>;
+
+extern template class BasicVlmStage<float>;
+extern template class BasicVlmStage<double>;
+
+}  // namespace pipeflow::nn
