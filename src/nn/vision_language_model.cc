@@ -8,6 +8,7 @@
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/tensor/embedding.h"
+#include "pipeflow/tensor/gemm.h"
 
 namespace pipeflow::nn {
 namespace {
@@ -110,14 +111,34 @@ BasicVlmStage<T>::BasicVlmStage(const VlmConfig& config, LayerRange layers, VlmS
       frozen_layout_(options_.name + " (frozen)"),
       weight_memory_(options_.name + " weights"),
       activation_memory_(options_.name + " activations") {
+  if (options_.lora && (options_.lora->r < 1 || !(options_.lora->alpha > 0))) {
+    fail("{}: lora r = {}, alpha = {}: r must be a positive rank and alpha positive (e.g. r 8, alpha 16)", where(),
+         options_.lora->r, options_.lora->alpha);
+  }
   const ParameterLayout whole = vlm_layout(config_, range_);
+  const int c = config_.text.n_embd;
+  const int first_block = config_.embedding_layer() + 1;
+  for (int layer = std::max(range_.first, first_block); layer < std::min(range_.last, config_.head_layer()); ++layer) {
+    block_numbers_.push_back(layer - first_block);
+  }
   for (const ParameterInfo& info : whole.entries()) {
-    const bool vision = info.name.starts_with("vision.");
-    (options_.freeze_vision && vision ? frozen_layout_ : layout_).add(info.name, info.shape, info.decay);
+    const bool vision = info.name.starts_with("vision."), projector = info.name.starts_with("projector.");
+    const bool frozen = vision ? options_.freeze_vision : !projector && options_.lora.has_value();
+    (frozen ? frozen_layout_ : layout_).add(info.name, info.shape, info.decay);
+  }
+  if (options_.lora) {
+    for (const int i : block_numbers_) {
+      layout_.add(fmt::format("h.{}.attn.c_attn.lora_A", i), {c, options_.lora->r}, false);
+      layout_.add(fmt::format("h.{}.attn.c_attn.lora_B", i), {options_.lora->r, 3 * c}, false);
+    }
+    merged_ = BasicTensor<T>({static_cast<std::int64_t>(block_numbers_.size()) * c * 3 * c}, {nullptr, &weight_memory_});
   }
   values_ = BasicTensor<T>({layout_.total()}, {nullptr, &weight_memory_});
   grads_ = BasicTensor<T>({layout_.total()}, {nullptr, &weight_memory_});
   if (frozen_layout_.total() > 0) frozen_values_ = BasicTensor<T>({frozen_layout_.total()}, {nullptr, &weight_memory_});
+  if (options_.lora && frozen_layout_.total() > 0) {
+    frozen_grads_ = BasicTensor<T>({frozen_layout_.total()}, {nullptr, &weight_memory_});
+  }
   // A tensor's value, and its gradient (null when frozen).
   auto value = [&](const std::string& name) -> const T* {
     if (const ParameterInfo* info = layout_.find(name)) return values_.data() + info->offset;
@@ -127,13 +148,21 @@ BasicVlmStage<T>::BasicVlmStage(const VlmConfig& config, LayerRange layers, VlmS
     const ParameterInfo* info = layout_.find(name);
     return info == nullptr ? nullptr : grads_.data() + info->offset;
   };
+  // A frozen encoder's block has no gradients; a LoRA block's go to
+  // frozen_grads_ and it multiplies by its merged c_attn.
   auto block = [&](const std::string& prefix, bool causal) {
     const bool frozen = frozen_layout_.find(prefix + "ln_1.weight") != nullptr;
     const ParameterLayout& holder = frozen ? frozen_layout_ : layout_;
     const T* base = frozen ? frozen_values_.data() : values_.data();
-    return TransformerBlock<T>(gpt2_block_params<const T*>(holder, prefix, base),
-                               frozen ? BlockParams<T*>{} : gpt2_block_params<T*>(layout_, prefix, grads_.data()),
-                               std::nullopt, nullptr, false, causal);
+    auto weights = gpt2_block_params<const T*>(holder, prefix, base);
+    BlockParams<T*> grads;
+    if (!frozen) {
+      grads = gpt2_block_params<T*>(layout_, prefix, grads_.data());
+    } else if (causal) {  // the language model's, under LoRA
+      grads = gpt2_block_params<T*>(frozen_layout_, prefix, frozen_grads_.data());
+      weights.attn_weight = merged_.data() + static_cast<long>(blocks_.size()) * c * 3 * c;
+    }
+    return TransformerBlock<T>(weights, grads, std::nullopt, nullptr, false, causal);
   };
   if (has_images()) {
     patch_.emplace(config_.vision.geometry,
@@ -158,10 +187,7 @@ BasicVlmStage<T>::BasicVlmStage(const VlmConfig& config, LayerRange layers, VlmS
     d_wte_ = grad("wte.weight");
     d_wpe_ = grad("wpe.weight");
   }
-  const int first_block = config_.embedding_layer() + 1;
-  for (int layer = std::max(range_.first, first_block); layer < std::min(range_.last, config_.head_layer()); ++layer) {
-    blocks_.push_back(block(fmt::format("h.{}.", layer - first_block), true));
-  }
+  for (const int i : block_numbers_) blocks_.push_back(block(fmt::format("h.{}.", i), true));
   if (has_head()) {
     head_.emplace(HeadParams<const T*>{value("ln_f.weight"), value("ln_f.bias"), value("wte.weight")},
                   HeadParams<T*>{grad("ln_f.weight"), grad("ln_f.bias"), grad("wte.weight")});
@@ -210,6 +236,38 @@ template <class T>
 void BasicVlmStage<T>::init_parameters(std::uint64_t seed) {
   nn::init_parameters(layout_, config_.text, seed, values_.span());
   nn::init_parameters(frozen_layout_, config_.text, seed, frozen_values_.span());
+  for (const int i : block_numbers_) {
+    if (const ParameterInfo* b = layout_.find(fmt::format("h.{}.attn.c_attn.lora_B", i))) {
+      std::fill_n(values_.data() + b->offset, b->numel(), T(0));
+    }
+  }
+}
+
+template <class T>
+void BasicVlmStage<T>::merge_adapters() {
+  if (!options_.lora) return;
+  const int c = config_.text.n_embd, r = options_.lora->r;
+  for (std::size_t k = 0; k < block_numbers_.size(); ++k) {
+    const std::string prefix = fmt::format("h.{}.attn.c_attn.", block_numbers_[k]);
+    T* merged = merged_.data() + static_cast<long>(k) * c * 3 * c;
+    const auto base = parameter(prefix + "weight");
+    std::copy(base.begin(), base.end(), merged);
+    gemm<T>(Transpose::kNo, Transpose::kNo, c, 3 * c, r, static_cast<T>(options_.lora->scale()),
+            parameter(prefix + "lora_A").data(), r, parameter(prefix + "lora_B").data(), 3 * c, T(1), merged, 3 * c);
+  }
+}
+
+template <class T>
+void BasicVlmStage<T>::adapter_gradients(int block) {
+  const int c = config_.text.n_embd, r = options_.lora->r;
+  const std::string prefix = fmt::format("h.{}.attn.c_attn.", block_numbers_[static_cast<std::size_t>(block)]);
+  T* dw = frozen_grads_.data() + frozen_layout_.at(prefix + "weight").offset;
+  const T s = static_cast<T>(options_.lora->scale());
+  gemm<T>(Transpose::kNo, Transpose::kYes, c, r, 3 * c, s, dw, 3 * c, parameter(prefix + "lora_B").data(), 3 * c,
+          T(1), gradient(prefix + "lora_A").data(), r);
+  gemm<T>(Transpose::kYes, Transpose::kNo, r, 3 * c, c, s, parameter(prefix + "lora_A").data(), r, dw, 3 * c, T(1),
+          gradient(prefix + "lora_B").data(), 3 * c);
+  std::fill_n(dw, 3 * c * c, T(0));
 }
 
 template <class T>
@@ -217,6 +275,7 @@ void BasicVlmStage<T>::copy_parameters_from(const BasicVlmStage& source) {
   if (!(source.config_ == config_)) fail("{}: cannot copy parameters from a model of another shape", where());
   for (const ParameterLayout* layout : {&layout_, &frozen_layout_}) {
     for (const ParameterInfo& info : layout->entries()) {
+      if (info.name.find(".lora_") != std::string::npos && source.layout_.find(info.name) == nullptr) continue;
       const auto from = source.parameter(info.name);
       std::copy(from.begin(), from.end(), parameter(info.name).begin());
     }
@@ -404,6 +463,7 @@ BasicTensor<T> BasicVlmStage<T>::input_layer(State& state, int layer, BasicTenso
 
 template <class T>
 void BasicVlmStage<T>::weight_layer(State& state, int layer) {
+  if (skips_weight_pass(layer)) return;
   switch (kind(layer)) {
     case Kind::kPatch:
       patch_->backward_weight(state.patch_, state.vision_);
@@ -422,6 +482,7 @@ void BasicVlmStage<T>::weight_layer(State& state, int layer) {
     case Kind::kBlock: {
       const auto i = static_cast<std::size_t>(layer - std::max(range_.first, config_.embedding_layer() + 1));
       blocks_[i].backward_weight(state.blocks_[i], state.text_);
+      if (options_.lora) adapter_gradients(static_cast<int>(i));
       break;
     }
     case Kind::kHead: {
@@ -438,6 +499,7 @@ template <class T>
 BasicTensor<T> BasicVlmStage<T>::forward(State& state, Input input) {
   if (state.phase_ != State::Phase::kEmpty) fail("{}: forward needs a fresh (or fully backpropagated) state", where());
   check_input(state, input);
+  merge_adapters();
   input.images.charge_to(&activation_memory_);
   input.activation.charge_to(&activation_memory_);
   input.tokens.charge_to(&activation_memory_);
@@ -527,6 +589,7 @@ BasicTensor<T> BasicVlmStage<T>::logits(BasicTensor<T> images, IntTensor tokens)
   // The checks take targets of the text's shape; inference has none.
   input.targets = IntTensor({input.tokens.dim(0), input.tokens.dim(1)});
   check_input(state, input);
+  merge_adapters();
   state.vit_.resize(vit_.size());
   state.blocks_.resize(blocks_.size());
   BasicTensor<T> x = std::move(input.images);

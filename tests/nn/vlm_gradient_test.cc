@@ -86,9 +86,10 @@ struct Probe {
   }
 };
 
-void expect_gradients_match(LayerRange range) {
+void expect_gradients_match(LayerRange range, VlmStageOptions options = {}) {
   const VlmConfig config = tiny_vlm();
-  DStage stage(config, range);
+  DStage stage(config, range, options);
+  stage.init_parameters(6);  // the frozen tensors
   testing::fill_normal(stage.parameters(), 7, 0.3);
   const int s = config.vision.geometry.image_size;
   const std::size_t out_size =
@@ -137,6 +138,18 @@ TEST(VlmGradient, EmbeddingWithImageTokensMatchesFiniteDifferences) { expect_gra
 TEST(VlmGradient, HeadOnTextPositionsMatchesFiniteDifferences) { expect_gradients_match({7, 8}); }
 TEST(VlmGradient, WholeModelMatchesFiniteDifferences) { expect_gradients_match({0, 8}); }
 TEST(VlmGradient, CutAcrossTheTowersMatchesFiniteDifferences) { expect_gradients_match({2, 6}); }
+
+// LoRA's adapters (through the merged weight) and the projector; the
+// language model's own tensors frozen.
+TEST(VlmGradient, LoraAdaptersMatchFiniteDifferences) {
+  expect_gradients_match({4, 6}, {.lora = LoraOptions{.r = 2, .alpha = 3}});
+  expect_gradients_match({0, 8}, {.lora = LoraOptions{.r = 2, .alpha = 3}});
+}
+
+// A frozen encoder: only the projector and the LM have gradients.
+TEST(VlmGradient, FrozenEncoderModelMatchesFiniteDifferences) {
+  expect_gradients_match({0, 8}, {.freeze_vision = true});
+}
 
 }  // namespace
 }  // namespace pipeflow::nn

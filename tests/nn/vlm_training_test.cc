@@ -96,6 +96,39 @@ TEST(VlmTraining, FrozenEncoderKeepsItsBitsAndHasNoOptimizerState) {
   EXPECT_LE(frozen.layout().total() + encoder, trained.layout().total());
 }
 
+// LoRA on a model trained 30 steps: the first LoRA step's loss is the base
+// model's (B starts at zero), the base keeps its bits, the adapters move
+// and the loss keeps falling.
+TEST(VlmTraining, LoraTrainsAdaptersOnly) {
+  const VlmConfig config = tiny_vlm();
+  VlmStage base(config, {0, config.pipeline_layers()});
+  base.init_parameters(3);
+  train(base, 30, 3e-3);
+  VlmStage lora(config, {0, config.pipeline_layers()}, {.lora = LoraOptions{.r = 4, .alpha = 8}});
+  lora.init_parameters(5);
+  lora.copy_parameters_from(base);
+  EXPECT_EQ(lora.layout().find("h.0.attn.c_attn.weight"), nullptr);
+  ASSERT_NE(lora.layout().find("h.1.attn.c_attn.lora_B"), nullptr);
+  // Trained: the encoder, the projector, and per block A [32, 4] and B [4, 96].
+  std::int64_t adapters = 0;
+  for (const ParameterInfo& info : lora.layout().entries()) {
+    if (info.name.find(".lora_") != std::string::npos) adapters += info.numel();
+  }
+  EXPECT_EQ(adapters, 2 * (32 * 4 + 4 * 96));
+  const std::vector<float> frozen(lora.frozen_parameters().begin(), lora.frozen_parameters().end());
+  const ShapeCaptions data(1);
+  auto batch = data.batch(Split::kTrain, 0, 0, kMicrobatch);
+  VlmState state;
+  base.forward(state, {.images = batch.images.clone(), .tokens = batch.tokens.clone(), .targets = batch.targets.clone()});
+  const double base_loss = state.loss();
+  const TrainingRun run = train(lora, 30, 3e-3);
+  EXPECT_EQ(run.losses.front(), base_loss);
+  EXPECT_TRUE(std::equal(frozen.begin(), frozen.end(), lora.frozen_parameters().begin()));
+  const auto b = lora.parameter("h.1.attn.c_attn.lora_B");
+  EXPECT_GT(*std::max_element(b.begin(), b.end()), 0.0f);
+  EXPECT_LT(mean(run.losses, 25, 30), mean(run.losses, 0, 5));
+}
+
 // After training, greedy captions of held-out images (the validation
 // stream): how often they name the right colour and shape (chance 1/16).
 TEST(VlmTraining, CaptionsHeldOutImages) {

@@ -66,6 +66,18 @@ std::string vlm_layer_name(const VlmConfig& config, int layer);
 // A head range without the embedding holds its own copy of the tied wte.
 ParameterLayout vlm_layout(const VlmConfig& config, LayerRange range);
 
+// LoRA (Hu et al. 2021) on the language model's attention input projection
+// (GPT-2's fused c_attn, q | k | v): c_attn's weight W [C, 3C] acts as
+// W + (alpha / r) · A · B with A [C, r] = h.i.attn.c_attn.lora_A (GPT-2's
+// init, N(0, 0.02)) and B [r, 3C] = h.i.attn.c_attn.lora_B (zeros, so
+// training starts from the base model). No decay on the adapters.
+struct LoraOptions {
+  int r = 4;
+  double alpha = 8;
+  double scale() const { return alpha / r; }
+  bool operator==(const LoraOptions&) const = default;
+};
+
 struct VlmStageOptions {
   std::string name = "stage";
   // The vision encoder (patch embedding and ViT blocks) is not trained: its
@@ -73,6 +85,13 @@ struct VlmStageOptions {
   // (their tensors are in frozen_layout(), not layout()). The projector and
   // the language model train.
   bool freeze_vision = false;
+  // The language model's tensors frozen (frozen_layout()) and LoRA adapters
+  // trained on each block's c_attn. The blocks multiply by the merged
+  // weight W + s·A·B (refreshed before each forward), and the adapters'
+  // gradients come from the merged weight's, dA = s·dW·Bᵀ and dB = s·Aᵀ·dW
+  // (exact; the weight pass costs the full c_attn's FLOPs, the adapters hold
+  // the only gradients and optimizer state). The projector still trains.
+  std::optional<LoraOptions> lora = std::nullopt;
 };
 
 // What a VLM stage's forward consumes; move the tensors in.
@@ -172,6 +191,8 @@ class BasicVlmStage {
   // GPT-2's initialisation (init_parameters) of every tensor by name: the
   // same values for a tensor whatever range holds it, frozen or not.
   void init_parameters(std::uint64_t seed);
+  // Every tensor of this stage from `source` by name; LoRA adapters that
+  // `source` does not have keep their values (a base model's copy).
   void copy_parameters_from(const BasicVlmStage& source);
 
   // --- One micro-batch ---
@@ -191,7 +212,8 @@ class BasicVlmStage {
   void zero_gradients();
   // Σ g², the head's copy of the tied wte left out when the embedding is elsewhere.
   double gradient_square_sum() const;
-  bool needs_tied_reduction() const { return has_text_embedding() != has_head(); }
+  // The LM's embedding and head on different stages, wte trained (not under LoRA).
+  bool needs_tied_reduction() const { return !options_.lora && has_text_embedding() != has_head(); }
   std::span<T> tied_gradient() { return gradient("wte.weight"); }
   void add_tied_gradient(std::span<const T> other);
 
@@ -203,7 +225,17 @@ class BasicVlmStage {
   enum class Kind { kPatch, kVit, kProjector, kEmbedding, kBlock, kHead };
   Kind kind(int layer) const;
   std::string where() const;
+  // A frozen encoder's layer: no I, no W (nothing below it trains).
   bool frozen(int layer) const { return options_.freeze_vision && layer < config_.projector_layer(); }
+  // A layer without a W pass: a frozen encoder's, and the LM's embedding
+  // and head under LoRA (their I still runs, for the projector).
+  bool skips_weight_pass(int layer) const {
+    return frozen(layer) || (options_.lora && (kind(layer) == Kind::kEmbedding || kind(layer) == Kind::kHead));
+  }
+  // LoRA: merged_ = W + s·A·B for every block; after a block's W pass its
+  // merged weight's gradient into dA and dB (then zeroed).
+  void merge_adapters();
+  void adapter_gradients(int block);
   void check_input(State& state, const Input& input) const;
   BasicTensor<T> forward_layer(State& state, int layer, BasicTensor<T> x, IntTensor& tokens);
   BasicTensor<T> input_layer(State& state, int layer, BasicTensor<T> grad, double loss_scale);
@@ -225,6 +257,11 @@ class BasicVlmStage {
   BasicTensor<T> values_;
   BasicTensor<T> grads_;
   BasicTensor<T> frozen_values_;
+  // LoRA: the frozen tensors' gradients the blocks' W pass writes (only the
+  // merged c_attn's is read), and the merged c_attn of each block [C, 3C].
+  BasicTensor<T> frozen_grads_;
+  BasicTensor<T> merged_;
+  std::vector<int> block_numbers_;  // the LM's block index of each of blocks_
   std::optional<PatchEmbedding<T>> patch_;
   std::vector<TransformerBlock<T>> vit_;  // by ViT block index, from the range's first
   std::optional<Projector<T>> projector_;
