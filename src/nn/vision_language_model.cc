@@ -530,9 +530,7 @@ BasicTensor<T> BasicVlmStage<T>::input_pass(State& state, BasicTensor<T> grad, d
   }
   if (options_.freeze_vision && range_.first <= config_.projector_layer()) grad = {};  // the encoder takes none
   if (weight_pass_follows) {
-    const double loss = state.loss_;
-    state = State();
-    state.loss_ = loss;
+    end_microbatch(state);
   } else {
     state.targets_.reset();
     state.phase_ = State::Phase::kInputGrad;
@@ -541,42 +539,54 @@ BasicTensor<T> BasicVlmStage<T>::input_pass(State& state, BasicTensor<T> grad, d
 }
 
 template <class T>
-BasicTensor<T> BasicVlmStage<T>::backward_input(State& state, BasicTensor<T> grad_output) {
-  if (state.phase_ != State::Phase::kForward) fail("{}: backward_input needs a completed forward", where());
-  if (has_head()) fail("{}: holds the head: its backward starts at the loss (backward_input_from_loss)", where());
+BasicTensor<T> BasicVlmStage<T>::input_pass_from_output(State& state, BasicTensor<T> grad_output,
+                                                        bool weight_pass_follows, const char* pass) {
+  if (state.phase_ != State::Phase::kForward) fail("{}: {} needs a completed forward", where(), pass);
+  if (has_head()) fail("{}: holds the head: its backward starts at the loss ({}_from_loss)", where(), pass);
   grad_output.charge_to(&activation_memory_);
-  return input_pass(state, std::move(grad_output), 1.0, false);
+  return input_pass(state, std::move(grad_output), 1.0, weight_pass_follows);
+}
+
+template <class T>
+BasicTensor<T> BasicVlmStage<T>::input_pass_from_loss(State& state, double loss_scale, bool weight_pass_follows,
+                                                      const char* pass) {
+  if (state.phase_ != State::Phase::kForward) fail("{}: {} needs a completed forward", where(), pass);
+  if (!has_head()) fail("{}: does not hold the head: its backward takes the next stage's gradient", where());
+  return input_pass(state, {}, loss_scale, weight_pass_follows);
+}
+
+template <class T>
+BasicTensor<T> BasicVlmStage<T>::backward_input(State& state, BasicTensor<T> grad_output) {
+  return input_pass_from_output(state, std::move(grad_output), false, "backward_input");
 }
 
 template <class T>
 BasicTensor<T> BasicVlmStage<T>::backward_input_from_loss(State& state, double loss_scale) {
-  if (state.phase_ != State::Phase::kForward) fail("{}: backward_input_from_loss needs a completed forward", where());
-  if (!has_head()) fail("{}: does not hold the head: its backward takes the next stage's gradient", where());
-  return input_pass(state, {}, loss_scale, false);
+  return input_pass_from_loss(state, loss_scale, false, "backward_input_from_loss");
+}
+
+template <class T>
+BasicTensor<T> BasicVlmStage<T>::backward(State& state, BasicTensor<T> grad_output) {
+  return input_pass_from_output(state, std::move(grad_output), true, "backward");
+}
+
+template <class T>
+BasicTensor<T> BasicVlmStage<T>::backward_from_loss(State& state, double loss_scale) {
+  return input_pass_from_loss(state, loss_scale, true, "backward_from_loss");
 }
 
 template <class T>
 void BasicVlmStage<T>::backward_weight(State& state) {
   if (state.phase_ != State::Phase::kInputGrad) fail("{}: backward_weight needs a completed backward_input", where());
   for (int layer = range_.last - 1; layer >= range_.first && !frozen(layer); --layer) weight_layer(state, layer);
+  end_microbatch(state);
+}
+
+template <class T>
+void BasicVlmStage<T>::end_microbatch(State& state) {
   const double loss = state.loss_;
   state = State();
   state.loss_ = loss;
-}
-
-template <class T>
-BasicTensor<T> BasicVlmStage<T>::backward(State& state, BasicTensor<T> grad_output) {
-  if (state.phase_ != State::Phase::kForward) fail("{}: backward needs a completed forward", where());
-  if (has_head()) fail("{}: holds the head: its backward starts at the loss (backward_from_loss)", where());
-  grad_output.charge_to(&activation_memory_);
-  return input_pass(state, std::move(grad_output), 1.0, true);
-}
-
-template <class T>
-BasicTensor<T> BasicVlmStage<T>::backward_from_loss(State& state, double loss_scale) {
-  if (state.phase_ != State::Phase::kForward) fail("{}: backward_from_loss needs a completed forward", where());
-  if (!has_head()) fail("{}: does not hold the head: its backward takes the next stage's gradient", where());
-  return input_pass(state, {}, loss_scale, true);
 }
 
 template <class T>

@@ -9,6 +9,7 @@
 
 #include "../tensor/finite_difference.h"
 #include "pipeflow/nn/vision_language_model.h"
+#include "../support/error_of.h"
 
 namespace pipeflow::nn {
 namespace {
@@ -149,6 +150,27 @@ TEST(VlmGradient, LoraAdaptersMatchFiniteDifferences) {
 // A frozen encoder: only the projector and the LM have gradients.
 TEST(VlmGradient, FrozenEncoderModelMatchesFiniteDifferences) {
   expect_gradients_match({0, 8}, {.freeze_vision = true});
+}
+
+TEST(VlmGradient, BadConfigurationsAndInputsNameTheRule) {
+  VlmConfig config = tiny_vlm();
+  config.vision.geometry.image_size = 5;
+  EXPECT_NE(pipeflow::testing::error_of([&] { config.validate(); }).find("image_size = 5 is not a multiple of patch_size = 2"),
+            std::string::npos);
+  config = tiny_vlm();
+  config.text.context = 4;
+  EXPECT_NE(pipeflow::testing::error_of([&] { config.validate(); }).find("context = 4: must exceed the 4 image tokens"),
+            std::string::npos);
+  DStage stage(tiny_vlm(), {3, 4});  // the projector takes [B, 4, 6]
+  DState state;
+  DInput input;
+  input.activation = DoubleTensor({2, 4, 8});
+  EXPECT_NE(pipeflow::testing::error_of([&] { stage.forward(state, std::move(input)); })
+                .find("needs an activation [B, 4, 6] from the previous stage, got [2, 4, 8]"),
+            std::string::npos);
+  EXPECT_NE(pipeflow::testing::error_of([&] { DStage(tiny_vlm(), {0, 8}, {.lora = LoraOptions{.r = 0, .alpha = 1}}); })
+                .find("lora r = 0"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -241,6 +241,13 @@ class BasicVlmStage {
   BasicTensor<T> input_layer(State& state, int layer, BasicTensor<T> grad, double loss_scale);
   void weight_layer(State& state, int layer);
   BasicTensor<T> input_pass(State& state, BasicTensor<T> grad, double loss_scale, bool weight_pass_follows);
+  // I (and W when it follows) from the output's gradient or the loss, after
+  // checking the phase and the stage; `pass` names the caller in errors.
+  BasicTensor<T> input_pass_from_output(State& state, BasicTensor<T> grad_output, bool weight_pass_follows,
+                                        const char* pass);
+  BasicTensor<T> input_pass_from_loss(State& state, double loss_scale, bool weight_pass_follows, const char* pass);
+  // Empties the state after W, keeping the micro-batch's loss.
+  void end_microbatch(State& state);
   // The LM's embedding with the image tokens x [B, N, C] in front.
   BasicTensor<T> join_forward(State& state, BasicTensor<T> x, IntTensor tokens);
   BasicTensor<T> join_backward_input(State& state, BasicTensor<T> dx);
