@@ -70,8 +70,8 @@ void VlmConfig::validate() const {
 }
 
 std::string vlm_layer_name(const VlmConfig& config, int layer) {
-  if (layer == 0) return "patch_embedding";
-  if (layer < config.projector_layer()) return fmt::format("vit.{}", layer - 1);
+  if (layer == 0) return "vision.patch_embedding";
+  if (layer < config.projector_layer()) return fmt::format("vision.block.{}", layer - 1);
   if (layer == config.projector_layer()) return "projector";
   return pipeline_layer_name(config.text, layer - config.embedding_layer());
 }

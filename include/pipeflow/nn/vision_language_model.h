@@ -44,7 +44,7 @@ struct VlmConfig {
   // valid and GPT-2's, the image a whole number of patches, D a multiple of
   // the heads, the LM's context above the N image tokens.
   void validate() const;
-  // patch_embedding (0), vit.0 … vit.{Lv−1}, projector, embedding, block.0
+  // vision.patch_embedding (0), vision.block.0 … vision.block.{Lv−1}, projector, embedding, block.0
   // … block.{L−1}, head.
   int pipeline_layers() const { return vision.layers + 2 + text.pipeline_layers(); }
   int projector_layer() const { return vision.layers + 1; }
@@ -53,14 +53,15 @@ struct VlmConfig {
   bool operator==(const VlmConfig&) const = default;
 };
 
-// "patch_embedding", "vit.0", "projector", "embedding", "block.1", "head".
+// "vision.patch_embedding", "vision.block.0", "projector", "embedding", "block.1", "head"
+// (the model module's names of a vision-language model's pipeline layers).
 std::string vlm_layer_name(const VlmConfig& config, int layer);
 
 // The parameters of a range of the model's layers, in model order, with
 // GPT-2's names for the language model and these for the rest:
-//   patch_embedding: vision.patch.weight [F, D], vision.patch.bias [D],
+//   vision.patch_embedding: vision.patch.weight [F, D], vision.patch.bias [D],
 //                    vision.position [N, D]
-//   vit.i:           vision.h.i.<a GPT-2 block's tensors> of width D
+//   vision.block.i:  vision.h.i.<a GPT-2 block's tensors> of width D
 //   projector:       projector.fc1.{weight [D, C], bias [C]},
 //                    projector.fc2.{weight [C, C], bias [C]}
 // A head range without the embedding holds its own copy of the tied wte.
