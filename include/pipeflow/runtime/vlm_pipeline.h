@@ -1,0 +1,65 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "pipeflow/nn/adamw.h"
+#include "pipeflow/nn/shape_captions.h"
+#include "pipeflow/nn/vision_language_model.h"
+#include "pipeflow/schedule/schedule.h"
+
+namespace pipeflow::runtime {
+
+// A vision-language model (nn/vision_language_model.h) cut into pipeline
+// stages and trained on ShapeCaptions through a schedule of the existing
+// generators, one thread per rank, messages through the in-process
+// transport. What a message holds depends on the boundary it crosses
+// ([b, N, D] inside the encoder, [b, N, C] after the projector,
+// [b, N + T_c, C] in the language model); the stage holding the patch
+// embedding loads the images of its micro-batch, the one holding the LM's
+// embedding the text tokens, the head's the targets.
+//
+// A step: the lowered schedule's actions on every rank (F, B, I, W, SEND,
+// RECV as PipelineEngine runs them, the last stage's backward scaled by
+// 1/m), then on the calling thread the tied wte's gradients summed across
+// its two stages and AdamW on each stage. Micro-batch j of step n is
+// samples j·b … (j+1)·b − 1 of the data's step n, so any cut and schedule
+// sees the same batches.
+//
+// With freeze_vision the boundaries into the frozen encoder carry no
+// gradient; with LoRA the wte is frozen and no tied gradient is summed.
+//
+// Thread safety: one step at a time.
+class VlmPipeline {
+ public:
+  // `stages`: contiguous ranges covering the model, one per schedule stage;
+  // `schedule`: compute-only (a generator's), lowered here.
+  VlmPipeline(const nn::VlmConfig& config, const std::vector<nn::LayerRange>& stages, const Schedule& schedule,
+              int micro_batch, nn::VlmStageOptions options, nn::AdamWOptions adam);
+  ~VlmPipeline();
+  VlmPipeline(const VlmPipeline&) = delete;
+  VlmPipeline& operator=(const VlmPipeline&) = delete;
+
+  void init_parameters(std::uint64_t seed);
+  // One optimizer step on the data's step `step`; the mean loss of its micro-batches.
+  double step(const nn::ShapeCaptions& data, std::int64_t step, double lr);
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+  nn::VlmStage& stage(int s) { return *stages_[static_cast<std::size_t>(s)]; }
+
+ private:
+  struct Slot;
+  // Whether the boundary after stage s carries a gradient back: not into a
+  // frozen encoder (its stages run no backward; their SEND_B and RECV_B
+  // move nothing).
+  bool carries_gradient(int s) const;
+  class Rank;
+
+  nn::VlmConfig config_;
+  Schedule schedule_;
+  int micro_batch_;
+  std::vector<std::unique_ptr<nn::VlmStage>> stages_;
+  std::vector<std::unique_ptr<nn::AdamW>> optimizers_;
+};
+
+}  // namespace pipeflow::runtime
