@@ -129,6 +129,39 @@ TEST(VlmTraining, LoraTrainsAdaptersOnly) {
   EXPECT_LT(mean(run.losses, 25, 30), mean(run.losses, 0, 5));
 }
 
+// Cut after the LM's embedding, the tied wte's two halves summed: the two
+// stages' Σg² (the head's copy of wte left out) is the whole model's.
+TEST(VlmTraining, SplitStagesGiveTheWholeModelsGradientNorm) {
+  const VlmConfig config = tiny_vlm();
+  const int cut = config.embedding_layer() + 1;
+  VlmStage whole(config, {0, config.pipeline_layers()});
+  VlmStage first(config, {0, cut}, {.name = "stage 0"});
+  VlmStage last(config, {cut, config.pipeline_layers()}, {.name = "stage 1"});
+  whole.init_parameters(3);
+  first.copy_parameters_from(whole);
+  last.copy_parameters_from(whole);
+  ASSERT_TRUE(first.needs_tied_reduction() && last.needs_tied_reduction());
+  const ShapeCaptions data(1);
+  auto batch = data.batch(Split::kTrain, 0, 0, 4);
+  VlmState s, s0, s1;
+  whole.zero_gradients();
+  first.zero_gradients();
+  last.zero_gradients();
+  whole.forward(s, {.images = batch.images.clone(), .tokens = batch.tokens.clone(), .targets = batch.targets.clone()});
+  whole.backward_from_loss(s, 1.0);
+  auto x = first.forward(s0, {.images = std::move(batch.images), .tokens = std::move(batch.tokens)});
+  last.forward(s1, {.activation = std::move(x), .targets = std::move(batch.targets)});
+  EXPECT_EQ(s1.loss(), s.loss());
+  first.backward(s0, last.backward_from_loss(s1, 1.0));
+  const std::vector<float> a(first.tied_gradient().begin(), first.tied_gradient().end());
+  const std::vector<float> b(last.tied_gradient().begin(), last.tied_gradient().end());
+  first.add_tied_gradient(b);
+  last.add_tied_gradient(a);
+  const double expected = whole.gradient_square_sum();
+  EXPECT_NEAR(first.gradient_square_sum() + last.gradient_square_sum(), expected, 1e-5 * expected);
+  EXPECT_GT(last.gradient_square_sum(), 0.0);
+}
+
 // After training, greedy captions of held-out images (the validation
 // stream): how often they name the right colour and shape (chance 1/16).
 TEST(VlmTraining, CaptionsHeldOutImages) {
