@@ -159,9 +159,9 @@ class Search {
         counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", result_.rejected[r],
                               to_string(static_cast<RejectReason>(r)));
       }
-      fail("no layout of {} on {} × {} fits: {} candidates rejected ({}); use more devices, a larger "
+      fail("no layout of {} on {} × {} fits: {} candidates rejected ({}){}; use more devices, a larger "
            "--memory-fraction, or another global batch",
-           request_.model.name, request_.devices, request_.hardware.name, result_.candidates, counts);
+           request_.model.name, request_.devices, request_.hardware.name, result_.candidates, counts, nearest_fit());
     }
     return std::move(result_);
   }
@@ -278,7 +278,9 @@ class Search {
       if (!modelled) modelled = std::make_shared<const LayoutCosts>(layout_costs(layout, shape, cut(layout, shape)));
       std::shared_ptr<const LayoutCosts> costs = modelled;
       if (calibration_) costs = calibrated(layout, shape, *modelled, scaled[{info->placement, v}]);
-      if (largest_model_states(*costs, info->placement, p, v) > limit_bytes_) {
+      const double states = largest_model_states(*costs, info->placement, p, v);
+      least_model_states_bytes_ = std::min(least_model_states_bytes_, states);
+      if (states > limit_bytes_) {
         reject(RejectReason::kOutOfMemory);
         continue;
       }
@@ -352,6 +354,7 @@ class Search {
       largest = std::max(largest, c.stage_peak_bytes.back());
     }
     if (largest > limit_bytes_) {
+      least_peak_bytes_ = std::min(least_peak_bytes_, largest);
       reject(RejectReason::kOutOfMemory);
       return;
     }
@@ -387,11 +390,32 @@ class Search {
     if (best.size() > static_cast<std::size_t>(request_.top_k)) best.pop_back();
   }
 
+  // Where nothing fits for memory: what the layout that came nearest needs
+  // on its fullest rank, against the limit ("" when none got that far).
+  std::string nearest_fit() const {
+    const std::string limit = fmt::format("the limit {} × {} = {}", request_.memory_fraction,
+                                          format_bytes(request_.hardware.memory_bytes), format_bytes(limit_bytes_));
+    if (least_model_states_bytes_ > limit_bytes_ && least_model_states_bytes_ < kNone) {
+      return fmt::format(
+          "; the fewest model states of any layout's fullest rank are {} (weights, gradients and optimizer state, "
+          "before activations) > {}",
+          format_bytes(least_model_states_bytes_), limit);
+    }
+    if (least_peak_bytes_ < kNone) {
+      return fmt::format("; the lowest peak of any layout's fullest rank is {} > {}", format_bytes(least_peak_bytes_),
+                         limit);
+    }
+    return "";
+  }
+
   using CutKey = std::tuple<ParallelConfig, std::string, int>;
+  static constexpr double kNone = std::numeric_limits<double>::infinity();
 
   const PlanRequest& request_;
   std::optional<Resimulator> calibration_;  // request_.measured's
   double limit_bytes_ = 0;
+  double least_model_states_bytes_ = kNone;  // over the candidates whose model states were weighed
+  double least_peak_bytes_ = kNone;          // over those whose peaks were walked and over the limit
   std::map<CutKey, Partition> cuts_;
   std::vector<Queued> queue_;
   PlanResult result_;

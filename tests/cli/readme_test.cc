@@ -5,40 +5,21 @@
 
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
-#include <chrono>
 #include <cstddef>
-#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "pipeflow/core/file.h"
+#include "readme_commands.h"
 #include "run_pipeflow.h"
 
 namespace pipeflow::testing {
 namespace {
 
-// How the README's commands name the executable; the test runs the one under
-// test (another preset's build too) in its place.
-const std::string kReadmeBinary = "build/release/pipeflow";
-
-std::string source_dir() { return PIPEFLOW_SOURCE_DIR; }
-
 std::string readme_text() { return read_file(source_dir() + "/README.md"); }
-
-std::vector<std::string> split_lines(const std::string& text) {
-  std::vector<std::string> result;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) result.push_back(line);
-  return result;
-}
-
-bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
 
 // The index of the line `heading` exactly, or the number of lines when absent.
 std::size_t find_heading(const std::vector<std::string>& lines, const std::string& heading) {
@@ -79,38 +60,6 @@ std::vector<QuickStartCommand> quick_start_commands(const std::string& text) {
   return commands;
 }
 
-struct ShellResult {
-  int exit_code = -1;
-  std::string output;  // standard output, then standard error
-  double seconds = 0;
-};
-
-// Runs the shell command `command` in the repository root, for at most 300 s.
-ShellResult run_in_source_dir(const std::string& command) {
-  const std::string dir = make_temp_dir();
-  const std::string shell =
-      "cd '" + source_dir() + "' && timeout -k 10 300 " + command + " >" + dir + "/stdout 2>" + dir + "/stderr";
-  const auto start = std::chrono::steady_clock::now();
-  const int status = std::system(shell.c_str());
-  ShellResult result;
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.output = read_file_if_exists(dir + "/stdout") + read_file_if_exists(dir + "/stderr");
-  std::filesystem::remove_all(dir);
-  return result;
-}
-
-// The README's command with the binary under test in place of
-// build/release/pipeflow; under mpirun without LeakSanitizer's leak check,
-// as run_mpirun runs it (OpenMPI's own blocks at exit).
-std::string as_run_here(const std::string& command) {
-  std::string result = command;
-  const std::size_t at = result.find(kReadmeBinary);
-  result.replace(at, kReadmeBinary.size(), PIPEFLOW_BINARY);
-  if (starts_with(result, "mpirun ")) result = "env ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 " + result;
-  return result;
-}
-
 TEST(Readme, EveryQuickStartCommandRunsAsWrittenAndPrintsWhatTheReadmeSays) {
   const std::vector<QuickStartCommand> commands = quick_start_commands(readme_text());
   ASSERT_EQ(commands.size(), 6u) << "README.md: no \"## Quick start\" block of six commands";
@@ -128,7 +77,7 @@ TEST(Readme, EveryQuickStartCommandRunsAsWrittenAndPrintsWhatTheReadmeSays) {
 
   double total = 0;
   for (const QuickStartCommand& c : commands) {
-    const ShellResult result = run_in_source_dir(as_run_here(c.command));
+    const ShellResult result = run_as_written(c.command);
     total += result.seconds;
     EXPECT_EQ(result.exit_code, 0) << c.command << "\n" << result.output;
     for (const std::string& expected : c.expected) {
