@@ -524,13 +524,17 @@ std::string shape_of(const ModelSpec& m) {
     text = fmt::format("Llama, {}, {} key/value heads, MLP {}, {} head", text, m.kv_heads, m.ffn,
                        m.tied_embeddings ? "tied" : "untied");
   }
+  if (m.vision) {
+    text += fmt::format(", vision tower of {} layers, width {}, {} image tokens", m.vision->layers, m.vision->hidden,
+                        m.vision->images * image_tokens(*m.vision));
+  }
   return text;
 }
 
 bool same_shape(const ModelSpec& a, const ModelSpec& b) {
   return a.architecture == b.architecture && a.layers == b.layers && a.heads == b.heads && a.hidden == b.hidden &&
          a.max_positions == b.max_positions && a.vocab == b.vocab && a.kv_heads == b.kv_heads && a.ffn == b.ffn &&
-         a.tied_embeddings == b.tied_embeddings;
+         a.tied_embeddings == b.tied_embeddings && a.vision == b.vision;
 }
 
 // The model that runs: the configuration's, or the file's (which then also

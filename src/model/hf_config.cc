@@ -108,23 +108,132 @@ ModelSpec llama_from(const Config& config, std::string name) {
   return spec;
 }
 
-}  // namespace
-
-ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name) {
-  const Config config = Config::parse(json_text, name);
+// A language model's config: gpt2 or llama, by model_type or the keys.
+ModelSpec language_model_from(const Config& config, std::string name) {
   const std::string type =
       config.get("model_type", config.has("n_layer") ? "gpt2" : config.has("num_hidden_layers") ? "llama" : "");
   // Before the values: a misspelt required key is a misspelling, not missing.
   config.check_no_misspelt_keys(shape_keys(type));
-  ModelSpec spec;
-  if (type == "gpt2") {
-    spec = gpt2_from(config, name);
-  } else if (type == "llama") {
-    spec = llama_from(config, name);
-  } else {
-    config.fail_value("model_type", "pipeflow reads \"gpt2\" and \"llama\" configs (or, without model_type, "
-                                    "one with n_layer or num_hidden_layers)");
+  if (type == "gpt2") return gpt2_from(config, std::move(name));
+  if (type == "llama") return llama_from(config, std::move(name));
+  config.fail_value("model_type", "pipeflow reads \"gpt2\" and \"llama\" configs (or, without model_type, "
+                                  "one with n_layer or num_hidden_layers)");
+}
+
+// A nested config (LLaVA's text_config, vision_config) as transformers reads
+// it: an absent key takes its config class's default (an absent object: all
+// of them). Published LLaVA
+// configs give only what differs, e.g. llava-1.5-7b-hf's text_config names
+// no width or depth (LlamaConfig's 4096 and 32 apply).
+Config with_defaults(const Config& parent, std::string_view key, const nlohmann::json& defaults) {
+  if (parent.has(key) && !parent.is_object(key)) parent.fail_value(key, "must be an object (a nested config)");
+  nlohmann::json merged = defaults;
+  merged.update(parent.object(key).json());
+  return Config::from_json(std::move(merged), parent.source() + " " + parent.path(key));
+}
+
+// transformers' defaults of the config classes a LLaVA config nests.
+const nlohmann::json& transformers_defaults(std::string_view type) {
+  static const nlohmann::json llama = {{"model_type", "llama"},          {"num_hidden_layers", 32},
+                                       {"hidden_size", 4096},            {"num_attention_heads", 32},
+                                       {"intermediate_size", 11008},     {"vocab_size", 32000},
+                                       {"max_position_embeddings", 2048}};
+  static const nlohmann::json gpt2 = {{"model_type", "gpt2"}, {"n_layer", 12},      {"n_embd", 768},
+                                      {"n_head", 12},         {"vocab_size", 50257}, {"n_positions", 1024}};
+  static const nlohmann::json clip = {{"model_type", "clip_vision_model"},
+                                      {"num_hidden_layers", 12},
+                                      {"hidden_size", 768},
+                                      {"num_attention_heads", 12},
+                                      {"intermediate_size", 3072},
+                                      {"image_size", 224},
+                                      {"patch_size", 32},
+                                      {"num_channels", 3}};
+  if (type == "gpt2") return gpt2;
+  if (type == "clip_vision_model") return clip;
+  return llama;
+}
+
+const std::vector<std::string> kClipVisionKeys = {"num_hidden_layers", "hidden_size", "num_attention_heads",
+                                                  "intermediate_size", "image_size",  "patch_size",
+                                                  "num_channels"};
+const std::vector<std::string> kLlavaKeys = {"text_config",
+                                             "vision_config",
+                                             "vision_feature_layer",
+                                             "vision_feature_select_strategy",
+                                             "image_seq_length",
+                                             "projector_hidden_act",
+                                             "multimodal_projector_bias"};
+
+// CLIP's vision tower (CLIPVisionConfig, model_type "clip_vision_model"),
+// all num_hidden_layers of it.
+VisionSpec clip_vision_from(const Config& config) {
+  config.check_no_misspelt_keys(kClipVisionKeys);
+  const std::string type = config.get("model_type", "clip_vision_model");
+  if (type != "clip_vision_model") {
+    config.fail_value("model_type", "pipeflow reads a CLIP vision tower (\"clip_vision_model\")");
   }
+  VisionSpec v;
+  v.layers = require_positive(config, "num_hidden_layers");
+  v.hidden = require_positive(config, "hidden_size");
+  v.heads = require_positive(config, "num_attention_heads");
+  v.ffn = require_positive(config, "intermediate_size");
+  v.image_size = require_positive(config, "image_size");
+  v.patch_size = require_positive(config, "patch_size");
+  v.channels = require_positive(config, "num_channels");
+  return v;
+}
+
+// LlavaForConditionalGeneration's config: the vision tower up to
+// vision_feature_layer (hidden_states[i]: the output of the first i blocks,
+// a negative i counting from L + 1), the projector, the language model.
+ModelSpec llava_from(const Config& config, std::string name) {
+  config.check_no_misspelt_keys(kLlavaKeys);
+  const Config text_json = config.object("text_config");
+  const Config text = with_defaults(config, "text_config",
+                                    transformers_defaults(text_json.get("model_type", "llama")));
+  ModelSpec spec = language_model_from(text, name);
+  VisionSpec v = clip_vision_from(with_defaults(config, "vision_config", transformers_defaults("clip_vision_model")));
+  if (config.has("vision_feature_layer") && !config.raw("vision_feature_layer").is_number_integer()) {
+    config.fail_value("vision_feature_layer",
+                      "pipeflow reads one layer's features (an integer, e.g. -2); not a list of layers");
+  }
+  const int feature_layer = config.get("vision_feature_layer", -2);
+  const int run = feature_layer >= 0 ? feature_layer : v.layers + 1 + feature_layer;
+  if (run < 1 || run > v.layers) {
+    config.fail_value("vision_feature_layer",
+                      fmt::format("must pick the output of one of the tower's {} layers: 1 .. {} or -1 .. -{}",
+                                  v.layers, v.layers, v.layers));
+  }
+  v.layers = run;
+  const std::string strategy = config.get("vision_feature_select_strategy", "default");
+  if (strategy != "default" && strategy != "full") {
+    config.fail_value("vision_feature_select_strategy", "use \"default\" (drops the CLS token) or \"full\"");
+  }
+  v.drop_class_token = strategy == "default";
+  if (!config.get("multimodal_projector_bias", true)) {
+    config.fail_value("multimodal_projector_bias", "pipeflow counts the projector's linear layers with biases");
+  }
+  config.get("projector_hidden_act", "gelu");  // any activation: the same counts
+  if (config.has("image_seq_length") && config.get("image_seq_length", 0) != image_tokens(v)) {
+    config.fail_value("image_seq_length",
+                      fmt::format("the vision tower gives {} tokens per image ((image_size / patch_size)^2{}); "
+                                  "make them agree",
+                                  image_tokens(v), v.drop_class_token ? "" : " + 1 for CLS"));
+  }
+  spec.vision = v;
+  return spec;
+}
+
+}  // namespace
+
+ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name) {
+  const Config config = Config::parse(json_text, name);
+  const std::string type = config.get("model_type", "");
+  if (type == "clip_vision_model") {
+    config.fail_value("model_type", "a CLIP vision tower alone has no language model for pipeflow to train: give "
+                                    "it as the vision_config of a \"llava\" config");
+  }
+  ModelSpec spec = type == "llava" ? llava_from(config, name) : language_model_from(config, name);
   validate_model(spec);
   check_head_width(spec);
   return spec;

@@ -89,6 +89,27 @@ void require_in_range(const ModelSpec& spec, std::string_view field, int value, 
   }
 }
 
+void validate_vision(const ModelSpec& spec, const VisionSpec& v) {
+  require_in_range(spec, "vision layers", v.layers, kMaxModelLayers);
+  require_in_range(spec, "vision hidden", v.hidden, kMaxModelWidth);
+  require_in_range(spec, "vision heads", v.heads, kMaxModelWidth);
+  require_in_range(spec, "vision ffn", v.ffn, kMaxModelFfn);
+  require_in_range(spec, "image_size", v.image_size, kMaxImageSize);
+  require_in_range(spec, "patch_size", v.patch_size, v.image_size);
+  require_in_range(spec, "channels", v.channels, 16);
+  require_in_range(spec, "images", v.images, kMaxModelLayers);
+  if (v.image_size % v.patch_size != 0) {
+    fail("model {}: image_size = {}: must be a multiple of patch_size ({}), the image being cut into whole "
+         "patches; change image_size or patch_size",
+         spec.name, v.image_size, v.patch_size);
+  }
+  if (v.hidden % v.heads != 0) {
+    fail("model {}: vision hidden = {}: must be a multiple of the vision heads ({}); change hidden_size or "
+         "num_attention_heads of the vision tower",
+         spec.name, v.hidden, v.heads);
+  }
+}
+
 }  // namespace
 
 int gpt_ffn(int hidden) {
@@ -130,6 +151,18 @@ void validate_model(const ModelSpec& spec) {
   if (spec.heads % spec.kv_heads != 0) {
     fail("model {}: kv_heads = {}: must divide heads ({})", spec.name, spec.kv_heads, spec.heads);
   }
+  if (spec.vision) validate_vision(spec, *spec.vision);
+}
+
+int patch_tokens(const VisionSpec& vision) {
+  const int side = vision.image_size / vision.patch_size;
+  return side * side;
+}
+
+int vision_tokens(const VisionSpec& vision) { return patch_tokens(vision) + (vision.class_token ? 1 : 0); }
+
+int image_tokens(const VisionSpec& vision) {
+  return patch_tokens(vision) + (vision.class_token && !vision.drop_class_token ? 1 : 0);
 }
 
 void check_head_width(const ModelSpec& spec) {
@@ -146,7 +179,8 @@ double kv_width(const ModelSpec& spec) {
 
 std::int64_t parameter_count(const ModelSpec& spec) {
   ParallelConfig config;
-  config.seq_length = 1;  // parameters do not depend on the sequence
+  // Parameters do not depend on the sequence: the shortest it may be.
+  config.seq_length = image_tokens_per_sequence(spec) + 1;
   return sum_layers(pipeline_layers(spec, config)).parameters;
 }
 

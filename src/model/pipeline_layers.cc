@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/json.h"
 
@@ -92,6 +94,61 @@ void validate_config(const ModelSpec& m, const ParallelConfig& c) {
     fail("tensor_parallel = {}: must divide {}'s heads ({}) and kv heads ({}) so each rank holds whole heads",
          c.tensor_parallel, m.name, m.heads, m.kv_heads);
   }
+  if (!m.vision) return;
+  const VisionSpec& v = *m.vision;
+  if (v.heads % c.tensor_parallel != 0) {
+    fail("tensor_parallel = {}: must divide {}'s vision heads ({}) so each rank holds whole heads",
+         c.tensor_parallel, m.name, v.heads);
+  }
+  const int images = image_tokens_per_sequence(m);
+  if (c.seq_length <= images) {
+    fail("sequence = {}: {}'s sequence holds {} image tokens ({} image(s) of {}) and the text after them: use a "
+         "sequence > {} (image and text tokens together)",
+         c.seq_length, m.name, images, v.images, image_tokens(v), images);
+  }
+  if (static_cast<std::int64_t>(c.micro_batch) * v.images > std::numeric_limits<int>::max()) {
+    fail("micro_batch = {}: {} images per sequence make {} images per micro-batch, more than pipeflow counts; use a "
+         "smaller micro-batch",
+         c.micro_batch, v.images, static_cast<std::int64_t>(c.micro_batch) * v.images);
+  }
+}
+
+// CLIP's embeddings: the patch convolution as a linear map of P²·C pixels,
+// the class token, the position table and the pre-LayerNorm (weight, bias).
+PipelineLayer patch_embedding_layer(const ModelSpec& m, const ParallelConfig& c) {
+  const VisionSpec& v = *m.vision;
+  const double images = static_cast<double>(c.micro_batch) * v.images;
+  const std::int64_t pixels = static_cast<std::int64_t>(v.patch_size) * v.patch_size * v.channels;
+  const double patches = images * patch_tokens(v);
+  const double tokens = images * vision_tokens(v);
+  PipelineLayer layer;
+  layer.name = "vision.patch_embedding";
+  layer.kind = LayerKind::kPatchEmbedding;
+  layer.parameters = pixels * v.hidden + (v.class_token ? v.hidden : 0) +
+                     static_cast<std::int64_t>(vision_tokens(v)) * v.hidden + 2 * v.hidden;
+  layer.forward_flops = 2 * patches * static_cast<double>(pixels) * v.hidden;
+  layer.backward_weight_flops = layer.forward_flops;
+  layer.activation_bytes = c.bytes_per_element * (patches * static_cast<double>(pixels) + tokens * v.hidden);
+  return layer;
+}
+
+PipelineLayer projector_layer(const ModelSpec& m, const ParallelConfig& c) {
+  const VisionSpec& v = *m.vision;
+  const double t = c.tensor_parallel;
+  const double sp = c.sequence_parallel ? t : 1;
+  const double tokens = static_cast<double>(c.micro_batch) * image_tokens_per_sequence(m);
+  const std::int64_t h = m.hidden;
+  const std::int64_t inner = shard(m.hidden, c.tensor_parallel);
+  const double matmul = 2 * tokens * (static_cast<double>(v.hidden) * m.hidden + static_cast<double>(h) * h) / t;
+  PipelineLayer layer;
+  layer.name = "projector";
+  layer.kind = LayerKind::kProjector;
+  layer.parameters = (v.hidden * inner + inner) + (inner * h + h);
+  layer.forward_flops = matmul;
+  layer.backward_input_flops = matmul;
+  layer.backward_weight_flops = matmul;
+  layer.activation_bytes = c.bytes_per_element * tokens * (v.hidden / sp + 2.0 * m.hidden / t);
+  return layer;
 }
 
 PipelineLayer embedding_layer(const ModelSpec& m, const ParallelConfig& c) {
@@ -107,13 +164,13 @@ PipelineLayer embedding_layer(const ModelSpec& m, const ParallelConfig& c) {
   return layer;
 }
 
-PipelineLayer block_layer(const ModelSpec& m, const ParallelConfig& c, int index) {
+PipelineLayer block_layer(const ModelSpec& m, const ParallelConfig& c, std::string name) {
   const double t = c.tensor_parallel;
   const double bs = static_cast<double>(c.micro_batch) * c.seq_length;
   const double matmul = 2 * bs * block_matrix_weights(m) / t;
   const double core = 4 * bs * c.seq_length * m.hidden / t;  // QKᵀ and probs·V, 2·b·s²·h each
   PipelineLayer layer;
-  layer.name = fmt::format("block.{}", index);
+  layer.name = std::move(name);
   layer.kind = LayerKind::kBlock;
   layer.parameters = block_parameters(m, c.tensor_parallel);
   layer.forward_flops = matmul + core;
@@ -180,8 +237,37 @@ std::string_view to_string(LayerKind kind) {
     case LayerKind::kEmbedding: return "embedding";
     case LayerKind::kBlock: return "block";
     case LayerKind::kHead: return "head";
+    case LayerKind::kPatchEmbedding: return "patch_embedding";
+    case LayerKind::kVisionBlock: return "vision_block";
+    case LayerKind::kProjector: return "projector";
   }
   return "?";
+}
+
+bool is_block(LayerKind kind) { return kind == LayerKind::kBlock || kind == LayerKind::kVisionBlock; }
+
+ModelSpec vision_block_model(const ModelSpec& spec) {
+  if (!spec.vision) fail("internal: {} has no vision tower", spec.name);
+  const VisionSpec& v = *spec.vision;
+  ModelSpec block = gpt_model(spec.name + " vision", v.layers, v.hidden, v.heads, 1, vision_tokens(v));
+  block.ffn = v.ffn;
+  return block;
+}
+
+ParallelConfig vision_block_config(const ModelSpec& spec, const ParallelConfig& config) {
+  if (!spec.vision) fail("internal: {} has no vision tower", spec.name);
+  ParallelConfig images = config;
+  images.micro_batch = config.micro_batch * spec.vision->images;
+  images.seq_length = vision_tokens(*spec.vision);
+  return images;
+}
+
+int pipeline_layer_count(const ModelSpec& spec) {
+  return spec.layers + 2 + (spec.vision ? spec.vision->layers + 2 : 0);
+}
+
+int image_tokens_per_sequence(const ModelSpec& spec) {
+  return spec.vision ? spec.vision->images * image_tokens(*spec.vision) : 0;
 }
 
 Recompute parse_recompute(std::string_view text) {
@@ -195,14 +281,35 @@ std::vector<PipelineLayer> pipeline_layers(const ModelSpec& spec, const Parallel
   validate_model(spec);
   validate_config(spec, config);
   const bool split_messages = config.sequence_parallel || config.scatter_gather;
-  const double message = static_cast<double>(config.bytes_per_element) * config.micro_batch * config.seq_length *
-                         spec.hidden / (split_messages ? config.tensor_parallel : 1);
+  // e·rows·width, the activation one layer hands the next (÷t when split).
+  const auto message = [&](double rows, double width) {
+    return config.bytes_per_element * rows * width / (split_messages ? config.tensor_parallel : 1);
+  };
   std::vector<PipelineLayer> layers;
-  layers.reserve(spec.layers + 2);
+  layers.reserve(static_cast<std::size_t>(pipeline_layer_count(spec)));
+  if (spec.vision) {
+    const ModelSpec tower = vision_block_model(spec);
+    const ParallelConfig images = vision_block_config(spec, config);
+    layers.push_back(patch_embedding_layer(spec, config));
+    for (int i = 0; i < tower.layers; ++i) {
+      layers.push_back(block_layer(tower, images, fmt::format("vision.block.{}", i)));
+      layers.back().kind = LayerKind::kVisionBlock;
+    }
+    for (PipelineLayer& layer : layers) {
+      layer.output_bytes = message(static_cast<double>(images.micro_batch) * images.seq_length, tower.hidden);
+    }
+    layers.push_back(projector_layer(spec, config));
+    layers.back().output_bytes =
+        message(static_cast<double>(config.micro_batch) * image_tokens_per_sequence(spec), spec.hidden);
+  }
+  const std::size_t first_text_layer = layers.size();
   layers.push_back(embedding_layer(spec, config));
-  for (int i = 0; i < spec.layers; ++i) layers.push_back(block_layer(spec, config, i));
-  for (PipelineLayer& layer : layers) layer.output_bytes = message;
+  for (int i = 0; i < spec.layers; ++i) layers.push_back(block_layer(spec, config, fmt::format("block.{}", i)));
+  for (std::size_t i = first_text_layer; i < layers.size(); ++i) {
+    layers[i].output_bytes = message(static_cast<double>(config.micro_batch) * config.seq_length, spec.hidden);
+  }
   layers.push_back(head_layer(spec, config));
+  if (spec.tied_embeddings) layers.back().tied_owner = static_cast<int>(first_text_layer);
   return layers;
 }
 

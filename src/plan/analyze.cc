@@ -400,7 +400,7 @@ bool same_work(const Layout& a, const Layout& b) {
   const ModelSpec& y = b.model;
   const bool model = x.architecture == y.architecture && x.layers == y.layers && x.hidden == y.hidden &&
                      x.heads == y.heads && x.kv_heads == y.kv_heads && x.ffn == y.ffn && x.vocab == y.vocab &&
-                     x.tied_embeddings == y.tied_embeddings && x.dropout == y.dropout;
+                     x.tied_embeddings == y.tied_embeddings && x.dropout == y.dropout && x.vision == y.vision;
   return model && a.hardware.name == b.hardware.name && a.micro_batch == b.micro_batch &&
          a.seq_length == b.seq_length && a.tensor_parallel == b.tensor_parallel && a.recompute == b.recompute &&
          a.sequence_parallel == b.sequence_parallel && a.precision == b.precision;

@@ -100,7 +100,7 @@ void check_measured_run(const Layout& run, const PlanRequest& request) {
   const ModelSpec& a = run.model;
   const ModelSpec& b = request.model;
   if (a.layers != b.layers || a.hidden != b.hidden || a.heads != b.heads || a.vocab != b.vocab ||
-      a.architecture != b.architecture) {
+      a.architecture != b.architecture || a.vision != b.vision) {
     fail("the measured run is of {} ({} layers of width {}, {} heads, vocabulary {}) and the plan of {} ({} layers of "
          "width {}, {} heads, vocabulary {}): its calibration holds for the model it ran; plan that model, or leave "
          "the measurement out",
@@ -189,7 +189,7 @@ class Search {
 
   void enumerate() {
     const ModelSpec& model = request_.model;
-    const int pipeline_layers_count = model.layers + 2;
+    const int pipeline_layers_count = pipeline_layer_count(model);
     const int per_node = request_.hardware.devices_per_node;
     const std::vector<int> micro_batches = [&] {
       std::vector<int> sizes;

@@ -46,17 +46,22 @@ StageActivations stage_activations(const Layout& layout, const std::vector<Pipel
   StageActivations out;
   const int k = layout.recompute == Recompute::kFull ? layout.recompute_interval : 1;
   int blocks = 0;
+  double widest_block = 0;  // a whole block's activations, the largest of the stage's blocks
+  ParallelConfig whole = parallel_config(layout);
+  whole.recompute = Recompute::kNone;
   for (int i = plan.first; i < plan.end; ++i) {
     const PipelineLayer& layer = layers[static_cast<std::size_t>(i)];
-    const bool kept = layer.kind != LayerKind::kBlock || (i - plan.first) % k == 0;
+    const bool kept = !is_block(layer.kind) || (i - plan.first) % k == 0;
     if (kept) out.held += layer.activation_bytes;
-    if (layer.kind == LayerKind::kBlock) ++blocks;
+    if (!is_block(layer.kind)) continue;
+    ++blocks;
+    if (layout.recompute != Recompute::kFull) continue;
+    widest_block = std::max(widest_block, layer.kind == LayerKind::kBlock
+                                              ? block_activation_bytes(layout.model, whole)
+                                              : block_activation_bytes(vision_block_model(layout.model),
+                                                                       vision_block_config(layout.model, whole)));
   }
-  if (layout.recompute == Recompute::kFull && blocks > 0) {
-    ParallelConfig whole = parallel_config(layout);
-    whole.recompute = Recompute::kNone;
-    out.recompute_working = std::min(k, blocks) * block_activation_bytes(layout.model, whole);
-  }
+  if (layout.recompute == Recompute::kFull && blocks > 0) out.recompute_working = std::min(k, blocks) * widest_block;
   return out;
 }
 
@@ -67,7 +72,7 @@ StageCosts price_stage(const Layout& layout, const std::vector<PipelineLayer>& l
   const HardwareProfile hw = priced_hardware(layout);
 
   StageCosts stage;
-  std::array<std::optional<KindSeconds>, 3> kinds;
+  std::array<std::optional<KindSeconds>, kLayerKinds> kinds;
   double recompute_s = 0;
   for (int i = plan.first; i < plan.end; ++i) {
     const LayerKind kind = layers[static_cast<std::size_t>(i)].kind;
@@ -166,6 +171,18 @@ double weight_gradient_bytes(const ModelSpec& model, const ParallelConfig& confi
     case LayerKind::kBlock:
       if (model.architecture == Architecture::kGpt) return ebs * (4 * h / sp + (4 * h + 2 * f) / t);
       return ebs * (4 * h / sp + (2 * h + kv_width(model) + 3 * f) / t);
+    case LayerKind::kVisionBlock:
+      return weight_gradient_bytes(vision_block_model(model), vision_block_config(model, config), LayerKind::kBlock);
+    case LayerKind::kPatchEmbedding: {
+      const VisionSpec& v = *model.vision;
+      const double patches = static_cast<double>(config.micro_batch) * v.images * patch_tokens(v);
+      return config.bytes_per_element * patches * (static_cast<double>(v.patch_size) * v.patch_size * v.channels +
+                                                   v.hidden);
+    }
+    case LayerKind::kProjector: {
+      const double tokens = static_cast<double>(config.micro_batch) * image_tokens_per_sequence(model);
+      return config.bytes_per_element * tokens * (model.vision->hidden / sp + 2 * h / t + h / sp);
+    }
   }
   return 0;
 }
@@ -185,6 +202,19 @@ TensorParallelSeconds tensor_parallel_seconds(const ModelSpec& model, const Para
     case LayerKind::kBlock: {
       const double recompute = config.recompute == Recompute::kFull ? 2 * all_reduce : 0;
       return {2 * all_reduce, 2 * all_reduce + recompute};
+    }
+    case LayerKind::kVisionBlock:
+      return tensor_parallel_seconds(vision_block_model(model), vision_block_config(model, config),
+                                     LayerKind::kBlock, link);
+    case LayerKind::kPatchEmbedding:
+      return {};  // replicated
+    case LayerKind::kProjector: {
+      // fc2's (row-parallel) output in the forward, fc1's (column-parallel)
+      // input gradient in I.
+      const double tokens = static_cast<double>(config.bytes_per_element) * config.micro_batch *
+                            image_tokens_per_sequence(model);
+      return {ring_all_reduce_seconds(tokens * model.hidden, t, link),
+              ring_all_reduce_seconds(tokens * model.vision->hidden, t, link)};
     }
   }
   return {};
@@ -311,6 +341,37 @@ LayerSeconds layer_compute_seconds(const ModelSpec& model, const ParallelConfig&
   switch (kind) {
     case LayerKind::kBlock:
       return block_seconds(model, c, hw);
+    case LayerKind::kVisionBlock:
+      return block_seconds(vision_block_model(model), vision_block_config(model, c), hw);
+    case LayerKind::kPatchEmbedding: {
+      // The convolution as one GEMM (patches × P²·C by P²·C × h_v, whole on
+      // every rank); the position add (read 2e, write e) and the
+      // pre-LayerNorm (2e) over the tokens. No gradient reaches the pixels:
+      // W carries the LayerNorm's backward (3e) and the convolution's dW.
+      const VisionSpec& v = *model.vision;
+      const double images = static_cast<double>(c.micro_batch) * v.images;
+      const double patches = images * patch_tokens(v);
+      const double vision_wide = images * vision_tokens(v) * v.hidden;
+      const double gemm = matmul_seconds(
+          hw, patches, v.hidden, static_cast<double>(v.patch_size) * v.patch_size * v.channels);
+      LayerSeconds out;
+      out.forward_s = gemm + memory_seconds(hw, 5 * e * vision_wide);
+      out.backward_weight_s = gemm + memory_seconds(hw, 3 * e * vision_wide);
+      return out;
+    }
+    case LayerKind::kProjector: {
+      // fc1 (T × H/t by h_v), GELU on T·H/t (2e forward, 3e backward), fc2
+      // (T × H by H/t), over the T image tokens.
+      const double image = static_cast<double>(c.micro_batch) * image_tokens_per_sequence(model);
+      const double h = model.hidden;
+      const double gemms = gemms_seconds(hw, {{image, h / t, static_cast<double>(model.vision->hidden)},
+                                              {image, h, h / t}});
+      LayerSeconds out;
+      out.forward_s = gemms + memory_seconds(hw, 2 * e * image * h / t);
+      out.backward_input_s = gemms + memory_seconds(hw, 3 * e * image * h / t);
+      out.backward_weight_s = gemms;
+      return out;
+    }
     case LayerKind::kEmbedding: {
       // Gather: read the rows, write the output (2e); backward: scatter-add
       // the gradient into the fp32 table gradient (read e, read and write 4 + 4).
@@ -369,8 +430,12 @@ double layer_prefill_seconds(const ModelSpec& model, std::span<const PrefillPiec
       if (finished == 0) return 0;
       return matmul_seconds(hw, finished, static_cast<double>(model.vocab), model.hidden) +
              memory_seconds(hw, 2 * e * finished * model.hidden + e * finished * static_cast<double>(model.vocab));
+    case LayerKind::kPatchEmbedding:
+    case LayerKind::kVisionBlock:
+    case LayerKind::kProjector:
+      break;  // resolve_inference_setup refuses vision models
   }
-  return 0;
+  fail("internal: {} layers have no inference price", to_string(kind));
 }
 
 DecodeWork layer_decode_work(const ModelSpec& model, const PipelineLayer& layer, int sequences,
@@ -388,8 +453,12 @@ DecodeWork layer_decode_work(const ModelSpec& model, const PipelineLayer& layer,
           kv_cache_bytes(1, model.kv_heads, model.hidden / model.heads, bytes_per_element, cached, sequences));
       return {e * weights + kv, 2 * n * weights + 4 * n * static_cast<double>(cached) * model.hidden};
     }
+    case LayerKind::kPatchEmbedding:
+    case LayerKind::kVisionBlock:
+    case LayerKind::kProjector:
+      break;  // resolve_inference_setup refuses vision models
   }
-  return {};
+  fail("internal: {} layers have no inference price", to_string(layer.kind));
 }
 
 double decode_seconds(const DecodeWork& work, const HardwareProfile& hw) {

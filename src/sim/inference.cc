@@ -17,6 +17,11 @@ namespace pipeflow {
 InferenceSetup resolve_inference_setup(const InferenceSetup& in) {
   validate_model(in.model);
   validate_hardware(in.hardware);
+  if (in.model.vision) {
+    fail("model {} has a vision tower: pipeflow prices the inference of language models; give its language model "
+         "alone (a config.json of its text_config)",
+         in.model.name);
+  }
   InferenceSetup s = in;
   if (s.stages < 1) fail("stages = {}: must be >= 1 (pipeline stages, one device each)", s.stages);
   if (s.sequences < 1) fail("sequences = {}: must be >= 1 (concurrent sequences)", s.sequences);

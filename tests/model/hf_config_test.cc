@@ -160,5 +160,76 @@ TEST(HfConfig, BadValuesNameTheKeyAndTheRule) {
             "c.json: n_layer is required but missing");
 }
 
+// llava-hf/llava-1.5-7b-hf's config.json: CLIP ViT-L/14-336 (its text_config
+// and vision_config give only what differs from LlamaConfig's and
+// CLIPVisionConfig's defaults), features from hidden_states[-2], CLS dropped.
+TEST(HfConfig, Llava15ConfigReadsTheTowerUpToItsFeatureLayer) {
+  const ModelSpec llava = model_from_hf_config(sample("llava-1.5-7b"));
+  EXPECT_EQ(llava.architecture, Architecture::kLlama);
+  EXPECT_EQ(llava.layers, 32);   // LlamaConfig's default
+  EXPECT_EQ(llava.hidden, 4096);  // LlamaConfig's default
+  EXPECT_EQ(llava.ffn, 11008);
+  EXPECT_EQ(llava.vocab, 32064);
+  EXPECT_EQ(llava.max_positions, 4096);
+  EXPECT_FALSE(llava.tied_embeddings);
+  ASSERT_TRUE(llava.vision.has_value());
+  const VisionSpec& v = *llava.vision;
+  EXPECT_EQ(v.layers, 23);  // hidden_states[-2]: the output of block 23 of 24
+  EXPECT_EQ(v.hidden, 1024);
+  EXPECT_EQ(v.heads, 16);
+  EXPECT_EQ(v.ffn, 4096);
+  EXPECT_EQ(v.image_size, 336);
+  EXPECT_EQ(v.patch_size, 14);
+  EXPECT_TRUE(v.drop_class_token);
+  EXPECT_EQ(image_tokens(v), 576);
+  EXPECT_EQ(vision_tokens(v), 577);
+  // Llama 2 7B at vocabulary 32064, 6,738,415,616 + 2·64·4096; the tower's
+  // patch embedding 1,196,032 and 23 blocks of 12,596,224; the projector
+  // 20,979,712.
+  const std::int64_t language = 6'738'415'616 + 2 * 64 * 4096;
+  const std::int64_t run = language + 1'196'032 + 23 * std::int64_t{12'596'224} + 20'979'712;
+  EXPECT_EQ(parameter_count(llava), run);
+  EXPECT_EQ(run, 7'050'828'800);
+  // The checkpoint also holds block 24 and CLIP's post-LayerNorm (2·1024),
+  // which LLaVA never reads: the published 7,063,427,072.
+  EXPECT_EQ(run + 12'596'224 + 2 * 1024, 7'063'427'072);
+}
+
+TEST(HfConfig, LlavaFeatureLayerAndStrategy) {
+  const auto llava = [](const std::string& extra) {
+    return model_from_hf_config_text(R"({"model_type": "llava", "text_config": {"num_hidden_layers": 2},
+                                         "vision_config": {"num_hidden_layers": 4, "image_size": 64,
+                                                           "patch_size": 16})" +
+                                         extra + "}",
+                                     "c.json");
+  };
+  EXPECT_EQ(llava("").vision->layers, 3);  // LlavaConfig's default -2
+  EXPECT_EQ(llava(R"(, "vision_feature_layer": -1)").vision->layers, 4);
+  EXPECT_EQ(llava(R"(, "vision_feature_layer": 2)").vision->layers, 2);
+  EXPECT_EQ(image_tokens(*llava("").vision), 16);
+  EXPECT_EQ(image_tokens(*llava(R"(, "vision_feature_select_strategy": "full")").vision), 17);
+  EXPECT_EQ(llava("").vision->hidden, 768);  // CLIPVisionConfig's default
+  EXPECT_EQ(error_of([&] { llava(R"(, "vision_feature_layer": -5)"); }),
+            "c.json: vision_feature_layer = -5: must pick the output of one of the tower's 4 layers: 1 .. 4 or -1 "
+            ".. -4");
+  EXPECT_EQ(error_of([&] { llava(R"(, "vision_feature_layer": [-2, -5])"); }),
+            "c.json: vision_feature_layer = [-2,-5]: pipeflow reads one layer's features (an integer, e.g. -2); not "
+            "a list of layers");
+  EXPECT_EQ(error_of([&] { llava(R"(, "image_seq_length": 576)"); }),
+            "c.json: image_seq_length = 576: the vision tower gives 16 tokens per image ((image_size / "
+            "patch_size)^2); make them agree");
+  EXPECT_EQ(error_of([&] { llava(R"(, "vision_feature_select_strategy": "cls")"); }),
+            "c.json: vision_feature_select_strategy = \"cls\": use \"default\" (drops the CLS token) or \"full\"");
+  EXPECT_EQ(error_of([] { model_from_hf_config_text(R"({"model_type": "clip_vision_model"})", "c.json"); }),
+            "c.json: model_type = \"clip_vision_model\": a CLIP vision tower alone has no language model for "
+            "pipeflow to train: give it as the vision_config of a \"llava\" config");
+  EXPECT_EQ(error_of([] {
+              model_from_hf_config_text(R"({"model_type": "llava", "vision_config": {"num_hidden_layer": 4}})",
+                                        "c.json");
+            }),
+            "c.json vision_config: unknown key 'num_hidden_layer' (did you mean 'num_hidden_layers'?): fix its "
+            "spelling (other unknown keys are ignored, but a misspelt known key would silently take its default)");
+}
+
 }  // namespace
 }  // namespace pipeflow

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,6 +43,45 @@ struct LlamaNumerics {
   double rms_norm_eps = 1e-6;  // transformers' LlamaConfig default
 };
 
+// A vision tower in front of the language model, as LLaVA puts CLIP's ViT
+// there (Liu et al. 2023; LLaVA-1.5: CLIP ViT-L/14 at 336 px and a 2-layer
+// MLP projector). The tower turns each image into patch tokens; the
+// projector maps them to the language model's width, where they take their
+// place among the text tokens: the language model's sequence (the run's
+// seq_length) is images · image_tokens + text tokens.
+//   patch embedding: a convolution of stride and kernel patch_size, i.e. a
+//     linear map of patch_size²·channels pixels to `hidden` per patch (no
+//     bias, as CLIP); a class token (CLIP's CLS) if class_token; a learned
+//     position table of one row per token; CLIP's pre-LayerNorm.
+//   blocks: `layers` pre-LayerNorm transformer encoder layers, GPT-shaped
+//     (LayerNorm with bias, biased linears, a GELU-family MLP of width ffn,
+//     multi-head attention, no causal mask, no dropout), over all tokens.
+//   projector: LLaVA-1.5's mlp2x_gelu, Linear(hidden -> LM width) with bias,
+//     GELU, Linear(LM width -> LM width) with bias.
+struct VisionSpec {
+  int layers = 0;         // ViT blocks the pipeline runs (up to the feature layer)
+  int hidden = 0;
+  int heads = 0;
+  int ffn = 0;
+  int image_size = 0;     // pixels per side
+  int patch_size = 0;     // pixels per patch side
+  int channels = 3;
+  bool class_token = true;  // CLIP prepends a learned CLS token
+  // LLaVA's vision_feature_select_strategy "default": the CLS token is
+  // dropped before the projector; "full" keeps it.
+  bool drop_class_token = true;
+  int images = 1;  // images per sequence
+
+  friend bool operator==(const VisionSpec&, const VisionSpec&) = default;
+};
+
+// Patches per image, (image_size / patch_size)².
+int patch_tokens(const VisionSpec& vision);
+// Tokens each ViT block sees per image: the patches and the CLS token.
+int vision_tokens(const VisionSpec& vision);
+// Tokens per image that reach the language model (the CLS dropped or kept).
+int image_tokens(const VisionSpec& vision);
+
 struct ModelSpec {
   std::string name;
   Architecture architecture = Architecture::kGpt;
@@ -58,6 +98,9 @@ struct ModelSpec {
   // Korthikanti et al. 2022 to activation memory.
   bool dropout = false;
   LlamaNumerics llama = {};  // kLlama only
+  // A vision-language model (LLaVA): the tower and projector before the
+  // language model described by the fields above.
+  std::optional<VisionSpec> vision = std::nullopt;
 };
 
 // GPT's MLP width, 4·hidden; saturated at INT_MAX so that an absurd hidden
@@ -82,6 +125,9 @@ inline constexpr int kMaxModelPositions = 1 << 24;
 // spec is not a model pipeflow can count (e.g. kv_heads not dividing heads,
 // a field above its kMax).
 void validate_model(const ModelSpec& spec);
+
+// The largest image validate_model accepts, in pixels per side.
+inline constexpr int kMaxImageSize = 1 << 14;
 
 // Throws unless hidden is a multiple of heads. validate_model applies it to
 // Llama models; a config.json applies it to every model, since code built

@@ -37,13 +37,22 @@ struct ParallelConfig {
   friend auto operator<=>(const ParallelConfig&, const ParallelConfig&) = default;
 };
 
-enum class LayerKind { kEmbedding, kBlock, kHead };
+enum class LayerKind { kEmbedding, kBlock, kHead, kPatchEmbedding, kVisionBlock, kProjector };
+inline constexpr int kLayerKinds = 6;
 
-std::string_view to_string(LayerKind kind);  // "embedding", "block", "head"
+// "embedding", "block", "head", "patch_embedding", "vision_block", "projector"
+std::string_view to_string(LayerKind kind);
+
+// Whether the layer is a transformer block (of the language model or of the
+// vision tower): what recomputation repeats.
+bool is_block(LayerKind kind);
 
 // One pipeline layer: the unit a partition cuts between. A model of L blocks
 // is L + 2 layers: "embedding", "block.0" … "block.{L-1}", "head" (final
-// norm, LM head and loss), the same sequence as the model in `nn`.
+// norm, LM head and loss), the same sequence as the model in `nn`. A
+// vision-language model (ModelSpec::vision, L_v ViT blocks) puts
+// "vision.patch_embedding", "vision.block.0" … "vision.block.{L_v-1}" and
+// "projector" before them: L_v + L + 4 layers.
 //
 // FLOPs count matrix multiplications only, 2·m·n·k each, including the
 // attention core's QKᵀ and (softmax)·V (2·b·s²·h each, heads·head_dim = h).
@@ -66,6 +75,23 @@ std::string_view to_string(LayerKind kind);  // "embedding", "block", "head"
 //              (÷t with SP), plus the fp32 logits the cross entropy keeps,
 //              4·s·b·V/t (vocabulary-parallel) — Korthikanti's 4·s·b·h/t·(1 + V/h)
 //              with SP and e = 2.
+// The vision tower's layers (VisionSpec; k images per sequence, n_p patches
+// of P²·C pixels each, n = n_p + 1 tokens with CLS, width h_v, n_i image
+// tokens reaching the LM, H the LM's width):
+//   patch_embedding: P²·C·h_v + h_v (CLS) + n·h_v (positions) + 2·h_v
+//              (pre-LayerNorm) parameters, replicated over t; forward and W
+//              2·b·k·n_p·P²·C·h_v each, I nothing (no gradient reaches the
+//              pixels); keeps the pixels (the convolution's input) and the
+//              pre-LayerNorm's input, e·b·k·(n_p·P²·C + n·h_v).
+//   vision_block: a GPT block without dropout (block.N above) of width h_v,
+//              heads a_v, ffn f_v over b·k sequences of n tokens
+//              (vision_block_model, vision_block_config).
+//   projector: h_v·H + H + H·H + H parameters (fc1 column-, fc2
+//              row-parallel); forward, I and W 2·T·(h_v·H + H·H)/t each over
+//              T = b·k·n_i tokens; keeps fc1's input and GELU's input and
+//              output, e·T·(h_v/sp + 2H/t). Its output, e·T·H, is what
+//              crosses to the LM's embedding, which splices it among the
+//              text tokens.
 struct PipelineLayer {
   std::string name;
   LayerKind kind = LayerKind::kBlock;
@@ -100,6 +126,20 @@ std::vector<PipelineLayer> pipeline_layers(const ModelSpec& spec, const Parallel
 // The activation bytes one block keeps per micro-batch from its forward to
 // its backward under `config` (its recompute mode; Korthikanti et al. 2022).
 double block_activation_bytes(const ModelSpec& spec, const ParallelConfig& config);
+
+// The model and configuration a vision block is counted with: a GPT block
+// of the tower's width, heads and ffn, without dropout, its micro-batch the
+// b·images images of vision_tokens tokens each. `spec` must have a vision tower.
+ModelSpec vision_block_model(const ModelSpec& spec);
+ParallelConfig vision_block_config(const ModelSpec& spec, const ParallelConfig& config);
+
+// The number of pipeline layers of `spec`: L + 2, and L_v + 2 more with a
+// vision tower.
+int pipeline_layer_count(const ModelSpec& spec);
+
+// Tokens of the language model's sequence that are image tokens:
+// images · image_tokens per sequence; 0 without a vision tower.
+int image_tokens_per_sequence(const ModelSpec& spec);
 
 // Sums over layers [first, end).
 struct LayerTotals {

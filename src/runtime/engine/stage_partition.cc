@@ -35,6 +35,11 @@ ModelSpec model_spec(const nn::ModelConfig& config, std::string name) {
 }
 
 nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source) {
+  if (spec.vision) {
+    fail("{}: model {} is a vision-language model: pipeflow train runs language models (GPT-2, Llama); simulate "
+         "and plan price it, or train its language model alone",
+         source, spec.name);
+  }
   nn::ModelConfig config{.vocab_size = spec.vocab,
                          .context = spec.max_positions,
                          .n_layer = spec.layers,
