@@ -48,7 +48,18 @@ struct PlanCommand {
   // --inference: the stage counts that fit generation instead.
   bool inference = false;
   InferenceFlags inference_flags;
+  // What trains: the run configuration's freeze and lora keys.
+  std::vector<std::string> freeze;
+  std::string lora;
 };
+
+// --freeze and --lora read as the run configuration reads its keys.
+TrainingSpec training_of(const PlanCommand& command) {
+  RunOverrides o;
+  o.set("freeze", command.freeze);
+  if (!command.lora.empty()) o.set_text(*find_run_key("lora"), command.lora, "--lora");
+  return default_run_config(o).training;
+}
 
 std::string inference_report(const InferencePlanRequest& request, const InferencePlan& plan) {
   const InferenceSetup& s = request.setup;
@@ -138,6 +149,7 @@ PlanRequest make_request(const PlanCommand& command) {
   request.top_k = command.top;
   request.precision = parse_precision(command.precision);
   request.memory_fraction = command.memory_fraction;
+  request.training = training_of(command);
   if (!command.partitions.empty()) {
     request.partitions.clear();
     for (const std::string& method : command.partitions) request.partitions.push_back(parse_partition_method(method));
@@ -271,6 +283,10 @@ std::string pipeflow_config(const PlanCommand& command, const Layout& l) {
   o.set("pipeline.partition_method", to_string(l.partition));
   o.set("bf16.enabled", l.precision == Precision::kBf16);
   o.set("fp16.enabled", l.precision == Precision::kFp16);
+  o.set("freeze", l.training.freeze);
+  if (const std::optional<LoraSpec>& lora = l.training.lora) {
+    o.set("lora", {{"r", lora->rank}, {"alpha", lora->alpha}, {"target", lora->targets}, {"train", lora->train}});
+  }
   return run_config_to_json(default_run_config(o));
 }
 
@@ -442,6 +458,10 @@ void add_plan_command(CLI::App& app) {
                   "(default parameters,balanced; --inference: one, default parameters)")
       ->delimiter(',');
   sub->add_flag("--json", c->json, "Print one JSON object instead of tables");
+  sub->add_option("--freeze", c->freeze, "Frozen layers: glob patterns over layer names, e.g. 'vision.*'");
+  sub->add_option("--lora", c->lora,
+                  "LoRA adapters as JSON: {\"r\": 8, \"alpha\": 16, \"target\": [\"q_proj\", \"v_proj\"], "
+                  "\"train\": [\"projector\"]}");
   sub->add_option("--profile", c->profile,
                   "A measured run of the model on the hardware (pipeflow's trace, PyTorch profiler traces, a "
                   "Megatron-LM, DeepSpeed or Ascend log, a profile): every layout's costs are the cost model's "

@@ -106,6 +106,11 @@ void print_review(const ResolvedRun& resolved) {
 
 void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   const RunConfig config = load_run_config(c.config, c.flags.overrides());
+  if (!config.training.trains_everything()) {
+    fail("{}: freeze / lora: pipeflow train trains every weight; simulate and plan price frozen layers and LoRA. "
+         "Remove freeze and lora to train",
+         config.source);
+  }
   const bool reporter = mpi == nullptr || mpi->rank() == 0;  // before the group exists: notes on the configuration
   if (reporter) print_config_notes(config);
   // A weights file or checkpoint carries the model's shape: the configuration may leave model out.

@@ -280,6 +280,29 @@ PipelineConfig read_pipeline(const Config& config) {
   return p;
 }
 
+// freeze and lora: what can be checked without the model (the patterns and
+// the target names are checked against its layers when it is priced).
+TrainingSpec read_training(const Config& config) {
+  TrainingSpec training;
+  training.freeze = config.get("freeze", std::vector<std::string>{});
+  for (const std::string& pattern : training.freeze) {
+    if (pattern.empty()) config.fail_value("freeze", "a pattern must not be empty; e.g. [\"vision.*\"]");
+  }
+  if (!config.has("lora")) return training;
+  if (!config.is_object("lora")) config.fail_value("lora", "must be an object {r, alpha, target, train}");
+  const Config lora = config.object("lora");
+  LoraSpec spec;
+  spec.rank = lora.require<int>("r");
+  if (spec.rank < 1) lora.fail_value("r", "must be >= 1 (the adapters' rank; 8 to 64 are usual)");
+  spec.alpha = lora.get("alpha", 2.0 * spec.rank);
+  if (!(spec.alpha > 0)) lora.fail_value("alpha", "must be > 0 (the update is scaled by alpha / r)");
+  spec.targets = lora.require<std::vector<std::string>>("target");
+  if (spec.targets.empty()) lora.fail_value("target", "name the matrices to adapt, e.g. [\"q_proj\", \"v_proj\"]");
+  spec.train = lora.get("train", std::vector<std::string>{});
+  training.lora = spec;
+  return training;
+}
+
 void read_simulation_keys(const Config& config, RunConfig& run) {
   run.hardware_source = config.get("hardware", run.hardware_source);
   run.hardware = with_value_context(config, "hardware", [&] { return resolve_hardware(run.hardware_source); });
@@ -309,6 +332,7 @@ void read_simulation_keys(const Config& config, RunConfig& run) {
   } else {
     config.fail_value("comm_mode", "must be \"overlapped\" or \"blocking\"");
   }
+  run.training = read_training(config);
 }
 
 BatchKeys read_batch_keys(const Config& config) {
@@ -739,6 +763,10 @@ std::string run_config_to_json(const RunConfig& run) {
   if (run.recompute) json["recompute"] = std::string(to_string(*run.recompute));
   json["seq_length"] = run.seq_length;
   json["comm_mode"] = run.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped";
+  json["freeze"] = run.training.freeze;
+  if (const std::optional<LoraSpec>& lora = run.training.lora) {
+    json["lora"] = {{"r", lora->rank}, {"alpha", lora->alpha}, {"target", lora->targets}, {"train", lora->train}};
+  }
   return json_text(json, 2) + "\n";
 }
 

@@ -179,6 +179,7 @@ StagePlan plan_stage(const std::vector<PipelineLayer>& layers, int first, int en
   stage.end = end;
   for (int i = first; i < end; ++i) stage.layer_names.push_back(layers[i].name);
   stage.parameters = totals.parameters;
+  stage.trainable_parameters = totals.trainable_parameters;
   stage.model_flops = totals.model_flops();
   stage.hardware_flops = totals.hardware_flops();
   stage.seconds = compute_seconds(stage.hardware_flops, hardware);

@@ -310,6 +310,7 @@ std::vector<PipelineLayer> pipeline_layers(const ModelSpec& spec, const Parallel
   }
   layers.push_back(head_layer(spec, config));
   if (spec.tied_embeddings) layers.back().tied_owner = static_cast<int>(first_text_layer);
+  for (PipelineLayer& layer : layers) layer.trainable_parameters = layer.parameters;
   return layers;
 }
 
@@ -321,8 +322,10 @@ LayerTotals sum_layers(const std::vector<PipelineLayer>& layers, int first, int 
   for (int i = first; i < end; ++i) {
     const PipelineLayer& layer = layers[i];
     totals.parameters += layer.parameters;
+    totals.trainable_parameters += layer.trainable_parameters;
     const bool owner_outside = layer.tied_owner >= 0 && (layer.tied_owner < first || layer.tied_owner >= end);
     if (owner_outside) totals.parameters += layer.tied_parameters;
+    if (owner_outside && !layer.frozen) totals.trainable_parameters += layer.tied_parameters;
     totals.forward_flops += layer.forward_flops;
     totals.backward_input_flops += layer.backward_input_flops;
     totals.backward_weight_flops += layer.backward_weight_flops;

@@ -212,7 +212,7 @@ class Search {
             reject(RejectReason::kIndivisibleBatch, per_batch);
             continue;
           }
-          if (model.heads % tp != 0 || model.kv_heads % tp != 0) {
+          if (model.heads % tp != 0 || model.kv_heads % tp != 0 || (model.vision && model.vision->heads % tp != 0)) {
             reject(RejectReason::kTensorParallel, per_batch);
             continue;
           }
@@ -223,6 +223,7 @@ class Search {
               for (const PartitionMethod& partition : request_.partitions) {
                 Layout layout;
                 layout.model = model;
+                layout.training = request_.training;
                 layout.hardware = request_.hardware;
                 layout.precision = request_.precision;
                 layout.gradient_precision = request_.precision;

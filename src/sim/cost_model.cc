@@ -53,7 +53,7 @@ StageActivations stage_activations(const Layout& layout, const std::vector<Pipel
     const PipelineLayer& layer = layers[static_cast<std::size_t>(i)];
     const bool kept = !is_block(layer.kind) || (i - plan.first) % k == 0;
     if (kept) out.held += layer.activation_bytes;
-    if (!is_block(layer.kind)) continue;
+    if (!is_block(layer.kind) || !layer.backward) continue;
     ++blocks;
     if (layout.recompute != Recompute::kFull) continue;
     widest_block = std::max(widest_block, layer.kind == LayerKind::kBlock
@@ -75,18 +75,23 @@ StageCosts price_stage(const Layout& layout, const std::vector<PipelineLayer>& l
   std::array<std::optional<KindSeconds>, kLayerKinds> kinds;
   double recompute_s = 0;
   for (int i = plan.first; i < plan.end; ++i) {
-    const LayerKind kind = layers[static_cast<std::size_t>(i)].kind;
-    std::optional<KindSeconds>& priced = kinds[static_cast<std::size_t>(kind)];
+    const PipelineLayer& layer = layers[static_cast<std::size_t>(i)];
+    std::optional<KindSeconds>& priced = kinds[static_cast<std::size_t>(layer.kind)];
     if (!priced) {
-      priced = KindSeconds{layer_compute_seconds(model, config, kind, hw),
-                           tensor_parallel_seconds(model, config, kind, tensor_link),
-                           weight_gradient_bytes(model, config, kind)};
+      priced = KindSeconds{layer_compute_seconds(model, config, layer.kind, hw),
+                           tensor_parallel_seconds(model, config, layer.kind, tensor_link),
+                           weight_gradient_bytes(model, config, layer.kind)};
     }
-    stage.forward_s += priced->compute.forward_s + priced->tensor.forward_s;
-    stage.backward_input_s += priced->compute.backward_input_s + priced->tensor.backward_input_s;
-    recompute_s += priced->compute.recompute_s;
-    stage.backward_weight_s += priced->compute.backward_weight_s;
-    stage.weight_gradient_bytes += priced->weight_gradient_bytes;
+    // LoRA's adapters: thin GEMMs at the achieved rate, as much in I and W
+    // as in the forward (and again in a full recompute).
+    const double adapter_s = compute_seconds(layer.adapter_flops, hw);
+    stage.forward_s += priced->compute.forward_s + priced->tensor.forward_s + adapter_s;
+    // A frozen layer has no W for its base weights; a frozen prefix no backward.
+    if (!layer.backward) continue;
+    stage.backward_input_s += priced->compute.backward_input_s + priced->tensor.backward_input_s + adapter_s;
+    recompute_s += priced->compute.recompute_s + (config.recompute == Recompute::kFull ? adapter_s : 0);
+    stage.backward_weight_s += (layer.frozen ? 0 : priced->compute.backward_weight_s) + adapter_s;
+    if (!layer.frozen) stage.weight_gradient_bytes += priced->weight_gradient_bytes;
   }
   stage.backward_input_s += recompute_s;
   // ZeRO-3: every F and every backward first all-gathers the stage's
@@ -100,14 +105,21 @@ StageCosts price_stage(const Layout& layout, const std::vector<PipelineLayer>& l
         static_cast<double>(config.bytes_per_element) * static_cast<double>(plan.parameters), layout.data_parallel,
         data_parallel_link);
     stage.forward_s += gather;
-    stage.backward_input_s += gather;
+    const bool backward = std::any_of(layers.begin() + plan.first, layers.begin() + plan.end,
+                                      [](const PipelineLayer& layer) { return layer.backward; });
+    if (backward) stage.backward_input_s += gather;
   }
   stage.backward_s = stage.backward_input_s + stage.backward_weight_s;
   stage.output_bytes = layers[static_cast<std::size_t>(plan.end - 1)].output_bytes;
 
-  const std::int64_t parameters = plan.parameters;
+  // Only trainable parameters have gradients, optimizer states and a
+  // data-parallel reduction; a frozen one holds its weight alone.
+  const std::int64_t parameters = plan.trainable_parameters;
   const StateAccounting accounting = state_accounting(layout.precision, layout.gradient_accumulation);
-  stage.model_state_bytes = model_state_bytes(parameters, layout.zero, layout.data_parallel, accounting).total();
+  const ZeroStage frozen_zero = layout.zero == ZeroStage::kThree ? ZeroStage::kThree : ZeroStage::kNone;
+  stage.model_state_bytes =
+      model_state_bytes(parameters, layout.zero, layout.data_parallel, accounting).total() +
+      model_state_bytes(plan.parameters - parameters, frozen_zero, layout.data_parallel, accounting).weights;
   const StageActivations activations = stage_activations(layout, layers, plan);
   stage.activation_bytes = activations.held;
   stage.backward_working_bytes = activations.recompute_working;
@@ -482,7 +494,7 @@ std::vector<PipelineLayer> checked_layers(const Layout& layout, const Schedule& 
     fail("internal: schedule {} has {} ranks but the layout {} pipeline stages", schedule.name(),
          schedule.num_ranks(), layout.pipeline_ranks);
   }
-  std::vector<PipelineLayer> layers = pipeline_layers(layout.model, parallel_config(layout));
+  std::vector<PipelineLayer> layers = layout_layers(layout);
   if (schedule.num_stages() > static_cast<int>(layers.size())) {
     const std::string stages = schedule.chunks_per_rank() == 1
                                    ? fmt::format("{} stages", schedule.num_stages())
@@ -535,7 +547,7 @@ LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule, Partiti
   whole.tensor_parallel = 1;
   whole.sequence_parallel = false;
   whole.scatter_gather = false;
-  const LayerTotals totals = sum_layers(pipeline_layers(layout.model, whole));
+  const LayerTotals totals = sum_layers(layout_layers(layout, whole));
   const double microbatches = static_cast<double>(layout.global_batch) / layout.micro_batch;
   out.model_flops_per_step = totals.model_flops() * microbatches;
   out.hardware_flops_per_step = totals.hardware_flops() * microbatches;

@@ -39,6 +39,7 @@ Layout layout_of(const ResolvedRun& run) {
   layout.precision = keys.precision;
   layout.gradient_precision = keys.communication_data_type.value_or(keys.precision);
   layout.gradient_accumulation = run.gradient_accumulation;
+  layout.training = keys.training;
   return layout;
 }
 
@@ -79,6 +80,12 @@ ParallelConfig parallel_config(const Layout& layout) {
   config.scatter_gather = layout.tensor_parallel > 1;
   config.bytes_per_element = bytes_per_element(layout.precision);
   return config;
+}
+
+std::vector<PipelineLayer> layout_layers(const Layout& layout, const ParallelConfig& config) {
+  std::vector<PipelineLayer> layers = pipeline_layers(layout.model, config);
+  apply_training(layers, layout.model, config, layout.training);
+  return layers;
 }
 
 HardwareProfile priced_hardware(const Layout& layout) { return layout.hardware.at_precision(layout.precision); }

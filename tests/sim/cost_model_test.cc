@@ -443,5 +443,48 @@ TEST(Layout, MoreStagesThanLayersNamesRanksAndChunks) {
             "fewer pipeline stages or virtual stages");
 }
 
+// Only trainable parameters have gradients (2 B in bf16), optimizer states
+// (12 B) and a reduction; a frozen one holds its bf16 weight (2 B). LoRA r = 8
+// on q_proj, v_proj of Llama 2 7B: T = 32 · 8·(4096 + 4096)·2 = 4,194,304
+// trainable of P = 6,738,415,616 + T.
+TEST(CostModel, LoraTrainsItsAdaptersAloneAndFrozenWeightsHoldTheirWeight) {
+  Layout layout = make_layout("llama2-7b", "a100-80g", 1, 1, 1, 1, 4096);
+  layout.training.lora = LoraSpec{.rank = 8, .alpha = 16, .targets = {"q_proj", "v_proj"}};
+  const StageCosts stage = costs_of(layout).costs.stages[0];
+  const double T = 4'194'304, P = 6'738'415'616 + T;
+  EXPECT_DOUBLE_EQ(stage.model_state_bytes, 16 * T + 2 * (P - T));
+  EXPECT_DOUBLE_EQ(stage.gradient_bytes, 2 * T);
+  EXPECT_DOUBLE_EQ(stage.optimizer_s, 28 * T / (0.85 * 2039e9));
+  // W is the adapters' alone: 2·s·131,072 FLOPs per block at the achieved rate.
+  const double adapter_w = compute_seconds(2.0 * 4096 * 131'072, priced_hardware(layout));
+  EXPECT_NEAR(stage.backward_weight_s, 32 * adapter_w, 1e-12 * stage.backward_weight_s);
+}
+
+// LLaVA-1.5-7B with its tower frozen, cut after the tower: the tower's
+// stage runs no backward and keeps nothing, and holds its bf16 weights alone.
+TEST(CostModel, AFrozenTowerStageHasNoBackwardGradientsOrOptimizerState) {
+  Layout layout = make_layout("llama2-7b", "a100-80g", 1, 2, 1, 4, 2048);
+  layout.model.vision = VisionSpec{.layers = 23, .hidden = 1024, .heads = 16, .ffn = 4096, .image_size = 336,
+                                   .patch_size = 14};
+  layout.partition = parse_partition_method("bounds:0,24,59");
+  layout.training.freeze = {"vision.*"};
+  const LayoutCosts costs = costs_of(layout);
+  const StageCosts& tower = costs.costs.stages[0];
+  const double tower_parameters = 1'196'032 + 23 * 12'596'224.0;
+  EXPECT_DOUBLE_EQ(tower.model_state_bytes, 2 * tower_parameters);
+  EXPECT_EQ(tower.backward_s, 0);
+  EXPECT_EQ(tower.gradient_bytes, 0);
+  EXPECT_EQ(tower.optimizer_s, 0);
+  EXPECT_EQ(tower.activation_bytes, 0);
+  EXPECT_GT(tower.forward_s, 0);
+  // Trained, the tower's stage holds 16 B per parameter and has a backward.
+  layout.training = {};
+  const StageCosts trained = costs_of(layout).costs.stages[0];
+  EXPECT_DOUBLE_EQ(trained.model_state_bytes, 16 * tower_parameters);
+  EXPECT_GT(trained.backward_s, trained.forward_s);
+  // The language model's stage is the same either way.
+  EXPECT_EQ(costs.costs.stages[1].model_state_bytes, costs_of(layout).costs.stages[1].model_state_bytes);
+}
+
 }  // namespace
 }  // namespace pipeflow

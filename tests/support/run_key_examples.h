@@ -95,6 +95,8 @@ inline std::vector<RunKeyExample> run_key_examples() {
       {"recompute", "selective"},
       {"seq_length", 32},
       {"comm_mode", "blocking"},
+      {"freeze", json::array({"embedding"})},
+      {"lora", {{"r", 8}, {"alpha", 16.0}, {"target", {"c_attn"}}, {"train", {"head"}}}},
   };
 }
 

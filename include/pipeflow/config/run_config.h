@@ -15,6 +15,7 @@
 #include "pipeflow/model/partition.h"
 #include "pipeflow/model/pipeline_layers.h"
 #include "pipeflow/model/precision.h"
+#include "pipeflow/model/training.h"
 #include "pipeflow/schedule/execute.h"
 #include "pipeflow/schedule/schedule.h"
 
@@ -93,6 +94,10 @@ namespace pipeflow {
 //                         activation_checkpoint_interval > 0, else none
 //   seq_length            tokens per sequence (default: the model's context)
 //   comm_mode "overlapped" | "blocking"
+// and what trains (model/training.h; simulate and plan price it, train
+// refuses it):
+//   freeze []             glob patterns over pipeline layer names ("vision.*")
+//   lora                  {r, alpha, target: [matrix names], train: [patterns]}
 //
 // Paths are used as written (relative to the working directory).
 
@@ -241,6 +246,7 @@ struct RunConfig {
   std::optional<Recompute> recompute;  // absent: from pipeline.recompute_interval
   int seq_length = 0;                  // 0: the model's context
   CommMode comm_mode = CommMode::kOverlapped;
+  TrainingSpec training;               // freeze, lora
 
   // Keys accepted but overridden, one line each, for the command to print:
   // sequence_parallel with tensor_parallel 1, DeepSpeed's "auto" resolved,

@@ -63,6 +63,7 @@ struct StagePlan {
   int end = 0;    // one past the last layer
   std::vector<std::string> layer_names;
   std::int64_t parameters = 0;  // per device, including a tied copy held here
+  std::int64_t trainable_parameters = 0;  // of those, the ones that train (training.h)
   double model_flops = 0;       // forward + backward, per micro-batch
   double hardware_flops = 0;    // plus recompute
   double seconds = 0;           // hardware_flops at the profile's achieved rate

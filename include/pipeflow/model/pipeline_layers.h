@@ -116,6 +116,15 @@ struct PipelineLayer {
   // next stage if a cut follows it (and, as its gradient, comes back in
   // backward): e·b·s·h, ÷t with scatter/gather or SP; 0 for the head.
   double output_bytes = 0;
+  // What trains (apply_training in training.h; pipeline_layers trains
+  // everything): parameters with gradients and optimizer state, the tied
+  // copy trained with its layer unless the layer is frozen.
+  std::int64_t trainable_parameters = 0;
+  bool frozen = false;    // the base weights get no gradient: no W for them
+  bool backward = true;   // false: no backward at all (a frozen prefix)
+  // LoRA: the adapters' forward FLOPs, part of forward_flops; I and W do as
+  // much again each.
+  double adapter_flops = 0;
 };
 
 // The L + 2 pipeline layers of `spec` run with `config`. Throws Error when
@@ -144,6 +153,7 @@ int image_tokens_per_sequence(const ModelSpec& spec);
 // Sums over layers [first, end).
 struct LayerTotals {
   std::int64_t parameters = 0;  // including tied copies whose owner is outside the range
+  std::int64_t trainable_parameters = 0;  // likewise, of those that train
   double forward_flops = 0;
   double backward_input_flops = 0;
   double backward_weight_flops = 0;

@@ -24,6 +24,7 @@ struct PlanRequest {
   int devices = 1;
   int global_batch = 1;
   int seq_length = 0;
+  TrainingSpec training;  // what trains (frozen layers, LoRA), in every layout
   // Every layout trains in this precision (mixed bf16 by default, as large
   // models are trained; fp32 for what pipeflow train runs here).
   Precision precision = Precision::kBf16;

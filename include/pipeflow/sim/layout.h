@@ -9,6 +9,7 @@
 #include "pipeflow/model/model_states.h"
 #include "pipeflow/model/partition.h"
 #include "pipeflow/model/pipeline_layers.h"
+#include "pipeflow/model/training.h"
 #include "pipeflow/schedule/execute.h"
 #include "pipeflow/schedule/schedule.h"
 
@@ -58,6 +59,8 @@ struct Layout {
   // What the gradients accumulate in across micro-batches (ResolvedRun's):
   // 4 or 2 bytes a parameter of the model states (model_states.h).
   Precision gradient_accumulation = Precision::kFp32;
+  // What trains: frozen layers and LoRA adapters (model/training.h).
+  TrainingSpec training;
 };
 
 // The hardware as a layout's GEMMs run on it: its peak at the layout's precision.
@@ -84,5 +87,12 @@ int microbatches_per_step(const Layout& layout);
 // Megatron's scatter/gather of P2P messages (Narayanan et al. 2021 §4.1) is on
 // whenever t > 1, as in Megatron-LM.
 ParallelConfig parallel_config(const Layout& layout);
+
+// The model's pipeline layers as the layout trains them: pipeline_layers
+// under `config`, with the layout's training applied (apply_training).
+std::vector<PipelineLayer> layout_layers(const Layout& layout, const ParallelConfig& config);
+inline std::vector<PipelineLayer> layout_layers(const Layout& layout) {
+  return layout_layers(layout, parallel_config(layout));
+}
 
 }  // namespace pipeflow
