@@ -30,6 +30,13 @@ nlohmann::ordered_json to_json(const ModelSpec& spec, const ParallelConfig& conf
   json["max_positions"] = spec.max_positions;
   json["tied_embeddings"] = spec.tied_embeddings;
   json["dropout"] = spec.dropout;
+  if (const std::optional<VisionSpec>& v = spec.vision) {
+    json["vision"] = {{"layers", v->layers},         {"hidden", v->hidden},
+                      {"heads", v->heads},           {"ffn", v->ffn},
+                      {"image_size", v->image_size}, {"patch_size", v->patch_size},
+                      {"channels", v->channels},     {"class_token", v->class_token},
+                      {"image_tokens", image_tokens(*v)}, {"images", v->images}};
+  }
   json["parameters"] = parameter_count(spec);
   json["config"] = {{"micro_batch", config.micro_batch},
                     {"sequence", config.seq_length},
@@ -58,6 +65,12 @@ std::string text_report(const ModelSpec& spec, const ParallelConfig& config, con
       "{}: {}, {} layers, hidden {}, heads {} (kv {}), ffn {}, vocab {}, context {}, {} embeddings{}\n", spec.name,
       to_string(spec.architecture), spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.ffn, spec.vocab,
       spec.max_positions, spec.tied_embeddings ? "tied" : "untied", spec.dropout ? ", dropout" : "");
+  if (const std::optional<VisionSpec>& v = spec.vision) {
+    out += fmt::format("vision tower: {} layers run, hidden {}, heads {}, ffn {}, {} px in {} px patches, {} tokens "
+                       "per image into the language model ({} per sequence of {})\n",
+                       v->layers, v->hidden, v->heads, v->ffn, v->image_size, v->patch_size, image_tokens(*v),
+                       v->images, config.seq_length);
+  }
   out += fmt::format("parameters: {} ({})\n", parameter_count(spec), format_parameters(parameter_count(spec)));
   out += fmt::format("per micro-batch and device: b={} s={} t={}{} recompute={}\n", config.micro_batch,
                      config.seq_length, config.tensor_parallel, config.sequence_parallel ? " sp" : "",

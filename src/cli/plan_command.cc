@@ -49,14 +49,14 @@ struct PlanCommand {
   bool inference = false;
   InferenceFlags inference_flags;
   // What trains: the run configuration's freeze and lora keys.
-  std::vector<std::string> freeze;
+  std::string freeze;  // JSON, as the run configuration's keys on a command line
   std::string lora;
 };
 
 // --freeze and --lora read as the run configuration reads its keys.
 TrainingSpec training_of(const PlanCommand& command) {
   RunOverrides o;
-  o.set("freeze", command.freeze);
+  if (!command.freeze.empty()) o.set_text(*find_run_key("freeze"), command.freeze, "--freeze");
   if (!command.lora.empty()) o.set_text(*find_run_key("lora"), command.lora, "--lora");
   return default_run_config(o).training;
 }
@@ -458,7 +458,7 @@ void add_plan_command(CLI::App& app) {
                   "(default parameters,balanced; --inference: one, default parameters)")
       ->delimiter(',');
   sub->add_flag("--json", c->json, "Print one JSON object instead of tables");
-  sub->add_option("--freeze", c->freeze, "Frozen layers: glob patterns over layer names, e.g. 'vision.*'");
+  sub->add_option("--freeze", c->freeze, "Frozen layers as JSON: glob patterns over layer names, e.g. '[\"vision.*\"]'");
   sub->add_option("--lora", c->lora,
                   "LoRA adapters as JSON: {\"r\": 8, \"alpha\": 16, \"target\": [\"q_proj\", \"v_proj\"], "
                   "\"train\": [\"projector\"]}");

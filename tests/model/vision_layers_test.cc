@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "../support/error_of.h"
+#include "pipeflow/model/partition.h"
 #include "pipeflow/model/pipeline_layers.h"
 
 namespace pipeflow {
@@ -152,6 +153,22 @@ TEST(VisionLayers, ConfigErrorsNameTheRuleAndTheFix) {
   EXPECT_EQ(error_of([&] { pipeline_layers(narrow, config_of(1, 2048, 8)); }),
             "model vlm: vision hidden = 1024: must be a multiple of the vision heads (12); change hidden_size or "
             "num_attention_heads of the vision tower");
+}
+
+// type:block counts the blocks of both towers alike: 24 + 32 = 56 over 4
+// stages, 14 each; balanced weighs a ViT block at its own cost, far below a
+// Llama block's, so the tower's stage takes more layers.
+TEST(VisionLayers, PartitionsCutAcrossTheTwoTowers) {
+  const auto layers = pipeline_layers(vit_l14_336_llama2_7b(), config_of(1, 2048));
+  const HardwareProfile a100 = hardware_preset("a100-80g");
+  const Partition by_type = partition_layers(layers, 4, parse_partition_method("type:block"), a100);
+  for (const StagePlan& stage : by_type.stages) {
+    int blocks = 0;
+    for (const std::string& name : stage.layer_names) blocks += name.find("block") != std::string::npos ? 1 : 0;
+    EXPECT_EQ(blocks, 14);
+  }
+  const Partition balanced = partition_layers(layers, 4, parse_partition_method("balanced"), a100);
+  EXPECT_GT(balanced.stages[0].end - balanced.stages[0].first, balanced.stages[3].end - balanced.stages[3].first);
 }
 
 }  // namespace

@@ -33,6 +33,17 @@ namespace pipeflow {
 // "num_hidden_layer"), which is an error with a "did you mean": a misspelt
 // shape key would otherwise silently take its default. Without a family,
 // both families' keys count. The spec's name is `name`.
+//   llava: a vision-language model (ModelSpec::vision): text_config (gpt2
+//          or llama, default llama) and vision_config (clip_vision_model:
+//          num_hidden_layers, hidden_size, num_attention_heads,
+//          intermediate_size, image_size, patch_size, num_channels), each
+//          key a nested config leaves out taking transformers' default of
+//          its class (LlamaConfig, GPT2Config, CLIPVisionConfig);
+//          vision_feature_layer (default -2: the tower runs up to that
+//          layer's output, here 23 of 24 blocks), vision_feature_select_strategy
+//          ("default" drops CLS, "full"), image_seq_length (checked),
+//          projector_hidden_act (any), multimodal_projector_bias (true).
+//          A standalone clip_vision_model config is refused: no language model.
 ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name);
 // A Llama spec as the config.json keys above (model_type "llama"), which
 // model_from_hf_config_text reads back to the same spec.

@@ -38,7 +38,10 @@ std::vector<int> partition_min_max(std::span<const double> weights, int stages);
 //   type:REGEX      balance the number of layers whose name matches REGEX
 //                   (ECMAScript, case-insensitive, searched anywhere in the
 //                   name), as DeepSpeed's "type:" which matches class names;
-//                   here the names are "embedding", "block.N", "head"
+//                   here the names are "embedding", "block.N", "head",
+//                   and with a vision tower "vision.patch_embedding",
+//                   "vision.block.N", "projector" ("type:block" balances the
+//                   blocks of both towers, "type:^block" the LM's alone)
 //   balanced        minimise the slowest stage's forward + backward time
 //                   (incl. recompute) on the hardware: embedding and LM head
 //                   count with their real cost

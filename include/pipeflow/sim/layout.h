@@ -60,7 +60,7 @@ struct Layout {
   // 4 or 2 bytes a parameter of the model states (model_states.h).
   Precision gradient_accumulation = Precision::kFp32;
   // What trains: frozen layers and LoRA adapters (model/training.h).
-  TrainingSpec training;
+  TrainingSpec training = {};
 };
 
 // The hardware as a layout's GEMMs run on it: its peak at the layout's precision.
