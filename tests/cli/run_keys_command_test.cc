@@ -39,6 +39,10 @@ TEST(RunKeysCommand, EveryFlagIsInTheHelpOfTheCommandsItsRowNames) {
   }
 }
 
+// A value as one word of a shell command line: JSON lists and objects
+// (--freeze ["embedding"]) keep their quotes.
+std::string shell_word(const std::string& text) { return "'" + text + "'"; }
+
 // Every flag simulate takes, with its example value, is the key in the
 // configuration simulate keeps in its trace.
 TEST(RunKeysCommand, EveryFlagOfSimulateReachesTheConfigurationInItsTrace) {
@@ -50,10 +54,10 @@ TEST(RunKeysCommand, EveryFlagOfSimulateReachesTheConfigurationInItsTrace) {
     SCOPED_TRACE(example.path);
     std::string arguments = "simulate --config base.json --trace trace.json";
     for (const auto& [path, value] : example.context) {
-      arguments += fmt::format(" {} {}", find_run_key(path)->flag, as_typed(value));
+      arguments += fmt::format(" {} {}", find_run_key(path)->flag, shell_word(as_typed(value)));
     }
     arguments += " " + std::string(key.flag);
-    if (key.type != KeyType::kBoolean) arguments += " " + as_typed(example.value);
+    if (key.type != KeyType::kBoolean) arguments += " " + shell_word(as_typed(example.value));
     const CommandResult r = run_pipeflow(arguments, dir);
     ASSERT_EQ(r.exit_code, 0) << arguments << "\n" << r.err;
     const nlohmann::json trace = nlohmann::json::parse(read_file(dir + "/trace.json"));

@@ -164,10 +164,24 @@ TEST(PipelineEngine, RankThreadsPersistAcrossStepsAndFailures) {
 TEST(PipelineEngine, ATimeoutNamesTheRankTheActionAndTheMessageAndMarksTheGrid) {
   EngineOptions options = testing::tiny_options();
   options.timeout = 50ms;
-  options.before_action = [](RankId rank, const Action& action) {
-    if (rank.value() == 0 && action.kind == ActionKind::kForward && action.microbatch.value() == 1) {
+  // Rank 0 stalls before 0F1 until rank 1 waits at 1RECV_F1, and then for
+  // far longer than the timeout; rank 1 starts its first receive only once
+  // rank 0 has sent micro-batch 0 (reached 0F1), so that however slowly a
+  // loaded machine runs 0F0, the receive that times out is 1RECV_F1's.
+  std::atomic<bool> rank0_at_f1{false};
+  std::atomic<bool> rank1_at_recv_f1{false};
+  const auto await = [](const std::atomic<bool>& flag) {
+    for (int i = 0; i < 10'000 && !flag.load(); ++i) std::this_thread::sleep_for(1ms);
+  };
+  options.before_action = [&](RankId rank, const Action& action) {
+    const bool first = action.microbatch.value() == 0, second = action.microbatch.value() == 1;
+    if (rank.value() == 0 && action.kind == ActionKind::kForward && second) {
+      rank0_at_f1 = true;
+      await(rank1_at_recv_f1);
       std::this_thread::sleep_for(400ms);
     }
+    if (rank.value() == 1 && action.kind == ActionKind::kRecvForward && first) await(rank0_at_f1);
+    if (rank.value() == 1 && action.kind == ActionKind::kRecvForward && second) rank1_at_recv_f1 = true;
   };
   const Schedule schedule = insert_send_recv(make_schedule("1f1b", 2, 2));
   PipelineEngine engine(kTiny, schedule, partition_uniform(kTiny.pipeline_layers(), 2), options);
