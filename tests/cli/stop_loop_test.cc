@@ -93,6 +93,16 @@ int attempt(const std::string& launcher, int processes, const std::string& confi
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         ranks = ranks_of_job(config, processes);
       } while (std::find(ranks.begin(), ranks.end(), 0) != ranks.end() && std::chrono::steady_clock::now() < until);
+      // Under mpirun the moment counts from this attempt's first metrics
+      // line: a rank killed inside MPI_Init can leave OpenMPI 4.1's mpirun
+      // waiting for ever on PMIx ("PMIX ERROR: UNREACHABLE"), a hang of the
+      // launcher, not of pipeflow (the one-process run is cut in start-up too).
+      const std::string metrics = read_file_if_exists(out + "/metrics.jsonl");
+      siginfo_t ended{};
+      while (read_file_if_exists(out + "/metrics.jsonl") == metrics && std::chrono::steady_clock::now() < until &&
+             ::waitid(P_PID, static_cast<id_t>(pid), &ended, WEXITED | WNOHANG | WNOWAIT) == 0 && ended.si_pid == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
     } else {
       ranks = {pid};
     }
