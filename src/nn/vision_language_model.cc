@@ -644,7 +644,8 @@ std::vector<std::string> greedy_captions(BasicVlmStage<float>& model, const Tens
 
 template <class T>
 void BasicVlmStage<T>::zero_gradients() {
-  std::memset(grads_.data(), 0, static_cast<std::size_t>(grads_.bytes()));
+  // A stage of frozen layers alone trains nothing: its gradient buffer is empty (null).
+  if (!grads_.empty()) std::memset(grads_.data(), 0, static_cast<std::size_t>(grads_.bytes()));
 }
 
 template <class T>
