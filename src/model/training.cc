@@ -136,11 +136,12 @@ void apply_training(std::vector<PipelineLayer>& layers, const ModelSpec& spec, c
   for (PipelineLayer& layer : layers) {
     const bool adapted = training.lora && layer.kind == LayerKind::kBlock;
     const bool kept_whole = training.lora && !adapted && any_matches(training.lora->train, layer.name);
-    layer.frozen = any_matches(training.freeze, layer.name) || (training.lora && !kept_whole);
+    const bool named_frozen = any_matches(training.freeze, layer.name);
+    layer.frozen = named_frozen || (training.lora && !kept_whole);
     if (!layer.frozen) continue;
     layer.trainable_parameters = 0;
     layer.backward_weight_flops = 0;
-    if (!adapted || any_matches(training.freeze, layer.name)) continue;
+    if (!adapted || named_frozen) continue;
     const Adapters adapters = block_adapters(spec, *training.lora, config.tensor_parallel);
     const double flops = 2 * tokens * adapters.weights;
     layer.parameters += adapters.parameters;

@@ -46,22 +46,26 @@ StageActivations stage_activations(const Layout& layout, const std::vector<Pipel
   StageActivations out;
   const int k = layout.recompute == Recompute::kFull ? layout.recompute_interval : 1;
   int blocks = 0;
-  double widest_block = 0;  // a whole block's activations, the largest of the stage's blocks
-  ParallelConfig whole = parallel_config(layout);
-  whole.recompute = Recompute::kNone;
+  bool text_blocks = false, vision_blocks = false;  // which kinds of block the backward rebuilds
   for (int i = plan.first; i < plan.end; ++i) {
     const PipelineLayer& layer = layers[static_cast<std::size_t>(i)];
     const bool kept = !is_block(layer.kind) || (i - plan.first) % k == 0;
     if (kept) out.held += layer.activation_bytes;
     if (!is_block(layer.kind) || !layer.backward) continue;
     ++blocks;
-    if (layout.recompute != Recompute::kFull) continue;
-    widest_block = std::max(widest_block, layer.kind == LayerKind::kBlock
-                                              ? block_activation_bytes(layout.model, whole)
-                                              : block_activation_bytes(vision_block_model(layout.model),
-                                                                       vision_block_config(layout.model, whole)));
+    (layer.kind == LayerKind::kBlock ? text_blocks : vision_blocks) = true;
   }
-  if (layout.recompute == Recompute::kFull && blocks > 0) out.recompute_working = std::min(k, blocks) * widest_block;
+  if (layout.recompute != Recompute::kFull || blocks == 0) return out;
+  // A segment rebuilds k blocks' whole activations, the widest kind's.
+  ParallelConfig whole = parallel_config(layout);
+  whole.recompute = Recompute::kNone;
+  double widest_block = 0;
+  if (text_blocks) widest_block = block_activation_bytes(layout.model, whole);
+  if (vision_blocks) {
+    widest_block = std::max(widest_block, block_activation_bytes(vision_block_model(layout.model),
+                                                                 vision_block_config(layout.model, whole)));
+  }
+  out.recompute_working = std::min(k, blocks) * widest_block;
   return out;
 }
 
