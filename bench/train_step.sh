@@ -109,8 +109,12 @@ paired() {
     local plain changed
     plain=$(grep "^$name:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle)
     changed=$(grep "^$name-$variant:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle)
-    [ -n "$plain" ] && [ -n "$changed" ] && awk -v a="$plain" -v b="$changed" -v n="$name" -v r="$ratio" \
-      'BEGIN { printf "  %s: %s = %.2f (CPU time per step)\n", n, r, b / a }'
+    # (an if, not &&: without PyTorch the torch pair is empty, and a false
+    # test as the loop's last command would end the script under set -e)
+    if [ -n "$plain" ] && [ -n "$changed" ]; then
+      awk -v a="$plain" -v b="$changed" -v n="$name" -v r="$ratio" \
+        'BEGIN { printf "  %s: %s = %.2f (CPU time per step)\n", n, r, b / a }'
+    fi
   done
 }
 
