@@ -135,6 +135,18 @@ long writer_of_temporary(const std::string& name) {
   return error == std::errc() && end == digits.data() + digits.size() && pid > 0 ? pid : 0;
 }
 
+// Whether process `pid` can still write: it exists and is not a zombie. A
+// killed writer whose parent has not reaped it (a container's init that
+// reaps nothing, a launcher killed with it) stays a zombie, which kill(pid,
+// 0) still finds.
+bool writer_runs(long pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::size_t state = text.rfind(") ");  // the command name in parentheses may hold anything
+  return state == std::string::npos || state + 2 >= text.size() || (text[state + 2] != 'Z' && text[state + 2] != 'X');
+}
+
 }  // namespace
 
 void require_regular_file(const std::filesystem::path& path) { refuse_non_file(path, false); }
@@ -324,8 +336,7 @@ std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesyste
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(folder, error)) {
     const long pid = writer_of_temporary(entry.path().filename().string());
-    // kill(pid, 0) fails with ESRCH when no such process exists: its writer was killed.
-    if (pid == 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    if (pid == 0 || writer_runs(pid)) continue;
     std::error_code ignored;
     if (std::filesystem::remove(entry.path(), ignored)) removed.push_back(entry.path());
   }

@@ -8,9 +8,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "pipeflow/core/error.h"
 
@@ -91,21 +93,30 @@ TEST(File, ReadingAMissingFileNamesIt) {
 }
 
 // A writer killed before commit() leaves NAME.pipeflow-tmp.PID; the next
-// start removes it once no process PID runs, and leaves a live writer's and
-// other files, a user's NAME.tmp.PID among them.
+// start removes it once no process PID runs (a zombie, ended but not yet
+// reaped, runs none), and leaves a live writer's and other files, a user's
+// NAME.tmp.PID among them.
 TEST(File, StaleTemporariesOfDeadWritersAreRemoved) {
   const auto dir = fresh_dir();
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // reaped: its PID runs no process now
+  const pid_t zombie = ::fork();
+  if (zombie == 0) ::_exit(0);
+  siginfo_t ended{};
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(zombie), &ended, WEXITED | WNOWAIT), 0);  // ended, not reaped
   const auto dead = dir / ("step_3.safetensors.pipeflow-tmp." + std::to_string(child));
+  const auto unreaped = dir / ("step_5.safetensors.pipeflow-tmp." + std::to_string(zombie));
   const auto live = dir / ("step_4.safetensors.pipeflow-tmp." + std::to_string(::getpid()));
   const auto users = dir / ("notes.tmp." + std::to_string(child));
-  for (const auto& path : {dead, live, users, dir / "notes.tmp.x", dir / "step_2.safetensors"}) {
+  for (const auto& path : {dead, unreaped, live, users, dir / "notes.tmp.x", dir / "step_2.safetensors"}) {
     write_file_atomic(path, "x");
   }
-  EXPECT_EQ(remove_stale_temporaries(dir), std::vector<std::filesystem::path>{dead});
+  std::vector<std::filesystem::path> removed = remove_stale_temporaries(dir);
+  std::sort(removed.begin(), removed.end());
+  EXPECT_EQ(removed, (std::vector<std::filesystem::path>{dead, unreaped}));
   EXPECT_EQ(entries_in(dir), 4u);
+  ASSERT_EQ(::waitpid(zombie, nullptr, 0), zombie);
   EXPECT_TRUE(remove_stale_temporaries(dir / "missing").empty());
 }
 
