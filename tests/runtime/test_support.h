@@ -17,23 +17,11 @@
 #include "pipeflow/runtime/engine.h"
 #include "pipeflow/runtime/trainer.h"
 #include "../nn/test_support.h"
+#include "../sanitized.h"
 
 namespace pipeflow::runtime::testing {
 
-// Built with AddressSanitizer or ThreadSanitizer (clang's and gcc's spellings):
-// such a build runs 10-50x slower, so the widest sweeps test a subset there.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define PIPEFLOW_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define PIPEFLOW_TEST_SANITIZED 1
-#endif
-#endif
-#ifdef PIPEFLOW_TEST_SANITIZED
-inline constexpr bool kSanitized = true;
-#else
-inline constexpr bool kSanitized = false;
-#endif
+using pipeflow::testing::kSanitized;
 
 // 6 blocks (8 pipeline layers: enough for 4 ranks × 2 chunks), width 32, 2
 // heads, context 16; micro-batches of 2.
