@@ -18,8 +18,12 @@ target_compile_options(pipeflow_warnings INTERFACE
   -Woverloaded-virtual -Wimplicit-fallthrough
   $<$<BOOL:${PIPEFLOW_WERROR}>:-Werror>)
 
+# -fno-math-errno: sqrt sets no errno, so that loops over it vectorise
+# (AdamW's update was scalar: 5.5% of the small model's step). IEEE results
+# are unchanged: errno is all the flag drops.
 add_library(pipeflow_optimise INTERFACE)
 target_compile_options(pipeflow_optimise INTERFACE
+  -fno-math-errno
   $<$<CONFIG:Release,RelWithDebInfo>:-O3>
   $<$<BOOL:${PIPEFLOW_NATIVE}>:-march=native>)
 
