@@ -32,6 +32,20 @@ BlockParams<P> block_params(const ModelConfig& config, const ParameterLayout& la
   return gpt2_block_params<P>(layout, fmt::format("h.{}.", block), base);
 }
 
+template <class P, class Buffer>
+EmbeddingParams<P> embedding_params(const ModelConfig& config, const ParameterLayout& layout, Buffer* base) {
+  return {base + layout.at(config.embedding_name()).offset,
+          config.llama() ? nullptr : base + layout.at("wpe.weight").offset};
+}
+
+template <class P, class Buffer>
+HeadParams<P> head_params(const ModelConfig& config, const ParameterLayout& layout, Buffer* base) {
+  const bool llama = config.llama();
+  auto at = [&](const char* name) { return base + layout.at(name).offset; };
+  return {at(llama ? "model.norm.weight" : "ln_f.weight"), llama ? nullptr : at("ln_f.bias"),
+          at(config.head_matrix_name())};
+}
+
 std::string shape_text(const Shape& shape) { return shape.to_string(); }
 
 template <class Span>
@@ -63,18 +77,16 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
     if constexpr (!std::is_same_v<T, float>) {
       fail("{}: computes in {}: only float stages round to half precision", where(), to_string(options_.format));
     }
-    compute_values_ = BasicTensor<T>({layout_.total()}, {nullptr, &weight_memory_});
+    half_values_ = BasicTensor<std::uint16_t>({layout_.total()}, {nullptr, &weight_memory_});
   }
-  const T* v = half() ? compute_values_.data() : values_.data();
+  // The layers start pointed at the master weights; a half stage points
+  // each at its window before each pass (layer_weights).
+  const T* v = values_.data();
   T* g = grads_.data();
   const bool llama = config_.llama();
-  auto offset = [&](const char* name) { return layout_.at(name).offset; };
-  const std::int64_t embedding = has_embedding() ? offset(config_.embedding_name()) : 0;
   if (has_embedding()) {
-    const std::int64_t wpe = llama ? 0 : offset("wpe.weight");
-    embedding_.emplace(EmbeddingParams<const T*>{v + embedding, llama ? nullptr : v + wpe},
-                       EmbeddingParams<T*>{g + embedding, llama ? nullptr : g + wpe}, options_.tensor,
-                       options_.sequence_parallel);
+    embedding_.emplace(embedding_params<const T*>(config_, layout_, v), embedding_params<T*>(config_, layout_, g),
+                       options_.tensor, options_.sequence_parallel);
   }
   std::optional<LlamaConstants<T>> constants;
   if (llama) {
@@ -95,13 +107,19 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
                          options_.sequence_parallel);
   }
   if (has_head()) {
-    const char* norm = llama ? "model.norm.weight" : "ln_f.weight";
-    const std::int64_t matrix = offset(config_.head_matrix_name());
-    const std::int64_t bias = llama ? 0 : offset("ln_f.bias");
-    head_.emplace(HeadParams<const T*>{v + offset(norm), llama ? nullptr : v + bias, v + matrix},
-                  HeadParams<T*>{g + offset(norm), llama ? nullptr : g + bias, g + matrix},
+    head_.emplace(head_params<const T*>(config_, layout_, v), head_params<T*>(config_, layout_, g),
                   llama ? std::optional<double>(config_.norm_eps) : std::nullopt, options_.tensor,
                   options_.sequence_parallel);
+  }
+  if (half()) {
+    const TensorSlice slice = split() ? TensorSlice{options_.tensor->size(), options_.tensor->rank()} : TensorSlice{};
+    for (int layer = range_.first; layer < range_.last; ++layer) {
+      LayerWindow window{ParameterLayout(config_, {layer, layer + 1}, slice), {}};
+      for (const ParameterInfo& info : window.layout.entries()) {
+        window.tensors.push_back({layout_.at(info.name).offset, info.offset, info.numel()});
+      }
+      windows_.push_back(std::move(window));
+    }
   }
 }
 
@@ -121,16 +139,42 @@ std::span<T> BasicStage<T>::parameter(std::string_view name) {
 }
 
 template <class T>
-const T* BasicStage<T>::compute_weights() {
-  if (!half()) return values_.data();
-  if (compute_stale_) {
-    if constexpr (std::is_same_v<T, float>) {
-      std::copy(values_.data(), values_.data() + values_.numel(), compute_values_.data());
-      pipeflow::round_to_format(options_.format, compute_values_.data(), compute_values_.numel());
-    }
-    compute_stale_ = false;
+void BasicStage<T>::refresh_half_weights() {
+  if (!half() || !compute_stale_) return;
+  if constexpr (std::is_same_v<T, float>) {
+    to_half_bits(options_.format, values_.data(), half_values_.data(), values_.numel());
   }
-  return compute_values_.data();
+  compute_stale_ = false;
+}
+
+template <class T>
+void BasicStage<T>::point_layer(int local, const ParameterLayout& layout, const T* base) {
+  switch (kind(local)) {
+    case Kind::kEmbedding: embedding_->read_weights_from(embedding_params<const T*>(config_, layout, base)); break;
+    case Kind::kBlock:
+      blocks_[static_cast<std::size_t>(block_index(local))].read_weights_from(
+          block_params<const T*>(config_, layout, range_.first + local - 1, base));
+      break;
+    case Kind::kHead: head_->read_weights_from(head_params<const T*>(config_, layout, base)); break;
+  }
+}
+
+template <class T>
+typename BasicStage<T>::LayerWeights BasicStage<T>::layer_weights(int local) {
+  if (!half()) return {&layout_, values_.data(), {}};
+  if (packed_) return {&layout_, packed_values_.data(), {}};
+  refresh_half_weights();
+  const LayerWindow& window = windows_[static_cast<std::size_t>(local)];
+  LayerWeights weights{&window.layout, nullptr, BasicTensor<T>::uninitialized({window.layout.total()}, allocator())};
+  if constexpr (std::is_same_v<T, float>) {
+    for (const WindowTensor& tensor : window.tensors) {
+      from_half_bits(options_.format, half_values_.data() + tensor.stage_offset,
+                     weights.window.data() + tensor.window_offset, tensor.numel);
+    }
+  }
+  weights.base = weights.window.data();
+  point_layer(local, window.layout, weights.base);
+  return weights;
 }
 
 template <class T>
@@ -305,6 +349,7 @@ int BasicStage<T>::block_index(int local) const {
 
 template <class T>
 typename BasicStage<T>::Flow BasicStage<T>::forward_layer(State& state, int local, Flow flow) {
+  const LayerWeights weights = layer_weights(local);
   switch (kind(local)) {
     case Kind::kEmbedding: {
       Flow out{{}, embedding_->forward(state.embedding_, std::move(flow.tokens), state.shape_, allocator())};
@@ -412,7 +457,6 @@ template <class T>
 BasicTensor<T> BasicStage<T>::forward(State& state, Input input) {
   require_matrices("forward");
   require_phase(state, State::Phase::kEmpty, "forward");
-  compute_weights();
   state.shape_ = check_input(input, true);
   input.tokens.charge_to(&activation_memory_);
   input.activation.charge_to(&activation_memory_);
@@ -439,6 +483,8 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
     const int k = options_.recompute_interval;
     if (checkpointing() && (local % k == k - 1 || local == range_.size() - 1)) recompute_segment(state, local / k);
     unstash_layer(state, local);
+    // The embedding's I reads no weights.
+    const LayerWeights weights = kind(local) == Kind::kEmbedding ? LayerWeights{} : layer_weights(local);
     switch (kind(local)) {
       case Kind::kHead:
         grad = head_->backward_input(state.head_, state.targets_, loss_scale, state.shape_, allocator());
@@ -545,7 +591,6 @@ BasicTensor<T> BasicStage<T>::logits(const IntTensor& tokens) {
   require_matrices("logits");
   require_whole("logits");
   if (!has_embedding() || !has_head()) fail("{}: logits need a stage holding the whole model", where());
-  compute_weights();
   State state;
   Input input;
   input.tokens = tokens.clone();
@@ -557,6 +602,7 @@ BasicTensor<T> BasicStage<T>::logits(const IntTensor& tokens) {
     state.embedding_ = {};  // inference keeps nothing
     for (auto& saved : state.blocks_) saved = {};
   }
+  const LayerWeights head = layer_weights(range_.size() - 1);
   return head_->logits(flow.x, state.shape_, allocator());
 }
 
@@ -621,13 +667,13 @@ template <class T>
 BasicTensor<T> BasicStage<T>::forward_cached(BasicKvCache<T>& cache, const SequenceRows& rows, Input input) {
   const LayerShape shape = check_cached_input(cache, rows, input);
   const int c = shape.c;
-  const T* weights = packed_ ? (half() ? compute_values_.data() : values_.data()) : compute_weights();
   BasicTensor<T> x = std::move(input.activation);
   x.charge_to(&activation_memory_);
   if (has_embedding()) {
+    const LayerWeights weights = layer_weights(0);
     x = BasicTensor<T>::uninitialized({1, shape.t, c}, allocator());
-    const T* wte = weights + layout_.at(config_.embedding_name()).offset;
-    const T* wpe = config_.llama() ? nullptr : weights + layout_.at("wpe.weight").offset;
+    const T* wte = weights.at(config_.embedding_name());
+    const T* wpe = config_.llama() ? nullptr : weights.at("wpe.weight");
     if (split()) embedding_->lookup_split(x.data(), input.tokens.data(), shape.t, shape);
     int row = 0;
     for (std::size_t i = 0; i < rows.counts.size(); ++i) {
@@ -645,6 +691,7 @@ BasicTensor<T> BasicStage<T>::forward_cached(BasicKvCache<T>& cache, const Seque
   }
   round_to_format(x);
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    const LayerWeights weights = layer_weights(static_cast<int>(i) + (has_embedding() ? 1 : 0));
     x = blocks_[i].forward_cached(std::move(x), cache, static_cast<int>(i), rows, shape, allocator());
     round_to_format(x);
   }
@@ -657,6 +704,7 @@ BasicTensor<T> BasicStage<T>::forward_cached(BasicKvCache<T>& cache, const Seque
     row += rows.counts[static_cast<std::size_t>(i)];
     std::copy_n(x.data() + static_cast<long>(row - 1) * c, c, last_rows.data() + static_cast<long>(i) * c);
   }
+  const LayerWeights head = layer_weights(range_.size() - 1);
   auto logits = head_->logits(last_rows, {1, n, c, shape.nh, shape.v}, allocator());
   logits.reshape({n, shape.v});
   return logits;
@@ -709,9 +757,18 @@ void BasicStage<T>::add_tied_gradient(std::span<const T> other) {
 template <class T>
 void BasicStage<T>::pack_for_inference() {
   if (packed_) return;
-  // The matrices the blocks read: a half-precision stage's rounded copy
-  // (fresh now; once packed, nothing writes the parameters again).
-  T* base = half() ? const_cast<T*>(compute_weights()) : values_.data();
+  // The matrices the blocks read: a half-precision stage's rounded copy,
+  // widened whole (once packed, nothing writes the parameters again).
+  T* base = values_.data();
+  if (half()) {
+    refresh_half_weights();
+    packed_values_ = BasicTensor<T>::uninitialized({layout_.total()}, {nullptr, &weight_memory_});
+    if constexpr (std::is_same_v<T, float>) {
+      from_half_bits(options_.format, half_values_.data(), packed_values_.data(), layout_.total());
+    }
+    base = packed_values_.data();
+    for (int local = 0; local < range_.size(); ++local) point_layer(local, layout_, base);
+  }
   const int first_block = std::max(range_.first, 1) - 1;  // as the constructor numbers them
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     blocks_[i].pack_weights(block_params<T*>(config_, layout_, first_block + static_cast<int>(i), base),

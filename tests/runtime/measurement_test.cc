@@ -113,6 +113,12 @@ TEST(Measurement, TheMeasuredProfileHasTheEnginesMessagesAndModelStates) {
   EXPECT_EQ(profile.stages[0].costs.model_state_bytes,
             16.0 * static_cast<double>(engine->stage(StageId(0)).layout().total()));
   EXPECT_EQ(profile_from_json(profile_to_json(profile), "round trip").stages[1].costs.forward_s, 3);
+  // bf16: the rounded copy the layers multiply by adds 2 B a parameter.
+  EngineOptions options = testing::tiny_options();
+  options.format = ComputeFormat::kBf16;
+  const PipelineEngine bf16(testing::kTiny, lowered, partition_uniform(testing::kTiny.pipeline_layers(), 2), options);
+  EXPECT_EQ(measured_profile(costs, bf16, "bf16").stages[0].costs.model_state_bytes,
+            18.0 * static_cast<double>(bf16.stage(StageId(0)).layout().total()));
 }
 
 TEST(Measurement, ReplayingASerialStepGivesTheTimelineOfOneCorePerRank) {

@@ -125,6 +125,38 @@ TEST(ActivationMemory, HalfPrecisionHoldsTwoBytesAValueAsTheSimulatorPrices) {
   }
 }
 
+// A stage's weight account holds its model states: the fp32 master
+// weights and gradients, AdamW's two moments and, in bf16, the 16-bit copy
+// the layers multiply by (each layer's part widened into a window from the
+// activation pool for its pass): 16 and 18 B a parameter, what `simulate`
+// prices for fp32 and for bf16 with fp32 gradients (model/model_states.h).
+// The rest is Llama's rotation tables; both families within 1%.
+TEST(ModelStateMemory, AStagesWeightAccountHoldsWhatTheSimulatorPrices) {
+  const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
+  for (const nn::ModelConfig& model : {kTiny, testing::kTinyLlama}) {
+    for (const ComputeFormat format : {ComputeFormat::kFp32, ComputeFormat::kBf16}) {
+      SCOPED_TRACE(::testing::Message() << nn::to_string(model.family) << " in " << to_string(format));
+      EngineOptions options = testing::tiny_options();
+      options.format = format;
+      PipelineEngine engine(model, make_schedule("1f1b", 2, 2), partition_uniform(model.pipeline_layers(), 2),
+                            options);
+      engine.init_parameters(11);
+      engine.step(0, source);
+      const Precision precision = format == ComputeFormat::kFp32 ? Precision::kFp32 : Precision::kBf16;
+      const StateAccounting accounting = state_accounting(precision, Precision::kFp32);
+      EXPECT_EQ(model_state_bytes(1, ZeroStage::kNone, 1, accounting).total(),
+                format == ComputeFormat::kFp32 ? 16 : 18);
+      for (int s = 0; s < 2; ++s) {
+        const std::int64_t parameters = engine.stage_parameter_count(StageId(s));
+        const double predicted = model_state_bytes(parameters, ZeroStage::kNone, 1, accounting).total();
+        const auto held = static_cast<double>(engine.stage(StageId(s)).weight_memory().live_bytes());
+        EXPECT_GE(held, predicted) << "stage " << s;
+        EXPECT_NEAR(held, predicted, 0.01 * predicted) << "stage " << s;
+      }
+    }
+  }
+}
+
 TEST(ActivationMemory, OneFOneBHoldsFewerMicrobatchesThanGPipe) {
   // On the first of 4 ranks GPipe holds all m = 8 micro-batches, 1F1B p = 4
   // (Megatron-LM §2.2): the measured peaks keep that order.

@@ -60,6 +60,8 @@ class EmbeddingLayer {
   void backward_input(EmbeddingSaved<T>& saved, BasicTensor<T> dx, const LayerShape& shape,
                       Allocator allocator) const;
   void backward_weight(EmbeddingSaved<T>& saved, const LayerShape& shape) const;
+  // Points the layer at another copy of the same weights (as TransformerBlock's).
+  void read_weights_from(EmbeddingParams<const T*> weights) { weights_ = weights; }
 
  private:
   // The rank's first vocabulary row and how many it holds.

@@ -71,6 +71,8 @@ class LmHead {
 
   // Inference: logits [B, T, V] of x, nothing saved.
   BasicTensor<T> logits(const BasicTensor<T>& x, const LayerShape& shape, Allocator allocator) const;
+  // Points the head at another copy of the same weights (as TransformerBlock's).
+  void read_weights_from(HeadParams<const T*> weights) { weights_ = weights; }
 
  private:
   // ln_f of saved.x's rows, made whole (gathered along the sequence).

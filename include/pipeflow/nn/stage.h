@@ -37,10 +37,13 @@ struct StageOptions {
   // "<name> weights").
   std::string name = "stage";
   // kBf16 / kFp16 (tensor/half.h): the layers multiply by a copy of the
-  // weights rounded to the format, refreshed from the fp32 master weights
-  // after they change, and every activation a layer passes on (forward) and
-  // every gradient of one (backward) is rounded to it; the weight gradients
-  // accumulate in fp32. float stages only.
+  // weights rounded to the format, held in its 16 bits (2 bytes a parameter
+  // beside the fp32 master weights and gradients) and refreshed from the
+  // master weights after they change; each layer's part is widened exactly
+  // into a window from the pool for the layer's pass. Every activation a
+  // layer passes on (forward) and every gradient of one (backward) is
+  // rounded to the format; the weight gradients accumulate in fp32. float
+  // stages only.
   ComputeFormat format = ComputeFormat::kFp32;
   // The tensor-parallel group the stage's layers are split over (Megatron-LM's
   // scheme: ParameterLayout says which part of each tensor the rank holds);
@@ -274,9 +277,25 @@ class BasicStage {
   bool sequence_split() const { return split() && options_.sequence_parallel; }
   bool checkpointing() const { return options_.recompute_interval > 0; }
   bool half() const { return options_.format != ComputeFormat::kFp32; }
-  // The weights the layers read: the rounded copy (refreshed when stale), or
-  // the parameters themselves in fp32.
-  const T* compute_weights();
+
+  // Where a layer reads its weights for a pass: `base` laid out by `layout`
+  // (the stage's or the layer's own). `window` holds them when they were
+  // widened for the pass; it must live while the layer reads them.
+  struct LayerWeights {
+    const ParameterLayout* layout = nullptr;
+    const T* base = nullptr;
+    BasicTensor<T> window;
+    const T* at(std::string_view name) const { return base + layout->at(name).offset; }
+  };
+  // Points layer `local` at its weights and returns them: the parameters in
+  // fp32; a half stage's widened copy once packed for inference; else the
+  // layer's tensors widened from the 16-bit copy (refreshed first when the
+  // master weights changed) into a window from the pool, exactly.
+  LayerWeights layer_weights(int local);
+  // The 16-bit copy from the master weights, when they changed since.
+  void refresh_half_weights();
+  // Points layer `local`'s weights at `base` laid out by `layout`.
+  void point_layer(int local, const ParameterLayout& layout, const T* base);
   // Rounds an activation or its gradient to the stage's format.
   void round_to_format(BasicTensor<T>& tensor) const;
 
@@ -312,9 +331,24 @@ class BasicStage {
   BasicTensor<T> values_;
   BasicTensor<T> grads_;
   BasicTensor<T> rope_cos_, rope_sin_;  // Llama: [context, hs/2] (tensor/rope.h)
-  // kBf16 / kFp16: the weights the layers multiply by, values_ rounded.
-  BasicTensor<T> compute_values_;
+  // kBf16 / kFp16: the weights the layers multiply by, values_ rounded to
+  // the format, in its 16 bits.
+  BasicTensor<std::uint16_t> half_values_;
   bool compute_stale_ = true;
+  // kBf16 / kFp16, by local layer: the layer's own ParameterLayout (where its
+  // window holds its tensors) and, per tensor, where it sits in the stage's
+  // buffer and in the window.
+  struct WindowTensor {
+    std::int64_t stage_offset, window_offset, numel;
+  };
+  struct LayerWindow {
+    ParameterLayout layout;
+    std::vector<WindowTensor> tensors;
+  };
+  std::vector<LayerWindow> windows_;
+  // A half stage packed for inference: every weight widened at once (its
+  // panels are fp32), the layers pointed at it for good.
+  BasicTensor<T> packed_values_;
   std::optional<EmbeddingLayer<T>> embedding_;
   std::vector<TransformerBlock<T>> blocks_;
   std::optional<LmHead<T>> head_;

@@ -126,6 +126,10 @@ class TransformerBlock {
                                 Allocator allocator) const;
   void backward_weight(BlockSaved<T>& saved, const LayerShape& shape) const;
 
+  // Points the block at another copy of the same weights (a half-precision
+  // stage widens each layer's weights into a window before its pass).
+  void read_weights_from(BlockParams<const T*> weights) { weights_ = weights; }
+
   // Inference: x [1, R, C] holds the new rows of the sequences `rows` names;
   // their keys and values are written into `cache` (block `block`) at each
   // sequence's length, and each row attends to its sequence's cached

@@ -177,10 +177,11 @@ MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine&
     StageCosts stage_costs = costs.stage(StageId(s));
     stage_costs.output_bytes = engine.schedule().is_last_stage(StageId(s)) ? 0.0 : message;
     // parameters, gradients and AdamW's two moments, float each, and in
-    // bf16/fp16 the rounded copy the layers read (a float each, as held)
-    const double copies = options.format == ComputeFormat::kFp32 ? 4.0 : 5.0;
+    // bf16/fp16 the rounded copy the layers read in 16 bits: 16 or 18 B a
+    // parameter, as the memory model prices them (model/model_states.h)
+    const double bytes_per_parameter = options.format == ComputeFormat::kFp32 ? 16.0 : 18.0;
     stage_costs.model_state_bytes =
-        copies * sizeof(float) * static_cast<double>(engine.stage_parameter_count(StageId(s)));
+        bytes_per_parameter * static_cast<double>(engine.stage_parameter_count(StageId(s)));
     profile.stages.push_back(ProfiledStage::all_measured(stage_costs));
   }
   return profile;
