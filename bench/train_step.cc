@@ -159,10 +159,12 @@ int main(int argc, char** argv) {
   const std::string name = std::string(o.llama ? "pipeflow-llama" : "pipeflow") +
                            (o.format == ComputeFormat::kFp32 ? "" : std::string("-") + to_string(o.format));
   std::printf("%s: %.2f ms/step (median of %d, min %.2f, max %.2f), cpu %.2f ms/step, %.1f GFLOP/s = %.0f%% of sgemm "
-              "%.1f GFLOP/s, %.3f GFLOP/step, %lld parameters, loss %.4f, blas threads %d, peak activations %.1f MiB\n",
+              "%.1f GFLOP/s, %.3f GFLOP/step, %lld parameters, loss %.4f, blas threads %d, peak activations %.1f MiB, "
+              "GEMMs in %s\n",
               name.c_str(), wall_median * 1e3, o.steps, *std::min_element(wall.begin(), wall.end()) * 1e3,
               *std::max_element(wall.begin(), wall.end()) * 1e3, cpu_median * 1e3,
               flops / cpu_median / 1e9, 100 * flops / cpu_median / 1e9 / ceiling, ceiling, flops / 1e9,
-              static_cast<long long>(config.parameter_count()), loss, blas_threads(), static_cast<double>(model.activation_memory().peak_bytes()) / (1024.0 * 1024.0));
+              static_cast<long long>(config.parameter_count()), loss, blas_threads(), static_cast<double>(model.activation_memory().peak_bytes()) / (1024.0 * 1024.0),
+              to_string(model.gemm_precision()));
   return 0;
 }

@@ -7,8 +7,12 @@
 # Llama of the small GPT-2's size (multi-head, SwiGLU 352: 0.3% more
 # parameters) with both implementations, set beside the GPT-2 step; then the
 # small GPT-2 in bf16 (pipeflow's mixed precision; torch.autocast to bf16)
-# against fp32. The CPU's bf16 instructions are not used yet: on a CPU
-# without them bf16 can only cost (the rounding), never gain. The two alternate for ROUNDS
+# against fp32, and pipeflow's bf16 step as a share of the core's bf16 peak
+# (vdpbf16ps, bench_core_peak). Where the CPU has bf16 instructions a bf16
+# step multiplies through oneDNN's bf16 matmul, else in fp32 (on a CPU
+# without them bf16 can only cost, the rounding, never gain); the last pair
+# sets that path against the fp32 GEMMs on the same CPU
+# (PIPEFLOW_BF16_GEMM=fp32). The two alternate for ROUNDS
 # rounds (default 3) so that load from other processes hits both. PyTorch is
 # skipped, with a message, where it is missing.
 # Usage: bench/train_step.sh [build-dir]   (PYTHON=... for another interpreter)
@@ -36,9 +40,10 @@ fi
 field() { sed -nE "s|$2|\1|p" <<<"$1"; }
 middle() { sort -g | sed -n "$(( (rounds + 1) / 2 ))p"; }
 summarise() {
-  local lines=$1 sgemm peak isa flops name
+  local lines=$1 sgemm peak bf16_peak isa flops name
   sgemm=$(field "$lines" '.* of sgemm ([0-9.]+) GFLOP/s.*' | sort -g | tail -1)
   peak=$(median_peak "$lines")
+  bf16_peak=$(field "$lines" '^core peak bf16 [a-z0-9_]+: ([0-9.]+) GFLOP/s.*' | middle)
   isa=$(field "$lines" "^best fp32 peak: $peak GFLOP/s \\(([a-z0-9_]+)\\).*" | head -1)
   awk -v r="$rounds" -v s="$sgemm" -v p="$peak" -v i="$isa" 'BEGIN {
     printf "summary (%d round(s), best sgemm ceiling %s GFLOP/s = %.0f%% of the median core fp32 peak %s GFLOP/s, %s):\n",
@@ -51,10 +56,13 @@ summarise() {
     fastest=$(field "$mine" '.*, min ([0-9.]+), max .*' | sort -g | head -1)
     slowest=$(field "$mine" '.*, max ([0-9.]+)\).*' | sort -g | tail -1)
     eval "${name//-/_}_cpu=$cpu ${name//-/_}_fastest=$fastest"
-    awk -v n="$name" -v c="$cpu" -v f="$fastest" -v w="$slowest" -v flops="$flops" -v s="$sgemm" -v p="$peak" 'BEGIN {
+    awk -v n="$name" -v c="$cpu" -v f="$fastest" -v w="$slowest" -v flops="$flops" -v s="$sgemm" -v p="$peak" \
+        -v b="${bf16_peak:-0}" 'BEGIN {
       g = flops / c * 1000
-      printf "  %-14s %8.2f ms/step CPU = %6.1f GFLOP/s = %3.0f%% of sgemm = %3.0f%% of peak; wall-clock steps %.2f to %.2f ms\n",
-             n, c, g, 100 * g / s, 100 * g / p, f, w }'
+      printf "  %-14s %8.2f ms/step CPU = %6.1f GFLOP/s = %3.0f%% of sgemm = %3.0f%% of peak; wall-clock steps %.2f to %.2f ms",
+             n, c, g, 100 * g / s, 100 * g / p, f, w
+      if (n ~ /bf16/ && b > 0) printf "; %.0f%% of the median bf16 peak %s GFLOP/s", 100 * g / b, b
+      printf "\n" }'
   done
   if [ $have_torch = 1 ] && [ -n "${pipeflow_cpu:-}" ]; then
     awk -v pc="$pipeflow_cpu" -v tc="$torch_cpu" -v pf="$pipeflow_fastest" -v tf="$torch_fastest" \
@@ -123,3 +131,20 @@ paired "llama vs gpt-2 of the same size (llama: --intermediate 352)" "llama step
   "--arch llama --intermediate 352" "--arch llama --intermediate 352"
 grep -o -m1 'avx512_bf16\|amx_bf16' /proc/cpuinfo | sed 's/^/-- this CPU has /' || echo "-- this CPU has no bf16 instructions"
 paired "bf16 vs fp32" "bf16 step / fp32 step" bf16 "--format bf16" "--format bf16"
+
+# The bf16 step's two GEMM paths on this CPU, alternating: the default
+# (oneDNN's bf16 matmul where the CPU has bf16 instructions) against fp32
+# GEMMs on the rounded values (PIPEFLOW_BF16_GEMM=fp32).
+bf16_paths() {
+  local args=(--layers 4 --heads 4 --width 128 --context 64 --batch 16 --steps 20 --format bf16) lines="" fp32 own
+  echo "-- bf16 step, its GEMMs: default path vs PIPEFLOW_BF16_GEMM=fp32: ${args[*]}"
+  for ((round = 1; round <= rounds; round++)); do
+    lines+="default $(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}")"$'\n'
+    lines+="fp32 $(PIPEFLOW_BF16_GEMM=fp32 OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}")"$'\n'
+  done
+  printf '%s' "$lines"
+  own=$(grep '^default ' <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle)
+  fp32=$(grep '^fp32 ' <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle)
+  awk -v a="$fp32" -v b="$own" 'BEGIN { printf "  fp32-GEMM bf16 step / default bf16 step = %.2f (CPU time per step)\n", a / b }'
+}
+bf16_paths

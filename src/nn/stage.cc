@@ -78,6 +78,7 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
       fail("{}: computes in {}: only float stages round to half precision", where(), to_string(options_.format));
     }
     half_values_ = BasicTensor<std::uint16_t>({layout_.total()}, {nullptr, &weight_memory_});
+    if (options_.format == ComputeFormat::kBf16) gemm_precision_ = resolve(options_.bf16_gemm);
   }
   // The layers start pointed at the master weights; a half stage points
   // each at its window before each pass (layer_weights).
@@ -457,6 +458,7 @@ template <class T>
 BasicTensor<T> BasicStage<T>::forward(State& state, Input input) {
   require_matrices("forward");
   require_phase(state, State::Phase::kEmpty, "forward");
+  const GemmPrecisionScope precision(gemm_precision_);
   state.shape_ = check_input(input, true);
   input.tokens.charge_to(&activation_memory_);
   input.activation.charge_to(&activation_memory_);
@@ -479,6 +481,7 @@ BasicTensor<T> BasicStage<T>::forward(State& state, Input input) {
 template <class T>
 BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, double loss_scale,
                                          bool weight_pass_follows) {
+  const GemmPrecisionScope precision(gemm_precision_);
   for (int local = range_.size() - 1; local >= 0; --local) {
     const int k = options_.recompute_interval;
     if (checkpointing() && (local % k == k - 1 || local == range_.size() - 1)) recompute_segment(state, local / k);
@@ -551,6 +554,7 @@ BasicTensor<T> BasicStage<T>::backward_input_from_loss(State& state, double loss
 template <class T>
 void BasicStage<T>::backward_weight(State& state) {
   require_phase(state, State::Phase::kInputGrad, "backward_weight");
+  const GemmPrecisionScope precision(gemm_precision_);
   for (int local = range_.size() - 1; local >= 0; --local) weight_layer(state, local);
   end_microbatch(state);
 }

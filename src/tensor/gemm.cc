@@ -2,11 +2,17 @@
 
 #include <cblas.h>
 
-#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/tensor/half.h"
 
 // oneDNN runs its GEMMs on OpenMP here (Debian's build: GNU OpenMP). Declared
 // rather than taken from <omp.h>, which clang does not find in GCC's
@@ -38,12 +44,135 @@ void use_one_gemm_thread() {
   (void)kOpenmpSet;
 }
 
+thread_local GemmPrecision t_precision = GemmPrecision::kFp32;
+
+// One bf16 matmul shape: op(A) [m, k] and op(B) [k, n] dense bf16 (the
+// transposes as strides), C fp32 with row stride ldc; alpha an output
+// scale, beta a sum post-op.
+struct MatmulShape {
+  int m, n, k, ldc;
+  bool transpose_a, transpose_b;
+  float alpha, beta;
+  bool operator==(const MatmulShape&) const = default;
+};
+
+struct MatmulShapeHash {
+  std::size_t operator()(const MatmulShape& s) const {
+    std::size_t h = 0;
+    for (const std::size_t v :
+         {static_cast<std::size_t>(s.m), static_cast<std::size_t>(s.n), static_cast<std::size_t>(s.k),
+          static_cast<std::size_t>(s.ldc), static_cast<std::size_t>(s.transpose_a),
+          static_cast<std::size_t>(s.transpose_b), std::hash<float>()(s.alpha), std::hash<float>()(s.beta)}) {
+      h = h * 1000003u ^ v;
+    }
+    return h;
+  }
+};
+
+struct Bf16Matmul {
+  dnnl::matmul primitive;
+  dnnl::memory a, b, c;
+};
+
+// A thread's engine, stream, primitives by shape and operand buffers.
+struct Bf16Matmuls {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::unordered_map<MatmulShape, Bf16Matmul, MatmulShapeHash> by_shape;
+  std::vector<std::uint16_t> a_bits, b_bits;
+
+  Bf16Matmul& get(const MatmulShape& s) {
+    const auto found = by_shape.find(s);
+    if (found != by_shape.end()) return found->second;
+    using dims = dnnl::memory::dims;
+    using dt = dnnl::memory::data_type;
+    const dnnl::memory::desc a_desc({s.m, s.k}, dt::bf16, s.transpose_a ? dims{1, s.m} : dims{s.k, 1});
+    const dnnl::memory::desc b_desc({s.k, s.n}, dt::bf16, s.transpose_b ? dims{1, s.k} : dims{s.n, 1});
+    const dnnl::memory::desc c_desc({s.m, s.n}, dt::f32, dims{s.ldc, 1});
+    dnnl::primitive_attr attr;
+    if (s.alpha != 1.0f) attr.set_output_scales(0, {s.alpha});
+    if (s.beta != 0.0f) {
+      dnnl::post_ops sum;
+      sum.append_sum(s.beta);
+      attr.set_post_ops(sum);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_desc, b_desc, c_desc), attr, engine);
+    Bf16Matmul made{dnnl::matmul(pd), dnnl::memory(a_desc, engine, nullptr), dnnl::memory(b_desc, engine, nullptr),
+                    dnnl::memory(c_desc, engine, nullptr)};
+    return by_shape.emplace(s, std::move(made)).first->second;
+  }
+};
+
+// rows x columns floats at row stride ld, rounded to bf16 into a dense array.
+void to_dense_bf16(const float* x, int rows, int columns, int ld, std::vector<std::uint16_t>& out) {
+  out.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(columns));
+  for (int row = 0; row < rows; ++row) {
+    to_half_bits(ComputeFormat::kBf16, x + static_cast<long>(row) * ld, out.data() + static_cast<long>(row) * columns,
+                 columns);
+  }
+}
+
+void bf16_gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, float alpha, const float* a,
+               int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  thread_local Bf16Matmuls matmuls;
+  const bool ta = transpose_a == Transpose::kYes;
+  const bool tb = transpose_b == Transpose::kYes;
+  // As stored: A is [m, k] (or [k, m] transposed), B [k, n] (or [n, k]).
+  to_dense_bf16(a, ta ? k : m, ta ? m : k, lda, matmuls.a_bits);
+  to_dense_bf16(b, tb ? n : k, tb ? k : n, ldb, matmuls.b_bits);
+  try {
+    Bf16Matmul& matmul = matmuls.get({m, n, k, ldc, ta, tb, alpha, beta});
+    matmul.a.set_data_handle(matmuls.a_bits.data());
+    matmul.b.set_data_handle(matmuls.b_bits.data());
+    matmul.c.set_data_handle(c);
+    matmul.primitive.execute(matmuls.stream,
+                             {{DNNL_ARG_SRC, matmul.a}, {DNNL_ARG_WEIGHTS, matmul.b}, {DNNL_ARG_DST, matmul.c}});
+    matmuls.stream.wait();
+  } catch (const dnnl::error& e) {
+    fail("gemm: oneDNN's bf16 matmul failed ({}) for m {}, n {}, k {}, ldc {}: this CPU or oneDNN has no bf16 "
+         "matmul; set PIPEFLOW_BF16_GEMM=fp32",
+         e.what(), m, n, k, ldc);
+  }
+}
+
 }  // namespace
+
+GemmPrecisionScope::GemmPrecisionScope(GemmPrecision precision) : previous_(t_precision) { t_precision = precision; }
+GemmPrecisionScope::~GemmPrecisionScope() { t_precision = previous_; }
+
+bool native_bf16_gemm() {
+  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  return (isa & bf16) == bf16;  // AMX's ISA includes AVX-512 BF16's bits
+}
+
+GemmPrecision resolve(Bf16Gemm choice) {
+  switch (choice) {
+    case Bf16Gemm::kFp32: return GemmPrecision::kFp32;
+    case Bf16Gemm::kBf16: return GemmPrecision::kBf16;
+    case Bf16Gemm::kAuto: break;
+  }
+  if (const char* set = std::getenv("PIPEFLOW_BF16_GEMM")) {
+    const std::string_view value = set;
+    if (value == "fp32") return GemmPrecision::kFp32;
+    if (value == "bf16") return GemmPrecision::kBf16;
+    fail("PIPEFLOW_BF16_GEMM = '{}': must be fp32 or bf16 (how a bf16 run multiplies): unset it to let the CPU "
+         "decide",
+         value);
+  }
+  return native_bf16_gemm() ? GemmPrecision::kBf16 : GemmPrecision::kFp32;
+}
+
+const char* to_string(GemmPrecision precision) { return precision == GemmPrecision::kBf16 ? "bf16" : "fp32"; }
 
 template <>
 void gemm<float>(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, float alpha, const float* a,
                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   use_one_gemm_thread();
+  if (t_precision == GemmPrecision::kBf16 && m > 0 && n > 0 && k > 0) {
+    bf16_gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   const dnnl_status_t status = dnnl_sgemm(to_dnnl(transpose_a), to_dnnl(transpose_b), m, n, k, alpha, a, lda, b, ldb,
                                           beta, c, ldc);
   if (status != dnnl_success) {

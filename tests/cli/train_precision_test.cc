@@ -59,13 +59,23 @@ CommandResult train(const std::string& dir, const std::string& name, int steps, 
   return result;
 }
 
-// The bound: 2% of the final validation loss, the issue's; measured 0.16% (3.6112 against 3.6171).
+// The bound: 2% of the final validation loss, the issue's, on both ways a
+// bf16 run multiplies (PIPEFLOW_BF16_GEMM): measured 0.05% through the bf16
+// matmul (3.6154 against 3.6171), 0.76% in fp32 GEMMs (3.5896).
 TEST(TrainPrecision, Bf16EndsWithinTwoPercentOfFp32) {
   const std::string dir = make_temp_dir();
   const double fp32 = final_validation_loss(train(dir, "fp32", 60, ""));
   const CommandResult bf16 = train(dir, "bf16", 60, R"("bf16": {"enabled": true},)");
   EXPECT_NE(bf16.err.find("in bf16"), std::string::npos) << bf16.err;
   EXPECT_NEAR(final_validation_loss(bf16), fp32, 0.02 * fp32);
+  for (const std::string path : {"fp32", "bf16"}) {
+    const std::string name = "bf16-gemm-" + path;
+    write_file_atomic(dir + "/" + name + ".json", config(dir + "/" + name, 60, R"("bf16": {"enabled": true},)"));
+    const CommandResult forced =
+        run_pipeflow("train --config " + dir + "/" + name + ".json", "", "export PIPEFLOW_BF16_GEMM=" + path);
+    ASSERT_EQ(forced.exit_code, 0) << forced.err;
+    EXPECT_NEAR(final_validation_loss(forced), fp32, 0.02 * fp32) << path;
+  }
   const nn::SafetensorsFile weights = nn::SafetensorsFile::read_metadata(dir + "/bf16/weights.safetensors");
   EXPECT_EQ(weights.metadata("precision"), "bf16");
   std::filesystem::remove_all(dir);

@@ -2,11 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "../support/error_of.h"
 #include "finite_difference.h"
+#include "pipeflow/tensor/half.h"
 
 namespace pipeflow {
 namespace {
@@ -72,6 +76,81 @@ TEST(Gemm, OneRowMatchesTheDefinitionForEveryTranspose) {
       }
     }
   }
+}
+
+// Inside a bf16 scope a product is the definition's over the operands
+// rounded to bf16, summed in fp32: every transpose, strided operands, a
+// strided C, alpha and beta. The bound: fp32 accumulation over k = 70
+// products of N(0, 1) values, k · 2^−24 · Σ|a·b| < 1e-4 here; the rounding
+// itself moves the results by ~1e-2, far outside it. The same call repeats
+// its bits; outside the scope (or in a nested fp32 one) it is sgemm again.
+TEST(Gemm, ABf16ScopeMultipliesTheOperandsRoundedToBf16AccumulatingInFp32) {
+  const int m = 33, n = 19, k = 70, pad = 3;
+  const auto a = random_floats(static_cast<std::size_t>(k + pad) * (k + pad), 8);
+  const auto b = random_floats(static_cast<std::size_t>(k + pad) * (k + pad), 9);
+  const int ldc = n + pad;
+  const std::vector<float> c0 = random_floats(static_cast<std::size_t>(m) * ldc, 10);
+  for (const Transpose ta : {Transpose::kNo, Transpose::kYes}) {
+    for (const Transpose tb : {Transpose::kNo, Transpose::kYes}) {
+      SCOPED_TRACE(::testing::Message() << "transposes " << (ta == Transpose::kYes) << (tb == Transpose::kYes));
+      const int lda = (ta == Transpose::kYes ? m : k) + pad;
+      const int ldb = (tb == Transpose::kYes ? k : n) + pad;
+      const auto left = [&](int i, int p) { return ta == Transpose::kYes ? a[p * lda + i] : a[i * lda + p]; };
+      const auto right = [&](int p, int j) { return tb == Transpose::kYes ? b[j * ldb + p] : b[p * ldb + j]; };
+      const auto product = [&](GemmPrecision precision) {
+        const GemmPrecisionScope scope(precision);
+        std::vector<float> c = c0;
+        gemm<float>(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 3.0f, c.data(), ldc);
+        return c;
+      };
+      const std::vector<float> bf16 = product(GemmPrecision::kBf16);
+      double moved = 0;
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          double rounded = 0, exact = 0;
+          for (int p = 0; p < k; ++p) {
+            rounded += static_cast<double>(round_to_bf16(left(i, p))) * round_to_bf16(right(p, j));
+            exact += static_cast<double>(left(i, p)) * right(p, j);
+          }
+          const double before = c0[i * ldc + j];
+          EXPECT_NEAR(bf16[i * ldc + j], 0.5 * rounded + 3.0 * before, 1e-4) << i << ", " << j;
+          moved = std::max(moved, std::abs(bf16[i * ldc + j] - (0.5 * exact + 3.0 * before)));
+        }
+        for (int j = n; j < ldc; ++j) EXPECT_EQ(bf16[i * ldc + j], c0[i * ldc + j]);  // C's padding untouched
+      }
+      EXPECT_GT(moved, 1e-3);
+      EXPECT_EQ(product(GemmPrecision::kBf16), bf16);
+      const GemmPrecisionScope outer(GemmPrecision::kBf16);
+      const std::vector<float> fp32 = product(GemmPrecision::kFp32);
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          double exact = 0;
+          for (int p = 0; p < k; ++p) exact += static_cast<double>(left(i, p)) * right(p, j);
+          EXPECT_NEAR(fp32[i * ldc + j], 0.5 * exact + 3.0 * c0[i * ldc + j], 1e-4);
+        }
+      }
+    }
+  }
+}
+
+// PIPEFLOW_BF16_GEMM chooses the path of kAuto; the forced choices ignore it.
+TEST(Gemm, TheBf16PathIsChosenByTheEnvironmentOrTheCpu) {
+  EXPECT_EQ(resolve(Bf16Gemm::kFp32), GemmPrecision::kFp32);
+  EXPECT_EQ(resolve(Bf16Gemm::kBf16), GemmPrecision::kBf16);
+  const char* before = std::getenv("PIPEFLOW_BF16_GEMM");
+  const std::string saved = before == nullptr ? "" : before;
+  ::setenv("PIPEFLOW_BF16_GEMM", "fp32", 1);
+  EXPECT_EQ(resolve(Bf16Gemm::kAuto), GemmPrecision::kFp32);
+  EXPECT_EQ(resolve(Bf16Gemm::kBf16), GemmPrecision::kBf16);
+  ::setenv("PIPEFLOW_BF16_GEMM", "bf16", 1);
+  EXPECT_EQ(resolve(Bf16Gemm::kAuto), GemmPrecision::kBf16);
+  ::setenv("PIPEFLOW_BF16_GEMM", "fast", 1);
+  EXPECT_EQ(testing::error_of([] { resolve(Bf16Gemm::kAuto); }),
+            "PIPEFLOW_BF16_GEMM = 'fast': must be fp32 or bf16 (how a bf16 run multiplies): unset it to let the CPU "
+            "decide");
+  ::unsetenv("PIPEFLOW_BF16_GEMM");
+  EXPECT_EQ(resolve(Bf16Gemm::kAuto), native_bf16_gemm() ? GemmPrecision::kBf16 : GemmPrecision::kFp32);
+  if (before != nullptr) ::setenv("PIPEFLOW_BF16_GEMM", saved.c_str(), 1);
 }
 
 // Each worker's GEMMs run on the worker's own thread alone: oneDNN's OpenMP

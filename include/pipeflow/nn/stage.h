@@ -18,6 +18,7 @@
 #include "pipeflow/nn/tensor_group.h"
 #include "pipeflow/nn/transformer_block.h"
 #include "pipeflow/tensor/buffer_pool.h"
+#include "pipeflow/tensor/gemm.h"
 #include "pipeflow/tensor/half.h"
 #include "pipeflow/tensor/memory_account.h"
 #include "pipeflow/tensor/tensor.h"
@@ -45,6 +46,12 @@ struct StageOptions {
   // rounded to the format; the weight gradients accumulate in fp32. float
   // stages only.
   ComputeFormat format = ComputeFormat::kFp32;
+  // kBf16: how the training passes (forward, I, W) multiply: through
+  // oneDNN's bf16 matmul (the operands in bf16, fp32 accumulation and
+  // results), or in fp32 on the rounded values (tensor/gemm.h; kAuto: bf16
+  // where the CPU has bf16 instructions). Inference (logits, forward_cached)
+  // multiplies in fp32. fp16 stages always multiply in fp32.
+  Bf16Gemm bf16_gemm = Bf16Gemm::kAuto;
   // The tensor-parallel group the stage's layers are split over (Megatron-LM's
   // scheme: ParameterLayout says which part of each tensor the rank holds);
   // null: the stage holds its layers whole. It must outlive the stage.
@@ -148,6 +155,8 @@ class BasicStage {
   const ModelConfig& config() const { return config_; }
   LayerRange layers() const { return range_; }
   const StageOptions& options() const { return options_; }
+  // What the training passes multiply in (StageOptions::bf16_gemm resolved).
+  GemmPrecision gemm_precision() const { return gemm_precision_; }
   bool has_embedding() const { return range_.first == 0; }
   bool has_head() const { return range_.last == config_.pipeline_layers(); }
   // The positions of each sequence of t an activation between this stage's
@@ -335,6 +344,7 @@ class BasicStage {
   // the format, in its 16 bits.
   BasicTensor<std::uint16_t> half_values_;
   bool compute_stale_ = true;
+  GemmPrecision gemm_precision_ = GemmPrecision::kFp32;
   // kBf16 / kFp16, by local layer: the layer's own ParameterLayout (where its
   // window holds its tensors) and, per tensor, where it sits in the stage's
   // buffer and in the window.

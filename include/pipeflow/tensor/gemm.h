@@ -26,6 +26,43 @@ template <class T>
 void gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T alpha, const T* a, int lda,
           const T* b, int ldb, T beta, T* c, int ldc);
 
+// What the float GEMMs of a thread compute in. kFp32: dnnl_sgemm on the
+// operands as given. kBf16: both operands rounded to bf16 (to nearest, ties
+// to even; exact for values a bf16 stage already holds rounded) and
+// multiplied by oneDNN's bf16 matmul, accumulating in fp32 into the fp32 C
+// (alpha and beta as above): what torch.autocast(dtype=bfloat16) does to a
+// matmul. Its results depend only on the operands, the shape and the CPU's
+// ISA: the same call gives the same bits on one machine. Each thread keeps
+// the matmul primitives it made, by shape (creating one costs far more than
+// running a small one).
+enum class GemmPrecision { kFp32, kBf16 };
+
+// While a scope is alive, the float GEMMs this thread calls compute in
+// `precision`; scopes nest, the innermost deciding. double GEMMs stay double.
+class GemmPrecisionScope {
+ public:
+  explicit GemmPrecisionScope(GemmPrecision precision);
+  ~GemmPrecisionScope();
+  GemmPrecisionScope(const GemmPrecisionScope&) = delete;
+  GemmPrecisionScope& operator=(const GemmPrecisionScope&) = delete;
+
+ private:
+  GemmPrecision previous_;
+};
+
+// Whether this CPU has bf16 dot products (AVX-512 BF16, or AMX): oneDNN's
+// effective ISA, which ONEDNN_MAX_CPU_ISA lowers. Without them oneDNN
+// emulates the bf16 matmul at 0.34-0.39x its fp32 sgemm
+// (docs/PERFORMANCE.md): kBf16 only costs there.
+bool native_bf16_gemm();
+
+// How a bf16 stage multiplies. kAuto: the environment's
+// PIPEFLOW_BF16_GEMM (fp32 or bf16) when it is set, else kBf16 where
+// native_bf16_gemm() and kFp32 elsewhere. kFp32 / kBf16: that one.
+enum class Bf16Gemm { kAuto, kFp32, kBf16 };
+GemmPrecision resolve(Bf16Gemm choice);
+const char* to_string(GemmPrecision precision);
+
 // The threads a GEMM called from this thread runs on now: the larger of
 // OpenMP's count for this thread (oneDNN) and OpenBLAS's process-wide one.
 int blas_threads();
