@@ -115,8 +115,10 @@ paired() {
   pipeflow_cpu="" summarise "$lines"
   for name in pipeflow torch; do
     local plain changed
-    plain=$(grep "^$name:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle)
-    changed=$(grep "^$name-$variant:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle)
+    # (|| true: without PyTorch grep finds no torch lines, and under
+    # pipefail the failed assignment would end the script)
+    plain=$(grep "^$name:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle) || true
+    changed=$(grep "^$name-$variant:" <<<"$lines" | sed -nE 's|.*, cpu ([0-9.]+) ms/step.*|\1|p' | middle) || true
     # (an if, not &&: without PyTorch the torch pair is empty, and a false
     # test as the loop's last command would end the script under set -e)
     if [ -n "$plain" ] && [ -n "$changed" ]; then

@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <memory>
 #include <string>
@@ -66,6 +67,17 @@ void print_measurements(const runtime::Calibration& c, const HardwareProfile& pr
                format_si(core.flop_per_s, "FLOP/s") + (core.precision == "fp32" ? share(core.flop_per_s) : ""));
   }
   print_line("sgemm 512³, one thread:", format_si(c.sgemm_flop_per_s, "FLOP/s") + share(c.sgemm_flop_per_s));
+  // A bf16 run's products, against the core's bf16 peak where they are bf16.
+  double bf16_peak = 0;
+  for (const auto& [isa, rate] : profile.peak_bf16_flop_per_s_by_isa) bf16_peak = std::max(bf16_peak, rate);
+  const bool bf16_matmul = c.bf16_gemm == GemmPrecision::kBf16;
+  print_line("bf16 GEMM 512³, one thread:",
+             format_si(c.bf16_gemm_flop_per_s, "FLOP/s") +
+                 (bf16_matmul ? " (bf16 matmul)" + (bf16_peak > 0 ? fmt::format(" = {} of the bf16 peak",
+                                                                                format_percent(c.bf16_gemm_flop_per_s /
+                                                                                               bf16_peak))
+                                                                  : std::string())
+                              : " (sgemm)" + share(c.bf16_gemm_flop_per_s)));
   for (const GemmRate& rate : c.gemm_rates) {
     print_line(fmt::format("  sgemm {} m{} k{} n{}:", rate.gemm, rate.m, rate.k, rate.n),
                format_si(rate.flop_per_s, "FLOP/s") + share(rate.flop_per_s));

@@ -5,6 +5,7 @@
 
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/tensor/core_peak.h"
+#include "pipeflow/tensor/gemm.h"
 #include "run_pipeflow.h"
 
 namespace pipeflow::testing {
@@ -20,6 +21,14 @@ TEST(CalibrateCommand, WritesAProfileTheSimulatorLoadsWithPositiveFigures) {
   const HardwareProfile profile = load_hardware(dir + "/here.json");
   EXPECT_EQ(profile.name, "here");
   EXPECT_GT(profile.peak_flop_per_s, 1e9);
+  // A bf16 run's GEMM rate is the bf16 matmul's where this CPU has bf16
+  // instructions, else sgemm's (the fp32 rate, to the bit).
+  if (resolve(Bf16Gemm::kAuto) == GemmPrecision::kBf16) {
+    EXPECT_NE(result.err.find("FLOP/s (bf16 matmul) = "), std::string::npos) << result.err;
+  } else {
+    EXPECT_NE(result.err.find("FLOP/s (sgemm) = "), std::string::npos) << result.err;
+    EXPECT_EQ(profile.peak_flop_per_s, profile.peak_fp32_flop_per_s);
+  }
   EXPECT_GT(profile.memory_bytes, 0);
   EXPECT_GT(profile.memory_bandwidth_bytes_per_s, 0);
   EXPECT_GT(profile.intra_node_latency_s, 0);

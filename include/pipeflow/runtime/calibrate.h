@@ -5,6 +5,7 @@
 
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/tensor/core_peak.h"
+#include "pipeflow/tensor/gemm.h"
 
 namespace pipeflow::runtime {
 
@@ -12,6 +13,11 @@ namespace pipeflow::runtime {
 // repeated runs over about `seconds_per_measurement`:
 struct Calibration {
   double sgemm_flop_per_s = 0;    // one thread, 512³ float matrix products through tensor/gemm.h
+  // The same products as a bf16 run multiplies them here (tensor/gemm.h's
+  // resolve(Bf16Gemm::kAuto)): oneDNN's bf16 matmul where the CPU has bf16
+  // instructions, sgemm elsewhere; and which of the two that was.
+  double bf16_gemm_flop_per_s = 0;
+  GemmPrecision bf16_gemm = GemmPrecision::kFp32;
   double memcpy_bytes_per_s = 0;  // bytes copied per second, 64 MiB buffers, one thread
   double handoff_latency_s = 0;   // one message between two threads through the in-process transport (kHandoffSpin)
   // Model FLOP/s of one training micro-batch (forward + backward) of a small
