@@ -244,6 +244,11 @@ MegatronArgs read_megatron_args(std::string_view text, const std::string& source
   if (bf16 && fp16) fail("{}: --bf16 and --fp16 together: give one", source);
   o.set("bf16.enabled", bf16);
   o.set("fp16.enabled", fp16);
+  // Megatron-LM accumulates and all-reduces gradients in fp32 under bf16 (it
+  // turns --accumulate-allreduce-grads-in-fp32 on itself), and under fp16
+  // when the flag says so; its distributed optimizer keeps them so too.
+  const bool fp32_gradients = a.flag("--accumulate-allreduce-grads-in-fp32");
+  if (bf16 || fp32_gradients) o.set("data_types.grad_accum_dtype", "fp32");
   if (const std::optional<double> scale = a.nonnegative("--loss-scale")) o.set("fp16.loss_scale", *scale);
   // Megatron-LM's dynamic scale starts at 2^32 unless --initial-loss-scale says otherwise.
   const double initial = a.nonnegative("--initial-loss-scale").value_or(4294967296.0);

@@ -262,6 +262,27 @@ TEST(SimulateCommand, ReadsAMegatronLaunchLine) {
   std::filesystem::remove_all(dir);
 }
 
+// Megatron-LM keeps gradients in fp32 under bf16 (and under fp16 with
+// --accumulate-allreduce-grads-in-fp32), also beside its distributed
+// optimizer: rank 0's model states are 2 + 4 + 12/d bytes a parameter there
+// (d = 2: 12) against 2 + 4 + 12 = 18 without it, where DeepSpeed's ZeRO-1
+// keeps 16-bit gradients (2 + 2 + 6 = 10). fp16 alone keeps 16-bit ones:
+// 2 + 2 + 6 = 10 against 2 + 2 + 12 = 16.
+TEST(SimulateCommand, MegatronArgumentsHoldGradientsInFp32UnderBf16AndTheDistributedOptimizer) {
+  const auto states = [](const std::string& flags) {
+    const CommandResult r = run_pipeflow(
+        "simulate --megatron-args '--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 "
+        "--micro-batch-size 1 --global-batch-size 8 --pipeline-model-parallel-size 2 " +
+        flags + "' --hardware a100-80g --devices 4 --json");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out)["ranks"][0]["model_states_bytes"].get<double>();
+  };
+  EXPECT_DOUBLE_EQ(states("--bf16 --use-distributed-optimizer") / states("--bf16"), 12.0 / 18.0);
+  EXPECT_DOUBLE_EQ(states("--fp16 --use-distributed-optimizer") / states("--fp16"), 10.0 / 16.0);
+  EXPECT_DOUBLE_EQ(
+      states("--fp16 --accumulate-allreduce-grads-in-fp32 --use-distributed-optimizer") / states("--fp16"), 12.0 / 16.0);
+}
+
 // plan --precision fp32 searches and writes fp32 (what pipeflow train runs).
 TEST(PlanCommand, Fp32IsSearchedAndWrittenWhenAsked) {
   const std::string dir = make_temp_dir();

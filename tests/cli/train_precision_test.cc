@@ -1,7 +1,9 @@
 // pipeflow train in bf16 and fp16, end to end: a bf16 run ends near the fp32
 // run of the same seed; an fp16 run whose loss scale overflows on purpose
 // skips those steps, lowers the scale, recovers and trains; its checkpoint
-// says the precision and carries the scale, and a resumed run continues it.
+// says the precision and carries the scale, and a resumed run continues it;
+// a bf16 run's checkpoint holds fp32 master weights and resumes as fp32, and
+// an fp32 run's resumes as bf16.
 
 #include <gtest/gtest.h>
 
@@ -132,6 +134,38 @@ TEST(TrainPrecision, AnFp16RunThatOverflowsSkipsLowersTheScaleAndRecovers) {
   train(dir, "static", 32, R"("fp16": {"enabled": true, "loss_scale": 128},)",
         "--resume " + dir + "/fp16/checkpoints/step_30.safetensors");
   EXPECT_EQ(metrics(dir + "/static").front().at("loss_scale").get<double>(), 128);
+  std::filesystem::remove_all(dir);
+}
+
+// Resumed at step 5 in the other precision, each run goes on from the
+// checkpoint's state: its first step's loss is the uninterrupted runs' at
+// step 5 (4.868 in both precisions; a run that started afresh would read
+// 5.54), in the precision the resumed run's configuration gives. The
+// checkpoint holds fp32 master weights and moments and says the precision
+// of the run that wrote it.
+TEST(TrainPrecision, ABf16CheckpointResumesAsFp32AndTheReverse) {
+  const std::string dir = make_temp_dir();
+  const std::string every_5 = R"("checkpoint": {"interval": 5},)";
+  const std::string bf16 = every_5 + R"("bf16": {"enabled": true},)";
+  train(dir, "bf16", 10, bf16);
+  train(dir, "fp32", 10, every_5);
+  const nn::SafetensorsFile checkpoint = nn::SafetensorsFile::read(dir + "/bf16/checkpoints/step_5.safetensors");
+  EXPECT_EQ(checkpoint.metadata("precision"), "bf16");
+  for (const std::string& name : checkpoint.names()) {
+    EXPECT_EQ(checkpoint.entry(name).dtype, nn::Dtype::kF32) << name << ": master weights and moments in fp32";
+  }
+  train(dir, "as-fp32", 10, every_5, "--resume " + dir + "/bf16/checkpoints/step_5.safetensors");
+  train(dir, "as-bf16", 10, bf16, "--resume " + dir + "/fp32/checkpoints/step_5.safetensors");
+  const double at_5 = metrics(dir + "/fp32")[5].at("loss").get<double>();
+  for (const std::string name : {"as-fp32", "as-bf16"}) {
+    const std::vector<nlohmann::json> rows = metrics(dir + "/" + name);
+    ASSERT_EQ(rows.size(), 5u) << name;
+    EXPECT_EQ(rows.front().at("step").get<int>(), 5) << name;
+    EXPECT_NEAR(rows.front().at("loss").get<double>(), at_5, 2e-3) << name;
+    EXPECT_LT(rows.back().at("loss").get<double>(), rows.front().at("loss").get<double>()) << name;
+  }
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/as-fp32/run_config.json"))["bf16"]["enabled"], false);
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/as-bf16/run_config.json"))["bf16"]["enabled"], true);
   std::filesystem::remove_all(dir);
 }
 

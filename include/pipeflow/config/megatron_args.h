@@ -35,7 +35,10 @@ namespace pipeflow {
 //           --recompute-granularity (full, selective) with
 //           --recompute-method and --recompute-num-layers.
 //   batch:  --micro-batch-size, --global-batch-size, --seq-length.
-//   numerics and optimizer: --bf16, --fp16, --loss-scale (static; absent:
+//   numerics and optimizer: --bf16, --fp16,
+//           --accumulate-allreduce-grads-in-fp32 (on by itself under
+//           --bf16: gradients held in fp32, 6 + 12/d bytes a parameter
+//           under the distributed optimizer), --loss-scale (static; absent:
 //           dynamic), --initial-loss-scale (default 2^32, a power of two),
 //           --min-loss-scale,
 //           --loss-scale-window, --hysteresis, --lr, --weight-decay,
