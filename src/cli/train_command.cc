@@ -72,12 +72,30 @@ class StopSignals {
   std::array<struct sigaction, 2> previous_{};
 };
 
+// A vision-language run: its last step's time, the held-out captions and one of them.
+void print_captions(const runtime::TrainOutcome& outcome, const runtime::TrainSettings& settings) {
+  const runtime::StepLog& last = outcome.log.back();
+  const nn::CaptionScore& captions = *outcome.captions;
+  fmt::print("last step: {}, {:.0f} tokens/s\n", format_seconds(last.step_time_s), last.tokens_per_s);
+  fmt::print("held-out captions: {} right of {} (chance {:g} of {}, 1 in {:g})\n", captions.right, captions.images,
+             captions.images * nn::CaptionScore::kChance, captions.images, 1 / nn::CaptionScore::kChance);
+  fmt::print("held-out image 0, \"{}\": captioned \"{}\"\n", runtime::printable(captions.expected),
+             runtime::printable(captions.generated));
+  std::string files;
+  for (const auto& file : outcome.files) files += (files.empty() ? "" : ", ") + file.filename().string();
+  fmt::print("wrote {}/{}\n", settings.out_dir.string(), files);
+}
+
 void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSettings& settings) {
   const runtime::StepLog& first = outcome.log.front();
   const runtime::StepLog& last = outcome.log.back();
   const char* label = settings.emulate ? " (emulated)" : "";
   fmt::print("trained {} steps: loss {:.4f} -> {:.4f}, validation loss {:.4f}\n", outcome.log.size(), first.loss,
              last.loss, last.val_loss.value_or(last.loss));
+  if (outcome.captions) {
+    print_captions(outcome, settings);
+    return;
+  }
   fmt::print("last step{}: {}, {:.0f} tokens/s; bubble {} (predicted {})\n", label, format_seconds(last.step_time_s),
              last.tokens_per_s, format_percent(last.bubble_measured), format_percent(last.bubble_predicted));
   fmt::print("sample:\n{}\n", runtime::printable(outcome.sample));
@@ -106,11 +124,6 @@ void print_review(const ResolvedRun& resolved) {
 
 void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   const RunConfig config = load_run_config(c.config, c.flags.overrides());
-  if (!config.training.trains_everything()) {
-    fail("{}: freeze / lora: pipeflow train trains every weight; simulate and plan price frozen layers and LoRA. "
-         "Remove freeze and lora to train",
-         config.source);
-  }
   const bool reporter = mpi == nullptr || mpi->rank() == 0;  // before the group exists: notes on the configuration
   if (reporter) print_config_notes(config);
   // A weights file or checkpoint carries the model's shape: the configuration may leave model out.
@@ -145,7 +158,9 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   }
   if (reporter) print_summary(outcome, settings);
   if (outcome.stop_signal != 0) {
-    if (reporter) {
+    if (reporter && outcome.captions) {  // a vision-language run writes no checkpoint
+      fmt::print(stderr, "pipeflow: stopped by signal {} after {} steps\n", outcome.stop_signal, outcome.log.size());
+    } else if (reporter) {
       fmt::print(stderr, "pipeflow: stopped by signal {}: resume with --resume {}\n", outcome.stop_signal,
                  settings.checkpoint_dir.string());
     }
@@ -163,7 +178,8 @@ void run(const TrainCommand& c) {
 void add_train_command(CLI::App& app) {
   auto c = std::make_shared<TrainCommand>();
   CLI::App* sub = app.add_subcommand(
-      "train", "Train a GPT-2 or a Llama with a pipeline schedule on one worker thread per rank; report measured vs predicted");
+      "train", "Train a GPT-2, a Llama or the small vision-language model with a pipeline schedule on one worker thread per "
+      "rank; report measured vs predicted");
   c->app = sub;
   sub->add_option("--config", c->config, "Run configuration JSON (DeepSpeed's keys and pipeflow's; see examples/)")
       ->required();

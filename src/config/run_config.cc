@@ -167,6 +167,41 @@ SchedulerConfig read_scheduler(const Config& config) {
   return s;
 }
 
+// The small vision tower pipeflow trains (nn/vision_language_model.h), in
+// the inline GPT's key names: a ViT of GPT-2 blocks (MLP 4 x n_embd) over
+// the patches of one RGB image, no class token.
+VisionSpec read_inline_vision(const Config& section) {
+  const auto required = [&](std::string_view key, std::string_view what) {
+    if (!section.has(key)) section.fail_value(key, fmt::format("is required: {}", what));
+    return positive(section, key, 1, what);
+  };
+  const int layers = required("n_layer", "the vision tower's blocks");
+  const int heads = required("n_head", "the vision tower's attention heads");
+  const int hidden = required("n_embd", "the vision tower's width");
+  const int image_size = required("image_size", "pixels per side of the square image");
+  const int patch_size = required("patch_size", "pixels per side of a patch");
+  if (hidden % heads != 0) {
+    section.fail_value("n_embd", fmt::format("must be a multiple of n_head ({}): the tower splits its width into "
+                                             "equal heads",
+                                             heads));
+  }
+  if (image_size % patch_size != 0) {
+    section.fail_value("image_size", fmt::format("must be a multiple of patch_size ({}): the image is cut into "
+                                                 "whole patches",
+                                                 patch_size));
+  }
+  return VisionSpec{.layers = layers,
+                    .hidden = hidden,
+                    .heads = heads,
+                    .ffn = gpt_ffn(hidden),
+                    .image_size = image_size,
+                    .patch_size = patch_size,
+                    .channels = 3,
+                    .class_token = false,
+                    .drop_class_token = false,
+                    .images = 1};
+}
+
 ModelSpec read_inline_model(const Config& section) {
   const auto required = [&](std::string_view key, std::string_view what) {
     if (!section.has(key)) section.fail_value(key, fmt::format("is required: {}", what));
@@ -182,7 +217,9 @@ ModelSpec read_inline_model(const Config& section) {
                                              "into equal heads",
                                              heads));
   }
-  return gpt_model(fmt::format("gpt-{}x{}", layers, hidden), layers, hidden, heads, vocab, context);
+  ModelSpec spec = gpt_model(fmt::format("gpt-{}x{}", layers, hidden), layers, hidden, heads, vocab, context);
+  if (section.has("vision")) spec.vision = read_inline_vision(section.object("vision"));
+  return spec;
 }
 
 void read_model(const Config& config, RunConfig& run) {
@@ -370,8 +407,14 @@ Json model_to_json(const RunConfig& run) {
   if (run.model_source != "inline") return run.model_source;
   const ModelSpec& m = *run.model;
   if (m.architecture == Architecture::kLlama) return llama_hf_config(m);
-  return Json{{"n_layer", m.layers}, {"n_head", m.heads}, {"n_embd", m.hidden}, {"n_ctx", m.max_positions},
-              {"vocab_size", m.vocab}};
+  Json json{{"n_layer", m.layers}, {"n_head", m.heads}, {"n_embd", m.hidden}, {"n_ctx", m.max_positions},
+            {"vocab_size", m.vocab}};
+  if (m.vision && !m.vision->class_token) {  // read_inline_vision's tower
+    const VisionSpec& v = *m.vision;
+    json["vision"] = Json{{"n_layer", v.layers}, {"n_head", v.heads}, {"n_embd", v.hidden},
+                          {"image_size", v.image_size}, {"patch_size", v.patch_size}};
+  }
+  return json;
 }
 
 Json scheduler_to_json(const SchedulerConfig& s) {

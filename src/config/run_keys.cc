@@ -121,9 +121,9 @@ constexpr std::array kRunKeys = {
     RunKey{"comm_mode", "--comm", "", kString, "overlapped | blocking", "\"overlapped\"",
            "Stage-to-stage sends: overlapped or blocking", kAll, true},
     RunKey{"freeze", "--freeze", "", kList, "glob patterns over layer names, e.g. [\"vision.*\"]", "[]",
-           "Frozen layers: no W, gradients, optimizer state or reduction (simulate, plan; train refuses)", kAll},
+           "Frozen layers: no W, gradients, optimizer state or reduction (simulate, plan; train: the vision encoder)", kAll},
     RunKey{"lora", "--lora", "", kObject, "{r >= 1, alpha > 0 (2r), target: [matrix names], train: [patterns]}", "",
-           "LoRA adapters on the LM blocks' matrices; other weights frozen but train's patterns (simulate, plan)",
+           "LoRA adapters on the LM blocks' matrices; other weights frozen but train's patterns (simulate, plan; train: c_attn of the VLM)",
            kAll},
 };
 

@@ -640,6 +640,19 @@ std::vector<std::string> greedy_captions(BasicVlmStage<float>& model, const Tens
   return captions;
 }
 
+CaptionScore score_captions(BasicVlmStage<float>& model, const ShapeCaptions& data, int images) {
+  const ShapeCaptions::Batch batch = data.batch(Split::kValidation, 0, 0, images);
+  const std::vector<std::string> captions =
+      greedy_captions(model, batch.images, ShapeCaptions::kStartToken, ShapeCaptions::kCaptionBytes);
+  CaptionScore score{.right = 0, .images = images, .expected = "", .generated = captions.front()};
+  for (int i = 0; i < images; ++i) {
+    const std::string expected = ShapeCaptions::caption(data.sample(Split::kValidation, 0, i));
+    score.right += captions[static_cast<std::size_t>(i)] == expected;
+    if (i == 0) score.expected = expected;
+  }
+  return score;
+}
+
 // --- Gradients ---
 
 template <class T>

@@ -134,8 +134,28 @@ TEST(RunConfig, EveryTrainingExampleReadsAndRoundTrips) {
     EXPECT_EQ(again.model->tied_embeddings, resolved.model.tied_embeddings);
     EXPECT_EQ(again.model->llama.rope_theta, resolved.model.llama.rope_theta);
     EXPECT_EQ(again.model->llama.rms_norm_eps, resolved.model.llama.rms_norm_eps);
+    EXPECT_EQ(again.model->vision, resolved.model.vision);
   }
-  EXPECT_GE(examples, 7);
+  EXPECT_GE(examples, 8);
+}
+
+// The small vision-language model inline: a GPT with a vision part in the
+// same key names (a ViT of GPT-2 blocks, no class token, one RGB image).
+TEST(RunConfig, AnInlineModelMayHaveAVisionTower) {
+  const RunConfig run = parse(R"({"model": {"n_layer": 2, "n_head": 4, "n_embd": 32, "n_ctx": 34,
+      "vision": {"n_layer": 1, "n_head": 2, "n_embd": 16, "image_size": 16, "patch_size": 4}}})");
+  ASSERT_TRUE(run.model && run.model->vision);
+  const VisionSpec& v = *run.model->vision;
+  EXPECT_EQ(v, (VisionSpec{.layers = 1, .hidden = 16, .heads = 2, .ffn = 64, .image_size = 16, .patch_size = 4,
+                           .channels = 3, .class_token = false, .drop_class_token = false, .images = 1}));
+  EXPECT_EQ(image_tokens(v), 16);
+  EXPECT_EQ(parse_error(R"({"model": {"n_layer": 2, "n_head": 4, "n_embd": 32, "n_ctx": 34,
+      "vision": {"n_layer": 1, "n_head": 2, "n_embd": 16, "image_size": 16, "patch_size": 5}}})"),
+            "run.json: model.vision.image_size = 16: must be a multiple of patch_size (5): the image is cut into whole "
+            "patches");
+  EXPECT_EQ(parse_error(R"({"model": {"n_layer": 2, "n_head": 4, "n_embd": 32, "n_ctx": 34,
+      "vision": {"n_layer": 1, "n_head": 2, "n_embd": 16, "image_size": 16}}})"),
+            "run.json: model.vision.patch_size = (absent): is required: pixels per side of a patch");
 }
 
 TEST(RunConfig, DefaultsAreDeepSpeedsAndPipeflows) {

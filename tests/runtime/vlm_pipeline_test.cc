@@ -32,7 +32,7 @@ std::vector<double> train(const std::vector<nn::LayerRange>& stages, const Sched
   pipeline.init_parameters(11);
   const nn::ShapeCaptions data(4);
   std::vector<double> losses;
-  for (int step = 0; step < steps; ++step) losses.push_back(pipeline.step(data, step, 1e-2));
+  for (int step = 0; step < steps; ++step) losses.push_back(pipeline.step(data, step, 1e-2).loss);
   return losses;
 }
 

@@ -71,7 +71,10 @@ namespace pipeflow {
 //                                        and, if given, must agree; schedule must be absent
 //                 virtual_stages 1}      model chunks per rank v
 //   model        a preset name, a Hugging Face config.json path, or the small GPT
-//                {n_layer, n_head, n_embd, n_ctx (required), vocab_size 256}; may be left out
+//                {n_layer, n_head, n_embd, n_ctx (required), vocab_size 256}, with an optional
+//                vision tower in front of it (the small vision-language model pipeflow trains:
+//                vision {n_layer, n_head, n_embd, image_size, patch_size (required)}, a ViT of
+//                GPT-2 blocks over one RGB image's patches, no class token); may be left out
 //                when a weights file or checkpoint gives the shape (resolve())
 //   data         {path "..." or paths [...] (default: the fortunes corpus), validation_fraction 0.1}
 //   steps 100, seed 1234, eval_interval 10 (0: after the last step only), out_dir "runs/pipeflow"
@@ -95,7 +98,8 @@ namespace pipeflow {
 //   seq_length            tokens per sequence (default: the model's context)
 //   comm_mode "overlapped" | "blocking"
 // and what trains (model/training.h; simulate and plan price it, train
-// refuses it):
+// runs what its vision-language model can and refuses it for a language
+// model, runtime/run_settings.h):
 //   freeze []             glob patterns over pipeline layer names ("vision.*")
 //   lora                  {r, alpha, target: [matrix names], train: [patterns]}
 //

@@ -14,6 +14,7 @@
 #include "pipeflow/nn/parameter_layout.h"
 #include "pipeflow/nn/patch_embedding.h"
 #include "pipeflow/nn/projector.h"
+#include "pipeflow/nn/shape_captions.h"
 #include "pipeflow/nn/transformer_block.h"
 #include "pipeflow/tensor/buffer_pool.h"
 #include "pipeflow/tensor/memory_account.h"
@@ -285,6 +286,18 @@ class BasicVlmStage {
 // `start`, each next byte the most likely one, `bytes` of them per image.
 std::vector<std::string> greedy_captions(BasicVlmStage<float>& model, const Tensor& images, std::int32_t start,
                                          int bytes);
+
+// Greedy captions of held-out images (samples 0 … images − 1 of the
+// validation split's step 0) by a whole model against their captions.
+struct CaptionScore {
+  int right = 0;  // captions equal to the image's, byte for byte
+  int images = 0;
+  // A model blind to the image: one of the 4 colours × 4 shapes, 1/16.
+  static constexpr double kChance = 1.0 / (ShapeCaptions::kColours.size() * ShapeCaptions::kShapes.size());
+  std::string expected;   // the first image's caption
+  std::string generated;  // and the model's
+};
+CaptionScore score_captions(BasicVlmStage<float>& model, const ShapeCaptions& data, int images);
 
 using VlmStage = BasicVlmStage<float>;
 using VlmState = BasicVlmState<float>;

@@ -12,7 +12,13 @@ namespace pipeflow::runtime {
 // `pipeflow simulate`) as training settings: a projection. What the runtime
 // cannot train is an Error naming the key and what to use instead: a model
 // nn does not run (runtime_model in stage_partition.h), tensor parallelism,
-// ZeRO past stage 1, blocking sends, selective recompute.
+// ZeRO past stage 1, blocking sends, selective recompute, freeze and lora
+// on a language model. A model with a vision tower gives
+// TrainSettings::vision_language (runtime_vlm_model), with freeze and lora
+// as it trains them (the whole encoder frozen or not; LoRA on every LM
+// block's c_attn, the projector trained) and refuses the rest by key:
+// tensor and data parallelism, bf16/fp16, recompute, checkpoints, data
+// paths, a seq_length other than its image tokens + 18 caption bytes.
 TrainSettings train_settings(const ResolvedRun& run);
 
 // The optimizer and the learning rate of each step that the configuration's

@@ -6,6 +6,7 @@
 #include "pipeflow/model/model_spec.h"
 #include "pipeflow/model/partition.h"
 #include "pipeflow/nn/model_config.h"
+#include "pipeflow/nn/vision_language_model.h"
 
 namespace pipeflow::runtime {
 
@@ -19,6 +20,13 @@ namespace pipeflow::runtime {
 // rope_scaling type other than llama3.
 ModelSpec model_spec(const nn::ModelConfig& config, std::string name = "");
 nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source);
+// The small vision-language model nn trains (nn/vision_language_model.h) of
+// a spec with a vision tower: the run configuration's inline
+// {..., vision {...}} (no class token, MLP 4 x width, one RGB image of the
+// shape captions' 16 x 16 pixels) in front of a GPT-2 that runtime_model
+// runs; an Error naming `source`, the field, the value and what nn runs
+// otherwise (a LLaVA config.json's CLIP tower among them).
+nn::VlmConfig runtime_vlm_model(const ModelSpec& spec, const std::string& source);
 
 // The layer boundaries (stages + 1 of them, see model/partition.h) that
 // `method` gives for the model run in float32 with micro-batches of

@@ -11,6 +11,7 @@
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/model/partition.h"
 #include "pipeflow/nn/model_config.h"
+#include "pipeflow/nn/vision_language_model.h"
 #include "pipeflow/runtime/engine_options.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/schedule.h"
@@ -22,8 +23,24 @@ class RankGroup;
 
 // Everything a training run needs, as plain values (`pipeflow train` fills
 // them from the run configuration and the command line).
+// A vision-language model to train instead of a language model
+// (runtime_vlm_model), on the generated shape captions (nn/shape_captions.h,
+// seeded by TrainSettings::seed): its spec (the layers the partition cuts),
+// nn's shape and what trains (the configuration's freeze and lora, as
+// run_settings.h maps them).
+struct VisionLanguageSettings {
+  ModelSpec spec;
+  nn::VlmConfig config;
+  bool freeze_vision = false;
+  std::optional<nn::LoraOptions> lora = std::nullopt;
+  int caption_images = 64;  // held-out images captioned at the end
+};
+
 struct TrainSettings {
   nn::ModelConfig model;
+  // Set: the model is this vision-language model (`model` is its language
+  // model); see train() for what such a run writes.
+  std::optional<VisionLanguageSettings> vision_language = std::nullopt;
   // What runs (ResolvedRun::schedule): its ranks p, chunks per rank v and
   // micro-batches per step and replica m.
   Schedule schedule = make_schedule("1f1b", 1, 1);
@@ -79,6 +96,10 @@ struct TrainSettings {
 
 // One line of metrics.jsonl.
 struct StepLog {
+  // false: the step was timed as a whole, not action by action (a
+  // vision-language model's run): no bubble, prediction or per-rank figures,
+  // which metrics.jsonl and the progress lines then leave out.
+  bool traced = true;
   std::int64_t step = 0;
   double loss = 0;
   double lr = 0;
@@ -131,7 +152,8 @@ struct StepLog {
 
 struct TrainOutcome {
   std::vector<StepLog> log;
-  std::string sample;  // generated text at the end
+  std::string sample;  // generated text at the end (a vision-language model: the first held-out image's caption)
+  std::optional<nn::CaptionScore> captions = std::nullopt;  // a vision-language model's held-out captions
   std::vector<std::filesystem::path> files;  // what was written to out_dir
   int stop_signal = 0;  // the signal `stop` held after the last step run, 0: none
 };

@@ -34,7 +34,7 @@ namespace pipeflow::runtime {
 class VlmPipeline {
  public:
   // `stages`: contiguous ranges covering the model, one per schedule stage;
-  // `schedule`: compute-only (a generator's), lowered here.
+  // `schedule`: compute-only (a generator's, lowered here) or lowered.
   VlmPipeline(const nn::VlmConfig& config, const std::vector<nn::LayerRange>& stages, const Schedule& schedule,
               int micro_batch, nn::VlmStageOptions options, nn::AdamWOptions adam);
   ~VlmPipeline();
@@ -42,10 +42,21 @@ class VlmPipeline {
   VlmPipeline& operator=(const VlmPipeline&) = delete;
 
   void init_parameters(std::uint64_t seed);
-  // One optimizer step on the data's step `step`; the mean loss of its micro-batches.
-  double step(const nn::ShapeCaptions& data, std::int64_t step, double lr);
+  // One optimizer step on the data's step `step`: the mean loss of its
+  // micro-batches and the global gradient norm (tied wte once) before
+  // clipping; with max_norm > 0 the gradients are clipped to it first
+  // (nn::clip_coefficient), as the engine's gradient_clipping.
+  struct StepResult {
+    double loss = 0;
+    double grad_norm = 0;
+  };
+  StepResult step(const nn::ShapeCaptions& data, std::int64_t step, double lr, double max_norm = 0);
   int num_stages() const { return static_cast<int>(stages_.size()); }
   nn::VlmStage& stage(int s) { return *stages_[static_cast<std::size_t>(s)]; }
+  const Schedule& schedule() const { return schedule_; }  // lowered
+  // The whole model in one stage (for captions, validation and saving):
+  // every stage's tensors, trained and frozen, by name.
+  std::unique_ptr<nn::VlmStage> assemble_model() const;
 
  private:
   struct Slot;

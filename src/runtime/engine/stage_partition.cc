@@ -4,6 +4,7 @@
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/model/pipeline_layers.h"
+#include "pipeflow/nn/shape_captions.h"
 
 namespace pipeflow::runtime {
 
@@ -36,8 +37,8 @@ ModelSpec model_spec(const nn::ModelConfig& config, std::string name) {
 
 nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source) {
   if (spec.vision) {
-    fail("{}: model {} is a vision-language model: pipeflow train runs language models (GPT-2, Llama); simulate "
-         "and plan price it, or train its language model alone",
+    fail("{}: model {} is a vision-language model: nn runs it as nn::VlmConfig (runtime_vlm_model), not as a "
+         "language model",
          source, spec.name);
   }
   nn::ModelConfig config{.vocab_size = spec.vocab,
@@ -76,6 +77,39 @@ nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source) 
                              .original_context = n.rope_original_context};
     }
   }
+  try {
+    config.validate();
+  } catch (const Error& error) {
+    fail("{}: model {}: {}", source, spec.name, error.what());
+  }
+  return config;
+}
+
+nn::VlmConfig runtime_vlm_model(const ModelSpec& spec, const std::string& source) {
+  if (!spec.vision) fail("{}: model {} has no vision tower: it is a language model", source, spec.name);
+  const VisionSpec& v = *spec.vision;
+  const auto refuse = [&](std::string_view what) {
+    fail("{}: model {} has {}: pipeflow train's vision-language model is a ViT of GPT-2 blocks (MLP 4 x width, no "
+         "class token) over the patches of one 16 x 16 RGB image of the generated shape captions, before a GPT-2; "
+         "give the model inline as {{\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", \"vision\": {{\"n_layer\", "
+         "\"n_head\", \"n_embd\", \"image_size\": 16, \"patch_size\"}}}} (simulate and plan price any LLaVA)",
+         source, spec.name, what);
+  };
+  if (v.class_token) refuse("a class token in its vision tower (CLIP's)");
+  if (v.ffn != gpt_ffn(v.hidden)) refuse(fmt::format("a vision MLP of {} (not 4 x {})", v.ffn, v.hidden));
+  if (v.channels != nn::ShapeCaptions::kChannels) refuse(fmt::format("images of {} channels", v.channels));
+  if (v.image_size != nn::ShapeCaptions::kImageSize) refuse(fmt::format("vision image_size = {}", v.image_size));
+  if (v.images != 1) refuse(fmt::format("{} images per sequence", v.images));
+  ModelSpec text = spec;
+  text.vision.reset();
+  if (text.architecture != Architecture::kGpt) refuse("a Llama language model");
+  nn::VlmConfig config{.vision = {.geometry = {.image_size = v.image_size,
+                                               .patch_size = v.patch_size,
+                                               .channels = v.channels},
+                                  .width = v.hidden,
+                                  .heads = v.heads,
+                                  .layers = v.layers},
+                       .text = runtime_model(text, source)};
   try {
     config.validate();
   } catch (const Error& error) {

@@ -2,13 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <mutex>
 #include <thread>
 #include <utility>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/nn/gradient_clipping.h"
 #include "pipeflow/runtime/in_process_transport.h"
 #include "pipeflow/schedule/passes.h"
 
@@ -175,7 +178,9 @@ class VlmPipeline::Rank {
 VlmPipeline::VlmPipeline(const nn::VlmConfig& config, const std::vector<nn::LayerRange>& stages,
                          const Schedule& schedule, int micro_batch, nn::VlmStageOptions options,
                          nn::AdamWOptions adam)
-    : config_(config), schedule_(insert_send_recv(schedule)), micro_batch_(micro_batch) {
+    : config_(config),
+      schedule_(schedule.has_communication() ? schedule : insert_send_recv(schedule)),
+      micro_batch_(micro_batch) {
   if (static_cast<int>(stages.size()) != schedule.num_stages()) {
     fail("vlm pipeline: {} layer ranges for a schedule of {} stages: give one range per stage", stages.size(),
          schedule.num_stages());
@@ -209,7 +214,23 @@ void VlmPipeline::init_parameters(std::uint64_t seed) {
   for (auto& st : stages_) st->init_parameters(seed);
 }
 
-double VlmPipeline::step(const nn::ShapeCaptions& data, std::int64_t step, double lr) {
+std::unique_ptr<nn::VlmStage> VlmPipeline::assemble_model() const {
+  nn::VlmStageOptions options = stages_.front()->options();
+  options.name = "the whole model";
+  auto whole = std::make_unique<nn::VlmStage>(config_, nn::LayerRange{0, config_.pipeline_layers()}, options);
+  for (const auto& st : stages_) {
+    for (const nn::ParameterLayout* layout : {&st->layout(), &st->frozen_layout()}) {
+      for (const nn::ParameterInfo& info : layout->entries()) {
+        const auto from = std::as_const(*st).parameter(info.name);
+        std::copy(from.begin(), from.end(), whole->parameter(info.name).begin());
+      }
+    }
+  }
+  return whole;
+}
+
+VlmPipeline::StepResult VlmPipeline::step(const nn::ShapeCaptions& data, std::int64_t step, double lr,
+                                          double max_norm) {
   const int m = schedule_.num_microbatches();
   for (auto& st : stages_) st->zero_gradients();
   std::vector<std::vector<Slot>> slots(stages_.size());
@@ -241,10 +262,19 @@ double VlmPipeline::step(const nn::ShapeCaptions& data, std::int64_t step, doubl
     st->add_tied_gradient(theirs);
     last.add_tied_gradient(mine);
   }
+  double square_sum = 0;
+  for (const auto& st : stages_) square_sum += st->gradient_square_sum();
+  StepResult result{.loss = 0, .grad_norm = std::sqrt(square_sum)};
+  if (const double coefficient = nn::clip_coefficient(result.grad_norm, max_norm); coefficient != 1) {
+    const auto factor = static_cast<float>(coefficient);  // as nn::Stage::scale_gradients
+    for (auto& st : stages_) {
+      for (float& g : st->gradients()) g *= factor;
+    }
+  }
   for (auto& optimizer : optimizers_) optimizer->step(lr);
-  double total = 0;
-  for (const double loss : losses) total += loss;
-  return total / m;
+  for (const double loss : losses) result.loss += loss;
+  result.loss /= m;
+  return result;
 }
 
 }  // namespace pipeflow::runtime

@@ -13,15 +13,8 @@
 namespace pipeflow::runtime {
 namespace {
 
-nlohmann::ordered_json to_json(const StepLog& log) {
-  nlohmann::ordered_json json;
-  json["step"] = log.step;
-  json["loss"] = log.loss;
-  json["lr"] = log.lr;
-  json["grad_norm"] = log.grad_norm;
-  json["step_time_s"] = log.step_time_s;
-  json["step_time_predicted_s"] = log.step_time_predicted_s;
-  json["tokens_per_s"] = log.tokens_per_s;
+// A traced step's (StepLog::traced) prediction and figures per rank.
+void add_trace_figures(const StepLog& log, nlohmann::ordered_json& json) {
   json["tokens_per_s_predicted"] = log.tokens_per_s_predicted;
   json["bubble_measured"] = log.bubble_measured;
   json["bubble_predicted"] = log.bubble_predicted;
@@ -41,6 +34,18 @@ nlohmann::ordered_json to_json(const StepLog& log) {
   }
   json["peak_activation_bytes"] = log.peak_activation_bytes;
   json["peak_activation_bytes_predicted"] = log.peak_activation_bytes_predicted;
+}
+
+nlohmann::ordered_json to_json(const StepLog& log) {
+  nlohmann::ordered_json json;
+  json["step"] = log.step;
+  json["loss"] = log.loss;
+  json["lr"] = log.lr;
+  json["grad_norm"] = log.grad_norm;
+  json["step_time_s"] = log.step_time_s;
+  if (log.traced) json["step_time_predicted_s"] = log.step_time_predicted_s;
+  json["tokens_per_s"] = log.tokens_per_s;
+  if (log.traced) add_trace_figures(log, json);
   if (log.val_loss) json["val_loss"] = *log.val_loss;
   if (log.skipped) json["skipped"] = true;
   if (log.loss_scale) json["loss_scale"] = *log.loss_scale;

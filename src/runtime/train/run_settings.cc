@@ -1,5 +1,8 @@
 #include "pipeflow/runtime/run_settings.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <filesystem>
 
 #include "pipeflow/core/error.h"
@@ -7,6 +10,9 @@
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/runtime/stage_partition.h"
+#include "pipeflow/model/pipeline_layers.h"
+#include "pipeflow/model/training.h"
+#include "pipeflow/nn/shape_captions.h"
 
 namespace pipeflow::runtime {
 
@@ -31,6 +37,97 @@ nn::LrSchedule lr_schedule(const SchedulerConfig& s, double optimizer_lr) {
   }
   return nn::LrSchedule::constant(optimizer_lr);
 }
+
+namespace {
+
+// freeze and lora as the vision-language model trains them
+// (nn::VlmStageOptions): the whole vision encoder frozen or none of it, the
+// projector trained, and under LoRA every language-model block's c_attn
+// adapted with the rest of the language model frozen. The layers
+// apply_training freezes must be those.
+void set_vision_language_training(VisionLanguageSettings& vl, const ResolvedRun& resolved) {
+  const TrainingSpec& training = resolved.config.training;
+  if (training.trains_everything()) return;
+  const std::string& source = resolved.config.source;
+  const ParallelConfig parallel{.micro_batch = resolved.batch.micro, .seq_length = resolved.seq_length,
+                                .bytes_per_element = 4};
+  std::vector<PipelineLayer> layers = pipeline_layers(vl.spec, parallel);
+  try {
+    apply_training(layers, vl.spec, parallel, training);
+  } catch (const Error& error) {
+    fail("{}: {}", source, error.what());
+  }
+  vl.freeze_vision = layers.front().frozen;
+  if (training.lora) {
+    const LoraSpec& lora = *training.lora;
+    if (lora.targets != std::vector<std::string>{"c_attn"}) {
+      fail("{}: lora.target = [{}]: pipeflow train's vision-language model adapts GPT-2's fused attention input "
+           "c_attn alone; set lora.target to [\"c_attn\"]",
+           source, fmt::join(lora.targets, ", "));
+    }
+    vl.lora = nn::LoraOptions{.r = lora.rank, .alpha = lora.alpha};
+  }
+  const int projector = vl.config.projector_layer();
+  for (int i = 0; i < static_cast<int>(layers.size()); ++i) {
+    const PipelineLayer& layer = layers[static_cast<std::size_t>(i)];
+    const bool frozen = i < projector ? vl.freeze_vision : i > projector && vl.lora.has_value();
+    const bool adapted = vl.lora && layer.kind == LayerKind::kBlock;
+    if (layer.frozen == frozen && (!adapted || layer.trainable_parameters > 0)) continue;
+    fail("{}: freeze [{}]{}: layer {} would be {}: pipeflow train's vision-language model freezes its whole vision "
+         "encoder or none of it (freeze [\"vision.*\"]), always trains the projector, and under LoRA adapts every "
+         "language-model block's c_attn with the rest of the language model frozen (lora.train [\"projector\"], "
+         "\"vision.*\" too to train the encoder); change the patterns",
+         source, fmt::join(training.freeze, ", "),
+         training.lora ? fmt::format(", lora.train [{}]", fmt::join(training.lora->train, ", ")) : "", layer.name,
+         layer.frozen ? "frozen" : "trained");
+  }
+}
+
+// What pipeflow train runs of a vision-language model, and what it refuses
+// (naming the key): the model one process trains on threads, in fp32,
+// without recomputation or checkpoints, on its generated data.
+VisionLanguageSettings vision_language_settings(const ResolvedRun& resolved) {
+  const RunConfig& run = resolved.config;
+  const std::string& source = run.source;
+  const auto refuse = [&](std::string_view key_and_value, std::string_view fix) {
+    fail("{}: {}: pipeflow train runs a vision-language model {}", source, key_and_value, fix);
+  };
+  if (run.tensor_parallel > 1) {
+    refuse(fmt::format("tensor_parallel = {}", run.tensor_parallel),
+           "with its stages whole; set tensor_parallel to 1 (simulate and plan price it split)");
+  }
+  if (run.data_parallel > 1) {
+    refuse(fmt::format("data_parallel = {}", run.data_parallel),
+           "as one pipeline; set data_parallel to 1 (simulate and plan price replicas)");
+  }
+  if (run.precision != Precision::kFp32) {
+    refuse(fmt::format("{}.enabled = true", to_string(run.precision)), "in fp32; remove the section");
+  }
+  if (run.pipeline.recompute_interval > 0) {
+    refuse(fmt::format("pipeline.activation_checkpoint_interval = {}", run.pipeline.recompute_interval),
+           "keeping every activation; set it to 0");
+  }
+  if (run.checkpoint.save_interval > 0 || !run.checkpoint.load.empty()) {
+    refuse("checkpoint.interval / checkpoint.load",
+           "from its initialisation to the end, writing its final weights only; remove checkpoint.interval and "
+           "checkpoint.load");
+  }
+  if (!run.data.paths.empty()) {
+    refuse("data.path", "on the shape captions it generates (nn/shape_captions.h); remove data.path and data.paths");
+  }
+  VisionLanguageSettings vl{.spec = resolved.model, .config = runtime_vlm_model(resolved.model, source)};
+  const int sequence = vl.config.vision.tokens() + nn::ShapeCaptions::kCaptionBytes;
+  if (resolved.seq_length != sequence) {
+    fail("{}: seq_length = {}{}: the vision-language model's sequence is its {} image tokens and a caption of {} "
+         "bytes; set seq_length to {}",
+         source, resolved.seq_length, run.seq_length > 0 ? "" : " (the model's n_ctx)", vl.config.vision.tokens(),
+         nn::ShapeCaptions::kCaptionBytes, sequence);
+  }
+  set_vision_language_training(vl, resolved);
+  return vl;
+}
+
+}  // namespace
 
 TrainSettings train_settings(const ResolvedRun& resolved) {
   const RunConfig& run = resolved.config;
@@ -61,11 +158,22 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
          source, to_string(*run.grad_accum_dtype));
   }
   TrainSettings s;
-  s.model = runtime_model(resolved.model, source);
-  try {
-    nn::validate_tensor_parallel(s.model, run.tensor_parallel);
-  } catch (const Error& error) {
-    fail("{}: {}", source, error.what());
+  if (resolved.model.vision) {
+    s.vision_language = vision_language_settings(resolved);
+    s.model = s.vision_language->config.text;
+  } else {
+    if (!run.training.trains_everything()) {
+      fail("{}: freeze / lora: pipeflow train trains every weight of a language model (it freezes layers and "
+           "trains LoRA adapters of its vision-language model); simulate and plan price frozen layers and LoRA. "
+           "Remove freeze and lora to train",
+           source);
+    }
+    s.model = runtime_model(resolved.model, source);
+    try {
+      nn::validate_tensor_parallel(s.model, run.tensor_parallel);
+    } catch (const Error& error) {
+      fail("{}: {}", source, error.what());
+    }
   }
   s.schedule = resolved.schedule;
   s.partition = run.pipeline.partition_method;

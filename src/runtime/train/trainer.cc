@@ -21,6 +21,7 @@
 #include "train/run_folders.h"
 #include "train/run_outputs.h"
 #include "train/skipped_steps.h"
+#include "train/vision_language_run.h"
 #include "pipeflow/runtime/stage_partition.h"
 #include "pipeflow/schedule/generators.h"
 
@@ -471,6 +472,16 @@ TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, con
     fail("--emulate replays one pipeline with one rank a stage: it cannot emulate data_parallel {} x "
          "tensor_parallel {}; drop --emulate (or run pipeline stages alone)",
          settings.engine.data_parallel, settings.engine.tensor_parallel);
+  }
+  if (settings.vision_language) {
+    // VlmPipeline runs its ranks on threads of its own (the rank group's
+    // threads and MPI processes run language models only).
+    if (group.spans_processes()) {
+      fail("{}: a vision-language model trains in one process (its pipeline ranks on threads): run pipeflow train "
+           "without mpirun",
+           settings.config_source);
+    }
+    return train_vision_language(settings, progress, stop);
   }
   Run run(settings, progress, stop, group);
   return run.run();
