@@ -673,6 +673,12 @@ double BasicVlmStage<T>::gradient_square_sum() const {
 }
 
 template <class T>
+void BasicVlmStage<T>::scale_gradients(double factor) {
+  const T f = static_cast<T>(factor);
+  for (T& g : grads_.span()) g *= f;
+}
+
+template <class T>
 void BasicVlmStage<T>::add_tied_gradient(std::span<const T> other) {
   auto mine = tied_gradient();
   if (other.size() != mine.size()) {

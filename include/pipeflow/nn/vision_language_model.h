@@ -214,6 +214,7 @@ class BasicVlmStage {
   void zero_gradients();
   // Σ g², the head's copy of the tied wte left out when the embedding is elsewhere.
   double gradient_square_sum() const;
+  void scale_gradients(double factor);
   // The LM's embedding and head on different stages, wte trained (not under LoRA).
   bool needs_tied_reduction() const { return !options_.lora && has_text_embedding() != has_head(); }
   std::span<T> tied_gradient() { return gradient("wte.weight"); }

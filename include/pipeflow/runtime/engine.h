@@ -112,7 +112,6 @@ struct StepResult {
 //
 // Thread safety: one thread drives the engine; stages may be read between
 // steps.
-class RankWorker;
 class PartsReduction;
 
 class PipelineEngine {

@@ -20,12 +20,13 @@ namespace pipeflow::runtime {
 // embedding loads the images of its micro-batch, the one holding the LM's
 // embedding the text tokens, the head's the targets.
 //
-// A step: the lowered schedule's actions on every rank (F, B, I, W, SEND,
-// RECV as PipelineEngine runs them, the last stage's backward scaled by
-// 1/m), then on the calling thread the tied wte's gradients summed across
-// its two stages and AdamW on each stage. Micro-batch j of step n is
-// samples j·b … (j+1)·b − 1 of the data's step n, so any cut and schedule
-// sees the same batches.
+// A step: the lowered schedule's actions on every rank by the engine's
+// worker (RankWorker, its VLM kind: StageTraits<nn::VlmStage>), one thread
+// per rank, the last stage's backward scaled by 1/m; then each rank's part
+// of the worker's flush: the tied wte's gradients summed across its two
+// stages, the global norm, clipping, AdamW on each stage. Micro-batch j of
+// step n is samples j·b … (j+1)·b − 1 of the data's step n, so any cut and
+// schedule sees the same batches.
 //
 // With freeze_vision the boundaries into the frozen encoder carry no
 // gradient; with LoRA the wte is frozen and no tied gradient is summed.
@@ -59,13 +60,6 @@ class VlmPipeline {
   std::unique_ptr<nn::VlmStage> assemble_model() const;
 
  private:
-  struct Slot;
-  // Whether the boundary after stage s carries a gradient back: not into a
-  // frozen encoder (its stages run no backward; their SEND_B and RECV_B
-  // move nothing).
-  bool carries_gradient(int s) const;
-  class Rank;
-
   nn::VlmConfig config_;
   Schedule schedule_;
   int micro_batch_;

@@ -16,8 +16,8 @@ namespace pipeflow::runtime {
 namespace {
 
 // After a wait that did not time out.
-RankWorker::Outcome outcome_of(WaitStatus status) {
-  return status == WaitStatus::kOk ? RankWorker::Outcome::kDone : RankWorker::Outcome::kAborted;
+WorkerOutcome outcome_of(WaitStatus status) {
+  return status == WaitStatus::kOk ? WorkerOutcome::kDone : WorkerOutcome::kAborted;
 }
 
 double dot(std::span<const float> a, std::span<const float> b) {
@@ -28,9 +28,63 @@ double dot(std::span<const float> a, std::span<const float> b) {
 
 }  // namespace
 
-RankWorker::RankWorker(const Schedule& schedule, RankId rank, std::span<nn::Stage* const> stages,
-                       std::span<nn::AdamW* const> optimizers, Transport& transport, const EngineOptions& options,
-                       Progress& progress)
+void StageTraits<nn::Stage>::load(nn::Stage& st, const Source& source, std::int64_t step, std::int64_t first,
+                                  int count, nn::StageInput& input) {
+  if (!st.has_embedding() && !st.has_head()) return;
+  nn::Batch batch = source.batch(step, first, count, st.allocator());
+  if (st.has_embedding()) input.tokens = std::move(batch.inputs);
+  if (st.has_head()) input.targets = std::move(batch.targets);
+}
+
+Shape StageTraits<nn::Stage>::message_shape(const nn::Stage& st, const EngineOptions& options, bool) {
+  return {options.micro_batch, st.positions_held(options.seq_length), st.config().n_embd};
+}
+
+// The rows of the stage's copy of the tied embedding: the vocabulary, or
+// its tensor-parallel rank's part of it.
+Shape StageTraits<nn::Stage>::tied_shape(const nn::Stage& st) {
+  return {st.layout().at(st.config().embedding_name()).shape[0], st.config().n_embd};
+}
+
+void StageTraits<nn::VlmStage>::load(nn::VlmStage& st, const Source& source, std::int64_t step, std::int64_t first,
+                                     int count, nn::VlmInput& input) {
+  if (!st.has_images() && !st.has_text_embedding() && !st.has_head()) return;
+  nn::ShapeCaptions::Batch batch = source.batch(nn::Split::kTrain, step, first, count, st.allocator());
+  if (st.has_images()) input.images = std::move(batch.images);
+  if (st.has_text_embedding()) input.tokens = std::move(batch.tokens);
+  if (st.has_head()) input.targets = std::move(batch.targets);
+}
+
+// The input of the stage's first layer (an activation), or of the layer
+// after its last (the gradient of its output).
+Shape StageTraits<nn::VlmStage>::message_shape(const nn::VlmStage& st, const EngineOptions& options, bool gradient) {
+  const nn::VlmConfig& c = st.config();
+  const int layer = gradient ? st.layers().last : st.layers().first;
+  if (layer <= c.projector_layer()) return {options.micro_batch, c.vision.tokens(), c.vision.width};
+  if (layer == c.embedding_layer()) return {options.micro_batch, c.vision.tokens(), c.text.n_embd};
+  return {options.micro_batch, options.seq_length, c.text.n_embd};
+}
+
+StageId StageTraits<nn::VlmStage>::embedding_stage(std::span<nn::VlmStage* const> stages) {
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    if (stages[s] != nullptr && stages[s]->has_text_embedding()) return StageId(static_cast<int>(s));
+  }
+  fail("no stage of this process holds the language model's embedding: a vision-language model's ranks run in "
+       "one process");
+}
+
+double StageTraits<nn::VlmStage>::square_sum(const nn::VlmStage& st, nn::OptimizerShard part) {
+  if (part.begin != 0 || part.end != st.layout().total()) {
+    fail("{} elements [{}, {}) of {}: a vision-language stage sums its whole gradient (no data parallelism)",
+         st.options().name, part.begin, part.end, st.layout().total());
+  }
+  return st.gradient_square_sum();
+}
+
+template <class StageT>
+BasicRankWorker<StageT>::BasicRankWorker(const Schedule& schedule, RankId rank, std::span<StageT* const> stages,
+                                         std::span<nn::AdamW* const> optimizers, Transport& transport,
+                                         const EngineOptions& options, Progress& progress)
     : schedule_(&schedule),
       rank_(rank),
       actions_(&schedule.actions(rank)),
@@ -39,7 +93,8 @@ RankWorker::RankWorker(const Schedule& schedule, RankId rank, std::span<nn::Stag
       own_(schedule.stages_of(rank)),
       transport_(&transport),
       options_(&options),
-      progress_(&progress) {
+      progress_(&progress),
+      embedding_stage_(Traits::embedding_stage(stages)) {
   const auto m = static_cast<std::size_t>(schedule.num_microbatches());
   slots_.resize(static_cast<std::size_t>(schedule.chunks_per_rank()) * m);
   losses_.assign(m, std::numeric_limits<double>::quiet_NaN());
@@ -50,34 +105,42 @@ RankWorker::RankWorker(const Schedule& schedule, RankId rank, std::span<nn::Stag
   record_.actions.reserve(actions_->size());
 }
 
-nn::Stage& RankWorker::stage(StageId s) const { return *stages_[static_cast<std::size_t>(s.value())]; }
+template <class StageT>
+StageT& BasicRankWorker<StageT>::stage(StageId s) const { return *stages_[static_cast<std::size_t>(s.value())]; }
 
-RankWorker::Slot& RankWorker::slot(StageId s, MicrobatchId j) {
+template <class StageT>
+typename BasicRankWorker<StageT>::Slot& BasicRankWorker<StageT>::slot(StageId s, MicrobatchId j) {
   const auto chunk = static_cast<std::size_t>(schedule_->chunk_of(s));
   return slots_[chunk * static_cast<std::size_t>(schedule_->num_microbatches()) + static_cast<std::size_t>(j.value())];
 }
 
-Deadline RankWorker::deadline() const { return deadline_after(options_->timeout); }
+template <class StageT>
+Deadline BasicRankWorker<StageT>::deadline() const { return deadline_after(options_->timeout); }
 
-double RankWorker::seconds_since_epoch(Clock::time_point t) const {
+template <class StageT>
+double BasicRankWorker<StageT>::seconds_since_epoch(Clock::time_point t) const {
   return std::chrono::duration<double>(t - epoch_).count();
 }
 
-std::int64_t RankWorker::live_bytes() const {
+template <class StageT>
+std::int64_t BasicRankWorker<StageT>::live_bytes() const {
   std::int64_t total = 0;
   for (const StageId s : own_) total += stage(s).activation_memory().live_bytes();
   return total;
 }
 
-bool RankWorker::holds_last_stage() const {
+template <class StageT>
+bool BasicRankWorker<StageT>::holds_last_stage() const {
   return std::any_of(own_.begin(), own_.end(), [&](StageId s) { return schedule_->is_last_stage(s); });
 }
 
-void RankWorker::release() {
+template <class StageT>
+void BasicRankWorker<StageT>::release() {
   for (Slot& s : slots_) s = Slot();
 }
 
-void RankWorker::begin_step(std::int64_t step, const BatchSource& source, Clock::time_point epoch,
+template <class StageT>
+void BasicRankWorker<StageT>::begin_step(std::int64_t step, const Source& source, Clock::time_point epoch,
                             double loss_scale) {
   release();
   source_ = &source;
@@ -98,17 +161,19 @@ void RankWorker::begin_step(std::int64_t step, const BatchSource& source, Clock:
   (*progress_)[static_cast<std::size_t>(rank_.value())].store(0, std::memory_order_relaxed);
 }
 
-void RankWorker::note_memory(std::int64_t others, nn::Stage& active) {
+template <class StageT>
+void BasicRankWorker<StageT>::note_memory(std::int64_t others, StageT& active) {
   record_.peak_activation_bytes =
       std::max(record_.peak_activation_bytes, others + active.activation_memory().peak_bytes());
 }
 
-RankWorker::Outcome RankWorker::run(std::size_t index, bool block) {
+template <class StageT>
+WorkerOutcome BasicRankWorker<StageT>::run(std::size_t index, bool block) {
   if (transport_->aborted()) return Outcome::kAborted;
   const Action& a = (*actions_)[index];
   (*progress_)[static_cast<std::size_t>(rank_.value())].store(index, std::memory_order_relaxed);
   if (options_->before_action) options_->before_action(rank_, a);
-  nn::Stage& st = stage(a.stage);
+  StageT& st = stage(a.stage);
   const std::int64_t own = st.activation_memory().live_bytes();
   const std::int64_t others = live_bytes() - own;
   st.activation_memory().reset_peak();
@@ -153,22 +218,19 @@ RankWorker::Outcome RankWorker::run(std::size_t index, bool block) {
   return Outcome::kDone;
 }
 
-void RankWorker::forward(const Action& a, ActionTiming& timing) {
+template <class StageT>
+void BasicRankWorker<StageT>::forward(const Action& a, ActionTiming& timing) {
   Slot& sl = slot(a.stage, a.microbatch);
-  nn::Stage& st = stage(a.stage);
+  StageT& st = stage(a.stage);
   const std::int64_t before = st.activation_memory().live_bytes();
   std::int64_t input_bytes = 0;
-  nn::StageInput input;
-  if (st.has_embedding() || st.has_head()) {
-    const int b = options_->micro_batch;
-    // Replica d's micro-batch j is micro-batch d · m + j of the step's global batch.
-    const std::int64_t global_microbatch =
-        static_cast<std::int64_t>(options_->data_rank) * schedule_->num_microbatches() + a.microbatch.value();
-    nn::Batch batch = source_->batch(step_, global_microbatch * b, b, st.allocator());
-    if (st.has_embedding()) input.tokens = std::move(batch.inputs);
-    if (st.has_head()) input.targets = std::move(batch.targets);
-  }
-  if (!st.has_embedding()) {
+  typename StageT::Input input;
+  const int b = options_->micro_batch;
+  // Replica d's micro-batch j is micro-batch d · m + j of the step's global batch.
+  const std::int64_t global_microbatch =
+      static_cast<std::int64_t>(options_->data_rank) * schedule_->num_microbatches() + a.microbatch.value();
+  Traits::load(st, *source_, step_, global_microbatch * b, b, input);
+  if (Traits::takes_activation(st)) {
     if (sl.activation_in.empty()) fail("rank {}: {} has no input activation (its RECV_F did not run)", rank_, a);
     input_bytes = sl.activation_in.bytes();
     input.activation = std::move(sl.activation_in);
@@ -188,9 +250,10 @@ void RankWorker::forward(const Action& a, ActionTiming& timing) {
   }
 }
 
-void RankWorker::backward_input(const Action& a, bool with_weight, ActionTiming& timing) {
+template <class StageT>
+void BasicRankWorker<StageT>::backward_input(const Action& a, bool with_weight, ActionTiming& timing) {
   Slot& sl = slot(a.stage, a.microbatch);
-  nn::Stage& st = stage(a.stage);
+  StageT& st = stage(a.stage);
   const std::int64_t before = st.activation_memory().live_bytes();
   std::int64_t input_bytes = 0;
   Tensor grad;
@@ -202,7 +265,9 @@ void RankWorker::backward_input(const Action& a, bool with_weight, ActionTiming&
     grad = with_weight ? st.backward_from_loss(sl.state, loss_scale)
                        : st.backward_input_from_loss(sl.state, loss_scale);
   } else {
-    if (sl.gradient_in.empty()) fail("rank {}: {} has no output gradient (its RECV_B did not run)", rank_, a);
+    if (sl.gradient_in.empty() && Traits::receives_gradient(st)) {
+      fail("rank {}: {} has no output gradient (its RECV_B did not run)", rank_, a);
+    }
     input_bytes = sl.gradient_in.bytes();
     grad = with_weight ? st.backward(sl.state, std::move(sl.gradient_in))
                        : st.backward_input(sl.state, std::move(sl.gradient_in));
@@ -210,7 +275,7 @@ void RankWorker::backward_input(const Action& a, bool with_weight, ActionTiming&
   if (!with_weight) {
     timing.held_bytes = sl.held_bytes + st.activation_memory().live_bytes() - before + input_bytes - grad.bytes();
   }
-  if (st.has_embedding()) return;
+  if (!Traits::sends_gradient(st)) return;
   const Action send = *result_send(a);
   if (schedule_->peer_rank(send) == rank_) {
     hand_over(std::move(grad), partner(send).stage, a.microbatch, true);
@@ -219,13 +284,15 @@ void RankWorker::backward_input(const Action& a, bool with_weight, ActionTiming&
   }
 }
 
-void RankWorker::hand_over(Tensor tensor, StageId to, MicrobatchId j, bool gradient) {
+template <class StageT>
+void BasicRankWorker<StageT>::hand_over(Tensor tensor, StageId to, MicrobatchId j, bool gradient) {
   tensor.charge_to(&stage(to).activation_memory());
   Slot& target = slot(to, j);
   (gradient ? target.gradient_in : target.activation_in) = std::move(tensor);
 }
 
-MessageKey RankWorker::message_of(const Action& a) const {
+template <class StageT>
+MessageKey BasicRankWorker<StageT>::message_of(const Action& a) const {
   const std::optional<RankId> peer = schedule_->peer_rank(a);
   if (!peer) {
     fail("rank {}: {} has no partner: stage {} is the pipeline's first or last; run pipeflow validate on the schedule",
@@ -238,7 +305,9 @@ MessageKey RankWorker::message_of(const Action& a) const {
   return {*peer, rank_, partner(a).stage, a.microbatch, direction};
 }
 
-RankWorker::Outcome RankWorker::send(std::size_t index, const Action& a) {
+template <class StageT>
+WorkerOutcome BasicRankWorker<StageT>::send(std::size_t index, const Action& a) {
+  if (a.kind == ActionKind::kSendBackward && !Traits::sends_gradient(stage(a.stage))) return Outcome::kDone;
   Slot& sl = slot(a.stage, a.microbatch);
   Tensor& payload = a.kind == ActionKind::kSendForward ? sl.activation_out : sl.gradient_out;
   if (payload.empty()) fail("rank {}: {} has nothing to send (its producer did not run)", rank_, a);
@@ -251,12 +320,15 @@ RankWorker::Outcome RankWorker::send(std::size_t index, const Action& a) {
   return outcome_of(status);
 }
 
-RankWorker::Outcome RankWorker::receive(std::size_t index, const Action& a, bool block, ActionTiming& timing) {
+template <class StageT>
+WorkerOutcome BasicRankWorker<StageT>::receive(std::size_t index, const Action& a, bool block, ActionTiming& timing) {
   Slot& sl = slot(a.stage, a.microbatch);
-  nn::Stage& st = stage(a.stage);
-  Tensor& into = a.kind == ActionKind::kRecvForward ? sl.activation_in : sl.gradient_in;
+  StageT& st = stage(a.stage);
+  const bool gradient = a.kind == ActionKind::kRecvBackward;
+  if (gradient && !Traits::receives_gradient(st)) return Outcome::kDone;
+  Tensor& into = gradient ? sl.gradient_in : sl.activation_in;
   const MessageKey key = message_of(a);
-  const Shape shape{options_->micro_batch, st.positions_held(options_->seq_length), st.config().n_embd};
+  const Shape shape = Traits::message_shape(st, *options_, gradient);
   if (!block) {
     if (!transport_->try_receive(key, shape, st.allocator(), into)) {
       return transport_->aborted() ? Outcome::kAborted : Outcome::kNotReady;
@@ -272,7 +344,8 @@ RankWorker::Outcome RankWorker::receive(std::size_t index, const Action& a, bool
   return Outcome::kDone;
 }
 
-std::string RankWorker::where_others_are() const {
+template <class StageT>
+std::string BasicRankWorker<StageT>::where_others_are() const {
   std::vector<std::string> where;
   for (int r = 0; r < schedule_->num_ranks(); ++r) {
     if (r == rank_.value()) continue;
@@ -288,7 +361,8 @@ std::string RankWorker::where_others_are() const {
   return where.empty() ? "it is the only rank" : fmt::format("{}", fmt::join(where, "; "));
 }
 
-void RankWorker::fail_timeout(std::size_t index, const std::string& waited_for) const {
+template <class StageT>
+void BasicRankWorker<StageT>::fail_timeout(std::size_t index, const std::string& waited_for) const {
   const Action& a = (*actions_)[index];
   fail("rank {} timed out after {} at {} (step {}, position {} of {}): waited for the {}; {}. "
        "If a stage is only slow, raise the timeout (pipeflow train --timeout SECONDS).\n{}",
@@ -296,7 +370,8 @@ void RankWorker::fail_timeout(std::size_t index, const std::string& waited_for) 
        where_others_are(), render_grid(*schedule_, {GridMark{rank_, index, 1}}));
 }
 
-void RankWorker::fail_flush_timeout(const char* phase, const std::string& waited_for) const {
+template <class StageT>
+void BasicRankWorker<StageT>::fail_flush_timeout(const char* phase, const std::string& waited_for) const {
   fail("rank {} timed out after {} in {} (step {}, after its last action): waited for {}; {}.\n{}", rank_,
        format_seconds(options_->timeout.count()), phase, step_, waited_for, where_others_are(),
        render_grid(*schedule_));
@@ -304,26 +379,23 @@ void RankWorker::fail_flush_timeout(const char* phase, const std::string& waited
 
 // --- The flush ---
 
-// The rows of the stage's copy of the tied embedding: the vocabulary, or
-// its tensor-parallel rank's part of it.
-std::int64_t RankWorker::tied_rows(const nn::Stage& st) {
-  return st.layout().at(st.config().embedding_name()).shape[0];
+template <class StageT>
+StageId BasicRankWorker<StageT>::tied_partner(StageId s) const {
+  return s == embedding_stage_ ? StageId(schedule_->num_stages() - 1) : embedding_stage_;
 }
 
-StageId RankWorker::tied_partner(StageId s) const {
-  return s.value() == 0 ? StageId(schedule_->num_stages() - 1) : StageId(0);
-}
-
-RankWorker::Outcome RankWorker::post_tied_gradients() {
+template <class StageT>
+WorkerOutcome BasicRankWorker<StageT>::post_tied_gradients() {
   for (std::size_t i = 0; i < own_.size(); ++i) {
-    nn::Stage& st = stage(own_[i]);
+    StageT& st = stage(own_[i]);
     if (!st.needs_tied_reduction()) continue;
     const StageId partner = tied_partner(own_[i]);
     const RankId to = schedule_->rank_of(partner);
     if (to == rank_) continue;
     const auto gradient = st.tied_gradient();
     const bool with_small = sends_small_tied(own_[i]);
-    Tensor copy = Tensor::uninitialized({tied_rows(st) * (with_small ? 2 : 1), st.config().n_embd}, st.allocator());
+    const Shape tied = Traits::tied_shape(st);
+    Tensor copy = Tensor::uninitialized({tied[0] * (with_small ? 2 : 1), tied[1]}, st.allocator());
     std::copy(gradient.begin(), gradient.end(), copy.data());
     if (with_small) std::copy(small_tied_[i].begin(), small_tied_[i].end(), copy.data() + gradient.size());
     const MessageKey key{rank_, to, own_[i], MicrobatchId(0), Direction::kTiedGradient};
@@ -337,18 +409,19 @@ RankWorker::Outcome RankWorker::post_tied_gradients() {
   return Outcome::kDone;
 }
 
-RankWorker::Outcome RankWorker::reduce_tied_gradients(bool block) {
+template <class StageT>
+WorkerOutcome BasicRankWorker<StageT>::reduce_tied_gradients(bool block) {
   for (const StageId s : own_) {
-    nn::Stage& st = stage(s);
+    StageT& st = stage(s);
     if (!st.needs_tied_reduction()) continue;
     const StageId partner = tied_partner(s);
     const RankId from = schedule_->rank_of(partner);
     if (from == rank_) {
       // Both copies on this rank (V placement, one rank): sum once, from the embedding's side.
-      if (!st.has_embedding()) continue;
-      nn::Stage& head = stage(partner);
+      if (!Traits::holds_embedding(st)) continue;
+      StageT& head = stage(partner);
       const auto mine = st.tied_gradient();
-      Tensor copy = Tensor::uninitialized({tied_rows(st), st.config().n_embd}, st.allocator());
+      Tensor copy = Tensor::uninitialized(Traits::tied_shape(st), st.allocator());
       std::copy(mine.begin(), mine.end(), copy.data());
       st.add_tied_gradient(head.tied_gradient());
       head.add_tied_gradient(copy.span());
@@ -356,7 +429,8 @@ RankWorker::Outcome RankWorker::reduce_tied_gradients(bool block) {
       continue;
     }
     const MessageKey key{from, rank_, partner, MicrobatchId(0), Direction::kTiedGradient};
-    const Shape shape{tied_rows(st) * (sends_small_tied(partner) ? 2 : 1), st.config().n_embd};
+    const Shape tied = Traits::tied_shape(st);
+    const Shape shape{tied[0] * (sends_small_tied(partner) ? 2 : 1), tied[1]};
     Tensor other;
     if (!block) {
       if (!transport_->try_receive(key, shape, st.allocator(), other)) {
@@ -375,25 +449,29 @@ RankWorker::Outcome RankWorker::reduce_tied_gradients(bool block) {
   return Outcome::kDone;
 }
 
-std::size_t RankWorker::own_index(StageId s) const {
+template <class StageT>
+std::size_t BasicRankWorker<StageT>::own_index(StageId s) const {
   return static_cast<std::size_t>(std::find(own_.begin(), own_.end(), s) - own_.begin());
 }
 
-// The head's side (any stage but 0, the embedding's) sends its gradient of
+// The head's side (any stage but the embedding's) sends its gradient of
 // j* after its tied copy.
-bool RankWorker::sends_small_tied(StageId s) const { return measuring_noise_ && s.value() != 0; }
+template <class StageT>
+bool BasicRankWorker<StageT>::sends_small_tied(StageId s) const { return measuring_noise_ && s != embedding_stage_; }
 
-void RankWorker::note_small_gradient(StageId s) {
-  nn::Stage& st = stage(s);
+template <class StageT>
+void BasicRankWorker<StageT>::note_small_gradient(StageId s) {
+  StageT& st = stage(s);
   small_square_sum_ += st.gradient_square_sum();  // |a|² on the embedding's stage, no wte on the head's
   if (!st.needs_tied_reduction()) return;
   const std::span<const float> tied = st.tied_gradient();
   small_tied_[own_index(s)].assign(tied.begin(), tied.end());
-  if (!st.has_embedding()) small_square_sum_ += dot(tied, tied);  // |b|²
+  if (!Traits::holds_embedding(st)) small_square_sum_ += dot(tied, tied);  // |b|²
 }
 
 // |a + b|² = |a|² + 2 a·b + |b|²: the embedding's rank adds the cross term.
-void RankWorker::add_small_tied(StageId embedding, std::span<const float> head_small) {
+template <class StageT>
+void BasicRankWorker<StageT>::add_small_tied(StageId embedding, std::span<const float> head_small) {
   const std::vector<float>& mine = small_tied_[own_index(embedding)];
   if (mine.size() != head_small.size()) {
     fail("rank {}: the tied embedding's gradients of the noise micro-batch have {} and {} elements (a stage missed its "
@@ -403,24 +481,27 @@ void RankWorker::add_small_tied(StageId embedding, std::span<const float> head_s
   small_square_sum_ += 2 * dot(mine, head_small);
 }
 
-double RankWorker::gradient_square_sum() const {
+template <class StageT>
+double BasicRankWorker<StageT>::gradient_square_sum() const {
   double total = 0;
   for (const StageId s : own_) {
-    const nn::Stage& st = stage(s);
+    const StageT& st = stage(s);
     const nn::OptimizerShard part =
         nn::OptimizerShard::of(st.layout().total(), options_->data_parallel, options_->data_rank);
-    total += st.gradient_square_sum(part.begin, part.end);
+    total += Traits::square_sum(st, part);
   }
   return total;
 }
 
-RankWorker::Outcome RankWorker::all_reduce_sum(double& value) {
+template <class StageT>
+WorkerOutcome BasicRankWorker<StageT>::all_reduce_sum(double& value) {
   const WaitStatus status = transport_->all_reduce_sum(rank_, value, deadline());
   if (status == WaitStatus::kTimedOut) fail_flush_timeout("the gradient-norm all-reduce", "every rank's square sum");
   return outcome_of(status);
 }
 
-void RankWorker::apply_update(double factor, double lr) {
+template <class StageT>
+void BasicRankWorker<StageT>::apply_update(double factor, double lr) {
   for (const StageId s : own_) {
     const Clock::time_point start = Clock::now();
     if (factor != 1) stage(s).scale_gradients(factor);
@@ -429,16 +510,22 @@ void RankWorker::apply_update(double factor, double lr) {
   }
 }
 
-void RankWorker::complete_sends() {
+template <class StageT>
+void BasicRankWorker<StageT>::complete_sends() {
   if (transport_->complete_sends(rank_, deadline()) == WaitStatus::kTimedOut) {
     fail_flush_timeout("the end of the step", "its messages to be taken by their ranks");
   }
 }
 
-void RankWorker::record_phase(FlushPhase phase, Clock::time_point start) { record_phase(phase, own_.front(), start); }
+template <class StageT>
+void BasicRankWorker<StageT>::record_phase(FlushPhase phase, Clock::time_point start) { record_phase(phase, own_.front(), start); }
 
-void RankWorker::record_phase(FlushPhase phase, StageId s, Clock::time_point start) {
+template <class StageT>
+void BasicRankWorker<StageT>::record_phase(FlushPhase phase, StageId s, Clock::time_point start) {
   record_.phases.push_back({phase, s, seconds_since_epoch(start), seconds_since_epoch(Clock::now())});
 }
+
+template class BasicRankWorker<nn::Stage>;
+template class BasicRankWorker<nn::VlmStage>;
 
 }  // namespace pipeflow::runtime

@@ -10,7 +10,9 @@
 
 #include "pipeflow/core/ids.h"
 #include "pipeflow/nn/adamw.h"
+#include "pipeflow/nn/shape_captions.h"
 #include "pipeflow/nn/stage.h"
+#include "pipeflow/nn/vision_language_model.h"
 #include "pipeflow/runtime/batch_source.h"
 #include "pipeflow/runtime/engine_options.h"
 #include "pipeflow/runtime/step_record.h"
@@ -25,18 +27,78 @@ namespace pipeflow::runtime {
 using Progress = std::vector<std::atomic<std::size_t>>;
 inline constexpr std::size_t kInAnotherProcess = static_cast<std::size_t>(-1);
 
+// What a worker asks of a kind of stage beyond its passes: where a
+// micro-batch's data come from and what of it the stage loads, whether it
+// takes an activation, the shape of a message it receives, which of its
+// boundaries carry a gradient, and its side of the tied embedding. Defined
+// below for nn::Stage (a GPT-2 or Llama) and nn::VlmStage (the
+// vision-language model).
+template <class StageT>
+struct StageTraits;
+
+template <>
+struct StageTraits<nn::Stage> {
+  using Source = BatchSource;
+  // The embedding's tokens and the head's targets of samples first … first
+  // + count − 1 of step `step`.
+  static void load(nn::Stage& st, const Source& source, std::int64_t step, std::int64_t first, int count,
+                   nn::StageInput& input);
+  static bool takes_activation(const nn::Stage& st) { return !st.has_embedding(); }
+  // A received activation ([b, T, C], T/t under sequence parallelism) or
+  // gradient of the stage's output: the same shape.
+  static Shape message_shape(const nn::Stage& st, const EngineOptions& options, bool gradient);
+  static bool sends_gradient(const nn::Stage& st) { return !st.has_embedding(); }
+  static bool receives_gradient(const nn::Stage& st) { return !st.has_head(); }
+  static bool holds_embedding(const nn::Stage& st) { return st.has_embedding(); }
+  static StageId embedding_stage(std::span<nn::Stage* const>) { return StageId(0); }
+  static Shape tied_shape(const nn::Stage& st);  // [V or its tensor-parallel part, C]
+  static double square_sum(const nn::Stage& st, nn::OptimizerShard part) {
+    return st.gradient_square_sum(part.begin, part.end);
+  }
+};
+
+// The VLM: the first stage loads its micro-batch's images, the LM
+// embedding's stage its text, the head's its targets; a message is
+// [b, N, D] into a layer of the encoder or the projector, [b, N, C] into
+// the LM's embedding, [b, N + T_c, C] after it; the boundaries into a
+// frozen encoder carry no gradient (their SEND_B and RECV_B move nothing).
+template <>
+struct StageTraits<nn::VlmStage> {
+  using Source = nn::ShapeCaptions;  // its training split
+  static void load(nn::VlmStage& st, const Source& source, std::int64_t step, std::int64_t first, int count,
+                   nn::VlmInput& input);
+  static bool takes_activation(const nn::VlmStage& st) { return !st.has_images(); }
+  static Shape message_shape(const nn::VlmStage& st, const EngineOptions& options, bool gradient);
+  static bool sends_gradient(const nn::VlmStage& st) { return !st.has_images() && !frozen_below(st, st.layers().first); }
+  static bool receives_gradient(const nn::VlmStage& st) { return !st.has_head() && !frozen_below(st, st.layers().last); }
+  static bool holds_embedding(const nn::VlmStage& st) { return st.has_text_embedding(); }
+  static StageId embedding_stage(std::span<nn::VlmStage* const> stages);
+  static Shape tied_shape(const nn::VlmStage& st) { return st.layout().at("wte.weight").shape; }
+  static double square_sum(const nn::VlmStage& st, nn::OptimizerShard part);
+
+ private:
+  // Whether the input of layer `layer` is inside a frozen encoder (no gradient reaches it).
+  static bool frozen_below(const nn::VlmStage& st, int layer) {
+    return st.options().freeze_vision && layer <= st.config().projector_layer();
+  }
+};
+
+enum class WorkerOutcome { kDone, kNotReady, kAborted };
+
 // One pipeline rank: executes its action list of a lowered schedule on the
 // nn stages it holds, one action at a time, and then does its part of the
 // flush (tied gradients, global norm, optimizer step). The engine drives
 // workers from one thread each (PipelineEngine::step) or all from one thread
 // in a valid order (the emulated run); the arithmetic is the same.
+// VlmPipeline drives BasicRankWorker<nn::VlmStage> from one thread each.
 //
 // Per action (stage s, micro-batch j, b = micro_batch):
-//   F  the first stage loads samples j·b … (j+1)·b − 1 of the step from the
-//      source (replica d of a data-parallel run: micro-batch d·m + j);
-//      other stages take the activation received (or handed over on the
-//      rank); the last stage also loads the targets, and its forward gives
-//      micro-batch j's loss.
+//   F  the stages that load data (StageTraits::load: the first stage, the
+//      last for its targets, the VLM's LM embedding for its text) take
+//      samples j·b … (j+1)·b − 1 of the step from the source (replica d of
+//      a data-parallel run: micro-batch d·m + j); the others take the
+//      activation received (or handed over on the rank); the last stage's
+//      forward gives micro-batch j's loss.
 //   B/I the last stage starts from loss_scale · loss with loss_scale =
 //      1/(m·d) (the mean over the global batch of m·d equal micro-batches,
 //      d data-parallel replicas); the others from the gradient received.
@@ -57,15 +119,19 @@ inline constexpr std::size_t kInAnotherProcess = static_cast<std::size_t>(-1);
 //
 // Thread safety: one thread at a time per worker. Stages are not shared
 // between workers.
-class RankWorker {
+template <class StageT>
+class BasicRankWorker {
  public:
-  enum class Outcome { kDone, kNotReady, kAborted };
+  using Outcome = WorkerOutcome;
+  using Traits = StageTraits<StageT>;
+  using Source = typename Traits::Source;
 
   // `stages` and `optimizers` are indexed by global stage; only this rank's
-  // entries are used. `progress` has one entry per rank.
-  RankWorker(const Schedule& schedule, RankId rank, std::span<nn::Stage* const> stages,
-             std::span<nn::AdamW* const> optimizers, Transport& transport, const EngineOptions& options,
-             Progress& progress);
+  // entries are used (and the stage holding the tied embedding's, for the
+  // VLM, found among them). `progress` has one entry per rank.
+  BasicRankWorker(const Schedule& schedule, RankId rank, std::span<StageT* const> stages,
+                  std::span<nn::AdamW* const> optimizers, Transport& transport, const EngineOptions& options,
+                  Progress& progress);
 
   RankId rank() const { return rank_; }
   std::size_t size() const { return actions_->size(); }
@@ -73,7 +139,7 @@ class RankWorker {
   // Clears what an earlier (possibly failed) step left, zeroes the
   // gradients, and starts the step's records at `epoch`.
   // `loss_scale`: fp16's, which the last stage's backward starts from (1: none).
-  void begin_step(std::int64_t step, const BatchSource& source, Clock::time_point epoch, double loss_scale = 1);
+  void begin_step(std::int64_t step, const Source& source, Clock::time_point epoch, double loss_scale = 1);
 
   // Runs action `index` of the list. A RECV whose message has not arrived
   // returns kNotReady at once unless `block` (then it waits up to the
@@ -130,7 +196,7 @@ class RankWorker {
 
  private:
   struct Slot {
-    nn::MicrobatchState state;
+    typename StageT::State state;
     Tensor activation_in;   // the stage's input, received or handed over
     Tensor gradient_in;     // ∂L/∂output, received or handed over
     Tensor activation_out;  // the output, until its SEND_F
@@ -138,11 +204,11 @@ class RankWorker {
     std::int64_t held_bytes = 0;  // what its F left held (ActionTiming::held_bytes)
   };
 
-  nn::Stage& stage(StageId s) const;
+  StageT& stage(StageId s) const;
   Slot& slot(StageId s, MicrobatchId j);
   Deadline deadline() const;
   std::int64_t live_bytes() const;
-  void note_memory(std::int64_t others, nn::Stage& active);
+  void note_memory(std::int64_t others, StageT& active);
 
   void forward(const Action& a, ActionTiming& timing);
   void backward_input(const Action& a, bool with_weight, ActionTiming& timing);
@@ -150,7 +216,6 @@ class RankWorker {
   Outcome receive(std::size_t index, const Action& a, bool block, ActionTiming& timing);
   void hand_over(Tensor tensor, StageId to, MicrobatchId j, bool gradient);
   MessageKey message_of(const Action& a) const;
-  static std::int64_t tied_rows(const nn::Stage& st);
   StageId tied_partner(StageId s) const;
   std::size_t own_index(StageId s) const;
   bool sends_small_tied(StageId s) const;
@@ -163,7 +228,7 @@ class RankWorker {
   const Schedule* schedule_;
   RankId rank_;
   const std::vector<Action>* actions_;
-  std::vector<nn::Stage*> stages_;  // global stage -> stage (nullptr: another rank's)
+  std::vector<StageT*> stages_;  // global stage -> stage (nullptr: another rank's)
   std::vector<nn::AdamW*> optimizers_;
   std::vector<StageId> own_;        // this rank's stages
   Transport* transport_;
@@ -179,10 +244,17 @@ class RankWorker {
   bool measuring_noise_ = false;
   double small_square_sum_ = 0;
   std::vector<std::vector<float>> small_tied_;
-  const BatchSource* source_ = nullptr;
+  StageId embedding_stage_;  // the one holding the tied embedding (the head is on the last)
+  const Source* source_ = nullptr;
   std::int64_t step_ = 0;
   Clock::time_point epoch_;
   RankRecord record_;
 };
+
+using RankWorker = BasicRankWorker<nn::Stage>;
+using VlmRankWorker = BasicRankWorker<nn::VlmStage>;
+
+extern template class BasicRankWorker<nn::Stage>;
+extern template class BasicRankWorker<nn::VlmStage>;
 
 }  // namespace pipeflow::runtime
