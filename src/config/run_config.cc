@@ -167,19 +167,21 @@ SchedulerConfig read_scheduler(const Config& config) {
   return s;
 }
 
+// A positive integer the section must give (an inline model's shape key).
+int required_positive(const Config& section, std::string_view key, std::string_view what) {
+  if (!section.has(key)) section.fail_value(key, fmt::format("is required: {}", what));
+  return positive(section, key, 1, what);
+}
+
 // The small vision tower pipeflow trains (nn/vision_language_model.h), in
 // the inline GPT's key names: a ViT of GPT-2 blocks (MLP 4 x n_embd) over
 // the patches of one RGB image, no class token.
 VisionSpec read_inline_vision(const Config& section) {
-  const auto required = [&](std::string_view key, std::string_view what) {
-    if (!section.has(key)) section.fail_value(key, fmt::format("is required: {}", what));
-    return positive(section, key, 1, what);
-  };
-  const int layers = required("n_layer", "the vision tower's blocks");
-  const int heads = required("n_head", "the vision tower's attention heads");
-  const int hidden = required("n_embd", "the vision tower's width");
-  const int image_size = required("image_size", "pixels per side of the square image");
-  const int patch_size = required("patch_size", "pixels per side of a patch");
+  const int layers = required_positive(section, "n_layer", "the vision tower's blocks");
+  const int heads = required_positive(section, "n_head", "the vision tower's attention heads");
+  const int hidden = required_positive(section, "n_embd", "the vision tower's width");
+  const int image_size = required_positive(section, "image_size", "pixels per side of the square image");
+  const int patch_size = required_positive(section, "patch_size", "pixels per side of a patch");
   if (hidden % heads != 0) {
     section.fail_value("n_embd", fmt::format("must be a multiple of n_head ({}): the tower splits its width into "
                                              "equal heads",
@@ -203,14 +205,10 @@ VisionSpec read_inline_vision(const Config& section) {
 }
 
 ModelSpec read_inline_model(const Config& section) {
-  const auto required = [&](std::string_view key, std::string_view what) {
-    if (!section.has(key)) section.fail_value(key, fmt::format("is required: {}", what));
-    return positive(section, key, 1, what);
-  };
-  const int layers = required("n_layer", "the number of transformer blocks");
-  const int heads = required("n_head", "the attention heads");
-  const int hidden = required("n_embd", "the model width");
-  const int context = required("n_ctx", "the most positions a sequence may have");
+  const int layers = required_positive(section, "n_layer", "the number of transformer blocks");
+  const int heads = required_positive(section, "n_head", "the attention heads");
+  const int hidden = required_positive(section, "n_embd", "the model width");
+  const int context = required_positive(section, "n_ctx", "the most positions a sequence may have");
   const int vocab = positive(section, "vocab_size", 256, "the vocabulary (256 for bytes)");
   if (hidden % heads != 0) {
     section.fail_value("n_embd", fmt::format("must be a multiple of n_head ({}): pipeflow's GPT splits the width "
