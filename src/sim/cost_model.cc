@@ -547,11 +547,7 @@ LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule, Partiti
 
   // Whole-model FLOPs: the layers without tensor parallelism, once per
   // micro-batch of every replica (B / b of them).
-  ParallelConfig whole = config;
-  whole.tensor_parallel = 1;
-  whole.sequence_parallel = false;
-  whole.scatter_gather = false;
-  const LayerTotals totals = sum_layers(layout_layers(layout, whole));
+  const LayerTotals totals = sum_layers(layout_layers(layout, whole_model_config(layout)));
   const double microbatches = static_cast<double>(layout.global_batch) / layout.micro_batch;
   out.model_flops_per_step = totals.model_flops() * microbatches;
   out.hardware_flops_per_step = totals.hardware_flops() * microbatches;

@@ -88,6 +88,26 @@ std::vector<PipelineLayer> layout_layers(const Layout& layout, const ParallelCon
   return layers;
 }
 
+ParallelConfig whole_model_config(const Layout& layout) {
+  ParallelConfig whole = parallel_config(layout);
+  whole.tensor_parallel = 1;
+  whole.sequence_parallel = false;
+  whole.scatter_gather = false;
+  return whole;
+}
+
+TrainingSummary training_summary(const Layout& layout) {
+  const std::vector<PipelineLayer> layers = layout_layers(layout, whole_model_config(layout));
+  const LayerTotals totals = sum_layers(layers);
+  TrainingSummary out{totals.parameters, totals.trainable_parameters, static_cast<int>(layers.size()), {}, 0, 0};
+  for (const PipelineLayer& layer : layers) {
+    if (layer.frozen && layer.trainable_parameters == 0) out.frozen.push_back(layer.name);
+    if (layer.frozen && layer.trainable_parameters > 0) ++out.adapted;
+    if (!layer.backward) ++out.without_backward;
+  }
+  return out;
+}
+
 HardwareProfile priced_hardware(const Layout& layout) { return layout.hardware.at_precision(layout.precision); }
 
 }  // namespace pipeflow

@@ -2,6 +2,7 @@
 #include "pipeflow/sim/report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
 
@@ -30,6 +31,31 @@ std::string describe_layout(const Prediction& p) {
       l.zero == ZeroStage::kNone ? "" : fmt::format(", ZeRO-{}", static_cast<int>(l.zero)));
 }
 
+// What trains, in a line (empty when everything does): the run's freeze
+// and lora keys, then what they come to.
+std::string describe_training(const Layout& l) {
+  const TrainingSpec& t = l.training;
+  if (t.trains_everything()) return "";
+  std::string keys;
+  if (!t.freeze.empty()) keys += fmt::format("freeze [\"{}\"]", fmt::join(t.freeze, "\", \""));
+  if (t.lora) {
+    keys += fmt::format("{}lora r {}, alpha {:g} on {}", keys.empty() ? "" : "; ", t.lora->rank, t.lora->alpha,
+                        fmt::join(t.lora->targets, ", "));
+    if (!t.lora->train.empty()) keys += fmt::format(", {} trained whole", fmt::join(t.lora->train, ", "));
+  }
+  const TrainingSummary s = training_summary(l);
+  std::string frozen = fmt::format("{} of {} layers frozen", s.frozen.size(), s.layers);
+  if (s.adapted > 0) frozen += fmt::format(", {} with frozen base weights beside their adapters", s.adapted);
+  if (s.without_backward > 0) {
+    const std::string& last = s.frozen[static_cast<std::size_t>(s.without_backward - 1)];
+    frozen += fmt::format(", the first {} ({}) without a backward", s.without_backward,
+                          s.without_backward == 1 ? last : s.frozen.front() + ".." + last);
+  }
+  return fmt::format("training: {}; {} of {} parameters trainable; {}\n", keys,
+                     format_parameters(static_cast<double>(s.trainable_parameters)),
+                     format_parameters(static_cast<double>(s.parameters)), frozen);
+}
+
 std::string stages_of(const Schedule& schedule, int rank) {
   std::string out;
   for (StageId s : schedule.stages_of(RankId(rank))) {
@@ -43,7 +69,7 @@ std::string stages_of(const Schedule& schedule, int rank) {
 
 std::string prediction_text(const Prediction& p) {
   const SimulationResult& r = p.result;
-  std::string out = describe_layout(p) + "\n\n";
+  std::string out = describe_layout(p) + "\n" + describe_training(p.layout) + "\n";
   const SteadyState& steady = *r.steady_state;
   const std::string estimate = steady.converged ? "" : "~";
   TextTable summary({"step time", "bubble", "pipeline bubble", "ZB bubble rate", "steady step", "steady bubble",
@@ -105,7 +131,13 @@ nlohmann::ordered_json layout_json(const Layout& l, int microbatches, int chunks
           {"partition", to_string(l.partition)},
           {"zero_stage", static_cast<int>(l.zero)},
           {"comm_mode", l.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped"},
-          {"precision", to_string(l.precision)}};
+          {"precision", to_string(l.precision)},
+          {"freeze", l.training.freeze},
+          {"lora", l.training.lora ? nlohmann::ordered_json{{"r", l.training.lora->rank},
+                                                            {"alpha", l.training.lora->alpha},
+                                                            {"target", l.training.lora->targets},
+                                                            {"train", l.training.lora->train}}
+                                   : nlohmann::ordered_json(nullptr)}};
 }
 
 std::string prediction_json(const Prediction& p) {
@@ -115,6 +147,12 @@ std::string prediction_json(const Prediction& p) {
   json["model"] = l.model.name;
   json["hardware"] = l.hardware.name;
   json["layout"] = layout_json(l, p.microbatches, p.schedule.chunks_per_rank());
+  const TrainingSummary trains = training_summary(l);
+  json["training"] = {{"parameters", trains.parameters},
+                      {"trainable_parameters", trains.trainable_parameters},
+                      {"frozen_layers", trains.frozen},
+                      {"adapted_layers", trains.adapted},
+                      {"layers_without_backward", trains.without_backward}};
   json["step_time_s"] = r.step_time_s;
   json["pipeline_time_s"] = r.pipeline_time_s;
   json["bubble_ratio"] = r.bubble_ratio;

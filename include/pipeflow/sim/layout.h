@@ -88,11 +88,31 @@ int microbatches_per_step(const Layout& layout);
 // whenever t > 1, as in Megatron-LM.
 ParallelConfig parallel_config(const Layout& layout);
 
+// parallel_config(layout) without tensor parallelism: the whole model's
+// layers, as model FLOPs and parameter counts take them.
+ParallelConfig whole_model_config(const Layout& layout);
+
 // The model's pipeline layers as the layout trains them: pipeline_layers
 // under `config`, with the layout's training applied (apply_training).
 std::vector<PipelineLayer> layout_layers(const Layout& layout, const ParallelConfig& config);
 inline std::vector<PipelineLayer> layout_layers(const Layout& layout) {
   return layout_layers(layout, parallel_config(layout));
 }
+
+// What a layout trains, over the whole model (its layers without tensor
+// parallelism): what simulate reports beside the run's other settings, and
+// what the advice on recompute and optimizer state (plan, analyze, review)
+// must take into account.
+struct TrainingSummary {
+  std::int64_t parameters = 0;            // LoRA's adapters included
+  std::int64_t trainable_parameters = 0;  // with gradients and optimizer state
+  int layers = 0;                         // pipeline layers in all
+  std::vector<std::string> frozen;        // the layers that train nothing, in pipeline order
+  int adapted = 0;                        // layers whose base weights are frozen beside trained LoRA adapters
+  // The first frozen layers, before any trainable one: they run no backward
+  // at all (no I, no recompute, no activations kept).
+  int without_backward = 0;
+};
+TrainingSummary training_summary(const Layout& layout);
 
 }  // namespace pipeflow

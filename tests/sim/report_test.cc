@@ -1,0 +1,56 @@
+#include "pipeflow/sim/report.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace pipeflow {
+namespace {
+
+Layout llama_layout(const std::string& training_keys) {
+  return layout_of(resolve(parse_run_config(Config::parse(
+      R"({"model": "llama2-7b", "hardware": "a100-80g", "devices": 2, "pipeline": {"stages": 2},
+          "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "seq_length": 128, "bf16": {"enabled": true})" +
+          training_keys + "}",
+      "run.json"))));
+}
+
+// Llama 2 7B, LoRA r 8 on q_proj and v_proj (2 · 8 · (4096 + 4096) = 131,072 a block), block.0 frozen whole:
+// 31 adapted blocks train 4,063,232 parameters beside the model's 6,738,415,616; embedding, block.0 and head
+// train nothing, and the first two run no backward.
+TEST(SimulateReport, NamesWhatIsFrozenAndLorasSettingsBesideTheRunsOtherSettings) {
+  const Prediction p = predict(llama_layout(
+      R"(, "freeze": ["block.0"], "lora": {"r": 8, "target": ["q_proj", "v_proj"]})"));
+  const std::string text = prediction_text(p);
+  EXPECT_NE(text.find("\ntraining: freeze [\"block.0\"]; lora r 8, alpha 16 on q_proj, v_proj; 4.1M of 6.74B "
+                      "parameters trainable; 3 of 34 layers frozen, 31 with frozen base weights beside their "
+                      "adapters, the first 2 (embedding..block.0) without a backward\n"),
+            std::string::npos)
+      << text;
+  const nlohmann::json json = nlohmann::json::parse(prediction_json(p));
+  EXPECT_EQ(json["layout"]["freeze"], nlohmann::json::array({"block.0"}));
+  EXPECT_EQ(json["layout"]["lora"]["r"], 8);
+  EXPECT_EQ(json["layout"]["lora"]["alpha"], 16.0);
+  EXPECT_EQ(json["layout"]["lora"]["target"], nlohmann::json::array({"q_proj", "v_proj"}));
+  EXPECT_EQ(json["training"]["parameters"], 6738415616 + 4063232);
+  EXPECT_EQ(json["training"]["trainable_parameters"], 4063232);
+  EXPECT_EQ(json["training"]["frozen_layers"], nlohmann::json::array({"embedding", "block.0", "head"}));
+  EXPECT_EQ(json["training"]["adapted_layers"], 31);
+  EXPECT_EQ(json["training"]["layers_without_backward"], 2);
+}
+
+TEST(SimulateReport, ARunThatTrainsEverythingHasNoTrainingLine) {
+  const Prediction p = predict(llama_layout(""));
+  EXPECT_EQ(prediction_text(p).find("training:"), std::string::npos);
+  const nlohmann::json json = nlohmann::json::parse(prediction_json(p));
+  EXPECT_TRUE(json["layout"]["lora"].is_null());
+  EXPECT_EQ(json["layout"]["freeze"], nlohmann::json::array());
+  EXPECT_EQ(json["training"]["trainable_parameters"], 6738415616);
+  EXPECT_EQ(json["training"]["parameters"], 6738415616);
+  EXPECT_EQ(json["training"]["layers_without_backward"], 0);
+}
+
+}  // namespace
+}  // namespace pipeflow
