@@ -349,18 +349,23 @@ std::vector<Candidate> candidates(const Analysis& a, const Layout& run, int m) {
                    "comm_mode \"overlapped\" (--comm overlapped): a separate communication stream", {}, changed});
   }
 
-  // Recompute: off when memory allows, on when it does not fit.
+  // Recompute: off when memory allows, on when it does not fit. A frozen
+  // prefix runs no backward: it neither recomputes nor keeps anything.
+  const std::string no_backward = training_summary(run).no_backward_note();
+  const std::string frozen_note = no_backward.empty() ? "" : " (" + no_backward + ")";
   if (run.recompute != Recompute::kNone) {
     Layout changed = run;
     changed.recompute = Recompute::kNone;
-    out.push_back({"recompute", fmt::format("recompute {} repeats forward work in the backward", to_string(run.recompute)),
+    out.push_back({"recompute",
+                   fmt::format("recompute {} repeats forward work in the backward{}", to_string(run.recompute),
+                               frozen_note),
                    "recompute \"none\" (--recompute none)", {}, changed});
   } else if (peak_memory(base) > run.hardware.memory_bytes) {
     Layout changed = run;
     changed.recompute = Recompute::kSelective;
     out.push_back({"recompute",
-                   fmt::format("peak memory {} exceeds the device's {}", format_bytes(peak_memory(base)),
-                               format_bytes(run.hardware.memory_bytes)),
+                   fmt::format("peak memory {} exceeds the device's {}{}", format_bytes(peak_memory(base)),
+                               format_bytes(run.hardware.memory_bytes), frozen_note),
                    "recompute \"selective\" (--recompute selective)", {}, changed});
   }
   return out;

@@ -239,6 +239,7 @@ class Search {
                 layout.sequence_parallel = tp > 1 && request_.seq_length % tp == 0;
                 layout.partition = partition;
                 layout.zero = zero;
+                if (!training_) training_ = training_summary(layout);
                 enqueue_schedules(layout, choices, m, pipeline_layers_count);
               }
             }
@@ -399,14 +400,22 @@ class Search {
     if (least_model_states_bytes_ > limit_bytes_ && least_model_states_bytes_ < kNone) {
       return fmt::format(
           "; the fewest model states of any layout's fullest rank are {} (weights, gradients and optimizer state, "
-          "before activations) > {}",
-          format_bytes(least_model_states_bytes_), limit);
+          "before activations{}) > {}",
+          format_bytes(least_model_states_bytes_), states_of_trainable(), limit);
     }
     if (least_peak_bytes_ < kNone) {
       return fmt::format("; the lowest peak of any layout's fullest rank is {} > {}", format_bytes(least_peak_bytes_),
                          limit);
     }
     return "";
+  }
+
+  // "; gradients and optimizer state are those of the 6.76B trainable parameters (...)": where layers are
+  // frozen, whose states those are ("" where all train).
+  std::string states_of_trainable() const {
+    if (!training_) return "";
+    const std::string whose = training_->trainable_note();
+    return whose.empty() ? "" : "; gradients and optimizer state are those of " + whose;
   }
 
   using CutKey = std::tuple<ParallelConfig, std::string, int>;
@@ -418,6 +427,7 @@ class Search {
   double least_model_states_bytes_ = kNone;  // over the candidates whose model states were weighed
   double least_peak_bytes_ = kNone;          // over those whose peaks were walked and over the limit
   std::map<CutKey, Partition> cuts_;
+  std::optional<TrainingSummary> training_;  // the first layout's: every layout trains the same
   std::vector<Queued> queue_;
   PlanResult result_;
 };

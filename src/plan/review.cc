@@ -142,7 +142,11 @@ void check_memory(Context& c) {
   if (c.layout.zero == ZeroStage::kNone && c.layout.data_parallel > 1) {
     Layout l = c.layout;
     l.zero = ZeroStage::kOne;
-    changes.emplace_back("zero_optimization.stage 1 (--zero 1)", l);
+    const std::string whose = training_summary(c.layout).trainable_note();
+    changes.emplace_back(whose.empty() ? "zero_optimization.stage 1 (--zero 1)"
+                                       : "zero_optimization.stage 1 (--zero 1), which shards the optimizer state of " +
+                                             whose,
+                         l);
   }
   if (c.layout.micro_batch % 2 == 0) {
     Layout l = c.layout;
@@ -161,6 +165,9 @@ void check_memory(Context& c) {
   if (f.fix.empty()) {
     f.fix = "none of recompute, ZeRO-1 or a smaller micro-batch brings it under the line: more pipeline stages "
             "(pipeline.stages) or tensor parallelism (tensor_parallel) on more devices";
+    const TrainingSummary trains = training_summary(c.layout);
+    if (!trains.trainable_note().empty()) f.fix += "; ZeRO-1 shards only the optimizer state of " + trains.trainable_note();
+    if (!trains.no_backward_note().empty()) f.fix += "; " + trains.no_backward_note();
   }
   c.out.findings.push_back(std::move(f));
 }

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "pipeflow/config/rules.h"
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/units.h"
 
 namespace pipeflow {
 namespace {
@@ -106,6 +109,26 @@ TrainingSummary training_summary(const Layout& layout) {
     if (!layer.backward) ++out.without_backward;
   }
   return out;
+}
+
+std::string TrainingSummary::without_backward_range() const {
+  if (without_backward == 0) return "";
+  const std::string& last = frozen[static_cast<std::size_t>(without_backward - 1)];
+  return without_backward == 1 ? last : frozen.front() + ".." + last;
+}
+
+std::string TrainingSummary::trainable_note() const {
+  if (trainable_parameters == parameters) return "";
+  return fmt::format("the {} trainable parameters (the {} frozen have no gradients or optimizer state)",
+                     format_parameters(static_cast<double>(trainable_parameters)),
+                     format_parameters(static_cast<double>(parameters - trainable_parameters)));
+}
+
+std::string TrainingSummary::no_backward_note() const {
+  if (without_backward == 0) return "";
+  return fmt::format("{}, frozen before any trainable layer, run{} no backward: they keep no activations and "
+                     "recompute nothing",
+                     without_backward_range(), without_backward == 1 ? "s" : "");
 }
 
 HardwareProfile priced_hardware(const Layout& layout) { return layout.hardware.at_precision(layout.precision); }

@@ -47,9 +47,7 @@ std::string describe_training(const Layout& l) {
   std::string frozen = fmt::format("{} of {} layers frozen", s.frozen.size(), s.layers);
   if (s.adapted > 0) frozen += fmt::format(", {} with frozen base weights beside their adapters", s.adapted);
   if (s.without_backward > 0) {
-    const std::string& last = s.frozen[static_cast<std::size_t>(s.without_backward - 1)];
-    frozen += fmt::format(", the first {} ({}) without a backward", s.without_backward,
-                          s.without_backward == 1 ? last : s.frozen.front() + ".." + last);
+    frozen += fmt::format(", the first {} ({}) without a backward", s.without_backward, s.without_backward_range());
   }
   return fmt::format("training: {}; {} of {} parameters trainable; {}\n", keys,
                      format_parameters(static_cast<double>(s.trainable_parameters)),

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "../support/error_of.h"
@@ -170,6 +171,22 @@ TEST(Analyze, ASlowStageIsNamedFirstWithTheGainOfTheRebalancedPartition) {
   EXPECT_FALSE(first.details.empty());
   expect_gain_is_the_resimulation(a, first);
   for (std::size_t i = 1; i < a.advice.size(); ++i) EXPECT_LE(a.advice[i].gain, a.advice[i - 1].gain);
+}
+
+// The embedding and block.0 frozen come before any trainable layer: they run no backward, so a recompute
+// repeats nothing of theirs, and the advice says so.
+TEST(Analyze, RecomputeAdviceSaysAFrozenPrefixRecomputesNothing) {
+  const Analysis a = analyze(simulated_trace(config_of(R"({
+    "model": "gpt2-124m", "hardware": "a100-80g", "seq_length": 1024, "recompute": "selective",
+    "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8, "freeze": ["embedding", "block.0"],
+    "pipeline": {"stages": 2, "partition_method": "balanced", "schedule": "1f1b"}})")));
+  const auto recompute = std::find_if(a.advice.begin(), a.advice.end(), [](const Advice& x) {
+    return x.kind == "recompute";
+  });
+  ASSERT_NE(recompute, a.advice.end()) << analysis_text(a);
+  EXPECT_EQ(recompute->finding,
+            "recompute selective repeats forward work in the backward (embedding..block.0, frozen before any "
+            "trainable layer, run no backward: they keep no activations and recompute nothing)");
 }
 
 TEST(Analyze, AStarvedWarmUpIsNamedFirstWithTheGainOfMoreMicrobatches) {

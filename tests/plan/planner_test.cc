@@ -283,6 +283,20 @@ TEST(Planner, NothingFitsIsAnErrorWithTheCounts) {
             "0.8)");
 }
 
+// GPT-3 175B with its first 48 blocks frozen (48 · (12h² + 13h) = 48 · 1,812,086,784 = 86,980,165,632 of its
+// 174,604,259,328 parameters): the model states the error names are the trainable parameters' gradients and
+// optimizer state beside every weight, and it says so.
+TEST(Planner, NothingFitsNamesWhoseGradientsAndOptimizerStateTheModelStatesAre) {
+  PlanRequest request = small_cluster("gpt3-175b", 8, 8, 2048);
+  for (int i = 0; i < 48; ++i) request.training.freeze.push_back("block." + std::to_string(i));
+  const std::string error = error_of([&] { plan_layouts(request); });
+  EXPECT_NE(error.find("(weights, gradients and optimizer state, before activations; gradients and optimizer state "
+                       "are those of the 87.62B trainable parameters (the 86.98B frozen have no gradients or "
+                       "optimizer state)) > the limit"),
+            std::string::npos)
+      << error;
+}
+
 // Llama 3 405B at 128K context: 756 GiB of bf16 weights and a 63 GiB cache
 // cannot sit on one 80 GB device; cut into enough stages they do.
 // The largest device counts neither overflow (the divisors of INT_MAX, p·v

@@ -89,6 +89,19 @@ TEST(Review, MemoryPastTheDeviceIsAnErrorWithTheSimulatorsPeak) {
   EXPECT_NE(f.fix.find("pipeline.stages"), std::string::npos) << f.fix;
 }
 
+// Blocks 0 and 1 of GPT-3 13B frozen (2 · (12h² + 13h) = 634,204,040 of 12,952,938,780 parameters, h = 5140):
+// ZeRO-1 could shard only the others' optimizer state, and the fix says so.
+TEST(Review, MemoryPastTheDeviceSaysWhoseOptimizerStateZeroCouldShardWhereLayersAreFrozen) {
+  const Review r = review(run_of(R"({"model": "gpt3-13b", "seq_length": 2048, "train_micro_batch_size_per_gpu": 4,
+                                    "freeze": ["block.0", "block.1"]})"));
+  const Finding& f = only_finding(r, "memory");
+  EXPECT_EQ(f.severity, Severity::kError);
+  EXPECT_NE(f.fix.find("on more devices; ZeRO-1 shards only the optimizer state of the 12.32B trainable parameters "
+                       "(the 634.2M frozen have no gradients or optimizer state)"),
+            std::string::npos)
+      << f.fix;
+}
+
 TEST(Review, MemoryPastTheLineIsAWarningFixedByRecompute) {
   // GPT-3 6.7B on 2 A100s, 2 sequences a micro-batch, gradients in bf16
   // (16 B a parameter): 87% of the device.

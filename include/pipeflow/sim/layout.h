@@ -112,6 +112,17 @@ struct TrainingSummary {
   // The first frozen layers, before any trainable one: they run no backward
   // at all (no I, no recompute, no activations kept).
   int without_backward = 0;
+
+  // The layers without a backward as a range, "vision.patch_embedding..vision.block.22" (the name alone for
+  // one); "" for none.
+  std::string without_backward_range() const;
+  // What advice on memory must say where layers are frozen ("" where all train):
+  //   trainable_note        "the 6.76B trainable parameters (the 291M frozen have no gradients or optimizer
+  //                         state)": whose gradients and optimizer state there are, for ZeRO to shard;
+  //   no_backward_note      "vision.patch_embedding..vision.block.22, frozen before any trainable layer, run no
+  //                         backward: they keep no activations and recompute nothing".
+  std::string trainable_note() const;
+  std::string no_backward_note() const;
 };
 TrainingSummary training_summary(const Layout& layout);
 
