@@ -124,6 +124,11 @@ void print_review(const ResolvedRun& resolved) {
 
 void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   const RunConfig config = load_run_config(c.config, c.flags.overrides());
+  if (!config.variable_seq_lengths.empty()) {
+    fail("{}: variable_seq_lengths: pipeflow train runs every micro-batch at seq_length; simulate prices micro-batches "
+         "of their own lengths. Remove variable_seq_lengths to train",
+         config.source);
+  }
   const bool reporter = mpi == nullptr || mpi->rank() == 0;  // before the group exists: notes on the configuration
   if (reporter) print_config_notes(config);
   // A weights file or checkpoint carries the model's shape: the configuration may leave model out.

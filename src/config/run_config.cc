@@ -359,6 +359,12 @@ void read_simulation_keys(const Config& config, RunConfig& run) {
     run.recompute = with_value_context(config, "recompute", [&] { return parse_recompute(text); });
   }
   run.seq_length = non_negative(config, "seq_length", 0, "tokens per sequence, 0 for the model's context");
+  run.variable_seq_lengths = config.get("variable_seq_lengths", std::vector<int>{});
+  for (int length : run.variable_seq_lengths) {
+    if (length < 1) {
+      config.fail_value("variable_seq_lengths", "every length must be >= 1 (tokens per sequence of a micro-batch)");
+    }
+  }
   const std::string comm = config.get("comm_mode", "overlapped");
   if (comm == "overlapped") {
     run.comm_mode = CommMode::kOverlapped;
@@ -718,6 +724,13 @@ ResolvedRun resolve(const RunConfig& given, const std::optional<ModelFromFile>& 
     fail("{}: seq_length = {}: {} has {} positions: use seq_length <= {}", source, r.seq_length, r.model.name,
          r.model.max_positions, r.model.max_positions);
   }
+  for (int length : run.variable_seq_lengths) {
+    if (length > r.seq_length) {
+      fail("{}: variable_seq_lengths holds {} > seq_length {}: seq_length is the longest micro-batch's (what the "
+           "buffers are sized for): raise seq_length to {} or shorten the lengths",
+           source, length, r.seq_length, length);
+    }
+  }
   r.recompute = run.recompute.value_or(run.pipeline.recompute_interval > 0 ? Recompute::kFull : Recompute::kNone);
   r.sequence_parallel = run.sequence_parallel && run.tensor_parallel > 1;
   r.gradient_accumulation = run.grad_accum_dtype.value_or(default_gradient_accumulation(run.precision, run.zero));
@@ -803,6 +816,7 @@ std::string run_config_to_json(const RunConfig& run) {
   json["rank_order"] = to_string(run.rank_order);
   if (run.recompute) json["recompute"] = std::string(to_string(*run.recompute));
   json["seq_length"] = run.seq_length;
+  json["variable_seq_lengths"] = run.variable_seq_lengths;
   json["comm_mode"] = run.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped";
   json["freeze"] = run.training.freeze;
   if (const std::optional<LoraSpec>& lora = run.training.lora) {

@@ -118,6 +118,11 @@ constexpr std::array kRunKeys = {
            "Activation recomputation; absent: full with an activation_checkpoint_interval, else none", kAll, true},
     RunKey{"seq_length", "--seq-length", "--seq", kInteger, ">= 0", "0", "Tokens per sequence; 0: the model's context",
            kAll, true},
+    RunKey{"variable_seq_lengths", "--variable-seq-lengths", "", kList,
+           "[tokens per sequence of micro-batch 1, 2, ...], each in [1, seq_length]", "[]",
+           "Micro-batches of their own lengths, the list repeated over a step's micro-batches (Megatron's "
+           "--variable-seq-lengths); []: every one seq_length (simulate)",
+           kAll},
     RunKey{"comm_mode", "--comm", "", kString, "overlapped | blocking", "\"overlapped\"",
            "Stage-to-stage sends: overlapped or blocking", kAll, true},
     RunKey{"freeze", "--freeze", "", kList, "glob patterns over layer names, e.g. [\"vision.*\"]", "[]",

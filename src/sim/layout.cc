@@ -29,6 +29,7 @@ Layout layout_of(const ResolvedRun& run) {
   layout.micro_batch = run.batch.micro;
   layout.global_batch = run.batch.global;
   layout.seq_length = run.seq_length;
+  layout.variable_seq_lengths = keys.variable_seq_lengths;
   layout.schedule = keys.pipeline.file_schedule ? keys.pipeline.file_schedule->name() : keys.pipeline.schedule;
   layout.file_schedule = keys.pipeline.file_schedule;
   layout.chunks = keys.pipeline.chunks;
@@ -61,6 +62,13 @@ void validate_layout(const Layout& layout) {
   const int d = layout.data_parallel;
   check_device_count(layout.devices, t, p, d);
   if (layout.sequence_parallel) check_sequence_parallel_split(layout.seq_length, t);
+  for (int length : layout.variable_seq_lengths) {
+    if (length < 1 || length > layout.seq_length) {
+      fail("variable_seq_lengths holds {}: every length must be in [1, seq_length {}] (seq_length is the longest)",
+           length, layout.seq_length);
+    }
+    if (layout.sequence_parallel) check_sequence_parallel_split(length, t);
+  }
   const int per_step = checked_product({layout.micro_batch, d}, "micro-batch × data parallel", "sequences per step");
   if (layout.global_batch % per_step != 0) {
     fail("global batch {} is not a multiple of micro-batch × data parallel = {} × {} = {}: use a global batch of {}",

@@ -1,5 +1,8 @@
 #include "pipeflow/sim/prediction.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "pipeflow/core/units.h"
 #include "pipeflow/schedule/passes.h"
 
@@ -35,6 +38,42 @@ std::vector<std::string> memory_warnings(const Layout& layout, const SimulationR
   return warnings;
 }
 
+// The busiest rank's compute over the mean rank's.
+double rank_imbalance(const SimulationResult& result) {
+  double most = 0, sum = 0;
+  for (const RankResult& rank : result.ranks) {
+    most = std::max(most, rank.busy_s);
+    sum += rank.busy_s;
+  }
+  return sum > 0 ? most * static_cast<double>(result.ranks.size()) / sum : 1;
+}
+
+VariableLengths variable_lengths(const Layout& layout, const LayoutCosts& costs, const SimulationResult& result) {
+  VariableLengths out;
+  const std::size_t m = costs.costs.microbatch_stages.size();
+  double tokens = 0, most = 0, sum = 0;
+  for (std::size_t i = 0; i < m; ++i) {
+    out.lengths.push_back(layout.variable_seq_lengths[i % layout.variable_seq_lengths.size()]);
+    tokens += out.lengths.back();
+    double compute = 0;
+    for (const StageCosts& stage : costs.costs.microbatch_stages[i]) compute += stage.forward_s + stage.backward_s;
+    most = std::max(most, compute);
+    sum += compute;
+  }
+  out.microbatch_imbalance = sum > 0 ? most * static_cast<double>(m) / sum : 1;
+  out.rank_imbalance = rank_imbalance(result);
+  const int multiple = layout.sequence_parallel ? layout.tensor_parallel : 1;
+  out.uniform_length =
+      std::max(multiple, static_cast<int>(std::lround(tokens / static_cast<double>(m) / multiple)) * multiple);
+  Layout uniform = layout;
+  uniform.variable_seq_lengths.clear();
+  uniform.seq_length = out.uniform_length;
+  const Prediction p = predict(uniform);
+  out.uniform_step_time_s = p.result.step_time_s;
+  out.uniform_rank_imbalance = rank_imbalance(p.result);
+  return out;
+}
+
 }  // namespace
 
 Prediction predict(const Layout& layout, const MeasuredProfile* profile) {
@@ -51,6 +90,8 @@ Prediction predict(const Layout& layout, const MeasuredProfile* profile) {
   const double peak = layout.hardware.peak_at(layout.precision);
   const double per_device = step > 0 ? 1 / (step * devices) : 0;
   std::vector<std::string> warnings = memory_warnings(layout, result);
+  std::optional<VariableLengths> variable;
+  if (!layout.variable_seq_lengths.empty()) variable = variable_lengths(layout, costs, result);
   return Prediction{layout,
                     microbatches_per_step(layout),
                     std::move(schedule),
@@ -61,7 +102,8 @@ Prediction predict(const Layout& layout, const MeasuredProfile* profile) {
                     costs.hardware_flops_per_step * per_device / peak,
                     costs.model_flops_per_step * per_device / 1e12,
                     costs.hardware_flops_per_step * per_device / 1e12,
-                    std::move(warnings)};
+                    std::move(warnings),
+                    std::move(variable)};
 }
 
 }  // namespace pipeflow

@@ -1,6 +1,8 @@
 // What `pipeflow simulate` prints: a prediction as tables or as JSON.
 #include "pipeflow/sim/report.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -54,6 +56,20 @@ std::string describe_training(const Layout& l) {
                      format_parameters(static_cast<double>(s.parameters)), frozen);
 }
 
+// What variable sequence lengths do to the step, in a line (empty without them).
+std::string describe_variable_lengths(const Prediction& p) {
+  if (!p.variable_lengths) return "";
+  const VariableLengths& v = *p.variable_lengths;
+  const auto [shortest, longest] = std::minmax_element(v.lengths.begin(), v.lengths.end());
+  return fmt::format(
+      "variable sequence lengths: {} micro-batches of {} .. {} tokens: step {} against {} with every micro-batch at "
+      "{} tokens ({:+.1f}%); micro-batch compute max/mean {:.2f}; rank compute max/mean {:.2f} ({:.2f} uniform)\n",
+      v.lengths.size(), *shortest, *longest, format_seconds(p.result.step_time_s),
+      format_seconds(v.uniform_step_time_s), v.uniform_length,
+      100 * (p.result.step_time_s / v.uniform_step_time_s - 1), v.microbatch_imbalance, v.rank_imbalance,
+      v.uniform_rank_imbalance);
+}
+
 std::string stages_of(const Schedule& schedule, int rank) {
   std::string out;
   for (StageId s : schedule.stages_of(RankId(rank))) {
@@ -67,7 +83,7 @@ std::string stages_of(const Schedule& schedule, int rank) {
 
 std::string prediction_text(const Prediction& p) {
   const SimulationResult& r = p.result;
-  std::string out = describe_layout(p) + "\n" + describe_training(p.layout) + "\n";
+  std::string out = describe_layout(p) + "\n" + describe_training(p.layout) + describe_variable_lengths(p) + "\n";
   const SteadyState& steady = *r.steady_state;
   const std::string estimate = steady.converged ? "" : "~";
   TextTable summary({"step time", "bubble", "pipeline bubble", "ZB bubble rate", "steady step", "steady bubble",
@@ -130,6 +146,7 @@ nlohmann::ordered_json layout_json(const Layout& l, int microbatches, int chunks
           {"zero_stage", static_cast<int>(l.zero)},
           {"comm_mode", l.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped"},
           {"precision", to_string(l.precision)},
+          {"variable_seq_lengths", l.variable_seq_lengths},
           {"freeze", l.training.freeze},
           {"lora", l.training.lora ? nlohmann::ordered_json{{"r", l.training.lora->rank},
                                                             {"alpha", l.training.lora->alpha},
@@ -151,6 +168,14 @@ std::string prediction_json(const Prediction& p) {
                       {"frozen_layers", trains.frozen},
                       {"adapted_layers", trains.adapted},
                       {"layers_without_backward", trains.without_backward}};
+  if (const std::optional<VariableLengths>& v = p.variable_lengths) {
+    json["variable_seq_lengths"] = {{"lengths", v->lengths},
+                                    {"uniform_length", v->uniform_length},
+                                    {"uniform_step_time_s", v->uniform_step_time_s},
+                                    {"microbatch_imbalance", v->microbatch_imbalance},
+                                    {"rank_imbalance", v->rank_imbalance},
+                                    {"uniform_rank_imbalance", v->uniform_rank_imbalance}};
+  }
   json["step_time_s"] = r.step_time_s;
   json["pipeline_time_s"] = r.pipeline_time_s;
   json["bubble_ratio"] = r.bubble_ratio;

@@ -29,6 +29,17 @@ void check_link(const LinkCost& link, std::string_view what) {
   }
 }
 
+}  // namespace
+
+const StageCosts& SimulationCosts::of(int stage, int microbatch) const {
+  if (microbatch_stages.empty() || microbatch < 0 || microbatch >= static_cast<int>(microbatch_stages.size())) {
+    return stages[static_cast<std::size_t>(stage)];
+  }
+  return microbatch_stages[static_cast<std::size_t>(microbatch)][static_cast<std::size_t>(stage)];
+}
+
+namespace {
+
 void check_costs(const Schedule& schedule, const SimulationCosts& costs) {
   if (static_cast<int>(costs.stages.size()) != schedule.num_stages()) {
     fail("simulation costs give {} stages but schedule {} has {}: give one StageCosts per stage",
@@ -55,6 +66,28 @@ void check_costs(const Schedule& schedule, const SimulationCosts& costs) {
     check_cost(c.comm_buffer_bytes, "comm_buffer_bytes", s);
     check_cost(c.gradient_bytes, "gradient_bytes", s);
     check_cost(c.optimizer_s, "optimizer_s", s);
+  }
+  if (!costs.microbatch_stages.empty()) {
+    if (static_cast<int>(costs.microbatch_stages.size()) != schedule.num_microbatches()) {
+      fail("simulation costs give {} micro-batches' costs but schedule {} has {}: give one per micro-batch or none",
+           costs.microbatch_stages.size(), schedule.name(), schedule.num_microbatches());
+    }
+    for (const std::vector<StageCosts>& stages : costs.microbatch_stages) {
+      if (stages.size() != costs.stages.size()) {
+        fail("simulation costs of a micro-batch give {} stages but schedule {} has {}: give one StageCosts per stage",
+             stages.size(), schedule.name(), schedule.num_stages());
+      }
+      for (std::size_t s = 0; s < stages.size(); ++s) {
+        const StageCosts& c = stages[s];
+        for (const auto& [value, what] :
+             {std::pair{c.forward_s, "forward_s"}, std::pair{c.backward_s, "backward_s"},
+              std::pair{c.backward_input_s, "backward_input_s"}, std::pair{c.backward_weight_s, "backward_weight_s"},
+              std::pair{c.output_bytes, "output_bytes"}, std::pair{c.activation_bytes, "activation_bytes"},
+              std::pair{c.weight_gradient_bytes, "weight_gradient_bytes"}}) {
+          check_cost(value, what, static_cast<int>(s));
+        }
+      }
+    }
   }
   if (costs.data_parallel < 1) {
     fail("simulation data_parallel is {}: it must be >= 1 (1 for no data parallelism)", costs.data_parallel);
@@ -96,7 +129,7 @@ double message_bytes(const Action& sender, const SimulationCosts& costs) {
   const bool forward = sender.kind == ActionKind::kForward || sender.kind == ActionKind::kSendForward;
   const int producer_stage = forward ? s : s - 1;
   if (producer_stage < 0 || producer_stage >= static_cast<int>(costs.stages.size())) return 0;
-  return costs.stages[static_cast<std::size_t>(producer_stage)].output_bytes;
+  return costs.of(producer_stage, sender.microbatch.value()).output_bytes;
 }
 
 // `overlapped`: a B that is the second half of an F&B pair.
@@ -124,7 +157,7 @@ MemoryPeak walk_memory(const std::vector<Action>& actions, const SimulationCosts
   double held = 0;
   int inflight = 0;
   for (const Action& a : actions) {
-    const StageCosts& c = costs.stages[static_cast<std::size_t>(a.stage.value())];
+    const StageCosts& c = costs.of(a.stage.value(), a.microbatch.value());
     if (is_compute(a.kind)) {
       const double working = a.kind == ActionKind::kForward ? c.forward_working_bytes : c.backward_working_bytes;
       if (held + working > peak.bytes) peak = {held + working, inflight};
@@ -309,7 +342,7 @@ ExecutionCosts execution_costs(const Schedule& schedule, const SimulationCosts& 
   ExecutionCosts execution;
   execution.duration = [&costs, overlapped, m](const Action& a, RankId) {
     const std::size_t key = static_cast<std::size_t>(a.stage.value() * m + a.microbatch.value());
-    return compute_duration(a, costs.stages[static_cast<std::size_t>(a.stage.value())],
+    return compute_duration(a, costs.of(a.stage.value(), a.microbatch.value()),
                             a.kind == ActionKind::kBackward && (*overlapped)[key]);
   };
   execution.transfer = [&costs](const Action& sender, RankId from, RankId to) {

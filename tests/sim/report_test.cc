@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <vector>
 
 namespace pipeflow {
 namespace {
@@ -50,6 +51,23 @@ TEST(SimulateReport, ARunThatTrainsEverythingHasNoTrainingLine) {
   EXPECT_EQ(json["training"]["trainable_parameters"], 6738415616);
   EXPECT_EQ(json["training"]["parameters"], 6738415616);
   EXPECT_EQ(json["training"]["layers_without_backward"], 0);
+}
+
+// Micro-batches of 64 and 128 tokens: a step carries 64 + 128 = 192 tokens; at equal lengths the step is
+// the uniform case's exactly.
+TEST(SimulateReport, VariableSequenceLengthsAgainstTheUniformCase) {
+  const Prediction p = predict(llama_layout(R"(, "variable_seq_lengths": [64, 128])"));
+  EXPECT_DOUBLE_EQ(p.costs.tokens_per_step, 192);
+  ASSERT_TRUE(p.variable_lengths.has_value());
+  EXPECT_EQ(p.variable_lengths->lengths, (std::vector<int>{64, 128}));
+  EXPECT_EQ(p.variable_lengths->uniform_length, 96);
+  EXPECT_GT(p.variable_lengths->microbatch_imbalance, 1.2);
+  EXPECT_NE(prediction_text(p).find("\nvariable sequence lengths: 2 micro-batches of 64 .. 128 tokens: step "),
+            std::string::npos);
+  const Prediction same = predict(llama_layout(R"(, "variable_seq_lengths": [128])"));
+  EXPECT_DOUBLE_EQ(same.result.step_time_s, same.variable_lengths->uniform_step_time_s);
+  EXPECT_DOUBLE_EQ(same.result.step_time_s, predict(llama_layout("")).result.step_time_s);
+  EXPECT_DOUBLE_EQ(same.variable_lengths->microbatch_imbalance, 1);
 }
 
 }  // namespace

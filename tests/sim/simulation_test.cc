@@ -729,3 +729,36 @@ TEST(SimulateErrors, StageCountNegativeCostsAndDeadlocksAreNamed) {
 
 }  // namespace
 }  // namespace pipeflow
+
+namespace pipeflow {
+namespace {
+
+// Micro-batches of their own sizes: micro-batch 0 costs F = 1, B = 2 on both
+// stages, micro-batch 1 twice as much (F = 2, B = 4), as a sequence twice as
+// long would at a linear cost. GPipe, p = 2, m = 2, by hand: rank 0 runs F0
+// [0, 1], F1 [1, 3]; rank 1 F0 [1, 2], F1 [3, 5], B0 [5, 7], B1 [7, 11];
+// rank 0 B0 [7, 9], B1 [11, 15]: step 15. Both at the mean (F = 1.5, B = 3):
+// (m + p − 1)(F + B) = 13.5. 1F1B: rank 1 F0 [1, 2], B0 [2, 4], F1 [4, 6],
+// B1 [6, 10]; rank 0 F0 [0, 1], F1 [1, 3], B0 [4, 6], B1 [10, 14]: step 14.
+SimulationCosts two_sizes(const Schedule& schedule) {
+  SimulationCosts costs = uniform_costs(schedule, {1.5, 1.5, 1.5});
+  for (double scale : {1.0, 2.0}) {
+    costs.microbatch_stages.push_back(uniform_costs(schedule, {scale, scale, scale}).stages);
+  }
+  return costs;
+}
+
+TEST(VariableMicrobatches, EachMicrobatchTakesItsOwnCosts) {
+  const Schedule gpipe = make_schedule("gpipe", 2, 2, 1);
+  EXPECT_NEAR(simulate(gpipe, two_sizes(gpipe)).step_time_s, 15, kTight);
+  EXPECT_NEAR(simulate(gpipe, uniform_costs(gpipe, {1.5, 1.5, 1.5})).step_time_s, 13.5, kTight);
+  const Schedule one_f_one_b = make_schedule("1f1b", 2, 2, 1);
+  EXPECT_NEAR(simulate(one_f_one_b, two_sizes(one_f_one_b)).step_time_s, 14, kTight);
+  SimulationCosts short_of_one = two_sizes(gpipe);
+  short_of_one.microbatch_stages.pop_back();
+  EXPECT_EQ(error_of([&] { simulate(gpipe, short_of_one); }),
+            "simulation costs give 1 micro-batches' costs but schedule gpipe has 2: give one per micro-batch or none");
+}
+
+}  // namespace
+}  // namespace pipeflow

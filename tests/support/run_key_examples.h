@@ -94,6 +94,7 @@ inline std::vector<RunKeyExample> run_key_examples() {
       {"rank_order", "tp-pp-dp"},
       {"recompute", "selective"},
       {"seq_length", 32},
+      {"variable_seq_lengths", json::array({16, 32})},
       {"comm_mode", "blocking"},
       {"freeze", json::array({"embedding"})},
       {"lora", {{"r", 8}, {"alpha", 16.0}, {"target", {"c_attn"}}, {"train", {"head"}}}},

@@ -96,6 +96,10 @@ namespace pipeflow {
 //   recompute             none | selective | full; default full when
 //                         activation_checkpoint_interval > 0, else none
 //   seq_length            tokens per sequence (default: the model's context)
+//   variable_seq_lengths []   tokens per sequence of each micro-batch, the
+//                         list repeated over a step's micro-batches (Megatron's
+//                         --variable-seq-lengths); each in [1, seq_length],
+//                         seq_length the longest (what buffers are sized for)
 //   comm_mode "overlapped" | "blocking"
 // and what trains (model/training.h; simulate and plan price it, train
 // runs what its vision-language model can and refuses it for a language
@@ -249,6 +253,7 @@ struct RunConfig {
   RankOrder rank_order = RankOrder::kTensorDataPipeline;
   std::optional<Recompute> recompute;  // absent: from pipeline.recompute_interval
   int seq_length = 0;                  // 0: the model's context
+  std::vector<int> variable_seq_lengths;  // empty: every micro-batch seq_length
   CommMode comm_mode = CommMode::kOverlapped;
   TrainingSpec training;               // freeze, lora
 

@@ -36,6 +36,9 @@ struct Layout {
   int micro_batch = 1;         // b: sequences per micro-batch
   int global_batch = 1;        // B: sequences per optimizer step over all replicas
   int seq_length = 0;          // s: tokens per sequence (must be set: validate_layout)
+  // Micro-batch i's sequences hold variable_seq_lengths[i mod n] tokens each
+  // (each in [1, s]; s sizes the buffers); empty: every micro-batch s.
+  std::vector<int> variable_seq_lengths = {};
   std::string schedule = "1f1b";  // a generator's name, or the schedule file's
   int chunks = 1;      // v: model chunks per rank (zbv and dualpipev always hold 2)
   // A schedule file's schedule (pipeline.schedule_file), run instead of a

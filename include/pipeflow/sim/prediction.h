@@ -1,5 +1,6 @@
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,22 @@
 #include "pipeflow/sim/simulation.h"
 
 namespace pipeflow {
+
+// What micro-batches of their own lengths (Layout::variable_seq_lengths) do
+// to a step, against the uniform case: the same layout with every
+// micro-batch at the mean length (rounded; to a multiple of t under
+// sequence parallelism).
+struct VariableLengths {
+  std::vector<int> lengths;        // tokens per sequence of each micro-batch of a replica
+  int uniform_length = 0;          // the mean, rounded
+  double uniform_step_time_s = 0;  // the uniform case's step
+  // The slowest micro-batch's compute (F + B summed over the stages) over
+  // the mean micro-batch's; the busiest rank's compute over the mean rank's,
+  // here and in the uniform case.
+  double microbatch_imbalance = 0;
+  double rank_imbalance = 0;
+  double uniform_rank_imbalance = 0;
+};
 
 // A layout's predicted step: the simulated schedule, the costs it ran with,
 // the result, and the throughput figures derived from them.
@@ -32,6 +49,7 @@ struct Prediction {
   double hardware_tflops_per_device = 0;  // with recomputation, as Megatron-LM reports
   // One line per rank whose peak memory exceeds the device's, naming the fix.
   std::vector<std::string> warnings;
+  std::optional<VariableLengths> variable_lengths;  // with Layout::variable_seq_lengths
 };
 
 // Builds the layout's schedule and costs and simulates one step. With a

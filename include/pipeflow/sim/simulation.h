@@ -62,6 +62,15 @@ class LinkTable {
 
 struct SimulationCosts {
   std::vector<StageCosts> stages;  // one per stage of the schedule, in stage order
+  // Micro-batches of their own sizes (variable sequence lengths): per
+  // micro-batch, one StageCosts per stage whose durations, output bytes and
+  // activation bytes (activation, weight-gradient and working bytes) that
+  // micro-batch's actions and messages take; `stages` keeps the rest (model
+  // states, buffers, gradients, optimizer). Empty: every micro-batch costs
+  // `stages`.
+  std::vector<std::vector<StageCosts>> microbatch_stages;
+  // The costs of micro-batch `microbatch` on stage `stage`.
+  const StageCosts& of(int stage, int microbatch) const;
   LinkTable links;
   CommMode comm_mode = CommMode::kOverlapped;
   // Data parallelism: the replicas of pipeline rank r all-reduce their
