@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "pipeflow/core/error.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/schedule/passes.h"
 
@@ -78,6 +79,10 @@ VariableLengths variable_lengths(const Layout& layout, const LayoutCosts& costs,
 
 Prediction predict(const Layout& layout, const MeasuredProfile* profile) {
   const Schedule made = layout_schedule(layout);
+  if (profile != nullptr && !layout.variable_seq_lengths.empty()) {
+    fail("variable_seq_lengths with a measured profile (--profile): the profile's durations are one sequence "
+         "length's, and micro-batches of their own lengths are priced by the cost model alone; drop one of the two");
+  }
   LayoutCosts costs = layout_costs(layout, made);
   if (profile != nullptr) apply_profile(*profile, costs.costs);
   // A lowered schedule file already holds its messages.

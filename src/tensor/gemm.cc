@@ -140,22 +140,52 @@ void bf16_gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k
 GemmPrecisionScope::GemmPrecisionScope(GemmPrecision precision) : previous_(t_precision) { t_precision = precision; }
 GemmPrecisionScope::~GemmPrecisionScope() { t_precision = previous_; }
 
+bool bf16_matmul_available() {
+  static const bool available = [] {
+    try {
+      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+      using dt = dnnl::memory::data_type;
+      using tag = dnnl::memory::format_tag;
+      const dnnl::memory::desc bf16({1, 1}, dt::bf16, tag::ab);
+      const dnnl::memory::desc f32({1, 1}, dt::f32, tag::ab);
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(bf16, bf16, f32), engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return available;
+}
+
 bool native_bf16_gemm() {
   const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
   const auto bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
   return (isa & bf16) == bf16;  // AMX's ISA includes AVX-512 BF16's bits
 }
 
+namespace {
+
+GemmPrecision bf16_where_available(std::string_view asked_by) {
+  if (!bf16_matmul_available()) {
+    fail("{}: oneDNN has no bf16 matmul on this CPU (it needs AVX-512): multiply in fp32 (PIPEFLOW_BF16_GEMM=fp32, "
+         "or unset it to let the CPU decide)",
+         asked_by);
+  }
+  return GemmPrecision::kBf16;
+}
+
+}  // namespace
+
 GemmPrecision resolve(Bf16Gemm choice) {
   switch (choice) {
     case Bf16Gemm::kFp32: return GemmPrecision::kFp32;
-    case Bf16Gemm::kBf16: return GemmPrecision::kBf16;
+    case Bf16Gemm::kBf16: return bf16_where_available("bf16 GEMMs asked for");
     case Bf16Gemm::kAuto: break;
   }
   if (const char* set = std::getenv("PIPEFLOW_BF16_GEMM")) {
     const std::string_view value = set;
     if (value == "fp32") return GemmPrecision::kFp32;
-    if (value == "bf16") return GemmPrecision::kBf16;
+    if (value == "bf16") return bf16_where_available("PIPEFLOW_BF16_GEMM = 'bf16'");
     fail("PIPEFLOW_BF16_GEMM = '{}': must be fp32 or bf16 (how a bf16 run multiplies): unset it to let the CPU "
          "decide",
          value);

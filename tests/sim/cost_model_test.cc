@@ -388,6 +388,12 @@ TEST(Predict, AMeasuredProfileReplacesTheComputedDurations) {
   EXPECT_DOUBLE_EQ(p.costs.costs.stages[0].activation_bytes, 5e5);
   EXPECT_DOUBLE_EQ(p.result.ranks[0].activation_bytes, 2 * 5e5);
 
+  Layout variable = layout;
+  variable.variable_seq_lengths = {32, 64};
+  EXPECT_EQ(error_of([&] { predict(variable, &profile); }),
+            "variable_seq_lengths with a measured profile (--profile): the profile's durations are one sequence "
+            "length's, and micro-batches of their own lengths are priced by the cost model alone; drop one of the two");
+
   profile.stages.pop_back();
   EXPECT_EQ(error_of([&] { predict(layout, &profile); }),
             "profile has 1 stages but the simulated layout has 2: measure the same pipeline stages × virtual stages");

@@ -85,6 +85,7 @@ TEST(Gemm, OneRowMatchesTheDefinitionForEveryTranspose) {
 // itself moves the results by ~1e-2, far outside it. The same call repeats
 // its bits; outside the scope (or in a nested fp32 one) it is sgemm again.
 TEST(Gemm, ABf16ScopeMultipliesTheOperandsRoundedToBf16AccumulatingInFp32) {
+  if (!bf16_matmul_available()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU (AVX2 alone)";
   const int m = 33, n = 19, k = 70, pad = 3;
   const auto a = random_floats(static_cast<std::size_t>(k + pad) * (k + pad), 8);
   const auto b = random_floats(static_cast<std::size_t>(k + pad) * (k + pad), 9);
@@ -133,17 +134,30 @@ TEST(Gemm, ABf16ScopeMultipliesTheOperandsRoundedToBf16AccumulatingInFp32) {
   }
 }
 
-// PIPEFLOW_BF16_GEMM chooses the path of kAuto; the forced choices ignore it.
+// PIPEFLOW_BF16_GEMM chooses the path of kAuto; the forced choices ignore
+// it. Where oneDNN has no bf16 matmul (AVX2 alone), bf16 asked for either
+// way is refused with the fix.
 TEST(Gemm, TheBf16PathIsChosenByTheEnvironmentOrTheCpu) {
+  const bool available = bf16_matmul_available();
+  const std::string refused = "oneDNN has no bf16 matmul on this CPU (it needs AVX-512): multiply in fp32 "
+                              "(PIPEFLOW_BF16_GEMM=fp32, or unset it to let the CPU decide)";
+  const auto expect_bf16 = [&](Bf16Gemm choice, const std::string& asked_by) {
+    if (available) {
+      EXPECT_EQ(resolve(choice), GemmPrecision::kBf16);
+    } else {
+      EXPECT_EQ(testing::error_of([&] { resolve(choice); }), asked_by + ": " + refused);
+    }
+  };
+  EXPECT_TRUE(available || !native_bf16_gemm());
   EXPECT_EQ(resolve(Bf16Gemm::kFp32), GemmPrecision::kFp32);
-  EXPECT_EQ(resolve(Bf16Gemm::kBf16), GemmPrecision::kBf16);
+  expect_bf16(Bf16Gemm::kBf16, "bf16 GEMMs asked for");
   const char* before = std::getenv("PIPEFLOW_BF16_GEMM");
   const std::string saved = before == nullptr ? "" : before;
   ::setenv("PIPEFLOW_BF16_GEMM", "fp32", 1);
   EXPECT_EQ(resolve(Bf16Gemm::kAuto), GemmPrecision::kFp32);
-  EXPECT_EQ(resolve(Bf16Gemm::kBf16), GemmPrecision::kBf16);
+  expect_bf16(Bf16Gemm::kBf16, "bf16 GEMMs asked for");
   ::setenv("PIPEFLOW_BF16_GEMM", "bf16", 1);
-  EXPECT_EQ(resolve(Bf16Gemm::kAuto), GemmPrecision::kBf16);
+  expect_bf16(Bf16Gemm::kAuto, "PIPEFLOW_BF16_GEMM = 'bf16'");
   ::setenv("PIPEFLOW_BF16_GEMM", "fast", 1);
   EXPECT_EQ(testing::error_of([] { resolve(Bf16Gemm::kAuto); }),
             "PIPEFLOW_BF16_GEMM = 'fast': must be fp32 or bf16 (how a bf16 run multiplies): unset it to let the CPU "

@@ -51,14 +51,19 @@ class GemmPrecisionScope {
 };
 
 // Whether this CPU has bf16 dot products (AVX-512 BF16, or AMX): oneDNN's
-// effective ISA, which ONEDNN_MAX_CPU_ISA lowers. Without them oneDNN
-// emulates the bf16 matmul at 0.34-0.39x its fp32 sgemm
+// effective ISA, which ONEDNN_MAX_CPU_ISA lowers. Without them, on AVX-512,
+// oneDNN emulates the bf16 matmul at 0.34-0.39x its fp32 sgemm
 // (docs/PERFORMANCE.md): kBf16 only costs there.
 bool native_bf16_gemm();
+// Whether oneDNN has a bf16 matmul here at all, native or emulated (oneDNN
+// 2.6: from AVX-512; an AVX2-only CPU has none). Asked once, by making one.
+bool bf16_matmul_available();
 
 // How a bf16 stage multiplies. kAuto: the environment's
 // PIPEFLOW_BF16_GEMM (fp32 or bf16) when it is set, else kBf16 where
-// native_bf16_gemm() and kFp32 elsewhere. kFp32 / kBf16: that one.
+// native_bf16_gemm() and kFp32 elsewhere. kFp32 / kBf16: that one. bf16
+// (asked for, or by the environment) where !bf16_matmul_available() is an
+// Error that says to multiply in fp32.
 enum class Bf16Gemm { kAuto, kFp32, kBf16 };
 GemmPrecision resolve(Bf16Gemm choice);
 const char* to_string(GemmPrecision precision);
