@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <limits>
+#include <numbers>
 #include <nlohmann/json.hpp>
 
 #include "pipeflow/config/deepspeed_keys.h"
@@ -22,6 +24,35 @@ const char* to_string(RankOrder order) {
 }
 
 namespace {
+
+// variable_seq_lengths as an object: a distribution to draw a step's lengths from.
+LengthDistribution parse_length_distribution(const Config& keys) {
+  LengthDistribution d;
+  const std::string kind = keys.require<std::string>("distribution");
+  if (kind == "uniform") {
+    d.kind = LengthDistribution::Kind::kUniform;
+  } else if (kind == "normal") {
+    d.kind = LengthDistribution::Kind::kNormal;
+  } else {
+    keys.fail_value("distribution", "must be \"uniform\" (min, max) or \"normal\" (mean, std, min, max)");
+  }
+  d.min = keys.require<int>("min");
+  if (d.min < 1) keys.fail_value("min", "must be >= 1 (tokens per sequence of the shortest micro-batch)");
+  d.max = keys.require<int>("max");
+  if (d.max < d.min) keys.fail_value("max", fmt::format("must be >= min ({})", d.min));
+  if (d.kind == LengthDistribution::Kind::kNormal) {
+    d.mean = keys.require<double>("mean");
+    if (!(d.mean >= d.min && d.mean <= d.max)) {
+      keys.fail_value("mean", fmt::format("must be in [min, max] = [{}, {}]", d.min, d.max));
+    }
+    d.std = keys.require<double>("std");
+    if (!(d.std >= 0)) keys.fail_value("std", "must be >= 0 (tokens)");
+  }
+  const std::int64_t seed = keys.get<std::int64_t>("seed", 0);
+  if (seed < 0) keys.fail_value("seed", "must be >= 0 (the draws' seed)");
+  d.seed = static_cast<std::uint64_t>(seed);
+  return d;
+}
 
 using Json = nlohmann::ordered_json;
 
@@ -359,10 +390,23 @@ void read_simulation_keys(const Config& config, RunConfig& run) {
     run.recompute = with_value_context(config, "recompute", [&] { return parse_recompute(text); });
   }
   run.seq_length = non_negative(config, "seq_length", 0, "tokens per sequence, 0 for the model's context");
-  run.variable_seq_lengths = config.get("variable_seq_lengths", std::vector<int>{});
-  for (int length : run.variable_seq_lengths) {
-    if (length < 1) {
-      config.fail_value("variable_seq_lengths", "every length must be >= 1 (tokens per sequence of a micro-batch)");
+  if (config.is_object("variable_seq_lengths")) {
+    run.seq_length_distribution = parse_length_distribution(config.object("variable_seq_lengths"));
+  } else {
+    run.variable_seq_lengths = config.get("variable_seq_lengths", std::vector<int>{});
+    for (int length : run.variable_seq_lengths) {
+      if (length < 1) {
+        config.fail_value("variable_seq_lengths",
+                          "every length must be >= 1 (tokens per sequence of a micro-batch)");
+      }
+    }
+  }
+  run.variable_images = config.get("variable_images", std::vector<int>{});
+  for (int images : run.variable_images) {
+    if (images < 1) {
+      config.fail_value("variable_images",
+                        "every count must be >= 1 (images per sequence; a micro-batch without images is not "
+                        "modelled)");
     }
   }
   const std::string comm = config.get("comm_mode", "overlapped");
@@ -724,12 +768,16 @@ ResolvedRun resolve(const RunConfig& given, const std::optional<ModelFromFile>& 
     fail("{}: seq_length = {}: {} has {} positions: use seq_length <= {}", source, r.seq_length, r.model.name,
          r.model.max_positions, r.model.max_positions);
   }
-  for (int length : run.variable_seq_lengths) {
-    if (length > r.seq_length) {
-      fail("{}: variable_seq_lengths holds {} > seq_length {}: seq_length is the longest micro-batch's (what the "
-           "buffers are sized for): raise seq_length to {} or shorten the lengths",
-           source, length, r.seq_length, length);
-    }
+  r.microbatch_lengths = run.seq_length_distribution ? run.seq_length_distribution->draw(r.batch.accumulation)
+                                                     : run.variable_seq_lengths;
+  const int longest = run.seq_length_distribution ? run.seq_length_distribution->max
+                      : r.microbatch_lengths.empty()
+                          ? 0
+                          : *std::max_element(r.microbatch_lengths.begin(), r.microbatch_lengths.end());
+  if (longest > r.seq_length) {
+    fail("{}: variable_seq_lengths {} {} > seq_length {}: seq_length is the longest micro-batch's (what the "
+         "buffers are sized for): raise seq_length to {} or shorten the lengths",
+         source, run.seq_length_distribution ? "has max" : "holds", longest, r.seq_length, longest);
   }
   r.recompute = run.recompute.value_or(run.pipeline.recompute_interval > 0 ? Recompute::kFull : Recompute::kNone);
   r.sequence_parallel = run.sequence_parallel && run.tensor_parallel > 1;
@@ -759,6 +807,29 @@ ResolvedRun resolve(const RunConfig& given, const std::optional<ModelFromFile>& 
          run.pipeline.schedule, run.pipeline.ranks, r.batch.accumulation, run.pipeline.chunks, error.what());
   }
   return r;
+}
+
+std::vector<int> LengthDistribution::draw(int count) const {
+  std::uint64_t state = seed;
+  const auto uniform01 = [&state] {  // splitmix64 (Steele et al. 2014), 53 bits into [0, 1)
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+  };
+  std::vector<int> lengths;
+  for (int i = 0; i < count; ++i) {
+    double length = 0;
+    if (kind == Kind::kUniform) {
+      length = min + std::floor(uniform01() * (max - min + 1));
+    } else {
+      const double u1 = 1 - uniform01();  // (0, 1]: log(u1) finite
+      const double u2 = uniform01();
+      length = std::round(mean + std * std::sqrt(-2 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2));
+    }
+    lengths.push_back(static_cast<int>(std::clamp(length, static_cast<double>(min), static_cast<double>(max))));
+  }
+  return lengths;
 }
 
 std::string run_config_to_json(const RunConfig& run) {
@@ -816,7 +887,19 @@ std::string run_config_to_json(const RunConfig& run) {
   json["rank_order"] = to_string(run.rank_order);
   if (run.recompute) json["recompute"] = std::string(to_string(*run.recompute));
   json["seq_length"] = run.seq_length;
-  json["variable_seq_lengths"] = run.variable_seq_lengths;
+  if (const std::optional<LengthDistribution>& d = run.seq_length_distribution) {
+    json["variable_seq_lengths"] = {{"distribution", d->kind == LengthDistribution::Kind::kNormal ? "normal" : "uniform"},
+                                    {"min", d->min},
+                                    {"max", d->max},
+                                    {"seed", d->seed}};
+    if (d->kind == LengthDistribution::Kind::kNormal) {
+      json["variable_seq_lengths"]["mean"] = d->mean;
+      json["variable_seq_lengths"]["std"] = d->std;
+    }
+  } else {
+    json["variable_seq_lengths"] = run.variable_seq_lengths;
+  }
+  json["variable_images"] = run.variable_images;
   json["comm_mode"] = run.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped";
   json["freeze"] = run.training.freeze;
   if (const std::optional<LoraSpec>& lora = run.training.lora) {

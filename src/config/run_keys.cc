@@ -118,10 +118,17 @@ constexpr std::array kRunKeys = {
            "Activation recomputation; absent: full with an activation_checkpoint_interval, else none", kAll, true},
     RunKey{"seq_length", "--seq-length", "--seq", kInteger, ">= 0", "0", "Tokens per sequence; 0: the model's context",
            kAll, true},
-    RunKey{"variable_seq_lengths", "--variable-seq-lengths", "", kList,
-           "[tokens per sequence of micro-batch 1, 2, ...], each in [1, seq_length]", "[]",
+    RunKey{"variable_seq_lengths", "--variable-seq-lengths", "", kListOrObject,
+           "[tokens per sequence of micro-batch 1, 2, ...], each in [1, seq_length]; or {distribution: uniform | "
+           "normal, min, max, mean, std, seed}",
+           "[]",
            "Micro-batches of their own lengths, the list repeated over a step's micro-batches (Megatron's "
-           "--variable-seq-lengths); []: every one seq_length (simulate)",
+           "--variable-seq-lengths) or drawn; []: every one seq_length (simulate)",
+           kAll},
+    RunKey{"variable_images", "--variable-images", "", kList, "[images per sequence of micro-batch 1, 2, ...], each >= 1",
+           "[]",
+           "A vision-language model's images per sequence of each micro-batch, the list repeated over a step; []: "
+           "the model's (simulate)",
            kAll},
     RunKey{"comm_mode", "--comm", "", kString, "overlapped | blocking", "\"overlapped\"",
            "Stage-to-stage sends: overlapped or blocking", kAll, true},
@@ -164,6 +171,8 @@ std::string_view type_name(KeyType type) {
       return "a JSON list";
     case kObject:
       return "a JSON object";
+    case kListOrObject:
+      return "a JSON list or object";
   }
   return "";
 }
@@ -203,9 +212,13 @@ nlohmann::json run_key_value(const RunKey& key, std::string_view text, std::stri
     case kString:
       return std::string(text);
     case kList:
-    case kObject: {
+    case kObject:
+    case kListOrObject: {
       nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
-      if (value.is_discarded() || (key.type == kList ? !value.is_array() : !value.is_object())) refuse();
+      const bool fits = key.type == kList     ? value.is_array()
+                        : key.type == kObject ? value.is_object()
+                                              : value.is_array() || value.is_object();
+      if (value.is_discarded() || !fits) refuse();
       return value;
     }
   }

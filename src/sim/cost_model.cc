@@ -512,39 +512,34 @@ std::vector<PipelineLayer> checked_layers(const Layout& layout, const Schedule& 
   return layers;
 }
 
-// Variable sequence lengths: each micro-batch priced at its own length on
-// the layout's cut (micro-batch i of every replica holds b sequences of
-// variable_seq_lengths[i mod n] tokens), each length once; the model FLOPs
-// and tokens of a step summed over the micro-batches.
-void price_variable_lengths(const Layout& layout, const Schedule& schedule, const LinkCost& tensor_link,
-                            LayoutCosts& out) {
+// Micro-batches that differ (variable_seq_lengths, variable_images): each
+// priced at its own shape on the layout's cut, each shape once; the model
+// FLOPs and tokens of a step summed over the micro-batches.
+void price_microbatch_shapes(const Layout& layout, const Schedule& schedule, const LinkCost& tensor_link,
+                             LayoutCosts& out) {
   struct Priced {
     std::vector<StageCosts> stages;
     LayerTotals totals;
   };
-  std::map<int, Priced> by_length;
-  const int m = schedule.num_microbatches();
+  std::map<MicrobatchShape, Priced> by_shape;
   const double replicas = layout.data_parallel;
   out.model_flops_per_step = out.hardware_flops_per_step = out.tokens_per_step = 0;
-  for (int i = 0; i < m; ++i) {
-    const int length = layout.variable_seq_lengths[static_cast<std::size_t>(i) % layout.variable_seq_lengths.size()];
-    auto [at, added] = by_length.try_emplace(length);
+  for (const MicrobatchShape& shape : microbatch_shapes(layout, schedule.num_microbatches())) {
+    auto [at, added] = by_shape.try_emplace(shape);
     if (added) {
-      Layout shorter = layout;
-      shorter.seq_length = length;
-      shorter.variable_seq_lengths.clear();
-      const std::vector<PipelineLayer> layers = layout_layers(shorter);
+      const Layout own = with_microbatch_shape(layout, shape);
+      const std::vector<PipelineLayer> layers = layout_layers(own);
       for (std::size_t s = 0; s < out.partition.stages.size(); ++s) {
         const RankId rank = schedule.rank_of(StageId(static_cast<int>(s)));
-        at->second.stages.push_back(price_stage(shorter, layers, out.partition.stages[s], tensor_link,
+        at->second.stages.push_back(price_stage(own, layers, out.partition.stages[s], tensor_link,
                                                 out.costs.data_parallel_links[static_cast<std::size_t>(rank.value())]));
       }
-      at->second.totals = sum_layers(layout_layers(shorter, whole_model_config(shorter)));
+      at->second.totals = sum_layers(layout_layers(own, whole_model_config(own)));
     }
     out.costs.microbatch_stages.push_back(at->second.stages);
     out.model_flops_per_step += at->second.totals.model_flops() * replicas;
     out.hardware_flops_per_step += at->second.totals.hardware_flops() * replicas;
-    out.tokens_per_step += static_cast<double>(layout.micro_batch) * length * replicas;
+    out.tokens_per_step += static_cast<double>(layout.micro_batch) * shape.seq_length * replicas;
   }
 }
 
@@ -589,7 +584,7 @@ LayoutCosts layout_costs(const Layout& layout, const Schedule& schedule, Partiti
   out.model_flops_per_step = totals.model_flops() * microbatches;
   out.hardware_flops_per_step = totals.hardware_flops() * microbatches;
   out.tokens_per_step = static_cast<double>(layout.global_batch) * config.seq_length;
-  if (!layout.variable_seq_lengths.empty()) price_variable_lengths(layout, schedule, tensor_link, out);
+  if (microbatches_differ(layout)) price_microbatch_shapes(layout, schedule, tensor_link, out);
   return out;
 }
 

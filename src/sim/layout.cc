@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "pipeflow/config/rules.h"
 #include "pipeflow/core/error.h"
@@ -29,7 +30,8 @@ Layout layout_of(const ResolvedRun& run) {
   layout.micro_batch = run.batch.micro;
   layout.global_batch = run.batch.global;
   layout.seq_length = run.seq_length;
-  layout.variable_seq_lengths = keys.variable_seq_lengths;
+  layout.variable_seq_lengths = run.microbatch_lengths;
+  layout.variable_images = keys.variable_images;
   layout.schedule = keys.pipeline.file_schedule ? keys.pipeline.file_schedule->name() : keys.pipeline.schedule;
   layout.file_schedule = keys.pipeline.file_schedule;
   layout.chunks = keys.pipeline.chunks;
@@ -69,11 +71,50 @@ void validate_layout(const Layout& layout) {
     }
     if (layout.sequence_parallel) check_sequence_parallel_split(length, t);
   }
+  if (!layout.variable_images.empty()) {
+    if (!layout.model.vision) {
+      fail("variable_images = [{}]: {} has no vision tower: drop variable_images, or give a vision-language model",
+           fmt::join(layout.variable_images, ", "), layout.model.name);
+    }
+    const int per_image = image_tokens(*layout.model.vision);
+    const int m = layout.global_batch / std::max(1, layout.micro_batch * d);
+    for (const MicrobatchShape& shape : microbatch_shapes(layout, std::max(1, m))) {
+      if (shape.images < 1 || static_cast<std::int64_t>(shape.images) * per_image >= shape.seq_length) {
+        fail("variable_images holds {} with a micro-batch of {} tokens: {} image(s) of {} tokens leave no text "
+             "(a length counts its image tokens); use fewer images or longer variable_seq_lengths",
+             shape.images, shape.seq_length, shape.images, per_image);
+      }
+    }
+  }
   const int per_step = checked_product({layout.micro_batch, d}, "micro-batch × data parallel", "sequences per step");
   if (layout.global_batch % per_step != 0) {
     fail("global batch {} is not a multiple of micro-batch × data parallel = {} × {} = {}: use a global batch of {}",
          layout.global_batch, layout.micro_batch, d, per_step, nearest_multiples(layout.global_batch, per_step));
   }
+}
+
+bool microbatches_differ(const Layout& layout) {
+  return !layout.variable_seq_lengths.empty() || !layout.variable_images.empty();
+}
+
+std::vector<MicrobatchShape> microbatch_shapes(const Layout& layout, int m) {
+  const auto at = [](const std::vector<int>& list, int i, int otherwise) {
+    return list.empty() ? otherwise : list[static_cast<std::size_t>(i) % list.size()];
+  };
+  const int images = layout.model.vision ? layout.model.vision->images : 0;
+  std::vector<MicrobatchShape> shapes;
+  for (int i = 0; i < m; ++i) {
+    shapes.push_back({at(layout.variable_seq_lengths, i, layout.seq_length), at(layout.variable_images, i, images)});
+  }
+  return shapes;
+}
+
+Layout with_microbatch_shape(Layout layout, MicrobatchShape shape) {
+  layout.seq_length = shape.seq_length;
+  if (layout.model.vision) layout.model.vision->images = shape.images;
+  layout.variable_seq_lengths.clear();
+  layout.variable_images.clear();
+  return layout;
 }
 
 int microbatches_per_step(const Layout& layout) {

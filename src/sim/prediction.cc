@@ -52,10 +52,13 @@ double rank_imbalance(const SimulationResult& result) {
 VariableLengths variable_lengths(const Layout& layout, const LayoutCosts& costs, const SimulationResult& result) {
   VariableLengths out;
   const std::size_t m = costs.costs.microbatch_stages.size();
-  double tokens = 0, most = 0, sum = 0;
+  double tokens = 0, images = 0, most = 0, sum = 0;
+  const std::vector<MicrobatchShape> shapes = microbatch_shapes(layout, static_cast<int>(m));
   for (std::size_t i = 0; i < m; ++i) {
-    out.lengths.push_back(layout.variable_seq_lengths[i % layout.variable_seq_lengths.size()]);
-    tokens += out.lengths.back();
+    out.lengths.push_back(shapes[i].seq_length);
+    if (!layout.variable_images.empty()) out.images.push_back(shapes[i].images);
+    tokens += shapes[i].seq_length;
+    images += shapes[i].images;
     double compute = 0;
     for (const StageCosts& stage : costs.costs.microbatch_stages[i]) compute += stage.forward_s + stage.backward_s;
     most = std::max(most, compute);
@@ -66,10 +69,8 @@ VariableLengths variable_lengths(const Layout& layout, const LayoutCosts& costs,
   const int multiple = layout.sequence_parallel ? layout.tensor_parallel : 1;
   out.uniform_length =
       std::max(multiple, static_cast<int>(std::lround(tokens / static_cast<double>(m) / multiple)) * multiple);
-  Layout uniform = layout;
-  uniform.variable_seq_lengths.clear();
-  uniform.seq_length = out.uniform_length;
-  const Prediction p = predict(uniform);
+  out.uniform_images = static_cast<int>(std::lround(images / static_cast<double>(m)));
+  const Prediction p = predict(with_microbatch_shape(layout, {out.uniform_length, out.uniform_images}));
   out.uniform_step_time_s = p.result.step_time_s;
   out.uniform_rank_imbalance = rank_imbalance(p.result);
   return out;
@@ -79,9 +80,10 @@ VariableLengths variable_lengths(const Layout& layout, const LayoutCosts& costs,
 
 Prediction predict(const Layout& layout, const MeasuredProfile* profile) {
   const Schedule made = layout_schedule(layout);
-  if (profile != nullptr && !layout.variable_seq_lengths.empty()) {
-    fail("variable_seq_lengths with a measured profile (--profile): the profile's durations are one sequence "
-         "length's, and micro-batches of their own lengths are priced by the cost model alone; drop one of the two");
+  if (profile != nullptr && microbatches_differ(layout)) {
+    fail("{} with a measured profile (--profile): the profile's durations are one micro-batch shape's, and "
+         "micro-batches of their own shapes are priced by the cost model alone; drop one of the two",
+         layout.variable_seq_lengths.empty() ? "variable_images" : "variable_seq_lengths");
   }
   LayoutCosts costs = layout_costs(layout, made);
   if (profile != nullptr) apply_profile(*profile, costs.costs);
@@ -96,7 +98,7 @@ Prediction predict(const Layout& layout, const MeasuredProfile* profile) {
   const double per_device = step > 0 ? 1 / (step * devices) : 0;
   std::vector<std::string> warnings = memory_warnings(layout, result);
   std::optional<VariableLengths> variable;
-  if (!layout.variable_seq_lengths.empty()) variable = variable_lengths(layout, costs, result);
+  if (microbatches_differ(layout)) variable = variable_lengths(layout, costs, result);
   return Prediction{layout,
                     microbatches_per_step(layout),
                     std::move(schedule),

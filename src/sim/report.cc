@@ -61,11 +61,18 @@ std::string describe_variable_lengths(const Prediction& p) {
   if (!p.variable_lengths) return "";
   const VariableLengths& v = *p.variable_lengths;
   const auto [shortest, longest] = std::minmax_element(v.lengths.begin(), v.lengths.end());
+  std::string images, uniform_images;
+  if (!v.images.empty()) {
+    const auto [fewest, most] = std::minmax_element(v.images.begin(), v.images.end());
+    images = fmt::format(", {} .. {} images", *fewest, *most);
+    uniform_images = fmt::format(" and {}", format_count(v.uniform_images, "image"));
+  }
   return fmt::format(
-      "variable sequence lengths: {} micro-batches of {} .. {} tokens: step {} against {} with every micro-batch at "
-      "{} tokens ({:+.1f}%); micro-batch compute max/mean {:.2f}; rank compute max/mean {:.2f} ({:.2f} uniform)\n",
-      v.lengths.size(), *shortest, *longest, format_seconds(p.result.step_time_s),
-      format_seconds(v.uniform_step_time_s), v.uniform_length,
+      "variable sequence lengths: {} micro-batches of {} .. {} tokens{}: step {} against {} with every micro-batch "
+      "at {} tokens{} ({:+.1f}%); micro-batch compute max/mean {:.2f}; rank compute max/mean {:.2f} ({:.2f} "
+      "uniform)\n",
+      v.lengths.size(), *shortest, *longest, images, format_seconds(p.result.step_time_s),
+      format_seconds(v.uniform_step_time_s), v.uniform_length, uniform_images,
       100 * (p.result.step_time_s / v.uniform_step_time_s - 1), v.microbatch_imbalance, v.rank_imbalance,
       v.uniform_rank_imbalance);
 }
@@ -147,6 +154,7 @@ nlohmann::ordered_json layout_json(const Layout& l, int microbatches, int chunks
           {"comm_mode", l.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped"},
           {"precision", to_string(l.precision)},
           {"variable_seq_lengths", l.variable_seq_lengths},
+          {"variable_images", l.variable_images},
           {"freeze", l.training.freeze},
           {"lora", l.training.lora ? nlohmann::ordered_json{{"r", l.training.lora->rank},
                                                             {"alpha", l.training.lora->alpha},
@@ -170,7 +178,9 @@ std::string prediction_json(const Prediction& p) {
                       {"layers_without_backward", trains.without_backward}};
   if (const std::optional<VariableLengths>& v = p.variable_lengths) {
     json["variable_seq_lengths"] = {{"lengths", v->lengths},
+                                    {"images", v->images},
                                     {"uniform_length", v->uniform_length},
+                                    {"uniform_images", v->uniform_images},
                                     {"uniform_step_time_s", v->uniform_step_time_s},
                                     {"microbatch_imbalance", v->microbatch_imbalance},
                                     {"rank_imbalance", v->rank_imbalance},

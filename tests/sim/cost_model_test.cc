@@ -391,8 +391,8 @@ TEST(Predict, AMeasuredProfileReplacesTheComputedDurations) {
   Layout variable = layout;
   variable.variable_seq_lengths = {32, 64};
   EXPECT_EQ(error_of([&] { predict(variable, &profile); }),
-            "variable_seq_lengths with a measured profile (--profile): the profile's durations are one sequence "
-            "length's, and micro-batches of their own lengths are priced by the cost model alone; drop one of the two");
+            "variable_seq_lengths with a measured profile (--profile): the profile's durations are one micro-batch "
+            "shape's, and micro-batches of their own shapes are priced by the cost model alone; drop one of the two");
 
   profile.stages.pop_back();
   EXPECT_EQ(error_of([&] { predict(layout, &profile); }),

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "../support/error_of.h"
+
 namespace pipeflow {
 namespace {
 
@@ -68,6 +70,55 @@ TEST(SimulateReport, VariableSequenceLengthsAgainstTheUniformCase) {
   EXPECT_DOUBLE_EQ(same.result.step_time_s, same.variable_lengths->uniform_step_time_s);
   EXPECT_DOUBLE_EQ(same.result.step_time_s, predict(llama_layout("")).result.step_time_s);
   EXPECT_DOUBLE_EQ(same.variable_lengths->microbatch_imbalance, 1);
+}
+
+
+Layout llava_layout(const std::string& keys) {
+  return layout_of(resolve(parse_run_config(Config::parse(
+      R"({"model": ")" + std::string(PIPEFLOW_SOURCE_DIR) +
+          R"(/examples/cases/2-multimodal/llava-1.5-7b.json", "hardware": "a100-80g", "devices": 2,
+          "pipeline": {"stages": 2}, "train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
+          "seq_length": 2048, "bf16": {"enabled": true})" +
+          keys + "}",
+      "run.json"))));
+}
+
+// LLaVA-1.5-7B, micro-batches of 2048 tokens with 1 and 2 images (576 image tokens each): each priced as
+// a uniform run of its own shape would be, the tower's work doubling with the second image; the uniform
+// case holds the mean images, rounded (1.5 → 2).
+TEST(SimulateReport, VariableImagesPriceEachMicrobatchsVisionTowerOnItsOwn) {
+  const Layout layout = llava_layout(R"(, "variable_images": [1, 2])");
+  const Prediction p = predict(layout);
+  ASSERT_EQ(p.costs.costs.microbatch_stages.size(), 2u);
+  for (int images : {1, 2}) {
+    const Layout own = with_microbatch_shape(layout, {2048, images});
+    const LayoutCosts uniform = layout_costs(own, layout_schedule(own), p.costs.partition);
+    const std::vector<StageCosts>& priced = p.costs.costs.microbatch_stages[static_cast<std::size_t>(images - 1)];
+    for (std::size_t s = 0; s < priced.size(); ++s) {
+      EXPECT_DOUBLE_EQ(priced[s].forward_s, uniform.costs.stages[s].forward_s) << images << " image(s), stage " << s;
+      EXPECT_DOUBLE_EQ(priced[s].backward_s, uniform.costs.stages[s].backward_s) << images << " image(s), stage " << s;
+    }
+  }
+  // Stage 0 holds the tower.
+  EXPECT_LT(p.costs.costs.microbatch_stages[0][0].forward_s, p.costs.costs.microbatch_stages[1][0].forward_s);
+  ASSERT_TRUE(p.variable_lengths.has_value());
+  EXPECT_EQ(p.variable_lengths->images, (std::vector<int>{1, 2}));
+  EXPECT_EQ(p.variable_lengths->uniform_images, 2);
+  EXPECT_EQ(p.variable_lengths->uniform_length, 2048);
+  EXPECT_NE(prediction_text(p).find("\nvariable sequence lengths: 2 micro-batches of 2048 .. 2048 tokens, 1 .. 2 "
+                                    "images: step "),
+            std::string::npos)
+      << prediction_text(p);
+  EXPECT_NE(prediction_text(p).find(" with every micro-batch at 2048 tokens and 2 images ("), std::string::npos);
+}
+
+TEST(SimulateReport, VariableImagesNeedAVisionTowerAndRoomForText) {
+  EXPECT_EQ(testing::error_of([] { predict(llava_layout(R"(, "variable_images": [1, 4])")); }),
+            "variable_images holds 4 with a micro-batch of 2048 tokens: 4 image(s) of 576 tokens leave no text (a "
+            "length counts its image tokens); use fewer images or longer variable_seq_lengths");
+  EXPECT_EQ(testing::error_of([] { predict(llama_layout(R"(, "variable_images": [1, 2])")); }),
+            "variable_images = [1, 2]: llama2-7b has no vision tower: drop variable_images, or give a "
+            "vision-language model");
 }
 
 }  // namespace

@@ -99,7 +99,12 @@ namespace pipeflow {
 //   variable_seq_lengths []   tokens per sequence of each micro-batch, the
 //                         list repeated over a step's micro-batches (Megatron's
 //                         --variable-seq-lengths); each in [1, seq_length],
-//                         seq_length the longest (what buffers are sized for)
+//                         seq_length the longest (what buffers are sized for);
+//                         or {distribution: "uniform", min, max, seed 0} or
+//                         {distribution: "normal", mean, std, min, max, seed
+//                         0}: a step's m lengths drawn (LengthDistribution)
+//   variable_images []    images per sequence of each micro-batch, repeated
+//                         the same way (a vision-language model; each >= 1)
 //   comm_mode "overlapped" | "blocking"
 // and what trains (model/training.h; simulate and plan price it, train
 // runs what its vision-language model can and refuses it for a language
@@ -203,6 +208,24 @@ struct BatchSizes {
 // naming `source`, both sides of the rule and the fix.
 BatchSizes resolve_batch_sizes(const BatchKeys& keys, int data_parallel, const std::string& source);
 
+// Tokens per sequence drawn for each micro-batch of a step
+// (variable_seq_lengths as an object): uniform over the whole numbers
+// [min, max], or normal (mean, std) rounded and clipped to [min, max]. The
+// draws are a splitmix64 stream from `seed` (uniform: inverse transform;
+// normal: Box–Muller), so a seed gives the same lengths on every machine.
+struct LengthDistribution {
+  enum class Kind { kUniform, kNormal };
+  Kind kind = Kind::kUniform;
+  int min = 1;
+  int max = 1;
+  double mean = 0;  // kNormal
+  double std = 0;   // kNormal
+  std::uint64_t seed = 0;
+  // Micro-batch 0 … count − 1's lengths.
+  std::vector<int> draw(int count) const;
+  friend bool operator==(const LengthDistribution&, const LengthDistribution&) = default;
+};
+
 // Elements of a gradient bucket reduced over the data-parallel replicas at
 // a time (16 MiB of fp32), the default of zero_optimization.reduce_bucket_size.
 inline constexpr std::int64_t kReduceBucketSize = std::int64_t{1} << 22;
@@ -254,6 +277,8 @@ struct RunConfig {
   std::optional<Recompute> recompute;  // absent: from pipeline.recompute_interval
   int seq_length = 0;                  // 0: the model's context
   std::vector<int> variable_seq_lengths;  // empty: every micro-batch seq_length
+  std::optional<LengthDistribution> seq_length_distribution;  // instead of the list
+  std::vector<int> variable_images;       // empty: the model's images per sequence
   CommMode comm_mode = CommMode::kOverlapped;
   TrainingSpec training;               // freeze, lora
 
@@ -307,6 +332,9 @@ struct ResolvedRun {
   ModelSpec model;      // what runs
   BatchSizes batch;     // B, b, m
   int seq_length = 0;   // tokens per sequence, > 0
+  // Tokens per sequence of each micro-batch (the list, repeated over a
+  // step's m, or m lengths drawn from the distribution); empty: seq_length.
+  std::vector<int> microbatch_lengths;
   int devices = 1;      // tensor_parallel · stages · data_parallel
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;  // effective: off at tensor_parallel 1

@@ -21,7 +21,7 @@ namespace pipeflow {
 // Adding a key: a row here, its field and check in run_config.h/.cc, its
 // line in run_config_to_json, and its consumer.
 
-enum class KeyType { kInteger, kNumber, kBoolean, kString, kList, kObject };
+enum class KeyType { kInteger, kNumber, kBoolean, kString, kList, kObject, kListOrObject };
 
 // Which commands take the key's flag.
 enum class FlagScope {

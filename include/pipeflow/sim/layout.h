@@ -39,6 +39,10 @@ struct Layout {
   // Micro-batch i's sequences hold variable_seq_lengths[i mod n] tokens each
   // (each in [1, s]; s sizes the buffers); empty: every micro-batch s.
   std::vector<int> variable_seq_lengths = {};
+  // A vision-language model's micro-batch i holds variable_images[i mod k]
+  // images per sequence (their image tokens counted in its length); empty:
+  // the model's images per sequence.
+  std::vector<int> variable_images = {};
   std::string schedule = "1f1b";  // a generator's name, or the schedule file's
   int chunks = 1;      // v: model chunks per rank (zbv and dualpipev always hold 2)
   // A schedule file's schedule (pipeline.schedule_file), run instead of a
@@ -80,6 +84,22 @@ Layout layout_of(const ResolvedRun& run);
 // multiple of t. For layouts built in code (a search, a test); a projection
 // of a resolved run passes by construction.
 void validate_layout(const Layout& layout);
+
+// One micro-batch's sequences where micro-batches differ
+// (variable_seq_lengths, variable_images): tokens and images per sequence.
+struct MicrobatchShape {
+  int seq_length = 0;
+  int images = 0;
+  friend auto operator<=>(const MicrobatchShape&, const MicrobatchShape&) = default;
+};
+// Whether the layout's micro-batches differ in length or images.
+bool microbatches_differ(const Layout& layout);
+// Micro-batch 0 … m − 1's shapes, each list repeated over the m micro-batches
+// (the same on every replica); the layout's seq_length and the model's
+// images where a list is empty.
+std::vector<MicrobatchShape> microbatch_shapes(const Layout& layout, int m);
+// The layout with every micro-batch of `shape` (the lists cleared).
+Layout with_microbatch_shape(Layout layout, MicrobatchShape shape);
 
 // m: micro-batches per step on each pipeline (DeepSpeed's
 // gradient_accumulation_steps) = B / (b · d). Validates the layout.

@@ -12,13 +12,16 @@
 
 namespace pipeflow {
 
-// What micro-batches of their own lengths (Layout::variable_seq_lengths) do
-// to a step, against the uniform case: the same layout with every
-// micro-batch at the mean length (rounded; to a multiple of t under
-// sequence parallelism).
+// What micro-batches of their own lengths and images
+// (Layout::variable_seq_lengths, variable_images) do to a step, against the
+// uniform case: the same layout with every micro-batch at the mean length
+// (rounded; to a multiple of t under sequence parallelism) and the mean
+// images (rounded).
 struct VariableLengths {
   std::vector<int> lengths;        // tokens per sequence of each micro-batch of a replica
+  std::vector<int> images;         // images per sequence of each (with variable_images)
   int uniform_length = 0;          // the mean, rounded
+  int uniform_images = 0;          // the mean, rounded (0 without a vision tower)
   double uniform_step_time_s = 0;  // the uniform case's step
   // The slowest micro-batch's compute (F + B summed over the stages) over
   // the mean micro-batch's; the busiest rank's compute over the mean rank's,
@@ -49,7 +52,7 @@ struct Prediction {
   double hardware_tflops_per_device = 0;  // with recomputation, as Megatron-LM reports
   // One line per rank whose peak memory exceeds the device's, naming the fix.
   std::vector<std::string> warnings;
-  std::optional<VariableLengths> variable_lengths;  // with Layout::variable_seq_lengths
+  std::optional<VariableLengths> variable_lengths;  // with microbatches_differ(layout)
 };
 
 // Builds the layout's schedule and costs and simulates one step. With a
