@@ -116,8 +116,10 @@ BasicStage<T>::BasicStage(const ModelConfig& config, LayerRange layers, StageOpt
     const TensorSlice slice = split() ? TensorSlice{options_.tensor->size(), options_.tensor->rank()} : TensorSlice{};
     for (int layer = range_.first; layer < range_.last; ++layer) {
       LayerWindow window{ParameterLayout(config_, {layer, layer + 1}, slice), {}};
+      const bool embedding = layer == 0;
       for (const ParameterInfo& info : window.layout.entries()) {
-        window.tensors.push_back({layout_.at(info.name).offset, info.offset, info.numel()});
+        window.tensors.push_back(
+            {layout_.at(info.name).offset, info.offset, info.numel(), !embedding && info.shape.rank() == 2});
       }
       windows_.push_back(std::move(window));
     }
@@ -162,15 +164,22 @@ void BasicStage<T>::point_layer(int local, const ParameterLayout& layout, const 
 
 template <class T>
 typename BasicStage<T>::LayerWeights BasicStage<T>::layer_weights(int local) {
-  if (!half()) return {&layout_, values_.data(), {}};
-  if (packed_) return {&layout_, packed_values_.data(), {}};
+  if (!half()) return {&layout_, values_.data(), {}, {}};
+  if (packed_) return {&layout_, packed_values_.data(), {}, {}};
   refresh_half_weights();
   const LayerWindow& window = windows_[static_cast<std::size_t>(local)];
-  LayerWeights weights{&window.layout, nullptr, BasicTensor<T>::uninitialized({window.layout.total()}, allocator())};
+  LayerWeights weights{
+      &window.layout, nullptr, BasicTensor<T>::uninitialized({window.layout.total()}, allocator()), {}};
   if constexpr (std::is_same_v<T, float>) {
+    const bool bf16_products = current_gemm_precision() == GemmPrecision::kBf16;
     for (const WindowTensor& tensor : window.tensors) {
-      from_half_bits(options_.format, half_values_.data() + tensor.stage_offset,
-                     weights.window.data() + tensor.window_offset, tensor.numel);
+      const std::uint16_t* bits = half_values_.data() + tensor.stage_offset;
+      float* widened = weights.window.data() + tensor.window_offset;
+      if (bf16_products && tensor.gemm_only) {
+        weights.bf16_matrices.add(widened, {bits, static_cast<std::size_t>(tensor.numel)});
+      } else {
+        from_half_bits(options_.format, bits, widened, tensor.numel);
+      }
     }
   }
   weights.base = weights.window.data();

@@ -46,11 +46,20 @@ void use_one_gemm_thread() {
 
 thread_local GemmPrecision t_precision = GemmPrecision::kFp32;
 
-// One bf16 matmul shape: op(A) [m, k] and op(B) [k, n] dense bf16 (the
-// transposes as strides), C fp32 with row stride ldc; alpha an output
-// scale, beta a sum post-op.
+// Ranges of floats that stand for bf16 bits (Bf16Operands), each with the
+// object that added it.
+struct Bf16Range {
+  std::uintptr_t begin, end;  // the stand-in floats' bytes
+  const std::uint16_t* bits;
+  const Bf16Operands* owner;
+};
+thread_local std::vector<Bf16Range> t_bf16_ranges;
+
+// One bf16 matmul shape: op(A) [m, k] and op(B) [k, n] bf16 with row
+// strides lda and ldb as stored (the transposes as strides), C fp32 with row
+// stride ldc; alpha an output scale, beta a sum post-op.
 struct MatmulShape {
-  int m, n, k, ldc;
+  int m, n, k, lda, ldb, ldc;
   bool transpose_a, transpose_b;
   float alpha, beta;
   bool operator==(const MatmulShape&) const = default;
@@ -61,7 +70,7 @@ struct MatmulShapeHash {
     std::size_t h = 0;
     for (const std::size_t v :
          {static_cast<std::size_t>(s.m), static_cast<std::size_t>(s.n), static_cast<std::size_t>(s.k),
-          static_cast<std::size_t>(s.ldc), static_cast<std::size_t>(s.transpose_a),
+          static_cast<std::size_t>(s.lda), static_cast<std::size_t>(s.ldb), static_cast<std::size_t>(s.ldc), static_cast<std::size_t>(s.transpose_a),
           static_cast<std::size_t>(s.transpose_b), std::hash<float>()(s.alpha), std::hash<float>()(s.beta)}) {
       h = h * 1000003u ^ v;
     }
@@ -86,8 +95,8 @@ struct Bf16Matmuls {
     if (found != by_shape.end()) return found->second;
     using dims = dnnl::memory::dims;
     using dt = dnnl::memory::data_type;
-    const dnnl::memory::desc a_desc({s.m, s.k}, dt::bf16, s.transpose_a ? dims{1, s.m} : dims{s.k, 1});
-    const dnnl::memory::desc b_desc({s.k, s.n}, dt::bf16, s.transpose_b ? dims{1, s.k} : dims{s.n, 1});
+    const dnnl::memory::desc a_desc({s.m, s.k}, dt::bf16, s.transpose_a ? dims{1, s.lda} : dims{s.lda, 1});
+    const dnnl::memory::desc b_desc({s.k, s.n}, dt::bf16, s.transpose_b ? dims{1, s.ldb} : dims{s.ldb, 1});
     const dnnl::memory::desc c_desc({s.m, s.n}, dt::f32, dims{s.ldc, 1});
     dnnl::primitive_attr attr;
     if (s.alpha != 1.0f) attr.set_output_scales(0, {s.alpha});
@@ -103,13 +112,27 @@ struct Bf16Matmuls {
   }
 };
 
-// rows x columns floats at row stride ld, rounded to bf16 into a dense array.
-void to_dense_bf16(const float* x, int rows, int columns, int ld, std::vector<std::uint16_t>& out) {
-  out.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(columns));
+// An operand as the matmul reads it: bf16 bits at row stride ld.
+struct Bf16Source {
+  const std::uint16_t* bits;
+  int ld;
+};
+
+// The rows x columns floats at x (row stride ld) in bf16: the bits they
+// stand for where a Bf16Operands range holds them whole, else rounded into
+// `scratch`, dense.
+Bf16Source bf16_source(const float* x, int rows, int columns, int ld, std::vector<std::uint16_t>& scratch) {
+  const auto first = reinterpret_cast<std::uintptr_t>(x);
+  const auto last = reinterpret_cast<std::uintptr_t>(x + static_cast<long>(rows - 1) * ld + columns);
+  for (const Bf16Range& range : t_bf16_ranges) {
+    if (first >= range.begin && last <= range.end) return {range.bits + (first - range.begin) / sizeof(float), ld};
+  }
+  scratch.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(columns));
   for (int row = 0; row < rows; ++row) {
-    to_half_bits(ComputeFormat::kBf16, x + static_cast<long>(row) * ld, out.data() + static_cast<long>(row) * columns,
+    to_half_bits(ComputeFormat::kBf16, x + static_cast<long>(row) * ld, scratch.data() + static_cast<long>(row) * columns,
                  columns);
   }
+  return {scratch.data(), columns};
 }
 
 void bf16_gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, float alpha, const float* a,
@@ -118,12 +141,13 @@ void bf16_gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k
   const bool ta = transpose_a == Transpose::kYes;
   const bool tb = transpose_b == Transpose::kYes;
   // As stored: A is [m, k] (or [k, m] transposed), B [k, n] (or [n, k]).
-  to_dense_bf16(a, ta ? k : m, ta ? m : k, lda, matmuls.a_bits);
-  to_dense_bf16(b, tb ? n : k, tb ? k : n, ldb, matmuls.b_bits);
+  const Bf16Source a_bf16 = bf16_source(a, ta ? k : m, ta ? m : k, lda, matmuls.a_bits);
+  const Bf16Source b_bf16 = bf16_source(b, tb ? n : k, tb ? k : n, ldb, matmuls.b_bits);
   try {
-    Bf16Matmul& matmul = matmuls.get({m, n, k, ldc, ta, tb, alpha, beta});
-    matmul.a.set_data_handle(matmuls.a_bits.data());
-    matmul.b.set_data_handle(matmuls.b_bits.data());
+    Bf16Matmul& matmul = matmuls.get({m, n, k, a_bf16.ld, b_bf16.ld, ldc, ta, tb, alpha, beta});
+    // (oneDNN takes a mutable handle; the matmul only reads its sources)
+    matmul.a.set_data_handle(const_cast<std::uint16_t*>(a_bf16.bits));
+    matmul.b.set_data_handle(const_cast<std::uint16_t*>(b_bf16.bits));
     matmul.c.set_data_handle(c);
     matmul.primitive.execute(matmuls.stream,
                              {{DNNL_ARG_SRC, matmul.a}, {DNNL_ARG_WEIGHTS, matmul.b}, {DNNL_ARG_DST, matmul.c}});
@@ -139,6 +163,32 @@ void bf16_gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k
 
 GemmPrecisionScope::GemmPrecisionScope(GemmPrecision precision) : previous_(t_precision) { t_precision = precision; }
 GemmPrecisionScope::~GemmPrecisionScope() { t_precision = previous_; }
+
+GemmPrecision current_gemm_precision() { return t_precision; }
+
+Bf16Operands::~Bf16Operands() {
+  std::erase_if(t_bf16_ranges, [this](const Bf16Range& range) { return range.owner == this; });
+}
+
+Bf16Operands::Bf16Operands(Bf16Operands&& other) noexcept {
+  for (Bf16Range& range : t_bf16_ranges) {
+    if (range.owner == &other) range.owner = this;
+  }
+}
+
+Bf16Operands& Bf16Operands::operator=(Bf16Operands&& other) noexcept {
+  if (this == &other) return *this;
+  std::erase_if(t_bf16_ranges, [this](const Bf16Range& range) { return range.owner == this; });
+  for (Bf16Range& range : t_bf16_ranges) {
+    if (range.owner == &other) range.owner = this;
+  }
+  return *this;
+}
+
+void Bf16Operands::add(const float* stand_in, std::span<const std::uint16_t> bits) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(stand_in);
+  t_bf16_ranges.push_back({begin, begin + bits.size() * sizeof(float), bits.data(), this});
+}
 
 bool bf16_matmul_available() {
   static const bool available = [] {

@@ -134,6 +134,68 @@ TEST(Gemm, ABf16ScopeMultipliesTheOperandsRoundedToBf16AccumulatingInFp32) {
   }
 }
 
+// Floats that stand for bf16 bits (Bf16Operands): the matmul takes the bits
+// as they are, for A or B, every transpose, a strided operand inside a
+// larger stand-in, and never reads the floats (all NaN here, which any read
+// would spread to C). The products equal, bit for bit, those of the same
+// call on the bits widened into floats (rounding them is exact): what a
+// bf16 stage's matrices computed when it widened them. A moved object
+// keeps the ranges; once it is gone the floats are read again (NaN).
+TEST(Gemm, Bf16OperandsHandTheMatmulTheirBitsAsTheyAre) {
+  if (!bf16_matmul_available()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU (AVX2 alone)";
+  const GemmPrecisionScope bf16(GemmPrecision::kBf16);
+  const int m = 24, n = 40, k = 36, pad = 4, ldc = n;
+  const auto a = random_floats(static_cast<std::size_t>(k + pad) * (k + pad), 11);
+  const auto b = random_floats(static_cast<std::size_t>(k + pad) * (n + pad), 12);
+  const std::vector<float> c0 = random_floats(static_cast<std::size_t>(m) * ldc, 13);
+  const auto bits_of = [](const std::vector<float>& x) {
+    std::vector<std::uint16_t> bits(x.size());
+    to_half_bits(ComputeFormat::kBf16, x.data(), bits.data(), static_cast<std::int64_t>(x.size()));
+    return bits;
+  };
+  const auto widened = [](const std::vector<std::uint16_t>& bits) {
+    std::vector<float> x(bits.size());
+    from_half_bits(ComputeFormat::kBf16, bits.data(), x.data(), static_cast<std::int64_t>(bits.size()));
+    return x;
+  };
+  const std::vector<std::uint16_t> a_bits = bits_of(a), b_bits = bits_of(b);
+  const std::vector<float> a_widened = widened(a_bits), b_widened = widened(b_bits);
+  const std::vector<float> a_nan(a.size(), std::nanf("")), b_nan(b.size(), std::nanf(""));
+  for (const bool stand_in_is_b : {true, false}) {
+    for (const Transpose ta : {Transpose::kNo, Transpose::kYes}) {
+      for (const Transpose tb : {Transpose::kNo, Transpose::kYes}) {
+        SCOPED_TRACE(::testing::Message() << "B stands in " << stand_in_is_b << ", transposes "
+                                          << (ta == Transpose::kYes) << (tb == Transpose::kYes));
+        const int lda = (ta == Transpose::kYes ? m : k) + pad;
+        const int ldb = (tb == Transpose::kYes ? k : n) + pad;
+        // One row and one column in: the operand strided inside its stand-in.
+        const auto product = [&](const std::vector<float>& left, const std::vector<float>& right) {
+          std::vector<float> c = c0;
+          gemm<float>(ta, tb, m, n, k, 0.5f, left.data() + lda + 1, lda, right.data() + ldb + 1, ldb, 1.0f, c.data(),
+                      ldc);
+          return c;
+        };
+        const std::vector<float> expected = product(a_widened, b_widened);
+        const std::vector<float>& left = stand_in_is_b ? a : a_nan;
+        const std::vector<float>& right = stand_in_is_b ? b_nan : b;
+        std::vector<float> taken;
+        {
+          Bf16Operands added;
+          if (stand_in_is_b) {
+            added.add(b_nan.data(), b_bits);
+          } else {
+            added.add(a_nan.data(), a_bits);
+          }
+          const Bf16Operands moved = std::move(added);
+          taken = product(left, right);
+        }
+        EXPECT_EQ(taken, expected);
+        EXPECT_TRUE(std::isnan(product(left, right)[0]));
+      }
+    }
+  }
+}
+
 // PIPEFLOW_BF16_GEMM chooses the path of kAuto; the forced choices ignore
 // it. Where oneDNN has no bf16 matmul (AVX2 alone), bf16 asked for either
 // way is refused with the fix.

@@ -289,17 +289,22 @@ class BasicStage {
 
   // Where a layer reads its weights for a pass: `base` laid out by `layout`
   // (the stage's or the layer's own). `window` holds them when they were
-  // widened for the pass; it must live while the layer reads them.
+  // widened for the pass; `bf16_matrices` hands the bf16 GEMMs the 16-bit
+  // copy of the matrices the window leaves unwidened. Both must live while
+  // the layer reads them.
   struct LayerWeights {
     const ParameterLayout* layout = nullptr;
     const T* base = nullptr;
     BasicTensor<T> window;
+    Bf16Operands bf16_matrices;
     const T* at(std::string_view name) const { return base + layout->at(name).offset; }
   };
   // Points layer `local` at its weights and returns them: the parameters in
   // fp32; a half stage's widened copy once packed for inference; else the
   // layer's tensors widened from the 16-bit copy (refreshed first when the
-  // master weights changed) into a window from the pool, exactly.
+  // master weights changed) into a window from the pool, exactly. In a pass
+  // whose GEMMs are bf16 (current_gemm_precision), the matrices only GEMMs
+  // read are not widened: the matmul takes their 16 bits as they are.
   LayerWeights layer_weights(int local);
   // The 16-bit copy from the master weights, when they changed since.
   void refresh_half_weights();
@@ -347,9 +352,11 @@ class BasicStage {
   GemmPrecision gemm_precision_ = GemmPrecision::kFp32;
   // kBf16 / kFp16, by local layer: the layer's own ParameterLayout (where its
   // window holds its tensors) and, per tensor, where it sits in the stage's
-  // buffer and in the window.
+  // buffer and in the window, and whether only GEMMs read it (a block's or
+  // the head's matrices; the embedding's are looked up).
   struct WindowTensor {
     std::int64_t stage_offset, window_offset, numel;
+    bool gemm_only;
   };
   struct LayerWindow {
     ParameterLayout layout;

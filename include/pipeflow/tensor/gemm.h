@@ -1,5 +1,8 @@
 #pragma once
 
+#include <cstdint>
+#include <span>
+
 namespace pipeflow {
 
 enum class Transpose { kNo, kYes };
@@ -48,6 +51,33 @@ class GemmPrecisionScope {
 
  private:
   GemmPrecision previous_;
+};
+
+// This thread's precision now, as the innermost live scope set it.
+GemmPrecision current_gemm_precision();
+
+// The bf16 values of float operands, for this thread's kBf16 GEMMs: each
+// add(stand_in, bits) says that the floats at [stand_in, stand_in +
+// bits.size()) stand for the bf16 values `bits`, laid out alike. While the
+// object is alive, a kBf16 float GEMM of this thread whose A or B lies
+// inside such a range hands the matmul those bits as they are (at the
+// operand's offset and leading dimension: neither copied nor rounded) and
+// never reads the floats, which need not hold anything: a bf16 stage points
+// its layers' weight matrices into such a range and passes its 16-bit
+// weight copy (nn/stage.h). The products are the same, bit for bit, as with
+// the bits widened into the floats. kFp32 GEMMs read the floats. Use it on
+// the thread that made it; it moves (taking its ranges along) but does not
+// copy.
+class Bf16Operands {
+ public:
+  Bf16Operands() = default;
+  ~Bf16Operands();
+  Bf16Operands(Bf16Operands&& other) noexcept;
+  Bf16Operands& operator=(Bf16Operands&& other) noexcept;
+  Bf16Operands(const Bf16Operands&) = delete;
+  Bf16Operands& operator=(const Bf16Operands&) = delete;
+
+  void add(const float* stand_in, std::span<const std::uint16_t> bits);
 };
 
 // Whether this CPU has bf16 dot products (AVX-512 BF16, or AMX): oneDNN's
