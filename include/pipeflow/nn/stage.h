@@ -41,7 +41,8 @@ struct StageOptions {
   // weights rounded to the format, held in its 16 bits (2 bytes a parameter
   // beside the fp32 master weights and gradients) and refreshed from the
   // master weights after they change; each layer's part is widened exactly
-  // into a window from the pool for the layer's pass. Every activation a
+  // into a window from the pool for the layer's pass (but for the matrices
+  // a bf16 GEMM takes in their 16 bits). Every activation a
   // layer passes on (forward) and every gradient of one (backward) is
   // rounded to the format; the weight gradients accumulate in fp32. float
   // stages only.

@@ -31,7 +31,8 @@ void gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T a
 
 // What the float GEMMs of a thread compute in. kFp32: dnnl_sgemm on the
 // operands as given. kBf16: both operands rounded to bf16 (to nearest, ties
-// to even; exact for values a bf16 stage already holds rounded) and
+// to even; exact for values a bf16 stage already holds rounded; an operand
+// in a Bf16Operands range is taken in its bits instead) and
 // multiplied by oneDNN's bf16 matmul, accumulating in fp32 into the fp32 C
 // (alpha and beta as above): what torch.autocast(dtype=bfloat16) does to a
 // matmul. Its results depend only on the operands, the shape and the CPU's
