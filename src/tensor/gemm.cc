@@ -126,6 +126,12 @@ Bf16Source bf16_source(const float* x, int rows, int columns, int ld, std::vecto
   const auto last = reinterpret_cast<std::uintptr_t>(x + static_cast<long>(rows - 1) * ld + columns);
   for (const Bf16Range& range : t_bf16_ranges) {
     if (first >= range.begin && last <= range.end) return {range.bits + (first - range.begin) / sizeof(float), ld};
+    // Partly inside: the floats there were never written.
+    if (first < range.end && last > range.begin) {
+      fail("internal: a bf16 GEMM operand ({} x {} at row stride {}) lies partly in a Bf16Operands range: add the "
+           "whole tensor it belongs to as one range",
+           rows, columns, ld);
+    }
   }
   scratch.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(columns));
   for (int row = 0; row < rows; ++row) {

@@ -194,6 +194,16 @@ TEST(Gemm, Bf16OperandsHandTheMatmulTheirBitsAsTheyAre) {
       }
     }
   }
+  // An operand running past its range would read floats never written.
+  Bf16Operands half_of_b;
+  half_of_b.add(b_nan.data(), std::span(b_bits).first(b_bits.size() / 2));
+  std::vector<float> c = c0;
+  EXPECT_EQ(testing::error_of([&] {
+              gemm<float>(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, a.data(), k, b_nan.data(), n, 0.0f, c.data(),
+                          ldc);
+            }),
+            "internal: a bf16 GEMM operand (36 x 40 at row stride 40) lies partly in a Bf16Operands range: add the "
+            "whole tensor it belongs to as one range");
 }
 
 // PIPEFLOW_BF16_GEMM chooses the path of kAuto; the forced choices ignore
