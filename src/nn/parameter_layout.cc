@@ -187,7 +187,7 @@ void init_parameters(const ParameterLayout& layout, const ModelConfig& config, s
     T* last = first + whole.size();
     if (ends_with(info.name, ".bias")) {
       std::fill(first, last, T(0));
-    } else if (info.shape.rank() == 1) {  // a norm's gain
+    } else if (info.shape.rank() == 1 && !ends_with(info.name, "class_embedding")) {  // a norm's gain
       std::fill(first, last, T(1));
     } else {
       const double std = ends_with(info.name, "c_proj.weight") ? residual_std : 0.02;

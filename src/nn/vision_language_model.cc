@@ -16,7 +16,7 @@ namespace {
 // The encoder's blocks as a GPT-2 stack of width D (their names and init).
 ModelConfig vision_blocks(const VlmConfig& config) {
   return {.vocab_size = 1,
-          .context = config.vision.tokens(),
+          .context = config.vision.positions(),
           .n_layer = config.vision.layers,
           .n_head = config.vision.heads,
           .n_embd = config.vision.width};
@@ -63,8 +63,8 @@ void VlmConfig::validate() const {
          vision.layers, g.image_size, ModelConfig::kMaxWidth, ModelConfig::kMaxLayers, ModelConfig::kMaxWidth);
   }
   if (text.context <= vision.tokens()) {
-    fail("vlm text context = {}: must exceed the {} image tokens ((image_size / patch_size)^2) to leave room for "
-         "text; raise the context or the patch size",
+    fail("vlm text.context = {}: the language model's positions must exceed the {} image tokens ((image_size / "
+         "patch_size)^2) to leave room for text; raise the context or the patch size",
          text.context, vision.tokens());
   }
 }
@@ -74,6 +74,12 @@ std::string vlm_layer_name(const VlmConfig& config, int layer) {
   if (layer < config.projector_layer()) return fmt::format("vision.block.{}", layer - 1);
   if (layer == config.projector_layer()) return "projector";
   return pipeline_layer_name(config.text, layer - config.embedding_layer());
+}
+
+Shape vlm_activation_shape(const VlmConfig& config, int layer, int batch, int text_tokens) {
+  if (layer <= config.projector_layer()) return {batch, config.vision.positions(), config.vision.width};
+  if (layer == config.embedding_layer()) return {batch, config.vision.tokens(), config.text.n_embd};
+  return {batch, config.vision.tokens() + text_tokens, config.text.n_embd};
 }
 
 ParameterLayout vlm_layout(const VlmConfig& config, LayerRange range) {
@@ -86,9 +92,11 @@ ParameterLayout vlm_layout(const VlmConfig& config, LayerRange range) {
                                      vlm_layer_name(config, range.last - 1)));
   const std::int64_t d = config.vision.width, c = config.text.n_embd;
   if (range.first == 0) {
-    layout.add("vision.patch.weight", {config.vision.geometry.patch_features(), d}, true);
-    layout.add("vision.patch.bias", {d}, false);
-    layout.add("vision.position", {config.vision.tokens(), d}, true);
+    layout.add("vision.embeddings.patch_embedding.weight", {config.vision.geometry.patch_features(), d}, true);
+    layout.add("vision.embeddings.class_embedding", {d}, false);
+    layout.add("vision.embeddings.position_embedding.weight", {config.vision.positions(), d}, true);
+    layout.add("vision.pre_layrnorm.weight", {d}, false);
+    layout.add("vision.pre_layrnorm.bias", {d}, false);
   }
   const int first_vit = std::max(range.first, 1), last_vit = std::min(range.last, config.projector_layer());
   if (first_vit < last_vit) layout.append(ParameterLayout(vision_blocks(config), {first_vit, last_vit}), "vision.");
@@ -165,11 +173,13 @@ BasicVlmStage<T>::BasicVlmStage(const VlmConfig& config, LayerRange layers, VlmS
     return TransformerBlock<T>(weights, grads, std::nullopt, nullptr, false, causal);
   };
   if (has_images()) {
-    patch_.emplace(config_.vision.geometry,
-                   PatchEmbeddingParams<const T*>{value("vision.patch.weight"), value("vision.patch.bias"),
-                                                  value("vision.position")},
-                   PatchEmbeddingParams<T*>{grad("vision.patch.weight"), grad("vision.patch.bias"),
-                                            grad("vision.position")});
+    const auto params = [](auto tensor) {
+      return PatchEmbeddingParams<decltype(tensor(""))>{
+          tensor("vision.embeddings.patch_embedding.weight"), tensor("vision.embeddings.class_embedding"),
+          tensor("vision.embeddings.position_embedding.weight"), tensor("vision.pre_layrnorm.weight"),
+          tensor("vision.pre_layrnorm.bias")};
+    };
+    patch_.emplace(config_.vision.geometry, params(value), params(grad));
   }
   for (int layer = std::max(range_.first, 1); layer < std::min(range_.last, config_.projector_layer()); ++layer) {
     vit_.push_back(block(fmt::format("vision.h.{}.", layer - 1), false));
@@ -316,14 +326,16 @@ void BasicVlmStage<T>::check_input(State& state, const Input& input) const {
     if (!input.images.empty()) fail("{}: takes the previous stage's activation, not images", where());
     const Shape& s = input.activation.shape();
     const int layer = range_.first;
-    const int width = layer <= c.projector_layer() ? c.vision.width : c.text.n_embd;
-    if (s.rank() != 3 || s[1] < n || s[2] != width || (layer <= c.embedding_layer() && s[1] != n) ||
-        (layer > c.embedding_layer() && s[1] == n)) {
-      fail("{}: needs an activation [B, {}, {}] from the previous stage, got {}", where(),
-           layer <= c.embedding_layer() ? fmt::format("{}", n) : fmt::format("{} + T_c", n), width, s.to_string());
+    const bool text_follows = layer > c.embedding_layer();  // the activation holds the text positions
+    if (s.rank() == 3) {
+      b = static_cast<int>(s[0]);
+      if (text_follows) text_tokens = static_cast<int>(s[1]) - n;
     }
-    b = static_cast<int>(s[0]);
-    if (layer > c.embedding_layer()) text_tokens = static_cast<int>(s[1]) - n;
+    if (s.rank() != 3 || (text_follows && text_tokens < 1) || s != vlm_activation_shape(c, layer, b, text_tokens)) {
+      const Shape expected = vlm_activation_shape(c, layer, 1, 0);
+      fail("{}: needs an activation [B, {}, {}] from the previous stage, got {}", where(),
+           text_follows ? fmt::format("{} + T_c", n) : fmt::format("{}", expected[1]), expected[2], s.to_string());
+    }
   }
   if (takes_text) {
     text_tokens = check_tokens(input.tokens, "tokens", b);
@@ -343,8 +355,28 @@ void BasicVlmStage<T>::check_input(State& state, const Input& input) const {
     fail("{}: {} image tokens + {} text tokens exceed the language model's context of {}", where(), n, text_tokens,
          c.text.context);
   }
-  state.vision_ = {b, n, c.vision.width, c.vision.heads, 0};
+  state.vision_ = {b, c.vision.positions(), c.vision.width, c.vision.heads, 0};
   state.text_ = {b, n + text_tokens, c.text.n_embd, c.text.n_head, c.text.vocab_size};
+}
+
+template <class T>
+BasicTensor<T> BasicVlmStage<T>::take_positions(const BasicTensor<T>& x, int first, int count) {
+  const std::int64_t b = x.dim(0), t = x.dim(1), width = x.dim(2);
+  auto taken = BasicTensor<T>::uninitialized({b, count, width}, allocator());
+  for (std::int64_t i = 0; i < b; ++i) {
+    std::copy_n(x.data() + (i * t + first) * width, count * width, taken.data() + i * count * width);
+  }
+  return taken;
+}
+
+template <class T>
+BasicTensor<T> BasicVlmStage<T>::place_positions(const BasicTensor<T>& x, int first, int positions) {
+  const std::int64_t b = x.dim(0), count = x.dim(1), width = x.dim(2);
+  BasicTensor<T> placed({b, positions, width}, allocator());
+  for (std::int64_t i = 0; i < b; ++i) {
+    std::copy_n(x.data() + i * count * width, count * width, placed.data() + (i * positions + first) * width);
+  }
+  return placed;
 }
 
 // --- The LM's embedding with the image tokens in front ---
@@ -402,8 +434,8 @@ BasicTensor<T> BasicVlmStage<T>::forward_layer(State& state, int layer, BasicTen
       const auto i = static_cast<std::size_t>(layer - std::max(range_.first, 1));
       return vit_[i].forward(state.vit_[i], std::move(x), state.vision_, allocator());
     }
-    case Kind::kProjector:
-      return projector_->forward(state.projector_, std::move(x), allocator());
+    case Kind::kProjector:  // the patch tokens, the class token (position 0) dropped
+      return projector_->forward(state.projector_, take_positions(x, 1, config_.vision.tokens()), allocator());
     case Kind::kEmbedding:
       return join_forward(state, std::move(x), std::move(tokens));
     case Kind::kBlock: {
@@ -414,13 +446,8 @@ BasicTensor<T> BasicVlmStage<T>::forward_layer(State& state, int layer, BasicTen
       // The loss reads the text positions only: the last T_c of each sequence.
       const LayerShape& s = state.text_;
       const int n = config_.vision.tokens(), text = s.t - n;
-      auto caption = BasicTensor<T>::uninitialized({s.b, text, s.c}, allocator());
-      for (int b = 0; b < s.b; ++b) {
-        std::copy_n(x.data() + (static_cast<long>(b) * s.t + n) * s.c, static_cast<long>(text) * s.c,
-                    caption.data() + static_cast<long>(b) * text * s.c);
-      }
-      state.loss_ = head_->forward(state.head_, std::move(caption), state.targets_, {s.b, text, s.c, s.nh, s.v},
-                                   allocator());
+      state.loss_ = head_->forward(state.head_, take_positions(x, n, text), state.targets_,
+                                   {s.b, text, s.c, s.nh, s.v}, allocator());
       return {};
     }
   }
@@ -431,14 +458,15 @@ template <class T>
 BasicTensor<T> BasicVlmStage<T>::input_layer(State& state, int layer, BasicTensor<T> grad, double loss_scale) {
   switch (kind(layer)) {
     case Kind::kPatch:
-      patch_->backward_input(state.patch_, std::move(grad));
+      patch_->backward_input(state.patch_, std::move(grad), state.vision_, allocator());
       return {};
     case Kind::kVit: {
       const auto i = static_cast<std::size_t>(layer - std::max(range_.first, 1));
       return vit_[i].backward_input(state.vit_[i], std::move(grad), state.vision_, allocator());
     }
-    case Kind::kProjector:
-      return projector_->backward_input(state.projector_, std::move(grad), allocator());
+    case Kind::kProjector:  // the class token's gradient is zero
+      return place_positions(projector_->backward_input(state.projector_, std::move(grad), allocator()), 1,
+                             config_.vision.positions());
     case Kind::kEmbedding:
       return join_backward_input(state, std::move(grad));
     case Kind::kBlock: {
@@ -448,14 +476,10 @@ BasicTensor<T> BasicVlmStage<T>::input_layer(State& state, int layer, BasicTenso
     case Kind::kHead: {
       const LayerShape& s = state.text_;
       const int n = config_.vision.tokens(), text = s.t - n;
-      auto d_caption =
-          head_->backward_input(state.head_, state.targets_, loss_scale, {s.b, text, s.c, s.nh, s.v}, allocator());
-      BasicTensor<T> dx({s.b, s.t, s.c}, allocator());  // the image positions have no loss: zero
-      for (int b = 0; b < s.b; ++b) {
-        std::copy_n(d_caption.data() + static_cast<long>(b) * text * s.c, static_cast<long>(text) * s.c,
-                    dx.data() + (static_cast<long>(b) * s.t + n) * s.c);
-      }
-      return dx;
+      // The image positions have no loss: their gradient is zero.
+      return place_positions(
+          head_->backward_input(state.head_, state.targets_, loss_scale, {s.b, text, s.c, s.nh, s.v}, allocator()),
+          n, s.t);
     }
   }
   return {};
@@ -608,12 +632,7 @@ BasicTensor<T> BasicVlmStage<T>::logits(BasicTensor<T> images, IntTensor tokens)
   }
   const LayerShape& s = state.text_;
   const int n = config_.vision.tokens(), text = s.t - n;
-  auto caption = BasicTensor<T>::uninitialized({s.b, text, s.c}, allocator());
-  for (int b = 0; b < s.b; ++b) {
-    std::copy_n(x.data() + (static_cast<long>(b) * s.t + n) * s.c, static_cast<long>(text) * s.c,
-                caption.data() + static_cast<long>(b) * text * s.c);
-  }
-  return head_->logits(caption, {s.b, text, s.c, s.nh, s.v}, allocator());
+  return head_->logits(take_positions(x, n, text), {s.b, text, s.c, s.nh, s.v}, allocator());
 }
 
 std::vector<std::string> greedy_captions(BasicVlmStage<float>& model, const Tensor& images, std::int32_t start,

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "../tensor/finite_difference.h"
@@ -35,12 +36,7 @@ IntTensor int_tensor(const std::vector<std::int32_t>& values) {
 }
 
 // The width and positions of the activation a stage starting at `layer` takes.
-Shape input_shape(const VlmConfig& config, int layer) {
-  const int n = config.vision.tokens();
-  if (layer <= config.projector_layer()) return {kB, n, config.vision.width};
-  if (layer == config.embedding_layer()) return {kB, n, config.text.n_embd};
-  return {kB, n + kText, config.text.n_embd};
-}
+Shape input_shape(const VlmConfig& config, int layer) { return vlm_activation_shape(config, layer, kB, kText); }
 
 struct Probe {
   DStage& stage;
@@ -115,21 +111,30 @@ void expect_gradients_match(LayerRange range, VlmStageOptions options = {}) {
   }
 }
 
-// With the identity as weight (D = F = 12) and no bias or positions, x is
-// the patches themselves: patch 1 of a 4 × 4 image in 2 × 2 patches is rows
-// 0-1, columns 2-3, channel by channel, row by row.
-TEST(VlmGradient, PatchesAreCutRowByRowChannelByChannel) {
+// The product's input, the flattened patches: patch 1 of a 4 × 4 image in
+// 2 × 2 patches is rows 0-1, columns 2-3, channel by channel, row by row.
+// The class token at position 0: class_embedding + position[0] =
+// (0, 2, 0, 2, …) has mean 1 and variance 1, so the pre-LayerNorm of gain 2
+// and bias 0.5 gives ∓2/√(1 + 1e-5) + 0.5; a zero weight leaves the patches'
+// positions their constant rows (1), which the norm takes to its bias.
+TEST(VlmGradient, PatchesAreCutRowByRowChannelByChannelAfterTheClassToken) {
   const PatchGeometry geometry{.image_size = 4, .patch_size = 2, .channels = 3};
-  std::vector<double> weight(12 * 12, 0.0), bias(12, 0.0), position(4 * 12, 0.0);
-  for (int i = 0; i < 12; ++i) weight[static_cast<std::size_t>(i * 12 + i)] = 1;
-  PatchEmbedding<double> patch(geometry, {weight.data(), bias.data(), position.data()}, {});
+  std::vector<double> weight(12 * 12, 0.0), class_embedding(12), position(5 * 12, 1.0), gain(12, 2.0),
+      bias(12, 0.5);
+  for (int i = 0; i < 12; ++i) class_embedding[static_cast<std::size_t>(i)] = i % 2 == 0 ? -1 : 1;
+  PatchEmbedding<double> patch(geometry,
+                               {weight.data(), class_embedding.data(), position.data(), gain.data(), bias.data()}, {});
   DoubleTensor image({1, 3, 4, 4});
   for (int i = 0; i < 48; ++i) image[i] = i;  // channel · 16 + row · 4 + column
   PatchEmbeddingSaved<double> saved;
-  const auto x = patch.forward(saved, image, {1, 4, 12, 1, 0}, {});
+  const auto x = patch.forward(saved, image, {1, 5, 12, 1, 0}, {});
   const std::vector<double> expected = {2, 3, 6, 7, 18, 19, 22, 23, 34, 35, 38, 39};
-  for (int f = 0; f < 12; ++f) EXPECT_EQ(x[12 + f], expected[static_cast<std::size_t>(f)]) << f;
-  EXPECT_EQ(x[3 * 12], 10);  // patch 3 (bottom right) starts at row 2, column 2
+  for (int f = 0; f < 12; ++f) EXPECT_EQ(saved.patches[12 + f], expected[static_cast<std::size_t>(f)]) << f;
+  EXPECT_EQ(saved.patches[3 * 12], 10);  // patch 3 (bottom right) starts at row 2, column 2
+  ASSERT_EQ(x.shape().to_string(), "[1, 5, 12]");
+  EXPECT_NEAR(x[0], -2 / std::sqrt(1 + 1e-5) + 0.5, 1e-12);
+  EXPECT_NEAR(x[1], 2 / std::sqrt(1 + 1e-5) + 0.5, 1e-12);
+  for (int i = 12; i < 5 * 12; ++i) EXPECT_EQ(x[i], 0.5) << i;
 }
 
 TEST(VlmGradient, PatchEmbeddingMatchesFiniteDifferences) { expect_gradients_match({0, 1}); }
@@ -159,14 +164,22 @@ TEST(VlmGradient, BadConfigurationsAndInputsNameTheRule) {
             std::string::npos);
   config = tiny_vlm();
   config.text.context = 4;
-  EXPECT_NE(pipeflow::testing::error_of([&] { config.validate(); }).find("context = 4: must exceed the 4 image tokens"),
+  EXPECT_NE(pipeflow::testing::error_of([&] { config.validate(); })
+                .find("text.context = 4: the language model's positions must exceed the 4 image tokens"),
             std::string::npos);
-  DStage stage(tiny_vlm(), {3, 4});  // the projector takes [B, 4, 6]
+  DStage stage(tiny_vlm(), {3, 4});  // the projector takes [B, 4 + 1, 6]: the class token and the patches
   DState state;
   DInput input;
-  input.activation = DoubleTensor({2, 4, 8});
+  input.activation = DoubleTensor({2, 4, 6});
   EXPECT_NE(pipeflow::testing::error_of([&] { stage.forward(state, std::move(input)); })
-                .find("needs an activation [B, 4, 6] from the previous stage, got [2, 4, 8]"),
+                .find("needs an activation [B, 5, 6] from the previous stage, got [2, 4, 6]"),
+            std::string::npos);
+  DStage late(tiny_vlm(), {5, 8});  // the LM's blocks take [B, 4 + T_c, 8]
+  DInput images_only;
+  images_only.activation = DoubleTensor({2, 4, 8});
+  images_only.targets = int_tensor({1, 4, 10, 5, 9, 2});
+  EXPECT_NE(pipeflow::testing::error_of([&] { late.forward(state, std::move(images_only)); })
+                .find("needs an activation [B, 4 + T_c, 8] from the previous stage, got [2, 4, 8]"),
             std::string::npos);
   EXPECT_NE(pipeflow::testing::error_of([&] { DStage(tiny_vlm(), {0, 8}, {.lora = LoraOptions{.r = 0, .alpha = 1}}); })
                 .find("lora r = 0"),

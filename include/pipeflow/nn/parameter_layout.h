@@ -138,7 +138,8 @@ BlockParams<P> gpt2_block_params(const ParameterLayout& layout, const std::strin
 
 // Initial values. GPT-2 (Radford et al. 2019; as nanoGPT): weights
 // N(0, 0.02), the residual projections attn.c_proj and mlp.c_proj
-// N(0, 0.02/√(2L)), biases 0, LayerNorm gains 1. Llama (as Hugging Face's
+// N(0, 0.02/√(2L)), biases 0, LayerNorm gains 1, a vision encoder's
+// class_embedding N(0, 0.02) as the matrices. Llama (as Hugging Face's
 // initializer_range): every matrix N(0, 0.02), RMSNorm gains 1. Each tensor
 // draws from its own generator seeded by (seed, name), so a stage
 // initialises exactly the values the whole model would have in that range,

@@ -22,18 +22,23 @@
 
 namespace pipeflow::nn {
 
-// A LLaVA-style vision-language model, small: a ViT encoder (patch
-// embedding, `layers` GPT-2 blocks of its own width D and heads, without the
-// causal mask), LLaVA-1.5's projector (D → C), then a GPT-2 language model
+// A LLaVA-style vision-language model, small: a CLIP vision encoder (its
+// embeddings: patches, class token, positions, pre-LayerNorm; then `layers`
+// GPT-2 blocks of its own width D and heads, without the causal mask, over
+// the N + 1 positions), LLaVA-1.5's projector (D → C) over the N patch
+// tokens of the last block (the class token dropped, LLaVA's
+// vision_feature_select_strategy "default"), then a GPT-2 language model
 // whose sequence is the N image tokens followed by T_c text tokens; the loss
-// is the mean cross-entropy over the text positions only.
+// is the mean cross-entropy over the text positions only. `layers` counts
+// the blocks run: LLaVA's vision_feature_layer picks them (model/hf_config.h).
 struct VisionConfig {
   PatchGeometry geometry;
   int width = 32;  // D
   int heads = 4;
   int layers = 1;
 
-  int tokens() const { return geometry.patches(); }  // N
+  int tokens() const { return geometry.patches(); }  // N: the image tokens the language model takes
+  int positions() const { return tokens() + 1; }     // N + 1: the encoder's sequence, the class token first
   bool operator==(const VisionConfig& other) const;
 };
 
@@ -43,7 +48,7 @@ struct VlmConfig {
 
   // Throws Error naming the field, its value and the rule: the text model
   // valid and GPT-2's, the image a whole number of patches, D a multiple of
-  // the heads, the LM's context above the N image tokens.
+  // the heads, the LM's context (text.context) above the N image tokens.
   void validate() const;
   // vision.patch_embedding (0), vision.block.0 … vision.block.{Lv−1}, projector, embedding, block.0
   // … block.{L−1}, head.
@@ -58,10 +63,19 @@ struct VlmConfig {
 // (the model module's names of a vision-language model's pipeline layers).
 std::string vlm_layer_name(const VlmConfig& config, int layer);
 
+// The activation a stage whose first layer is `layer` (> 0) takes, the
+// output of the layer before: [B, N + 1, D] into the encoder's blocks and
+// the projector, [B, N, C] into the LM's embedding, [B, N + T_c, C] after it.
+Shape vlm_activation_shape(const VlmConfig& config, int layer, int batch, int text_tokens);
+
 // The parameters of a range of the model's layers, in model order, with
-// GPT-2's names for the language model and these for the rest:
-//   vision.patch_embedding: vision.patch.weight [F, D], vision.patch.bias [D],
-//                    vision.position [N, D]
+// GPT-2's names for the language model and these for the rest (CLIP's
+// names under vision. for the embeddings, as transformers' CLIPVisionModel
+// has them under vision_model.):
+//   vision.patch_embedding: vision.embeddings.patch_embedding.weight [F, D],
+//                    vision.embeddings.class_embedding [D],
+//                    vision.embeddings.position_embedding.weight [N + 1, D],
+//                    vision.pre_layrnorm.{weight, bias} [D]
 //   vision.block.i:  vision.h.i.<a GPT-2 block's tensors> of width D
 //   projector:       projector.fc1.{weight [D, C], bias [C]},
 //                    projector.fc2.{weight [C, C], bias [C]}
@@ -131,7 +145,7 @@ class BasicVlmState {
 
   Phase phase_ = Phase::kEmpty;
   double loss_ = std::numeric_limits<double>::quiet_NaN();
-  LayerShape vision_;  // {B, N, D, vision heads, 0}
+  LayerShape vision_;  // {B, N + 1, D, vision heads, 0}
   LayerShape text_;    // {B, N + T_c, C, n_head, V}
   IntTensor targets_;
   PatchEmbeddingSaved<T> patch_;
@@ -149,9 +163,9 @@ class BasicVlmState {
 // backward_input → backward_weight, or forward → backward; gradients
 // accumulate until zero_gradients(), as nn::Stage's (docs/NN.md).
 //
-// What passes between stages: after the patch embedding and each ViT block
-// [B, N, D]; after the projector [B, N, C]; from the LM's embedding on
-// [B, N + T_c, C]. The stage holding the LM's embedding takes the text
+// What passes between stages (vlm_activation_shape): after the patch
+// embedding and each ViT block [B, N + 1, D]; after the projector
+// [B, N, C]; from the LM's embedding on [B, N + T_c, C]. The stage holding the LM's embedding takes the text
 // tokens, the head's stage the targets, the first stage the images.
 //
 // Tied embedding: as nn::Stage's (needs_tied_reduction, tied_gradient,
@@ -251,6 +265,10 @@ class BasicVlmStage {
   BasicTensor<T> input_pass_from_loss(State& state, double loss_scale, bool weight_pass_follows, const char* pass);
   // Empties the state after W, keeping the micro-batch's loss.
   void end_microbatch(State& state);
+  // Positions [first, first + count) of each sequence of x [B, T, width],
+  // and the reverse: them in place in a [B, positions, width] of zeros.
+  BasicTensor<T> take_positions(const BasicTensor<T>& x, int first, int count);
+  BasicTensor<T> place_positions(const BasicTensor<T>& x, int first, int positions);
   // The LM's embedding with the image tokens x [B, N, C] in front.
   BasicTensor<T> join_forward(State& state, BasicTensor<T> x, IntTensor tokens);
   BasicTensor<T> join_backward_input(State& state, BasicTensor<T> dx);

@@ -60,9 +60,7 @@ void StageTraits<nn::VlmStage>::load(nn::VlmStage& st, const Source& source, std
 Shape StageTraits<nn::VlmStage>::message_shape(const nn::VlmStage& st, const EngineOptions& options, bool gradient) {
   const nn::VlmConfig& c = st.config();
   const int layer = gradient ? st.layers().last : st.layers().first;
-  if (layer <= c.projector_layer()) return {options.micro_batch, c.vision.tokens(), c.vision.width};
-  if (layer == c.embedding_layer()) return {options.micro_batch, c.vision.tokens(), c.text.n_embd};
-  return {options.micro_batch, options.seq_length, c.text.n_embd};
+  return nn::vlm_activation_shape(c, layer, options.micro_batch, options.seq_length - c.vision.tokens());
 }
 
 StageId StageTraits<nn::VlmStage>::embedding_stage(std::span<nn::VlmStage* const> stages) {
