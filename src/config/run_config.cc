@@ -205,8 +205,9 @@ int required_positive(const Config& section, std::string_view key, std::string_v
 }
 
 // The small vision tower pipeflow trains (nn/vision_language_model.h), in
-// the inline GPT's key names: a ViT of GPT-2 blocks (MLP 4 x n_embd) over
-// the patches of one RGB image, no class token.
+// the inline GPT's key names: CLIP's embeddings (class token, pre-LayerNorm)
+// and GPT-2 blocks (MLP 4 x n_embd) over the patches of one RGB image, the
+// projector taking the patch tokens (LLaVA's "default": the class token dropped).
 VisionSpec read_inline_vision(const Config& section) {
   const int layers = required_positive(section, "n_layer", "the vision tower's blocks");
   const int heads = required_positive(section, "n_head", "the vision tower's attention heads");
@@ -230,8 +231,8 @@ VisionSpec read_inline_vision(const Config& section) {
                     .image_size = image_size,
                     .patch_size = patch_size,
                     .channels = 3,
-                    .class_token = false,
-                    .drop_class_token = false,
+                    .class_token = true,
+                    .drop_class_token = true,
                     .images = 1};
 }
 
@@ -457,7 +458,7 @@ Json model_to_json(const RunConfig& run) {
   if (m.architecture == Architecture::kLlama) return llama_hf_config(m);
   Json json{{"n_layer", m.layers}, {"n_head", m.heads}, {"n_embd", m.hidden}, {"n_ctx", m.max_positions},
             {"vocab_size", m.vocab}};
-  if (m.vision && !m.vision->class_token) {  // read_inline_vision's tower
+  if (m.vision) {  // as read_inline_vision's tower: what pipeflow train runs of any vision config
     const VisionSpec& v = *m.vision;
     json["vision"] = Json{{"n_layer", v.layers}, {"n_head", v.heads}, {"n_embd", v.hidden},
                           {"image_size", v.image_size}, {"patch_size", v.patch_size}};

@@ -108,6 +108,13 @@ void validate_vision(const ModelSpec& spec, const VisionSpec& v) {
          "num_attention_heads of the vision tower",
          spec.name, v.hidden, v.heads);
   }
+  const std::int64_t images = static_cast<std::int64_t>(v.images) * image_tokens(v);
+  if (spec.max_positions <= images) {
+    fail("model {}: max_positions = {} (the language model's context: n_ctx, or a config.json's n_positions or "
+         "max_position_embeddings): must exceed the {} image tokens in front of the text ({} image(s) of {}); raise "
+         "it above {}, or the vision tower's patch_size",
+         spec.name, spec.max_positions, images, v.images, image_tokens(v), images);
+  }
 }
 
 }  // namespace

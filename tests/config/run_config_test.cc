@@ -143,15 +143,17 @@ TEST(RunConfig, EveryTrainingExampleReadsAndRoundTrips) {
 }
 
 // The small vision-language model inline: a GPT with a vision part in the
-// same key names (a ViT of GPT-2 blocks, no class token, one RGB image).
+// same key names (CLIP's tower of GPT-2 blocks over one RGB image: the
+// class token in the tower, dropped before the projector).
 TEST(RunConfig, AnInlineModelMayHaveAVisionTower) {
   const RunConfig run = parse(R"({"model": {"n_layer": 2, "n_head": 4, "n_embd": 32, "n_ctx": 34,
       "vision": {"n_layer": 1, "n_head": 2, "n_embd": 16, "image_size": 16, "patch_size": 4}}})");
   ASSERT_TRUE(run.model && run.model->vision);
   const VisionSpec& v = *run.model->vision;
   EXPECT_EQ(v, (VisionSpec{.layers = 1, .hidden = 16, .heads = 2, .ffn = 64, .image_size = 16, .patch_size = 4,
-                           .channels = 3, .class_token = false, .drop_class_token = false, .images = 1}));
+                           .channels = 3, .class_token = true, .drop_class_token = true, .images = 1}));
   EXPECT_EQ(image_tokens(v), 16);
+  EXPECT_EQ(vision_tokens(v), 17);
   EXPECT_EQ(parse_error(R"({"model": {"n_layer": 2, "n_head": 4, "n_embd": 32, "n_ctx": 34,
       "vision": {"n_layer": 1, "n_head": 2, "n_embd": 16, "image_size": 16, "patch_size": 5}}})"),
             "run.json: model.vision.image_size = 16: must be a multiple of patch_size (5): the image is cut into whole "

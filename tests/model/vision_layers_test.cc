@@ -148,6 +148,12 @@ TEST(VisionLayers, ConfigErrorsNameTheRuleAndTheFix) {
   EXPECT_EQ(error_of([&] { validate_model(odd); }),
             "model vlm: image_size = 335: must be a multiple of patch_size (14), the image being cut into whole "
             "patches; change image_size or patch_size");
+  ModelSpec short_context = vit_l14_336_llama2_7b();
+  short_context.max_positions = 576;
+  EXPECT_EQ(error_of([&] { validate_model(short_context); }),
+            "model vlm: max_positions = 576 (the language model's context: n_ctx, or a config.json's n_positions or "
+            "max_position_embeddings): must exceed the 576 image tokens in front of the text (1 image(s) of 576); "
+            "raise it above 576, or the vision tower's patch_size");
   ModelSpec narrow = vit_l14_336_llama2_7b();
   narrow.vision->heads = 12;
   EXPECT_EQ(error_of([&] { pipeline_layers(narrow, config_of(1, 2048, 8)); }),

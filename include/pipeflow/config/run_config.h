@@ -73,8 +73,9 @@ namespace pipeflow {
 //   model        a preset name, a Hugging Face config.json path, or the small GPT
 //                {n_layer, n_head, n_embd, n_ctx (required), vocab_size 256}, with an optional
 //                vision tower in front of it (the small vision-language model pipeflow trains:
-//                vision {n_layer, n_head, n_embd, image_size, patch_size (required)}, a ViT of
-//                GPT-2 blocks over one RGB image's patches, no class token); may be left out
+//                vision {n_layer, n_head, n_embd, image_size, patch_size (required)}: CLIP's
+//                embeddings (class token, pre-LayerNorm) and GPT-2 blocks over one RGB image's
+//                patches, the patch tokens projected); may be left out
 //                when a weights file or checkpoint gives the shape (resolve())
 //   data         {path "..." or paths [...] (default: the fortunes corpus), validation_fraction 0.1}
 //   steps 100, seed 1234, eval_interval 10 (0: after the last step only), out_dir "runs/pipeflow"

@@ -21,11 +21,12 @@ namespace pipeflow::runtime {
 ModelSpec model_spec(const nn::ModelConfig& config, std::string name = "");
 nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source);
 // The small vision-language model nn trains (nn/vision_language_model.h) of
-// a spec with a vision tower: the run configuration's inline
-// {..., vision {...}} (no class token, MLP 4 x width, one RGB image of the
-// shape captions' 16 x 16 pixels) in front of a GPT-2 that runtime_model
-// runs; an Error naming `source`, the field, the value and what nn runs
-// otherwise (a LLaVA config.json's CLIP tower among them).
+// a spec with a vision tower, the run configuration's inline
+// {..., vision {...}} or a LLaVA config.json: CLIP's tower (class token,
+// MLP 4 x width, one RGB image of the shape captions' 16 x 16 pixels, the
+// patch tokens projected: vision_feature_select_strategy "default") in
+// front of a GPT-2 that runtime_model runs; an Error naming `source`, the
+// key, the value and what nn runs otherwise (a Llama text_config among them).
 nn::VlmConfig runtime_vlm_model(const ModelSpec& spec, const std::string& source);
 
 // The layer boundaries (stages + 1 of them, see model/partition.h) that

@@ -87,22 +87,45 @@ nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source) 
 
 nn::VlmConfig runtime_vlm_model(const ModelSpec& spec, const std::string& source) {
   if (!spec.vision) fail("{}: model {} has no vision tower: it is a language model", source, spec.name);
+  try {  // the model module's rules first, in the run configuration's keys (the context above the image tokens)
+    validate_model(spec);
+  } catch (const Error& error) {
+    fail("{}: {}", source, error.what());
+  }
   const VisionSpec& v = *spec.vision;
-  const auto refuse = [&](std::string_view what) {
-    fail("{}: model {} has {}: pipeflow train's vision-language model is a ViT of GPT-2 blocks (MLP 4 x width, no "
-         "class token) over the patches of one 16 x 16 RGB image of the generated shape captions, before a GPT-2; "
-         "give the model inline as {{\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", \"vision\": {{\"n_layer\", "
-         "\"n_head\", \"n_embd\", \"image_size\": 16, \"patch_size\"}}}} (simulate and plan price any LLaVA)",
-         source, spec.name, what);
+  const auto refuse = [&](std::string_view key_and_value, std::string_view rule) {
+    fail("{}: model {}: {}: {}. pipeflow train's vision-language model is CLIP's tower of GPT-2 blocks (MLP 4 x "
+         "width) over one {} x {} RGB image of the generated shape captions, its patch tokens projected into a "
+         "GPT-2: give a LLaVA config.json of that shape (examples/models/tiny-llava/config.json) or the model inline "
+         "as {{\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", \"vision\": {{\"n_layer\", \"n_head\", \"n_embd\", "
+         "\"image_size\": {}, \"patch_size\"}}}} (simulate and plan price any LLaVA)",
+         source, spec.name, key_and_value, rule, nn::ShapeCaptions::kImageSize, nn::ShapeCaptions::kImageSize,
+         nn::ShapeCaptions::kImageSize);
   };
-  if (v.class_token) refuse("a class token in its vision tower (CLIP's)");
-  if (v.ffn != gpt_ffn(v.hidden)) refuse(fmt::format("a vision MLP of {} (not 4 x {})", v.ffn, v.hidden));
-  if (v.channels != nn::ShapeCaptions::kChannels) refuse(fmt::format("images of {} channels", v.channels));
-  if (v.image_size != nn::ShapeCaptions::kImageSize) refuse(fmt::format("vision image_size = {}", v.image_size));
-  if (v.images != 1) refuse(fmt::format("{} images per sequence", v.images));
+  if (spec.architecture != Architecture::kGpt) {
+    refuse("text_config model_type = \"llama\"",
+           "the language model behind the tower is GPT-2's; set text_config's model_type to \"gpt2\" with n_layer, "
+           "n_head, n_embd, n_positions, vocab_size and attn_pdrop, resid_pdrop, embd_pdrop 0");
+  }
+  if (!v.class_token) refuse("vision class_token = false", "the tower is CLIP's, a class token before the patches");
+  if (!v.drop_class_token) {
+    refuse("vision_feature_select_strategy = \"full\"", "the projector takes the patch tokens alone (\"default\")");
+  }
+  if (v.ffn != gpt_ffn(v.hidden)) {
+    refuse(fmt::format("vision_config intermediate_size = {}", v.ffn),
+           fmt::format("the tower's MLP is 4 x hidden_size = {}", gpt_ffn(v.hidden)));
+  }
+  if (v.channels != nn::ShapeCaptions::kChannels) {
+    refuse(fmt::format("vision_config num_channels = {}", v.channels),
+           fmt::format("the images have {} colour planes", nn::ShapeCaptions::kChannels));
+  }
+  if (v.image_size != nn::ShapeCaptions::kImageSize) {
+    refuse(fmt::format("vision image_size = {}", v.image_size),
+           fmt::format("the generated images are {} pixels a side", nn::ShapeCaptions::kImageSize));
+  }
+  if (v.images != 1) refuse(fmt::format("{} images per sequence", v.images), "each caption has one image");
   ModelSpec text = spec;
   text.vision.reset();
-  if (text.architecture != Architecture::kGpt) refuse("a Llama language model");
   nn::VlmConfig config{.vision = {.geometry = {.image_size = v.image_size,
                                                .patch_size = v.patch_size,
                                                .channels = v.channels},

@@ -116,6 +116,11 @@ VisionLanguageSettings vision_language_settings(const ResolvedRun& resolved) {
     refuse("data.path", "on the shape captions it generates (nn/shape_captions.h); remove data.path and data.paths");
   }
   VisionLanguageSettings vl{.spec = resolved.model, .config = runtime_vlm_model(resolved.model, source)};
+  if (vl.config.text.vocab_size < 256) {
+    fail("{}: model vocab_size = {}: the shape captions are bytes, which need a vocabulary of at least 256; set "
+         "vocab_size to 256",
+         source, vl.config.text.vocab_size);
+  }
   const int sequence = vl.config.vision.tokens() + nn::ShapeCaptions::kCaptionBytes;
   if (resolved.seq_length != sequence) {
     fail("{}: seq_length = {}{}: the vision-language model's sequence is its {} image tokens and a caption of {} "

@@ -1,0 +1,79 @@
+// The vision-language model the runtime trains is the one the model module
+// prices: for the tiny LLaVA config.json, read by the model module's
+// reader, the same layers under the same names, each holding exactly the
+// parameters the model module counts for it.
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "../support/error_of.h"
+#include "pipeflow/model/hf_config.h"
+#include "pipeflow/model/pipeline_layers.h"
+#include "pipeflow/nn/vision_language_model.h"
+#include "pipeflow/runtime/stage_partition.h"
+
+namespace pipeflow::runtime {
+namespace {
+
+const std::string kTinyLlava = std::string(PIPEFLOW_SOURCE_DIR) + "/examples/models/tiny-llava/config.json";
+
+TEST(VlmModel, EveryLayerHoldsTheParametersTheModelModuleCounts) {
+  const ModelSpec spec = model_from_hf_config(kTinyLlava);
+  const nn::VlmConfig config = runtime_vlm_model(spec, "tiny-llava");
+  // vision_feature_layer -2 of 2 CLIP layers: one block runs.
+  EXPECT_EQ(config.vision.layers, 1);
+  const std::vector<PipelineLayer> layers =
+      pipeline_layers(spec, {.micro_batch = 1, .seq_length = 34, .bytes_per_element = 4});
+  ASSERT_EQ(static_cast<int>(layers.size()), config.pipeline_layers());
+  // By hand: D = C = 32, F = 3·4·4 = 48 pixels a patch, N = 16 patches, V = 256, 34 LM positions.
+  const std::int64_t block = 12 * 32 * 32 + 13 * 32;  // GPT-2's: 12 704
+  const std::vector<std::int64_t> expected = {
+      48 * 32 + 32 + 17 * 32 + 2 * 32,  // patch weight (no bias), class embedding, N + 1 positions, pre-LayerNorm
+      block,                            // vision.block.0
+      32 * 32 + 32 + 32 * 32 + 32,      // projector
+      256 * 32 + 34 * 32,               // wte, wpe
+      block,
+      block,
+      2 * 32};  // ln_f; wte tied to the embedding's
+  for (int i = 0; i < config.pipeline_layers(); ++i) {
+    const PipelineLayer& layer = layers[static_cast<std::size_t>(i)];
+    EXPECT_EQ(layer.name, nn::vlm_layer_name(config, i));
+    EXPECT_EQ(layer.parameters, expected[static_cast<std::size_t>(i)]) << layer.name;
+    // A layer on a stage of its own: the head holds its copy of the tied wte.
+    EXPECT_EQ(nn::vlm_layout(config, {i, i + 1}).total(), layer.parameters + layer.tied_parameters) << layer.name;
+  }
+  EXPECT_EQ(nn::vlm_layout(config, {0, config.pipeline_layers()}).total(), sum_layers(layers).parameters);
+}
+
+// What the runtime does not build is refused by the config.json's key,
+// its value, the rule and the fix.
+TEST(VlmModel, ALlamaLanguageModelOrTheClassTokenKeptIsRefusedByKey) {
+  const auto error = [](const std::string& text_config, const std::string& extra) {
+    return pipeflow::testing::error_of([&] {
+      runtime_vlm_model(model_from_hf_config_text(R"({"model_type": "llava", "text_config": )" + text_config +
+                                                      R"(, "vision_config": {"hidden_size": 32, "intermediate_size": 128,
+                                                     "num_attention_heads": 4, "num_hidden_layers": 2,
+                                                     "image_size": 16, "patch_size": 4})" +
+                                                      extra + "}",
+                                                  "c.json"),
+                        "c.json");
+    });
+  };
+  const std::string llama = R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
+      "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 256, "max_position_embeddings": 34})";
+  const std::string gpt2 = R"({"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 32, "n_positions": 34,
+      "vocab_size": 256, "attn_pdrop": 0, "resid_pdrop": 0, "embd_pdrop": 0})";
+  EXPECT_NE(error(llama, "").find("c.json: model c.json: text_config model_type = \"llama\": the language model "
+                                  "behind the tower is GPT-2's; set text_config's model_type to \"gpt2\""),
+            std::string::npos)
+      << error(llama, "");
+  EXPECT_NE(error(gpt2, R"(, "vision_feature_select_strategy": "full")")
+                .find("vision_feature_select_strategy = \"full\": the projector takes the patch tokens alone"),
+            std::string::npos);
+  EXPECT_EQ(error(gpt2, ""), "(no error)");
+}
+
+}  // namespace
+}  // namespace pipeflow::runtime
