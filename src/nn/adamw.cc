@@ -30,10 +30,12 @@ AdamW::AdamW(Stage& stage, AdamWOptions options) : AdamW(stage, options, {0, sta
 AdamW::AdamW(Stage& stage, AdamWOptions options, OptimizerShard shard)
     : AdamW(trained_tensors(stage), options, shard) {}
 
-AdamW::AdamW(VlmStage& stage, AdamWOptions options)
+AdamW::AdamW(VlmStage& stage, AdamWOptions options) : AdamW(stage, options, {0, stage.layout().total()}) {}
+
+AdamW::AdamW(VlmStage& stage, AdamWOptions options, OptimizerShard shard)
     : AdamW(TrainedTensors{stage.options().name, &stage.layout(), [&stage] { return stage.parameters(); },
                            stage.gradients(), &stage.weight_memory()},
-            options, {0, stage.layout().total()}) {}
+            options, shard) {}
 
 AdamW::AdamW(TrainedTensors tensors, AdamWOptions options, OptimizerShard shard)
     : tensors_(std::move(tensors)),

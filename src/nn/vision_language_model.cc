@@ -243,6 +243,12 @@ std::span<T> BasicVlmStage<T>::gradient(std::string_view name) {
 }
 
 template <class T>
+std::span<const T> BasicVlmStage<T>::gradient(std::string_view name) const {
+  const ParameterInfo& info = layout_.at(name);
+  return grads_.span().subspan(static_cast<std::size_t>(info.offset), static_cast<std::size_t>(info.numel()));
+}
+
+template <class T>
 void BasicVlmStage<T>::init_parameters(std::uint64_t seed) {
   nn::init_parameters(layout_, config_.text, seed, values_.span());
   nn::init_parameters(frozen_layout_, config_.text, seed, frozen_values_.span());
@@ -681,12 +687,15 @@ void BasicVlmStage<T>::zero_gradients() {
 }
 
 template <class T>
-double BasicVlmStage<T>::gradient_square_sum() const {
+double BasicVlmStage<T>::gradient_square_sum(std::int64_t begin, std::int64_t end) const {
   double total = 0;
   for (const ParameterInfo& info : layout_.entries()) {
     if (info.name == "wte.weight" && !has_text_embedding()) continue;  // the embedding's stage counts it
-    const T* g = grads_.data() + info.offset;
-    for (std::int64_t i = 0; i < info.numel(); ++i) total += static_cast<double>(g[i]) * g[i];
+    const std::int64_t from = std::max(begin, info.offset);
+    const T* g = grads_.data() + from;
+    for (std::int64_t i = 0; i < std::min(end, info.offset + info.numel()) - from; ++i) {
+      total += static_cast<double>(g[i]) * g[i];
+    }
   }
   return total;
 }

@@ -69,6 +69,7 @@ class AdamW {
   AdamW(Stage& stage, AdamWOptions options, OptimizerShard shard);
   // A vision-language stage's trained tensors: a frozen encoder's have no moments.
   AdamW(VlmStage& stage, AdamWOptions options);
+  AdamW(VlmStage& stage, AdamWOptions options, OptimizerShard shard);
   AdamW(TrainedTensors tensors, AdamWOptions options, OptimizerShard shard);
 
   // One update from the stage's (accumulated, reduced, clipped) gradients,

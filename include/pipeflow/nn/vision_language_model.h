@@ -204,6 +204,7 @@ class BasicVlmStage {
   std::span<T> parameter(std::string_view name);
   std::span<const T> parameter(std::string_view name) const;
   std::span<T> gradient(std::string_view name);
+  std::span<const T> gradient(std::string_view name) const;
   // GPT-2's initialisation (init_parameters) of every tensor by name: the
   // same values for a tensor whatever range holds it, frozen or not.
   void init_parameters(std::uint64_t seed);
@@ -226,8 +227,10 @@ class BasicVlmStage {
 
   // --- Between the last micro-batch and the optimizer step ---
   void zero_gradients();
-  // Σ g², the head's copy of the tied wte left out when the embedding is elsewhere.
-  double gradient_square_sum() const;
+  // Σ g² over gradient elements [begin, end) (a data-parallel replica's
+  // part), the head's copy of the tied wte left out when the embedding is elsewhere.
+  double gradient_square_sum() const { return gradient_square_sum(0, layout_.total()); }
+  double gradient_square_sum(std::int64_t begin, std::int64_t end) const;
   void scale_gradients(double factor);
   // The LM's embedding and head on different stages, wte trained (not under LoRA).
   bool needs_tied_reduction() const { return !options_.lora && has_text_embedding() != has_head(); }

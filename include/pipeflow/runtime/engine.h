@@ -16,6 +16,7 @@
 #include "pipeflow/runtime/engine_options.h"
 #include "pipeflow/runtime/loss_scaler.h"
 #include "pipeflow/runtime/rank_group.h"
+#include "pipeflow/runtime/stage_traits.h"
 #include "pipeflow/runtime/transport.h"
 #include "pipeflow/runtime/step_record.h"
 #include "pipeflow/schedule/schedule.h"
@@ -69,7 +70,9 @@ struct StepResult {
   std::vector<RankRecord> ranks;
 };
 
-// The pipeline engine: p·v nn stages cut from a model by layer boundaries,
+// The pipeline engine: p·v nn stages of one kind (StageT: nn::Stage, a
+// GPT-2 or Llama; nn::VlmStage, the vision-language model; what differs
+// between them is StageTraits') cut from a model by layer boundaries,
 // placed on the ranks of a schedule, d data-parallel replicas of that
 // pipeline, one RankWorker per rank and an AdamW per stage, on the ranks of a
 // RankGroup (threads of this process, or MPI processes: the engine is written
@@ -114,8 +117,13 @@ struct StepResult {
 // steps.
 class PartsReduction;
 
-class PipelineEngine {
+template <class StageT>
+class BasicPipelineEngine {
  public:
+  using Traits = StageTraits<StageT>;
+  using Config = typename Traits::Config;
+  using Source = typename Traits::Source;
+
   // `schedule`: compute-only (then lowered with insert_send_recv) or already
   // lowered; it must pass validate(). `boundaries`: num_stages + 1 pipeline
   // layer indices 0 = b0 < … < b_S = L + 2 (see model/partition.h); stage s
@@ -123,14 +131,14 @@ class PipelineEngine {
   // load_parameters fill them. Throws Error naming what does not fit.
   // On the ranks of `group` (pipeline p = the schedule's ranks, d replicas;
   // it must outlive the engine):
-  PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
-                 EngineOptions options, RankGroup& group);
+  BasicPipelineEngine(const Config& config, const Schedule& schedule, std::vector<int> boundaries,
+                      EngineOptions options, RankGroup& group);
   // On threads of this process (options.data_parallel replicas):
-  PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
-                 EngineOptions options);
-  ~PipelineEngine();
-  PipelineEngine(const PipelineEngine&) = delete;
-  PipelineEngine& operator=(const PipelineEngine&) = delete;
+  BasicPipelineEngine(const Config& config, const Schedule& schedule, std::vector<int> boundaries,
+                      EngineOptions options);
+  ~BasicPipelineEngine();
+  BasicPipelineEngine(const BasicPipelineEngine&) = delete;
+  BasicPipelineEngine& operator=(const BasicPipelineEngine&) = delete;
 
   void init_parameters(std::uint64_t seed);
   // Whole-model weights by name (pipeflow init's or a checkpoint's file, as
@@ -165,10 +173,10 @@ class PipelineEngine {
   // precision, or none, starts the scale afresh).
   std::int64_t load_checkpoint(const nn::SafetensorsFile& file);
 
-  StepResult step(std::int64_t step, const BatchSource& source, StepMode mode = StepMode::kTrain,
+  StepResult step(std::int64_t step, const Source& source, StepMode mode = StepMode::kTrain,
                   RunMode run = RunMode::kThreaded);
 
-  const nn::ModelConfig& config() const { return config_; }
+  const Config& config() const { return config_; }
   const Schedule& schedule() const { return schedule_; }  // lowered
   const std::vector<int>& boundaries() const { return boundaries_; }
   const EngineOptions& options() const { return options_; }
@@ -176,8 +184,8 @@ class PipelineEngine {
   RankGroup& group() const { return *group_; }
   // A stage of the first replica this process holds (Error for a stage
   // held in other processes only).
-  nn::Stage& stage(StageId s);
-  const nn::Stage& stage(StageId s) const;
+  StageT& stage(StageId s);
+  const StageT& stage(StageId s) const;
   // Parameters of stage s a rank holds, wherever it runs (with tensor
   // parallelism, each tensor-parallel rank's part).
   std::int64_t stage_parameter_count(StageId s) const;
@@ -204,21 +212,35 @@ class PipelineEngine {
   // The whole model in one stage (for sampling, evaluation and saving), with
   // the gradients too if `with_gradients` (the tied wte's from the
   // embedding's stage). Collective: nullptr except at world rank 0's process.
-  std::unique_ptr<nn::Stage> assemble_model(bool with_gradients = false) const;
+  std::unique_ptr<StageT> assemble_model(bool with_gradients = false) const;
 
  private:
-  enum class FlushStep;
-  static const FlushStep kFlushOrder[6];
+  // The flush after the pipeline part, as the phases every rank runs in
+  // order. The tied exchange (within a replica) comes before the
+  // data-parallel reduction: after a reduce-scatter a replica holds only its
+  // part of a stage's gradient, and the two sides' parts of wte are not the
+  // same elements.
+  enum class FlushStep {
+    kPostTiedGradients,
+    kReduceTiedGradients,
+    kReduceSequenceParallel,
+    kReduceDataParallel,
+    kGradientNorm,
+    kUpdate
+  };
+  static constexpr FlushStep kFlushOrder[] = {FlushStep::kPostTiedGradients,      FlushStep::kReduceTiedGradients,
+                                              FlushStep::kReduceSequenceParallel, FlushStep::kReduceDataParallel,
+                                              FlushStep::kGradientNorm,           FlushStep::kUpdate};
   struct Flush;
   struct Replica;
   struct LocalRank;
 
-  PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
-                 EngineOptions options, RankGroup* group, std::unique_ptr<RankGroup> own_group);
+  BasicPipelineEngine(const Config& config, const Schedule& schedule, std::vector<int> boundaries,
+                      EngineOptions options, RankGroup* group, std::unique_ptr<RankGroup> own_group);
   Replica& first_replica() const { return *replicas_.front(); }
   std::size_t local_index(int world_rank) const;  // in ranks_
   LocalRank& local(int world_rank) const;
-  const nn::Stage& holder(std::string_view name) const;
+  const StageT& holder(std::string_view name) const;
   // The tensors of rank r's stages by name, each once (the tied wte: the
   // embedding stage's copy), with its gradients (`with_gradients`) or with
   // the optimizer's moments (`with_optimizer`; ZeRO-1: gathered at
@@ -255,7 +277,7 @@ class PipelineEngine {
   double clip_coefficient(StepMode mode, double grad_norm) const;
   void finish_serial(StepResult& result) const;
 
-  nn::ModelConfig config_;
+  Config config_;
   Schedule schedule_;
   std::vector<int> boundaries_;
   EngineOptions options_;
@@ -268,6 +290,12 @@ class PipelineEngine {
   bool update_failed_ = false;
   std::optional<LossScaler> scaler_;  // fp16 (EngineOptions::loss_scale)
 };
+
+using PipelineEngine = BasicPipelineEngine<nn::Stage>;
+using VlmPipelineEngine = BasicPipelineEngine<nn::VlmStage>;
+
+extern template class BasicPipelineEngine<nn::Stage>;
+extern template class BasicPipelineEngine<nn::VlmStage>;
 
 // The in-process inbox capacity for each rank: every message a step of
 // `schedule` (lowered) sends it, plus the tied-gradient copy.

@@ -41,8 +41,7 @@ Schedule lowered_and_valid(const Schedule& schedule) {
   return lowered;
 }
 
-void check_boundaries(const nn::ModelConfig& config, const Schedule& schedule, const std::vector<int>& b) {
-  const int layers = config.pipeline_layers();
+void check_boundaries(int layers, const Schedule& schedule, const std::vector<int>& b) {
   const int stages = schedule.num_stages();
   if (static_cast<int>(b.size()) != stages + 1) {
     fail("partition has {} boundaries for {} stages: needs stages + 1 = {} (0 … {})", b.size(), stages, stages + 1,
@@ -77,7 +76,8 @@ std::optional<std::string> non_finite_tensor(const nn::ParameterLayout& layout, 
 // A non-finite loss must skip the update on every rank, but only the rank of
 // the last stage sees it: it joins the all-reduced square sum as 0 · loss,
 // which is +0 for a finite loss (the sum keeps its bits) and NaN otherwise.
-double loss_guard(const RankWorker& w, int microbatches) {
+template <class StageT>
+double loss_guard(const BasicRankWorker<StageT>& w, int microbatches) {
   if (!w.holds_last_stage()) return 0;
   double guard = 0;
   for (int j = 0; j < microbatches; ++j) guard += 0.0 * w.microbatch_loss(j);
@@ -99,14 +99,15 @@ std::vector<int> inbox_capacities(const Schedule& schedule) {
 // What one data-parallel replica keeps in this process: the stages of its
 // ranks here (nullptr: another process's), their optimizers, the transport
 // between its pipeline ranks and how far each rank has got.
-struct PipelineEngine::Replica {
+template <class StageT>
+struct BasicPipelineEngine<StageT>::Replica {
   Replica(int data_rank, EngineOptions engine_options, std::size_t num_stages, std::size_t num_ranks)
       : options(std::move(engine_options)), stages(num_stages), optimizers(num_stages), progress(num_ranks) {
     options.data_rank = data_rank;
     for (auto& entry : progress) entry.store(kInAnotherProcess);
   }
   EngineOptions options;  // with this replica's data_rank
-  std::vector<std::unique_ptr<nn::Stage>> stages;       // by stage
+  std::vector<std::unique_ptr<StageT>> stages;       // by stage
   std::vector<std::unique_ptr<nn::AdamW>> optimizers;  // by stage
   std::unique_ptr<Transport> transport;
   Progress progress;
@@ -118,7 +119,8 @@ struct PipelineEngine::Replica {
 // whose reduce-scatter may be posted after it; those of this step under
 // way, in the order they were posted (the same on every replica, as a
 // group's collectives must be).
-struct PipelineEngine::LocalRank {
+template <class StageT>
+struct BasicPipelineEngine<StageT>::LocalRank {
   int world_rank = 0;
   RankId rank;  // pipeline rank
   int data_rank = 0;
@@ -130,7 +132,7 @@ struct PipelineEngine::LocalRank {
   Communicator* world = nullptr;
   // The layers' tensor-parallel collectives (tensor parallelism > 1).
   std::unique_ptr<TensorCollectives> tensor_collectives;
-  std::unique_ptr<RankWorker> worker;
+  std::unique_ptr<BasicRankWorker<StageT>> worker;
   std::vector<std::vector<StageId>> reduce_after;
   struct Reduction {
     StageId stage;
@@ -140,18 +142,21 @@ struct PipelineEngine::LocalRank {
   std::vector<Reduction> reductions;
 };
 
-PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+template <class StageT>
+BasicPipelineEngine<StageT>::BasicPipelineEngine(const Config& config, const Schedule& schedule, std::vector<int> boundaries,
                                EngineOptions options)
-    : PipelineEngine(config, schedule, std::move(boundaries), options, nullptr,
+    : BasicPipelineEngine(config, schedule, std::move(boundaries), options, nullptr,
                      RankGroup::in_threads({.pipeline = schedule.num_ranks(),
                                             .data_parallel = options.data_parallel,
                                             .tensor = options.tensor_parallel})) {}
 
-PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+template <class StageT>
+BasicPipelineEngine<StageT>::BasicPipelineEngine(const Config& config, const Schedule& schedule, std::vector<int> boundaries,
                                EngineOptions options, RankGroup& group)
-    : PipelineEngine(config, schedule, std::move(boundaries), std::move(options), &group, nullptr) {}
+    : BasicPipelineEngine(config, schedule, std::move(boundaries), std::move(options), &group, nullptr) {}
 
-PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& schedule, std::vector<int> boundaries,
+template <class StageT>
+BasicPipelineEngine<StageT>::BasicPipelineEngine(const Config& config, const Schedule& schedule, std::vector<int> boundaries,
                                EngineOptions options, RankGroup* group, std::unique_ptr<RankGroup> own_group)
     : config_(config),
       schedule_(lowered_and_valid(schedule)),
@@ -159,12 +164,9 @@ PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& sc
       options_(std::move(options)),
       own_group_(std::move(own_group)),
       group_(group != nullptr ? group : own_group_.get()) {
-  config_.validate();
-  check_boundaries(config_, schedule_, boundaries_);
+  Traits::validate(config_, options_, group_->layout().tensor);
+  check_boundaries(Traits::pipeline_layers(config_), schedule_, boundaries_);
   if (options_.micro_batch < 1) fail("train_micro_batch_size_per_gpu = {}: must be >= 1", options_.micro_batch);
-  if (options_.seq_length < 1 || options_.seq_length > config_.context) {
-    fail("seq_length {} must lie in [1, {}] (the model's context)", options_.seq_length, config_.context);
-  }
   if (options_.timeout.count() <= 0) fail("timeout = {} s: must be > 0", options_.timeout.count());
   if (options_.loss_scale) scaler_.emplace(*options_.loss_scale);
   const RankLayout& layout = group_->layout();
@@ -175,7 +177,6 @@ PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& sc
   options_.data_parallel = layout.data_parallel;
   options_.tensor_parallel = layout.tensor;
   options_.data_rank = 0;
-  nn::validate_tensor_parallel(config_, layout.tensor);
   const auto num_stages = static_cast<std::size_t>(schedule_.num_stages());
   const auto num_ranks = static_cast<std::size_t>(schedule_.num_ranks());
   const PipelineTraffic traffic{.inbox_capacity = inbox_capacities(schedule_),
@@ -207,14 +208,11 @@ PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& sc
     for (const StageId s : schedule_.stages_of(r->rank)) {
       const auto i = static_cast<std::size_t>(s.value());
       const nn::LayerRange range{boundaries_[i], boundaries_[i + 1]};
-      replica->stages[i] = std::make_unique<nn::Stage>(
-          config_, range,
-          nn::StageOptions{.recompute_interval = options_.recompute_interval,
-                           .name = layout.tensor > 1 ? fmt::format("stage {} (tensor-parallel rank {})", s, t)
-                                                     : fmt::format("stage {}", s),
-                           .format = options_.format,
-                           .tensor = r->tensor_collectives.get(),
-                           .sequence_parallel = options_.sequence_parallel});
+      replica->stages[i] = Traits::make_stage(config_, range, options_,
+                                              layout.tensor > 1
+                                                  ? fmt::format("stage {} (tensor-parallel rank {})", s, t)
+                                                  : fmt::format("stage {}", s),
+                                              r->tensor_collectives.get());
       replica->optimizers[i] = std::make_unique<nn::AdamW>(
           *replica->stages[i], options_.optimizer,
           nn::OptimizerShard::of(replica->stages[i]->layout().total(), sharded() ? layout.data_parallel : 1,
@@ -224,13 +222,13 @@ PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& sc
   }
   for (auto& r : ranks_) {
     Replica& replica = *r->replica;
-    std::vector<nn::Stage*> stages;
+    std::vector<StageT*> stages;
     std::vector<nn::AdamW*> optimizers;
     for (std::size_t i = 0; i < num_stages; ++i) {
       stages.push_back(replica.stages[i].get());
       optimizers.push_back(replica.optimizers[i].get());
     }
-    r->worker = std::make_unique<RankWorker>(schedule_, r->rank, stages, optimizers, *replica.transport,
+    r->worker = std::make_unique<BasicRankWorker<StageT>>(schedule_, r->rank, stages, optimizers, *replica.transport,
                                              replica.options, replica.progress);
     // Under sequence parallelism a stage's gradients are complete only after
     // the flush's sum over its tensor-parallel ranks: nothing is posted early.
@@ -240,7 +238,8 @@ PipelineEngine::PipelineEngine(const nn::ModelConfig& config, const Schedule& sc
 
 // A stage's gradients are complete after the rank's last B or W of it; one
 // holding a side of the tied wte still needs the tied exchange of the flush.
-void PipelineEngine::plan_early_reductions(LocalRank& r) {
+template <class StageT>
+void BasicPipelineEngine<StageT>::plan_early_reductions(LocalRank& r) {
   const std::vector<Action>& actions = schedule_.actions(r.rank);
   r.reduce_after.assign(actions.size(), {});
   for (const StageId s : schedule_.stages_of(r.rank)) {
@@ -255,42 +254,47 @@ void PipelineEngine::plan_early_reductions(LocalRank& r) {
   }
 }
 
-PipelineEngine::~PipelineEngine() {
+template <class StageT>
+BasicPipelineEngine<StageT>::~BasicPipelineEngine() {
   for (auto& r : ranks_) r->worker->release();
   for (auto& replica : replicas_) replica->transport->reset();
   ranks_.clear();
 }
 
-std::size_t PipelineEngine::local_index(int world_rank) const {
+template <class StageT>
+std::size_t BasicPipelineEngine<StageT>::local_index(int world_rank) const {
   for (std::size_t i = 0; i < ranks_.size(); ++i) {
     if (ranks_[i]->world_rank == world_rank) return i;
   }
   fail("world rank {} runs in another process", world_rank);
 }
 
-PipelineEngine::LocalRank& PipelineEngine::local(int world_rank) const { return *ranks_[local_index(world_rank)]; }
+template <class StageT>
+typename BasicPipelineEngine<StageT>::LocalRank& BasicPipelineEngine<StageT>::local(int world_rank) const { return *ranks_[local_index(world_rank)]; }
 
-bool PipelineEngine::is_reporter() const { return group_->is_reporter(); }
+template <class StageT>
+bool BasicPipelineEngine<StageT>::is_reporter() const { return group_->is_reporter(); }
 
-nn::Stage& PipelineEngine::stage(StageId s) {
-  return const_cast<nn::Stage&>(static_cast<const PipelineEngine*>(this)->stage(s));
+template <class StageT>
+StageT& BasicPipelineEngine<StageT>::stage(StageId s) {
+  return const_cast<StageT&>(static_cast<const BasicPipelineEngine*>(this)->stage(s));
 }
 
-const nn::Stage& PipelineEngine::stage(StageId s) const {
+template <class StageT>
+const StageT& BasicPipelineEngine<StageT>::stage(StageId s) const {
   const auto& held = first_replica().stages.at(static_cast<std::size_t>(s.value()));
   if (held == nullptr) fail("stage {} runs in another process (pipeline rank {})", s, schedule_.rank_of(s));
   return *held;
 }
 
-std::int64_t PipelineEngine::stage_parameter_count(StageId s) const {
+template <class StageT>
+std::int64_t BasicPipelineEngine<StageT>::stage_parameter_count(StageId s) const {
   const auto i = static_cast<std::size_t>(s.value());
-  // Every tensor-parallel rank holds equal parts: tensor rank 0's count.
-  return nn::ParameterLayout(config_, {boundaries_.at(i), boundaries_.at(i + 1)},
-                             {.size = options_.tensor_parallel, .rank = 0})
-      .total();
+  return Traits::parameter_count(config_, {boundaries_.at(i), boundaries_.at(i + 1)}, options_.tensor_parallel);
 }
 
-void PipelineEngine::init_parameters(std::uint64_t seed) {
+template <class StageT>
+void BasicPipelineEngine<StageT>::init_parameters(std::uint64_t seed) {
   for (auto& replica : replicas_) {
     for (auto& stage : replica->stages) {
       if (stage) stage->init_parameters(seed);
@@ -298,14 +302,12 @@ void PipelineEngine::init_parameters(std::uint64_t seed) {
   }
 }
 
-void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
-  const nn::ModelConfig stored = nn::read_config(file);
-  if (!(stored == config_)) {
-    fail("{}: holds a model {}; the run's model is a {}", file.source(), nn::describe(stored), nn::describe(config_));
-  }
+template <class StageT>
+void BasicPipelineEngine<StageT>::load_parameters(const nn::SafetensorsFile& file) {
+  Traits::check_file(file, config_);
   for (auto& replica : replicas_) {
     for (auto& stage : replica->stages) {
-      if (stage) nn::load_parameters(*stage, file);
+      if (stage) Traits::load(*stage, file);
     }
   }
 }
@@ -313,15 +315,21 @@ void PipelineEngine::load_parameters(const nn::SafetensorsFile& file) {
 // A rank's tensors, whole: a split tensor's parts are gathered at
 // tensor-parallel rank 0, which alone returns a writer that holds anything
 // (ZeRO-1: the moments are first gathered at data-parallel rank 0).
-nn::SafetensorsWriter PipelineEngine::rank_state(LocalRank& r, bool with_optimizer, bool with_gradients) const {
+template <class StageT>
+nn::SafetensorsWriter BasicPipelineEngine<StageT>::rank_state(LocalRank& r, bool with_optimizer, bool with_gradients) const {
   nn::SafetensorsWriter writer;
-  nn::write_config(writer, config_);
+  Traits::write_config(writer, config_);
   // The stage that holds each tensor name first: the model keeps its copy (the embedding's wte).
   std::map<std::string, std::size_t, std::less<>> first_holder;
   for (std::size_t i = 0; i < boundaries_.size() - 1; ++i) {
-    const nn::ParameterLayout layout(config_, {boundaries_[i], boundaries_[i + 1]});
+    const nn::ParameterLayout layout = Traits::range_layout(config_, {boundaries_[i], boundaries_[i + 1]});
     for (const nn::ParameterInfo& info : layout.entries()) first_holder.emplace(info.name, i);
   }
+  // Whether stage i writes a tensor: those of no range's layout (LoRA's adapters) have one holder.
+  const auto writes = [&](std::size_t i, const std::string& name) {
+    const auto holder = first_holder.find(name);
+    return holder == first_holder.end() || holder->second == i;
+  };
   const Deadline deadline = deadline_after(options_.timeout);
   const auto add = [&](std::string name, const nn::ParameterInfo& info, std::span<const float> part) {
     if (!info.split()) {
@@ -348,17 +356,19 @@ nn::SafetensorsWriter PipelineEngine::rank_state(LocalRank& r, bool with_optimiz
   const std::vector<StageId> mine = schedule_.stages_of(r.rank);
   for (const StageId s : mine) {
     const auto i = static_cast<std::size_t>(s.value());
-    const nn::Stage& stage = *r.replica->stages[i];
-    for (const nn::ParameterInfo& info : stage.layout().entries()) {
-      if (first_holder.at(info.name) != i) continue;
-      add(info.name, info, stage.parameter(info.name));
-      if (with_gradients) add("grad." + info.name, info, stage.gradient(info.name));
+    const StageT& stage = *r.replica->stages[i];
+    for (const nn::ParameterLayout* layout : Traits::saved_layouts(stage)) {
+      for (const nn::ParameterInfo& info : layout->entries()) {
+        if (!writes(i, info.name)) continue;
+        add(info.name, info, stage.parameter(info.name));
+        if (with_gradients && layout == &stage.layout()) add("grad." + info.name, info, stage.gradient(info.name));
+      }
     }
   }
   if (!with_optimizer) return writer;
   for (const StageId s : mine) {
     const auto i = static_cast<std::size_t>(s.value());
-    const nn::Stage& stage = *r.replica->stages[i];
+    const StageT& stage = *r.replica->stages[i];
     const nn::AdamW& optimizer = *r.replica->optimizers[i];
     std::span<const float> m = optimizer.exp_avg();
     std::span<const float> v = optimizer.exp_avg_sq();
@@ -376,7 +386,7 @@ nn::SafetensorsWriter PipelineEngine::rank_state(LocalRank& r, bool with_optimiz
       v = all_v;
     }
     for (const nn::ParameterInfo& info : stage.layout().entries()) {
-      if (first_holder.at(info.name) != i) continue;
+      if (!writes(i, info.name)) continue;
       add("exp_avg." + info.name, info, of(m, info));
       add("exp_avg_sq." + info.name, info, of(v, info));
     }
@@ -385,7 +395,8 @@ nn::SafetensorsWriter PipelineEngine::rank_state(LocalRank& r, bool with_optimiz
   return writer;
 }
 
-std::vector<nn::SafetensorsFile> PipelineEngine::gather_at_world_rank_0(LocalRank& r, const nn::SafetensorsWriter& part,
+template <class StageT>
+std::vector<nn::SafetensorsFile> BasicPipelineEngine<StageT>::gather_at_world_rank_0(LocalRank& r, const nn::SafetensorsWriter& part,
                                                                        std::string_view what) const {
   const std::vector<std::string> parts =
       r.pipeline->gather_bytes(part.serialize(), deadline_after(options_.timeout), what);
@@ -397,7 +408,8 @@ std::vector<nn::SafetensorsFile> PipelineEngine::gather_at_world_rank_0(LocalRan
   return files;
 }
 
-void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done,
+template <class StageT>
+void BasicPipelineEngine<StageT>::write_checkpoint(const std::filesystem::path& path, std::int64_t steps_done,
                                       std::string_view run_id) const {
   if (update_failed_) fail("cannot write checkpoint {}: an optimizer update failed and the weights are inconsistent",
                            path.string());
@@ -411,7 +423,8 @@ void PipelineEngine::write_checkpoint(const std::filesystem::path& path, std::in
 
 // Replica 0's ranks write the checkpoint (ZeRO-1: the other replicas send
 // their moments first): one file through world rank 0, or a shard each.
-void PipelineEngine::write_checkpoint_rank(LocalRank& r, const std::filesystem::path& path,
+template <class StageT>
+void BasicPipelineEngine<StageT>::write_checkpoint_rank(LocalRank& r, const std::filesystem::path& path,
                                            std::int64_t steps_done, std::string_view run_id) const {
   nn::SafetensorsWriter shard = rank_state(r, true);
   if (r.data_rank != 0 || r.tensor_rank != 0) return;
@@ -463,7 +476,8 @@ void PipelineEngine::write_checkpoint_rank(LocalRank& r, const std::filesystem::
   nn::write_safetensors_index(path, shards);
 }
 
-std::int64_t PipelineEngine::load_checkpoint(const nn::SafetensorsFile& file) {
+template <class StageT>
+std::int64_t BasicPipelineEngine<StageT>::load_checkpoint(const nn::SafetensorsFile& file) {
   const std::int64_t steps_done = file.metadata_count("steps_done");
   load_parameters(file);
   if (scaler_ && scaler_->dynamic() && file.metadata().contains("loss_scale.scale")) {
@@ -483,7 +497,8 @@ std::int64_t PipelineEngine::load_checkpoint(const nn::SafetensorsFile& file) {
   return steps_done;
 }
 
-const nn::Stage& PipelineEngine::holder(std::string_view name) const {
+template <class StageT>
+const StageT& BasicPipelineEngine<StageT>::holder(std::string_view name) const {
   for (const auto& stage : first_replica().stages) {
     if (stage && stage->layout().find(name) != nullptr) return *stage;
   }
@@ -495,11 +510,12 @@ const nn::Stage& PipelineEngine::holder(std::string_view name) const {
 
 // Every pipeline this process holds: with tensor parallelism each holds its
 // own parts of the split tensors.
-std::optional<std::string> PipelineEngine::first_non_finite(Values values) const {
+template <class StageT>
+std::optional<std::string> BasicPipelineEngine<StageT>::first_non_finite(Values values) const {
   for (const auto& replica : replicas_) {
     for (std::size_t s = 0; s < replica->stages.size(); ++s) {
       if (!replica->stages[s]) continue;
-      const nn::Stage& stage = *replica->stages[s];
+      const StageT& stage = *replica->stages[s];
       const bool parameters = values == Values::kParameters;
       // Under ZeRO-1 a replica's summed gradient is its optimizer's part (the
       // rest is its own, unsummed); the parameters are whole.
@@ -514,10 +530,13 @@ std::optional<std::string> PipelineEngine::first_non_finite(Values values) const
   return std::nullopt;
 }
 
-std::span<const float> PipelineEngine::parameter(std::string_view name) const { return holder(name).parameter(name); }
-std::span<const float> PipelineEngine::gradient(std::string_view name) const { return holder(name).gradient(name); }
+template <class StageT>
+std::span<const float> BasicPipelineEngine<StageT>::parameter(std::string_view name) const { return holder(name).parameter(name); }
+template <class StageT>
+std::span<const float> BasicPipelineEngine<StageT>::gradient(std::string_view name) const { return holder(name).gradient(name); }
 
-std::unique_ptr<nn::Stage> PipelineEngine::assemble_model(bool with_gradients) const {
+template <class StageT>
+std::unique_ptr<StageT> BasicPipelineEngine<StageT>::assemble_model(bool with_gradients) const {
   // Replica 0's ranks send their tensors to world rank 0 (pipeline rank 0 of replica 0).
   std::optional<nn::SafetensorsFile> state;
   group_->run(
@@ -531,8 +550,8 @@ std::unique_ptr<nn::Stage> PipelineEngine::assemble_model(bool with_gradients) c
       },
       [this] { abort_transports(); });
   if (!state) return nullptr;
-  auto model = std::make_unique<nn::Stage>(config_, nn::all_layers(config_), nn::StageOptions{0, "model"});
-  nn::load_parameters(*model, *state);
+  std::unique_ptr<StageT> model = Traits::whole_model(config_);
+  Traits::load(*model, *state);
   if (with_gradients) {
     for (const nn::ParameterInfo& info : model->layout().entries()) {
       state->read_floats("grad." + info.name, info.shape, model->gradient(info.name));
@@ -541,38 +560,25 @@ std::unique_ptr<nn::Stage> PipelineEngine::assemble_model(bool with_gradients) c
   return model;
 }
 
-void PipelineEngine::abort_transports() const {
+template <class StageT>
+void BasicPipelineEngine<StageT>::abort_transports() const {
   for (const auto& replica : replicas_) replica->transport->abort();
 }
 
-std::int64_t PipelineEngine::global_batch() const {
+template <class StageT>
+std::int64_t BasicPipelineEngine<StageT>::global_batch() const {
   return static_cast<std::int64_t>(schedule_.num_microbatches()) * options_.micro_batch * options_.data_parallel;
 }
 
-std::int64_t PipelineEngine::tokens_per_step() const {
+template <class StageT>
+std::int64_t BasicPipelineEngine<StageT>::tokens_per_step() const {
   return global_batch() * options_.seq_length;
 }
 
-// The flush after the pipeline part, as the phases every rank runs in order.
-// The tied exchange (within a replica) comes before the data-parallel
-// reduction: after a reduce-scatter a replica holds only its part of a
-// stage's gradient, and the two sides' parts of wte are not the same elements.
-enum class PipelineEngine::FlushStep {
-  kPostTiedGradients,
-  kReduceTiedGradients,
-  kReduceSequenceParallel,
-  kReduceDataParallel,
-  kGradientNorm,
-  kUpdate
-};
-const PipelineEngine::FlushStep PipelineEngine::kFlushOrder[] = {
-    FlushStep::kPostTiedGradients, FlushStep::kReduceTiedGradients, FlushStep::kReduceSequenceParallel,
-    FlushStep::kReduceDataParallel,
-    FlushStep::kGradientNorm, FlushStep::kUpdate};
-
 // What the ranks' flushes share within one step (each rank writes only its
 // own entries).
-struct PipelineEngine::Flush {
+template <class StageT>
+struct BasicPipelineEngine<StageT>::Flush {
   Flush(std::size_t ranks, double scale)
       : tied_start(ranks), square_sum(ranks, 0.0), small_square_sum(ranks, 0.0), loss_scale(scale) {}
 
@@ -597,7 +603,8 @@ struct PipelineEngine::Flush {
   double loss_scale = 1;              // the step's (fp16), which the gradients carry
 };
 
-StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, StepMode mode, RunMode run) {
+template <class StageT>
+StepResult BasicPipelineEngine<StageT>::step(std::int64_t step, const Source& source, StepMode mode, RunMode run) {
   if (update_failed_) {
     fail("the pipeline failed during an optimizer update in step {}: its weights are no longer consistent; start "
          "the run again",
@@ -650,7 +657,8 @@ StepResult PipelineEngine::step(std::int64_t step, const BatchSource& source, St
   return result;
 }
 
-double PipelineEngine::clip_coefficient(StepMode mode, double grad_norm) const {
+template <class StageT>
+double BasicPipelineEngine<StageT>::clip_coefficient(StepMode mode, double grad_norm) const {
   return mode == StepMode::kTrain ? nn::clip_coefficient(grad_norm, options_.gradient_clipping) : 1.0;
 }
 
@@ -658,9 +666,10 @@ double PipelineEngine::clip_coefficient(StepMode mode, double grad_norm) const {
 // Threaded, a rank runs every phase on its own thread and waits for the
 // other ranks' tied-gradient copy and the all-reduce; serial, every rank runs
 // a phase before any runs the next, so nothing has to wait.
-bool PipelineEngine::flush_step(FlushStep step, LocalRank& r, std::size_t index, StepMode mode, RunMode run,
+template <class StageT>
+bool BasicPipelineEngine<StageT>::flush_step(FlushStep step, LocalRank& r, std::size_t index, StepMode mode, RunMode run,
                                 double lr, Flush& flush) {
-  RankWorker& w = *r.worker;
+  BasicRankWorker<StageT>& w = *r.worker;
   switch (step) {
     case FlushStep::kReduceDataParallel:
       if (options_.data_parallel > 1) reduce_data_parallel(r);
@@ -670,14 +679,14 @@ bool PipelineEngine::flush_step(FlushStep step, LocalRank& r, std::size_t index,
       return true;
     case FlushStep::kPostTiedGradients:
       flush.tied_start[index] = Clock::now();
-      return w.post_tied_gradients() != RankWorker::Outcome::kAborted;
+      return w.post_tied_gradients() != WorkerOutcome::kAborted;
     case FlushStep::kReduceTiedGradients: {
-      const RankWorker::Outcome outcome = w.reduce_tied_gradients(run == RunMode::kThreaded);
-      if (outcome == RankWorker::Outcome::kNotReady) {
+      const WorkerOutcome outcome = w.reduce_tied_gradients(run == RunMode::kThreaded);
+      if (outcome == WorkerOutcome::kNotReady) {
         fail("serial run: rank {}'s tied-gradient copy was not posted", r.rank);
       }
-      if (outcome == RankWorker::Outcome::kDone) w.record_phase(FlushPhase::kTiedGradients, flush.tied_start[index]);
-      return outcome != RankWorker::Outcome::kAborted;
+      if (outcome == WorkerOutcome::kDone) w.record_phase(FlushPhase::kTiedGradients, flush.tied_start[index]);
+      return outcome != WorkerOutcome::kAborted;
     }
     case FlushStep::kGradientNorm: {
       const Clock::time_point start = Clock::now();
@@ -700,9 +709,9 @@ bool PipelineEngine::flush_step(FlushStep step, LocalRank& r, std::size_t index,
           small += parts[k + 1];
         }
       }
-      if (run == RunMode::kThreaded && w.all_reduce_sum(sum) == RankWorker::Outcome::kAborted) return false;
+      if (run == RunMode::kThreaded && w.all_reduce_sum(sum) == WorkerOutcome::kAborted) return false;
       if (w.measures_noise_scale() && run == RunMode::kThreaded &&
-          w.all_reduce_sum(small) == RankWorker::Outcome::kAborted) {
+          w.all_reduce_sum(small) == WorkerOutcome::kAborted) {
         return false;
       }
       w.record_phase(FlushPhase::kGradientNorm, start);
@@ -725,15 +734,16 @@ bool PipelineEngine::flush_step(FlushStep step, LocalRank& r, std::size_t index,
 // Each rank on its own worker of the rank group: its actions, its flush,
 // then the step's results gathered. A failing rank aborts the transports;
 // the others return at their next action or wait (the group's policy).
-void PipelineEngine::run_threaded(StepMode mode, double lr, Flush& flush, StepResult& result,
+template <class StageT>
+void BasicPipelineEngine<StageT>::run_threaded(StepMode mode, double lr, Flush& flush, StepResult& result,
                                   Clock::time_point epoch) {
   std::vector<Clock::time_point> ends(ranks_.size(), epoch);
   const auto job = [&](int world_rank) {
     const std::size_t at = local_index(world_rank);
     LocalRank& r = *ranks_[at];
-    RankWorker& w = *r.worker;
+    BasicRankWorker<StageT>& w = *r.worker;
     for (std::size_t i = 0; i < w.size(); ++i) {
-      if (w.run(i, true) == RankWorker::Outcome::kAborted) return;
+      if (w.run(i, true) == WorkerOutcome::kAborted) return;
       post_reductions_after(r, i);
     }
     for (const FlushStep step : kFlushOrder) {
@@ -751,14 +761,15 @@ void PipelineEngine::run_threaded(StepMode mode, double lr, Flush& flush, StepRe
 
 // Every rank on this thread: passes over the ranks, each running as far as
 // its messages allow, until all lists are done; then the flush phase by phase.
-void PipelineEngine::run_serial(StepMode mode, double lr, Flush& flush) {
+template <class StageT>
+void BasicPipelineEngine<StageT>::run_serial(StepMode mode, double lr, Flush& flush) {
   std::vector<std::size_t> next(ranks_.size(), 0);
   for (bool done = false; !done;) {
     done = true;
     bool moved = false;
     for (std::size_t r = 0; r < ranks_.size(); ++r) {
-      RankWorker& w = *ranks_[r]->worker;
-      while (next[r] < w.size() && w.run(next[r], false) == RankWorker::Outcome::kDone) {
+      BasicRankWorker<StageT>& w = *ranks_[r]->worker;
+      while (next[r] < w.size() && w.run(next[r], false) == WorkerOutcome::kDone) {
         ++next[r];
         moved = true;
       }
@@ -771,13 +782,15 @@ void PipelineEngine::run_serial(StepMode mode, double lr, Flush& flush) {
   }
 }
 
-void PipelineEngine::post_reductions_after(LocalRank& r, std::size_t index) {
+template <class StageT>
+void BasicPipelineEngine<StageT>::post_reductions_after(LocalRank& r, std::size_t index) {
   if (r.reduce_after.empty()) return;
-  for (LocalRank::Reduction& reduction : r.reductions) reduction.parts->poll();
+  for (auto& reduction : r.reductions) reduction.parts->poll();
   for (const StageId s : r.reduce_after[index]) post_reduction(r, s);
 }
 
-void PipelineEngine::post_reduction(LocalRank& r, StageId s) {
+template <class StageT>
+void BasicPipelineEngine<StageT>::post_reduction(LocalRank& r, StageId s) {
   r.reductions.push_back(
       {s,
        r.data->reduce_scatter_parts(r.replica->stages[static_cast<std::size_t>(s.value())]->gradients(),
@@ -791,14 +804,15 @@ void PipelineEngine::post_reduction(LocalRank& r, StageId s) {
 // keeps its part and the weights are gathered after the update instead.
 // Each stage is recorded from its posting or the end of the stage before,
 // so that the phases do not overlap.
-void PipelineEngine::reduce_data_parallel(LocalRank& r) {
+template <class StageT>
+void BasicPipelineEngine<StageT>::reduce_data_parallel(LocalRank& r) {
   for (const StageId s : schedule_.stages_of(r.rank)) {
     const bool posted = std::any_of(r.reductions.begin(), r.reductions.end(),
-                                    [&](const LocalRank::Reduction& reduction) { return reduction.stage == s; });
+                                    [&](const auto& reduction) { return reduction.stage == s; });
     if (!posted) post_reduction(r, s);
   }
   Clock::time_point previous_end = Clock::time_point::min();
-  for (LocalRank::Reduction& reduction : r.reductions) {
+  for (auto& reduction : r.reductions) {
     reduction.parts->finish(deadline_after(options_.timeout));
     if (!sharded()) {
       r.data->all_gather_parts(r.replica->stages[static_cast<std::size_t>(reduction.stage.value())]->gradients(),
@@ -812,7 +826,8 @@ void PipelineEngine::reduce_data_parallel(LocalRank& r) {
   r.reductions.clear();
 }
 
-std::int64_t PipelineEngine::optimizer_state_bytes() const {
+template <class StageT>
+std::int64_t BasicPipelineEngine<StageT>::optimizer_state_bytes() const {
   std::int64_t bytes = 0;
   for (const auto& optimizer : first_replica().optimizers) {
     if (optimizer) bytes += 2 * static_cast<std::int64_t>(sizeof(float)) * optimizer->shard().size();
@@ -820,7 +835,8 @@ std::int64_t PipelineEngine::optimizer_state_bytes() const {
   return bytes;
 }
 
-std::int64_t PipelineEngine::local_parameter_count() const {
+template <class StageT>
+std::int64_t BasicPipelineEngine<StageT>::local_parameter_count() const {
   std::int64_t count = 0;
   for (const auto& stage : first_replica().stages) {
     if (stage) count += stage->layout().total();
@@ -828,16 +844,18 @@ std::int64_t PipelineEngine::local_parameter_count() const {
   return count;
 }
 
-bool PipelineEngine::sequence_parallel() const { return options_.sequence_parallel && options_.tensor_parallel > 1; }
+template <class StageT>
+bool BasicPipelineEngine<StageT>::sequence_parallel() const { return options_.sequence_parallel && options_.tensor_parallel > 1; }
 
 // Under sequence parallelism each tensor-parallel rank's gradients of the
 // whole tensors (norms, row-parallel biases, wpe) cover its positions only:
 // summed over the group, packed into one all-reduce per stage, they are the
 // whole batch's on every rank.
-void PipelineEngine::reduce_sequence_parallel(LocalRank& r) {
+template <class StageT>
+void BasicPipelineEngine<StageT>::reduce_sequence_parallel(LocalRank& r) {
   for (const StageId s : schedule_.stages_of(r.rank)) {
     const Clock::time_point start = Clock::now();
-    nn::Stage& stage = *r.replica->stages[static_cast<std::size_t>(s.value())];
+    StageT& stage = *r.replica->stages[static_cast<std::size_t>(s.value())];
     std::vector<float> packed;
     for (const nn::ParameterInfo& info : stage.layout().entries()) {
       if (info.split()) continue;
@@ -858,11 +876,13 @@ void PipelineEngine::reduce_sequence_parallel(LocalRank& r) {
   }
 }
 
-bool PipelineEngine::sharded() const { return options_.shard_optimizer && options_.data_parallel > 1; }
+template <class StageT>
+bool BasicPipelineEngine<StageT>::sharded() const { return options_.shard_optimizer && options_.data_parallel > 1; }
 
 // ZeRO-1: each replica updated its shard of the rank's stages; every
 // replica gets the others'.
-void PipelineEngine::gather_parameters(LocalRank& r) {
+template <class StageT>
+void BasicPipelineEngine<StageT>::gather_parameters(LocalRank& r) {
   for (const StageId s : schedule_.stages_of(r.rank)) {
     const Clock::time_point start = Clock::now();
     r.data->all_gather_parts(r.replica->stages[static_cast<std::size_t>(s.value())]->parameters(),
@@ -874,7 +894,8 @@ void PipelineEngine::gather_parameters(LocalRank& r) {
 
 // Every rank in this process, one pipeline: the losses from the last stage's
 // rank, every rank's record.
-void PipelineEngine::finish_serial(StepResult& result) const {
+template <class StageT>
+void BasicPipelineEngine<StageT>::finish_serial(StepResult& result) const {
   const int m = schedule_.num_microbatches();
   for (const auto& r : ranks_) {
     if (!r->worker->holds_last_stage()) continue;
@@ -950,9 +971,10 @@ RankRecord parse_record(const std::string& bytes, double shift) {
 // in replica order); world rank 0 gets its replica's records, each moved
 // onto rank 0's epoch; the other ranks of replica 0's pipeline nothing, and
 // the other replicas' ranks their own.
-void PipelineEngine::gather_results(LocalRank& r, StepResult* result, Clock::time_point epoch) const {
+template <class StageT>
+void BasicPipelineEngine<StageT>::gather_results(LocalRank& r, StepResult* result, Clock::time_point epoch) const {
   const int m = schedule_.num_microbatches();
-  const RankWorker& w = *r.worker;
+  const BasicRankWorker<StageT>& w = *r.worker;
   // Every tensor-parallel rank of the last stage holds the losses: the first reports them.
   const bool reports_losses = w.holds_last_stage() && r.tensor_rank == 0;
   std::vector<double> mine{reports_losses ? 1.0 : 0.0};
@@ -985,5 +1007,8 @@ void PipelineEngine::gather_results(LocalRank& r, StepResult* result, Clock::tim
   }
   if (result->ranks.empty()) result->ranks.push_back(std::move(record));
 }
+
+template class BasicPipelineEngine<nn::Stage>;
+template class BasicPipelineEngine<nn::VlmStage>;
 
 }  // namespace pipeflow::runtime

@@ -28,57 +28,6 @@ double dot(std::span<const float> a, std::span<const float> b) {
 
 }  // namespace
 
-void StageTraits<nn::Stage>::load(nn::Stage& st, const Source& source, std::int64_t step, std::int64_t first,
-                                  int count, nn::StageInput& input) {
-  if (!st.has_embedding() && !st.has_head()) return;
-  nn::Batch batch = source.batch(step, first, count, st.allocator());
-  if (st.has_embedding()) input.tokens = std::move(batch.inputs);
-  if (st.has_head()) input.targets = std::move(batch.targets);
-}
-
-Shape StageTraits<nn::Stage>::message_shape(const nn::Stage& st, const EngineOptions& options, bool) {
-  return {options.micro_batch, st.positions_held(options.seq_length), st.config().n_embd};
-}
-
-// The rows of the stage's copy of the tied embedding: the vocabulary, or
-// its tensor-parallel rank's part of it.
-Shape StageTraits<nn::Stage>::tied_shape(const nn::Stage& st) {
-  return {st.layout().at(st.config().embedding_name()).shape[0], st.config().n_embd};
-}
-
-void StageTraits<nn::VlmStage>::load(nn::VlmStage& st, const Source& source, std::int64_t step, std::int64_t first,
-                                     int count, nn::VlmInput& input) {
-  if (!st.has_images() && !st.has_text_embedding() && !st.has_head()) return;
-  nn::ShapeCaptions::Batch batch = source.batch(nn::Split::kTrain, step, first, count, st.allocator());
-  if (st.has_images()) input.images = std::move(batch.images);
-  if (st.has_text_embedding()) input.tokens = std::move(batch.tokens);
-  if (st.has_head()) input.targets = std::move(batch.targets);
-}
-
-// The input of the stage's first layer (an activation), or of the layer
-// after its last (the gradient of its output).
-Shape StageTraits<nn::VlmStage>::message_shape(const nn::VlmStage& st, const EngineOptions& options, bool gradient) {
-  const nn::VlmConfig& c = st.config();
-  const int layer = gradient ? st.layers().last : st.layers().first;
-  return nn::vlm_activation_shape(c, layer, options.micro_batch, options.seq_length - c.vision.tokens());
-}
-
-StageId StageTraits<nn::VlmStage>::embedding_stage(std::span<nn::VlmStage* const> stages) {
-  for (std::size_t s = 0; s < stages.size(); ++s) {
-    if (stages[s] != nullptr && stages[s]->has_text_embedding()) return StageId(static_cast<int>(s));
-  }
-  fail("no stage of this process holds the language model's embedding: a vision-language model's ranks run in "
-       "one process");
-}
-
-double StageTraits<nn::VlmStage>::square_sum(const nn::VlmStage& st, nn::OptimizerShard part) {
-  if (part.begin != 0 || part.end != st.layout().total()) {
-    fail("{} elements [{}, {}) of {}: a vision-language stage sums its whole gradient (no data parallelism)",
-         st.options().name, part.begin, part.end, st.layout().total());
-  }
-  return st.gradient_square_sum();
-}
-
 template <class StageT>
 BasicRankWorker<StageT>::BasicRankWorker(const Schedule& schedule, RankId rank, std::span<StageT* const> stages,
                                          std::span<nn::AdamW* const> optimizers, Transport& transport,
@@ -486,7 +435,7 @@ double BasicRankWorker<StageT>::gradient_square_sum() const {
     const StageT& st = stage(s);
     const nn::OptimizerShard part =
         nn::OptimizerShard::of(st.layout().total(), options_->data_parallel, options_->data_rank);
-    total += Traits::square_sum(st, part);
+    total += st.gradient_square_sum(part.begin, part.end);
   }
   return total;
 }

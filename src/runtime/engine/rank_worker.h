@@ -15,6 +15,7 @@
 #include "pipeflow/nn/vision_language_model.h"
 #include "pipeflow/runtime/batch_source.h"
 #include "pipeflow/runtime/engine_options.h"
+#include "pipeflow/runtime/stage_traits.h"
 #include "pipeflow/runtime/step_record.h"
 #include "pipeflow/runtime/transport.h"
 #include "pipeflow/schedule/schedule.h"
@@ -27,62 +28,6 @@ namespace pipeflow::runtime {
 using Progress = std::vector<std::atomic<std::size_t>>;
 inline constexpr std::size_t kInAnotherProcess = static_cast<std::size_t>(-1);
 
-// What a worker asks of a kind of stage beyond its passes: where a
-// micro-batch's data come from and what of it the stage loads, whether it
-// takes an activation, the shape of a message it receives, which of its
-// boundaries carry a gradient, and its side of the tied embedding. Defined
-// below for nn::Stage (a GPT-2 or Llama) and nn::VlmStage (the
-// vision-language model).
-template <class StageT>
-struct StageTraits;
-
-template <>
-struct StageTraits<nn::Stage> {
-  using Source = BatchSource;
-  // The embedding's tokens and the head's targets of samples first … first
-  // + count − 1 of step `step`.
-  static void load(nn::Stage& st, const Source& source, std::int64_t step, std::int64_t first, int count,
-                   nn::StageInput& input);
-  static bool takes_activation(const nn::Stage& st) { return !st.has_embedding(); }
-  // A received activation ([b, T, C], T/t under sequence parallelism) or
-  // gradient of the stage's output: the same shape.
-  static Shape message_shape(const nn::Stage& st, const EngineOptions& options, bool gradient);
-  static bool sends_gradient(const nn::Stage& st) { return !st.has_embedding(); }
-  static bool receives_gradient(const nn::Stage& st) { return !st.has_head(); }
-  static bool holds_embedding(const nn::Stage& st) { return st.has_embedding(); }
-  static StageId embedding_stage(std::span<nn::Stage* const>) { return StageId(0); }
-  static Shape tied_shape(const nn::Stage& st);  // [V or its tensor-parallel part, C]
-  static double square_sum(const nn::Stage& st, nn::OptimizerShard part) {
-    return st.gradient_square_sum(part.begin, part.end);
-  }
-};
-
-// The VLM: the first stage loads its micro-batch's images, the LM
-// embedding's stage its text, the head's its targets; a message is
-// [b, N, D] into a layer of the encoder or the projector, [b, N, C] into
-// the LM's embedding, [b, N + T_c, C] after it; the boundaries into a
-// frozen encoder carry no gradient (their SEND_B and RECV_B move nothing).
-template <>
-struct StageTraits<nn::VlmStage> {
-  using Source = nn::ShapeCaptions;  // its training split
-  static void load(nn::VlmStage& st, const Source& source, std::int64_t step, std::int64_t first, int count,
-                   nn::VlmInput& input);
-  static bool takes_activation(const nn::VlmStage& st) { return !st.has_images(); }
-  static Shape message_shape(const nn::VlmStage& st, const EngineOptions& options, bool gradient);
-  static bool sends_gradient(const nn::VlmStage& st) { return !st.has_images() && !frozen_below(st, st.layers().first); }
-  static bool receives_gradient(const nn::VlmStage& st) { return !st.has_head() && !frozen_below(st, st.layers().last); }
-  static bool holds_embedding(const nn::VlmStage& st) { return st.has_text_embedding(); }
-  static StageId embedding_stage(std::span<nn::VlmStage* const> stages);
-  static Shape tied_shape(const nn::VlmStage& st) { return st.layout().at("wte.weight").shape; }
-  static double square_sum(const nn::VlmStage& st, nn::OptimizerShard part);
-
- private:
-  // Whether the input of layer `layer` is inside a frozen encoder (no gradient reaches it).
-  static bool frozen_below(const nn::VlmStage& st, int layer) {
-    return st.options().freeze_vision && layer <= st.config().projector_layer();
-  }
-};
-
 enum class WorkerOutcome { kDone, kNotReady, kAborted };
 
 // One pipeline rank: executes its action list of a lowered schedule on the
@@ -90,7 +35,6 @@ enum class WorkerOutcome { kDone, kNotReady, kAborted };
 // flush (tied gradients, global norm, optimizer step). The engine drives
 // workers from one thread each (PipelineEngine::step) or all from one thread
 // in a valid order (the emulated run); the arithmetic is the same.
-// VlmPipeline drives BasicRankWorker<nn::VlmStage> from one thread each.
 //
 // Per action (stage s, micro-batch j, b = micro_batch):
 //   F  the stages that load data (StageTraits::load: the first stage, the

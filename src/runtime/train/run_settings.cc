@@ -84,8 +84,9 @@ void set_vision_language_training(VisionLanguageSettings& vl, const ResolvedRun&
 }
 
 // What pipeflow train runs of a vision-language model, and what it refuses
-// (naming the key): the model one process trains on threads, in fp32,
-// without recomputation or checkpoints, on its generated data.
+// (naming the key): the model one process trains on threads (data_parallel
+// replicas of its pipeline too), in fp32, without recomputation or
+// checkpoints, on its generated data.
 VisionLanguageSettings vision_language_settings(const ResolvedRun& resolved) {
   const RunConfig& run = resolved.config;
   const std::string& source = run.source;
@@ -95,10 +96,6 @@ VisionLanguageSettings vision_language_settings(const ResolvedRun& resolved) {
   if (run.tensor_parallel > 1) {
     refuse(fmt::format("tensor_parallel = {}", run.tensor_parallel),
            "with its stages whole; set tensor_parallel to 1 (simulate and plan price it split)");
-  }
-  if (run.data_parallel > 1) {
-    refuse(fmt::format("data_parallel = {}", run.data_parallel),
-           "as one pipeline; set data_parallel to 1 (simulate and plan price replicas)");
   }
   if (run.precision != Precision::kFp32) {
     refuse(fmt::format("{}.enabled = true", to_string(run.precision)), "in fp32; remove the section");

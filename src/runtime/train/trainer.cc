@@ -474,14 +474,14 @@ TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, con
          settings.engine.data_parallel, settings.engine.tensor_parallel);
   }
   if (settings.vision_language) {
-    // VlmPipeline runs its ranks on threads of its own (the rank group's
-    // threads and MPI processes run language models only).
+    // Its rank worker finds the stage holding the LM's embedding among the
+    // stages of its process: every rank must be in this one.
     if (group.spans_processes()) {
       fail("{}: a vision-language model trains in one process (its pipeline ranks on threads): run pipeflow train "
            "without mpirun",
            settings.config_source);
     }
-    return train_vision_language(settings, progress, stop);
+    return train_vision_language(settings, progress, stop, group);
   }
   Run run(settings, progress, stop, group);
   return run.run();

@@ -11,7 +11,7 @@
 #include "pipeflow/model/pipeline_layers.h"
 #include "pipeflow/model/training.h"
 #include "pipeflow/nn/safetensors.h"
-#include "pipeflow/runtime/vlm_pipeline.h"
+#include "pipeflow/runtime/engine.h"
 #include "train/metrics_log.h"
 #include "train/run_folders.h"
 
@@ -20,9 +20,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The stages' layer ranges: settings.partition over the model's layers as
+// The stages' boundaries: settings.partition over the model's layers as
 // the model module counts them, frozen ones as frozen.
-std::vector<nn::LayerRange> stage_ranges(const TrainSettings& settings) {
+std::vector<int> stage_boundaries(const TrainSettings& settings) {
   const VisionLanguageSettings& vl = *settings.vision_language;
   const ParallelConfig parallel{.micro_batch = settings.engine.micro_batch,
                                 .seq_length = settings.engine.seq_length,
@@ -37,9 +37,7 @@ std::vector<nn::LayerRange> stage_ranges(const TrainSettings& settings) {
     fail("{}: pipeline.stages = {} with {} ({} stages): {}", settings.config_source, settings.schedule.num_ranks(),
          settings.schedule.name(), settings.schedule.num_stages(), error.what());
   }
-  std::vector<nn::LayerRange> ranges;
-  for (std::size_t s = 0; s + 1 < boundaries.size(); ++s) ranges.push_back({boundaries[s], boundaries[s + 1]});
-  return ranges;
+  return boundaries;
 }
 
 // The mean loss over the held-out split's first step, as many samples as a training step.
@@ -63,11 +61,11 @@ void write_weights(nn::VlmStage& model, const std::filesystem::path& path) {
   writer.write(path);
 }
 
-std::string stage_text(const nn::VlmConfig& config, const std::vector<nn::LayerRange>& ranges) {
+std::string stage_text(const nn::VlmConfig& config, const std::vector<int>& boundaries) {
   std::string text;
-  for (std::size_t s = 0; s < ranges.size(); ++s) {
-    text += fmt::format("{}stage {}: {}..{}", s == 0 ? "" : ", ", s, nn::vlm_layer_name(config, ranges[s].first),
-                        nn::vlm_layer_name(config, ranges[s].last - 1));
+  for (std::size_t s = 0; s + 1 < boundaries.size(); ++s) {
+    text += fmt::format("{}stage {}: {}..{}", s == 0 ? "" : ", ", s, nn::vlm_layer_name(config, boundaries[s]),
+                        nn::vlm_layer_name(config, boundaries[s + 1] - 1));
   }
   return text;
 }
@@ -75,7 +73,7 @@ std::string stage_text(const nn::VlmConfig& config, const std::vector<nn::LayerR
 }  // namespace
 
 TrainOutcome train_vision_language(const TrainSettings& settings, ProgressPrinter& progress,
-                                   const StopRequest* stop) {
+                                   const StopRequest* stop, RankGroup& group) {
   const VisionLanguageSettings& vl = *settings.vision_language;
   const EngineOptions& e = settings.engine;
   if (settings.emulate) fail("--emulate: a vision-language model trains on threads only; drop --emulate");
@@ -83,10 +81,10 @@ TrainOutcome train_vision_language(const TrainSettings& settings, ProgressPrinte
     fail("--weights {}: a vision-language model trains from its initialisation; drop --weights",
          settings.weights.string());
   }
-  const std::vector<nn::LayerRange> ranges = stage_ranges(settings);
-  VlmPipeline pipeline(vl.config, ranges, settings.schedule, e.micro_batch,
-                       {.name = "stage", .freeze_vision = vl.freeze_vision, .lora = vl.lora}, e.optimizer);
-  pipeline.init_parameters(settings.seed);
+  const std::vector<int> boundaries = stage_boundaries(settings);
+  VlmPipelineEngine engine({.model = vl.config, .freeze_vision = vl.freeze_vision, .lora = vl.lora},
+                           settings.schedule, boundaries, e, group);
+  engine.init_parameters(settings.seed);
   const RunFolders folders(settings);
   for (const auto& removed : remove_stale_temporaries(settings.out_dir)) {
     progress.message(fmt::format("removed {}: a temporary file left by a writer that was stopped", removed.string()));
@@ -94,8 +92,8 @@ TrainOutcome train_vision_language(const TrainSettings& settings, ProgressPrinte
   for (const std::filesystem::path& removed : folders.claim(run_id_text(new_run_id()), false)) {
     progress.message(fmt::format("removed {}: another run's (--overwrite)", removed.string()));
   }
-  const Schedule& schedule = pipeline.schedule();
-  const int samples = schedule.num_microbatches() * e.micro_batch;
+  const Schedule& schedule = engine.schedule();
+  const auto samples = static_cast<int>(engine.global_batch());
   const nn::VlmConfig& c = vl.config;
   progress.message(fmt::format(
       "pipeflow train: vision-language model (ViT {} x {}, {} image tokens; GPT-2 {} x {}){}{}; {} on {} ({}: {}), "
@@ -104,16 +102,13 @@ TrainOutcome train_vision_language(const TrainSettings& settings, ProgressPrinte
       vl.freeze_vision ? ", vision encoder frozen" : "",
       vl.lora ? fmt::format(", LoRA r = {} alpha = {:g} on c_attn", vl.lora->r, vl.lora->alpha) : "",
       schedule.name(), format_count(schedule.num_ranks(), "rank"), format_count(schedule.num_stages(), "stage"),
-      stage_text(c, ranges), format_count(schedule.num_microbatches(), "micro-batch", "micro-batches"),
+      stage_text(c, boundaries), format_count(schedule.num_microbatches(), "micro-batch", "micro-batches"),
       e.micro_batch, format_count(settings.steps, "step")));
   const nn::ShapeCaptions data(settings.seed);
   TrainOutcome outcome;
   const Clock::time_point start = Clock::now();
   for (int step = 0; step < settings.steps; ++step) {
-    const double lr = e.lr_schedule.lr(step);
-    const Clock::time_point begin = Clock::now();
-    const VlmPipeline::StepResult result = pipeline.step(data, step, lr, e.gradient_clipping);
-    const double wall_s = std::chrono::duration<double>(Clock::now() - begin).count();
+    const StepResult result = engine.step(step, data);
     if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
       fail("step {}: loss {}, gradient norm {}: the run diverged; lower optimizer.params.lr or set "
            "gradient_clipping",
@@ -123,13 +118,13 @@ TrainOutcome train_vision_language(const TrainSettings& settings, ProgressPrinte
     log.traced = false;
     log.step = step;
     log.loss = result.loss;
-    log.lr = lr;
+    log.lr = result.lr;
     log.grad_norm = result.grad_norm;
-    log.step_time_s = wall_s;
-    log.tokens_per_s = static_cast<double>(samples) * e.seq_length / wall_s;
+    log.step_time_s = result.wall_s;
+    log.tokens_per_s = static_cast<double>(result.tokens) / result.wall_s;
     const bool last = step + 1 == settings.steps;
     if (last || (settings.eval_interval > 0 && (step + 1) % settings.eval_interval == 0)) {
-      log.val_loss = validation_loss(*pipeline.assemble_model(), data, samples);
+      log.val_loss = validation_loss(*engine.assemble_model(), data, samples);
     }
     progress.step(log, std::chrono::duration<double>(Clock::now() - start).count());
     outcome.log.push_back(std::move(log));
@@ -139,7 +134,7 @@ TrainOutcome train_vision_language(const TrainSettings& settings, ProgressPrinte
     }
   }
   progress.finish();
-  const std::unique_ptr<nn::VlmStage> model = pipeline.assemble_model();
+  const std::unique_ptr<nn::VlmStage> model = engine.assemble_model();
   if (!outcome.log.back().val_loss) outcome.log.back().val_loss = validation_loss(*model, data, samples);
   outcome.captions = nn::score_captions(*model, data, vl.caption_images);
   outcome.sample = outcome.captions->generated;

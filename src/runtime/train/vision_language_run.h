@@ -6,8 +6,9 @@
 namespace pipeflow::runtime {
 
 // train() for settings.vision_language: the model cut by settings.partition
-// over its layers (frozen ones priced as frozen), run by VlmPipeline under
-// settings.schedule on threads of this process, AdamW with the engine's
+// over its layers (frozen ones priced as frozen), run by the pipeline engine
+// (VlmPipelineEngine) under settings.schedule on the ranks of `group` (its
+// data_parallel replicas; threads of this process), AdamW with the engine's
 // optimizer, learning-rate schedule and gradient clipping, on the shape
 // captions of settings.seed (training split; the validation loss on the
 // held-out split's first step of as many samples as a step trains on, every
@@ -19,6 +20,6 @@ namespace pipeflow::runtime {
 // (the whole model's tensors, trained and frozen, by name; no model header:
 // it is not a language model's weights file).
 TrainOutcome train_vision_language(const TrainSettings& settings, ProgressPrinter& progress,
-                                   const StopRequest* stop);
+                                   const StopRequest* stop, RankGroup& group);
 
 }  // namespace pipeflow::runtime
