@@ -92,6 +92,14 @@ std::vector<nlohmann::json> metrics(const std::string& out_dir) {
   return lines;
 }
 
+// The losses of `whole`'s steps and the same steps of `other`: 1e-5 relative.
+void expect_losses_near(const std::vector<nlohmann::json>& whole, const std::vector<nlohmann::json>& other) {
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    const double expected = whole[i]["loss"].get<double>();
+    EXPECT_NEAR(other[i]["loss"].get<double>(), expected, 1e-5 * expected) << "step " << i;
+  }
+}
+
 // The example (300 steps) for 80 steps through its 2 stages (1F1B), and
 // 20 through one: the same losses to 1e-5 (float sums in another order,
 // not bit for bit; measured 1.2e-6), and held-out captions right more often
@@ -108,10 +116,7 @@ TEST(VisionLanguageCommand, TrainsTheExampleThroughTwoStagesToTheUnpipelinedLoss
   const std::vector<nlohmann::json> whole = metrics(dir + "/one");
   ASSERT_EQ(pipelined.size(), 80u);
   ASSERT_EQ(whole.size(), 20u);
-  for (std::size_t i = 0; i < whole.size(); ++i) {
-    const double expected = whole[i]["loss"].get<double>();
-    EXPECT_NEAR(pipelined[i]["loss"].get<double>(), expected, 1e-5 * expected) << "step " << i;
-  }
+  expect_losses_near(whole, pipelined);
   // Bytes start near uniform, ln 256 = 5.55.
   EXPECT_NEAR(whole.front()["loss"].get<double>(), 5.55, 0.2);
   EXPECT_LT(pipelined.back()["loss"].get<double>(), 0.5);
@@ -176,6 +181,25 @@ TEST(VisionLanguageCommand, TrainsTheTinyLlavaConfigAsTheInlineModel) {
   EXPECT_NE(short_inline.exit_code, 0);
   EXPECT_NE(short_inline.err.find("max_positions = 16 (the language model's context: n_ctx, or"), std::string::npos)
       << short_inline.err;
+}
+
+// The example's 2 stages x 2 replicas (--dp 2, a global batch of 32 = 8 x 2
+// micro-batches x 2 replicas) against 1 stage, 1 replica of its 4
+// micro-batches: the same 32 samples a step, the gradients summed in
+// another order (a few float roundoffs), so the losses within 1e-5
+// relative over 5 steps (measured 1e-7).
+TEST(VisionLanguageCommand, TrainsDataParallelReplicasToTheOneReplicaLosses) {
+  const std::string dir = make_temp_dir();
+  const CommandResult replicas = run_pipeflow(
+      "train --config " + kVlmExample + " --out-dir dp --steps 5 --data-parallel 2 --global-batch 32", dir);
+  ASSERT_EQ(replicas.exit_code, 0) << replicas.err;
+  const CommandResult one = run_pipeflow("train --config " + kVlmExample + " --out-dir one --steps 5 --stages 1", dir);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const std::vector<nlohmann::json> parallel = metrics(dir + "/dp");
+  const std::vector<nlohmann::json> whole = metrics(dir + "/one");
+  ASSERT_EQ(parallel.size(), 5u);
+  ASSERT_EQ(whole.size(), 5u);
+  expect_losses_near(whole, parallel);
 }
 
 // freeze ["vision.*"]: the encoder's weights stay as initialised (1 step
