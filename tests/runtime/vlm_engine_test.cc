@@ -145,8 +145,8 @@ TEST(VlmEngine, ACheckpointedRunResumesBitIdentical) {
   uninterrupted.init_parameters(11);
   for (int step = 0; step < kSteps; ++step) uninterrupted.step(step, data);
 
-  const std::filesystem::path file =
-      std::filesystem::temp_directory_path() / ("pipeflow_vlm_checkpoint_" + std::to_string(::getpid()) + ".safetensors");
+  const std::filesystem::path file = std::filesystem::temp_directory_path() /
+                                    ("pipeflow_vlm_checkpoint_" + std::to_string(::getpid()) + ".safetensors");
   {
     VlmPipelineEngine first(training, make_1f1b(2, kMicrobatches), {0, 4, layers}, small_options());
     first.init_parameters(11);

@@ -117,8 +117,12 @@ struct StageTraits<nn::VlmStage> {
                    nn::VlmInput& input);
   static bool takes_activation(const nn::VlmStage& st) { return !st.has_images(); }
   static Shape message_shape(const nn::VlmStage& st, const EngineOptions& options, bool gradient);
-  static bool sends_gradient(const nn::VlmStage& st) { return !st.has_images() && !frozen_below(st, st.layers().first); }
-  static bool receives_gradient(const nn::VlmStage& st) { return !st.has_head() && !frozen_below(st, st.layers().last); }
+  static bool sends_gradient(const nn::VlmStage& st) {
+    return !st.has_images() && !frozen_below(st, st.layers().first);
+  }
+  static bool receives_gradient(const nn::VlmStage& st) {
+    return !st.has_head() && !frozen_below(st, st.layers().last);
+  }
   static bool holds_embedding(const nn::VlmStage& st) { return st.has_text_embedding(); }
   static StageId embedding_stage(std::span<nn::VlmStage* const> stages);
   static Shape tied_shape(const nn::VlmStage& st) { return st.layout().at("wte.weight").shape; }

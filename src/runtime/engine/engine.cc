@@ -143,21 +143,23 @@ struct BasicPipelineEngine<StageT>::LocalRank {
 };
 
 template <class StageT>
-BasicPipelineEngine<StageT>::BasicPipelineEngine(const Config& config, const Schedule& schedule, std::vector<int> boundaries,
-                               EngineOptions options)
+BasicPipelineEngine<StageT>::BasicPipelineEngine(const Config& config, const Schedule& schedule,
+                                                 std::vector<int> boundaries, EngineOptions options)
     : BasicPipelineEngine(config, schedule, std::move(boundaries), options, nullptr,
-                     RankGroup::in_threads({.pipeline = schedule.num_ranks(),
-                                            .data_parallel = options.data_parallel,
-                                            .tensor = options.tensor_parallel})) {}
+                          RankGroup::in_threads({.pipeline = schedule.num_ranks(),
+                                                 .data_parallel = options.data_parallel,
+                                                 .tensor = options.tensor_parallel})) {}
 
 template <class StageT>
-BasicPipelineEngine<StageT>::BasicPipelineEngine(const Config& config, const Schedule& schedule, std::vector<int> boundaries,
-                               EngineOptions options, RankGroup& group)
+BasicPipelineEngine<StageT>::BasicPipelineEngine(const Config& config, const Schedule& schedule,
+                                                 std::vector<int> boundaries, EngineOptions options,
+                                                 RankGroup& group)
     : BasicPipelineEngine(config, schedule, std::move(boundaries), std::move(options), &group, nullptr) {}
 
 template <class StageT>
-BasicPipelineEngine<StageT>::BasicPipelineEngine(const Config& config, const Schedule& schedule, std::vector<int> boundaries,
-                               EngineOptions options, RankGroup* group, std::unique_ptr<RankGroup> own_group)
+BasicPipelineEngine<StageT>::BasicPipelineEngine(const Config& config, const Schedule& schedule,
+                                                 std::vector<int> boundaries, EngineOptions options,
+                                                 RankGroup* group, std::unique_ptr<RankGroup> own_group)
     : config_(config),
       schedule_(lowered_and_valid(schedule)),
       boundaries_(std::move(boundaries)),
@@ -270,7 +272,9 @@ std::size_t BasicPipelineEngine<StageT>::local_index(int world_rank) const {
 }
 
 template <class StageT>
-typename BasicPipelineEngine<StageT>::LocalRank& BasicPipelineEngine<StageT>::local(int world_rank) const { return *ranks_[local_index(world_rank)]; }
+typename BasicPipelineEngine<StageT>::LocalRank& BasicPipelineEngine<StageT>::local(int world_rank) const {
+  return *ranks_[local_index(world_rank)];
+}
 
 template <class StageT>
 bool BasicPipelineEngine<StageT>::is_reporter() const { return group_->is_reporter(); }
@@ -316,7 +320,8 @@ void BasicPipelineEngine<StageT>::load_parameters(const nn::SafetensorsFile& fil
 // tensor-parallel rank 0, which alone returns a writer that holds anything
 // (ZeRO-1: the moments are first gathered at data-parallel rank 0).
 template <class StageT>
-nn::SafetensorsWriter BasicPipelineEngine<StageT>::rank_state(LocalRank& r, bool with_optimizer, bool with_gradients) const {
+nn::SafetensorsWriter BasicPipelineEngine<StageT>::rank_state(LocalRank& r, bool with_optimizer,
+                                                             bool with_gradients) const {
   nn::SafetensorsWriter writer;
   Traits::write_config(writer, config_);
   // The stage that holds each tensor name first: the model keeps its copy (the embedding's wte).
@@ -396,8 +401,8 @@ nn::SafetensorsWriter BasicPipelineEngine<StageT>::rank_state(LocalRank& r, bool
 }
 
 template <class StageT>
-std::vector<nn::SafetensorsFile> BasicPipelineEngine<StageT>::gather_at_world_rank_0(LocalRank& r, const nn::SafetensorsWriter& part,
-                                                                       std::string_view what) const {
+std::vector<nn::SafetensorsFile> BasicPipelineEngine<StageT>::gather_at_world_rank_0(
+    LocalRank& r, const nn::SafetensorsWriter& part, std::string_view what) const {
   const std::vector<std::string> parts =
       r.pipeline->gather_bytes(part.serialize(), deadline_after(options_.timeout), what);
   std::vector<nn::SafetensorsFile> files;
@@ -531,9 +536,14 @@ std::optional<std::string> BasicPipelineEngine<StageT>::first_non_finite(Values 
 }
 
 template <class StageT>
-std::span<const float> BasicPipelineEngine<StageT>::parameter(std::string_view name) const { return holder(name).parameter(name); }
+std::span<const float> BasicPipelineEngine<StageT>::parameter(std::string_view name) const {
+  return holder(name).parameter(name);
+}
+
 template <class StageT>
-std::span<const float> BasicPipelineEngine<StageT>::gradient(std::string_view name) const { return holder(name).gradient(name); }
+std::span<const float> BasicPipelineEngine<StageT>::gradient(std::string_view name) const {
+  return holder(name).gradient(name);
+}
 
 template <class StageT>
 std::unique_ptr<StageT> BasicPipelineEngine<StageT>::assemble_model(bool with_gradients) const {
@@ -667,8 +677,8 @@ double BasicPipelineEngine<StageT>::clip_coefficient(StepMode mode, double grad_
 // other ranks' tied-gradient copy and the all-reduce; serial, every rank runs
 // a phase before any runs the next, so nothing has to wait.
 template <class StageT>
-bool BasicPipelineEngine<StageT>::flush_step(FlushStep step, LocalRank& r, std::size_t index, StepMode mode, RunMode run,
-                                double lr, Flush& flush) {
+bool BasicPipelineEngine<StageT>::flush_step(FlushStep step, LocalRank& r, std::size_t index, StepMode mode,
+                                             RunMode run, double lr, Flush& flush) {
   BasicRankWorker<StageT>& w = *r.worker;
   switch (step) {
     case FlushStep::kReduceDataParallel:
@@ -845,7 +855,9 @@ std::int64_t BasicPipelineEngine<StageT>::local_parameter_count() const {
 }
 
 template <class StageT>
-bool BasicPipelineEngine<StageT>::sequence_parallel() const { return options_.sequence_parallel && options_.tensor_parallel > 1; }
+bool BasicPipelineEngine<StageT>::sequence_parallel() const {
+  return options_.sequence_parallel && options_.tensor_parallel > 1;
+}
 
 // Under sequence parallelism each tensor-parallel rank's gradients of the
 // whole tensors (norms, row-parallel biases, wpe) cover its positions only:

@@ -93,7 +93,9 @@ std::int64_t StageTraits<nn::VlmStage>::parameter_count(const Config& config, nn
 
 void StageTraits<nn::VlmStage>::load(nn::VlmStage& st, const nn::SafetensorsFile& file) {
   for (const nn::ParameterLayout* layout : saved_layouts(st)) {
-    for (const nn::ParameterInfo& info : layout->entries()) file.read_floats(info.name, info.shape, st.parameter(info.name));
+    for (const nn::ParameterInfo& info : layout->entries()) {
+      file.read_floats(info.name, info.shape, st.parameter(info.name));
+    }
   }
 }
 
