@@ -775,6 +775,17 @@ ResolvedRun resolve(const RunConfig& given, const std::optional<ModelFromFile>& 
                       : r.microbatch_lengths.empty()
                           ? 0
                           : *std::max_element(r.microbatch_lengths.begin(), r.microbatch_lengths.end());
+  if (const std::optional<LengthDistribution>& d = run.seq_length_distribution; d && r.model.vision) {
+    const int images = run.variable_images.empty()
+                           ? r.model.vision->images
+                           : *std::max_element(run.variable_images.begin(), run.variable_images.end());
+    const std::int64_t tokens = static_cast<std::int64_t>(images) * image_tokens(*r.model.vision);
+    if (d->min <= tokens) {
+      fail("{}: variable_seq_lengths.min = {}: a sequence holds up to {} image(s) of {} tokens and its text, so a "
+           "drawn length must exceed {}: use min >= {}",
+           source, d->min, images, image_tokens(*r.model.vision), tokens, tokens + 1);
+    }
+  }
   if (longest > r.seq_length) {
     fail("{}: variable_seq_lengths {} {} > seq_length {}: seq_length is the longest micro-batch's (what the "
          "buffers are sized for): raise seq_length to {} or shorten the lengths",

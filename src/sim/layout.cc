@@ -71,18 +71,21 @@ void validate_layout(const Layout& layout) {
     }
     if (layout.sequence_parallel) check_sequence_parallel_split(length, t);
   }
-  if (!layout.variable_images.empty()) {
-    if (!layout.model.vision) {
-      fail("variable_images = [{}]: {} has no vision tower: drop variable_images, or give a vision-language model",
-           fmt::join(layout.variable_images, ", "), layout.model.name);
-    }
+  if (!layout.variable_images.empty() && !layout.model.vision) {
+    fail("variable_images = [{}]: {} has no vision tower: drop variable_images, or give a vision-language model",
+         fmt::join(layout.variable_images, ", "), layout.model.name);
+  }
+  if (layout.model.vision && microbatches_differ(layout)) {
+    // Each micro-batch's images must leave room for text in its length.
     const int per_image = image_tokens(*layout.model.vision);
     const int m = layout.global_batch / std::max(1, layout.micro_batch * d);
     for (const MicrobatchShape& shape : microbatch_shapes(layout, std::max(1, m))) {
-      if (shape.images < 1 || static_cast<std::int64_t>(shape.images) * per_image >= shape.seq_length) {
-        fail("variable_images holds {} with a micro-batch of {} tokens: {} image(s) of {} tokens leave no text "
-             "(a length counts its image tokens); use fewer images or longer variable_seq_lengths",
-             shape.images, shape.seq_length, shape.images, per_image);
+      const std::int64_t image_tokens = static_cast<std::int64_t>(shape.images) * per_image;
+      if (shape.images < 1 || image_tokens >= shape.seq_length) {
+        fail("{} {} with {} image(s) of {} tokens: they leave no text (a length counts its image tokens); use "
+             "lengths above {}{}",
+             layout.variable_seq_lengths.empty() ? "seq_length =" : "variable_seq_lengths holds", shape.seq_length,
+             shape.images, per_image, image_tokens, layout.variable_images.empty() ? "" : ", or fewer variable_images");
       }
     }
   }

@@ -69,7 +69,9 @@ VariableLengths variable_lengths(const Layout& layout, const LayoutCosts& costs,
   const int multiple = layout.sequence_parallel ? layout.tensor_parallel : 1;
   out.uniform_length =
       std::max(multiple, static_cast<int>(std::lround(tokens / static_cast<double>(m) / multiple)) * multiple);
-  out.uniform_images = static_cast<int>(std::lround(images / static_cast<double>(m)));
+  // Rounded down: every micro-batch's text outlasts its images, so the mean
+  // length outlasts the mean images' tokens, and so a whole number below them.
+  out.uniform_images = static_cast<int>(std::floor(images / static_cast<double>(m)));
   const Prediction p = predict(with_microbatch_shape(layout, {out.uniform_length, out.uniform_images}));
   out.uniform_step_time_s = p.result.step_time_s;
   out.uniform_rank_imbalance = rank_imbalance(p.result);

@@ -85,7 +85,7 @@ Layout llava_layout(const std::string& keys) {
 
 // LLaVA-1.5-7B, micro-batches of 2048 tokens with 1 and 2 images (576 image tokens each): each priced as
 // a uniform run of its own shape would be, the tower's work doubling with the second image; the uniform
-// case holds the mean images, rounded (1.5 → 2).
+// case holds the mean images rounded down (1.5 → 1: a whole number that leaves text).
 TEST(SimulateReport, VariableImagesPriceEachMicrobatchsVisionTowerOnItsOwn) {
   const Layout layout = llava_layout(R"(, "variable_images": [1, 2])");
   const Prediction p = predict(layout);
@@ -103,19 +103,33 @@ TEST(SimulateReport, VariableImagesPriceEachMicrobatchsVisionTowerOnItsOwn) {
   EXPECT_LT(p.costs.costs.microbatch_stages[0][0].forward_s, p.costs.costs.microbatch_stages[1][0].forward_s);
   ASSERT_TRUE(p.variable_lengths.has_value());
   EXPECT_EQ(p.variable_lengths->images, (std::vector<int>{1, 2}));
-  EXPECT_EQ(p.variable_lengths->uniform_images, 2);
+  EXPECT_EQ(p.variable_lengths->uniform_images, 1);
   EXPECT_EQ(p.variable_lengths->uniform_length, 2048);
   EXPECT_NE(prediction_text(p).find("\nvariable sequence lengths: 2 micro-batches of 2048 .. 2048 tokens, 1 .. 2 "
                                     "images: step "),
             std::string::npos)
       << prediction_text(p);
-  EXPECT_NE(prediction_text(p).find(" with every micro-batch at 2048 tokens and 2 images ("), std::string::npos);
+  EXPECT_NE(prediction_text(p).find(" with every micro-batch at 2048 tokens and 1 image ("), std::string::npos);
+  // Lengths of 600 and 1200 with 1 and 2 images: each leaves text, and so does the uniform case (900
+  // tokens, 1 image); rounding the 1.5 images up would leave none (1152 > 900).
+  const Prediction paired = predict(llava_layout(R"(, "variable_seq_lengths": [600, 1200], "variable_images": [1, 2])"));
+  EXPECT_EQ(paired.variable_lengths->uniform_length, 900);
+  EXPECT_EQ(paired.variable_lengths->uniform_images, 1);
 }
 
 TEST(SimulateReport, VariableImagesNeedAVisionTowerAndRoomForText) {
   EXPECT_EQ(testing::error_of([] { predict(llava_layout(R"(, "variable_images": [1, 4])")); }),
-            "variable_images holds 4 with a micro-batch of 2048 tokens: 4 image(s) of 576 tokens leave no text (a "
-            "length counts its image tokens); use fewer images or longer variable_seq_lengths");
+            "seq_length = 2048 with 4 image(s) of 576 tokens: they leave no text (a length counts its image tokens); "
+            "use lengths above 2304, or fewer variable_images");
+  EXPECT_EQ(testing::error_of([] { predict(llava_layout(R"(, "variable_seq_lengths": [100, 2048])")); }),
+            "variable_seq_lengths holds 100 with 1 image(s) of 576 tokens: they leave no text (a length counts its "
+            "image tokens); use lengths above 576");
+  EXPECT_EQ(testing::error_of([] {
+              llava_layout(R"(, "variable_seq_lengths": {"distribution": "uniform", "min": 100, "max": 2048},
+                               "variable_images": [1, 2])");
+            }),
+            "run.json: variable_seq_lengths.min = 100: a sequence holds up to 2 image(s) of 576 tokens and its "
+            "text, so a drawn length must exceed 1152: use min >= 1153");
   EXPECT_EQ(testing::error_of([] { predict(llama_layout(R"(, "variable_images": [1, 2])")); }),
             "variable_images = [1, 2]: llama2-7b has no vision tower: drop variable_images, or give a "
             "vision-language model");

@@ -16,12 +16,12 @@ namespace pipeflow {
 // (Layout::variable_seq_lengths, variable_images) do to a step, against the
 // uniform case: the same layout with every micro-batch at the mean length
 // (rounded; to a multiple of t under sequence parallelism) and the mean
-// images (rounded).
+// images (rounded down: a whole number of images that leaves text).
 struct VariableLengths {
   std::vector<int> lengths;        // tokens per sequence of each micro-batch of a replica
   std::vector<int> images;         // images per sequence of each (with variable_images)
   int uniform_length = 0;          // the mean, rounded
-  int uniform_images = 0;          // the mean, rounded (0 without a vision tower)
+  int uniform_images = 0;          // the mean, rounded down (0 without a vision tower)
   double uniform_step_time_s = 0;  // the uniform case's step
   // The slowest micro-batch's compute (F + B summed over the stages) over
   // the mean micro-batch's; the busiest rank's compute over the mean rank's,
