@@ -102,10 +102,6 @@ void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSet
   fmt::print("wrote {}/report.md, metrics.jsonl, timeline.svg, trace.json, predicted.svg, profile.json, "
              "run_config.json, weights.safetensors\n",
              settings.out_dir.string());
-  if (settings.save_interval > 0) {
-    fmt::print("checkpoints every {} steps in {}\n", settings.save_interval,
-               settings.checkpoint_dir.string());
-  }
 }
 
 // The review's errors and warnings (pipeflow review), one line each on
@@ -138,7 +134,11 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   // A weights file or checkpoint carries the model's shape: the configuration may leave model out.
   std::optional<ModelFromFile> model_file;
   if (!c.weights.empty()) model_file = runtime::model_of_file(c.weights);
-  if (!config.checkpoint.load.empty()) model_file = runtime::model_of_file(runtime::checkpoint_to_resume(config.checkpoint.load));
+  // A vision-language model's checkpoint gives no shape: its configuration names the model.
+  const bool vision_language = config.model && config.model->vision;
+  if (!config.checkpoint.load.empty() && !vision_language) {
+    model_file = runtime::model_of_file(runtime::checkpoint_to_resume(config.checkpoint.load));
+  }
   // Under mpirun, data_parallel the file and flags leave out is the processes per pipeline.
   const std::optional<int> world = mpi != nullptr ? std::optional<int>(mpi->size()) : std::nullopt;
   const ResolvedRun resolved = resolve(config, model_file, world);
@@ -166,10 +166,11 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
     outcome = runtime::train(settings, progress, &stop_request, *group);
   }
   if (reporter) print_summary(outcome, settings);
+  if (reporter && settings.save_interval > 0) {
+    fmt::print("checkpoints every {} steps in {}\n", settings.save_interval, settings.checkpoint_dir.string());
+  }
   if (outcome.stop_signal != 0) {
-    if (reporter && outcome.captions) {  // a vision-language run writes no checkpoint
-      fmt::print(stderr, "pipeflow: stopped by signal {} after {} steps\n", outcome.stop_signal, outcome.log.size());
-    } else if (reporter) {
+    if (reporter) {
       fmt::print(stderr, "pipeflow: stopped by signal {}: resume with --resume {}\n", outcome.stop_signal,
                  settings.checkpoint_dir.string());
     }

@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -120,8 +122,7 @@ TEST(VisionLanguageCommand, TrainsTheExampleThroughTwoStagesToTheUnpipelinedLoss
   // Bytes start near uniform, ln 256 = 5.55.
   EXPECT_NEAR(whole.front()["loss"].get<double>(), 5.55, 0.2);
   EXPECT_LT(pipelined.back()["loss"].get<double>(), 0.5);
-  // Timed as a whole: no bubble, no prediction; the validation loss after the last step.
-  EXPECT_FALSE(pipelined.back().contains("bubble_measured")) << pipelined.back();
+  // The validation loss after the last step.
   EXPECT_TRUE(pipelined.back().contains("val_loss"));
   EXPECT_FALSE(pipelined[40].contains("val_loss"));
   int right = -1, images = 0;
@@ -200,6 +201,114 @@ TEST(VisionLanguageCommand, TrainsDataParallelReplicasToTheOneReplicaLosses) {
   ASSERT_EQ(parallel.size(), 5u);
   ASSERT_EQ(whole.size(), 5u);
   expect_losses_near(whole, parallel);
+}
+
+// A VLM run writes what a GPT's does: metrics.jsonl with each step's
+// measured and predicted figures (2 ranks), report.md, timeline.svg,
+// trace.json (a Chrome trace of the last step, every F and B of its 4
+// micro-batches on each of the 2 ranks), predicted.svg and profile.json,
+// which simulate reads as a GPT's.
+TEST(VisionLanguageCommand, ARunWritesTheReportTraceAndPredictionOfAGptRun) {
+  const std::string dir = make_temp_dir();
+  const CommandResult run = run_pipeflow("train --config " + kVlmExample + " --out-dir out --steps 5", dir);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("wrote out/metrics.jsonl, timeline.svg, trace.json, predicted.svg, profile.json, "
+                         "run_config.json, weights.safetensors, report.md"),
+            std::string::npos)
+      << run.out;
+  const std::vector<nlohmann::json> lines = metrics(dir + "/out");
+  ASSERT_EQ(lines.size(), 5u);
+  for (const nlohmann::json& line : lines) {
+    EXPECT_GT(line["step_time_predicted_s"].get<double>(), 0) << line;
+    // 1F1B, p = 2, m = 4: (p - 1) / (m + p - 1) = 0.2 were the stages' costs equal.
+    EXPECT_GT(line["bubble_predicted"].get<double>(), 0) << line;
+    EXPECT_LT(line["bubble_predicted"].get<double>(), 1) << line;
+    EXPECT_EQ(line["busy_s"].size(), 2u) << line;
+    EXPECT_EQ(line["busy_predicted_s"].size(), 2u) << line;
+  }
+  const std::string report = read_file_if_exists(dir + "/out/report.md");
+  EXPECT_NE(report.find("- model: vision-language model (ViT 1 x 32, 16 image tokens; GPT-2 2 x 32): "),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("| 0 | 0 | vision.patch_embedding .. "), std::string::npos) << report;  // the VLM's layers
+  EXPECT_NE(report.find("## Measured vs predicted"), std::string::npos) << report;
+  EXPECT_NE(report.find("| step time | "), std::string::npos) << report;
+  EXPECT_NE(report.find("Held-out image 0 (\""), std::string::npos) << report;
+  const nlohmann::json trace = nlohmann::json::parse(read_file_if_exists(dir + "/out/trace.json"));
+  int forwards = 0, backwards = 0;
+  for (const nlohmann::json& event : trace["traceEvents"]) {
+    if (!event.contains("cat")) continue;
+    const std::string category = event["cat"].get<std::string>();
+    forwards += category == "forward" ? 1 : 0;
+    backwards += category == "backward" ? 1 : 0;
+  }
+  EXPECT_EQ(forwards, 8);  // 4 micro-batches x 2 stages
+  EXPECT_EQ(backwards, 8);
+  const CommandResult simulated =
+      run_pipeflow("simulate --config " + kVlmExample + " --profile out/profile.json --json", dir);
+  ASSERT_EQ(simulated.exit_code, 0) << simulated.err;
+  EXPECT_GT(nlohmann::json::parse(simulated.out)["step_time_s"].get<double>(), 0);
+}
+
+// The example checkpointed every 2 steps, stopped after 4 of 6 and resumed
+// from its out_dir (--resume: the newest checkpoint, step_4) ends where a
+// run of 6 steps ends, bit for bit: every step's loss and gradient norm
+// (metrics.jsonl keeps the first run's 4 lines) and every final weight,
+// the frozen encoder's too. keep 1 leaves the newest checkpoint alone.
+TEST(VisionLanguageCommand, ACheckpointedRunResumesToTheUninterruptedRunsBits) {
+  const std::string dir = make_temp_dir();
+  std::string config = read_file_if_exists(kVlmExample);
+  const std::string steps = "\"steps\": 300,";
+  ASSERT_NE(config.find(steps), std::string::npos);
+  config.replace(config.find(steps), steps.size(), "\"steps\": 6, \"checkpoint\": {\"interval\": 2, \"keep\": 1},");
+  write_file_atomic(dir + "/vlm.json", config);
+  const std::string frozen = " --freeze '[\"vision.*\"]'";
+  const CommandResult first = run_pipeflow("train --config vlm.json --out-dir resumed --steps 4" + frozen, dir);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_NE(first.out.find("checkpoints every 2 steps in resumed/checkpoints"), std::string::npos) << first.out;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/resumed/checkpoints/step_2.safetensors"));
+  ASSERT_TRUE(std::filesystem::exists(dir + "/resumed/checkpoints/step_4.safetensors"));
+  const CommandResult resumed =
+      run_pipeflow("train --config vlm.json --resume resumed --out-dir resumed" + frozen, dir);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resuming after 4 steps from resumed/checkpoints/step_4.safetensors"), std::string::npos)
+      << resumed.err;
+  const CommandResult straight = run_pipeflow("train --config vlm.json --out-dir straight" + frozen, dir);
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  const std::vector<nlohmann::json> a = metrics(dir + "/resumed"), b = metrics(dir + "/straight");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["step"], b[i]["step"]);
+    EXPECT_EQ(fmt::format("{:.9g}", a[i]["loss"].get<double>()), fmt::format("{:.9g}", b[i]["loss"].get<double>()))
+        << "step " << i;
+    EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i;
+    EXPECT_EQ(a[i]["grad_norm"], b[i]["grad_norm"]) << "step " << i;
+  }
+  EXPECT_EQ(read_file_if_exists(dir + "/resumed/weights.safetensors"),
+            read_file_if_exists(dir + "/straight/weights.safetensors"));
+  const nn::SafetensorsFile checkpoint = nn::SafetensorsFile::read(dir + "/resumed/checkpoints/step_6.safetensors");
+  EXPECT_EQ(checkpoint.metadata().at("model_type"), "llava");
+  EXPECT_TRUE(checkpoint.contains("vision.h.0.attn.c_attn.weight"));  // frozen: kept as it is
+  EXPECT_FALSE(std::filesystem::exists(dir + "/resumed/checkpoints/step_4.safetensors"));
+
+  // A language model's checkpoint into the vision-language run, and the reverse: refused by key, with the fix.
+  write_file_atomic(dir + "/gpt.json",
+                    R"({"model": "gpt-tiny", "steps": 1, "eval_interval": 0, "checkpoint": {"interval": 1}})");
+  const CommandResult gpt = run_pipeflow("train --config gpt.json --out-dir gpt", dir);
+  ASSERT_EQ(gpt.exit_code, 0) << gpt.err;
+  const auto expect_refused = [&](const std::string& command, const std::string& message) {
+    const CommandResult refused = run_pipeflow(command, dir);
+    EXPECT_NE(refused.exit_code, 0);
+    EXPECT_NE(refused.err.find(message), std::string::npos) << refused.err;
+  };
+  expect_refused("train --config vlm.json --out-dir wrong --resume gpt",
+                 "gpt/checkpoints/step_1.safetensors: __metadata__ model_type = absent: not a vision-language model's "
+                 "weights (model_type \"llava\"), so the run's model cannot load them; give checkpoint.load (--resume) "
+                 "a checkpoint a vision-language run wrote");
+  expect_refused("train --config gpt.json --out-dir wrong --resume resumed",
+                 "resumed/checkpoints/step_6.safetensors: a vision-language model's checkpoint (__metadata__ "
+                 "model_type = \"llava\") resumes only the run of its model: give the configuration with that model");
 }
 
 // freeze ["vision.*"]: the encoder's weights stay as initialised (1 step

@@ -41,6 +41,11 @@ std::vector<std::filesystem::path> checkpoints_to_resume(const std::filesystem::
 nn::SafetensorsFile read_checkpoint(const std::filesystem::path& checkpoint);
 nn::SafetensorsFile read_checkpoint_metadata(const std::filesystem::path& checkpoint);
 
+// Whether a file's header says it holds the vision-language model's tensors
+// (StageTraits<nn::VlmStage>::kModelType): read_checkpoint then checks no
+// language model's header and tensors, and it gives no model's shape.
+bool holds_vision_language_model(const nn::SafetensorsFile& file);
+
 // The newest of checkpoints_to_resume(path) whose header reads (it gives the
 // model's shape), or the newest when none does.
 std::filesystem::path checkpoint_to_resume(const std::filesystem::path& path);

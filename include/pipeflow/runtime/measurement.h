@@ -101,16 +101,21 @@ class CostProfile {
 };
 
 // The measured costs in the simulator's profile format (sim/profile.h), for
-// the engine they were measured on: durations, the bytes each stage sends
-// per micro-batch (b·T·C floats; 0 from the last stage), activation and
-// weight-gradient bytes held per micro-batch, model-state bytes (parameters,
-// gradients, AdamW moments) and optimizer time per stage. The link is free:
-// the in-process transport hands over a pointer.
-MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine& engine, std::string source);
+// the engine they were measured on (either kind of stage): durations, the
+// bytes each stage sends per micro-batch (the activation at its cut,
+// StageTraits::boundary_elements: b·T·C floats for a GPT; 0 from the last
+// stage), activation and weight-gradient bytes held per micro-batch,
+// model-state bytes (parameters, gradients, AdamW moments) and optimizer
+// time per stage. The link is free: the in-process transport hands over a
+// pointer.
+template <class StageT>
+MeasuredProfile measured_profile(const CostProfile& costs, const BasicPipelineEngine<StageT>& engine,
+                                 std::string source);
 
 // The step the measured costs predict: the simulator run on the engine's
 // lowered schedule with measured_profile's costs, communication overlapped.
-SimulationResult predict_step(const PipelineEngine& engine, const CostProfile& costs);
+template <class StageT>
+SimulationResult predict_step(const BasicPipelineEngine<StageT>& engine, const CostProfile& costs);
 
 // The emulated pipeline: a step run serially (RunMode::kSerial, every
 // action timed alone) replayed through execute() with each action's own

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,7 @@ struct RunRecord {
   const TrainSettings* settings = nullptr;
   const Schedule* schedule = nullptr;  // lowered, as run
   std::vector<int> boundaries;
+  std::function<std::string(int)> layer_name;  // of a pipeline layer, in the model's kind's names
   std::string data;          // the corpus, in words
   // How the ranks ran ("one worker thread per rank on a machine with 2
   // cores", or the MPI processes), and the warning when they shared cores
@@ -28,6 +30,12 @@ struct RunRecord {
   std::string cost_steps;  // the steps `costs` were measured in, e.g. "steps 1-3"
 
   const SimulationResult* prediction = nullptr;  // from `costs`
+  // In the words of the model's kind: the model line (what it is, its
+  // parameters, where its weights came from), what `sample` is, and what
+  // weights.safetensors holds.
+  std::string model;
+  std::string sample_note;
+  std::string weights_note;
   std::string sample;
 };
 

@@ -5,6 +5,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pipeflow/core/ids.h"
@@ -75,6 +76,11 @@ struct StageTraits<nn::Stage> {
   // A received activation ([b, T, C], T/t under sequence parallelism) or
   // gradient of the stage's output: the same shape.
   static Shape message_shape(const nn::Stage& st, const EngineOptions& options, bool gradient);
+  // The elements of the activation into layer `layer` of one micro-batch
+  // ([b, T, C]): what a stage cut before it sends, as the simulator prices it.
+  static std::int64_t boundary_elements(const Config& config, const EngineOptions& options, int /*layer*/) {
+    return std::int64_t{options.micro_batch} * options.seq_length * config.n_embd;
+  }
   static bool sends_gradient(const nn::Stage& st) { return !st.has_embedding(); }
   static bool receives_gradient(const nn::Stage& st) { return !st.has_head(); }
   static bool holds_embedding(const nn::Stage& st) { return st.has_embedding(); }
@@ -108,15 +114,24 @@ struct StageTraits<nn::VlmStage> {
   static std::vector<const nn::ParameterLayout*> saved_layouts(const nn::VlmStage& st) {
     return {&st.layout(), &st.frozen_layout()};
   }
-  // No model header: the tensors' names and shapes are checked as they are read.
-  static void write_config(nn::SafetensorsWriter&, const Config&) {}
-  static void check_file(const nn::SafetensorsFile&, const Config&) {}
+  // A file's __metadata__ model_type says it holds this kind's tensors
+  // (LLaVA's name for the kind); the model's shape is checked tensor by
+  // tensor, by name and shape, as they are read. A file without it (a
+  // language model's) is an Error naming it, the key and the fix.
+  static constexpr std::string_view kModelType = "llava";
+  static void write_config(nn::SafetensorsWriter& writer, const Config& config);
+  static void check_file(const nn::SafetensorsFile& file, const Config& config);
   static void load(nn::VlmStage& st, const nn::SafetensorsFile& file);
 
   static void load(nn::VlmStage& st, const Source& source, std::int64_t step, std::int64_t first, int count,
                    nn::VlmInput& input);
   static bool takes_activation(const nn::VlmStage& st) { return !st.has_images(); }
   static Shape message_shape(const nn::VlmStage& st, const EngineOptions& options, bool gradient);
+  static std::int64_t boundary_elements(const Config& config, const EngineOptions& options, int layer) {
+    return nn::vlm_activation_shape(config.model, layer, options.micro_batch,
+                                    options.seq_length - config.model.vision.tokens())
+        .numel();
+  }
   static bool sends_gradient(const nn::VlmStage& st) {
     return !st.has_images() && !frozen_below(st, st.layers().first);
   }

@@ -96,10 +96,6 @@ struct TrainSettings {
 
 // One line of metrics.jsonl.
 struct StepLog {
-  // false: the step was timed as a whole, not action by action (a
-  // vision-language model's run): no bubble, prediction or per-rank figures,
-  // which metrics.jsonl and the progress lines then leave out.
-  bool traced = true;
   std::int64_t step = 0;
   double loss = 0;
   double lr = 0;

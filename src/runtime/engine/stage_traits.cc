@@ -91,6 +91,20 @@ std::int64_t StageTraits<nn::VlmStage>::parameter_count(const Config& config, nn
   return make_stage(config, range, {}, "stage", nullptr)->layout().total();
 }
 
+void StageTraits<nn::VlmStage>::write_config(nn::SafetensorsWriter& writer, const Config&) {
+  writer.set_metadata("model_type", std::string(kModelType));
+}
+
+void StageTraits<nn::VlmStage>::check_file(const nn::SafetensorsFile& file, const Config&) {
+  const auto type = file.metadata().find("model_type");
+  if (type != file.metadata().end() && type->second == kModelType) return;
+  fail("{}: __metadata__ model_type = {}: not a vision-language model's weights (model_type \"{}\"), so the "
+       "run's model cannot load them; give checkpoint.load (--resume) a checkpoint a vision-language run wrote, or "
+       "train the file's model with its own configuration",
+       file.source(), type == file.metadata().end() ? std::string("absent") : fmt::format("\"{}\"", type->second),
+       kModelType);
+}
+
 void StageTraits<nn::VlmStage>::load(nn::VlmStage& st, const nn::SafetensorsFile& file) {
   for (const nn::ParameterLayout* layout : saved_layouts(st)) {
     for (const nn::ParameterInfo& info : layout->entries()) {

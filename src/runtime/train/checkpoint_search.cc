@@ -16,6 +16,7 @@
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/nn/safetensors_index.h"
 #include "pipeflow/runtime/stage_partition.h"
+#include "pipeflow/runtime/stage_traits.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -128,9 +129,16 @@ nn::SafetensorsFile read_checkpoint(const std::filesystem::path& path) {
   nn::SafetensorsFile file =
       sharded ? nn::read_sharded(checkpoint, nn::check_values) : nn::SafetensorsFile::read(checkpoint);
   if (!sharded) nn::check_values(file);
+  // A vision-language model's has no language model's header: the engine checks its tensors as it reads them.
+  if (holds_vision_language_model(file)) return file;
   file = with_hf_config(std::move(file), checkpoint);
   nn::check_tensors_taken(file, nn::read_config(file));
   return file;
+}
+
+bool holds_vision_language_model(const nn::SafetensorsFile& file) {
+  const auto type = file.metadata().find("model_type");
+  return type != file.metadata().end() && type->second == StageTraits<nn::VlmStage>::kModelType;
 }
 
 nn::SafetensorsFile read_checkpoint_metadata(const std::filesystem::path& path) {

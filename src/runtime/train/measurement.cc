@@ -161,21 +161,25 @@ double CostProfile::duration(const Action& action) const {
   return medians_.at(static_cast<std::size_t>(action.stage.value())).duration(action.kind);
 }
 
-MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine& engine, std::string source) {
+template <class StageT>
+MeasuredProfile measured_profile(const CostProfile& costs, const BasicPipelineEngine<StageT>& engine,
+                                 std::string source) {
   if (costs.num_stages() != engine.num_stages()) {
     fail("measured costs have {} stages, the engine {}", costs.num_stages(), engine.num_stages());
   }
-  const nn::ModelConfig& config = engine.config();
   const EngineOptions& options = engine.options();
-  const int t = options.seq_length;
   // A message's bytes on the wire: 2 a value in bf16/fp16 (MpiTransport packs them), else 4.
-  const double message = static_cast<double>(options.micro_batch) * t * config.n_embd *
-                         (options.format == ComputeFormat::kFp32 ? 4.0 : 2.0);
+  const double bytes_per_value = options.format == ComputeFormat::kFp32 ? 4.0 : 2.0;
   MeasuredProfile profile;
   profile.source = std::move(source);
   for (int s = 0; s < engine.num_stages(); ++s) {
     StageCosts stage_costs = costs.stage(StageId(s));
-    stage_costs.output_bytes = engine.schedule().is_last_stage(StageId(s)) ? 0.0 : message;
+    const int cut = engine.boundaries()[static_cast<std::size_t>(s) + 1];
+    stage_costs.output_bytes =
+        engine.schedule().is_last_stage(StageId(s))
+            ? 0.0
+            : bytes_per_value *
+                  static_cast<double>(StageTraits<StageT>::boundary_elements(engine.config(), options, cut));
     // parameters, gradients and AdamW's two moments, float each, and in
     // bf16/fp16 the rounded copy the layers read in 16 bits: 16 or 18 B a
     // parameter, as the memory model prices them (model/model_states.h)
@@ -187,11 +191,17 @@ MeasuredProfile measured_profile(const CostProfile& costs, const PipelineEngine&
   return profile;
 }
 
-SimulationResult predict_step(const PipelineEngine& engine, const CostProfile& costs) {
+template <class StageT>
+SimulationResult predict_step(const BasicPipelineEngine<StageT>& engine, const CostProfile& costs) {
   SimulationCosts simulation = costs_from_profile(measured_profile(costs, engine, "measured"));
   simulation.comm_mode = CommMode::kOverlapped;
   return simulate(engine.schedule(), simulation);
 }
+
+template MeasuredProfile measured_profile(const CostProfile&, const PipelineEngine&, std::string);
+template MeasuredProfile measured_profile(const CostProfile&, const VlmPipelineEngine&, std::string);
+template SimulationResult predict_step(const PipelineEngine&, const CostProfile&);
+template SimulationResult predict_step(const VlmPipelineEngine&, const CostProfile&);
 
 Execution replay(const Schedule& schedule, const StepResult& serial_step) {
   std::unordered_map<Action, double> measured;

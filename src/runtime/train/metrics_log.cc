@@ -13,7 +13,7 @@
 namespace pipeflow::runtime {
 namespace {
 
-// A traced step's (StepLog::traced) prediction and figures per rank.
+// A step's prediction and figures per rank.
 void add_trace_figures(const StepLog& log, nlohmann::ordered_json& json) {
   json["tokens_per_s_predicted"] = log.tokens_per_s_predicted;
   json["bubble_measured"] = log.bubble_measured;
@@ -43,9 +43,9 @@ nlohmann::ordered_json to_json(const StepLog& log) {
   json["lr"] = log.lr;
   json["grad_norm"] = log.grad_norm;
   json["step_time_s"] = log.step_time_s;
-  if (log.traced) json["step_time_predicted_s"] = log.step_time_predicted_s;
+  json["step_time_predicted_s"] = log.step_time_predicted_s;
   json["tokens_per_s"] = log.tokens_per_s;
-  if (log.traced) add_trace_figures(log, json);
+  add_trace_figures(log, json);
   if (log.val_loss) json["val_loss"] = *log.val_loss;
   if (log.skipped) json["skipped"] = true;
   if (log.loss_scale) json["loss_scale"] = *log.loss_scale;

@@ -48,13 +48,6 @@ std::string ProgressPrinter::figures(const StepLog& log, double eta_s) const {
   const std::string ideal =
       log.busy_s.size() > 1 ? fmt::format("{} of ideal", format_percent(log.ideal_fraction)) : "";
   const std::string gap = ideal.empty() ? "" : " ";
-  if (!log.traced && terminal_) {
-    return fmt::format("loss {:.4f}  {}  ETA {}", log.loss, tokens_rate(log.tokens_per_s), format_eta(eta_s));
-  }
-  if (!log.traced) {
-    return fmt::format("loss {:.4f} lr {:.3g} grad_norm {:.3g} {} step {} ETA {}", log.loss, log.lr, log.grad_norm,
-                       tokens_rate(log.tokens_per_s), format_seconds(log.step_time_s), format_eta(eta_s));
-  }
   if (terminal_) {
     return fmt::format("loss {:.4f}  {}{}  bubble {} (pred {}){}{}  ETA {}", log.loss, tokens_rate(log.tokens_per_s),
                        label, format_percent(log.bubble_measured), format_percent(log.bubble_predicted), gap + gap,

@@ -43,15 +43,11 @@ std::string signed_percent(double measured, double predicted) {
 std::string run_section(const RunRecord& run) {
   const TrainSettings& s = *run.settings;
   const Schedule& schedule = *run.schedule;
-  const nn::ModelConfig& m = s.model;
   const int b = s.engine.micro_batch;
   const int t = s.engine.seq_length;
   std::string out = "## Run\n\n";
   out += fmt::format("- configuration: `{}`\n", s.config_source.empty() ? "(command line)" : s.config_source);
-  out += fmt::format("- model: {}: {} parameters{}\n", nn::describe(m), m.parameter_count(),
-                     s.weights.empty() ? fmt::format(" ({} initialisation, seed {})",
-                                                     m.llama() ? "Llama" : "GPT-2", s.seed)
-                                       : fmt::format(" (from {})", s.weights.string()));
+  out += fmt::format("- model: {}\n", run.model);
   out += fmt::format("- data: {}\n", run.data);
   out += fmt::format(
       "- schedule: {} on {} ranks, {} stages ({} per rank, {} placement); {} micro-batches of {} sequences x {} "
@@ -85,9 +81,8 @@ std::string partition_section(const RunRecord& run) {
     const StageCosts c = run.costs->stage(StageId(s));
     const int first = run.boundaries[static_cast<std::size_t>(s)];
     const int last = run.boundaries[static_cast<std::size_t>(s) + 1] - 1;
-    const std::string layers = first == last ? nn::pipeline_layer_name(run.settings->model, first)
-                                             : fmt::format("{} .. {}", nn::pipeline_layer_name(run.settings->model, first),
-                                                           nn::pipeline_layer_name(run.settings->model, last));
+    const std::string layers =
+        first == last ? run.layer_name(first) : fmt::format("{} .. {}", run.layer_name(first), run.layer_name(last));
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", s, schedule.rank_of(StageId(s)), layers,
                        seconds_or_dash(c.forward_s), seconds_or_dash(c.backward_s), seconds_or_dash(c.backward_input_s),
                        seconds_or_dash(c.backward_weight_s), seconds_or_dash(c.optimizer_s),
@@ -285,14 +280,13 @@ std::string training_report(const RunRecord& run) {
   out += fmt::format("\n## Configuration\n\nAs read (defaults written out; flags applied):\n\n```json\n{}```\n",
                      run.settings->config_text);
   out += fmt::format(
-      "\n## Sample\n\n{} bytes generated from the final weights (temperature 0.8; bytes that are not printable ASCII "
-      "shown as ?):\n\n```text\n{}\n```\n",
-      run.sample.size(), printable(run.sample));
+      "\n## Sample\n\n{} (bytes that are not printable ASCII shown as ?):\n\n```text\n{}\n```\n", run.sample_note,
+      printable(run.sample));
   out += fmt::format(
       "\n## Files\n\n- `metrics.jsonl`: one JSON object per step\n- `timeline.svg`, `trace.json`: the last step, {} "
       "(open the trace in Perfetto or chrome://tracing)\n- `predicted.svg`: the same step as predicted\n- "
-      "`weights.safetensors`: the final weights (Hugging Face {} names)\n",
-      run.settings->emulate ? "emulated" : "measured", run.settings->model.llama() ? "Llama" : "GPT-2");
+      "`weights.safetensors`: {}\n",
+      run.settings->emulate ? "emulated" : "measured", run.weights_note);
   return out;
 }
 

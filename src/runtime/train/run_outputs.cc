@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include "pipeflow/core/file.h"
-#include "pipeflow/nn/model_file.h"
 #include "train/metrics_log.h"
 #include "pipeflow/sim/profile.h"
 #include "pipeflow/sim/run_metadata.h"
@@ -12,11 +11,11 @@
 
 namespace pipeflow::runtime {
 
-std::vector<std::filesystem::path> write_run_outputs(const RunRecord& record, const PipelineEngine& engine,
-                                                     const nn::Stage& model, const StepResult& last,
-                                                     const std::string& earlier_metrics) {
+std::vector<std::filesystem::path> write_run_outputs(
+    const RunRecord& record, const MeasuredProfile& profile, const StepResult& last, const std::string& earlier_metrics,
+    const std::function<void(const std::filesystem::path&)>& write_weights) {
   const TrainSettings& settings = *record.settings;
-  const Schedule& schedule = engine.schedule();
+  const Schedule& schedule = *record.schedule;
   const std::filesystem::path& dir = settings.out_dir;
   const std::string step_name = fmt::format("step {}", last.step);
   Timeline measured =
@@ -38,16 +37,12 @@ std::vector<std::filesystem::path> write_run_outputs(const RunRecord& record, co
   if (!settings.emulate) {
     measured = measured_timeline(last, schedule.num_ranks(), measured.title + ", with the flush", true);
   }
-  const MeasuredProfile profile =
-      measured_profile(*record.costs, engine,
-                       fmt::format("pipeflow train {}, median action costs of {}", settings.config_source,
-                                   record.cost_steps));
   measured.run_metadata = run_metadata_json(settings.config, profile, true, "pipeflow train");
   write("trace.json", write_chrome_trace(measured));
   write("predicted.svg", render_svg(predicted));
   write("profile.json", profile_to_json(profile));
   write("run_config.json", settings.config_text);
-  nn::write_weights(dir / "weights.safetensors", model, settings.engine.format);
+  write_weights(dir / "weights.safetensors");
   files.push_back(dir / "weights.safetensors");
   write("report.md", training_report(record));
   return files;

@@ -10,6 +10,7 @@
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/runtime/stage_partition.h"
+#include "pipeflow/runtime/stage_traits.h"
 #include "pipeflow/model/pipeline_layers.h"
 #include "pipeflow/model/training.h"
 #include "pipeflow/nn/shape_captions.h"
@@ -17,7 +18,14 @@
 namespace pipeflow::runtime {
 
 ModelFromFile model_of_file(const std::filesystem::path& path) {
-  return {model_spec(nn::read_config(read_checkpoint_metadata(path))), path.string()};
+  const nn::SafetensorsFile file = read_checkpoint_metadata(path);
+  if (holds_vision_language_model(file)) {
+    fail("{}: a vision-language model's checkpoint (__metadata__ model_type = \"{}\") resumes only the run of its "
+         "model: give the configuration with that model (its vision part) to resume it, or a language model's "
+         "checkpoint or weights to this run",
+         path.string(), StageTraits<nn::VlmStage>::kModelType);
+  }
+  return {model_spec(nn::read_config(file)), path.string()};
 }
 
 nn::AdamWOptions adamw_options(const OptimizerConfig& o) {
@@ -85,8 +93,8 @@ void set_vision_language_training(VisionLanguageSettings& vl, const ResolvedRun&
 
 // What pipeflow train runs of a vision-language model, and what it refuses
 // (naming the key): the model one process trains on threads (data_parallel
-// replicas of its pipeline too), in fp32, without recomputation or
-// checkpoints, on its generated data.
+// replicas of its pipeline too), in fp32, without recomputation, on its
+// generated data.
 VisionLanguageSettings vision_language_settings(const ResolvedRun& resolved) {
   const RunConfig& run = resolved.config;
   const std::string& source = run.source;
@@ -103,11 +111,6 @@ VisionLanguageSettings vision_language_settings(const ResolvedRun& resolved) {
   if (run.pipeline.recompute_interval > 0) {
     refuse(fmt::format("pipeline.activation_checkpoint_interval = {}", run.pipeline.recompute_interval),
            "keeping every activation; set it to 0");
-  }
-  if (run.checkpoint.save_interval > 0 || !run.checkpoint.load.empty()) {
-    refuse("checkpoint.interval / checkpoint.load",
-           "from its initialisation to the end, writing its final weights only; remove checkpoint.interval and "
-           "checkpoint.load");
   }
   if (!run.data.paths.empty()) {
     refuse("data.path", "on the shape captions it generates (nn/shape_captions.h); remove data.path and data.paths");
