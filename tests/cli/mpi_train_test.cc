@@ -332,6 +332,23 @@ TEST_F(MpiTrain, UnequalPartsManyBucketsAndSplitBackwardsEqualTheUnpipelinedRun)
   expect_same_run(train({"zbv", 2, 2, 2}, "zbv-dp2", "", "--global-batch 16"), unpipelined16, "zbv pp 2 v 2 dp 2");
 }
 
+// The vision-language model's 2 stages in 2 MPI processes (the LM
+// embedding's stage found from the cut, not among a process's own stages)
+// train the in-process run's steps: the same losses and weights, bit for
+// bit (the same actions on the same values; only the transport differs).
+TEST_F(MpiTrain, TrainsTheVisionLanguageModelToTheInProcessRunsBits) {
+  const std::string example = std::string(PIPEFLOW_SOURCE_DIR) + "/examples/train_vlm_2stage.json";
+  const std::string under_mpi = dir_ + "/vlm-mpi", threads = dir_ + "/vlm-threads";
+  const CommandResult result = run_mpirun(2, "train --config " + example + " --steps 3 --out-dir " + under_mpi);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_NE(result.err.find("2 MPI processes (pipeline 2 x data parallel 1)"), std::string::npos) << result.err;
+  const CommandResult in_process = run_pipeflow("train --config " + example + " --steps 3 --out-dir " + threads);
+  ASSERT_EQ(in_process.exit_code, 0) << in_process.err;
+  ASSERT_EQ(losses(under_mpi).size(), 3u);
+  EXPECT_EQ(losses(under_mpi), losses(threads));
+  EXPECT_EQ(read_file(under_mpi + "/weights.safetensors"), read_file(threads + "/weights.safetensors"));
+}
+
 TEST_F(MpiTrain, PrintsTheRankLayoutAndDerivesDataParallelFromTheProcessCount) {
   const std::string out = dir_ + "/layout";
   const std::string config = write_config(dir_ + "/layout.json", config_text(out, "1f1b", 2, 1));

@@ -84,7 +84,9 @@ struct StageTraits<nn::Stage> {
   static bool sends_gradient(const nn::Stage& st) { return !st.has_embedding(); }
   static bool receives_gradient(const nn::Stage& st) { return !st.has_head(); }
   static bool holds_embedding(const nn::Stage& st) { return st.has_embedding(); }
-  static StageId embedding_stage(std::span<nn::Stage* const>) { return StageId(0); }
+  // The stage holding the embedding (its copy of the tied wte), from the
+  // cut alone, so that every process knows it: the first.
+  static StageId embedding_stage(const Config&, std::span<const int>) { return StageId(0); }
   static Shape tied_shape(const nn::Stage& st);  // [V or its tensor-parallel part, C]
 };
 
@@ -139,7 +141,8 @@ struct StageTraits<nn::VlmStage> {
     return !st.has_head() && !frozen_below(st, st.layers().last);
   }
   static bool holds_embedding(const nn::VlmStage& st) { return st.has_text_embedding(); }
-  static StageId embedding_stage(std::span<nn::VlmStage* const> stages);
+  // The stage whose layers hold the LM's embedding, wherever the cut puts it.
+  static StageId embedding_stage(const Config& config, std::span<const int> boundaries);
   static Shape tied_shape(const nn::VlmStage& st) { return st.layout().at("wte.weight").shape; }
 
  private:

@@ -230,8 +230,9 @@ BasicPipelineEngine<StageT>::BasicPipelineEngine(const Config& config, const Sch
       stages.push_back(replica.stages[i].get());
       optimizers.push_back(replica.optimizers[i].get());
     }
-    r->worker = std::make_unique<BasicRankWorker<StageT>>(schedule_, r->rank, stages, optimizers, *replica.transport,
-                                             replica.options, replica.progress);
+    r->worker = std::make_unique<BasicRankWorker<StageT>>(schedule_, r->rank, stages, optimizers,
+                                                          Traits::embedding_stage(config_, boundaries_),
+                                                          *replica.transport, replica.options, replica.progress);
     // Under sequence parallelism a stage's gradients are complete only after
     // the flush's sum over its tensor-parallel ranks: nothing is posted early.
     if (options_.data_parallel > 1 && !sequence_parallel()) plan_early_reductions(*r);

@@ -30,8 +30,8 @@ double dot(std::span<const float> a, std::span<const float> b) {
 
 template <class StageT>
 BasicRankWorker<StageT>::BasicRankWorker(const Schedule& schedule, RankId rank, std::span<StageT* const> stages,
-                                         std::span<nn::AdamW* const> optimizers, Transport& transport,
-                                         const EngineOptions& options, Progress& progress)
+                                         std::span<nn::AdamW* const> optimizers, StageId embedding_stage,
+                                         Transport& transport, const EngineOptions& options, Progress& progress)
     : schedule_(&schedule),
       rank_(rank),
       actions_(&schedule.actions(rank)),
@@ -41,7 +41,7 @@ BasicRankWorker<StageT>::BasicRankWorker(const Schedule& schedule, RankId rank, 
       transport_(&transport),
       options_(&options),
       progress_(&progress),
-      embedding_stage_(Traits::embedding_stage(stages)) {
+      embedding_stage_(embedding_stage) {
   const auto m = static_cast<std::size_t>(schedule.num_microbatches());
   slots_.resize(static_cast<std::size_t>(schedule.chunks_per_rank()) * m);
   losses_.assign(m, std::numeric_limits<double>::quiet_NaN());

@@ -71,11 +71,12 @@ class BasicRankWorker {
   using Source = typename Traits::Source;
 
   // `stages` and `optimizers` are indexed by global stage; only this rank's
-  // entries are used (and the stage holding the tied embedding's, for the
-  // VLM, found among them). `progress` has one entry per rank.
+  // entries are used. `embedding_stage`: the stage holding the tied
+  // embedding (StageTraits::embedding_stage; the head's is the last).
+  // `progress` has one entry per rank.
   BasicRankWorker(const Schedule& schedule, RankId rank, std::span<StageT* const> stages,
-                  std::span<nn::AdamW* const> optimizers, Transport& transport, const EngineOptions& options,
-                  Progress& progress);
+                  std::span<nn::AdamW* const> optimizers, StageId embedding_stage, Transport& transport,
+                  const EngineOptions& options, Progress& progress);
 
   RankId rank() const { return rank_; }
   std::size_t size() const { return actions_->size(); }

@@ -148,12 +148,12 @@ Shape StageTraits<nn::VlmStage>::message_shape(const nn::VlmStage& st, const Eng
   return nn::vlm_activation_shape(c, layer, options.micro_batch, options.seq_length - c.vision.tokens());
 }
 
-StageId StageTraits<nn::VlmStage>::embedding_stage(std::span<nn::VlmStage* const> stages) {
-  for (std::size_t s = 0; s < stages.size(); ++s) {
-    if (stages[s] != nullptr && stages[s]->has_text_embedding()) return StageId(static_cast<int>(s));
+StageId StageTraits<nn::VlmStage>::embedding_stage(const Config& config, std::span<const int> boundaries) {
+  const int layer = config.model.embedding_layer();
+  for (std::size_t s = 0; s + 1 < boundaries.size(); ++s) {
+    if (boundaries[s] <= layer && layer < boundaries[s + 1]) return StageId(static_cast<int>(s));
   }
-  fail("no stage of this process holds the language model's embedding: a vision-language model's ranks run in "
-       "one process");
+  fail("no stage holds the language model's embedding (layer {}) in a cut of {} layers", layer, boundaries.back());
 }
 
 }  // namespace pipeflow::runtime

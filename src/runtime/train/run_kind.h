@@ -52,8 +52,8 @@ class RunKind<nn::Stage> {
 };
 
 // The vision-language model (settings.vision_language) on the generated
-// shape captions of settings.seed: one process, fp32, no --weights or
-// --emulate (refused naming them). Its validation loss is the held-out
+// shape captions of settings.seed (the same in every process): fp32, no
+// --weights or --emulate (refused naming them). Its validation loss is the held-out
 // split's first step of as many samples as a training step; at the end it
 // captions vision_language->caption_images held-out images
 // (TrainOutcome::captions; the sample is the first one's caption). Its

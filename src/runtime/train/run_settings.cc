@@ -92,9 +92,9 @@ void set_vision_language_training(VisionLanguageSettings& vl, const ResolvedRun&
 }
 
 // What pipeflow train runs of a vision-language model, and what it refuses
-// (naming the key): the model one process trains on threads (data_parallel
-// replicas of its pipeline too), in fp32, without recomputation, on its
-// generated data.
+// (naming the key): the model trained on threads or under mpirun
+// (data_parallel replicas of its pipeline too), in fp32, without
+// recomputation, on its generated data.
 VisionLanguageSettings vision_language_settings(const ResolvedRun& resolved) {
   const RunConfig& run = resolved.config;
   const std::string& source = run.source;

@@ -317,16 +317,7 @@ TrainOutcome train(const TrainSettings& settings, ProgressPrinter& progress, con
          "tensor_parallel {}; drop --emulate (or run pipeline stages alone)",
          settings.engine.data_parallel, settings.engine.tensor_parallel);
   }
-  if (settings.vision_language) {
-    // Its rank worker finds the stage holding the LM's embedding among the
-    // stages of its process: every rank must be in this one.
-    if (group.spans_processes()) {
-      fail("{}: a vision-language model trains in one process (its pipeline ranks on threads): run pipeflow train "
-           "without mpirun",
-           settings.config_source);
-    }
-    return Run<nn::VlmStage>(settings, progress, group, stop).run();
-  }
+  if (settings.vision_language) return Run<nn::VlmStage>(settings, progress, group, stop).run();
   return Run<nn::Stage>(settings, progress, group, stop).run();
 }
 
