@@ -678,6 +678,24 @@ CaptionScore score_captions(BasicVlmStage<float>& model, const ShapeCaptions& da
   return score;
 }
 
+double held_out_loss(BasicVlmStage<float>& model, const ShapeCaptions& data, int microbatches, int batch) {
+  if (microbatches < 1 || batch < 1) {
+    fail("internal: a held-out loss of {} micro-batches of {} samples: both must be >= 1", microbatches, batch);
+  }
+  double total = 0;  // every micro-batch holds `batch` samples: the mean of their means is the mean
+  for (int j = 0; j < microbatches; ++j) {
+    ShapeCaptions::Batch samples =
+        data.batch(Split::kValidation, 0, static_cast<std::int64_t>(j) * batch, batch, model.allocator());
+    BasicVlmState<float> state;
+    model.forward(state, {.images = std::move(samples.images),
+                          .activation = {},
+                          .tokens = std::move(samples.tokens),
+                          .targets = std::move(samples.targets)});
+    total += state.loss();
+  }
+  return total / microbatches;
+}
+
 // --- Gradients ---
 
 template <class T>

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -163,6 +164,30 @@ TEST(VlmTraining, SplitStagesGiveTheWholeModelsGradientNorm) {
   const double expected = whole.gradient_square_sum();
   EXPECT_NEAR(first.gradient_square_sum() + last.gradient_square_sum(), expected, 1e-5 * expected);
   EXPECT_GT(last.gradient_square_sum(), 0.0);
+}
+
+// The held-out loss of 4 micro-batches of 4 samples is the loss of the 16
+// samples forwarded at once (a mean of equal-size means), yet holds the
+// activations of one micro-batch: the peak of 1 micro-batch, a quarter of
+// the whole batch's (each layer's saved tensors scale with the samples).
+TEST(VlmTraining, HeldOutLossHoldsOneMicroBatchAtATime) {
+  VlmStage model(tiny_vlm(), {0, tiny_vlm().pipeline_layers()});
+  model.init_parameters(2);
+  const ShapeCaptions data(1);
+  model.activation_memory().reset_peak();
+  held_out_loss(model, data, 1, 4);
+  const std::int64_t one = model.activation_memory().peak_bytes();
+  model.activation_memory().reset_peak();
+  const double loss = held_out_loss(model, data, 4, 4);
+  EXPECT_EQ(model.activation_memory().peak_bytes(), one);
+  model.activation_memory().reset_peak();
+  auto batch = data.batch(Split::kValidation, 0, 0, 16, model.allocator());
+  VlmState state;
+  model.forward(state, {.images = std::move(batch.images),
+                        .tokens = std::move(batch.tokens),
+                        .targets = std::move(batch.targets)});
+  EXPECT_NEAR(loss, state.loss(), 1e-6 * state.loss());
+  EXPECT_GT(model.activation_memory().peak_bytes(), 3 * one);
 }
 
 // After training, greedy captions of held-out images (the validation

@@ -321,6 +321,12 @@ struct CaptionScore {
 };
 CaptionScore score_captions(BasicVlmStage<float>& model, const ShapeCaptions& data, int images);
 
+// The mean loss over held-out samples 0 … microbatches · batch − 1 of the
+// validation split's step 0, by a whole model: forwarded `batch` samples at
+// a time (each micro-batch's activations freed before the next), so it
+// holds one micro-batch's activations however many it evaluates.
+double held_out_loss(BasicVlmStage<float>& model, const ShapeCaptions& data, int microbatches, int batch);
+
 using VlmStage = BasicVlmStage<float>;
 using VlmState = BasicVlmState<float>;
 using VlmInput = BasicVlmInput<float>;
