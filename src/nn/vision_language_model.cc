@@ -110,6 +110,39 @@ ParameterLayout vlm_layout(const VlmConfig& config, LayerRange range) {
   return layout;
 }
 
+namespace {
+
+// The language model's block index of each block layer in `range`.
+std::vector<int> vlm_block_numbers(const VlmConfig& config, LayerRange range) {
+  std::vector<int> numbers;
+  const int first_block = config.embedding_layer() + 1;
+  for (int layer = std::max(range.first, first_block); layer < std::min(range.last, config.head_layer()); ++layer) {
+    numbers.push_back(layer - first_block);
+  }
+  return numbers;
+}
+
+}  // namespace
+
+VlmStageLayouts vlm_stage_layouts(const VlmConfig& config, LayerRange range, const VlmStageOptions& options) {
+  VlmStageLayouts layouts{.trained = ParameterLayout(options.name),
+                          .frozen = ParameterLayout(options.name + " (frozen)")};
+  const ParameterLayout whole = vlm_layout(config, range);
+  for (const ParameterInfo& info : whole.entries()) {
+    const bool vision = info.name.starts_with("vision."), projector = info.name.starts_with("projector.");
+    const bool frozen = vision ? options.freeze_vision : !projector && options.lora.has_value();
+    (frozen ? layouts.frozen : layouts.trained).add(info.name, info.shape, info.decay);
+  }
+  if (options.lora) {
+    const int c = config.text.n_embd;
+    for (const int i : vlm_block_numbers(config, range)) {
+      layouts.trained.add(fmt::format("h.{}.attn.c_attn.lora_A", i), {c, options.lora->r}, false);
+      layouts.trained.add(fmt::format("h.{}.attn.c_attn.lora_B", i), {options.lora->r, 3 * c}, false);
+    }
+  }
+  return layouts;
+}
+
 template <class T>
 BasicVlmStage<T>::BasicVlmStage(const VlmConfig& config, LayerRange layers, VlmStageOptions options)
     : config_(config),
@@ -123,22 +156,12 @@ BasicVlmStage<T>::BasicVlmStage(const VlmConfig& config, LayerRange layers, VlmS
     fail("{}: lora r = {}, alpha = {}: r must be a positive rank and alpha positive (e.g. r 8, alpha 16)", where(),
          options_.lora->r, options_.lora->alpha);
   }
-  const ParameterLayout whole = vlm_layout(config_, range_);
   const int c = config_.text.n_embd;
-  const int first_block = config_.embedding_layer() + 1;
-  for (int layer = std::max(range_.first, first_block); layer < std::min(range_.last, config_.head_layer()); ++layer) {
-    block_numbers_.push_back(layer - first_block);
-  }
-  for (const ParameterInfo& info : whole.entries()) {
-    const bool vision = info.name.starts_with("vision."), projector = info.name.starts_with("projector.");
-    const bool frozen = vision ? options_.freeze_vision : !projector && options_.lora.has_value();
-    (frozen ? frozen_layout_ : layout_).add(info.name, info.shape, info.decay);
-  }
+  block_numbers_ = vlm_block_numbers(config_, range_);
+  VlmStageLayouts layouts = vlm_stage_layouts(config_, range_, options_);
+  layout_ = std::move(layouts.trained);
+  frozen_layout_ = std::move(layouts.frozen);
   if (options_.lora) {
-    for (const int i : block_numbers_) {
-      layout_.add(fmt::format("h.{}.attn.c_attn.lora_A", i), {c, options_.lora->r}, false);
-      layout_.add(fmt::format("h.{}.attn.c_attn.lora_B", i), {options_.lora->r, 3 * c}, false);
-    }
     merged_ = BasicTensor<T>({static_cast<std::int64_t>(block_numbers_.size()) * c * 3 * c}, {nullptr, &weight_memory_});
   }
   values_ = BasicTensor<T>({layout_.total()}, {nullptr, &weight_memory_});

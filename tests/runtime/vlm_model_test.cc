@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../support/error_of.h"
@@ -13,6 +14,7 @@
 #include "pipeflow/model/pipeline_layers.h"
 #include "pipeflow/nn/vision_language_model.h"
 #include "pipeflow/runtime/stage_partition.h"
+#include "pipeflow/runtime/stage_traits.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -45,6 +47,39 @@ TEST(VlmModel, EveryLayerHoldsTheParametersTheModelModuleCounts) {
     EXPECT_EQ(nn::vlm_layout(config, {i, i + 1}).total(), layer.parameters + layer.tied_parameters) << layer.name;
   }
   EXPECT_EQ(nn::vlm_layout(config, {0, config.pipeline_layers()}).total(), sum_layers(layers).parameters);
+}
+
+// A stage's trained parameters, counted from vlm_stage_layouts without
+// building it, by hand: the whole tiny LLaVA's 2176 + 12704 + 2112 + 9280 +
+// 2 x 12704 + 64 = 51744; its encoder frozen, 51744 - 2176 - 12704 =
+// 36864; the encoder frozen and LoRA r 2, the projector's 2112 and each
+// LM block's adapters 32·2 + 2·96 = 256: 2624 (the rest, 49632, frozen).
+// Each is what a built stage's layout() holds, tensor for tensor.
+TEST(VlmModel, StageLayoutsCountATrainedStageWithoutBuildingIt) {
+  const nn::VlmConfig config = runtime_vlm_model(model_from_hf_config(kTinyLlava), "tiny-llava");
+  const nn::LayerRange whole{0, config.pipeline_layers()};
+  const std::vector<std::pair<VlmTraining, std::int64_t>> cases = {
+      {{.model = config}, 51744},
+      {{.model = config, .freeze_vision = true}, 36864},
+      {{.model = config, .freeze_vision = true, .lora = nn::LoraOptions{.r = 2, .alpha = 4}}, 2624}};
+  for (const auto& [training, trained] : cases) {
+    EXPECT_EQ(StageTraits<nn::VlmStage>::parameter_count(training, whole, 1), trained);
+    const nn::VlmStageLayouts layouts =
+        nn::vlm_stage_layouts(config, whole, {.freeze_vision = training.freeze_vision, .lora = training.lora});
+    EXPECT_EQ(layouts.trained.total(), trained);
+    EXPECT_EQ(layouts.trained.total() + layouts.frozen.total() - (training.lora ? 512 : 0), 51744);
+    for (const nn::LayerRange range : {whole, nn::LayerRange{1, 5}, nn::LayerRange{5, 7}}) {
+      const nn::VlmStage stage(config, range, {.freeze_vision = training.freeze_vision, .lora = training.lora});
+      const nn::VlmStageLayouts split =
+          nn::vlm_stage_layouts(config, range, {.freeze_vision = training.freeze_vision, .lora = training.lora});
+      EXPECT_EQ(StageTraits<nn::VlmStage>::parameter_count(training, range, 1), stage.layout().total());
+      ASSERT_EQ(split.trained.entries().size(), stage.layout().entries().size());
+      for (std::size_t i = 0; i < split.trained.entries().size(); ++i) {
+        EXPECT_EQ(split.trained.entries()[i].name, stage.layout().entries()[i].name);
+      }
+      EXPECT_EQ(split.frozen.total(), stage.frozen_layout().total());
+    }
+  }
 }
 
 // What the runtime does not build is refused by the config.json's key,

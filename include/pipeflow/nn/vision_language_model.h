@@ -110,6 +110,16 @@ struct VlmStageOptions {
   std::optional<LoraOptions> lora = std::nullopt;
 };
 
+// A stage's tensors of a range of layers (vlm_layout's) split as options
+// train them: the frozen encoder's and, under LoRA, the language model's
+// base tensors in `frozen`; the rest in `trained`, followed under LoRA by
+// each block's adapters (h.i.attn.c_attn.lora_A [C, r], lora_B [r, 3C]).
+struct VlmStageLayouts {
+  ParameterLayout trained;
+  ParameterLayout frozen;
+};
+VlmStageLayouts vlm_stage_layouts(const VlmConfig& config, LayerRange range, const VlmStageOptions& options);
+
 // What a VLM stage's forward consumes; move the tensors in.
 template <class T>
 struct BasicVlmInput {

@@ -86,9 +86,10 @@ std::unique_ptr<nn::VlmStage> StageTraits<nn::VlmStage>::whole_model(const Confi
   return make_stage(config, {0, config.model.pipeline_layers()}, {}, "the whole model", nullptr);
 }
 
-// The stage's trained tensors, as the stage lays them out (frozen ones and LoRA adapters by its options).
+// The stage's trained tensors (frozen ones left out, LoRA adapters in), counted without building it.
 std::int64_t StageTraits<nn::VlmStage>::parameter_count(const Config& config, nn::LayerRange range, int) {
-  return make_stage(config, range, {}, "stage", nullptr)->layout().total();
+  return nn::vlm_stage_layouts(config.model, range, {.freeze_vision = config.freeze_vision, .lora = config.lora})
+      .trained.total();
 }
 
 void StageTraits<nn::VlmStage>::write_config(nn::SafetensorsWriter& writer, const Config&) {
