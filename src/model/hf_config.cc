@@ -17,7 +17,8 @@ namespace {
 std::vector<std::string> shape_keys(const std::string& type) {
   const std::vector<std::string> gpt2 = {"n_layer",    "n_embd",      "n_head",     "n_inner",
                                          "vocab_size", "n_positions", "n_ctx",      "tie_word_embeddings",
-                                         "attn_pdrop", "resid_pdrop", "embd_pdrop"};
+                                         "attn_pdrop", "resid_pdrop", "embd_pdrop", "activation_function",
+                                         "layer_norm_epsilon"};
   const std::vector<std::string> llama = {
       "num_hidden_layers", "hidden_size", "num_attention_heads",     "num_key_value_heads",
       "intermediate_size", "vocab_size",  "max_position_embeddings", "tie_word_embeddings",
@@ -61,6 +62,8 @@ ModelSpec gpt2_from(const Config& config, std::string name) {
   double dropout = 0;
   for (const char* key : {"attn_pdrop", "resid_pdrop", "embd_pdrop"}) dropout += probability(config, key, 0.1);
   spec.dropout = dropout > 0;
+  spec.gpt_activation = config.get("activation_function", "gelu_new");
+  spec.layer_norm_eps = config.get("layer_norm_epsilon", 1e-5);
   return spec;
 }
 
@@ -155,7 +158,7 @@ const nlohmann::json& transformers_defaults(std::string_view type) {
 
 const std::vector<std::string> kClipVisionKeys = {"num_hidden_layers", "hidden_size", "num_attention_heads",
                                                   "intermediate_size", "image_size",  "patch_size",
-                                                  "num_channels"};
+                                                  "num_channels",      "hidden_act",  "layer_norm_eps"};
 const std::vector<std::string> kLlavaKeys = {"text_config",
                                              "vision_config",
                                              "vision_feature_layer",
@@ -180,6 +183,8 @@ VisionSpec clip_vision_from(const Config& config) {
   v.image_size = require_positive(config, "image_size");
   v.patch_size = require_positive(config, "patch_size");
   v.channels = require_positive(config, "num_channels");
+  v.activation = config.get("hidden_act", "quick_gelu");
+  v.layer_norm_eps = config.get("layer_norm_eps", 1e-5);
   return v;
 }
 
@@ -213,7 +218,7 @@ ModelSpec llava_from(const Config& config, std::string name) {
   if (!config.get("multimodal_projector_bias", true)) {
     config.fail_value("multimodal_projector_bias", "pipeflow counts the projector's linear layers with biases");
   }
-  config.get("projector_hidden_act", "gelu");  // any activation: the same counts
+  v.projector_activation = config.get("projector_hidden_act", "gelu");
   if (config.has("image_seq_length") && config.get("image_seq_length", 0) != image_tokens(v)) {
     config.fail_value("image_seq_length",
                       fmt::format("the vision tower gives {} tokens per image ((image_size / patch_size)^2{}); "

@@ -339,10 +339,11 @@ TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
     "train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})";
   EXPECT_NE(error_of(bad_batch).find("train_batch_size"), std::string::npos) << error_of(bad_batch);
   EXPECT_EQ(error_of(R"({"model": "gpt3-1.3b", "steps": 1})"),
-            "pipeflow: error: " + dir + "/run.json: model gpt3-1.3b is a GPT that pipeflow train does not run (it runs "
-                                        "GPT-2 with a GELU MLP of 4 x n_embd, the LM head tied to wte, no dropout): "
-                                        "give the model as {\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", "
-                                        "\"vocab_size\"}, a Llama, or set its dropout to 0\n");
+            "pipeflow: error: " + dir + "/run.json: model gpt3-1.3b: dropout > 0: pipeflow train runs GPT-2 with a "
+                                        "GELU MLP of 4 x n_embd, the LM head tied to wte and no dropout; in its "
+                                        "config.json, set attn_pdrop, resid_pdrop and embd_pdrop to 0 (or give the "
+                                        "model inline as {\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", "
+                                        "\"vocab_size\"})\n");
   EXPECT_EQ(error_of(R"({"model": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
     "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 256, "max_position_embeddings": 32,
     "rope_scaling": {"rope_type": "yarn", "factor": 4}}, "steps": 1})"),

@@ -74,8 +74,9 @@ TEST(VisionLanguageCommand, ModelShowsTheTowerAndTrainRefusesLlavasLlama) {
   write_file_atomic(dir + "/frozen.json", R"({"model": "gpt-tiny", "steps": 1, "freeze": ["head"]})");
   const CommandResult train = run_pipeflow("train --config llava.json --out-dir out", dir);
   EXPECT_NE(train.exit_code, 0);
-  EXPECT_NE(train.err.find(": text_config model_type = \"llama\": the language model behind the tower is GPT-2's; "
-                           "set text_config's model_type to \"gpt2\""),
+  EXPECT_NE(train.err.find(": text_config model_type = \"llama\" (transformers' default where text_config or its "
+                           "model_type is absent): the language model behind the tower is GPT-2's; give a "
+                           "text_config with model_type \"gpt2\""),
             std::string::npos)
       << train.err;
   const CommandResult frozen = run_pipeflow("train --config frozen.json --out-dir out", dir);

@@ -82,32 +82,66 @@ TEST(VlmModel, StageLayoutsCountATrainedStageWithoutBuildingIt) {
   }
 }
 
-// What the runtime does not build is refused by the config.json's key,
-// its value, the rule and the fix.
+// What the runtime does not build or compute is refused by the
+// config.json's key, its value, the rule and the fix.
 TEST(VlmModel, ALlamaLanguageModelOrTheClassTokenKeptIsRefusedByKey) {
-  const auto error = [](const std::string& text_config, const std::string& extra) {
-    return pipeflow::testing::error_of([&] {
-      runtime_vlm_model(model_from_hf_config_text(R"({"model_type": "llava", "text_config": )" + text_config +
-                                                      R"(, "vision_config": {"hidden_size": 32, "intermediate_size": 128,
-                                                     "num_attention_heads": 4, "num_hidden_layers": 2,
-                                                     "image_size": 16, "patch_size": 4})" +
-                                                      extra + "}",
-                                                  "c.json"),
-                        "c.json");
-    });
+  const std::string tower = R"({"hidden_size": 32, "intermediate_size": 128, "num_attention_heads": 4,
+      "num_hidden_layers": 2, "image_size": 16, "patch_size": 4, "hidden_act": "gelu_new")";
+  const auto error_with = [](const std::string& config) {
+    return pipeflow::testing::error_of(
+        [&] { runtime_vlm_model(model_from_hf_config_text(config, "c.json"), "c.json"); });
+  };
+  const auto error = [&](const std::string& text_config, const std::string& extra) {
+    return error_with(R"({"model_type": "llava", "projector_hidden_act": "gelu_new", "text_config": )" +
+                      text_config + R"(, "vision_config": )" + tower + "}" + extra + "}");
   };
   const std::string llama = R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
       "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 256, "max_position_embeddings": 34})";
   const std::string gpt2 = R"({"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 32, "n_positions": 34,
-      "vocab_size": 256, "attn_pdrop": 0, "resid_pdrop": 0, "embd_pdrop": 0})";
-  EXPECT_NE(error(llama, "").find("c.json: model c.json: text_config model_type = \"llama\": the language model "
-                                  "behind the tower is GPT-2's; set text_config's model_type to \"gpt2\""),
+      "vocab_size": 256, "attn_pdrop": 0, "resid_pdrop": 0, "embd_pdrop": 0)";
+  EXPECT_NE(error(llama, "").find("c.json: model c.json: text_config model_type = \"llama\" (transformers' default "
+                                  "where text_config or its model_type is absent): the language model behind the "
+                                  "tower is GPT-2's; give a text_config with model_type \"gpt2\""),
             std::string::npos)
       << error(llama, "");
-  EXPECT_NE(error(gpt2, R"(, "vision_feature_select_strategy": "full")")
+  // No text_config at all: transformers' LlamaConfig, and the error says so.
+  const std::string no_text = error_with(R"({"model_type": "llava", "vision_config": )" + tower + "}}");
+  EXPECT_NE(no_text.find("where text_config or its model_type is absent"), std::string::npos) << no_text;
+  EXPECT_NE(error(gpt2 + "}", R"(, "vision_feature_select_strategy": "full")")
                 .find("vision_feature_select_strategy = \"full\": the projector takes the patch tokens alone"),
             std::string::npos);
-  EXPECT_EQ(error(gpt2, ""), "(no error)");
+  // An untied head: the key and what pipeflow runs, not a Llama.
+  const std::string untied = error(gpt2 + R"(, "tie_word_embeddings": false})", "");
+  EXPECT_NE(untied.find("tie_word_embeddings = false: pipeflow train runs GPT-2 with a GELU MLP of 4 x n_embd, the "
+                        "LM head tied to wte and no dropout; in its config.json, set tie_word_embeddings to true"),
+            std::string::npos)
+      << untied;
+  EXPECT_EQ(untied.find("Llama"), std::string::npos) << untied;
+  // Keys that change the arithmetic: honoured (nn computes the tanh GELU,
+  // LayerNorm eps 1e-5) or refused, never ignored; CLIP's default
+  // activation is quick_gelu, LLaVA's projector's erf GELU.
+  const auto refused = [&](const std::string& config, const std::string& expected) {
+    const std::string text = error_with(config);
+    EXPECT_NE(text.find(expected), std::string::npos) << text;
+  };
+  const std::string base = R"({"model_type": "llava", "text_config": )" + gpt2 + "}, ";
+  refused(base + R"("projector_hidden_act": "gelu_new", "vision_config": )" +
+              std::string(R"({"hidden_size": 32, "intermediate_size": 128, "num_attention_heads": 4,
+      "num_hidden_layers": 2, "image_size": 16, "patch_size": 4}})"),
+          "vision_config hidden_act = \"quick_gelu\" (CLIPVisionConfig's default where hidden_act is absent): the "
+          "tower computes GPT-2's tanh GELU; set vision_config's hidden_act to \"gelu_new\"");
+  refused(base + R"("vision_config": )" + tower + "}}",
+          "projector_hidden_act = \"gelu\" (LlavaConfig's default where it is absent)");
+  refused(base + R"("projector_hidden_act": "gelu_new", "vision_config": )" + tower + R"(, "layer_norm_eps": 1e-6}})",
+          "vision_config layer_norm_eps = 1e-06: the tower's LayerNorms add 1e-05; set layer_norm_eps to 1e-05");
+  EXPECT_NE(error(gpt2 + R"(, "activation_function": "relu"})", "")
+                .find("activation_function = \"relu\": pipeflow train runs GPT-2"),
+            std::string::npos);
+  EXPECT_NE(error(gpt2 + R"(, "layer_norm_epsilon": 1e-6})", "").find("set layer_norm_epsilon to 1e-05"),
+            std::string::npos);
+  EXPECT_EQ(error(gpt2 + "}", ""), "(no error)");
+  EXPECT_EQ(error(gpt2 + R"(, "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5})", ""),
+            "(no error)");
 }
 
 }  // namespace

@@ -18,7 +18,9 @@ namespace pipeflow {
 //          absent → 4·n_embd); n_positions (else n_ctx, else 1024);
 //          tie_word_embeddings (default true); dropout from attn_pdrop,
 //          resid_pdrop, embd_pdrop (default 0.1 each, as transformers'
-//          GPT2Config).
+//          GPT2Config); activation_function (default "gelu_new") and
+//          layer_norm_epsilon (default 1e-5), kept for the runtime to
+//          refuse what it does not compute (the counts do not change).
 //   llama: num_hidden_layers, hidden_size, num_attention_heads,
 //          intermediate_size, vocab_size (required); num_key_value_heads
 //          (default num_attention_heads); max_position_embeddings (default
@@ -36,13 +38,16 @@ namespace pipeflow {
 //   llava: a vision-language model (ModelSpec::vision): text_config (gpt2
 //          or llama, default llama) and vision_config (clip_vision_model:
 //          num_hidden_layers, hidden_size, num_attention_heads,
-//          intermediate_size, image_size, patch_size, num_channels), each
+//          intermediate_size, image_size, patch_size, num_channels;
+//          hidden_act, default "quick_gelu", and layer_norm_eps, default
+//          1e-5, kept as activation_function above), each
 //          key a nested config leaves out taking transformers' default of
 //          its class (LlamaConfig, GPT2Config, CLIPVisionConfig);
 //          vision_feature_layer (default -2: the tower runs up to that
 //          layer's output, here 23 of 24 blocks), vision_feature_select_strategy
 //          ("default" drops CLS, "full"), image_seq_length (checked),
-//          projector_hidden_act (any), multimodal_projector_bias (true).
+//          projector_hidden_act (default "gelu"; kept as hidden_act),
+//          multimodal_projector_bias (true).
 //          A standalone clip_vision_model config is refused: no language model.
 ModelSpec model_from_hf_config_text(std::string_view json_text, std::string name);
 // A Llama spec as the config.json keys above (model_type "llama"), which

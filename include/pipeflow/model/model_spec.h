@@ -71,6 +71,13 @@ struct VisionSpec {
   // dropped before the projector; "full" keeps it.
   bool drop_class_token = true;
   int images = 1;  // images per sequence
+  // What the tower computes, as a config.json names it: the counts are the
+  // same whatever these say, so only the runtime reads them, to refuse what
+  // it computes otherwise. The defaults are pipeflow's tower (the inline
+  // model's); a LLaVA config.json that leaves them out means transformers'.
+  std::string activation = "gelu_new";            // vision_config.hidden_act (CLIPVisionConfig's: "quick_gelu")
+  std::string projector_activation = "gelu_new";  // projector_hidden_act (LlavaConfig's: "gelu")
+  double layer_norm_eps = 1e-5;                   // vision_config.layer_norm_eps
 
   friend bool operator==(const VisionSpec&, const VisionSpec&) = default;
 };
@@ -98,6 +105,10 @@ struct ModelSpec {
   // Korthikanti et al. 2022 to activation memory.
   bool dropout = false;
   LlamaNumerics llama = {};  // kLlama only
+  // kGpt: a config.json's activation_function and layer_norm_epsilon (GPT2Config's
+  // defaults: the tanh GELU, 1e-5), read as the vision tower's above.
+  std::string gpt_activation = "gelu_new";
+  double layer_norm_eps = 1e-5;
   // A vision-language model (LLaVA): the tower and projector before the
   // language model described by the fields above.
   std::optional<VisionSpec> vision = std::nullopt;

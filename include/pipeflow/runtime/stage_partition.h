@@ -15,9 +15,10 @@ namespace pipeflow::runtime {
 // model_spec gives the same layers under the same names (embedding, block.i,
 // head), to cut an nn model with the model module's partitioners and to
 // predict it. runtime_model gives the GPT-2 or Llama nn trains, or an Error
-// naming `source`, the field and what nn runs: a GPT with dropout, an MLP
-// other than 4·n_embd or an untied head; a Llama with attention dropout or a
-// rope_scaling type other than llama3.
+// naming `source`, the key and what nn runs: a GPT with dropout, an MLP
+// other than 4·n_embd, an untied head, an activation_function other than
+// the tanh GELU or a layer_norm_epsilon other than 1e-5; a Llama with
+// attention dropout or a rope_scaling type other than llama3.
 ModelSpec model_spec(const nn::ModelConfig& config, std::string name = "");
 nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source);
 // The small vision-language model nn trains (nn/vision_language_model.h) of
@@ -25,8 +26,10 @@ nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source);
 // {..., vision {...}} or a LLaVA config.json: CLIP's tower (class token,
 // MLP 4 x width, one RGB image of the shape captions' 16 x 16 pixels, the
 // patch tokens projected: vision_feature_select_strategy "default") in
-// front of a GPT-2 that runtime_model runs; an Error naming `source`, the
-// key, the value and what nn runs otherwise (a Llama text_config among them).
+// front of a GPT-2 that runtime_model runs, the tower's and projector's
+// activation the tanh GELU and its LayerNorms' eps 1e-5; an Error naming
+// `source`, the key, the value and what nn runs otherwise (a Llama
+// text_config among them, transformers' default without one).
 nn::VlmConfig runtime_vlm_model(const ModelSpec& spec, const std::string& source);
 
 // The layer boundaries (stages + 1 of them, see model/partition.h) that

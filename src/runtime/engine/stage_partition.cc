@@ -5,6 +5,7 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/model/pipeline_layers.h"
 #include "pipeflow/nn/shape_captions.h"
+#include "pipeflow/tensor/layernorm.h"
 
 namespace pipeflow::runtime {
 
@@ -35,6 +36,16 @@ ModelSpec model_spec(const nn::ModelConfig& config, std::string name) {
                              .rms_norm_eps = config.norm_eps}};
 }
 
+namespace {
+
+// transformers' names of the activation nn computes: GPT-2's tanh
+// approximation of GELU (tensor/gelu.h).
+bool names_tanh_gelu(std::string_view activation) {
+  return activation == "gelu_new" || activation == "gelu_pytorch_tanh";
+}
+
+}  // namespace
+
 nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source) {
   if (spec.vision) {
     fail("{}: model {} is a vision-language model: nn runs it as nn::VlmConfig (runtime_vlm_model), not as a "
@@ -47,11 +58,29 @@ nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source) 
                          .n_head = spec.heads,
                          .n_embd = spec.hidden};
   if (spec.architecture == Architecture::kGpt) {
-    if (spec.ffn != 4 * spec.hidden || !spec.tied_embeddings || spec.dropout || spec.kv_heads != spec.heads) {
-      fail("{}: model {} is a GPT that pipeflow train does not run (it runs GPT-2 with a GELU MLP of 4 x n_embd, the "
-           "LM head tied to wte, no dropout): give the model as {{\"n_layer\", \"n_head\", \"n_embd\", "
-           "\"n_ctx\", \"vocab_size\"}}, a Llama, or set its dropout to 0",
-           source, spec.name);
+    // Each thing pipeflow's GPT-2 does otherwise, by the config.json key that sets it.
+    const auto refuse = [&](std::string_view key_and_value, std::string_view fix) {
+      fail("{}: model {}: {}: pipeflow train runs GPT-2 with a GELU MLP of 4 x n_embd, the LM head tied to wte and no "
+           "dropout; in its config.json, {} (or give the model inline as {{\"n_layer\", \"n_head\", \"n_embd\", "
+           "\"n_ctx\", \"vocab_size\"}})",
+           source, spec.name, key_and_value, fix);
+    };
+    if (!spec.tied_embeddings) refuse("tie_word_embeddings = false", "set tie_word_embeddings to true or remove it");
+    if (spec.ffn != gpt_ffn(spec.hidden)) {
+      refuse(fmt::format("n_inner = {}", spec.ffn), fmt::format("set n_inner to {} or remove it", gpt_ffn(spec.hidden)));
+    }
+    if (spec.dropout) refuse("dropout > 0", "set attn_pdrop, resid_pdrop and embd_pdrop to 0");
+    if (!names_tanh_gelu(spec.gpt_activation)) {
+      refuse(fmt::format("activation_function = \"{}\"", spec.gpt_activation),
+             "set activation_function to \"gelu_new\" (GPT-2's tanh GELU, which pipeflow computes)");
+    }
+    if (spec.layer_norm_eps != kLayerNormEpsilon) {
+      refuse(fmt::format("layer_norm_epsilon = {:g}", spec.layer_norm_eps),
+             fmt::format("set layer_norm_epsilon to {:g} (GPT-2's, which pipeflow computes)", kLayerNormEpsilon));
+    }
+    if (spec.kv_heads != spec.heads) {
+      refuse(fmt::format("{} key-value heads of {} heads", spec.kv_heads, spec.heads),
+             "give GPT-2's multi-head attention (as many key-value heads as heads)");
     }
   } else {
     const LlamaNumerics& n = spec.llama;
@@ -103,13 +132,28 @@ nn::VlmConfig runtime_vlm_model(const ModelSpec& spec, const std::string& source
          nn::ShapeCaptions::kImageSize);
   };
   if (spec.architecture != Architecture::kGpt) {
-    refuse("text_config model_type = \"llama\"",
-           "the language model behind the tower is GPT-2's; set text_config's model_type to \"gpt2\" with n_layer, "
+    refuse("text_config model_type = \"llama\" (transformers' default where text_config or its model_type is "
+           "absent)",
+           "the language model behind the tower is GPT-2's; give a text_config with model_type \"gpt2\", n_layer, "
            "n_head, n_embd, n_positions, vocab_size and attn_pdrop, resid_pdrop, embd_pdrop 0");
   }
-  if (!v.class_token) refuse("vision class_token = false", "the tower is CLIP's, a class token before the patches");
   if (!v.drop_class_token) {
     refuse("vision_feature_select_strategy = \"full\"", "the projector takes the patch tokens alone (\"default\")");
+  }
+  if (!names_tanh_gelu(v.activation)) {
+    refuse(fmt::format("vision_config hidden_act = \"{}\"{}", v.activation,
+                       v.activation == "quick_gelu" ? " (CLIPVisionConfig's default where hidden_act is absent)" : ""),
+           "the tower computes GPT-2's tanh GELU; set vision_config's hidden_act to \"gelu_new\"");
+  }
+  if (!names_tanh_gelu(v.projector_activation)) {
+    refuse(fmt::format("projector_hidden_act = \"{}\"{}", v.projector_activation,
+                       v.projector_activation == "gelu" ? " (LlavaConfig's default where it is absent)" : ""),
+           "the projector computes GPT-2's tanh GELU; set projector_hidden_act to \"gelu_new\"");
+  }
+  if (v.layer_norm_eps != kLayerNormEpsilon) {
+    refuse(fmt::format("vision_config layer_norm_eps = {:g}", v.layer_norm_eps),
+           fmt::format("the tower's LayerNorms add {:g}; set layer_norm_eps to {:g}", kLayerNormEpsilon,
+                       kLayerNormEpsilon));
   }
   if (v.ffn != gpt_ffn(v.hidden)) {
     refuse(fmt::format("vision_config intermediate_size = {}", v.ffn),
