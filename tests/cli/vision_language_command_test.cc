@@ -174,6 +174,19 @@ TEST(VisionLanguageCommand, TrainsTheTinyLlavaConfigAsTheInlineModel) {
                                    "n_positions or max_position_embeddings): must exceed the 16 image tokens"),
             std::string::npos)
       << short_context.err;
+  // A context above the image tokens but short of the caption: the fix
+  // names the context to raise (34 passes: the run above), not a
+  // seq_length the context cannot hold.
+  short_config.replace(short_config.find("\"n_positions\": 16"), 17, "\"n_positions\": 17");
+  write_file_atomic(dir + "/short17.json", short_config);
+  const CommandResult short17 =
+      run_pipeflow("train --config " + kVlmExample + " --model short17.json --out-dir short --steps 1", dir);
+  EXPECT_NE(short17.exit_code, 0);
+  EXPECT_NE(short17.err.find("seq_length = 17: pipeflow runs a vision-language model over its 16 image tokens and a "
+                             "caption of 18 bytes; raise the language model's context (n_ctx, or a config.json's "
+                             "n_positions) from 17 to 34 and set seq_length to 34 or leave it out"),
+            std::string::npos)
+      << short17.err;
   // The same for the inline model's n_ctx.
   std::string inline_config = read_file_if_exists(kVlmExample);
   ASSERT_NE(inline_config.find("\"n_ctx\": 34"), std::string::npos);
@@ -347,7 +360,7 @@ TEST(VisionLanguageCommand, TrainHonoursAFrozenEncoderAndLora) {
       << half.err;
   const CommandResult split = run_pipeflow("train --config " + kVlmExample + " --out-dir split --tensor-parallel 2", dir);
   EXPECT_NE(split.exit_code, 0);
-  EXPECT_NE(split.err.find("tensor_parallel = 2: pipeflow train runs a vision-language model with its stages whole"),
+  EXPECT_NE(split.err.find("tensor_parallel = 2: pipeflow runs a vision-language model with its stages whole"),
             std::string::npos)
       << split.err;
 }

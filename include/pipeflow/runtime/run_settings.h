@@ -17,8 +17,9 @@ namespace pipeflow::runtime {
 // TrainSettings::vision_language (runtime_vlm_model), with freeze and lora
 // as it trains them (the whole encoder frozen or not; LoRA on every LM
 // block's c_attn, the projector trained) and refuses the rest by key:
-// tensor and data parallelism, bf16/fp16, recompute, checkpoints, data
-// paths, a seq_length other than its image tokens + 18 caption bytes.
+// checkpoints, data paths, and what StageTraits<nn::VlmStage>::validate
+// refuses (tensor parallelism, bf16/fp16, recompute, a seq_length other
+// than its image tokens + 18 caption bytes).
 TrainSettings train_settings(const ResolvedRun& run);
 
 // The optimizer and the learning rate of each step that the configuration's

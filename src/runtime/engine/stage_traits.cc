@@ -52,24 +52,31 @@ void StageTraits<nn::Stage>::load(nn::Stage& st, const nn::SafetensorsFile& file
 
 void StageTraits<nn::VlmStage>::validate(const Config& config, const EngineOptions& options, int tensor_parallel) {
   config.model.validate();
+  const auto refuse = [](std::string_view key_and_value, std::string_view fix) {
+    fail("{}: pipeflow runs a vision-language model {}", key_and_value, fix);
+  };
   const int sequence = config.model.vision.tokens() + nn::ShapeCaptions::kCaptionBytes;
   if (options.seq_length != sequence) {
-    fail("seq_length {}: the vision-language model's sequence is its {} image tokens and a caption of {} bytes; set "
-         "it to {}",
-         options.seq_length, config.model.vision.tokens(), nn::ShapeCaptions::kCaptionBytes, sequence);
+    // seq_length defaults to the language model's context, which must hold the sequence too.
+    const int context = config.model.text.context;
+    refuse(fmt::format("seq_length = {}", options.seq_length),
+           fmt::format("over its {} image tokens and a caption of {} bytes; {}", config.model.vision.tokens(),
+                       nn::ShapeCaptions::kCaptionBytes,
+                       context < sequence ? fmt::format("raise the language model's context (n_ctx, or a config.json's "
+                                                        "n_positions) from {} to {} and set seq_length to {} or leave "
+                                                        "it out",
+                                                        context, sequence, sequence)
+                                          : fmt::format("set seq_length to {}", sequence)));
   }
-  const auto refuse = [](std::string_view key_and_value, std::string_view fix) {
-    fail("{}: the engine runs a vision-language model {}", key_and_value, fix);
-  };
   if (tensor_parallel > 1) {
     refuse(fmt::format("tensor_parallel = {}", tensor_parallel), "with its stages whole; set tensor_parallel to 1");
   }
   if (options.format != ComputeFormat::kFp32 || options.loss_scale) {
-    refuse(fmt::format("format = {}{}", to_string(options.format), options.loss_scale ? " with a loss scale" : ""),
-           "in fp32; set the format to fp32 without a loss scale");
+    refuse(fmt::format("{}.enabled = true", to_string(options.format)),
+           "in fp32; remove the section (pipeflow simulate prices 16-bit formats)");
   }
   if (options.recompute_interval > 0) {
-    refuse(fmt::format("recompute_interval = {}", options.recompute_interval),
+    refuse(fmt::format("pipeline.activation_checkpoint_interval = {}", options.recompute_interval),
            "keeping every activation; set it to 0");
   }
 }

@@ -179,15 +179,9 @@ std::string RunKind<nn::VlmStage>::announcement(const VlmPipelineEngine& engine)
 }
 
 double RunKind<nn::VlmStage>::validation_loss(nn::VlmStage& model) const {
-  const int samples =
-      settings_.schedule.num_microbatches() * settings_.engine.micro_batch * settings_.engine.data_parallel;
-  nn::ShapeCaptions::Batch batch = data_.batch(nn::Split::kValidation, 0, 0, samples, model.allocator());
-  nn::VlmState state;
-  model.forward(state, {.images = std::move(batch.images),
-                        .activation = {},
-                        .tokens = std::move(batch.tokens),
-                        .targets = std::move(batch.targets)});
-  return state.loss();
+  // The held-out loss over as many samples as a step trains on, a micro-batch at a time.
+  const int microbatches = settings_.schedule.num_microbatches() * settings_.engine.data_parallel;
+  return nn::held_out_loss(model, data_, microbatches, settings_.engine.micro_batch);
 }
 
 void RunKind<nn::VlmStage>::finish(TrainOutcome& outcome, nn::VlmStage& model) const {

@@ -93,25 +93,16 @@ void set_vision_language_training(VisionLanguageSettings& vl, const ResolvedRun&
 
 // What pipeflow train runs of a vision-language model, and what it refuses
 // (naming the key): the model trained on threads or under mpirun
-// (data_parallel replicas of its pipeline too), in fp32, without
-// recomputation, on its generated data.
+// (data_parallel replicas of its pipeline too), on its generated data. What
+// the engine runs of it (whole fp32 stages keeping every activation, the
+// sequence of its image tokens and a caption) StageTraits<nn::VlmStage>
+// checks, called by train_settings.
 VisionLanguageSettings vision_language_settings(const ResolvedRun& resolved) {
   const RunConfig& run = resolved.config;
   const std::string& source = run.source;
   const auto refuse = [&](std::string_view key_and_value, std::string_view fix) {
     fail("{}: {}: pipeflow train runs a vision-language model {}", source, key_and_value, fix);
   };
-  if (run.tensor_parallel > 1) {
-    refuse(fmt::format("tensor_parallel = {}", run.tensor_parallel),
-           "with its stages whole; set tensor_parallel to 1 (simulate and plan price it split)");
-  }
-  if (run.precision != Precision::kFp32) {
-    refuse(fmt::format("{}.enabled = true", to_string(run.precision)), "in fp32; remove the section");
-  }
-  if (run.pipeline.recompute_interval > 0) {
-    refuse(fmt::format("pipeline.activation_checkpoint_interval = {}", run.pipeline.recompute_interval),
-           "keeping every activation; set it to 0");
-  }
   if (!run.data.paths.empty()) {
     refuse("data.path", "on the shape captions it generates (nn/shape_captions.h); remove data.path and data.paths");
   }
@@ -120,13 +111,6 @@ VisionLanguageSettings vision_language_settings(const ResolvedRun& resolved) {
     fail("{}: model vocab_size = {}: the shape captions are bytes, which need a vocabulary of at least 256; set "
          "vocab_size to 256",
          source, vl.config.text.vocab_size);
-  }
-  const int sequence = vl.config.vision.tokens() + nn::ShapeCaptions::kCaptionBytes;
-  if (resolved.seq_length != sequence) {
-    fail("{}: seq_length = {}{}: the vision-language model's sequence is its {} image tokens and a caption of {} "
-         "bytes; set seq_length to {}",
-         source, resolved.seq_length, run.seq_length > 0 ? "" : " (the model's n_ctx)", vl.config.vision.tokens(),
-         nn::ShapeCaptions::kCaptionBytes, sequence);
   }
   set_vision_language_training(vl, resolved);
   return vl;
@@ -199,6 +183,13 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
                     : run.precision == Precision::kFp16 ? ComputeFormat::kFp16
                                                         : ComputeFormat::kFp32;
   if (run.precision == Precision::kFp16) s.engine.loss_scale = run.loss_scale;
+  if (s.vision_language) {  // what the engine runs of a VLM, checked before anything is built
+    try {
+      StageTraits<nn::VlmStage>::validate({.model = s.vision_language->config}, s.engine, run.tensor_parallel);
+    } catch (const Error& error) {
+      fail("{}: {}", source, error.what());
+    }
+  }
   for (const std::string& path : run.data.paths) {
     std::error_code unreadable;  // a name too long, a loop of links: not there
     const bool there = std::filesystem::exists(path, unreadable);
