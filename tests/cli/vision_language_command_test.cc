@@ -208,6 +208,10 @@ TEST(VisionLanguageCommand, TrainsDataParallelReplicasToTheOneReplicaLosses) {
   const CommandResult replicas = run_pipeflow(
       "train --config " + kVlmExample + " --out-dir dp --steps 5 --data-parallel 2 --global-batch 32", dir);
   ASSERT_EQ(replicas.exit_code, 0) << replicas.err;
+  // The header places the 2 x 2 ranks as a GPT-2 run's does.
+  EXPECT_NE(replicas.err.find("4 worker threads (pipeline 2 x data parallel 2)"), std::string::npos) << replicas.err;
+  EXPECT_NE(replicas.err.find("data-parallel group (pipeline rank 1): world ranks 2 3"), std::string::npos)
+      << replicas.err;
   const CommandResult one = run_pipeflow("train --config " + kVlmExample + " --out-dir one --steps 5 --stages 1", dir);
   ASSERT_EQ(one.exit_code, 0) << one.err;
   const std::vector<nlohmann::json> parallel = metrics(dir + "/dp");
