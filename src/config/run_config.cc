@@ -36,6 +36,14 @@ LengthDistribution parse_length_distribution(const Config& keys) {
   } else {
     keys.fail_value("distribution", "must be \"uniform\" (min, max) or \"normal\" (mean, std, min, max)");
   }
+  if (d.kind == LengthDistribution::Kind::kUniform) {  // known keys of the other distribution: no misspelling
+    for (const char* key : {"mean", "std"}) {
+      if (keys.has(key)) {
+        keys.fail_value(key, "belongs to the distribution \"normal\" (mean, std, min, max); \"uniform\" takes min "
+                             "and max alone: remove it, or set distribution to \"normal\"");
+      }
+    }
+  }
   d.min = keys.require<int>("min");
   if (d.min < 1) keys.fail_value("min", "must be >= 1 (tokens per sequence of the shortest micro-batch)");
   d.max = keys.require<int>("max");
