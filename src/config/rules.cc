@@ -48,4 +48,39 @@ void check_device_count(int devices, int tensor_parallel, int stages, int data_p
        stages, data_parallel, product, devices, fix);
 }
 
+void check_microbatch_shapes(const std::vector<int>& lengths, const std::vector<int>& images, int seq_length,
+                             const ModelSpec& model, int microbatches, int sequence_parallel_ranks) {
+  for (int length : lengths) {
+    if (length < 1) {
+      fail("variable_seq_lengths holds {}: every length must be >= 1 (tokens per sequence of a micro-batch)", length);
+    }
+    if (length > seq_length) {
+      fail("variable_seq_lengths holds {} > seq_length {}: seq_length is the longest micro-batch's (what the buffers "
+           "are sized for): raise seq_length to {} or shorten the lengths",
+           length, seq_length, length);
+    }
+    check_sequence_parallel_split(length, sequence_parallel_ranks);
+  }
+  if (!images.empty() && !model.vision) {
+    fail("variable_images = [{}]: {} has no vision tower: drop variable_images, or give a vision-language model",
+         fmt::join(images, ", "), model.name);
+  }
+  if (!model.vision || (lengths.empty() && images.empty())) return;
+  const int per_image = image_tokens(*model.vision);
+  const auto at = [](const std::vector<int>& list, int i, int otherwise) {
+    return list.empty() ? otherwise : list[static_cast<std::size_t>(i) % list.size()];
+  };
+  for (int i = 0; i < microbatches; ++i) {
+    const int length = at(lengths, i, seq_length);
+    const int count = at(images, i, model.vision->images);
+    const std::int64_t tokens = static_cast<std::int64_t>(count) * per_image;
+    if (tokens >= length) {
+      fail("{} {} with {} image(s) of {} tokens: they leave no text (a length counts its image tokens); use lengths "
+           "above {}{}",
+           lengths.empty() ? "seq_length =" : "variable_seq_lengths holds", length, count, per_image, tokens,
+           images.empty() ? "" : ", or fewer variable_images");
+    }
+  }
+}
+
 }  // namespace pipeflow

@@ -402,13 +402,7 @@ void read_simulation_keys(const Config& config, RunConfig& run) {
   if (config.is_object("variable_seq_lengths")) {
     run.seq_length_distribution = parse_length_distribution(config.object("variable_seq_lengths"));
   } else {
-    run.variable_seq_lengths = config.get("variable_seq_lengths", std::vector<int>{});
-    for (int length : run.variable_seq_lengths) {
-      if (length < 1) {
-        config.fail_value("variable_seq_lengths",
-                          "every length must be >= 1 (tokens per sequence of a micro-batch)");
-      }
-    }
+    run.variable_seq_lengths = config.get("variable_seq_lengths", std::vector<int>{});  // checked by resolve()
   }
   run.variable_images = config.get("variable_images", std::vector<int>{});
   for (int images : run.variable_images) {
@@ -779,29 +773,33 @@ ResolvedRun resolve(const RunConfig& given, const std::optional<ModelFromFile>& 
   }
   r.microbatch_lengths = run.seq_length_distribution ? run.seq_length_distribution->draw(r.batch.accumulation)
                                                      : run.variable_seq_lengths;
-  const int longest = run.seq_length_distribution ? run.seq_length_distribution->max
-                      : r.microbatch_lengths.empty()
-                          ? 0
-                          : *std::max_element(r.microbatch_lengths.begin(), r.microbatch_lengths.end());
-  if (const std::optional<LengthDistribution>& d = run.seq_length_distribution; d && r.model.vision) {
-    const int images = run.variable_images.empty()
-                           ? r.model.vision->images
-                           : *std::max_element(run.variable_images.begin(), run.variable_images.end());
-    const std::int64_t tokens = static_cast<std::int64_t>(images) * image_tokens(*r.model.vision);
-    if (d->min <= tokens) {
-      fail("{}: variable_seq_lengths.min = {}: a sequence holds up to {} image(s) of {} tokens and its text, so a "
-           "drawn length must exceed {}: use min >= {}",
-           source, d->min, images, image_tokens(*r.model.vision), tokens, tokens + 1);
+  if (const std::optional<LengthDistribution>& d = run.seq_length_distribution) {
+    if (d->max > r.seq_length) {
+      fail("{}: variable_seq_lengths has max {} > seq_length {}: seq_length is the longest micro-batch's (what the "
+           "buffers are sized for): raise seq_length to {} or shorten the lengths",
+           source, d->max, r.seq_length, d->max);
     }
-  }
-  if (longest > r.seq_length) {
-    fail("{}: variable_seq_lengths {} {} > seq_length {}: seq_length is the longest micro-batch's (what the "
-         "buffers are sized for): raise seq_length to {} or shorten the lengths",
-         source, run.seq_length_distribution ? "has max" : "holds", longest, r.seq_length, longest);
+    if (r.model.vision) {  // whatever the seed draws
+      const int images = run.variable_images.empty()
+                             ? r.model.vision->images
+                             : *std::max_element(run.variable_images.begin(), run.variable_images.end());
+      const std::int64_t tokens = static_cast<std::int64_t>(images) * image_tokens(*r.model.vision);
+      if (d->min <= tokens) {
+        fail("{}: variable_seq_lengths.min = {}: a sequence holds up to {} image(s) of {} tokens and its text, so a "
+             "drawn length must exceed {}: use min >= {}",
+             source, d->min, images, image_tokens(*r.model.vision), tokens, tokens + 1);
+      }
+    }
   }
   r.recompute = run.recompute.value_or(run.pipeline.recompute_interval > 0 ? Recompute::kFull : Recompute::kNone);
   r.sequence_parallel = run.sequence_parallel && run.tensor_parallel > 1;
   r.gradient_accumulation = run.grad_accum_dtype.value_or(default_gradient_accumulation(run.precision, run.zero));
+  try {
+    check_microbatch_shapes(r.microbatch_lengths, run.variable_images, r.seq_length, r.model, r.batch.accumulation,
+                            r.sequence_parallel ? run.tensor_parallel : 1);
+  } catch (const Error& error) {
+    fail("{}: {}", source, error.what());
+  }
   if (r.sequence_parallel) {
     try {
       check_sequence_parallel_split(r.seq_length, run.tensor_parallel);

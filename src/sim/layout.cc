@@ -64,31 +64,9 @@ void validate_layout(const Layout& layout) {
   const int d = layout.data_parallel;
   check_device_count(layout.devices, t, p, d);
   if (layout.sequence_parallel) check_sequence_parallel_split(layout.seq_length, t);
-  for (int length : layout.variable_seq_lengths) {
-    if (length < 1 || length > layout.seq_length) {
-      fail("variable_seq_lengths holds {}: every length must be in [1, seq_length {}] (seq_length is the longest)",
-           length, layout.seq_length);
-    }
-    if (layout.sequence_parallel) check_sequence_parallel_split(length, t);
-  }
-  if (!layout.variable_images.empty() && !layout.model.vision) {
-    fail("variable_images = [{}]: {} has no vision tower: drop variable_images, or give a vision-language model",
-         fmt::join(layout.variable_images, ", "), layout.model.name);
-  }
-  if (layout.model.vision && microbatches_differ(layout)) {
-    // Each micro-batch's images must leave room for text in its length.
-    const int per_image = image_tokens(*layout.model.vision);
-    const int m = layout.global_batch / std::max(1, layout.micro_batch * d);
-    for (const MicrobatchShape& shape : microbatch_shapes(layout, std::max(1, m))) {
-      const std::int64_t image_tokens = static_cast<std::int64_t>(shape.images) * per_image;
-      if (shape.images < 1 || image_tokens >= shape.seq_length) {
-        fail("{} {} with {} image(s) of {} tokens: they leave no text (a length counts its image tokens); use "
-             "lengths above {}{}",
-             layout.variable_seq_lengths.empty() ? "seq_length =" : "variable_seq_lengths holds", shape.seq_length,
-             shape.images, per_image, image_tokens, layout.variable_images.empty() ? "" : ", or fewer variable_images");
-      }
-    }
-  }
+  check_microbatch_shapes(layout.variable_seq_lengths, layout.variable_images, layout.seq_length, layout.model,
+                          std::max(1, layout.global_batch / std::max(1, layout.micro_batch * d)),
+                          layout.sequence_parallel ? t : 1);
   const int per_step = checked_product({layout.micro_batch, d}, "micro-batch × data parallel", "sequences per step");
   if (layout.global_batch % per_step != 0) {
     fail("global batch {} is not a multiple of micro-batch × data parallel = {} × {} = {}: use a global batch of {}",

@@ -597,6 +597,8 @@ TEST(RunConfigLengths, ResolveDrawsAStepsLengthsAndChecksTheLongest) {
   EXPECT_EQ(parse_error(R"({"variable_seq_lengths": {"distribution": "normal", "min": 8, "max": 32, "mean": 40,
       "std": 4}})"),
             "run.json: variable_seq_lengths.mean = 40: must be in [min, max] = [8, 32]");
+  EXPECT_EQ(parse_error(R"({"model": "gpt-tiny", "seq_length": 32, "variable_seq_lengths": [8, 0]})"),
+            "run.json: variable_seq_lengths holds 0: every length must be >= 1 (tokens per sequence of a micro-batch)");
   EXPECT_EQ(parse_error(R"({"variable_images": [1, 0]})"),
             "run.json: variable_images = [1,0]: every count must be >= 1 (images per sequence; a micro-batch without "
             "images is not modelled)");

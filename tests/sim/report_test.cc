@@ -117,12 +117,13 @@ TEST(SimulateReport, VariableImagesPriceEachMicrobatchsVisionTowerOnItsOwn) {
   EXPECT_EQ(paired.variable_lengths->uniform_images, 1);
 }
 
+// Checked once, as the configuration is resolved, naming its file.
 TEST(SimulateReport, VariableImagesNeedAVisionTowerAndRoomForText) {
   EXPECT_EQ(testing::error_of([] { predict(llava_layout(R"(, "variable_images": [1, 4])")); }),
-            "seq_length = 2048 with 4 image(s) of 576 tokens: they leave no text (a length counts its image tokens); "
+            "run.json: seq_length = 2048 with 4 image(s) of 576 tokens: they leave no text (a length counts its image tokens); "
             "use lengths above 2304, or fewer variable_images");
   EXPECT_EQ(testing::error_of([] { predict(llava_layout(R"(, "variable_seq_lengths": [100, 2048])")); }),
-            "variable_seq_lengths holds 100 with 1 image(s) of 576 tokens: they leave no text (a length counts its "
+            "run.json: variable_seq_lengths holds 100 with 1 image(s) of 576 tokens: they leave no text (a length counts its "
             "image tokens); use lengths above 576");
   EXPECT_EQ(testing::error_of([] {
               llava_layout(R"(, "variable_seq_lengths": {"distribution": "uniform", "min": 100, "max": 2048},
@@ -131,7 +132,7 @@ TEST(SimulateReport, VariableImagesNeedAVisionTowerAndRoomForText) {
             "run.json: variable_seq_lengths.min = 100: a sequence holds up to 2 image(s) of 576 tokens and its "
             "text, so a drawn length must exceed 1152: use min >= 1153");
   EXPECT_EQ(testing::error_of([] { predict(llama_layout(R"(, "variable_images": [1, 2])")); }),
-            "variable_images = [1, 2]: llama2-7b has no vision tower: drop variable_images, or give a "
+            "run.json: variable_images = [1, 2]: llama2-7b has no vision tower: drop variable_images, or give a "
             "vision-language model");
 }
 

@@ -3,6 +3,9 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "pipeflow/model/model_spec.h"
 
 namespace pipeflow {
 
@@ -28,5 +31,17 @@ void check_sequence_parallel_split(int seq_length, int tensor_parallel);
 // devices = tensor_parallel × stages × data_parallel; Throws Error naming
 // both sides and the fix.
 void check_device_count(int devices, int tensor_parallel, int stages, int data_parallel);
+
+// The micro-batches of a step at their own shapes: variable_seq_lengths
+// and variable_images (empty: every micro-batch at seq_length and the
+// model's images), each list repeated over the `microbatches` of a step.
+// Every length in [1, seq_length] (seq_length is the longest, what the
+// buffers are sized for) and, with sequence parallelism over
+// `sequence_parallel_ranks` (1: none), a multiple of them; images only for
+// a model with a vision tower, and each micro-batch's image tokens below
+// its length (the text needs a position). Throws Error naming the key, the
+// value, the rule and the fix.
+void check_microbatch_shapes(const std::vector<int>& lengths, const std::vector<int>& images, int seq_length,
+                             const ModelSpec& model, int microbatches, int sequence_parallel_ranks);
 
 }  // namespace pipeflow
