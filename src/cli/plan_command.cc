@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "commands.h"
@@ -24,6 +25,7 @@
 #include "pipeflow/plan/analyze.h"
 #include "pipeflow/plan/planner.h"
 #include "pipeflow/sim/report.h"
+#include "run_options.h"
 
 namespace pipeflow::cli {
 namespace {
@@ -48,17 +50,22 @@ struct PlanCommand {
   // --inference: the stage counts that fit generation instead.
   bool inference = false;
   InferenceFlags inference_flags;
-  // What trains: the run configuration's freeze and lora keys.
-  std::string freeze;  // JSON, as the run configuration's keys on a command line
-  std::string lora;
+  // The run configuration's keys plan reads: what trains (freeze, lora),
+  // and the micro-batches' own shapes, which it refuses.
+  RunFlags run_key_flags;
 };
 
-// --freeze and --lora read as the run configuration reads its keys.
+// --freeze and --lora read as the run configuration reads its keys;
+// --variable-seq-lengths and --variable-images refused with the fix.
 TrainingSpec training_of(const PlanCommand& command) {
-  RunOverrides o;
-  if (!command.freeze.empty()) o.set_text(*find_run_key("freeze"), command.freeze, "--freeze");
-  if (!command.lora.empty()) o.set_text(*find_run_key("lora"), command.lora, "--lora");
-  return default_run_config(o).training;
+  const RunConfig config = default_run_config(command.run_key_flags.overrides());
+  for (std::string_view key : microbatch_shape_keys(config)) {
+    const std::string_view flag = find_run_key(key)->flag;
+    fail("{}: plan prices every micro-batch of a layout at one shape (--seq and the model's images per sequence); "
+         "write the layout it finds with --write-config and give {} to pipeflow simulate --config with it",
+         flag, flag);
+  }
+  return config.training;
 }
 
 std::string inference_report(const InferencePlanRequest& request, const InferencePlan& plan) {
@@ -458,10 +465,7 @@ void add_plan_command(CLI::App& app) {
                   "(default parameters,balanced; --inference: one, default parameters)")
       ->delimiter(',');
   sub->add_flag("--json", c->json, "Print one JSON object instead of tables");
-  sub->add_option("--freeze", c->freeze, "Frozen layers as JSON: glob patterns over layer names, e.g. '[\"vision.*\"]'");
-  sub->add_option("--lora", c->lora,
-                  "LoRA adapters as JSON: {\"r\": 8, \"alpha\": 16, \"target\": [\"q_proj\", \"v_proj\"], "
-                  "\"train\": [\"projector\"]}");
+  c->run_key_flags.add_to(sub, {"freeze", "lora", "variable_seq_lengths", "variable_images"});
   sub->add_option("--profile", c->profile,
                   "A measured run of the model on the hardware (pipeflow's trace, PyTorch profiler traces, a "
                   "Megatron-LM, DeepSpeed or Ascend log, a profile): every layout's costs are the cost model's "

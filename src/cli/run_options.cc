@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "pipeflow/core/error.h"
 #include "pipeflow/core/json.h"
 #include "pipeflow/core/log.h"
 
@@ -13,23 +14,35 @@ namespace pipeflow::cli {
 void RunFlags::add_to(CLI::App* app, std::initializer_list<FlagScope> scopes) {
   for (const RunKey& key : run_keys()) {
     if (key.flag.empty() || std::find(scopes.begin(), scopes.end(), key.scope) == scopes.end()) continue;
-    const std::string names = key.aliases.empty() ? std::string(key.flag) : fmt::format("{},{}", key.flag, key.aliases);
-    std::string fallback;  // as typed on a command line
-    if (!key.fallback.empty()) {
-      const nlohmann::json value = nlohmann::json::parse(key.fallback);
-      fallback = value.is_string() ? value.get<std::string>() : json_text(value);
-    }
-    const std::string help = fmt::format("{} (key: {}; {}{})", key.help, key.path, key.rule,
-                                         fallback.empty() ? "" : fmt::format("; default {}", fallback));
-    CLI::Option* option = nullptr;
-    if (key.type == KeyType::kBoolean) {
-      option = app->add_flag(names, set_[key.path], help);
-    } else {
-      option = app->add_option(names, text_[key.path], help);
-      option->type_name(key.type == KeyType::kInteger ? "INT" : key.type == KeyType::kNumber ? "FLOAT" : "TEXT");
-    }
-    flags_.push_back({&key, option});
+    add(app, key);
   }
+}
+
+void RunFlags::add_to(CLI::App* app, std::initializer_list<std::string_view> paths) {
+  for (std::string_view path : paths) {
+    const RunKey* key = find_run_key(path);
+    if (key == nullptr || key->flag.empty()) fail("internal: run key {} has no flag", path);
+    add(app, *key);
+  }
+}
+
+void RunFlags::add(CLI::App* app, const RunKey& key) {
+  const std::string names = key.aliases.empty() ? std::string(key.flag) : fmt::format("{},{}", key.flag, key.aliases);
+  std::string fallback;  // as typed on a command line
+  if (!key.fallback.empty()) {
+    const nlohmann::json value = nlohmann::json::parse(key.fallback);
+    fallback = value.is_string() ? value.get<std::string>() : json_text(value);
+  }
+  const std::string help = fmt::format("{} (key: {}; {}{})", key.help, key.path, key.rule,
+                                       fallback.empty() ? "" : fmt::format("; default {}", fallback));
+  CLI::Option* option = nullptr;
+  if (key.type == KeyType::kBoolean) {
+    option = app->add_flag(names, set_[key.path], help);
+  } else {
+    option = app->add_option(names, text_[key.path], help);
+    option->type_name(key.type == KeyType::kInteger ? "INT" : key.type == KeyType::kNumber ? "FLOAT" : "TEXT");
+  }
+  flags_.push_back({&key, option});
 }
 
 RunOverrides RunFlags::overrides() const {

@@ -23,6 +23,9 @@ class RunFlags {
   // Adds the flags of the keys whose scope is one of `scopes`; the object
   // must outlive parsing.
   void add_to(CLI::App* app, std::initializer_list<FlagScope> scopes);
+  // Adds the flags of the keys at `paths` (a command that reads a few keys
+  // without a run configuration, as plan its freeze and lora).
+  void add_to(CLI::App* app, std::initializer_list<std::string_view> paths);
   // The flags that were given, as key overrides.
   RunOverrides overrides() const;
 
@@ -31,6 +34,8 @@ class RunFlags {
     const RunKey* key = nullptr;
     CLI::Option* option = nullptr;
   };
+  void add(CLI::App* app, const RunKey& key);
+
   std::vector<Flag> flags_;
   // Where CLI11 writes each flag's text (or, for a boolean, whether it was
   // given), by key path; map nodes do not move.

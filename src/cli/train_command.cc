@@ -120,14 +120,10 @@ void print_review(const ResolvedRun& resolved) {
 
 void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   const RunConfig config = load_run_config(c.config, c.flags.overrides());
-  for (const auto& [key, given] : {std::pair{"variable_seq_lengths", !config.variable_seq_lengths.empty() ||
-                                                                       config.seq_length_distribution.has_value()},
-                                   std::pair{"variable_images", !config.variable_images.empty()}}) {
-    if (given) {
-      fail("{}: {}: pipeflow train runs every micro-batch at one shape (seq_length); simulate prices micro-batches "
-           "of their own shapes. Remove {} to train",
-           config.source, key, key);
-    }
+  for (std::string_view key : microbatch_shape_keys(config)) {
+    fail("{}: {}: pipeflow train runs every micro-batch at one shape (seq_length); simulate prices micro-batches "
+         "of their own shapes. Remove {} to train",
+         config.source, key, key);
   }
   const bool reporter = mpi == nullptr || mpi->rank() == 0;  // before the group exists: notes on the configuration
   if (reporter) print_config_notes(config);

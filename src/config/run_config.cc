@@ -827,6 +827,13 @@ ResolvedRun resolve(const RunConfig& given, const std::optional<ModelFromFile>& 
   return r;
 }
 
+std::vector<std::string_view> microbatch_shape_keys(const RunConfig& run) {
+  std::vector<std::string_view> keys;
+  if (!run.variable_seq_lengths.empty() || run.seq_length_distribution) keys.push_back("variable_seq_lengths");
+  if (!run.variable_images.empty()) keys.push_back("variable_images");
+  return keys;
+}
+
 std::vector<int> LengthDistribution::draw(int count) const {
   std::uint64_t state = seed;
   const auto uniform01 = [&state] {  // splitmix64 (Steele et al. 2014), 53 bits into [0, 1)

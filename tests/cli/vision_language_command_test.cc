@@ -61,6 +61,23 @@ TEST(VisionLanguageCommand, PlanFindsALayoutForLlavaWithItsTowerFrozen) {
   EXPECT_GT(json["candidates"][0]["tokens_per_s"].get<double>(), 0);
 }
 
+// plan prices one shape: simulate's --variable-images (the same flag, from
+// the run configuration's key) is refused with the fix, not by CLI11.
+TEST(VisionLanguageCommand, PlanRefusesVariableImagesWithTheFix) {
+  const CommandResult r = run_pipeflow("plan --model " + kLlava +
+                                       " --hardware a100-80g --devices 8 --global-batch 32 --seq 2048 "
+                                       "--variable-images '[1, 2]'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("pipeflow: error: --variable-images: plan prices every micro-batch of a layout at one shape"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("give --variable-images to pipeflow simulate --config with it"), std::string::npos) << r.err;
+  const CommandResult bad = run_pipeflow("plan --model " + kLlava +
+                                         " --hardware a100-80g --devices 8 --global-batch 32 --seq 2048 "
+                                         "--variable-images '[0]'");
+  EXPECT_NE(bad.err.find("variable_images = [0]: every count must be >= 1"), std::string::npos) << bad.err;
+}
+
 TEST(VisionLanguageCommand, ModelShowsTheTowerAndTrainRefusesLlavasLlama) {
   const CommandResult model = run_pipeflow("model --model " + kLlava + " --seq 2048");
   ASSERT_EQ(model.exit_code, 0) << model.err;

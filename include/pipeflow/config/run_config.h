@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pipeflow/config/run_keys.h"
@@ -304,6 +305,10 @@ struct RunConfig {
 // rule and the fix, e.g.
 //   run.json: pipeline.stages = 0: must be a positive integer: the number of pipeline ranks
 RunConfig parse_run_config(const Config& config, const RunOverrides& overrides = {});
+// The keys given that make micro-batches of their own shapes
+// ("variable_seq_lengths", "variable_images"), for a command that runs one
+// shape to refuse by name.
+std::vector<std::string_view> microbatch_shape_keys(const RunConfig& run);
 RunConfig load_run_config(const std::filesystem::path& path, const RunOverrides& overrides = {});
 
 // The keys whose string values parse_run_config opens as files (model and
