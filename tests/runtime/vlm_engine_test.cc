@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include "pipeflow/core/error.h"
 #include "pipeflow/nn/safetensors.h"
 #include "pipeflow/schedule/generators.h"
 
@@ -159,6 +160,40 @@ TEST(VlmEngine, ACheckpointedRunResumesBitIdentical) {
   std::filesystem::remove(file);
   for (int step = 2; step < kSteps; ++step) resumed.step(step, data);
   EXPECT_EQ(all_tensors(resumed), all_tensors(uninterrupted));
+}
+
+// The stage holding the LM's embedding (layer 4 of the 8: vision.layers + 2)
+// comes from the cut alone, so that a process holding only the head's stage
+// knows its tied partner: by hand, the stage whose range holds layer 4.
+TEST(VlmEngine, TheEmbeddingsStageIsTheOneWhoseLayersHoldTheLmEmbedding) {
+  using Traits = StageTraits<nn::VlmStage>;
+  const VlmTraining training = small_training();
+  ASSERT_EQ(training.model.embedding_layer(), 4);
+  EXPECT_EQ(Traits::embedding_stage(training, std::vector<int>{0, 8}), StageId(0));
+  EXPECT_EQ(Traits::embedding_stage(training, std::vector<int>{0, 5, 8}), StageId(0));
+  EXPECT_EQ(Traits::embedding_stage(training, std::vector<int>{0, 4, 8}), StageId(1));
+  EXPECT_EQ(Traits::embedding_stage(training, std::vector<int>{0, 2, 3, 5, 8}), StageId(2));
+  EXPECT_EQ(StageTraits<nn::Stage>::embedding_stage(nn::ModelConfig{}, std::vector<int>{0, 3, 6}), StageId(0));
+}
+
+// A weights file whose header does not say model_type "llava" (a GPT's
+// checkpoint, or a hand-made one) is refused naming the file, the key and
+// the fix, before any tensor is read.
+TEST(VlmEngine, AFileWithoutTheVlmModelTypeIsRefusedNamingTheKey) {
+  VlmPipelineEngine engine(small_training(), make_schedule("1f1b", 2, 2), {0, 4, 8}, small_options());
+  nn::SafetensorsWriter writer;
+  writer.set_metadata("model_type", "gpt2");
+  const nn::SafetensorsFile file = nn::SafetensorsFile::parse(writer.serialize(), "gpt.safetensors");
+  try {
+    engine.load_parameters(file);
+    FAIL() << "loaded a file without model_type \"llava\"";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("gpt.safetensors: __metadata__ model_type = \"gpt2\": not a vision-language model's weights "
+                        "(model_type \"llava\")"),
+              std::string::npos)
+        << error.what();
+  }
 }
 
 }  // namespace
