@@ -6,8 +6,6 @@
 #include <thread>
 
 #include "pipeflow/core/error.h"
-#include "pipeflow/core/file.h"
-#include "pipeflow/core/units.h"
 #include "train/emulated_step.h"
 #include "pipeflow/runtime/engine.h"
 #include "pipeflow/runtime/measurement.h"
