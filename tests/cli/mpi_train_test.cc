@@ -334,18 +334,32 @@ TEST_F(MpiTrain, UnequalPartsManyBucketsAndSplitBackwardsEqualTheUnpipelinedRun)
 
 // The vision-language model's 2 stages in 2 MPI processes (the LM
 // embedding's stage found from the cut, not among a process's own stages)
-// train the in-process run's steps: the same losses and weights, bit for
-// bit (the same actions on the same values; only the transport differs).
+// train the in-process run's steps: the same losses, bit for bit (the same
+// actions on the same values; only the transport differs). Its checkpoint
+// after 3 steps (a folder of 2 shards) resumes in one process and ends on
+// the in-process 5-step run's losses and weights, bit for bit.
 TEST_F(MpiTrain, TrainsTheVisionLanguageModelToTheInProcessRunsBits) {
-  const std::string example = std::string(PIPEFLOW_SOURCE_DIR) + "/examples/train_vlm_2stage.json";
+  std::string config = read_file(std::string(PIPEFLOW_SOURCE_DIR) + "/examples/train_vlm_2stage.json");
+  const std::string steps = "\"steps\": 300,";
+  ASSERT_NE(config.find(steps), std::string::npos);
+  config.replace(config.find(steps), steps.size(), "\"steps\": 5, \"checkpoint\": {\"interval\": 3},");
+  const std::string path = write_config(dir_ + "/vlm.json", config);
   const std::string under_mpi = dir_ + "/vlm-mpi", threads = dir_ + "/vlm-threads";
-  const CommandResult result = run_mpirun(2, "train --config " + example + " --steps 3 --out-dir " + under_mpi);
+  const CommandResult result = run_mpirun(2, "train --config " + path + " --steps 3 --out-dir " + under_mpi);
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_NE(result.err.find("2 MPI processes (pipeline 2 x data parallel 1)"), std::string::npos) << result.err;
-  const CommandResult in_process = run_pipeflow("train --config " + example + " --steps 3 --out-dir " + threads);
+  EXPECT_TRUE(std::filesystem::exists(under_mpi + "/checkpoints/step_3/model.safetensors.index.json"));
+  const CommandResult in_process = run_pipeflow("train --config " + path + " --out-dir " + threads);
   ASSERT_EQ(in_process.exit_code, 0) << in_process.err;
-  ASSERT_EQ(losses(under_mpi).size(), 3u);
-  EXPECT_EQ(losses(under_mpi), losses(threads));
+  const std::vector<double> straight = losses(threads);
+  ASSERT_EQ(straight.size(), 5u);
+  EXPECT_EQ(losses(under_mpi), std::vector<double>(straight.begin(), straight.begin() + 3));
+  const CommandResult resumed = run_pipeflow("train --config " + path + " --resume " + under_mpi + " --out-dir " +
+                                             under_mpi);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resuming after 3 steps from " + under_mpi + "/checkpoints/step_3"), std::string::npos)
+      << resumed.err;
+  EXPECT_EQ(losses(under_mpi), straight);
   EXPECT_EQ(read_file(under_mpi + "/weights.safetensors"), read_file(threads + "/weights.safetensors"));
 }
 
