@@ -5,6 +5,8 @@
 #include "pipeflow/core/json.h"
 #include "pipeflow/trace/torch_trace.h"
 
+#include <nlohmann/json.hpp>
+
 namespace {
 
 void read_and_merge(std::string_view text) {

@@ -4,5 +4,7 @@
 #include "pipeflow/config/run_config.h"
 #include "pipeflow/core/json.h"
 
+#include <nlohmann/json.hpp>
+
 PIPEFLOW_FUZZ_READER(pipeflow::parse_run_config(
     pipeflow::Config::from_json(pipeflow::parse_yaml(text, "fuzz.yaml"), "fuzz.yaml")))

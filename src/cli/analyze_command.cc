@@ -2,6 +2,7 @@
 // program's traces, one per rank) back, says where the step went and what
 // each change would gain, re-simulated.
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>

@@ -1,6 +1,7 @@
 // `pipeflow schedule`: builds a schedule with a generator and prints it.
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "commands.h"

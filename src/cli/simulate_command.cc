@@ -2,6 +2,7 @@
 // memory per rank) with the cost model and the simulator, and optionally
 // writes its timeline as a Chrome trace and an SVG.
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <memory>
 #include <optional>
@@ -135,9 +136,9 @@ void run(const SimulateCommand& command) {
         fmt::format("{} {}: {} ranks, {} micro-batches, simulated{}", layout.model.name, layout.schedule,
                     p.schedule.num_ranks(), p.microbatches, profile ? " from a measured profile" : "");
     Timeline timeline = simulation_timeline(p.schedule, p.result, title);
-    timeline.run_metadata = run_metadata_json(
+    timeline.run_metadata = std::make_shared<const nlohmann::json>(run_metadata_json(
         resolved.config, profile ? *profile : profile_of_costs(p.costs.costs, "pipeflow simulate: the cost model"),
-        profile.has_value(), "pipeflow simulate");
+        profile.has_value(), "pipeflow simulate"));
     if (!command.trace.empty()) write_output(write_chrome_trace(timeline), command.trace);
     if (!command.svg.empty()) write_output(render_svg(timeline), command.svg);
   }

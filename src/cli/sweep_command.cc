@@ -3,6 +3,7 @@
 // trains every point (pipeflow train in this process) and sets the measured
 // figures and the loss curves beside the predicted ones.
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>

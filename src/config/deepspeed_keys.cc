@@ -1,6 +1,7 @@
 #include "pipeflow/config/deepspeed_keys.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <array>
 

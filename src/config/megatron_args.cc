@@ -1,6 +1,7 @@
 #include "pipeflow/config/megatron_args.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <charconv>

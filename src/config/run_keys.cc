@@ -4,6 +4,7 @@
 #include <array>
 #include <charconv>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/json.h"
@@ -224,6 +225,15 @@ nlohmann::json run_key_value(const RunKey& key, std::string_view text, std::stri
   }
   return nullptr;
 }
+
+RunOverrides::RunOverrides() = default;
+RunOverrides::RunOverrides(const RunOverrides&) = default;
+RunOverrides::RunOverrides(RunOverrides&&) noexcept = default;
+RunOverrides& RunOverrides::operator=(const RunOverrides&) = default;
+RunOverrides& RunOverrides::operator=(RunOverrides&&) noexcept = default;
+RunOverrides::~RunOverrides() = default;
+
+bool RunOverrides::empty() const { return values_.empty(); }
 
 void RunOverrides::set(std::string_view path, nlohmann::json value) {
   if (find_run_key(path) == nullptr) fail("{}: no key of the run configuration has this path", path);

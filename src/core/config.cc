@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"

@@ -1,5 +1,6 @@
 #include "pipeflow/core/json.h"
 
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>

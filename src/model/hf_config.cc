@@ -1,5 +1,6 @@
 #include "pipeflow/model/hf_config.h"
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

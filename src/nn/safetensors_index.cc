@@ -1,6 +1,7 @@
 #include "pipeflow/nn/safetensors_index.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <map>
 #include <regex>

@@ -1,6 +1,7 @@
 #include "pipeflow/plan/advise_batch.h"
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 

@@ -1,6 +1,7 @@
 #include "pipeflow/plan/analyze.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>

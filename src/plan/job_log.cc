@@ -1,6 +1,7 @@
 #include "pipeflow/plan/job_log.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <charconv>

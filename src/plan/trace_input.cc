@@ -1,6 +1,7 @@
 // load_trace_input: the files a user points `analyze` at, told apart by
 // their content, read into one timeline.
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -279,13 +280,13 @@ TraceInput load_trace_input(const std::vector<fs::path>& paths, const TraceOptio
     input.source = *own;
     input.reading.format = "pipeflow";
     if (options.step) fail("--step {}: a pipeflow trace holds one step; --step picks one of a PyTorch trace's", *options.step);
-    if (!input.timeline.run_metadata.is_null()) {
+    if (input.timeline.run_metadata) {
       if (options.config) {
         fail("--config {}: {} carries its run (otherData.pipeflow), which the advice re-simulates; --config is for "
              "traces without one",
              quoted_excerpt(options.config->string()), input.source);
       }
-      input.run = read_run_metadata(input.timeline.run_metadata, input.source);
+      input.run = read_run_metadata(*input.timeline.run_metadata, input.source);
     } else if (options.config) {
       input.run = measured_run(load_run_config(*options.config), input.timeline, options.config->string());
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/table.h"

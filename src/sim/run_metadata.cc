@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "pipeflow/core/config.h"
 #include "pipeflow/core/error.h"

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <nlohmann/json.hpp>
 
@@ -94,7 +95,7 @@ std::string write_chrome_trace(const Timeline& timeline) {
     events.push_back(std::move(event));
   }
   nlohmann::json other = {{"title", timeline.title}, {"num_ranks", timeline.num_ranks}, {"time_unit", timeline.time_unit}};
-  if (!timeline.run_metadata.is_null()) other["pipeflow"] = timeline.run_metadata;
+  if (timeline.run_metadata) other["pipeflow"] = *timeline.run_metadata;
   const nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", other}};
   return json_text(trace) + "\n";
 }
@@ -114,7 +115,9 @@ Timeline chrome_trace_timeline(const nlohmann::json& trace, const std::string& s
     timeline.title = other.value("title", std::string());
     timeline.time_unit = other.value("time_unit", std::string("s"));
     int ranks = other.value("num_ranks", 0);
-    if (other.contains("pipeflow")) timeline.run_metadata = other["pipeflow"];
+    if (other.contains("pipeflow") && !other["pipeflow"].is_null()) {
+      timeline.run_metadata = std::make_shared<const nlohmann::json>(other["pipeflow"]);
+    }
     const nlohmann::json& events = trace["traceEvents"];
     for (std::size_t i = 0; i < events.size(); ++i) {
       if (!events[i].is_object()) fail("{}: traceEvents[{}] is not an object", source, i);

@@ -1,6 +1,7 @@
 #include "pipeflow/trace/torch_trace.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <charconv>

@@ -3,6 +3,7 @@
 #include "pipeflow/config/deepspeed_keys.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <sstream>

@@ -1,6 +1,7 @@
 #include "pipeflow/config/run_config.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>

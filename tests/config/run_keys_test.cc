@@ -1,6 +1,7 @@
 #include "pipeflow/config/run_keys.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <set>
 #include <string>

@@ -1,6 +1,7 @@
 #include "pipeflow/core/config.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "pipeflow/core/error.h"
 #include "../support/error_of.h"

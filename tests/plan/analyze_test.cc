@@ -1,6 +1,7 @@
 #include "pipeflow/plan/analyze.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <string>
@@ -24,12 +25,12 @@ TraceInput simulated_trace(const RunConfig& config) {
   const ResolvedRun run = resolve(config);
   const Prediction p = predict(layout_of(run));
   Timeline timeline = simulation_timeline(p.schedule, p.result, "simulated");
-  timeline.run_metadata =
-      run_metadata_json(run.config, profile_of_costs(p.costs.costs, "the cost model"), false, "pipeflow simulate");
+  timeline.run_metadata = std::make_shared<const nlohmann::json>(
+      run_metadata_json(run.config, profile_of_costs(p.costs.costs, "the cost model"), false, "pipeflow simulate"));
   TraceInput input;
   input.source = "trace.json";
   input.timeline = read_chrome_trace(write_chrome_trace(timeline), input.source);
-  input.run = read_run_metadata(input.timeline.run_metadata, input.source);
+  input.run = read_run_metadata(*input.timeline.run_metadata, input.source);
   return input;
 }
 

@@ -1,6 +1,7 @@
 #include "pipeflow/plan/planner.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <map>

@@ -1,6 +1,7 @@
 #include "pipeflow/plan/review.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "pipeflow/runtime/measurement.h"
 #include "pipeflow/schedule/generators.h"

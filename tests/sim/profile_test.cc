@@ -1,6 +1,7 @@
 #include "pipeflow/sim/profile.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <string>
 

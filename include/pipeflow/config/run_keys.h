@@ -1,6 +1,6 @@
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <span>
 #include <string>
@@ -59,13 +59,22 @@ nlohmann::json run_key_value(const RunKey& key, std::string_view text, std::stri
 // file's), in the order given. Each names a row of run_keys().
 class RunOverrides {
  public:
+  // Defined in run_keys.cc, where nlohmann::json is complete: this header
+  // needs only <nlohmann/json_fwd.hpp>.
+  RunOverrides();
+  RunOverrides(const RunOverrides&);
+  RunOverrides(RunOverrides&&) noexcept;
+  RunOverrides& operator=(const RunOverrides&);
+  RunOverrides& operator=(RunOverrides&&) noexcept;
+  ~RunOverrides();
+
   // Sets the key at `path` (an Error unless it is a row of run_keys()).
   void set(std::string_view path, nlohmann::json value);
   // The row's value from text (run_key_value).
   void set_text(const RunKey& key, std::string_view text, std::string_view origin);
   bool has(std::string_view path) const { return find(path) != nullptr; }
   const nlohmann::json* find(std::string_view path) const;
-  bool empty() const { return values_.empty(); }
+  bool empty() const;
   const std::vector<std::pair<std::string, nlohmann::json>>& values() const { return values_; }
 
  private:

@@ -1,6 +1,6 @@
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstddef>
 #include <string>
@@ -8,6 +8,10 @@
 
 namespace pipeflow {
 
+// This header declares with <nlohmann/json_fwd.hpp> alone, as every public
+// header of pipeflow does: a file that builds, reads or dumps a json value
+// includes <nlohmann/json.hpp> itself (about 3 s of compile time a file).
+//
 // Every JSON text pipeflow reads (configurations, Hugging Face config.json,
 // schedule files, hardware profiles, measured profiles, Chrome traces,
 // safetensors headers) goes through parse_json, so that hostile input meets

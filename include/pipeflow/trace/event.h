@@ -1,6 +1,7 @@
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -65,8 +66,9 @@ struct Timeline {
   std::string time_unit = "s";
   // What the program that made the timeline says about its run (pipeflow's
   // resolved configuration, hardware and per-stage costs: sim/run_metadata.h),
-  // carried as otherData.pipeflow of a Chrome trace; null: nothing.
-  nlohmann::json run_metadata;
+  // carried as otherData.pipeflow of a Chrome trace; null: nothing. Held by
+  // pointer so that this header needs only <nlohmann/json_fwd.hpp>.
+  std::shared_ptr<const nlohmann::json> run_metadata;
 
   double start_s() const;     // earliest start (0 if empty)
   double end_s() const;       // latest end (0 if empty)

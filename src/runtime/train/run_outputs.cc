@@ -1,6 +1,9 @@
 #include "train/run_outputs.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <memory>
 
 #include "pipeflow/core/file.h"
 #include "train/metrics_log.h"
@@ -37,7 +40,8 @@ std::vector<std::filesystem::path> write_run_outputs(
   if (!settings.emulate) {
     measured = measured_timeline(last, schedule.num_ranks(), measured.title + ", with the flush", true);
   }
-  measured.run_metadata = run_metadata_json(settings.config, profile, true, "pipeflow train");
+  measured.run_metadata =
+      std::make_shared<const nlohmann::json>(run_metadata_json(settings.config, profile, true, "pipeflow train"));
   write("trace.json", write_chrome_trace(measured));
   write("predicted.svg", render_svg(predicted));
   write("profile.json", profile_to_json(profile));
