@@ -1,5 +1,6 @@
 // `pipeflow advise-batch`: the learning rate and warmup for another global
 // batch, by the rule that fits the optimizer, and the critical batch size.
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <memory>

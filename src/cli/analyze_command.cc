@@ -1,6 +1,7 @@
 // `pipeflow analyze`: reads a trace (a train run's directory, or another
 // program's traces, one per rank) back, says where the step went and what
 // each change would gain, re-simulated.
+#include <CLI/CLI.hpp>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>

@@ -1,10 +1,15 @@
 #pragma once
 
-#include <CLI/CLI.hpp>
-
 #include <functional>
 #include <string>
 #include <string_view>
+
+// Declared only: a subcommand's file includes <CLI/CLI.hpp> itself (about
+// 11 s of compiler CPU a file), a file that only runs jobs does not.
+namespace CLI {
+class App;
+class Validator;
+}  // namespace CLI
 
 namespace pipeflow::runtime {
 class MpiWorld;

@@ -1,5 +1,6 @@
 #include "inference_flags.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 // `pipeflow plan`: searches every layout of a model on a cluster, ranks the
 // ones that fit by simulated step time, and exports the best as a pipeflow,
 // DeepSpeed or Megatron-LM configuration.
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <unistd.h>

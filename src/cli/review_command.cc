@@ -1,5 +1,6 @@
 // `pipeflow review`: a pre-flight review of a run configuration, each
 // finding with its severity, number and fix; exit status 1 on an error finding.
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,5 @@
 // `pipeflow schedule`: builds a schedule with a generator and prints it.
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>

@@ -1,6 +1,7 @@
 // `pipeflow simulate`: predicts a layout's step (time, bubble, throughput,
 // memory per rank) with the cost model and the simulator, and optionally
 // writes its timeline as a Chrome trace and an SVG.
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 

@@ -2,6 +2,7 @@
 // prints a table (or JSON), optionally with SVG plots; with --train it also
 // trains every point (pipeflow train in this process) and sets the measured
 // figures and the loss curves beside the predicted ones.
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>

@@ -1,4 +1,5 @@
 // `pipeflow validate FILE...`: checks schedule files (PyTorch CSV or JSON).
+#include <CLI/CLI.hpp>
 #include <fmt/ranges.h>
 
 #include <memory>
