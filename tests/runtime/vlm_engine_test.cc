@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include "../support/error_of.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/nn/safetensors.h"
 #include "pipeflow/schedule/generators.h"
@@ -154,6 +155,14 @@ TEST(VlmEngine, ACheckpointedRunResumesBitIdentical) {
     for (int step = 0; step < 2; ++step) first.step(step, data);
     first.write_checkpoint(file, 2);
   }
+  // A run training another part of the model (the encoder too) has other
+  // optimizer state: refused naming the header's key and both parts.
+  VlmPipelineEngine other(small_training(), make_1f1b(2, kMicrobatches), {0, 4, layers}, small_options());
+  EXPECT_NE(testing::error_of([&] { other.load_checkpoint(nn::SafetensorsFile::read(file)); })
+                .find("__metadata__ trained = \"freeze [\"vision.*\"], lora none\": the checkpoint holds the "
+                      "optimizer state of what its run trained, and this run trains another part of the model "
+                      "(freeze [], lora none); resume with the checkpoint's freeze and lora"),
+            std::string::npos);
   VlmPipelineEngine resumed(training, make_1f1b(2, kMicrobatches), {0, 4, layers}, small_options());
   resumed.init_parameters(12);
   ASSERT_EQ(resumed.load_checkpoint(nn::SafetensorsFile::read(file)), 2);

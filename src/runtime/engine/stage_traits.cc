@@ -99,18 +99,36 @@ std::int64_t StageTraits<nn::VlmStage>::parameter_count(const Config& config, nn
       .trained.total();
 }
 
-void StageTraits<nn::VlmStage>::write_config(nn::SafetensorsWriter& writer, const Config&) {
-  writer.set_metadata("model_type", std::string(kModelType));
+namespace {
+
+// What of the model a run trains, as its checkpoint's metadata records it:
+// a checkpoint holds the optimizer state of exactly those tensors.
+std::string trained_part(const VlmTraining& config) {
+  return fmt::format("freeze {}, lora {}", config.freeze_vision ? "[\"vision.*\"]" : "[]",
+                     config.lora ? fmt::format("{{r {}, alpha {:g}}}", config.lora->r, config.lora->alpha) : "none");
 }
 
-void StageTraits<nn::VlmStage>::check_file(const nn::SafetensorsFile& file, const Config&) {
+}  // namespace
+
+void StageTraits<nn::VlmStage>::write_config(nn::SafetensorsWriter& writer, const Config& config) {
+  writer.set_metadata("model_type", std::string(kModelType));
+  writer.set_metadata("trained", trained_part(config));
+}
+
+void StageTraits<nn::VlmStage>::check_file(const nn::SafetensorsFile& file, const Config& config) {
   const auto type = file.metadata().find("model_type");
-  if (type != file.metadata().end() && type->second == kModelType) return;
-  fail("{}: __metadata__ model_type = {}: not a vision-language model's weights (model_type \"{}\"), so the "
-       "run's model cannot load them; give checkpoint.load (--resume) a checkpoint a vision-language run wrote, or "
-       "train the file's model with its own configuration",
-       file.source(), type == file.metadata().end() ? std::string("absent") : fmt::format("\"{}\"", type->second),
-       kModelType);
+  if (type == file.metadata().end() || type->second != kModelType) {
+    fail("{}: __metadata__ model_type = {}: not a vision-language model's weights (model_type \"{}\"), so the "
+         "run's model cannot load them; give checkpoint.load (--resume) a checkpoint a vision-language run wrote, or "
+         "train the file's model with its own configuration",
+         file.source(), type == file.metadata().end() ? std::string("absent") : fmt::format("\"{}\"", type->second),
+         kModelType);
+  }
+  const auto trained = file.metadata().find("trained");
+  if (trained == file.metadata().end() || trained->second == trained_part(config)) return;
+  fail("{}: __metadata__ trained = \"{}\": the checkpoint holds the optimizer state of what its run trained, and "
+       "this run trains another part of the model ({}); resume with the checkpoint's freeze and lora",
+       file.source(), trained->second, trained_part(config));
 }
 
 void StageTraits<nn::VlmStage>::load(nn::VlmStage& st, const nn::SafetensorsFile& file) {
