@@ -91,8 +91,9 @@ void print_summary(const runtime::TrainOutcome& outcome, const runtime::TrainSet
   const runtime::StepLog& first = outcome.log.front();
   const runtime::StepLog& last = outcome.log.back();
   const char* label = settings.emulate ? " (emulated)" : "";
-  fmt::print("trained {} steps: loss {:.4f} -> {:.4f}, validation loss {:.4f}\n", outcome.log.size(), first.loss,
-             last.loss, last.val_loss.value_or(last.loss));
+  // A run stopped by a signal ends without its last validation.
+  fmt::print("trained {}: loss {:.4f} -> {:.4f}{}\n", format_count(static_cast<std::int64_t>(outcome.log.size()), "step"), first.loss, last.loss,
+             last.val_loss ? fmt::format(", validation loss {:.4f}", *last.val_loss) : "");
   if (outcome.captions) {
     print_captions(outcome, settings);
     return;
@@ -130,9 +131,10 @@ void run(const TrainCommand& c, const runtime::MpiWorld* mpi) {
   if (reporter) print_config_notes(config);
   // A weights file or checkpoint carries the model's shape: the configuration may leave model out.
   std::optional<ModelFromFile> model_file;
-  if (!c.weights.empty()) model_file = runtime::model_of_file(c.weights);
-  // A vision-language model's checkpoint gives no shape: its configuration names the model.
+  // A vision-language model's checkpoint gives no shape: its configuration names the model (and
+  // its run refuses --weights, naming it: the file is not read).
   const bool vision_language = config.model && config.model->vision;
+  if (!c.weights.empty() && !vision_language) model_file = runtime::model_of_file(c.weights);
   if (!config.checkpoint.load.empty() && !vision_language) {
     model_file = runtime::model_of_file(runtime::checkpoint_to_resume(config.checkpoint.load));
   }

@@ -75,9 +75,10 @@ void check_microbatch_shapes(const std::vector<int>& lengths, const std::vector<
     const int count = at(images, i, model.vision->images);
     const std::int64_t tokens = static_cast<std::int64_t>(count) * per_image;
     if (tokens >= length) {
-      fail("{} {} with {} image(s) of {} tokens: they leave no text (a length counts its image tokens); use lengths "
-           "above {}{}",
-           lengths.empty() ? "seq_length =" : "variable_seq_lengths holds", length, count, per_image, tokens,
+      fail("{} {} with {} image(s) of {} tokens: they leave no text (a length counts its image tokens); {} above "
+           "{}{}",
+           lengths.empty() ? "seq_length =" : "variable_seq_lengths holds", length, count, per_image,
+           lengths.empty() ? "raise seq_length" : "give variable_seq_lengths lengths", tokens,
            images.empty() ? "" : ", or fewer variable_images");
     }
   }

@@ -40,7 +40,7 @@ LengthDistribution parse_length_distribution(const Config& keys) {
     for (const char* key : {"mean", "std"}) {
       if (keys.has(key)) {
         keys.fail_value(key, "belongs to the distribution \"normal\" (mean, std, min, max); \"uniform\" takes min "
-                             "and max alone: remove it, or set distribution to \"normal\"");
+                             "and max alone: remove it, or set distribution to \"normal\" with its mean and std");
       }
     }
   }

@@ -594,7 +594,7 @@ TEST(RunConfigLengths, ResolveDrawsAStepsLengthsAndChecksTheLongest) {
             "(mean, std, min, max)");
   EXPECT_EQ(parse_error(R"({"variable_seq_lengths": {"distribution": "uniform", "min": 8, "max": 32, "mean": 20}})"),
             "run.json: variable_seq_lengths.mean = 20: belongs to the distribution \"normal\" (mean, std, min, max); "
-            "\"uniform\" takes min and max alone: remove it, or set distribution to \"normal\"");
+            "\"uniform\" takes min and max alone: remove it, or set distribution to \"normal\" with its mean and std");
   EXPECT_EQ(parse_error(R"({"variable_seq_lengths": {"distribution": "normal", "min": 8, "max": 32, "mean": 40,
       "std": 4}})"),
             "run.json: variable_seq_lengths.mean = 40: must be in [min, max] = [8, 32]");

@@ -110,13 +110,16 @@ TEST(VlmModel, ALlamaLanguageModelOrTheClassTokenKeptIsRefusedByKey) {
   EXPECT_NE(error(gpt2 + "}", R"(, "vision_feature_select_strategy": "full")")
                 .find("vision_feature_select_strategy = \"full\": the projector takes the patch tokens alone"),
             std::string::npos);
-  // An untied head: the key and what pipeflow runs, not a Llama.
+  // An untied head: the key in its section and what pipeflow runs, not a
+  // Llama, nor a language model given inline (which would drop the tower).
   const std::string untied = error(gpt2 + R"(, "tie_word_embeddings": false})", "");
-  EXPECT_NE(untied.find("tie_word_embeddings = false: pipeflow train runs GPT-2 with a GELU MLP of 4 x n_embd, the "
-                        "LM head tied to wte and no dropout; in its config.json, set tie_word_embeddings to true"),
+  EXPECT_NE(untied.find("text_config tie_word_embeddings = false: pipeflow train runs GPT-2 with a GELU MLP of 4 x "
+                        "n_embd, the LM head tied to wte and no dropout; in its config.json's text_config, set "
+                        "tie_word_embeddings to true"),
             std::string::npos)
       << untied;
   EXPECT_EQ(untied.find("Llama"), std::string::npos) << untied;
+  EXPECT_EQ(untied.find("inline"), std::string::npos) << untied;
   // Keys that change the arithmetic: honoured (nn computes the tanh GELU,
   // LayerNorm eps 1e-5) or refused, never ignored; CLIP's default
   // activation is quick_gelu, LLaVA's projector's erf GELU.
@@ -128,10 +131,10 @@ TEST(VlmModel, ALlamaLanguageModelOrTheClassTokenKeptIsRefusedByKey) {
   refused(base + R"("projector_hidden_act": "gelu_new", "vision_config": )" +
               std::string(R"({"hidden_size": 32, "intermediate_size": 128, "num_attention_heads": 4,
       "num_hidden_layers": 2, "image_size": 16, "patch_size": 4}})"),
-          "vision_config hidden_act = \"quick_gelu\" (CLIPVisionConfig's default where hidden_act is absent): the "
+          "vision_config hidden_act = \"quick_gelu\" (CLIP's activation, and CLIPVisionConfig's default): the "
           "tower computes GPT-2's tanh GELU; set vision_config's hidden_act to \"gelu_new\"");
   refused(base + R"("vision_config": )" + tower + "}}",
-          "projector_hidden_act = \"gelu\" (LlavaConfig's default where it is absent)");
+          "projector_hidden_act = \"gelu\" (LlavaConfig's default)");
   refused(base + R"("projector_hidden_act": "gelu_new", "vision_config": )" + tower + R"(, "layer_norm_eps": 1e-6}})",
           "vision_config layer_norm_eps = 1e-06: the tower's LayerNorms add 1e-05; set layer_norm_eps to 1e-05");
   EXPECT_NE(error(gpt2 + R"(, "activation_function": "relu"})", "")

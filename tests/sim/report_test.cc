@@ -121,10 +121,10 @@ TEST(SimulateReport, VariableImagesPriceEachMicrobatchsVisionTowerOnItsOwn) {
 TEST(SimulateReport, VariableImagesNeedAVisionTowerAndRoomForText) {
   EXPECT_EQ(testing::error_of([] { predict(llava_layout(R"(, "variable_images": [1, 4])")); }),
             "run.json: seq_length = 2048 with 4 image(s) of 576 tokens: they leave no text (a length counts its image tokens); "
-            "use lengths above 2304, or fewer variable_images");
+            "raise seq_length above 2304, or fewer variable_images");
   EXPECT_EQ(testing::error_of([] { predict(llava_layout(R"(, "variable_seq_lengths": [100, 2048])")); }),
             "run.json: variable_seq_lengths holds 100 with 1 image(s) of 576 tokens: they leave no text (a length counts its "
-            "image tokens); use lengths above 576");
+            "image tokens); give variable_seq_lengths lengths above 576");
   EXPECT_EQ(testing::error_of([] {
               llava_layout(R"(, "variable_seq_lengths": {"distribution": "uniform", "min": 100, "max": 2048},
                                "variable_images": [1, 2])");

@@ -215,8 +215,9 @@ class RankGroup {
   // 2), 4 on this machine (host, 2 cores)".
   virtual std::string placement() const = 0;
   // Empty, or why measured times are not a real pipeline's (more ranks than
-  // cores); `emulated`: the serial run, which times each action alone.
-  virtual std::string oversubscription(bool emulated) const = 0;
+  // cores); `emulated`: the serial run, which times each action alone;
+  // `can_emulate`: whether the run's kind of model has that serial run to offer.
+  virtual std::string oversubscription(bool emulated, bool can_emulate) const = 0;
 
  protected:
   RankGroup(RankLayout layout, std::vector<int> local_ranks);

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "pipeflow/model/hardware.h"
@@ -18,9 +20,10 @@ namespace pipeflow::runtime {
 // naming `source`, the key and what nn runs: a GPT with dropout, an MLP
 // other than 4·n_embd, an untied head, an activation_function other than
 // the tanh GELU or a layer_norm_epsilon other than 1e-5; a Llama with
-// attention dropout or a rope_scaling type other than llama3.
+// attention dropout or a rope_scaling type other than llama3. `section`:
+// the config.json section the keys are in ("text_config" of a LLaVA).
 ModelSpec model_spec(const nn::ModelConfig& config, std::string name = "");
-nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source);
+nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source, std::string_view section = "");
 // The small vision-language model nn trains (nn/vision_language_model.h) of
 // a spec with a vision tower, the run configuration's inline
 // {..., vision {...}} or a LLaVA config.json: CLIP's tower (class token,

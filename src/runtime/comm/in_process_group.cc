@@ -301,9 +301,9 @@ class ThreadGroup final : public RankGroup {
                        usable_cores());
   }
 
-  std::string oversubscription(bool emulated) const override {
+  std::string oversubscription(bool emulated, bool can_emulate) const override {
     return oversubscription_note(layout().world_size(), usable_cores(), emulated,
-                                 layout().data_parallel == 1 && layout().tensor == 1);
+                                 can_emulate && layout().data_parallel == 1 && layout().tensor == 1);
   }
 
   // How long a wait for a message spins before it sleeps: spinning pays only

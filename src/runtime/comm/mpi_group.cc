@@ -330,7 +330,7 @@ class ProcessGroup final : public RankGroup {
                        world_->processes_on_host(), world_->host(), std::thread::hardware_concurrency());
   }
 
-  std::string oversubscription(bool /*emulated*/) const override {
+  std::string oversubscription(bool /*emulated*/, bool /*can_emulate*/) const override {
     const int here = world_->processes_on_host();
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     if (here <= cores) return "";

@@ -46,7 +46,7 @@ bool names_tanh_gelu(std::string_view activation) {
 
 }  // namespace
 
-nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source) {
+nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source, std::string_view section) {
   if (spec.vision) {
     fail("{}: model {} is a vision-language model: nn runs it as nn::VlmConfig (runtime_vlm_model), not as a "
          "language model",
@@ -60,10 +60,13 @@ nn::ModelConfig runtime_model(const ModelSpec& spec, const std::string& source) 
   if (spec.architecture == Architecture::kGpt) {
     // Each thing pipeflow's GPT-2 does otherwise, by the config.json key that sets it.
     const auto refuse = [&](std::string_view key_and_value, std::string_view fix) {
-      fail("{}: model {}: {}: pipeflow train runs GPT-2 with a GELU MLP of 4 x n_embd, the LM head tied to wte and no "
-           "dropout; in its config.json, {} (or give the model inline as {{\"n_layer\", \"n_head\", \"n_embd\", "
-           "\"n_ctx\", \"vocab_size\"}})",
-           source, spec.name, key_and_value, fix);
+      fail("{}: model {}: {}{}: pipeflow train runs GPT-2 with a GELU MLP of 4 x n_embd, the LM head tied to wte and "
+           "no dropout; in its config.json{}, {}{}",
+           source, spec.name, section.empty() ? "" : fmt::format("{} ", section), key_and_value,
+           section.empty() ? "" : fmt::format("'s {}", section), fix,
+           section.empty() ? " (or give the model inline as {\"n_layer\", \"n_head\", \"n_embd\", \"n_ctx\", "
+                             "\"vocab_size\"})"
+                           : "");
     };
     if (!spec.tied_embeddings) refuse("tie_word_embeddings = false", "set tie_word_embeddings to true or remove it");
     if (spec.ffn != gpt_ffn(spec.hidden)) {
@@ -142,12 +145,12 @@ nn::VlmConfig runtime_vlm_model(const ModelSpec& spec, const std::string& source
   }
   if (!names_tanh_gelu(v.activation)) {
     refuse(fmt::format("vision_config hidden_act = \"{}\"{}", v.activation,
-                       v.activation == "quick_gelu" ? " (CLIPVisionConfig's default where hidden_act is absent)" : ""),
+                       v.activation == "quick_gelu" ? " (CLIP's activation, and CLIPVisionConfig's default)" : ""),
            "the tower computes GPT-2's tanh GELU; set vision_config's hidden_act to \"gelu_new\"");
   }
   if (!names_tanh_gelu(v.projector_activation)) {
     refuse(fmt::format("projector_hidden_act = \"{}\"{}", v.projector_activation,
-                       v.projector_activation == "gelu" ? " (LlavaConfig's default where it is absent)" : ""),
+                       v.projector_activation == "gelu" ? " (LlavaConfig's default)" : ""),
            "the projector computes GPT-2's tanh GELU; set projector_hidden_act to \"gelu_new\"");
   }
   if (v.layer_norm_eps != kLayerNormEpsilon) {
@@ -176,7 +179,7 @@ nn::VlmConfig runtime_vlm_model(const ModelSpec& spec, const std::string& source
                                   .width = v.hidden,
                                   .heads = v.heads,
                                   .layers = v.layers},
-                       .text = runtime_model(text, source)};
+                       .text = runtime_model(text, source, "text_config")};
   try {
     config.validate();
   } catch (const Error& error) {

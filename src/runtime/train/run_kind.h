@@ -27,6 +27,8 @@ template <>
 class RunKind<nn::Stage> {
  public:
   explicit RunKind(const TrainSettings& settings);
+  // --emulate replays its actions one at a time (a pipeline's, not its replicas').
+  static constexpr bool kEmulates = true;
   const DatasetSource& source() const { return source_; }
   // The engine on settings.partition's cut, its weights from settings.weights
   // when given (refused beside settings.resume); else they stay zero for
@@ -63,6 +65,7 @@ template <>
 class RunKind<nn::VlmStage> {
  public:
   explicit RunKind(const TrainSettings& settings) : settings_(settings), data_(settings.seed) {}
+  static constexpr bool kEmulates = false;
   const nn::ShapeCaptions& source() const { return data_; }
   std::unique_ptr<VlmPipelineEngine> make_engine(RankGroup& group) const;
   std::string announcement(const VlmPipelineEngine& engine) const;

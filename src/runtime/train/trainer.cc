@@ -108,7 +108,9 @@ std::string Run<StageT>::placement() const {
 }
 
 template <class StageT>
-std::string Run<StageT>::oversubscription() const { return group_.oversubscription(settings_.emulate); }
+std::string Run<StageT>::oversubscription() const {
+  return group_.oversubscription(settings_.emulate, RunKind<StageT>::kEmulates);
+}
 
 template <class StageT>
 void Run<StageT>::announce() const {
