@@ -64,14 +64,13 @@ void validate_layout(const Layout& layout) {
   const int d = layout.data_parallel;
   check_device_count(layout.devices, t, p, d);
   if (layout.sequence_parallel) check_sequence_parallel_split(layout.seq_length, t);
-  check_microbatch_shapes(layout.variable_seq_lengths, layout.variable_images, layout.seq_length, layout.model,
-                          std::max(1, layout.global_batch / std::max(1, layout.micro_batch * d)),
-                          layout.sequence_parallel ? t : 1);
   const int per_step = checked_product({layout.micro_batch, d}, "micro-batch × data parallel", "sequences per step");
   if (layout.global_batch % per_step != 0) {
     fail("global batch {} is not a multiple of micro-batch × data parallel = {} × {} = {}: use a global batch of {}",
          layout.global_batch, layout.micro_batch, d, per_step, nearest_multiples(layout.global_batch, per_step));
   }
+  check_microbatch_shapes(layout.variable_seq_lengths, layout.variable_images, layout.seq_length, layout.model,
+                          layout.global_batch / per_step, layout.sequence_parallel ? t : 1);
 }
 
 bool microbatches_differ(const Layout& layout) {
