@@ -212,7 +212,7 @@ std::string RunKind<nn::VlmStage>::weights_note() const {
 
 void RunKind<nn::VlmStage>::write_weights(const std::filesystem::path& path, const nn::VlmStage& model) const {
   nn::SafetensorsWriter writer;
-  for (const nn::ParameterLayout* layout : {&model.layout(), &model.frozen_layout()}) {
+  for (const nn::ParameterLayout* layout : StageTraits<nn::VlmStage>::saved_layouts(model)) {
     for (const nn::ParameterInfo& info : layout->entries()) {
       writer.add(info.name, model.parameter(info.name), info.shape);
     }
