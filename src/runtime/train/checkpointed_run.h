@@ -12,9 +12,8 @@
 
 namespace pipeflow::runtime {
 
-// What a training run does around its steps, the same for either kind of
-// stage (a language model's run in trainer.cc, the vision-language model's
-// in vision_language_run.cc): its folders and run id (RunFolders), the
+// What a training run (trainer.cc's Run<StageT>) does around its steps, the
+// same for either kind of stage: its folders and run id (RunFolders), the
 // checkpoint it resumes from (settings.resume: the newest that loads, with
 // a warning for each newer one that does not), the checkpoints it writes
 // (every save_interval steps, after the last and when stopped; all but the
