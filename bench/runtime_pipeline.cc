@@ -19,6 +19,15 @@
 // layer compute (F/B/I/W) nor the optimizer (hand-offs, bookkeeping,
 // tracing, the norm); on the pipelined run, per rank, the time in the
 // pipeline part that is neither compute nor waiting for a peer.
+//
+// Off core: per step, the compute time the 1-stage run's thread and the
+// pipelined run's worst rank spent off their cores (RankFigures::off_core_s:
+// another process or thread held the core), and the fraction of ideal with
+// that time taken out of both runs' steps -- an estimate of what the step
+// would have been on cores of its own (a rank's lost time delays the step
+// by at most that much). Wake: per step, the pipelined run's worst rank's
+// RankFigures::wake_s, the time its blocked receives went on after the
+// peer's SEND had ended (hand-offs and wake-ups).
 
 #include <algorithm>
 #include <cstdio>
@@ -128,7 +137,7 @@ int main(int argc, char** argv) {
   const auto one = make_engine(o, "1f1b", 1);  // p = 1 1F1B: plain gradient accumulation
   const auto many = make_engine(o, o.schedule, o.stages);
   CostProfile costs(many->num_stages());
-  std::vector<double> single_s, pipelined_s, bubble, single_overhead, pipelined_overhead;
+  std::vector<double> single_s, pipelined_s, bubble, single_overhead, pipelined_overhead, single_off, pipelined_off, wake;
   for (int step = 0; step < o.steps; ++step) {
     const StepResult a = one->step(step, source);
     const StepResult b = many->step(step, source);
@@ -141,13 +150,27 @@ int main(int argc, char** argv) {
     bubble.push_back(fb.bubble);
     single_overhead.push_back(overhead(fa, 1));
     pipelined_overhead.push_back(overhead(fb, o.stages));
+    single_off.push_back(fa.ranks[0].off_core_s);
+    double worst_off = 0;
+    for (const RankFigures& r : fb.ranks) worst_off = std::max(worst_off, r.off_core_s);
+    pipelined_off.push_back(worst_off);
+    double worst_wake = 0;
+    for (const RankFigures& r : fb.ranks) worst_wake = std::max(worst_wake, r.wake_s);
+    wake.push_back(worst_wake);
   }
   const double predicted = predict_step(*many, costs).pipeline_bubble_ratio;
   const double ideal = o.stages * (1 - predicted);
-  std::vector<double> fraction;
-  for (std::size_t i = 0; i < single_s.size(); ++i) fraction.push_back(single_s[i] / pipelined_s[i] / ideal);
+  std::vector<double> fraction, on_core_fraction;
+  for (std::size_t i = 0; i < single_s.size(); ++i) {
+    fraction.push_back(single_s[i] / pipelined_s[i] / ideal);
+    on_core_fraction.push_back((single_s[i] - single_off[i]) / (pipelined_s[i] - pipelined_off[i]) / ideal);
+  }
   std::printf("per step (1-stage / %d-stage, %% of ideal):", o.stages);
   for (const double f : fraction) std::printf(" %.0f", 100 * f);
+  std::printf("\noff core per step, ms (1 stage / %d stages' worst rank):", o.stages);
+  for (std::size_t i = 0; i < single_off.size(); ++i) std::printf(" %.1f/%.1f", 1e3 * single_off[i], 1e3 * pipelined_off[i]);
+  std::printf("\nwake per step, ms (%d stages' worst rank: blocked receives after their SEND ended):", o.stages);
+  for (const double w : wake) std::printf(" %.2f", 1e3 * w);
   std::printf("\n");
   const Spread f = spread(fraction), t1 = spread(single_s), tp = spread(pipelined_s), bb = spread(bubble);
   std::printf("steps 1-%d: 1 stage %.1f / %.1f / %.1f ms, %d stages %.1f / %.1f / %.1f ms (min / median / max)\n",
@@ -155,6 +178,9 @@ int main(int argc, char** argv) {
               1e3 * tp.max);
   std::printf("fraction of ideal %d x (1 - %.1f%%) = %.3f: min %.1f%%, median %.1f%%, max %.1f%%\n", o.stages,
               100 * predicted, ideal, 100 * f.min, 100 * f.median, 100 * f.max);
+  const Spread on = spread(on_core_fraction);
+  std::printf("the same with each step's off-core time taken out (estimate): min %.1f%%, median %.1f%%, max %.1f%%\n",
+              100 * on.min, 100 * on.median, 100 * on.max);
   std::printf("bubble %d stages: measured %.1f / %.1f / %.1f%% (min / median / max), predicted %.1f%%\n", o.stages,
               100 * bb.min, 100 * bb.median, 100 * bb.max, 100 * predicted);
   std::printf("runtime overhead (median): 1 stage %.2f%% of the step, %d stages %.2f%% (worst rank)\n",

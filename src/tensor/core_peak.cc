@@ -5,10 +5,11 @@
 #include "pipeflow/tensor/core_peak.h"
 
 #include <immintrin.h>
-#include <time.h>
 
 #include <algorithm>
 #include <array>
+
+#include "pipeflow/core/cpu_time.h"
 
 namespace pipeflow {
 namespace {
@@ -104,12 +105,6 @@ constexpr std::array<PeakKernel, 3> kKernels = {{
 // clock's resolution, short enough that a best-of catches a call with no
 // interruption.
 constexpr double kFlopsPerCall = 1e8;
-
-double thread_cpu_seconds() {
-  timespec now{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
-}
 
 }  // namespace
 

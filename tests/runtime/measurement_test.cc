@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <functional>
+
 #include "pipeflow/runtime/measurement.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/passes.h"
@@ -12,9 +14,11 @@ namespace {
 Action act(int stage, ActionKind kind, int microbatch) { return {StageId(stage), kind, MicrobatchId(microbatch)}; }
 
 // A step as the engine would record it: every action of the lowered schedule
-// at the times of execute() with F = f(stage), B = 2 f(stage), and a RECV
-// that waited 0.5 s on rank 1.
-StepResult synthetic_step(const Schedule& lowered, double f0, double f1) {
+// at the times of execute() with F = f(stage), B = 2 f(stage), each compute
+// action on its core throughout (CPU time = wall time) unless `off_core`
+// says how long an action's thread was not.
+StepResult synthetic_step(const Schedule& lowered, double f0, double f1,
+                          const std::function<double(const Action&, RankId)>& off_core = nullptr) {
   const ExecutionCosts costs{
       .duration = [&](const Action& a, RankId) {
         const double f = a.stage.value() == 0 ? f0 : f1;
@@ -27,9 +31,16 @@ StepResult synthetic_step(const Schedule& lowered, double f0, double f1) {
   StepResult step;
   step.tokens = 1000;
   for (const auto& rank : execution.ranks) {
+    const RankId r(static_cast<int>(step.ranks.size()));
     RankRecord record;
     for (const TimedAction& t : rank) {
-      record.actions.push_back({t.action, t.start, t.end, t.wait, t.action.kind == ActionKind::kForward ? 100 : 0});
+      const double lost = is_compute(t.action.kind) && off_core ? off_core(t.action, r) : 0;
+      record.actions.push_back({.action = t.action,
+                                .start_s = t.start,
+                                .end_s = t.end,
+                                .wait_s = t.wait,
+                                .cpu_s = is_compute(t.action.kind) ? t.end - t.start - lost : 0,
+                                .held_bytes = t.action.kind == ActionKind::kForward ? 100 : 0});
     }
     record.phases.push_back({FlushPhase::kOptimizer, lowered.stages_of(RankId(static_cast<int>(step.ranks.size())))[0],
                              execution.makespan, execution.makespan + 0.25});
@@ -56,6 +67,38 @@ TEST(Measurement, FiguresOfAStepAddUpAndTheBubbleIsTheClosedForm) {
   }
   // Rank 1 waits only for its first input; the later ones arrive while it computes.
   EXPECT_DOUBLE_EQ(figures.ranks[1].wait_s, 1);
+}
+
+TEST(Measurement, WakeIsTheWaitAfterThePeersSendEnded) {
+  const Schedule lowered = insert_send_recv(make_schedule("1f1b", 2, 4));
+  StepResult step = synthetic_step(lowered, 1, 1);
+  // execute() hands every message over the moment its SEND ends.
+  EXPECT_DOUBLE_EQ(step_figures(step, 2).ranks[1].wake_s, 0);
+  // Rank 1's thread woke 0.25 s after stage 0's SEND_F 0 ended: its RECV_F 0 blocked that much longer.
+  for (ActionTiming& t : step.ranks[1].actions) {
+    if (t.action == act(1, ActionKind::kRecvForward, 0)) {
+      t.wait_s += 0.25;
+      t.end_s += 0.25;
+    }
+  }
+  const StepFigures figures = step_figures(step, 2);
+  EXPECT_DOUBLE_EQ(figures.ranks[1].wake_s, 0.25);
+  EXPECT_DOUBLE_EQ(figures.ranks[1].wait_s, 1.25);
+  EXPECT_DOUBLE_EQ(figures.ranks[0].wake_s, 0);
+}
+
+TEST(Measurement, OffCoreTimeIsComputeWallTimeTheThreadDidNotRun) {
+  // Rank 1's thread loses its core for 0.5 s in each of its 4 B actions,
+  // and rank 0 never does: off-core 2 s on rank 1, 0 on rank 0, and the
+  // compute it is part of unchanged (B still takes 2 on the wall clock).
+  const Schedule lowered = insert_send_recv(make_schedule("1f1b", 2, 4));
+  const StepResult step = synthetic_step(lowered, 1, 1, [](const Action& a, RankId r) {
+    return r.value() == 1 && a.kind == ActionKind::kBackward ? 0.5 : 0.0;
+  });
+  const StepFigures figures = step_figures(step, 2);
+  EXPECT_DOUBLE_EQ(figures.ranks[0].off_core_s, 0);
+  EXPECT_DOUBLE_EQ(figures.ranks[1].off_core_s, 2);
+  EXPECT_DOUBLE_EQ(figures.ranks[1].compute_s, 12);
 }
 
 TEST(Measurement, TheTimelineSplitsWaitsAndAddsTheFlush) {

@@ -75,8 +75,12 @@ TEST(Trainer, TrainsWritesMetricsReportTimelineAndWeights) {
     }
     EXPECT_EQ(json["step"], count);
     EXPECT_EQ(json["peak_activation_bytes"].size(), 2u);
-    for (const char* key : {"busy_s", "busy_predicted_s", "idle_s", "idle_predicted_s", "comm_s"}) {
+    for (const char* key : {"busy_s", "busy_predicted_s", "idle_s", "idle_predicted_s", "comm_s", "off_core_s"}) {
       ASSERT_EQ(json[key].size(), 2u) << key;
+    }
+    for (int r = 0; r < 2; ++r) {  // a part of the rank's compute
+      EXPECT_GE(json["off_core_s"][r].get<double>(), 0) << line;
+      EXPECT_LE(json["off_core_s"][r].get<double>(), json["busy_s"][r].get<double>()) << line;
     }
     // Measured and predicted split the same pipeline time, per rank.
     EXPECT_NEAR(json["busy_predicted_s"][0].get<double>() + json["idle_predicted_s"][0].get<double>(),
@@ -471,7 +475,7 @@ TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
   StepLog log{.step = 35, .loss = 2.314, .lr = 1e-3, .grad_norm = 0.84, .step_time_s = 0.0521,
               .step_time_predicted_s = 0.05, .tokens_per_s = 12345, .tokens_per_s_predicted = 13000,
               .bubble_measured = 0.112, .bubble_predicted = 0.109, .ideal_fraction = 0.931, .busy_s = {}, .busy_predicted_s = {},
-              .idle_s = {}, .idle_predicted_s = {}, .comm_s = {}, .data_parallel_s = {},
+              .idle_s = {}, .idle_predicted_s = {}, .comm_s = {}, .off_core_s = {}, .data_parallel_s = {},
               .data_parallel_early_s = {}, .tensor_parallel_s = {}, .tensor_parallel_predicted_s = {}, .peak_activation_bytes = {},
               .peak_activation_bytes_predicted = {}, .val_loss = {}};
   char buffer[1024] = {};

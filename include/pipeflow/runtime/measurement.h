@@ -29,8 +29,19 @@ Timeline measured_timeline(const StepResult& step, int num_ranks, std::string ti
 // One rank's share of a step. compute + comm + wait + other = pipeline_end_s.
 struct RankFigures {
   double compute_s = 0;       // F, B, I, W
+  // The part of compute_s the rank's thread was off its core: the actions'
+  // wall time less their thread CPU time (ActionTiming::cpu_s), less the
+  // tensor-parallel collectives inside them (which may wait asleep). Time
+  // another process or thread took the core, or page-ins; the pipeline
+  // itself never sleeps inside a compute action.
+  double off_core_s = 0;
   double comm_s = 0;          // SEND and RECV outside their waits (the hand-offs)
   double wait_s = 0;          // blocked in a RECV for the message
+  // The part of wait_s after the peer's SEND of that message had ended: the
+  // hand-off's own latency, mostly a sleeping thread's wake-up (longer when
+  // another process holds the rank's core). A RECV whose SEND is not in the
+  // step's records (another replica's, another process's) adds nothing.
+  double wake_s = 0;
   double other_s = 0;         // the rest: thread start, bookkeeping between actions
   double pipeline_end_s = 0;  // end of the rank's last action
   double flush_s = 0;         // after pipeline_end_s: tied gradients, data parallel, norm, optimizer

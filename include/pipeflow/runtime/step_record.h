@@ -21,6 +21,11 @@ struct ActionTiming {
   // inbox for a step's messages, so a send never waits for room; if one did,
   // its time would count as communication).
   double wait_s = 0;
+  // A compute action's thread CPU time (user + system) from its start to its
+  // end; 0 for SEND and RECV. Its wall time less this is time the rank's
+  // thread was off its core (another process or thread ran there) or
+  // blocked in a tensor-parallel collective (RankFigures::off_core_s).
+  double cpu_s = 0;
   // Activation bytes the action leaves held on its stage for later passes:
   // an F, what its micro-batch keeps until its B or I; an I, what it keeps
   // until its W (measured on the stage's account, without the tensor sent

@@ -107,17 +107,21 @@ struct StepLog {
   double bubble_measured = 0;
   double bubble_predicted = 0;
   // The step's speedup over one core doing the same work, as a fraction of
-  // the ideal p × (1 − bubble_predicted): Σ_r (compute_r + optimizer_r) /
-  // (p · (1 − bubble_predicted) · step_time_s). 1: the pipeline ran as fast
-  // as its schedule allows; the rest is waiting the schedule does not
-  // explain, hand-offs and the flush. The one-core time is the actions as
-  // measured in this run: a load that slows them all is not seen here
-  // (bench/runtime_pipeline.cc measures a separate 1-stage engine).
+  // the ideal p × (1 − bubble_predicted): Σ_r (compute_r − off_core_r +
+  // optimizer_r) / (p · (1 − bubble_predicted) · step_time_s). 1: the
+  // pipeline ran as fast as its schedule allows; the rest is waiting the
+  // schedule does not explain, hand-offs, the flush, and time a rank's
+  // thread lost its core to other work (off_core_s). The one-core time is
+  // the actions' CPU time in this run: a load that slows the core itself is
+  // not seen here (bench/runtime_pipeline.cc measures a separate 1-stage
+  // engine).
   double ideal_fraction = 0;
   // Per rank, in the pipeline part of the step: compute (F/B/I/W), idle
-  // (makespan − compute) and communication (SEND/RECV outside their waits),
-  // measured and predicted (the prediction's hand-offs are free).
-  std::vector<double> busy_s, busy_predicted_s, idle_s, idle_predicted_s, comm_s;
+  // (makespan − compute), communication (SEND/RECV outside their waits) and
+  // the part of compute the rank's thread was off its core
+  // (RankFigures::off_core_s), measured, and predicted where the simulator
+  // prices it (its hand-offs are free, its cores never taken).
+  std::vector<double> busy_s, busy_predicted_s, idle_s, idle_predicted_s, comm_s, off_core_s;
   // Per rank under MPI with d > 1 (else empty): the data-parallel reduction
   // and its part before the rank's last pipeline action ended (RankFigures).
   std::vector<double> data_parallel_s, data_parallel_early_s;

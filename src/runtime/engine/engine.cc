@@ -925,7 +925,7 @@ void BasicPipelineEngine<StageT>::finish_serial(StepResult& result) const {
 namespace {
 
 // A RankRecord as doubles, to gather at world rank 0: the epoch (seconds of
-// rank 0's steady clock), the peak, the counts, then 8 numbers per action, 4
+// rank 0's steady clock), the peak, the counts, then 9 numbers per action, 4
 // per phase and 3 per tensor-parallel collective.
 std::string record_bytes(const RankRecord& record, double epoch_s) {
   std::vector<double> v{epoch_s, static_cast<double>(record.peak_activation_bytes),
@@ -934,7 +934,7 @@ std::string record_bytes(const RankRecord& record, double epoch_s) {
   for (const ActionTiming& t : record.actions) {
     v.insert(v.end(), {static_cast<double>(t.action.stage.value()), static_cast<double>(t.action.kind),
                        static_cast<double>(t.action.microbatch.value()), t.start_s, t.end_s, t.wait_s,
-                       static_cast<double>(t.held_bytes), static_cast<double>(t.working_bytes)});
+                       t.cpu_s, static_cast<double>(t.held_bytes), static_cast<double>(t.working_bytes)});
   }
   for (const PhaseTiming& p : record.phases) {
     v.insert(v.end(), {static_cast<double>(p.phase), static_cast<double>(p.stage.value()), p.start_s, p.end_s});
@@ -955,15 +955,16 @@ RankRecord parse_record(const std::string& bytes, double shift) {
   const auto phases = static_cast<std::size_t>(v.at(3));
   const auto collectives = static_cast<std::size_t>(v.at(4));
   std::size_t i = 5;
-  for (std::size_t a = 0; a < actions; ++a, i += 8) {
+  for (std::size_t a = 0; a < actions; ++a, i += 9) {
     const Action action{StageId(static_cast<int>(v.at(i))), static_cast<ActionKind>(static_cast<int>(v.at(i + 1))),
                         MicrobatchId(static_cast<int>(v.at(i + 2)))};
     record.actions.push_back({.action = action,
                               .start_s = v.at(i + 3) + shift,
                               .end_s = v.at(i + 4) + shift,
                               .wait_s = v.at(i + 5),
-                              .held_bytes = static_cast<std::int64_t>(v.at(i + 6)),
-                              .working_bytes = static_cast<std::int64_t>(v.at(i + 7))});
+                              .cpu_s = v.at(i + 6),
+                              .held_bytes = static_cast<std::int64_t>(v.at(i + 7)),
+                              .working_bytes = static_cast<std::int64_t>(v.at(i + 8))});
   }
   for (std::size_t p = 0; p < phases; ++p, i += 4) {
     record.phases.push_back({.phase = static_cast<FlushPhase>(static_cast<int>(v.at(i))),

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "pipeflow/core/cpu_time.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/units.h"
 #include "pipeflow/runtime/noise_scale.h"
@@ -125,6 +126,8 @@ WorkerOutcome BasicRankWorker<StageT>::run(std::size_t index, bool block) {
   const std::int64_t others = live_bytes() - own;
   st.activation_memory().reset_peak();
   ActionTiming timing{.action = a};
+  const bool compute = is_compute(a.kind);
+  const double cpu_start = compute ? thread_cpu_seconds() : 0;
   const Clock::time_point start = Clock::now();
   Outcome outcome = Outcome::kDone;
   switch (a.kind) {
@@ -156,7 +159,10 @@ WorkerOutcome BasicRankWorker<StageT>::run(std::size_t index, bool block) {
   }
   timing.start_s = seconds_since_epoch(start);
   timing.end_s = seconds_since_epoch(Clock::now());
-  if (is_compute(a.kind)) timing.working_bytes = st.activation_memory().peak_bytes() - own;
+  if (compute) {
+    timing.cpu_s = thread_cpu_seconds() - cpu_start;
+    timing.working_bytes = st.activation_memory().peak_bytes() - own;
+  }
   record_.actions.push_back(timing);
   note_memory(others, st);
   if (index + 1 == actions_->size()) {

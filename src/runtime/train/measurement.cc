@@ -77,15 +77,26 @@ StepFigures step_figures(const StepResult& step, int num_ranks) {
   figures.pipeline_s = pipeline.makespan_s();
   const BubbleStats bubble = bubble_stats(pipeline);
   figures.bubble = bubble.overall;
+  // When each message's SEND ended, under the RECV it feeds.
+  std::unordered_map<Action, double> sent;
+  for (const RankRecord& record : step.ranks) {
+    for (const ActionTiming& t : record.actions) {
+      if (is_send(t.action.kind)) sent[partner(t.action)] = t.end_s;
+    }
+  }
   for (std::size_t r = 0; r < step.ranks.size(); ++r) {
     const RankRecord& record = step.ranks[r];
     RankFigures rank;
     for (const ActionTiming& t : record.actions) {
       if (is_compute(t.action.kind)) {
         rank.compute_s += t.duration_s();
+        rank.off_core_s += t.duration_s() - t.cpu_s;
       } else {
         rank.wait_s += t.wait_s;
         rank.comm_s += t.duration_s() - t.wait_s;
+        if (const auto send = sent.find(t.action); t.wait_s > 0 && send != sent.end()) {
+          rank.wake_s += std::clamp(t.start_s + t.wait_s - send->second, 0.0, t.wait_s);
+        }
       }
       rank.pipeline_end_s = std::max(rank.pipeline_end_s, t.end_s);
     }
@@ -95,6 +106,7 @@ StepFigures step_figures(const StepResult& step, int num_ranks) {
       rank.tensor_parallel_bytes += c.bytes;
       ++rank.tensor_parallel_collectives;
     }
+    rank.off_core_s = std::max(0.0, rank.off_core_s - rank.tensor_parallel_s);
     for (const PhaseTiming& p : record.phases) {
       rank.flush_s += p.end_s - std::max(p.start_s, rank.pipeline_end_s);  // a reduction may start earlier
       if (p.phase == FlushPhase::kOptimizer) rank.optimizer_s += p.end_s - p.start_s;

@@ -139,6 +139,18 @@ std::string comparison_section(const RunRecord& run) {
   out += "\nPredicted peak activations come from the simulator's walk over each rank's actions with the measured "
          "bytes an F (an I) leaves held per micro-batch, plus the most an action of the stage holds while it runs "
          "(its temporaries, a recomputed segment) on top of what the rank holds when it begins.\n";
+  if (!run.settings->emulate) {
+    out += "\nOff core: the part of each rank's compute its thread did not run (another process or thread held the "
+           "core; the prediction assumes none), median per step and the worst step:";
+    for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+      double worst = 0;
+      for (const StepFigures* s : steps) worst = std::max(worst, s->ranks[r].off_core_s);
+      out += fmt::format("{} rank {} {} (worst {})", r == 0 ? "" : ",", r,
+                         format_seconds(median_of(steps, [&](const StepFigures& f) { return f.ranks[r].off_core_s; })),
+                         format_seconds(worst));
+    }
+    out += ".\n";
+  }
   if (run.settings->engine.data_parallel > 1) {
     out += fmt::format(
         "\nData-parallel reduction over the {} replicas (median per step): each stage's gradients reduce-scattered, "

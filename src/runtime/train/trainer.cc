@@ -21,11 +21,12 @@
 namespace pipeflow::runtime {
 namespace {
 
-// StepLog::ideal_fraction: one core would run every rank's compute and
-// optimizer one after the other; p cores at best p × (1 − bubble) as fast.
+// StepLog::ideal_fraction: one core would run every rank's compute (the
+// part on its core) and optimizer one after the other; p cores at best
+// p × (1 − bubble) as fast.
 double ideal_fraction(const StepFigures& figures, double bubble_predicted) {
   double one_core_s = 0;
-  for (const RankFigures& rank : figures.ranks) one_core_s += rank.compute_s + rank.optimizer_s;
+  for (const RankFigures& rank : figures.ranks) one_core_s += rank.compute_s - rank.off_core_s + rank.optimizer_s;
   const double ideal_speedup = static_cast<double>(figures.ranks.size()) * (1 - bubble_predicted);
   return one_core_s / (ideal_speedup * figures.wall_s);
 }
@@ -165,6 +166,7 @@ StepLog Run<StageT>::train_step(std::int64_t step) {
               .idle_s = {},
               .idle_predicted_s = {},
               .comm_s = {},
+              .off_core_s = {},
               .data_parallel_s = {},
               .data_parallel_early_s = {},
               .tensor_parallel_s = {},
@@ -180,6 +182,7 @@ StepLog Run<StageT>::train_step(std::int64_t step) {
     log.busy_s.push_back(rank.compute_s);
     log.idle_s.push_back(figures.pipeline_s - rank.compute_s);
     log.comm_s.push_back(rank.comm_s);
+    log.off_core_s.push_back(rank.off_core_s);
     if (settings_.engine.data_parallel > 1) {
       log.data_parallel_s.push_back(rank.data_parallel_s);
       log.data_parallel_early_s.push_back(rank.data_parallel_early_s);
