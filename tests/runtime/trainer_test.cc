@@ -75,12 +75,14 @@ TEST(Trainer, TrainsWritesMetricsReportTimelineAndWeights) {
     }
     EXPECT_EQ(json["step"], count);
     EXPECT_EQ(json["peak_activation_bytes"].size(), 2u);
-    for (const char* key : {"busy_s", "busy_predicted_s", "idle_s", "idle_predicted_s", "comm_s", "off_core_s"}) {
+    for (const char* key : {"busy_s", "busy_predicted_s", "idle_s", "idle_predicted_s", "comm_s", "off_core_s", "wake_s"}) {
       ASSERT_EQ(json[key].size(), 2u) << key;
     }
     for (int r = 0; r < 2; ++r) {  // a part of the rank's compute
       EXPECT_GE(json["off_core_s"][r].get<double>(), 0) << line;
       EXPECT_LE(json["off_core_s"][r].get<double>(), json["busy_s"][r].get<double>()) << line;
+      EXPECT_GE(json["wake_s"][r].get<double>(), 0) << line;  // a part of the rank's idle time
+      EXPECT_LE(json["wake_s"][r].get<double>(), json["idle_s"][r].get<double>()) << line;
     }
     // Measured and predicted split the same pipeline time, per rank.
     EXPECT_NEAR(json["busy_predicted_s"][0].get<double>() + json["idle_predicted_s"][0].get<double>(),
@@ -90,8 +92,8 @@ TEST(Trainer, TrainsWritesMetricsReportTimelineAndWeights) {
   }
   EXPECT_EQ(count, 12);
   const std::string report = read_file(settings.out_dir / "report.md");
-  for (const char* part : {"# Training report", "## Partition", "## Measured vs predicted", "| bubble |", "## Loss",
-                           "## Sample"}) {
+  for (const char* part : {"# Training report", "## Partition", "## Measured vs predicted", "| bubble |",
+                           "Off core, the part of each rank's compute", "## Loss", "## Sample"}) {
     EXPECT_NE(report.find(part), std::string::npos) << part;
   }
   EXPECT_NE(read_file(settings.out_dir / "timeline.svg").find("<svg"), std::string::npos);
@@ -475,7 +477,7 @@ TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {
   StepLog log{.step = 35, .loss = 2.314, .lr = 1e-3, .grad_norm = 0.84, .step_time_s = 0.0521,
               .step_time_predicted_s = 0.05, .tokens_per_s = 12345, .tokens_per_s_predicted = 13000,
               .bubble_measured = 0.112, .bubble_predicted = 0.109, .ideal_fraction = 0.931, .busy_s = {}, .busy_predicted_s = {},
-              .idle_s = {}, .idle_predicted_s = {}, .comm_s = {}, .off_core_s = {}, .data_parallel_s = {},
+              .idle_s = {}, .idle_predicted_s = {}, .comm_s = {}, .off_core_s = {}, .wake_s = {}, .data_parallel_s = {},
               .data_parallel_early_s = {}, .tensor_parallel_s = {}, .tensor_parallel_predicted_s = {}, .peak_activation_bytes = {},
               .peak_activation_bytes_predicted = {}, .val_loss = {}};
   char buffer[1024] = {};

@@ -119,9 +119,10 @@ struct StepLog {
   // Per rank, in the pipeline part of the step: compute (F/B/I/W), idle
   // (makespan − compute), communication (SEND/RECV outside their waits) and
   // the part of compute the rank's thread was off its core
-  // (RankFigures::off_core_s), measured, and predicted where the simulator
-  // prices it (its hand-offs are free, its cores never taken).
-  std::vector<double> busy_s, busy_predicted_s, idle_s, idle_predicted_s, comm_s, off_core_s;
+  // (RankFigures::off_core_s) and of its blocked receives after the peer's
+  // send had ended (RankFigures::wake_s), measured, and predicted where the
+  // simulator prices it (its hand-offs are free, its cores never taken).
+  std::vector<double> busy_s, busy_predicted_s, idle_s, idle_predicted_s, comm_s, off_core_s, wake_s;
   // Per rank under MPI with d > 1 (else empty): the data-parallel reduction
   // and its part before the rank's last pipeline action ended (RankFigures).
   std::vector<double> data_parallel_s, data_parallel_early_s;

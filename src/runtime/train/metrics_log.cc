@@ -25,6 +25,7 @@ void add_trace_figures(const StepLog& log, nlohmann::ordered_json& json) {
   json["idle_predicted_s"] = log.idle_predicted_s;
   json["comm_s"] = log.comm_s;
   json["off_core_s"] = log.off_core_s;
+  json["wake_s"] = log.wake_s;
   if (!log.data_parallel_s.empty()) {
     json["data_parallel_s"] = log.data_parallel_s;
     json["data_parallel_early_s"] = log.data_parallel_early_s;

@@ -140,16 +140,24 @@ std::string comparison_section(const RunRecord& run) {
          "bytes an F (an I) leaves held per micro-batch, plus the most an action of the stage holds while it runs "
          "(its temporaries, a recomputed segment) on top of what the rank holds when it begins.\n";
   if (!run.settings->emulate) {
-    out += "\nOff core: the part of each rank's compute its thread did not run (another process or thread held the "
-           "core; the prediction assumes none), median per step and the worst step:";
-    for (std::size_t r = 0; r < p.ranks.size(); ++r) {
-      double worst = 0;
-      for (const StepFigures* s : steps) worst = std::max(worst, s->ranks[r].off_core_s);
-      out += fmt::format("{} rank {} {} (worst {})", r == 0 ? "" : ",", r,
-                         format_seconds(median_of(steps, [&](const StepFigures& f) { return f.ranks[r].off_core_s; })),
-                         format_seconds(worst));
-    }
-    out += ".\n";
+    // Time the prediction does not have, per rank: median per step and the worst step.
+    const auto per_rank = [&](double RankFigures::*figure) {
+      std::string line;
+      for (std::size_t r = 0; r < p.ranks.size(); ++r) {
+        double worst = 0;
+        for (const StepFigures* s : steps) worst = std::max(worst, s->ranks[r].*figure);
+        line += fmt::format("{} rank {} {} (worst {})", r == 0 ? "" : ",", r,
+                            format_seconds(median_of(steps, [&](const StepFigures& f) { return f.ranks[r].*figure; })),
+                            format_seconds(worst));
+      }
+      return line;
+    };
+    out += fmt::format(
+        "\nWhere steps lose time the prediction does not have, median per step and the worst step. Off core, the "
+        "part of each rank's compute its thread did not run (another process or thread held the core):{}. Wake, the "
+        "part of each rank's blocked receives after the peer's send had ended (the hand-off and the waiting "
+        "thread's wake-up):{}.\n",
+        per_rank(&RankFigures::off_core_s), per_rank(&RankFigures::wake_s));
   }
   if (run.settings->engine.data_parallel > 1) {
     out += fmt::format(

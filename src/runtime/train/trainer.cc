@@ -167,6 +167,7 @@ StepLog Run<StageT>::train_step(std::int64_t step) {
               .idle_predicted_s = {},
               .comm_s = {},
               .off_core_s = {},
+              .wake_s = {},
               .data_parallel_s = {},
               .data_parallel_early_s = {},
               .tensor_parallel_s = {},
@@ -183,6 +184,7 @@ StepLog Run<StageT>::train_step(std::int64_t step) {
     log.idle_s.push_back(figures.pipeline_s - rank.compute_s);
     log.comm_s.push_back(rank.comm_s);
     log.off_core_s.push_back(rank.off_core_s);
+    log.wake_s.push_back(rank.wake_s);
     if (settings_.engine.data_parallel > 1) {
       log.data_parallel_s.push_back(rank.data_parallel_s);
       log.data_parallel_early_s.push_back(rank.data_parallel_early_s);
