@@ -7,7 +7,13 @@
 //    unpipelined; printed as minimum / median / maximum. The greedy tokens of
 //    both runs are compared every round (a fast wrong answer shows). Beside
 //    it, the process CPU time of the two runs: the work each did, which the
-//    load of other processes does not change (waits that spin count).
+//    load of other processes does not change (waits that spin count). And
+//    the ratio two free cores would give with hand-offs that cost nothing:
+//    the unpipelined stage's decode CPU time over the busiest pipelined
+//    stage's (each stage thread's CPU time in its decode forwards and
+//    sampling, InferenceResult's decode_cpu_s), with each stage's CPU time
+//    per token step. The decode alone's wall ratio below it is what waits,
+//    hand-offs and a core shared with other work take.
 // 2. Cached decode against recomputing the whole prefix: the time of one new
 //    token at prefix lengths 32, 128 and the full context, with the KV cache
 //    (Stage::forward_cached of one row) and without (Stage::logits of the
@@ -93,6 +99,9 @@ void pipelined_decode(const Options& o) {
   std::printf("decode: GPT-2 %d layers, width %d, %d heads; %d sequences, prompts of %d tokens, %d new tokens each\n",
               o.model.n_layer, o.model.n_embd, o.model.n_head, o.sequences, o.prompt, o.new_tokens);
   std::vector<double> ratios, base_rates, pipe_rates, busy, cpu_ratios, decode_ratios, base_decode, pipe_decode;
+  std::vector<double> free_core_ratios, base_step_cpu;
+  std::vector<std::vector<double>> stage_step_cpu(static_cast<std::size_t>(o.stages));
+  const double steps = static_cast<double>(o.new_tokens - 1);  // decode steps after the first token
   int wrong = 0;
   for (int round = 0; round < o.rounds; ++round) {
     const std::clock_t base_from = std::clock();
@@ -108,6 +117,13 @@ void pipelined_decode(const Options& o) {
     pipe_decode.push_back(pipe.decode_tokens_per_s());
     decode_ratios.push_back(pipe.decode_tokens_per_s() / base.decode_tokens_per_s());
     for (const auto& stage : pipe.stages) busy.push_back(stage.busy_share);
+    double busiest = 0;
+    for (std::size_t r = 0; r < pipe.stages.size(); ++r) {
+      busiest = std::max(busiest, pipe.stages[r].decode_cpu_s);
+      stage_step_cpu[r].push_back(pipe.stages[r].decode_cpu_s / steps);
+    }
+    base_step_cpu.push_back(base.stages.front().decode_cpu_s / steps);
+    free_core_ratios.push_back(base.stages.front().decode_cpu_s / busiest);
   }
   std::vector<double> sorted = ratios;
   std::sort(sorted.begin(), sorted.end());
@@ -125,6 +141,13 @@ void pipelined_decode(const Options& o) {
               sorted_decode.back());
   std::printf("  process CPU time pipelined / unpipelined (the work, whatever the load): median %.2fx\n",
               median(cpu_ratios));
+  std::vector<double> sorted_free = free_core_ratios;
+  std::sort(sorted_free.begin(), sorted_free.end());
+  std::printf("  decode CPU time per token step: 1 stage %.2f ms; pipelined stages", 1e3 * median(base_step_cpu));
+  for (const auto& stage : stage_step_cpu) std::printf(" %.2f", 1e3 * median(stage));
+  std::printf(" ms; on free cores with free hand-offs pipelined / unpipelined would be: min %.2fx, median %.2fx, "
+              "max %.2fx\n",
+              sorted_free.front(), median(free_core_ratios), sorted_free.back());
 }
 
 void cached_against_recomputed(const Options& o) {

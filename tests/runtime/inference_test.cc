@@ -121,8 +121,11 @@ void expect_kv_cache_is_the_formula(const nn::ModelConfig& m) {
     EXPECT_EQ(stage.kv_cache_bytes, kv_cache_bytes(blocks, m.kv_heads(), m.head_size(), 4, m.context,
                                                    static_cast<std::int64_t>(kPrompts.size())));
     EXPECT_GT(stage.busy_s, 0);
+    EXPECT_GT(stage.decode_cpu_s, 0);  // the second token's forward
     total += stage.kv_cache_bytes;
   }
+  // With one new token there is no decode step: the prefill's CPU time is not counted in it.
+  for (const StageInference& stage : run(pipeline, 2, {.new_tokens = 1}).stages) EXPECT_EQ(stage.decode_cpu_s, 0);
   // The cost model's cache per stage (simulate --inference) is what the stages allocate.
   InferenceSetup setup;
   setup.model = model_spec(m);

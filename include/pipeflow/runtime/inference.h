@@ -69,6 +69,10 @@ struct StageInference {
   nn::LayerRange layers;
   double busy_s = 0;               // in its forwards and sampling
   double busy_share = 0;           // busy_s / the whole generation
+  // Its thread's CPU time in the decode's forwards and sampling (after the
+  // prefill): the work, which neither its waits nor other processes taking
+  // its core add to.
+  double decode_cpu_s = 0;
   std::int64_t kv_cache_bytes = 0; // allocated, as its memory account counts them
 };
 
@@ -79,7 +83,7 @@ struct InferenceResult {
   double time_to_first_token_s = 0;
   double prefill_s = 0;              // every pass's prefill, summed
   int passes = 1;                    // InferenceOptions::max_pass_bytes
-  // Per stage: busy_s summed over the passes, kv_cache_bytes the largest pass's.
+  // Per stage: busy_s and decode_cpu_s summed over the passes, kv_cache_bytes the largest pass's.
   std::vector<StageInference> stages;
 
   std::int64_t new_tokens() const;

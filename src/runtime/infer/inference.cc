@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 
+#include "pipeflow/core/cpu_time.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/model/model_states.h"
@@ -73,7 +74,8 @@ class Decode {
         prefill_(make_schedule("inference", p_, units_)),
         round_(make_schedule("inference", p_, m_)),
         timeout_(std::chrono::duration_cast<Clock::duration>(options.timeout)),
-        busy_(stages.size(), 0.0) {
+        busy_(stages.size(), 0.0),
+        decode_cpu_(stages.size(), 0.0) {
     const int sequences = static_cast<int>(prompts.size());
     last_chunk_.resize(static_cast<std::size_t>(m_));
     for (int u = 0; u < units_; ++u) last_chunk_[static_cast<std::size_t>(chunks_[static_cast<std::size_t>(u)].group)] = u;
@@ -133,14 +135,17 @@ class Decode {
     if (!receive_input(r, step, index, g, rows, input)) return false;
     const auto i = static_cast<std::size_t>(r);
     const Clock::time_point busy_from = Clock::now();
+    const double cpu_from = step > 0 ? thread_cpu_seconds() : 0;
     Tensor out = stages_[i]->forward_cached(*caches_[i], rows, std::move(input));
     if (r + 1 < p_) {
+      if (step > 0) decode_cpu_[i] += thread_cpu_seconds() - cpu_from;
       busy_[i] += seconds_since(busy_from);
       const MessageKey to = key(r, r + 1, step, index);
       return wait(r, transport_->send(to, std::move(out), deadline()), to);
     }
     const bool group_done = step > 0 || index == last_chunk_[static_cast<std::size_t>(g)];
     sample(step, g, rows, out);
+    if (step > 0) decode_cpu_[i] += thread_cpu_seconds() - cpu_from;
     busy_[i] += seconds_since(busy_from);
     if (!group_done) return true;
     Tensor tokens = std::move(group_tokens_);
@@ -194,25 +199,28 @@ class Decode {
   }
 
   // Rank r's figures, to gather over the pipeline: its busy time, its
-  // cache's bytes, the time to the first tokens (the last rank's) and its
-  // seconds.
-  std::array<double, 4> figures(int r, double seconds) const {
+  // cache's bytes, the time to the first tokens (the last rank's), its
+  // seconds and its decode's CPU time.
+  static constexpr std::size_t kFigures = 5;
+  std::array<double, kFigures> figures(int r, double seconds) const {
     const auto i = static_cast<std::size_t>(r);
     const double kv_bytes = caches_[i] ? static_cast<double>(caches_[i]->memory().live_bytes()) : 0.0;
-    return {busy_[i], kv_bytes, r == p_ - 1 ? result_.time_to_first_token_s : 0.0, seconds};
+    return {busy_[i], kv_bytes, r == p_ - 1 ? result_.time_to_first_token_s : 0.0, seconds, decode_cpu_[i]};
   }
 
   // From every rank's figures, rank by rank.
   InferenceResult result(const std::vector<int>& boundaries, const std::vector<double>& all) {
     const auto p = static_cast<std::size_t>(p_);
-    for (std::size_t i = 0; i < p; ++i) result_.seconds = std::max(result_.seconds, all[4 * i + 3]);
-    result_.time_to_first_token_s = all[4 * (p - 1) + 2];  // the last stage samples the first tokens
+    const auto at = [&](std::size_t rank, std::size_t figure) { return all[kFigures * rank + figure]; };
+    for (std::size_t i = 0; i < p; ++i) result_.seconds = std::max(result_.seconds, at(i, 3));
+    result_.time_to_first_token_s = at(p - 1, 2);  // the last stage samples the first tokens
     result_.prefill_s = result_.time_to_first_token_s;
     for (std::size_t i = 0; i < p; ++i) {
       result_.stages.push_back({.layers = {boundaries[i], boundaries[i + 1]},
-                                .busy_s = all[4 * i],
-                                .busy_share = result_.seconds > 0 ? all[4 * i] / result_.seconds : 0,
-                                .kv_cache_bytes = static_cast<std::int64_t>(all[4 * i + 1])});
+                                .busy_s = at(i, 0),
+                                .busy_share = result_.seconds > 0 ? at(i, 0) / result_.seconds : 0,
+                                .decode_cpu_s = at(i, 4),
+                                .kv_cache_bytes = static_cast<std::int64_t>(at(i, 1))});
     }
     return std::move(result_);
   }
@@ -342,6 +350,7 @@ class Decode {
   std::vector<std::unique_ptr<nn::KvCache>> caches_;  // null for another process's stage
   std::unique_ptr<Transport> transport_;
   std::vector<double> busy_;
+  std::vector<double> decode_cpu_;  // per stage: its thread's CPU seconds in the decode's forwards and sampling
   std::vector<nn::Rng> rngs_;  // per sequence, used by the last rank only
   InferenceResult result_;
 };
@@ -495,6 +504,7 @@ InferenceResult InferencePipeline::generate(const std::vector<std::vector<std::i
     all.prefill_s += done.prefill_s;
     for (std::size_t i = 0; i < all.stages.size(); ++i) {
       all.stages[i].busy_s += done.stages[i].busy_s;
+      all.stages[i].decode_cpu_s += done.stages[i].decode_cpu_s;
       all.stages[i].kv_cache_bytes = std::max(all.stages[i].kv_cache_bytes, done.stages[i].kv_cache_bytes);
     }
   }
