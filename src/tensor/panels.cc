@@ -40,10 +40,11 @@ constexpr int kRowBlock = kVectorBytes == 64 ? 8 : 4;
 
 // How far ahead of the panel row being multiplied the stream is fetched
 // (software prefetch): 4 KiB, about what a core's memory latency (~100 ns)
-// covers at the ~30 GB/s one core reads. At 8 rows (AVX-512) a panel row's
-// 16 vector FMAs take about as long as its 128 bytes take to arrive, and the
-// hardware prefetcher alone left the product waiting on memory: 50 MB of
-// weights at 8 rows took 2.60 ms, 1.51 ms with this (docs/PERFORMANCE.md,
+// covers at the ~33 GB/s one core reads. At 8 rows (AVX-512) a panel row's
+// 16 vector FMAs take 8 cycles at two a cycle, less than its 128 bytes take
+// to arrive: the product is bound by how full the core keeps its stream of
+// loads, and the hardware prefetcher alone left it waiting on memory: 50 MB
+// of weights at 8 rows took 2.60 ms, 1.51 ms with this (docs/PERFORMANCE.md,
 // Inference). Past a panel's end it reaches into the next panel, which
 // follows in memory.
 constexpr long kPrefetchBytes = 4096;
