@@ -420,6 +420,12 @@ void read_simulation_keys(const Config& config, RunConfig& run) {
   } else {
     config.fail_value("comm_mode", "must be \"overlapped\" or \"blocking\"");
   }
+  run.block_launch_overhead_s = config.get("block_launch_overhead_s", 0.0);
+  if (!(run.block_launch_overhead_s >= 0) || !std::isfinite(run.block_launch_overhead_s)) {
+    config.fail_value("block_launch_overhead_s",
+                      "must be a finite number of seconds >= 0: the host time a block's forward pass adds under "
+                      "synchronous kernel launches (CUDA_LAUNCH_BLOCKING=1), 0 when launches run ahead");
+  }
   run.training = read_training(config);
 }
 
@@ -926,6 +932,7 @@ std::string run_config_to_json(const RunConfig& run) {
   }
   json["variable_images"] = run.variable_images;
   json["comm_mode"] = run.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped";
+  json["block_launch_overhead_s"] = run.block_launch_overhead_s;
   json["freeze"] = run.training.freeze;
   if (const std::optional<LoraSpec>& lora = run.training.lora) {
     json["lora"] = {{"r", lora->rank}, {"alpha", lora->alpha}, {"target", lora->targets}, {"train", lora->train}};

@@ -90,12 +90,16 @@ StageCosts price_stage(const Layout& layout, const std::vector<PipelineLayer>& l
     // LoRA's adapters: thin GEMMs at the achieved rate, as much in I and W
     // as in the forward (and again in a full recompute).
     const double adapter_s = compute_seconds(layer.adapter_flops, hw);
-    stage.forward_s += priced->compute.forward_s + priced->tensor.forward_s + adapter_s;
+    // Synchronous launches: the host's time per block pass (layout.h).
+    const double launch_s = is_block(layer.kind) ? layout.block_launch_overhead_s : 0;
+    const bool full = config.recompute == Recompute::kFull;
+    stage.forward_s += priced->compute.forward_s + priced->tensor.forward_s + adapter_s + launch_s;
     // A frozen layer has no W for its base weights; a frozen prefix no backward.
     if (!layer.backward) continue;
-    stage.backward_input_s += priced->compute.backward_input_s + priced->tensor.backward_input_s + adapter_s;
-    recompute_s += priced->compute.recompute_s + (config.recompute == Recompute::kFull ? adapter_s : 0);
-    stage.backward_weight_s += (layer.frozen ? 0 : priced->compute.backward_weight_s) + adapter_s;
+    stage.backward_input_s +=
+        priced->compute.backward_input_s + priced->tensor.backward_input_s + adapter_s + launch_s;
+    recompute_s += priced->compute.recompute_s + (full ? adapter_s + launch_s : 0);
+    stage.backward_weight_s += (layer.frozen ? 0 : priced->compute.backward_weight_s + launch_s) + adapter_s;
     if (!layer.frozen) stage.weight_gradient_bytes += priced->weight_gradient_bytes;
   }
   stage.backward_input_s += recompute_s;

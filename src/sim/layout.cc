@@ -41,6 +41,7 @@ Layout layout_of(const ResolvedRun& run) {
   layout.partition = keys.pipeline.partition_method;
   layout.zero = keys.zero;
   layout.comm_mode = keys.comm_mode;
+  layout.block_launch_overhead_s = keys.block_launch_overhead_s;
   layout.rank_order = keys.rank_order;
   layout.precision = keys.precision;
   layout.gradient_precision = keys.communication_data_type.value_or(keys.precision);

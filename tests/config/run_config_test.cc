@@ -314,6 +314,10 @@ TEST(RunConfig, BadValuesNameThePathTheValueTheRuleAndTheFix) {
             "blocks: drop recompute or set it to \"full\"");
   EXPECT_EQ(parse_error(R"({"comm_mode": "eager"})"),
             "run.json: comm_mode = \"eager\": must be \"overlapped\" or \"blocking\"");
+  EXPECT_EQ(parse_error(R"({"block_launch_overhead_s": -0.004})"),
+            "run.json: block_launch_overhead_s = -0.004: must be a finite number of seconds >= 0: the host time a "
+            "block's forward pass adds under synchronous kernel launches (CUDA_LAUNCH_BLOCKING=1), 0 when launches "
+            "run ahead");
   EXPECT_EQ(parse_error(R"({"zero_optimization": {"stage": 4}})"),
             "run.json: zero_optimization.stage = 4: must be 0, 1, 2 or 3");
   EXPECT_EQ(parse_error(R"({"zero_optimization": {"stage": 1, "reduce_bucket_size": 0}})"),

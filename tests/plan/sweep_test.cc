@@ -147,7 +147,8 @@ TEST(Sweep, RejectsAnUnknownKeyAndABadValue) {
   EXPECT_EQ(error_of([] { parse_sweep_axis("1,2"); }),
             "--vary \"1,2\": give KEY=V1,V2,... with KEY one of microbatches, global-batch, micro-batch, zero, fp16, "
             "bf16, stages, partition, schedule, virtual, model, hardware, tensor-parallel, data-parallel, "
-            "sequence-parallel, recompute, seq-length, comm or a key path of the run configuration (pipeline.stages, "
+            "sequence-parallel, recompute, seq-length, comm, block-launch-overhead or a key path of the run "
+            "configuration (pipeline.stages, "
             "optimizer.params.lr, ...)");
   EXPECT_EQ(error_of([] { parse_sweep_axis("stages=2,,4"); }),
             "--vary \"stages=2,,4\": an empty value; separate values by single commas");
@@ -254,7 +255,8 @@ TEST(Sweep, AnUnknownKeyIsAnErrorNamingItAndListingTheValidOnes) {
   const std::string error = error_of([] { sweep_of({parse_sweep_axis("pipeline.speed=1,2")}); });
   EXPECT_EQ(error.rfind("--vary \"pipeline.speed\": neither an option (microbatches, global-batch, "
                         "micro-batch, zero, fp16, bf16, stages, partition, schedule, virtual, model, hardware, tensor-parallel, "
-                        "data-parallel, sequence-parallel, recompute, seq-length, comm) nor a key path of run.json (",
+                        "data-parallel, sequence-parallel, recompute, seq-length, comm, block-launch-overhead) nor a key "
+                        "path of run.json (",
                         0),
             0u)
       << error;
@@ -357,7 +359,7 @@ TEST(Sweep, EveryKeyTheTableLetsVaryIsAnOptionThatSetsTheKey) {
       EXPECT_EQ(*seen.find(example.path), example.value);
     }
   }
-  EXPECT_EQ(varied, 17);  // and microbatches, derived
+  EXPECT_EQ(varied, 18);  // and microbatches, derived
 }
 
 }  // namespace

@@ -196,6 +196,29 @@ TEST(CostModel, BlockDurationsFollowTheGemmCurveMemoryBoundKernelsAndTensorParal
 
 // The curve: thin GEMMs run far below the plateau, wide ones approach it;
 // matmul_half_size 0 is flat.
+// block_launch_overhead_s c: a block's F gains c, its I c (2c with full
+// recomputation: the rebuilt forward's launches too), its W c; the
+// embedding and the head gain nothing. Stage 3 holds blocks 2..95 (94) and the head.
+TEST(CostModel, SynchronousLaunchesAddTheHostTimeToEveryBlockPass) {
+  for (const Recompute recompute : {Recompute::kNone, Recompute::kFull}) {
+    Layout layout = single_block_stages(8, false, recompute);
+    const LayoutCosts base = costs_of(layout);
+    layout.block_launch_overhead_s = 0.004;
+    const LayoutCosts slow = costs_of(layout);
+    const double rebuilt = recompute == Recompute::kFull ? 0.004 : 0;
+    const StageCosts& embedding = slow.costs.stages[0];
+    EXPECT_DOUBLE_EQ(embedding.forward_s, base.costs.stages[0].forward_s);
+    EXPECT_DOUBLE_EQ(embedding.backward_s, base.costs.stages[0].backward_s);
+    const StageCosts& block = block_stage(slow);
+    EXPECT_NEAR(block.forward_s - block_stage(base).forward_s, 0.004, 1e-12);
+    EXPECT_NEAR(block.backward_input_s - block_stage(base).backward_input_s, 0.004 + rebuilt, 1e-12);
+    EXPECT_NEAR(block.backward_weight_s - block_stage(base).backward_weight_s, 0.004, 1e-12);
+    EXPECT_NEAR(block.backward_s - block_stage(base).backward_s, 0.008 + rebuilt, 1e-12);
+    EXPECT_NEAR(slow.costs.stages[3].forward_s - base.costs.stages[3].forward_s, 94 * 0.004, 1e-9);
+    EXPECT_NEAR(slow.costs.stages[3].backward_s - base.costs.stages[3].backward_s, 94 * (0.008 + rebuilt), 1e-9);
+  }
+}
+
 TEST(CostModel, MatmulEfficiencyRisesWithTheGemmsSize) {
   HardwareProfile a100 = hardware_preset("a100-80g");
   EXPECT_DOUBLE_EQ(matmul_efficiency(a100, 60 * 3, 60 * 3, 60 * 3), 0.745 / 2);

@@ -100,6 +100,7 @@ inline std::vector<RunKeyExample> run_key_examples() {
        {{"model", std::string(PIPEFLOW_SOURCE_DIR) + "/examples/cases/2-multimodal/llava-1.5-7b.json"},
         {"seq_length", 2048}}},
       {"comm_mode", "blocking"},
+      {"block_launch_overhead_s", 0.004},
       {"freeze", json::array({"embedding"})},
       {"lora", {{"r", 8}, {"alpha", 16.0}, {"target", {"c_attn"}}, {"train", {"head"}}}},
   };

@@ -108,6 +108,9 @@ namespace pipeflow {
 //   variable_images []    images per sequence of each micro-batch, repeated
 //                         the same way (a vision-language model; each >= 1)
 //   comm_mode "overlapped" | "blocking"
+//   block_launch_overhead_s 0  host seconds a transformer block's forward
+//                         pass adds when kernel launches are synchronous
+//                         (CUDA_LAUNCH_BLOCKING=1; sim/layout.h)
 // and what trains (model/training.h; simulate and plan price it, train
 // runs what its vision-language model can and refuses it for a language
 // model, runtime/run_settings.h):
@@ -282,6 +285,7 @@ struct RunConfig {
   std::optional<LengthDistribution> seq_length_distribution;  // instead of the list
   std::vector<int> variable_images;       // empty: the model's images per sequence
   CommMode comm_mode = CommMode::kOverlapped;
+  double block_launch_overhead_s = 0;  // sim/layout.h
   TrainingSpec training;               // freeze, lora
 
   // Keys accepted but overridden, one line each, for the command to print:
