@@ -1,17 +1,19 @@
-// The cost model against published training runs, five tables of measured
+// The cost model against published training runs, six tables of measured
 // large runs on A100 80GB and H100 (docs/VALIDATION.md lists each row's
 // source and the layout details assumed where a source is silent):
 //   Narayanan et al. 2021 Table 1    hardware TFLOP/s per GPU (recomputation counted, their eq. 3)
 //   Korthikanti et al. 2022 Table 5  seconds per iteration, full and selective + SP recomputation
 //   Smith et al. 2022 §2.4           MT-NLG 530B, seconds per iteration on 280, 350, 420 DGX A100
 //   BigScience 2022                  BLOOM 176B, hardware TFLOP/s per GPU on 384 A100 80GB
+//   BigScience 2022 prequel          its layout search on the same 384 GPUs, seconds per iteration
 //   Dubey et al. 2024 Table 4        Llama 3 405B, model TFLOP/s per GPU (BF16 MFU × 989) on H100
 // Two tests, both printing the table docs/VALIDATION.md holds; regenerate with
 //   build/release/sim_tests --gtest_filter='Validation.*'
 // Validation.PresetsAgainstPublishedRuns: the hardware presets as shipped
-//   (a100's curve fitted on two rows, marked "fitted").
-// Validation.LeaveOneTableOut: for each table, the GEMM curve calibrated on
-//   the other four tables alone, then that table predicted.
+//   (a100's curve fitted on two rows, marked "fitted"), the BigScience runs'
+//   launch overhead fitted on the prequel's rows.
+// Validation.LeaveOneTableOut: for each table, the GEMM curve and the launch
+//   overhead calibrated on the other five tables alone, then that table predicted.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,7 +21,6 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -59,6 +60,9 @@ struct PublishedRun {
   bool fitted;      // one of the two rows a100's preset curve was fitted to
   double pinned;    // the prediction with the presets, to 0.1%
   double held_out;  // the prediction calibrated on the other tables only, to 0.1%
+  // Kernel launches synchronous (CUDA_LAUNCH_BLOCKING=1): priced with the
+  // calibrated block_launch_overhead_s.
+  bool launch_blocking = false;
 };
 
 // Megatron-LM's GPT (Narayanan, Korthikanti, MT-NLG): GPT-2's vocabulary
@@ -69,12 +73,13 @@ ModelSpec megatron_gpt(const char* name, int layers, int hidden, int heads) {
   return model;
 }
 
-// BLOOM 176B (tr11-176B-ml.slurm): 70 layers, width 14336, 112 heads, the
-// vocabulary padded to 250,880, dropout at Megatron-DeepSpeed's default (no
-// flag sets it). ALiBi has no position table; the 2,048-row table
+// BigScience's Megatron-DeepSpeed GPT (BLOOM 176B, tr11-176B-ml.slurm: 70
+// layers, width 14336, 112 heads; and the shapes its layout search timed):
+// the vocabulary padded to 250,880, dropout at Megatron-DeepSpeed's default
+// (no flag sets it). ALiBi has no position table; the 2,048-row table
 // gpt_model counts is 0.03% of the parameters.
-ModelSpec bloom_176b() {
-  ModelSpec model = gpt_model("bloom-176b", 70, 14336, 112, 250880, 2048);
+ModelSpec bigscience_gpt(const char* name, int layers, int hidden, int heads) {
+  ModelSpec model = gpt_model(name, layers, hidden, heads, 250880, 2048);
   model.dropout = true;
   return model;
 }
@@ -97,70 +102,103 @@ const std::vector<PublishedRun>& published_runs() {
   const char* params = "parameters";
   constexpr CommMode kOverlap = CommMode::kOverlapped;
   constexpr CommMode kBlocking = CommMode::kBlocking;
+  // BigScience's layout search (below): BLOOM's stack, optimizer, partition
+  // and cluster, 64 heads, seconds per iteration.
+  const auto prequel = [&](const char* name, int layers, int hidden, int tp, int pp, int dp, int micro_batch,
+                           double seconds, double pinned, double held_out) {
+    return PublishedRun{"BigScience 2022 prequel", name, bigscience_gpt(name, layers, hidden, 64), a100, tp, pp,
+                        dp, micro_batch, 2048, 2048, 1, R::kFull, false, ZeroStage::kOne, kBf16,
+                        "type:embedding|block|head", kBlocking, 400, F::kStepSeconds, seconds, false, pinned, held_out,
+                        true};
+  };
   static const std::vector<PublishedRun> runs = {
       {"Narayanan 2021 T1", "1.7B", gpt("1.7B", 24, 2304, 24), a100, 1, 1, 32, 1, 512, 2048, 1, R::kFull, false,
-       kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 137, true, 137.134, 133.034},
+       kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 137, true, 137.134, 134.623},
       {"Narayanan 2021 T1", "3.6B", gpt("3.6B", 30, 3072, 32), a100, 2, 1, 32, 1, 512, 2048, 1, R::kFull, false,
-       kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 138, false, 136.39, 130.995},
+       kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 138, false, 136.39, 132.535},
       {"Narayanan 2021 T1", "7.5B", gpt("7.5B", 36, 4096, 32), a100, 4, 1, 32, 1, 512, 2048, 1, R::kFull, false,
-       kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 142, false, 135.15, 128.158},
+       kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 142, false, 135.15, 129.631},
       {"Narayanan 2021 T1", "18.4B", gpt("18.4B", 40, 6144, 48), a100, 8, 1, 32, 1, 1024, 2048, 1, R::kFull, false,
-       kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 135, false, 133.87, 126.368},
+       kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 135, false, 133.87, 127.801},
       {"Narayanan 2021 T1", "39.1B", gpt("39.1B", 48, 8192, 64), a100, 8, 2, 32, 1, 1536, 2048, 2, R::kFull, false,
-       kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 138, false, 147.734, 137.3},
+       kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 138, false, 147.734, 139.024},
       {"Narayanan 2021 T1", "76.1B", gpt("76.1B", 60, 10240, 80), a100, 8, 4, 32, 1, 1792, 2048, 3, R::kFull, false,
-       kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 140, false, 155.9, 143.36},
+       kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 140, false, 155.9, 145.268},
       {"Narayanan 2021 T1", "145.6B", gpt("145.6B", 80, 12288, 96), a100, 8, 8, 24, 1, 2304, 2048, 2, R::kFull,
-       false, kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 148, false, 161.561, 147.239},
+       false, kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 148, false, 161.561, 149.303},
       {"Narayanan 2021 T1", "310.1B", gpt("310.1B", 96, 16384, 128), a100, 8, 16, 15, 1, 2160, 2048, 2, R::kFull,
-       false, kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 155, false, 168.73, 152.05},
+       false, kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 155, false, 168.73, 154.302},
       {"Narayanan 2021 T1", "529.6B", gpt("529.6B", 105, 20480, 128), a100, 8, 35, 9, 1, 2520, 2048, 3, R::kFull,
-       false, kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 163, false, 175.785, 156.931},
+       false, kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 163, false, 175.785, 159.348},
       {"Narayanan 2021 T1", "1008B", gpt("1008B", 128, 25600, 160), a100, 8, 64, 6, 1, 3072, 2048, 2, R::kFull,
-       false, kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 163, false, 176.374, 156.515},
+       false, kOff, kFp16, params, kOverlap, 0, F::kHardwareTflops, 163, false, 176.374, 158.992},
       {"Korthikanti 2022 T5", "22B full", gpt("22B", 48, 6144, 64), a100, 8, 1, 1, 1, 4, 2048, 1, R::kFull, false,
-       kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 1.42, false, 1.42211, 1.51706},
+       kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 1.42, false, 1.42211, 1.50274},
       {"Korthikanti 2022 T5", "22B sel.+SP", gpt("22B", 48, 6144, 64), a100, 8, 1, 1, 1, 4, 2048, 1, R::kSelective,
-       true, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 1.10, false, 1.04099, 1.10754},
+       true, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 1.10, false, 1.04099, 1.09658},
       {"Korthikanti 2022 T5", "175B full", gpt("175B", 96, 12288, 96), a100, 8, 8, 1, 1, 64, 2048, 2, R::kFull,
-       false, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 18.13, false, 18.0675, 20.1485},
+       false, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 18.13, false, 18.0675, 19.9109},
       {"Korthikanti 2022 T5", "175B sel.+SP", gpt("175B", 96, 12288, 96), a100, 8, 8, 1, 1, 64, 2048, 2,
-       R::kSelective, true, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 13.75, false, 13.2525, 14.7964},
+       R::kSelective, true, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 13.75, false, 13.2525, 14.6154},
       {"Korthikanti 2022 T5", "530B full", gpt("530B", 105, 20480, 128), a100, 8, 35, 1, 1, 280, 2048, 3, R::kFull,
-       false, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 49.05, false, 49.7704, 56.6789},
+       false, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 49.05, false, 49.7704, 55.9542},
       {"Korthikanti 2022 T5", "530B sel.+SP", gpt("530B", 105, 20480, 128), a100, 8, 35, 1, 1, 280, 2048, 3,
-       R::kSelective, true, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 37.83, false, 37.124, 42.3531},
+       R::kSelective, true, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 37.83, false, 37.124, 41.7983},
       {"Korthikanti 2022 T5", "1T full", gpt("1T", 128, 25600, 160), a100, 8, 64, 1, 1, 512, 2048, 2, R::kFull,
-       false, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 94.42, true, 94.4696, 108.229},
+       false, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 94.42, true, 94.4696, 106.813},
       {"Korthikanti 2022 T5", "1T sel.+SP", gpt("1T", 128, 25600, 160), a100, 8, 64, 1, 1, 512, 2048, 2,
-       R::kSelective, true, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 71.49, false, 70.9102, 81.3652},
+       R::kSelective, true, kOff, kFp16, params, kOverlap, 0, F::kStepSeconds, 71.49, false, 70.9102, 80.2797},
       // DeepSpeed's pipeline engine sends and receives in line with the
       // compute (deepspeed/runtime/pipe/p2p.py refuses async_op): blocking.
       {"Smith 2022 §2.4", "530B, 280 nodes", gpt("MT-NLG 530B", 105, 20480, 128), a100, 8, 35, 8, 1, 1920, 2048, 1,
-       R::kFull, false, kOff, kFp16, params, kBlocking, 0, F::kStepSeconds, 60.1, false, 47.1714, 50.1685},
+       R::kFull, false, kOff, kFp16, params, kBlocking, 0, F::kStepSeconds, 60.1, false, 47.1714, 48.2489},
       {"Smith 2022 §2.4", "530B, 350 nodes", gpt("MT-NLG 530B", 105, 20480, 128), a100, 8, 35, 10, 1, 1920, 2048,
-       1, R::kFull, false, kOff, kFp16, params, kBlocking, 0, F::kStepSeconds, 50.2, false, 38.9476, 41.4163},
+       1, R::kFull, false, kOff, kFp16, params, kBlocking, 0, F::kStepSeconds, 50.2, false, 38.9476, 39.8352},
       {"Smith 2022 §2.4", "530B, 420 nodes", gpt("MT-NLG 530B", 105, 20480, 128), a100, 8, 35, 12, 1, 1920, 2048,
-       1, R::kFull, false, kOff, kFp16, params, kBlocking, 0, F::kStepSeconds, 44.4, false, 33.4651, 35.5816},
+       1, R::kFull, false, kOff, kFp16, params, kBlocking, 0, F::kStepSeconds, 44.4, false, 33.4651, 34.226},
       // DeepSpeed's pipe partition "type:transformer|embedding" counts the
       // blocks and both embedding copies (the tied head is an EmbeddingPipe):
       // 72 layers, 6 per stage. Jean Zay: four 100 Gb/s Omni-Path links per
-      // 8-GPU node.
-      {"BigScience 2022", "BLOOM 176B", bloom_176b(), a100, 4, 12, 8, 2, 2048, 2048, 1, R::kFull, false,
-       ZeroStage::kOne, kBf16, "type:embedding|block|head", kBlocking, 400, F::kHardwareTflops, 150, false, 170.94,
-       153.467},
+      // 8-GPU node. The slurm script sets CUDA_LAUNCH_BLOCKING=1: synchronous
+      // launches (block_launch_overhead_s).
+      {"BigScience 2022", "BLOOM 176B", bigscience_gpt("bloom-176b", 70, 14336, 112), a100, 4, 12, 8, 2, 2048, 2048,
+       1, R::kFull, false, ZeroStage::kOne, kBf16, "type:embedding|block|head", kBlocking, 400, F::kHardwareTflops,
+       150, false, 149.298, 144.559, true},
+      // BigScience's layout search before BLOOM's run (tr11-176B-ml/
+      // chronicles-prequel.md, "Rebalancing layers", 2022-02-28): 48 nodes of
+      // Jean Zay, the stack, optimizer and partition of BLOOM's run, each
+      // shape's rows at 64 heads (its first; other head counts ran up to 18%
+      // slower, the fused softmax's constraints among the causes the
+      // document names: kernel effects pipeflow does not price). Seconds per
+      // iteration at iteration 2.
+      prequel("195B, 106 × 12288", 106, 12288, 4, 12, 8, 2, 116.54, 121.108, 116.653),
+      prequel("184B, 100 × 12288", 100, 12288, 8, 6, 8, 2, 139.72, 135.631, 115.857),
+      prequel("184B, 100 × 12288", 100, 12288, 8, 6, 8, 4, 120.96, 120.95, 116.466),
+      prequel("178B, 82 × 13312", 82, 13312, 8, 12, 4, 4, 111.79, 112.817, 110.852),
+      prequel("178B, 82 × 13312", 82, 13312, 4, 12, 8, 2, 104.45, 106.935, 104.876),
+      prequel("178B, 82 × 13312", 82, 13312, 4, 12, 8, 4, 104.82, 106.022, 111.302),
+      prequel("176B, 70 × 14336", 70, 14336, 8, 12, 4, 2, 121.63, 117.913, 106.781),
+      prequel("176B, 70 × 14336", 70, 14336, 4, 12, 8, 2, 102.03, 103.28, 103.1),
+      prequel("176B, 70 × 14336", 70, 14336, 4, 12, 8, 4, 102.27, 103.266, 109.573),
       // Dubey §3.3.2: the first model chunk of the first stage holds the
       // embedding alone, the last chunk of the last stage the head: one layer
       // per chunk, 128 layers over 16 ranks, v = 8; asynchronous P2P.
       {"Dubey 2024 T4", "405B, 8,192 GPUs", model_preset("llama3-405b"), "h100", 8, 16, 64, 1, 2048, 8192, 8,
-       R::kNone, true, ZeroStage::kOne, kBf16, "uniform", kOverlap, 0, F::kModelTflops, 430, false, 433.225, 390.643},
+       R::kNone, true, ZeroStage::kOne, kBf16, "uniform", kOverlap, 0, F::kModelTflops, 430, false, 433.225, 395.516},
       {"Dubey 2024 T4", "405B, 16,384 GPUs", model_preset("llama3-405b"), "h100", 8, 16, 128, 1, 2048, 8192, 8,
-       R::kNone, true, ZeroStage::kOne, kBf16, "uniform", kOverlap, 0, F::kModelTflops, 400, false, 398.491, 360.589},
+       R::kNone, true, ZeroStage::kOne, kBf16, "uniform", kOverlap, 0, F::kModelTflops, 400, false, 398.491, 364.941},
   };
   return runs;
 }
 
-Layout layout_of(const PublishedRun& run, const HardwareProfile& hardware) {
+// The launch overhead a BigScience row is priced with next to the presets:
+// fitted on the prequel table (by 0.5 ms: 3.5 ms gives 2.0% mean error,
+// 4 ms 1.8%, 4.5 ms 2.5%), BLOOM's row held out of that fit.
+constexpr double kPresetLaunchOverheadS = 0.004;
+
+// `launch_overhead_s`: block_launch_overhead_s where the run launched kernels
+// synchronously.
+Layout layout_of(const PublishedRun& run, const HardwareProfile& hardware, double launch_overhead_s) {
   Layout layout;
   layout.model = run.model;
   layout.hardware = hardware;
@@ -182,6 +220,7 @@ Layout layout_of(const PublishedRun& run, const HardwareProfile& hardware) {
   layout.zero = run.zero;
   layout.partition = parse_partition_method(run.partition);
   layout.comm_mode = run.comm_mode;
+  layout.block_launch_overhead_s = run.launch_blocking ? launch_overhead_s : 0;
   layout.precision = run.precision;
   layout.gradient_precision = run.precision;
   return layout;
@@ -245,13 +284,17 @@ const TableBound& bound_of(const std::vector<TableBound>& bounds, const std::str
   return *found;
 }
 
-// The presets against each table: within 10% mean and 20% worst, but for
-// BLOOM (14% fast) and MT-NLG (its stack ran the 530B layout 23-30% slower
-// than Megatron-LM's tables ran the same layout: no layout effect the cost
-// model has). docs/VALIDATION.md.
+// The table kPresetLaunchOverheadS was fitted on.
+constexpr const char* kLaunchOverheadTable = "BigScience 2022 prequel";
+
+// The presets against each table: within 10% mean and 20% worst, the two
+// BigScience tables within the target (5%, 10%), but for MT-NLG (its stack
+// ran the 530B layout 23-30% slower than Megatron-LM's tables ran the same
+// layout: no effect the cost model prices for it). docs/VALIDATION.md.
 const std::vector<TableBound> kPresetBounds = {
-    {"Narayanan 2021 T1", 0.10, 0.20}, {"Korthikanti 2022 T5", 0.10, 0.20}, {"Smith 2022 §2.4", 0.25, 0.25},
-    {"BigScience 2022", 0.15, 0.15},   {"Dubey 2024 T4", 0.10, 0.20},       {"rows not fitted", 0.10, 0.25},
+    {"Narayanan 2021 T1", 0.10, 0.20},       {"Korthikanti 2022 T5", 0.10, 0.20}, {"Smith 2022 §2.4", 0.25, 0.25},
+    {"BigScience 2022", 0.05, 0.10},         {"Dubey 2024 T4", 0.10, 0.20},       {"rows not fitted", 0.10, 0.25},
+    {"BigScience 2022 prequel", 0.05, 0.10},
 };
 
 // Each table held out and predicted by a calibration on the others: the
@@ -259,13 +302,17 @@ const std::vector<TableBound> kPresetBounds = {
 const std::vector<TableBound> kHeldOutBounds = {
     {"Narayanan 2021 T1", 0.05, 0.10},
     // Calibrated with MT-NLG's slower stack and Narayanan's year-older code
-    // (the same 1T layout 8.6% slower there): 12-16% slow at 530B and 1T.
-    {"Korthikanti 2022 T5", 0.11, 0.16},
-    // Its stack's own speed: it ran the 530B layout 23-30% slower than Megatron-LM's tables.
-    {"Smith 2022 §2.4", 0.19, 0.20},
+    // (the same 1T layout 8.6% slower there): 10-14% slow at 530B and 1T.
+    {"Korthikanti 2022 T5", 0.10, 0.15},
+    // Its stack's own speed, or an unstated micro-batch of 2 and host
+    // overhead (docs/VALIDATION.md): 20-23% fast.
+    {"Smith 2022 §2.4", 0.22, 0.23},
     {"BigScience 2022", 0.05, 0.10},
-    // A plateau pulled down by MT-NLG's table: 9-10% slow (the presets: within 1%).
-    {"Dubey 2024 T4", 0.10, 0.10},
+    // The launch overhead fitted on BLOOM's one row beside a plateau MT-NLG
+    // pulls down (0.7 ms): its t = 8, b = 2 rows, the most overhead-bound, 12-17% fast.
+    {"BigScience 2022 prequel", 0.06, 0.18},
+    // A plateau pulled down by MT-NLG's table: 8-9% slow (the presets: within 1%).
+    {"Dubey 2024 T4", 0.09, 0.10},
 };
 
 TEST(Validation, PresetsAgainstPublishedRuns) {
@@ -273,12 +320,14 @@ TEST(Validation, PresetsAgainstPublishedRuns) {
   std::map<std::string, ErrorSummary> by_table;
   ErrorSummary held_out;
   for (const PublishedRun& run : published_runs()) {
-    const double predicted = figure_of(run, predict(layout_of(run, hardware_preset(run.hardware))));
+    const double predicted =
+        figure_of(run, predict(layout_of(run, hardware_preset(run.hardware), kPresetLaunchOverheadS)));
     const double error = predicted / run.published - 1;
     EXPECT_NEAR(predicted / run.pinned, 1, 1e-3) << run.name << ": the cost model changed; update docs/VALIDATION.md";
     by_table[run.table].add(error);
-    if (!run.fitted) held_out.add(error);
-    table += table_row(run, predicted, run.fitted ? "fitted" : "");
+    const bool fits_overhead = run.table == std::string(kLaunchOverheadTable);
+    if (!run.fitted && !fits_overhead) held_out.add(error);
+    table += table_row(run, predicted, run.fitted ? "fitted" : fits_overhead ? "overhead fitted" : "");
   }
   by_table.emplace("rows not fitted", held_out);
   for (const auto& [name, summary] : by_table) {
@@ -287,6 +336,20 @@ TEST(Validation, PresetsAgainstPublishedRuns) {
     const TableBound& bound = bound_of(kPresetBounds, name);
     EXPECT_LE(summary.mean_abs, bound.mean) << name;
     EXPECT_LE(std::abs(summary.worst), bound.worst) << name;
+  }
+  // MT-NLG's rows at a micro-batch of 2 (m = 960 / d, the bubble its
+  // d-trend follows) and with the launch overhead: neither is stated by
+  // Smith et al. (docs/VALIDATION.md); printed, not asserted.
+  table += "\n\nMT-NLG at micro-batch 2 (unstated; printed, not asserted): predicted, and with the launch overhead";
+  for (PublishedRun run : published_runs()) {
+    if (run.table != std::string("Smith 2022 §2.4")) continue;
+    run.micro_batch = 2;
+    const double plain = figure_of(run, predict(layout_of(run, hardware_preset(run.hardware), 0)));
+    run.launch_blocking = true;
+    const double slowed =
+        figure_of(run, predict(layout_of(run, hardware_preset(run.hardware), kPresetLaunchOverheadS)));
+    table += fmt::format("\n{}: {:.4g} s ({:+.1f}%), {:.4g} s ({:+.1f}%)", run.name, plain,
+                         100 * (plain / run.published - 1), slowed, 100 * (slowed / run.published - 1));
   }
   std::puts(table.c_str());
 }
@@ -299,6 +362,7 @@ TEST(Validation, PresetsAgainstPublishedRuns) {
 struct Calibration {
   double efficiency = 0;
   double half_size = 0;
+  double launch_overhead_s = 0;  // block_launch_overhead_s of the synchronous-launch runs
 };
 
 HardwareProfile calibrated(const char* preset, const Calibration& calibration) {
@@ -309,19 +373,24 @@ HardwareProfile calibrated(const char* preset, const Calibration& calibration) {
 }
 
 // Every GEMM's seconds are proportional to 1 / efficiency at a fixed half
-// size (hardware.h), the rest of the step (memory-bound kernels, links) not:
-// a run's step time is a + b / efficiency while its critical path keeps its
-// shape. The search prices each run at two plateaus per half size and
-// interpolates between them; the chosen calibration is then priced in full
-// by predict().
+// size (hardware.h), the rest of the step (memory-bound kernels, links) not,
+// and the launch overhead adds to every block pass: a run's step time is
+// a + b / efficiency + k · overhead while its critical path keeps its shape.
+// The search prices each run at two plateaus per half size (and a
+// synchronous-launch run at one overhead more) and interpolates; the chosen
+// calibration is then priced in full by predict().
 constexpr std::array<double, 2> kSampledEfficiencies = {0.6, 0.9};
 constexpr double kHalfSizeStep = 40;
 constexpr int kHalfSizes = 2;  // 0, 40: on 0 to 120 by 15, every held-out fit chose 0
+constexpr double kSampledOverheadS = 0.005;
+constexpr double kOverheadStepS = 0.0001;
+constexpr int kOverheads = 81;  // 0 to 8 ms by 0.1 ms
 
 struct StepCurve {
   double a = 0;
   double b = 0;
-  double at(double efficiency) const { return a + b / efficiency; }
+  double k = 0;
+  double at(double efficiency, double overhead_s) const { return a + b / efficiency + k * overhead_s; }
 };
 
 struct RunCurves {
@@ -334,45 +403,75 @@ RunCurves step_curves(const PublishedRun& run) {
   for (int i = 0; i < kHalfSizes; ++i) {
     std::array<double, 2> steps{};
     for (std::size_t e = 0; e < 2; ++e) {
-      const Prediction prediction =
-          predict(layout_of(run, calibrated(run.hardware, {kSampledEfficiencies[e], kHalfSizeStep * i})));
+      const Calibration sample{kSampledEfficiencies[e], kHalfSizeStep * i};
+      const Prediction prediction = predict(layout_of(run, calibrated(run.hardware, sample), 0));
       steps[e] = prediction.result.step_time_s;
       curves.flops_per_device_step = figure_of(run, prediction) * steps[e];
     }
     const double b = (steps[0] - steps[1]) / (1 / kSampledEfficiencies[0] - 1 / kSampledEfficiencies[1]);
-    curves.by_half_size.push_back({steps[0] - b / kSampledEfficiencies[0], b});
+    double k = 0;
+    if (run.launch_blocking) {
+      const Calibration sample{kSampledEfficiencies[0], kHalfSizeStep * i};
+      const double slower =
+          predict(layout_of(run, calibrated(run.hardware, sample), kSampledOverheadS)).result.step_time_s;
+      k = (slower - steps[0]) / kSampledOverheadS;
+    }
+    curves.by_half_size.push_back({steps[0] - b / kSampledEfficiencies[0], b, k});
   }
   return curves;
 }
 
-double curve_figure(const PublishedRun& run, const RunCurves& curves, int half_size_index, double efficiency) {
-  const double step = curves.by_half_size[static_cast<std::size_t>(half_size_index)].at(efficiency);
+double curve_figure(const PublishedRun& run, const RunCurves& curves, const Calibration& calibration) {
+  const auto half_size_index = static_cast<std::size_t>(calibration.half_size / kHalfSizeStep);
+  const double step = curves.by_half_size[half_size_index].at(calibration.efficiency, calibration.launch_overhead_s);
   return run.figure == Figure::kStepSeconds ? step : curves.flops_per_device_step / step;
 }
 
 // The calibration that best fits every table but those left out: the least
 // mean over tables of each table's mean squared log error (each table
-// weighs the same, whatever its rows), efficiency by a 0.001 scan.
+// weighs the same, whatever its rows); efficiency by a 0.001 scan, the
+// launch overhead by 0.1 ms (it moves only the synchronous-launch rows).
 Calibration calibrate_without(const std::vector<std::string>& left_out, const std::vector<RunCurves>& curves) {
   const std::vector<PublishedRun>& runs = published_runs();
+  std::vector<std::size_t> fitted;  // the calibration's rows
+  std::map<std::string, double> rows_of;
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    if (std::find(left_out.begin(), left_out.end(), runs[r].table) != left_out.end()) continue;
+    fitted.push_back(r);
+    rows_of[runs[r].table] += 1;
+  }
+  const auto cost_of = [&](const Calibration& candidate) {
+    double cost = 0;
+    for (const std::size_t r : fitted) {
+      const double log_error = std::log(curve_figure(runs[r], curves[r], candidate) / runs[r].published);
+      cost += log_error * log_error / rows_of[runs[r].table];
+    }
+    return cost;
+  };
   Calibration best;
   double best_cost = std::numeric_limits<double>::infinity();
+  const auto consider = [&](const Calibration& candidate) {
+    const double cost = cost_of(candidate);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = candidate;
+    }
+  };
+  // The cost has one minimum in efficiency at a fixed half size and
+  // overhead: a 0.01 scan over [0.5, 1], then 0.001 steps around its best.
   for (int i = 0; i < kHalfSizes; ++i) {
-    for (int milli = 500; milli <= 1000; ++milli) {
-      const double efficiency = milli / 1000.0;
-      std::map<std::string, std::vector<double>> squared_log_errors;
-      for (std::size_t r = 0; r < runs.size(); ++r) {
-        if (std::find(left_out.begin(), left_out.end(), runs[r].table) != left_out.end()) continue;
-        const double log_error = std::log(curve_figure(runs[r], curves[r], i, efficiency) / runs[r].published);
-        squared_log_errors[runs[r].table].push_back(log_error * log_error);
+    for (int o = 0; o < kOverheads; ++o) {
+      int coarse = 500;
+      double coarse_cost = std::numeric_limits<double>::infinity();
+      for (int milli = 500; milli <= 1000; milli += 10) {
+        const double cost = cost_of({milli / 1000.0, kHalfSizeStep * i, kOverheadStepS * o});
+        if (cost < coarse_cost) {
+          coarse_cost = cost;
+          coarse = milli;
+        }
       }
-      double cost = 0;
-      for (const auto& [name, errors] : squared_log_errors) {
-        cost += std::accumulate(errors.begin(), errors.end(), 0.0) / static_cast<double>(errors.size());
-      }
-      if (cost < best_cost) {
-        best_cost = cost;
-        best = {efficiency, kHalfSizeStep * i};
+      for (int milli = std::max(500, coarse - 10); milli <= std::min(1000, coarse + 10); ++milli) {
+        consider({milli / 1000.0, kHalfSizeStep * i, kOverheadStepS * o});
       }
     }
   }
@@ -388,10 +487,10 @@ ErrorSummary predict_table(const std::string& held_out, const Calibration& calib
   for (std::size_t r = 0; r < runs.size(); ++r) {
     const PublishedRun& run = runs[r];
     if (run.table != held_out) continue;
-    const double predicted = figure_of(run, predict(layout_of(run, calibrated(run.hardware, calibration))));
+    const double predicted = figure_of(
+        run, predict(layout_of(run, calibrated(run.hardware, calibration), calibration.launch_overhead_s)));
     // The interpolated step the search ranked by, against the full price.
-    const double interpolated = curve_figure(run, curves[r], static_cast<int>(calibration.half_size / kHalfSizeStep),
-                                             calibration.efficiency);
+    const double interpolated = curve_figure(run, curves[r], calibration);
     EXPECT_NEAR(interpolated / predicted, 1, 0.01) << run.name;
     EXPECT_NEAR(predicted / run.held_out, 1, 1e-3)
         << run.name << ": the cost model or the calibration changed; update docs/VALIDATION.md";
@@ -402,8 +501,9 @@ ErrorSummary predict_table(const std::string& held_out, const Calibration& calib
 }
 
 std::string summary_row(const std::string& held_out, const Calibration& calibration, const ErrorSummary& summary) {
-  return fmt::format("| {} | {:.3f}, {:g} | {} | {:.1f}% | {:+.1f}% |\n", held_out, calibration.efficiency,
-                     calibration.half_size, summary.rows, 100 * summary.mean_abs, 100 * summary.worst);
+  return fmt::format("| {} | {:.3f}, {:g}, {:.1f} ms | {} | {:.1f}% | {:+.1f}% |\n", held_out,
+                     calibration.efficiency, calibration.half_size, 1e3 * calibration.launch_overhead_s, summary.rows,
+                     100 * summary.mean_abs, 100 * summary.worst);
 }
 
 TEST(Validation, LeaveOneTableOut) {
@@ -412,7 +512,8 @@ TEST(Validation, LeaveOneTableOut) {
   for (const PublishedRun& run : runs) curves.push_back(step_curves(run));
 
   const std::string header =
-      "\n| held-out table | calibrated on the others: efficiency, half size | rows | mean abs. error | worst |\n"
+      "\n| held-out table | calibrated on the others: efficiency, half size, launch overhead | rows | mean abs. "
+      "error | worst |\n"
       "|---|---|---|---|---|\n";
   std::string table = table_header();
   std::string summaries = header;
@@ -433,8 +534,7 @@ TEST(Validation, LeaveOneTableOut) {
     ErrorSummary summary;
     for (std::size_t r = 0; r < runs.size(); ++r) {
       if (runs[r].table != held_out) continue;
-      const int half_size_index = static_cast<int>(calibration.half_size / kHalfSizeStep);
-      summary.add(curve_figure(runs[r], curves[r], half_size_index, calibration.efficiency) / runs[r].published - 1);
+      summary.add(curve_figure(runs[r], curves[r], calibration) / runs[r].published - 1);
     }
     without_mt_nlg += summary_row(held_out, calibration, summary);
   }
