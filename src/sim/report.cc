@@ -25,12 +25,15 @@ std::string describe_layout(const Prediction& p) {
   std::string chunks = p.schedule.chunks_per_rank() > 1 ? fmt::format(" (v={})", p.schedule.chunks_per_rank()) : "";
   return fmt::format(
       "{} on {} × {} in {}: tp {} × pp {} × dp {}, {}{}, {} micro-batches of {} × {} tokens per replica, recompute "
-      "{}{}, {} communication{}",
+      "{}{}, {} communication{}{}",
       l.model.name, l.devices, l.hardware.name, to_string(l.precision), l.tensor_parallel, l.pipeline_ranks,
       l.data_parallel, l.schedule,
       chunks, p.microbatches, l.micro_batch, l.seq_length, to_string(l.recompute),
       l.sequence_parallel ? ", sequence parallel" : "", l.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped",
-      l.zero == ZeroStage::kNone ? "" : fmt::format(", ZeRO-{}", static_cast<int>(l.zero)));
+      l.zero == ZeroStage::kNone ? "" : fmt::format(", ZeRO-{}", static_cast<int>(l.zero)),
+      l.block_launch_overhead_s > 0
+          ? fmt::format(", synchronous launches ({} a block pass)", format_seconds(l.block_launch_overhead_s))
+          : "");
 }
 
 // What trains, in a line (empty when everything does): the run's freeze
@@ -152,6 +155,7 @@ nlohmann::ordered_json layout_json(const Layout& l, int microbatches, int chunks
           {"partition", to_string(l.partition)},
           {"zero_stage", static_cast<int>(l.zero)},
           {"comm_mode", l.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped"},
+          {"block_launch_overhead_s", l.block_launch_overhead_s},
           {"precision", to_string(l.precision)},
           {"variable_seq_lengths", l.variable_seq_lengths},
           {"variable_images", l.variable_images},

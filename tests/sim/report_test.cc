@@ -55,6 +55,18 @@ TEST(SimulateReport, ARunThatTrainsEverythingHasNoTrainingLine) {
   EXPECT_EQ(json["training"]["layers_without_backward"], 0);
 }
 
+// block_launch_overhead_s is named in the layout line and the JSON's layout
+// when set, and absent from the line at its default 0.
+TEST(SimulateReport, NamesSynchronousLaunchesAndTheirHostTime) {
+  const Prediction p = predict(llama_layout(R"(, "block_launch_overhead_s": 0.004)"));
+  const std::string text = prediction_text(p);
+  EXPECT_NE(text.find(", synchronous launches (4.00 ms a block pass)\n"), std::string::npos) << text;
+  EXPECT_EQ(nlohmann::json::parse(prediction_json(p))["layout"]["block_launch_overhead_s"], 0.004);
+  const Prediction plain = predict(llama_layout(""));
+  EXPECT_EQ(prediction_text(plain).find("synchronous launches"), std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(prediction_json(plain))["layout"]["block_launch_overhead_s"], 0.0);
+}
+
 // Micro-batches of 64 and 128 tokens: a step carries 64 + 128 = 192 tokens; at equal lengths the step is
 // the uniform case's exactly.
 TEST(SimulateReport, VariableSequenceLengthsAgainstTheUniformCase) {
