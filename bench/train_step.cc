@@ -16,6 +16,9 @@
 // i.e. 3× the forward matmul FLOPs with the full T×T attention counted. For a
 // Llama the same count over its matrices: 3·B·T·(L·(2·(2C² + 2C·KV·hs + 3C·F)
 // + 4TC) + 2CV).
+//
+// The last field, the 64-bit FNV-1a of the trained weights' bytes, tells
+// whether two builds train to the same bits (same flags: same digest).
 
 #include <cblas.h>
 
@@ -107,6 +110,12 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// The 64-bit FNV-1a of the master weights' bytes.
+std::uint64_t weights_digest(const pipeflow::nn::Stage& model) {
+  const std::span<const float> weights = model.parameters();
+  return pipeflow::nn::hash_name({reinterpret_cast<const char*>(weights.data()), weights.size_bytes()});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -160,11 +169,11 @@ int main(int argc, char** argv) {
                            (o.format == ComputeFormat::kFp32 ? "" : std::string("-") + to_string(o.format));
   std::printf("%s: %.2f ms/step (median of %d, min %.2f, max %.2f), cpu %.2f ms/step, %.1f GFLOP/s = %.0f%% of sgemm "
               "%.1f GFLOP/s, %.3f GFLOP/step, %lld parameters, loss %.4f, blas threads %d, peak activations %.1f MiB, "
-              "GEMMs in %s\n",
+              "GEMMs in %s, weights fnv1a %016llx\n",
               name.c_str(), wall_median * 1e3, o.steps, *std::min_element(wall.begin(), wall.end()) * 1e3,
               *std::max_element(wall.begin(), wall.end()) * 1e3, cpu_median * 1e3,
               flops / cpu_median / 1e9, 100 * flops / cpu_median / 1e9 / ceiling, ceiling, flops / 1e9,
               static_cast<long long>(config.parameter_count()), loss, blas_threads(), static_cast<double>(model.activation_memory().peak_bytes()) / (1024.0 * 1024.0),
-              to_string(model.gemm_precision()));
+              to_string(model.gemm_precision()), static_cast<unsigned long long>(weights_digest(model)));
   return 0;
 }
