@@ -1,5 +1,6 @@
 #include "pipeflow/nn/half_stash.h"
 
+#include <algorithm>
 #include <type_traits>
 
 #include "pipeflow/core/error.h"
@@ -7,43 +8,88 @@
 namespace pipeflow::nn {
 
 template <class T>
-void HalfStash<T>::pack(ComputeFormat format, std::span<BasicTensor<T>* const> tensors, Allocator allocator) {
+std::size_t HalfStash<T>::position(Tensors tensors, const BasicTensor<T>* tensor) const {
+  const auto found = std::find(tensors.begin(), tensors.end(), tensor);
+  if (found == tensors.end()) fail("internal: a tensor not among the stashed ones");
+  return static_cast<std::size_t>(found - tensors.begin());
+}
+
+template <class T>
+void HalfStash<T>::pack(ComputeFormat format, Tensors tensors, Allocator allocator, Tensors keep) {
   if (format == ComputeFormat::kFp32) return;
   if constexpr (!std::is_same_v<T, float>) {
     fail("internal: only float stages keep tensors in {}", to_string(format));
   } else {
-    if (!packed_.empty()) fail("internal: tensors packed twice without an unpack");
+    if (!entries_.empty() && entries_.size() != tensors.size()) {
+      fail("internal: {} tensors packed, {} before", tensors.size(), entries_.size());
+    }
     format_ = format;
-    packed_.resize(tensors.size());
+    entries_.resize(tensors.size());
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       BasicTensor<T>& tensor = *tensors[i];
-      if (tensor.empty()) continue;
-      Packed& packed = packed_[i];
-      packed.shape = tensor.shape();
-      packed.bits = BasicTensor<std::uint16_t>::uninitialized(Shape{tensor.numel()}, allocator);
-      to_half_bits(format, tensor.data(), packed.bits.data(), tensor.numel());
-      tensor.reset();
+      Entry& entry = entries_[i];
+      const bool kept = std::find(keep.begin(), keep.end(), &tensor) != keep.end();
+      if (tensor.empty()) {
+        if (entry.floats != nullptr) entry = {};  // widened, then emptied by the pass
+        continue;
+      }
+      if (entry.bits.empty() || entry.floats != tensor.data() || !(entry.shape == tensor.shape())) {  // new values
+        entry.shape = tensor.shape();
+        entry.bits = BasicTensor<std::uint16_t>::uninitialized(Shape{tensor.numel()}, allocator);
+        to_half_bits(format, tensor.data(), entry.bits.data(), tensor.numel());
+        if (kept) from_half_bits(format, entry.bits.data(), tensor.data(), tensor.numel());
+      }
+      if (kept) {
+        entry.floats = tensor.data();
+      } else {
+        entry.floats = nullptr;
+        tensor.reset();
+      }
     }
   }
 }
 
 template <class T>
-void HalfStash<T>::unpack(std::span<BasicTensor<T>* const> tensors, Allocator allocator) {
-  if (packed_.empty()) return;
-  if (tensors.size() != packed_.size()) {
-    fail("internal: {} tensors unpacked, {} packed", tensors.size(), packed_.size());
+void HalfStash<T>::unpack(Tensors tensors, Tensors wanted, Tensors retained, Allocator allocator) {
+  if (entries_.empty()) return;
+  if (tensors.size() != entries_.size()) {
+    fail("internal: {} tensors unpacked, {} packed", tensors.size(), entries_.size());
   }
   if constexpr (std::is_same_v<T, float>) {
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      Packed& packed = packed_[i];
-      if (packed.bits.empty()) continue;
-      BasicTensor<T> tensor = BasicTensor<T>::uninitialized(packed.shape, allocator);
-      from_half_bits(format_, packed.bits.data(), tensor.data(), tensor.numel());
-      packed.bits.reset();
-      *tensors[i] = std::move(tensor);
+    for (BasicTensor<T>* tensor : wanted) {
+      Entry& entry = entries_[position(tensors, tensor)];
+      if (entry.bits.empty() || entry.floats != nullptr) continue;  // never packed, or already widened
+      BasicTensor<T> widened = BasicTensor<T>::uninitialized(entry.shape, allocator);
+      from_half_bits(format_, entry.bits.data(), widened.data(), widened.numel());
+      *tensor = std::move(widened);
+      if (std::find(retained.begin(), retained.end(), tensor) != retained.end()) {
+        entry.floats = tensor->data();
+      } else {
+        entry = {};
+      }
     }
   }
-  packed_.clear();
+}
+
+template <class T>
+void HalfStash<T>::lend(Tensors tensors, Allocator allocator, Bf16Operands& operands) {
+  if (entries_.empty()) return;
+  if (tensors.size() != entries_.size()) {
+    fail("internal: {} tensors lent, {} packed", tensors.size(), entries_.size());
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (format_ != ComputeFormat::kBf16) fail("internal: only bf16 bits are lent to bf16 GEMMs");
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      Entry& entry = entries_[i];
+      if (entry.bits.empty()) continue;
+      BasicTensor<T>& tensor = *tensors[i];
+      if (entry.floats == nullptr) {  // still packed: floats that stand for the bits
+        tensor = BasicTensor<T>::uninitialized(entry.shape, allocator);
+        entry.floats = tensor.data();
+      }
+      operands.add(tensor.data(), entry.bits.span());
+    }
+  }
 }
 
 template class HalfStash<float>;

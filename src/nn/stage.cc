@@ -416,32 +416,37 @@ void BasicStage<T>::with_saved(State& state, int local, F&& f) {
 }
 
 template <class T>
-void BasicStage<T>::stash_layer(State& state, int local) {
+void BasicStage<T>::stash_layer(State& state, int local, bool weight_pass_follows) {
   if (!half()) return;
   with_saved(state, local, [&](auto& saved) {
     auto tensors = saved.half_tensors();
-    saved.stash.pack(options_.format, tensors, allocator());
+    auto reads = saved.weight_pass_reads();
+    using Tensors = typename HalfStash<T>::Tensors;
+    saved.stash.pack(options_.format, tensors, allocator(), weight_pass_follows ? Tensors(reads) : Tensors());
   });
 }
 
-// The values a stash and unstash would give, in place.
 template <class T>
-void BasicStage<T>::round_layer(State& state, int local) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (!half()) return;
-    with_saved(state, local, [&](auto& saved) {
-      for (auto* tensor : saved.half_tensors()) {
-        if (!tensor->empty()) pipeflow::round_to_format(options_.format, tensor->data(), tensor->numel());
-      }
-    });
-  }
+void BasicStage<T>::unstash_for_input(State& state, int local) {
+  with_saved(state, local, [&](auto& saved) {
+    auto tensors = saved.half_tensors();
+    auto reads = saved.input_pass_reads();
+    auto read_again = saved.weight_pass_reads();
+    saved.stash.unpack(tensors, reads, read_again, allocator());
+  });
 }
 
 template <class T>
-void BasicStage<T>::unstash_layer(State& state, int local) {
+void BasicStage<T>::unstash_for_weight(State& state, int local, Bf16Operands& stashed) {
   with_saved(state, local, [&](auto& saved) {
     auto tensors = saved.half_tensors();
-    saved.stash.unpack(tensors, allocator());
+    if (current_gemm_precision() != GemmPrecision::kBf16) {
+      saved.stash.unpack(tensors, tensors, {}, allocator());
+      return;
+    }
+    auto reads = saved.weight_pass_reads();
+    saved.stash.unpack(tensors, reads, tensors, allocator());
+    saved.stash.lend(tensors, allocator(), stashed);
   });
 }
 
@@ -480,7 +485,7 @@ BasicTensor<T> BasicStage<T>::forward(State& state, Input input) {
     if (checkpointing()) {
       checkpoint_layer(state, local);  // nothing is left to stash: the backward recomputes it
     } else {
-      stash_layer(state, local);
+      stash_layer(state, local, false);
     }
   }
   state.phase_ = State::Phase::kForward;
@@ -494,7 +499,7 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
   for (int local = range_.size() - 1; local >= 0; --local) {
     const int k = options_.recompute_interval;
     if (checkpointing() && (local % k == k - 1 || local == range_.size() - 1)) recompute_segment(state, local / k);
-    unstash_layer(state, local);
+    unstash_for_input(state, local);
     // The embedding's I reads no weights.
     const LayerWeights weights = kind(local) == Kind::kEmbedding ? LayerWeights{} : layer_weights(local);
     switch (kind(local)) {
@@ -512,12 +517,8 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
         embedding_->backward_input(state.embedding_, std::move(grad), state.shape_, allocator());
         break;
     }
-    if (weight_pass_follows) {
-      round_layer(state, local);   // as a stash would leave it: W's inputs in the format
-      weight_layer(state, local);  // what it read is freed before the next layer's I
-    } else {
-      stash_layer(state, local);  // what W reads, later
-    }
+    stash_layer(state, local, weight_pass_follows);  // what W reads, in the format
+    if (weight_pass_follows) weight_layer(state, local);  // what it read is freed before the next layer's I
   }
   if (weight_pass_follows) {
     end_microbatch(state);
@@ -570,7 +571,10 @@ void BasicStage<T>::backward_weight(State& state) {
 
 template <class T>
 void BasicStage<T>::weight_layer(State& state, int local) {
-  unstash_layer(state, local);
+  // Lives until W has run: its GEMMs read the stashed bits through it. W
+  // frees the layer's saved tensors as it ends, after its last GEMM.
+  Bf16Operands stashed;
+  unstash_for_weight(state, local, stashed);
   switch (kind(local)) {
     case Kind::kHead:
       head_->backward_weight(state.head_, state.shape_);

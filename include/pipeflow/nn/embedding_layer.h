@@ -27,6 +27,10 @@ struct EmbeddingSaved {
 
   // In bf16/fp16, between I and W: dx in 16 bits.
   std::array<BasicTensor<T>*, 2> half_tensors() { return {&dx, &dx_whole}; }
+  // I reads none of them (they are I's results); W reads both, not as GEMM
+  // operands.
+  std::array<BasicTensor<T>*, 0> input_pass_reads() { return {}; }
+  std::array<BasicTensor<T>*, 2> weight_pass_reads() { return {&dx, &dx_whole}; }
   HalfStash<T> stash;
 };
 

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "pipeflow/tensor/gemm.h"
 #include "pipeflow/tensor/half.h"
 #include "pipeflow/tensor/tensor.h"
 
@@ -14,33 +15,53 @@ namespace pipeflow::nn {
 // A bf16 or fp16 stage keeps the activations a layer saved for its backward,
 // and the gradients its W pass reads, as the format's 16 bits between the
 // passes (what a mixed-precision framework keeps: half the bytes of fp32),
-// and widens them back exactly when the pass that reads them starts. The
+// and widens back exactly, when a pass starts, those the pass reads. The
 // 16-bit copies are charged to the account the tensors were charged to; the
 // norms' statistics are never handed to it (they stay fp32).
 //
-// The caller names the same tensors, in the same order, to pack and to
-// unpack (a saved state's `half_tensors()`); an empty tensor stays empty.
-// Only float tensors are packed (a double stage never computes in half).
+// Each tensor is rounded once: a tensor widened and kept (`retained`) holds
+// its bits beside its floats, and packing it again reuses them; a tensor a
+// pass does not read stays packed through it. A pass must therefore not
+// write into a tensor it was handed widened (the passes write new tensors).
+// For a pass whose GEMMs are bf16, `lend` hands those GEMMs the bits
+// themselves (tensor/gemm.h, Bf16Operands): no widening, no rounding again.
+//
+// The caller names the same tensors, in the same order, every time (a
+// saved state's `half_tensors()`); the subsets it passes are pointers into
+// them. An empty tensor stays empty. Only float tensors are packed (a double
+// stage never computes in half).
 //
 // Thread safety: as the saved state it belongs to (one thread at a time).
 template <class T>
 class HalfStash {
  public:
-  // Moves every tensor into 16 bits of `format` (values the format does not
-  // hold are rounded to it); each becomes empty. kFp32: nothing is done.
-  void pack(ComputeFormat format, std::span<BasicTensor<T>* const> tensors, Allocator allocator);
-  // The tensors back as they were packed, widened exactly; the stash becomes
-  // empty. Nothing packed: nothing is done.
-  void unpack(std::span<BasicTensor<T>* const> tensors, Allocator allocator);
-  bool empty() const { return packed_.empty(); }
+  using Tensors = std::span<BasicTensor<T>* const>;
+
+  // Moves every tensor holding values into 16 bits of `format` (values the
+  // format does not hold are rounded to it) and empties it, but for those in
+  // `keep`, which are rounded in place and keep their floats beside the bits.
+  // A tensor still as it was widened (or lent) keeps the bits it came from;
+  // one the pass emptied loses them. kFp32: nothing is done.
+  void pack(ComputeFormat format, Tensors tensors, Allocator allocator, Tensors keep = {});
+  // Widens `wanted` (of `tensors`) exactly, where packed. The bits of those
+  // in `retained` stay for a later pack or lend; the others' are freed.
+  void unpack(Tensors tensors, Tensors wanted, Tensors retained, Allocator allocator);
+  // Registers with `operands` the bits of every tensor of `tensors` that has
+  // them. One still packed first gets floats from `allocator` that only stand
+  // for its bits (uninitialized: nothing but a bf16 GEMM inside the
+  // operands' lifetime may read them). Call it only where the GEMMs are bf16,
+  // and keep every tensor allocated while `operands` lives.
+  void lend(Tensors tensors, Allocator allocator, Bf16Operands& operands);
 
  private:
-  struct Packed {
-    Shape shape;                       // rank 0: the tensor was empty
-    BasicTensor<std::uint16_t> bits;  // its values in the format
+  struct Entry {
+    Shape shape;
+    BasicTensor<std::uint16_t> bits;  // the tensor's values in the format; empty: none held
+    const T* floats = nullptr;        // the tensor's data while it holds the bits' values
   };
+  std::size_t position(Tensors tensors, const BasicTensor<T>* tensor) const;
   ComputeFormat format_ = ComputeFormat::kFp32;
-  std::vector<Packed> packed_;  // by position in the tensors packed
+  std::vector<Entry> entries_;  // by position in the tensors packed
 };
 
 extern template class HalfStash<float>;

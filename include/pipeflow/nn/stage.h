@@ -317,12 +317,15 @@ class BasicStage {
   Flow forward_layer(State& state, int local, Flow flow);
   void checkpoint_layer(State& state, int local);
   // In bf16/fp16 a layer keeps what it saved in 16 bits between passes
-  // (half_stash.h): stashed after F and after I, unstashed before I and W.
-  void stash_layer(State& state, int local);
-  void unstash_layer(State& state, int local);
-  // In place, the values stash_layer then unstash_layer give (a fused
-  // backward's W reads what a split one's would).
-  void round_layer(State& state, int local);
+  // (half_stash.h): stashed after F and after I, each tensor rounded once.
+  // Before a fused backward's W (`weight_pass_follows`), what W reads other
+  // than as a GEMM operand keeps its floats, rounded in place. Before I,
+  // what I reads is widened; before W, what W reads is widened and, where
+  // W's GEMMs are bf16, the rest handed to them in their bits through
+  // `stashed`, which must live until W has run (else everything is widened).
+  void stash_layer(State& state, int local, bool weight_pass_follows);
+  void unstash_for_input(State& state, int local);
+  void unstash_for_weight(State& state, int local, Bf16Operands& stashed);
   void weight_layer(State& state, int local);
   template <class F>
   void with_saved(State& state, int local, F&& f);

@@ -65,10 +65,13 @@ GemmPrecision current_gemm_precision();
 // operand's offset and leading dimension: neither copied nor rounded) and
 // never reads the floats, which need not hold anything: a bf16 stage points
 // its layers' weight matrices into such a range and passes its 16-bit
-// weight copy (nn/stage.h). The products are the same, bit for bit, as with
-// the bits widened into the floats. kFp32 GEMMs read the floats. Use it on
-// the thread that made it; it moves (taking its ranges along) but does not
-// copy.
+// weight copy (nn/stage.h), and its W pass passes the saved activations'
+// and gradients' 16-bit stash (nn/half_stash.h). The products are the same,
+// bit for bit, as with the bits widened into the floats. kFp32 GEMMs read
+// the floats. The ranges' floats must stay allocated while a GEMM may read
+// them (freed memory given to a new tensor would still stand for the old
+// bits). Use it on the thread that made it; it moves (taking its ranges
+// along) but does not copy.
 class Bf16Operands {
  public:
   Bf16Operands() = default;
