@@ -15,7 +15,7 @@ std::size_t HalfStash<T>::position(Tensors tensors, const BasicTensor<T>* tensor
 }
 
 template <class T>
-void HalfStash<T>::pack(ComputeFormat format, Tensors tensors, Allocator allocator, Tensors keep) {
+void HalfStash<T>::pack(ComputeFormat format, Tensors tensors, Allocator allocator, Tensors keep, bool lend_follows) {
   if (format == ComputeFormat::kFp32) return;
   if constexpr (!std::is_same_v<T, float>) {
     fail("internal: only float stages keep tensors in {}", to_string(format));
@@ -33,7 +33,14 @@ void HalfStash<T>::pack(ComputeFormat format, Tensors tensors, Allocator allocat
         if (entry.floats != nullptr) entry = {};  // widened, then emptied by the pass
         continue;
       }
-      if (entry.bits.empty() || entry.floats != tensor.data() || !(entry.shape == tensor.shape())) {  // new values
+      // Values that the bits held do not stand for yet.
+      const bool fresh = entry.bits.empty() || entry.floats != tensor.data() || !(entry.shape == tensor.shape());
+      if (kept && !lend_follows) {  // floats alone, in the format
+        if (fresh) round_to_format(format, tensor.data(), tensor.numel());
+        entry = {};
+        continue;
+      }
+      if (fresh) {
         entry.shape = tensor.shape();
         entry.bits = BasicTensor<std::uint16_t>::uninitialized(Shape{tensor.numel()}, allocator);
         to_half_bits(format, tensor.data(), entry.bits.data(), tensor.numel());
@@ -58,15 +65,14 @@ void HalfStash<T>::unpack(Tensors tensors, Tensors wanted, Tensors retained, All
   if constexpr (std::is_same_v<T, float>) {
     for (BasicTensor<T>* tensor : wanted) {
       Entry& entry = entries_[position(tensors, tensor)];
-      if (entry.bits.empty() || entry.floats != nullptr) continue;  // never packed, or already widened
-      BasicTensor<T> widened = BasicTensor<T>::uninitialized(entry.shape, allocator);
-      from_half_bits(format_, entry.bits.data(), widened.data(), widened.numel());
-      *tensor = std::move(widened);
-      if (std::find(retained.begin(), retained.end(), tensor) != retained.end()) {
+      if (entry.bits.empty()) continue;  // never packed
+      if (entry.floats == nullptr) {
+        BasicTensor<T> widened = BasicTensor<T>::uninitialized(entry.shape, allocator);
+        from_half_bits(format_, entry.bits.data(), widened.data(), widened.numel());
+        *tensor = std::move(widened);
         entry.floats = tensor->data();
-      } else {
-        entry = {};
       }
+      if (std::find(retained.begin(), retained.end(), tensor) == retained.end()) entry = {};
     }
   }
 }

@@ -422,7 +422,8 @@ void BasicStage<T>::stash_layer(State& state, int local, bool weight_pass_follow
     auto tensors = saved.half_tensors();
     auto reads = saved.weight_pass_reads();
     using Tensors = typename HalfStash<T>::Tensors;
-    saved.stash.pack(options_.format, tensors, allocator(), weight_pass_follows ? Tensors(reads) : Tensors());
+    saved.stash.pack(options_.format, tensors, allocator(), weight_pass_follows ? Tensors(reads) : Tensors(),
+                     current_gemm_precision() == GemmPrecision::kBf16);
   });
 }
 
@@ -446,7 +447,7 @@ void BasicStage<T>::unstash_for_weight(State& state, int local, Bf16Operands& st
     }
     auto reads = saved.weight_pass_reads();
     saved.stash.unpack(tensors, reads, tensors, allocator());
-    saved.stash.lend(tensors, allocator(), stashed);
+    saved.stash.lend(tensors, {&stand_in_pool_, nullptr}, stashed);
   });
 }
 

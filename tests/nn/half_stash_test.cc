@@ -29,10 +29,12 @@ std::vector<std::uint32_t> bits_of(std::span<const float> values) {
 }
 
 // bf16 keeps 8 significant bits: 1 + 2^-8 + 2^-10 rounds up to 1 + 2^-7,
-// 1.25 + 2^-12 down to 1.25. A widened tensor packed again keeps the bits it
-// came from (it is not rounded again), one in `keep` is rounded in place and
-// keeps its floats, one unpacked without being retained frees its bits, and
-// one retained that the pass then emptied loses them at the next pack.
+// 1.25 + 2^-12 down to 1.25, 2 + 2^-6 + 2^-9 (ulp 2^-6 there) down to
+// 2 + 2^-6. A widened tensor packed again keeps the bits it came from (it
+// is not rounded again), one in `keep` is rounded in place and keeps its
+// floats (with its bits only where a lend follows), one unpacked without
+// being retained frees its bits, and one retained that the pass then
+// emptied loses them at the next pack.
 TEST(HalfStash, EachTensorIsRoundedOnceAndWidenedWhereAPassReadsIt) {
   MemoryAccount account("test");
   const Allocator allocator{nullptr, &account};
@@ -57,19 +59,24 @@ TEST(HalfStash, EachTensorIsRoundedOnceAndWidenedWhereAPassReadsIt) {
 
   // Packed again: `read` is not rounded again (a value written into its
   // floats, which a pass must not do, shows that its old bits were kept).
+  // `kept` has new values: rounded in place, its floats kept beside its
+  // bits (a lend follows).
   read[0] = 7.0f + 0x1p-10f;
-  kept[0] = 1 + 0x1p-8f + 0x1p-10f;  // new values: rounded, in place, floats kept
+  kept[0] = 1 + 0x1p-8f + 0x1p-10f;
   std::array<Tensor*, 1> keep{&kept};
-  stash.pack(ComputeFormat::kBf16, tensors, allocator, keep);
+  stash.pack(ComputeFormat::kBf16, tensors, allocator, keep, true);
   EXPECT_TRUE(read.empty());
   EXPECT_EQ(kept[0], 1 + 0x1p-7f);
   EXPECT_EQ(kept[1], 1.25f);
+  EXPECT_EQ(account.live_bytes(), 8 * 2 + 8 * 4 + 8 * 2 + 8 * 2);
+  // Every tensor widened; only `untouched` retains its bits (`kept`, widened
+  // already, frees them).
   std::array<Tensor*, 1> retain_untouched{&untouched};
   stash.unpack(tensors, tensors, retain_untouched, allocator);
   EXPECT_EQ(read[0], 1 + 0x1p-7f);
   EXPECT_EQ(kept[0], 1 + 0x1p-7f);
   EXPECT_EQ(untouched[3], 4.5f);
-  EXPECT_EQ(account.live_bytes(), 3 * 8 * 4 + 2 * 8 * 2);  // kept's and untouched's bits stay
+  EXPECT_EQ(account.live_bytes(), 3 * 8 * 4 + 8 * 2);
 
   // A tensor the pass emptied loses its bits at the next pack.
   untouched.reset();
@@ -78,6 +85,13 @@ TEST(HalfStash, EachTensorIsRoundedOnceAndWidenedWhereAPassReadsIt) {
   stash.unpack(tensors, tensors, {}, allocator);
   EXPECT_TRUE(untouched.empty());
   EXPECT_EQ(read[7], 1 + 0x1p-7f);
+
+  // Kept where no lend follows: rounded in place, no bits held.
+  read[1] = 2 + 0x1p-6f + 0x1p-9f;
+  stash.pack(ComputeFormat::kBf16, tensors, allocator, tensors);
+  EXPECT_EQ(read[1], 2 + 0x1p-6f);
+  EXPECT_EQ(kept[0], 1 + 0x1p-7f);
+  EXPECT_EQ(account.live_bytes(), 2 * 8 * 4);
 }
 
 // What W's GEMMs get: a tensor lent while still packed stands in floats that

@@ -39,18 +39,19 @@ class HalfStash {
 
   // Moves every tensor holding values into 16 bits of `format` (values the
   // format does not hold are rounded to it) and empties it, but for those in
-  // `keep`, which are rounded in place and keep their floats beside the bits.
-  // A tensor still as it was widened (or lent) keeps the bits it came from;
-  // one the pass emptied loses them. kFp32: nothing is done.
-  void pack(ComputeFormat format, Tensors tensors, Allocator allocator, Tensors keep = {});
+  // `keep`, which are rounded in place and keep their floats: beside their
+  // bits where `lend` follows, without them elsewhere. A tensor still as it
+  // was widened (or lent) keeps the bits it came from; one the pass emptied
+  // loses them. kFp32: nothing is done.
+  void pack(ComputeFormat format, Tensors tensors, Allocator allocator, Tensors keep = {}, bool lend_follows = false);
   // Widens `wanted` (of `tensors`) exactly, where packed. The bits of those
   // in `retained` stay for a later pack or lend; the others' are freed.
   void unpack(Tensors tensors, Tensors wanted, Tensors retained, Allocator allocator);
   // Registers with `operands` the bits of every tensor of `tensors` that has
   // them. One still packed first gets floats from `allocator` that only stand
-  // for its bits (uninitialized: nothing but a bf16 GEMM inside the
-  // operands' lifetime may read them). Call it only where the GEMMs are bf16,
-  // and keep every tensor allocated while `operands` lives.
+  // for its bits (uninitialized and never written: nothing but a bf16 GEMM
+  // inside the operands' lifetime may read them). Call it only where the
+  // GEMMs are bf16, and keep every tensor allocated while `operands` lives.
   void lend(Tensors tensors, Allocator allocator, Bf16Operands& operands);
 
  private:

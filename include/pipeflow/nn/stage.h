@@ -346,6 +346,11 @@ class BasicStage {
   MemoryAccount weight_memory_;
   MemoryAccount activation_memory_;
   BufferPool pool_;
+  // The floats that stand for the 16-bit tensors W's bf16 GEMMs read as
+  // their bits (HalfStash::lend): blocks nothing writes, so the system maps
+  // no pages for them (but for small ones from the heap); they take address
+  // space, not memory, and are charged to no account.
+  BufferPool stand_in_pool_;
   BasicTensor<T> values_;
   BasicTensor<T> grads_;
   BasicTensor<T> rope_cos_, rope_sin_;  // Llama: [context, hs/2] (tensor/rope.h)
