@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
   std::printf("fraction of ideal %d x (1 - %.1f%%) = %.3f: min %.1f%%, median %.1f%%, max %.1f%%\n", o.stages,
               100 * predicted, ideal, 100 * f.min, 100 * f.median, 100 * f.max);
   const Spread on = spread(on_core_fraction);
-  std::printf("the same with each step's off-core time taken out (estimate): min %.1f%%, median %.1f%%, max %.1f%%\n",
+  std::printf("the same with each step's off-core time taken out (at most; a rank off the critical path loses less): min %.1f%%, median %.1f%%, max %.1f%%\n",
               100 * on.min, 100 * on.median, 100 * on.max);
   std::printf("bubble %d stages: measured %.1f / %.1f / %.1f%% (min / median / max), predicted %.1f%%\n", o.stages,
               100 * bb.min, 100 * bb.median, 100 * bb.max, 100 * predicted);

@@ -133,9 +133,9 @@ constexpr std::array kRunKeys = {
            kAll},
     RunKey{"comm_mode", "--comm", "", kString, "overlapped | blocking", "\"overlapped\"",
            "Stage-to-stage sends: overlapped or blocking", kAll, true},
-    RunKey{"block_launch_overhead_s", "--block-launch-overhead", "", kNumber, ">= 0 (seconds)", "0",
-           "Host seconds a transformer block's forward pass adds when kernel launches are synchronous "
-           "(CUDA_LAUNCH_BLOCKING=1); its backward twice, a full recompute once more",
+    RunKey{"block_launch_overhead_s", "--block-launch-overhead", "", kNumber, "0 to 1 (seconds)", "0",
+           "Host seconds each transformer block pass adds beyond its kernels: its forward once, its backward "
+           "twice, a full recompute once more (fitted on BigScience's runs: docs/VALIDATION.md)",
            kAll, true},
     RunKey{"freeze", "--freeze", "", kList, "glob patterns over layer names, e.g. [\"vision.*\"]", "[]",
            "Frozen layers: no W, gradients, optimizer state or reduction (simulate, plan; train: the vision encoder)", kAll},

@@ -32,7 +32,7 @@ std::string describe_layout(const Prediction& p) {
       l.sequence_parallel ? ", sequence parallel" : "", l.comm_mode == CommMode::kBlocking ? "blocking" : "overlapped",
       l.zero == ZeroStage::kNone ? "" : fmt::format(", ZeRO-{}", static_cast<int>(l.zero)),
       l.block_launch_overhead_s > 0
-          ? fmt::format(", synchronous launches ({} a block pass)", format_seconds(l.block_launch_overhead_s))
+          ? fmt::format(", host overhead ({} a block pass)", format_seconds(l.block_launch_overhead_s))
           : "");
 }
 

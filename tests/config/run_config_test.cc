@@ -315,9 +315,11 @@ TEST(RunConfig, BadValuesNameThePathTheValueTheRuleAndTheFix) {
   EXPECT_EQ(parse_error(R"({"comm_mode": "eager"})"),
             "run.json: comm_mode = \"eager\": must be \"overlapped\" or \"blocking\"");
   EXPECT_EQ(parse_error(R"({"block_launch_overhead_s": -0.004})"),
-            "run.json: block_launch_overhead_s = -0.004: must be a finite number of seconds >= 0: the host time a "
-            "block's forward pass adds under synchronous kernel launches (CUDA_LAUNCH_BLOCKING=1), 0 when launches "
-            "run ahead");
+            "run.json: block_launch_overhead_s = -0.004: must be a number of seconds from 0 to 1: the host time each "
+            "block pass adds beyond its kernels (4 ms is 0.004); 0 or absent leaves it out");
+  EXPECT_NE(parse_error(R"({"block_launch_overhead_s": 4})").find("block_launch_overhead_s = 4: must be a number of "
+                                                                  "seconds from 0 to 1"),
+            std::string::npos);
   EXPECT_EQ(parse_error(R"({"zero_optimization": {"stage": 4}})"),
             "run.json: zero_optimization.stage = 4: must be 0, 1, 2 or 3");
   EXPECT_EQ(parse_error(R"({"zero_optimization": {"stage": 1, "reduce_bucket_size": 0}})"),

@@ -60,10 +60,10 @@ TEST(SimulateReport, ARunThatTrainsEverythingHasNoTrainingLine) {
 TEST(SimulateReport, NamesSynchronousLaunchesAndTheirHostTime) {
   const Prediction p = predict(llama_layout(R"(, "block_launch_overhead_s": 0.004)"));
   const std::string text = prediction_text(p);
-  EXPECT_NE(text.find(", synchronous launches (4.00 ms a block pass)\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(", host overhead (4.00 ms a block pass)\n"), std::string::npos) << text;
   EXPECT_EQ(nlohmann::json::parse(prediction_json(p))["layout"]["block_launch_overhead_s"], 0.004);
   const Prediction plain = predict(llama_layout(""));
-  EXPECT_EQ(prediction_text(plain).find("synchronous launches"), std::string::npos);
+  EXPECT_EQ(prediction_text(plain).find("host overhead"), std::string::npos);
   EXPECT_EQ(nlohmann::json::parse(prediction_json(plain))["layout"]["block_launch_overhead_s"], 0.0);
 }
 

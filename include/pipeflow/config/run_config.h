@@ -108,9 +108,8 @@ namespace pipeflow {
 //   variable_images []    images per sequence of each micro-batch, repeated
 //                         the same way (a vision-language model; each >= 1)
 //   comm_mode "overlapped" | "blocking"
-//   block_launch_overhead_s 0  host seconds a transformer block's forward
-//                         pass adds when kernel launches are synchronous
-//                         (CUDA_LAUNCH_BLOCKING=1; sim/layout.h)
+//   block_launch_overhead_s 0  host seconds each transformer block pass
+//                         adds beyond its kernels (0 to 1; sim/layout.h)
 // and what trains (model/training.h; simulate and plan price it, train
 // runs what its vision-language model can and refuses it for a language
 // model, runtime/run_settings.h):

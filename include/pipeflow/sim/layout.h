@@ -59,11 +59,12 @@ struct Layout {
   ZeroStage zero = ZeroStage::kNone;
   CommMode comm_mode = CommMode::kOverlapped;
   // Host seconds each transformer block's forward pass adds on the device
-  // when kernel launches are synchronous (CUDA_LAUNCH_BLOCKING=1): every
-  // launch waits for the previous kernel, so the framework's per-kernel host
-  // time no longer hides behind it. A block's backward pays it twice (input
-  // and weight gradients: about twice the forward's kernels), a full
-  // recomputation once more. 0: launches run ahead of the device.
+  // beyond its kernels' time: host work the device waits for (a framework's
+  // per-kernel or per-layer overhead that does not hide behind the kernels).
+  // A block's backward pays it twice (input and weight gradients: about twice
+  // the forward's kernels), a full recomputation once more. 0: none. Fitted
+  // at 4 ms on BigScience's runs, whose cause it does not name
+  // (docs/VALIDATION.md).
   double block_launch_overhead_s = 0;
   RankOrder rank_order = RankOrder::kTensorDataPipeline;
   // Weights, activations and messages, and the GEMMs' peak (Precision);

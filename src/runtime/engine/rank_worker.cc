@@ -127,8 +127,8 @@ WorkerOutcome BasicRankWorker<StageT>::run(std::size_t index, bool block) {
   st.activation_memory().reset_peak();
   ActionTiming timing{.action = a};
   const bool compute = is_compute(a.kind);
-  const double cpu_start = compute ? thread_cpu_seconds() : 0;
   const Clock::time_point start = Clock::now();
+  const double cpu_start = compute ? thread_cpu_seconds() : 0;  // inside the wall-clock interval
   Outcome outcome = Outcome::kDone;
   switch (a.kind) {
     case ActionKind::kForward:
@@ -157,12 +157,10 @@ WorkerOutcome BasicRankWorker<StageT>::run(std::size_t index, bool block) {
       a.microbatch.value() == *noise_microbatch_) {
     note_small_gradient(a.stage);
   }
+  if (compute) timing.cpu_s = thread_cpu_seconds() - cpu_start;
   timing.start_s = seconds_since_epoch(start);
   timing.end_s = seconds_since_epoch(Clock::now());
-  if (compute) {
-    timing.cpu_s = thread_cpu_seconds() - cpu_start;
-    timing.working_bytes = st.activation_memory().peak_bytes() - own;
-  }
+  if (compute) timing.working_bytes = st.activation_memory().peak_bytes() - own;
   record_.actions.push_back(timing);
   note_memory(others, st);
   if (index + 1 == actions_->size()) {

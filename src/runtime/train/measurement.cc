@@ -90,7 +90,7 @@ StepFigures step_figures(const StepResult& step, int num_ranks) {
     for (const ActionTiming& t : record.actions) {
       if (is_compute(t.action.kind)) {
         rank.compute_s += t.duration_s();
-        rank.off_core_s += t.duration_s() - t.cpu_s;
+        rank.off_core_s += std::max(0.0, t.duration_s() - t.cpu_s);
       } else {
         rank.wait_s += t.wait_s;
         rank.comm_s += t.duration_s() - t.wait_s;

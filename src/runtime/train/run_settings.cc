@@ -132,6 +132,11 @@ TrainSettings train_settings(const ResolvedRun& resolved) {
          "sender; remove it (pipeflow simulate models blocking sends)",
          source);
   }
+  if (run.block_launch_overhead_s > 0) {
+    fail("{}: block_launch_overhead_s = {}: the host time a GPU run's block passes add, which the simulator prices; "
+         "pipeflow train measures its own; remove it",
+         source, run.block_launch_overhead_s);
+  }
   if (run.recompute == Recompute::kSelective) {
     fail("{}: recompute = \"selective\": pipeflow train recomputes whole layers; use "
          "pipeline.activation_checkpoint_interval",
