@@ -186,6 +186,15 @@ TEST(SimulateCommand, ModelAndHardwareMayBeFilesAndAProfileReplacesTheCostModel)
   const nlohmann::json json = nlohmann::json::parse(r.out);
   EXPECT_NEAR(json["pipeline_time_s"].get<double>(), 0.01 + 2e-6 + 4 * 0.06 + 2e-6 + 0.02, 1e-12);
   EXPECT_DOUBLE_EQ(json["stages"][1]["forward_s"].get<double>(), 0.02);
+  // A measured profile's durations hold the run's host time already: no overhead on top.
+  const CommandResult overhead = run_pipeflow("simulate --model " + source_path("tests/data/hf/gpt2/config.json") +
+                                              " --hardware " + source_path("examples/hardware/cpu.json") +
+                                              " --pp 2 --global-batch 4 --micro-batch 1 --seq 128 --profile " + dir +
+                                              "/profile.json --block-launch-overhead 0.004");
+  EXPECT_EQ(overhead.exit_code, 1);
+  EXPECT_EQ(overhead.err,
+            "pipeflow: error: block_launch_overhead_s = 0.004: --profile's measured durations already hold the run's "
+            "host time; leave the overhead out with --profile\n");
   std::filesystem::remove_all(dir);
 }
 

@@ -380,6 +380,10 @@ TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
   EXPECT_NE(error_of(small + R"("zero_optimization": {"stage": 2}})").find("zero_optimization.stage = 2: "),
             std::string::npos);
   EXPECT_NE(error_of(small + R"("comm_mode": "blocking"})").find("comm_mode = \"blocking\": "), std::string::npos);
+  EXPECT_NE(error_of(small + R"("block_launch_overhead_s": 0.004})")
+                .find("block_launch_overhead_s = 0.004: the host time a GPU run's block passes add, which the "
+                      "simulator prices; pipeflow train measures its own; remove it"),
+            std::string::npos);
   EXPECT_EQ(error_of(small + R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"}})"),
             "pipeflow: error: " + dir +
                 "/run.json: data_types.grad_accum_dtype = \"bf16\": pipeflow train accumulates gradients in fp32 "
