@@ -27,8 +27,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -70,6 +70,11 @@ Options parse(int argc, char** argv) {
                           {"--cache-width", &o.cache_model.n_embd},
                           {"--cache-context", &o.cache_model.context},
                           {"--repeats", &o.repeats}});
+  if (o.new_tokens < 2) {
+    std::fprintf(stderr, "--new-tokens %d: the decode figures are per step after the first token; use 2 or more\n",
+                 o.new_tokens);
+    std::exit(2);
+  }
   return o;
 }
 

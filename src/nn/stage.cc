@@ -423,7 +423,7 @@ void BasicStage<T>::stash_layer(State& state, int local, bool weight_pass_follow
     auto reads = saved.weight_pass_reads();
     using Tensors = typename HalfStash<T>::Tensors;
     saved.stash.pack(options_.format, tensors, allocator(), weight_pass_follows ? Tensors(reads) : Tensors(),
-                     current_gemm_precision() == GemmPrecision::kBf16);
+                     gemm_precision_ == GemmPrecision::kBf16);
   });
 }
 
@@ -441,7 +441,7 @@ template <class T>
 void BasicStage<T>::unstash_for_weight(State& state, int local, Bf16Operands& stashed) {
   with_saved(state, local, [&](auto& saved) {
     auto tensors = saved.half_tensors();
-    if (current_gemm_precision() != GemmPrecision::kBf16) {
+    if (gemm_precision_ != GemmPrecision::kBf16) {
       saved.stash.unpack(tensors, tensors, {}, allocator());
       return;
     }
