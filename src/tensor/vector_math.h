@@ -5,15 +5,31 @@
 // reductions with 16 independent partial sums (a fixed order, so results are
 // reproducible). The double versions call libm: they serve the
 // finite-difference tests, where accuracy matters and speed does not.
+//
+// Where the build targets AVX-512 (-march=native on such a CPU), the softmax
+// pieces (max, exponentiate, dot) and GELU (gelu.cc) are written with its
+// intrinsics instead: GCC vectorises exp_approx's clamps and NaN test into
+// masked copies of the whole polynomial and divide, and leaves a row's last
+// n mod 16 elements to scalar code, which on a causal softmax row (32 keys
+// on average at 64 positions) costs about as much as the vector part. The
+// AVX-512 versions take the tail in one masked vector; element i goes to lane
+// i mod 16 in both, and the lanes are added in order, so where n is a
+// multiple of 16 the two give the same bits (exp up to where exp_approx
+// clamps), elsewhere results within rounding of each other.
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 // Elementwise kernels prefer 512-bit vectors where the target has them: GCC
 // defaults to 256 bits for -march=native on AVX-512 CPUs, which halves the
-// throughput of exp/tanh-heavy loops on cores with two 512-bit FMA units.
+// throughput of exp-heavy loops on cores with two 512-bit FMA units.
 // On targets without AVX-512 the preference changes nothing. Such a loop
 // must not be inlined into a caller, which would compile it with its own
 // (default) preference.
@@ -55,18 +71,83 @@ inline T exp(T x) {
   }
 }
 
-// tanh(x) = 1 − 2 / (e^{2x} + 1): within 3e-7 absolute, which is what GELU
-// needs (its error is x/2 times the error of tanh).
-template <class T>
-inline T tanh(T x) {
-  if constexpr (sizeof(T) == sizeof(float)) {
-    return 1.0f - 2.0f / (exp_approx(2.0f * x) + 1.0f);
-  } else {
-    return std::tanh(x);
-  }
+inline constexpr int kLanes = 16;
+
+#if defined(__AVX512F__)
+// The lanes of a row's last, partial vector: the low `remaining` bits.
+inline __mmask16 tail_mask(int remaining) {
+  return remaining >= kLanes ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1u);
 }
 
-inline constexpr int kLanes = 16;
+// exp_approx for 16 floats: the same reduction and polynomial (n by the same
+// 1.5·2^23 rounding, which GCC contracts into one FMA in exp_approx as here),
+// so the same bits on [−87, 88]; outside it x is clamped to [−104, 89] and
+// vscalefps applies 2^n, giving 0 below the subnormals and +inf above
+// FLT_MAX where exp_approx stops at e^−87 and e^88. vmaxps and vminps return
+// their second operand where either is NaN, so NaN stays NaN. (Masked forms
+// with every lane set: GCC 12's unmasked ones pass an uninitialised vector
+// that -Wmaybe-uninitialized reports.)
+inline __m512 exp16(__m512 x) {
+  constexpr __mmask16 kAll = 0xFFFF;
+  const __m512 round = _mm512_set1_ps(12582912.0f);
+  x = _mm512_mask_max_ps(x, kAll, _mm512_set1_ps(-104.0f), x);
+  x = _mm512_mask_min_ps(x, kAll, _mm512_set1_ps(89.0f), x);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round), round);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_mask_scalef_ps(p, kAll, p, n);
+}
+
+// The lanes added in order, as the generic reductions add their partial sums.
+inline float sum_lanes(__m512 v) {
+  alignas(64) float lanes[kLanes];
+  _mm512_store_ps(lanes, v);
+  float total = 0;
+  for (int j = 0; j < kLanes; ++j) total += lanes[j];
+  return total;
+}
+
+inline float dot16(const float* x, const float* y, int n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += kLanes) {
+    const __mmask16 m = tail_mask(n - i);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i), acc);
+  }
+  return sum_lanes(acc);
+}
+
+inline float max16(const float* x, int n) {
+  const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 best = lowest;
+  for (int i = 0; i < n; i += kLanes) {
+    best = _mm512_mask_max_ps(best, 0xFFFF, best, _mm512_mask_loadu_ps(lowest, tail_mask(n - i), x + i));
+  }
+  alignas(64) float lanes[kLanes];
+  _mm512_store_ps(lanes, best);
+  float top = lanes[0];
+  for (int j = 1; j < kLanes; ++j) top = top > lanes[j] ? top : lanes[j];
+  return top;
+}
+
+inline float exponentiate16(float* x, float shift, int n) {
+  const __m512 s = _mm512_set1_ps(shift);
+  __m512 acc = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += kLanes) {
+    const __mmask16 m = tail_mask(n - i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s));
+    _mm512_mask_storeu_ps(x + i, m, e);
+    acc = _mm512_mask_add_ps(acc, m, acc, e);
+  }
+  return sum_lanes(acc);
+}
+#endif
 
 template <class T>
 inline T sum(const T* x, int n) {
@@ -83,6 +164,9 @@ inline T sum(const T* x, int n) {
 
 template <class T>
 inline T dot(const T* x, const T* y, int n) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) return dot16(x, y, n);
+#endif
   T partial[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -96,6 +180,9 @@ inline T dot(const T* x, const T* y, int n) {
 
 template <class T>
 inline T max(const T* x, int n) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) return max16(x, n);
+#endif
   T partial[kLanes];
   for (int j = 0; j < kLanes; ++j) partial[j] = -std::numeric_limits<T>::infinity();
   int i = 0;
@@ -111,6 +198,9 @@ inline T max(const T* x, int n) {
 // x ← exp(x − shift), returning Σ exp(x − shift): the middle of a softmax.
 template <class T>
 PIPEFLOW_WIDE_VECTORS T exponentiate(T* __restrict x, T shift, int n) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) return exponentiate16(x, shift, n);
+#endif
   T partial[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "pipeflow/tensor/gelu.h"
 #include "pipeflow/tensor/layernorm.h"
 #include "pipeflow/tensor/linear.h"
+#include "vector_math.h"
 
 namespace pipeflow {
 namespace {
@@ -217,6 +220,19 @@ TEST(KernelPrecision, FloatGeluAttentionAndCrossEntropyAgreeWithDouble) {
   gelu_forward(g.data(), x.data(), static_cast<int>(x.size()));
   gelu_forward(g_f.data(), x_f.data(), static_cast<int>(x.size()));
   for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(g_f[i], g[i], 2e-6 * (1 + std::abs(x[i]))) << x[i];
+  // The slope too (dy = 1), over a length that leaves a partial last vector.
+  const int odd = static_cast<int>(x.size()) - 3;
+  std::vector<double> slope(x.size(), 1.0);
+  std::vector<float> slope_f(x.size(), 1.0f);
+  gelu_backward(slope.data(), x.data(), odd);
+  gelu_backward(slope_f.data(), x_f.data(), odd);
+  for (int i = 0; i < odd; ++i) EXPECT_NEAR(slope_f[i], slope[i], 2e-6 * (1 + std::abs(x[i]))) << x[i];
+  for (std::size_t i = odd; i < x.size(); ++i) EXPECT_EQ(slope_f[i], 1.0f) << "past the end, at " << i;
+  // Elementwise: an element's bits do not depend on where the array ends.
+  std::vector<float> g_odd(x.size(), -7.0f);
+  gelu_forward(g_odd.data(), x_f.data(), odd);
+  for (int i = 0; i < odd; ++i) EXPECT_EQ(std::bit_cast<std::uint32_t>(g_odd[i]), std::bit_cast<std::uint32_t>(g_f[i]));
+  for (std::size_t i = odd; i < x.size(); ++i) EXPECT_EQ(g_odd[i], -7.0f) << "past the end, at " << i;
 
   const auto logits = normal_vector(4 * v, 63, 3.0);
   std::vector<float> p_f(logits.begin(), logits.end());
@@ -240,6 +256,38 @@ TEST(KernelPrecision, FloatGeluKeepsNaNAndInfinity) {
   EXPECT_EQ(out[2], std::numeric_limits<float>::infinity());
   EXPECT_FALSE(std::isfinite(out[3]));  // −∞ · 0 in x/2 · (1 + tanh(…)): not a number, never a finite one
 }
+
+#if defined(__AVX512F__)
+// The AVX-512 exp (softmax and GELU on such builds) gives exp_approx's bits
+// wherever exp_approx does not clamp, and past it the limits (0, +inf), NaN
+// for NaN.
+TEST(KernelPrecision, Avx512ExpGivesTheScalarPolynomialsBits) {
+  std::vector<float> x;
+  for (float v = -87.0f; v <= 88.0f; v += 0.00173f) x.push_back(v);
+  for (const float v : {-0.0f, 0.0f, 1e-30f, -1e-30f, 0.34657359f, -0.34657359f, 87.99f, -86.99f}) x.push_back(v);
+  while (x.size() % detail::kLanes != 0) x.push_back(1.0f);
+  alignas(64) float out[detail::kLanes];
+  for (std::size_t i = 0; i < x.size(); i += detail::kLanes) {
+    _mm512_store_ps(out, detail::exp16(_mm512_loadu_ps(x.data() + i)));
+    for (int j = 0; j < detail::kLanes; ++j) {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(out[j]), std::bit_cast<std::uint32_t>(detail::exp_approx(x[i + j])))
+          << "x = " << x[i + j];
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  alignas(64) const float edge[detail::kLanes] = {-200.0f, -inf, 200.0f, inf, std::nanf(""), -104.0f, 89.0f, 0.0f,
+                                                  0.0f,    0.0f, 0.0f,   0.0f, 0.0f,        0.0f,    0.0f,  0.0f};
+  _mm512_store_ps(out, detail::exp16(_mm512_load_ps(edge)));
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[1], 0.0f);
+  EXPECT_EQ(out[2], inf);
+  EXPECT_EQ(out[3], inf);
+  EXPECT_TRUE(std::isnan(out[4]));
+  EXPECT_EQ(out[5], 0.0f);
+  EXPECT_EQ(out[6], inf);
+  EXPECT_EQ(out[7], 1.0f);
+}
+#endif
 
 }  // namespace
 }  // namespace pipeflow
