@@ -7,6 +7,9 @@
 # product multiplies each weight by). Then what bounds the ratio: the work of
 # cutting the sequences into 2 groups on one thread; what two cores give, two
 # single-thread copies at once (each pinned to its core) against one alone;
+# both stages on one core, core 0 then core 1 (the 1-stage baseline runs on
+# core 0 and stage 1 on core 1: where the cores differ in speed, the
+# free-core ratio of the 2-core runs holds that difference too);
 # and the pipelined decode of the smallest and the largest model measured
 # (hand-offs against weight traffic).
 # The load average is printed around each: with other work on the cores the
@@ -32,6 +35,15 @@ taskset -c 0 "$bench" --rounds 3 --stages 1 --microbatches 1 --repeats 0 | grep 
 taskset -c 0 "$bench" --rounds 3 --stages 1 --microbatches 1 --repeats 0 | grep "1 stage, 1 group" | sed 's/^/  core 0 beside core 1:/' &
 taskset -c 1 "$bench" --rounds 3 --stages 1 --microbatches 1 --repeats 0 | grep "1 stage, 1 group" | sed 's/^/  core 1 beside core 0:/'
 wait
+load
+echo "== one core for both stages: core 0, then core 1, at 8, 16 and 32 rows a group (their CPU time: a core's"
+echo "   speed against the other's, and the free-core ratio on identical cores: what the decode's work sets)"
+for core in 0 1; do
+  for sequences in 16 32 64; do
+    taskset -c "$core" "$bench" --rounds 3 --sequences "$sequences" --repeats 0 | grep "CPU time per token step" |
+      sed "s/^ */  core $core, $sequences sequences: /"
+  done
+done
 load
 echo "== smallest: 4 layers, width 128, 4 sequences"
 "$bench" --rounds 5 --layers 4 --width 128 --heads 4 --sequences 4 --repeats 0
