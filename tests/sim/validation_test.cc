@@ -89,9 +89,10 @@ ModelSpec bigscience_gpt(const char* name, int layers, int hidden, int heads) {
 
 // The tables. Where a source leaves a layout detail out, the assumption is
 // in docs/VALIDATION.md: micro-batch 1 (Narayanan, Korthikanti, Llama 3),
-// 2 for MT-NLG (its three rows' slot time agrees across d only at 2); interleaving v the smallest >= 2 dividing the blocks per rank
-// (Narayanan §5.1 says every Table 1 run interleaved; Korthikanti's
-// pipelined runs the same); MT-NLG and BLOOM on DeepSpeed's plain 1F1B
+// 2 for MT-NLG (its three rows' slot time agrees across d only at 2);
+// interleaving v the smallest >= 2 dividing the blocks per rank (Narayanan
+// §5.1 says every Table 1 run interleaved; Korthikanti's pipelined runs the
+// same); MT-NLG and BLOOM on DeepSpeed's plain 1F1B
 // pipeline with full recomputation; Llama 3 without recomputation, with
 // sequence parallelism.
 const std::vector<PublishedRun>& published_runs() {
@@ -200,7 +201,7 @@ const std::vector<PublishedRun>& published_runs() {
 
 // The host overhead a DeepSpeed-pipeline row is priced with next to the presets:
 // fitted on the prequel table (by 0.5 ms: 3.5 ms gives 2.0% mean error,
-// 4 ms 1.8%, 4.5 ms 2.5%), BLOOM's row held out of that fit.
+// 4 ms 1.8%, 4.5 ms 2.5%), BLOOM's and MT-NLG's rows held out of that fit.
 constexpr double kPresetLaunchOverheadS = 0.004;
 
 // `launch_overhead_s`: block_launch_overhead_s where the run is priced with
@@ -339,9 +340,10 @@ TEST(Validation, PresetsAgainstPublishedRuns) {
     EXPECT_LE(summary.mean_abs, bound.mean) << name;
     EXPECT_LE(std::abs(summary.worst), bound.worst) << name;
   }
-  // MT-NLG's rows as they were priced before (micro-batch 1, no host
-  // overhead), and each input alone: neither is stated by Smith et al.
-  // (docs/VALIDATION.md); printed, not asserted.
+  // MT-NLG's rows at the other combinations of its two inputs Smith et al.
+  // do not state, micro-batch 1 or 2 and the host overhead or none (the
+  // table above prices 2 with it; docs/VALIDATION.md says why); printed,
+  // not asserted.
   table += "\n\nMT-NLG, each unstated input alone (printed, not asserted): b = 1 without the host overhead, b = 1 "
            "with it, b = 2 without it";
   for (PublishedRun run : published_runs()) {
