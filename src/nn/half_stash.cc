@@ -30,11 +30,13 @@ void HalfStash<T>::pack(ComputeFormat format, Tensors tensors, Allocator allocat
       Entry& entry = entries_[i];
       const bool kept = std::find(keep.begin(), keep.end(), &tensor) != keep.end();
       if (tensor.empty()) {
-        if (entry.floats != nullptr) entry = {};  // widened, then emptied by the pass
+        if (entry.allocation != 0) entry = {};  // widened, then emptied by the pass
         continue;
       }
-      // Values that the bits held do not stand for yet.
-      const bool fresh = entry.bits.empty() || entry.floats != tensor.data() || !(entry.shape == tensor.shape());
+      // Values that the bits held do not stand for yet: a tensor other than
+      // the one widened from them (made where it was freed: same address).
+      const bool fresh =
+          entry.bits.empty() || entry.allocation != tensor.allocation() || !(entry.shape == tensor.shape());
       if (kept && !lend_follows) {  // floats alone, in the format
         if (fresh) round_to_format(format, tensor.data(), tensor.numel());
         entry = {};
@@ -47,9 +49,9 @@ void HalfStash<T>::pack(ComputeFormat format, Tensors tensors, Allocator allocat
         if (kept) from_half_bits(format, entry.bits.data(), tensor.data(), tensor.numel());
       }
       if (kept) {
-        entry.floats = tensor.data();
+        entry.allocation = tensor.allocation();
       } else {
-        entry.floats = nullptr;
+        entry.allocation = 0;
         tensor.reset();
       }
     }
@@ -66,11 +68,11 @@ void HalfStash<T>::unpack(Tensors tensors, Tensors wanted, Tensors retained, All
     for (BasicTensor<T>* tensor : wanted) {
       Entry& entry = entries_[position(tensors, tensor)];
       if (entry.bits.empty()) continue;  // never packed
-      if (entry.floats == nullptr) {
+      if (entry.allocation == 0) {
         BasicTensor<T> widened = BasicTensor<T>::uninitialized(entry.shape, allocator);
         from_half_bits(format_, entry.bits.data(), widened.data(), widened.numel());
         *tensor = std::move(widened);
-        entry.floats = tensor->data();
+        entry.allocation = tensor->allocation();
       }
       if (std::find(retained.begin(), retained.end(), tensor) == retained.end()) entry = {};
     }
@@ -89,9 +91,12 @@ void HalfStash<T>::lend(Tensors tensors, Allocator allocator, Bf16Operands& oper
       Entry& entry = entries_[i];
       if (entry.bits.empty()) continue;
       BasicTensor<T>& tensor = *tensors[i];
-      if (entry.floats == nullptr) {  // still packed: floats that stand for the bits
+      if (entry.allocation == 0) {  // still packed: floats that stand for the bits
         tensor = BasicTensor<T>::uninitialized(entry.shape, allocator);
-        entry.floats = tensor.data();
+        entry.allocation = tensor.allocation();
+      } else if (entry.allocation != tensor.allocation()) {  // made since it was widened: its own floats count
+        entry = {};
+        continue;
       }
       operands.add(tensor.data(), entry.bits.span());
     }

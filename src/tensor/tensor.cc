@@ -1,5 +1,6 @@
 #include "pipeflow/tensor/tensor.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -30,6 +31,13 @@ void* allocate_unpooled(std::size_t size) {
   return block;
 }
 
+// One count for the process (tensors move between threads); relaxed: the
+// numbers need only differ.
+std::uint64_t next_allocation() {
+  static std::atomic<std::uint64_t> allocations{0};
+  return allocations.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
 }  // namespace
 
 template <class T>
@@ -51,6 +59,7 @@ BasicTensor<T>::BasicTensor(const Shape& shape, Allocator allocator, bool zero)
   void* block = pool_ != nullptr ? pool_->acquire(size) : allocate_unpooled(size);
   if (block == nullptr) fail_allocation(size);
   data_ = static_cast<T*>(block);
+  allocation_ = next_allocation();
   if (zero) std::memset(data_, 0, size);
   if (account_ != nullptr) account_->charge(bytes());
 }
@@ -68,6 +77,7 @@ template <class T>
 void BasicTensor<T>::steal(BasicTensor& other) noexcept {
   shape_ = other.shape_;
   data_ = std::exchange(other.data_, nullptr);
+  allocation_ = std::exchange(other.allocation_, 0);
   pool_ = std::exchange(other.pool_, nullptr);
   account_ = std::exchange(other.account_, nullptr);
   other.shape_ = Shape();
@@ -90,6 +100,7 @@ void BasicTensor<T>::reset() {
     }
   }
   data_ = nullptr;
+  allocation_ = 0;
   pool_ = nullptr;
   account_ = nullptr;
   shape_ = Shape();

@@ -94,6 +94,40 @@ TEST(HalfStash, EachTensorIsRoundedOnceAndWidenedWhereAPassReadsIt) {
   EXPECT_EQ(account.live_bytes(), 2 * 8 * 4);
 }
 
+// The buffer pool hands a freed block to the next request of its size: a
+// pass that frees a tensor it was handed widened and makes one of the same
+// shape in its place gets the same address back. Its new values are what
+// the stash must keep (rounded once), not the bits of the tensor it freed;
+// and a lend must not pair the old bits with the new floats.
+TEST(HalfStash, ATensorMadeWhereAWidenedOneWasFreedIsStashedAnew) {
+  BufferPool pool;
+  const Allocator allocator{&pool, nullptr};
+  Tensor t = filled({4, 16}, 1.0f, 0, allocator);
+  std::array<Tensor*, 1> tensors{&t};
+  HalfStash<float> stash;
+  stash.pack(ComputeFormat::kBf16, tensors, allocator, tensors, true);  // widened, its bits beside
+  const float* freed = t.data();
+  t.reset();
+  t = filled({4, 16}, 3.0f + 0x1p-10f, 0, allocator);  // rounds to 3 in bf16
+  ASSERT_EQ(t.data(), freed);  // the pool's reuse this test is about
+  stash.pack(ComputeFormat::kBf16, tensors, allocator);
+  stash.unpack(tensors, tensors, tensors, allocator);
+  EXPECT_EQ(t[0], 3.0f);
+  EXPECT_EQ(t[63], 3.0f);
+
+  if (!bf16_matmul_available()) return;  // the lend below needs a bf16 matmul
+  const GemmPrecisionScope bf16(GemmPrecision::kBf16);
+  t.reset();
+  t = filled({4, 16}, 5.0f, 0, allocator);
+  ASSERT_EQ(t.data(), freed);
+  const Tensor ones = filled({16, 1}, 1.0f, 0, {});
+  Bf16Operands operands;
+  stash.lend(tensors, allocator, operands);
+  std::vector<float> product(4, 0.0f);
+  gemm<float>(Transpose::kNo, Transpose::kNo, 4, 1, 16, 1.0f, t.data(), 16, ones.data(), 1, 0.0f, product.data(), 1);
+  EXPECT_EQ(product[0], 16 * 5.0f);  // the new floats, not the bits of 3
+}
+
 // What W's GEMMs get: a tensor lent while still packed stands in floats that
 // are never read (NaN here), a widened one keeps its floats; either way the
 // bf16 GEMM multiplies the stashed bits, bit for bit what it computed on the

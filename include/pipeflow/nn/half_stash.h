@@ -26,6 +26,10 @@ namespace pipeflow::nn {
 // For a pass whose GEMMs are bf16, `lend` hands those GEMMs the bits
 // themselves (tensor/gemm.h, Bf16Operands): no widening, no rounding again.
 //
+// A tensor is recognised as the one widened by its allocation (tensor.h),
+// not its address: one a pass makes where it freed a widened one (the pool
+// hands the block out again) is packed anew from its own values.
+//
 // The caller names the same tensors, in the same order, every time (a
 // saved state's `half_tensors()`); the subsets it passes are pointers into
 // them. An empty tensor stays empty. Only float tensors are packed (a double
@@ -48,7 +52,8 @@ class HalfStash {
   // in `retained` stay for a later pack or lend; the others' are freed.
   void unpack(Tensors tensors, Tensors wanted, Tensors retained, Allocator allocator);
   // Registers with `operands` the bits of every tensor of `tensors` that has
-  // them. One still packed first gets floats from `allocator` that only stand
+  // them (one made since it was widened has its own floats: its bits are
+  // dropped, and the GEMM rounds its floats). One still packed first gets floats from `allocator` that only stand
   // for its bits (uninitialized and never written: nothing but a bf16 GEMM
   // inside the operands' lifetime may read them). Call it only where the
   // GEMMs are bf16, and keep every tensor allocated while `operands` lives.
@@ -58,7 +63,7 @@ class HalfStash {
   struct Entry {
     Shape shape;
     BasicTensor<std::uint16_t> bits;  // the tensor's values in the format; empty: none held
-    const T* floats = nullptr;        // the tensor's data while it holds the bits' values
+    std::uint64_t allocation = 0;     // the tensor's allocation while it holds the bits' values; 0: none
   };
   std::size_t position(Tensors tensors, const BasicTensor<T>* tensor) const;
   ComputeFormat format_ = ComputeFormat::kFp32;

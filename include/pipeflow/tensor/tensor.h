@@ -51,6 +51,13 @@ class BasicTensor {
   // The bytes charged: numel() × sizeof(T).
   std::int64_t bytes() const { return numel() * static_cast<std::int64_t>(sizeof(T)); }
 
+  // Which of the process's allocations holds the data: a number no other
+  // allocation had or will have (0: empty). A block the pool hands out again
+  // is a new allocation, so a tensor made at the address of a freed one is
+  // told apart from it (nn/half_stash.h recognises the tensors it widened).
+  // Moves carry it; reshape keeps it.
+  std::uint64_t allocation() const { return allocation_; }
+
   T* data() { return data_; }
   const T* data() const { return data_; }
   std::span<T> span() { return {data_, static_cast<std::size_t>(numel())}; }
@@ -72,6 +79,7 @@ class BasicTensor {
 
   Shape shape_;
   T* data_ = nullptr;
+  std::uint64_t allocation_ = 0;
   BufferPool* pool_ = nullptr;
   MemoryAccount* account_ = nullptr;
 };
