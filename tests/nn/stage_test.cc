@@ -20,6 +20,17 @@ using testing::random_activation;
 using testing::random_tokens;
 
 const ModelConfig kConfig{.vocab_size = 32, .context = 16, .n_layer = 3, .n_head = 2, .n_embd = 16};
+// The same vocabulary and context as a Llama: 4 query heads on 2 key/value
+// heads, rotary positions (the stage lends I's stashed operands at offsets
+// into its saved tensors), an untied head.
+const ModelConfig kLlama{.family = Family::kLlama,
+                         .vocab_size = 32,
+                         .context = 16,
+                         .n_layer = 3,
+                         .n_head = 4,
+                         .n_embd = 16,
+                         .n_kv_head = 2,
+                         .intermediate = 24};
 constexpr int kB = 2;
 constexpr int kT = 12;
 
@@ -32,8 +43,8 @@ StageInput tokens_and_targets(std::uint64_t seed) {
           .targets = random_tokens(kB, kT, kConfig.vocab_size, seed + 1)};
 }
 
-std::unique_ptr<Stage> whole_model(StageOptions options = {}) {
-  auto stage = std::make_unique<Stage>(kConfig, all_layers(kConfig), options);
+std::unique_ptr<Stage> whole_model(StageOptions options = {}, const ModelConfig& config = kConfig) {
+  auto stage = std::make_unique<Stage>(config, all_layers(config), options);
   stage->init_parameters(42);
   return stage;
 }
@@ -74,9 +85,9 @@ TEST(Stage, InitialisationFollowsGpt2) {
   EXPECT_EQ(stage.parameter("h.0.attn.c_attn.bias")[5], 0.0f);
 }
 
-void expect_input_then_weight_equals_full_backward(ComputeFormat format) {
-  const auto split = whole_model({.format = format});
-  const auto full = whole_model({.format = format});
+void expect_input_then_weight_equals_full_backward(ComputeFormat format, const ModelConfig& config) {
+  const auto split = whole_model({.format = format}, config);
+  const auto full = whole_model({.format = format}, config);
   MicrobatchState first, second;
   split->forward(first, tokens_and_targets(1));
   split->forward(second, tokens_and_targets(3));
@@ -98,11 +109,15 @@ void expect_input_then_weight_equals_full_backward(ComputeFormat format) {
 // The zero-bubble contract: I for two micro-batches, then W for both, gives
 // exactly (bit for bit) what B does micro-batch after micro-batch; in bf16
 // and fp16 too, where I stashes what W reads in 16 bits and B rounds it in
-// place.
+// place. GPT-2 and Llama (whose W reads lent operands at offsets into its
+// saved tensors); the sequence-parallel stages are checked in
+// tests/runtime/tensor_parallel_test.cc (they need a tensor group).
 TEST(Stage, InputThenWeightPassesEqualTheFullBackwardBitForBit) {
-  for (const ComputeFormat format : {ComputeFormat::kFp32, ComputeFormat::kBf16, ComputeFormat::kFp16}) {
-    SCOPED_TRACE(to_string(format));
-    expect_input_then_weight_equals_full_backward(format);
+  for (const ModelConfig* config : {&kConfig, &kLlama}) {
+    for (const ComputeFormat format : {ComputeFormat::kFp32, ComputeFormat::kBf16, ComputeFormat::kFp16}) {
+      SCOPED_TRACE(fmt::format("{} {}", to_string(config->family), to_string(format)));
+      expect_input_then_weight_equals_full_backward(format, *config);
+    }
   }
 }
 
