@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <vector>
 
 #include "pipeflow/runtime/measurement.h"
 #include "pipeflow/schedule/generators.h"
@@ -99,6 +100,35 @@ TEST(Measurement, OffCoreTimeIsComputeWallTimeTheThreadDidNotRun) {
   EXPECT_DOUBLE_EQ(figures.ranks[0].off_core_s, 0);
   EXPECT_DOUBLE_EQ(figures.ranks[1].off_core_s, 2);
   EXPECT_DOUBLE_EQ(figures.ranks[1].compute_s, 12);
+}
+
+// With tensor parallelism the wall time a compute action's thread did not
+// run holds its collectives' wait for the peers too: only that part of each
+// (its wall time less its CPU time) is taken out, not its whole time.
+TEST(Measurement, OffCoreTimeLeavesOutTheCollectivesWaitNotTheirWork) {
+  // Rank 1's 4 B actions: 0.5 s each off the core by the wall clock; inside
+  // each, one collective of 0.4 s wall time, 0.1 s of it on the CPU
+  // (asleep 0.3 s), and one of 0.2 s all on the CPU (a CPU clock a little
+  // ahead of the wall clock counts as none asleep).
+  const Schedule lowered = insert_send_recv(make_schedule("1f1b", 2, 4));
+  StepResult step = synthetic_step(lowered, 1, 1, [](const Action& a, RankId r) {
+    return r.value() == 1 && a.kind == ActionKind::kBackward ? 0.5 : 0.0;
+  });
+  RankRecord& rank = step.ranks[1];
+  for (const ActionTiming& t : std::vector<ActionTiming>(rank.actions)) {
+    if (t.action.kind != ActionKind::kBackward) continue;
+    rank.collectives.push_back({.start_s = t.start_s, .end_s = t.start_s + 0.4, .bytes = 64, .cpu_s = 0.1});
+    rank.collectives.push_back({.start_s = t.start_s + 1, .end_s = t.start_s + 1.2, .bytes = 64, .cpu_s = 0.2001});
+  }
+  const StepFigures figures = step_figures(step, 2);
+  // Σ_a max(0, wall − cpu) − Σ_c max(0, wall − cpu) = 4 · 0.5 − 4 · 0.3.
+  EXPECT_NEAR(figures.ranks[1].off_core_s, 4 * 0.5 - 4 * 0.3, 1e-12);
+  EXPECT_NEAR(figures.ranks[1].tensor_parallel_s, 4 * 0.6, 1e-12);
+  EXPECT_EQ(figures.ranks[1].tensor_parallel_collectives, 8);
+  EXPECT_DOUBLE_EQ(figures.ranks[0].off_core_s, 0);
+  // Collectives asleep for longer than the actions lost: 0, not negative.
+  for (CollectiveTiming& c : rank.collectives) c.cpu_s = 0;
+  EXPECT_DOUBLE_EQ(step_figures(step, 2).ranks[1].off_core_s, 0);
 }
 
 TEST(Measurement, TheTimelineSplitsWaitsAndAddsTheFlush) {

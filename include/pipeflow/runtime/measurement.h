@@ -31,9 +31,11 @@ struct RankFigures {
   double compute_s = 0;       // F, B, I, W
   // The part of compute_s the rank's thread was off its core: the actions'
   // wall time less their thread CPU time (ActionTiming::cpu_s), less the
-  // tensor-parallel collectives inside them (which may wait asleep). Time
-  // another process or thread took the core, or page-ins; the pipeline
-  // itself never sleeps inside a compute action.
+  // part of the tensor-parallel collectives inside them that was not CPU
+  // time (their wait asleep for the peers: CollectiveTiming::cpu_s), each
+  // term at least 0: Σ_a max(0, wall_a − cpu_a) − Σ_c max(0, wall_c − cpu_c),
+  // at least 0. Time another process or thread took the core, or page-ins;
+  // the pipeline itself sleeps inside a compute action only in a collective.
   double off_core_s = 0;
   double comm_s = 0;          // SEND and RECV outside their waits (the hand-offs)
   double wait_s = 0;          // blocked in a RECV for the message

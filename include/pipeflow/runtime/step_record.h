@@ -24,7 +24,8 @@ struct ActionTiming {
   // A compute action's thread CPU time (user + system) from its start to its
   // end; 0 for SEND and RECV. Its wall time less this is time the rank's
   // thread was off its core (another process or thread ran there) or
-  // blocked in a tensor-parallel collective (RankFigures::off_core_s).
+  // asleep in a tensor-parallel collective (RankFigures::off_core_s tells
+  // them apart by the collectives' own CPU time).
   double cpu_s = 0;
   // Activation bytes the action leaves held on its stage for later passes:
   // an F, what its micro-batch keeps until its B or I; an I, what it keeps
@@ -62,6 +63,10 @@ struct CollectiveTiming {
   double start_s = 0;
   double end_s = 0;
   std::int64_t bytes = 0;  // the rank's buffer
+  // The rank thread's CPU time inside it (as ActionTiming::cpu_s): its wall
+  // time less this is the part it waited asleep for its peers (or was off
+  // its core), which RankFigures::off_core_s leaves out.
+  double cpu_s = 0;
 };
 
 struct RankRecord {

@@ -940,7 +940,7 @@ std::string record_bytes(const RankRecord& record, double epoch_s) {
     v.insert(v.end(), {static_cast<double>(p.phase), static_cast<double>(p.stage.value()), p.start_s, p.end_s});
   }
   for (const CollectiveTiming& c : record.collectives) {
-    v.insert(v.end(), {c.start_s, c.end_s, static_cast<double>(c.bytes)});
+    v.insert(v.end(), {c.start_s, c.end_s, static_cast<double>(c.bytes), c.cpu_s});
   }
   return {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(double)};
 }
@@ -972,9 +972,11 @@ RankRecord parse_record(const std::string& bytes, double shift) {
                              .start_s = v.at(i + 2) + shift,
                              .end_s = v.at(i + 3) + shift});
   }
-  for (std::size_t c = 0; c < collectives; ++c, i += 3) {
-    record.collectives.push_back(
-        {.start_s = v.at(i) + shift, .end_s = v.at(i + 1) + shift, .bytes = static_cast<std::int64_t>(v.at(i + 2))});
+  for (std::size_t c = 0; c < collectives; ++c, i += 4) {
+    record.collectives.push_back({.start_s = v.at(i) + shift,
+                                  .end_s = v.at(i + 1) + shift,
+                                  .bytes = static_cast<std::int64_t>(v.at(i + 2)),
+                                  .cpu_s = v.at(i + 3)});
   }
   return record;
 }

@@ -39,7 +39,15 @@ class TensorCollectives final : public nn::TensorGroup {
   struct Done {
     Clock::time_point start, end;
     std::int64_t bytes;
+    double cpu_s;
   };
+  // Starts timing a collective; finish records it.
+  struct Started {
+    Clock::time_point wall;
+    double cpu_s;
+  };
+  static Started start();
+  void finish(const Started& started, std::int64_t bytes);
   Communicator* comm_;
   std::chrono::duration<double> timeout_;
   std::vector<Done> done_;

@@ -101,12 +101,14 @@ StepFigures step_figures(const StepResult& step, int num_ranks) {
       rank.pipeline_end_s = std::max(rank.pipeline_end_s, t.end_s);
     }
     rank.other_s = rank.pipeline_end_s - rank.compute_s - rank.comm_s - rank.wait_s;
+    double asleep_in_collectives_s = 0;
     for (const CollectiveTiming& c : record.collectives) {
       rank.tensor_parallel_s += c.end_s - c.start_s;
       rank.tensor_parallel_bytes += c.bytes;
       ++rank.tensor_parallel_collectives;
+      asleep_in_collectives_s += std::max(0.0, c.end_s - c.start_s - c.cpu_s);
     }
-    rank.off_core_s = std::max(0.0, rank.off_core_s - rank.tensor_parallel_s);
+    rank.off_core_s = std::max(0.0, rank.off_core_s - asleep_in_collectives_s);
     for (const PhaseTiming& p : record.phases) {
       rank.flush_s += p.end_s - std::max(p.start_s, rank.pipeline_end_s);  // a reduction may start earlier
       if (p.phase == FlushPhase::kOptimizer) rank.optimizer_s += p.end_s - p.start_s;
