@@ -13,25 +13,18 @@
 #include <string>
 #include <vector>
 
+#include "flags.h"
 #include "pipeflow/tensor/core_peak.h"
 
 int main(int argc, char** argv) {
   double seconds = 1;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string key = argv[i];
-    if (key != "--seconds" || i + 1 >= argc) {
-      std::fprintf(stderr, "usage: bench_core_peak [--seconds S] (got %s)\n", key.c_str());
-      return 2;
-    }
-    char* end = nullptr;
-    seconds = std::strtod(argv[i + 1], &end);
-    if (end == argv[i + 1] || *end != '\0' || !(seconds > 0 && seconds <= 60)) {
-      std::fprintf(stderr,
-                   "--seconds %s: must be a number in (0, 60] (CPU seconds for all the kernels together; "
-                   "each keeps its best millisecond-long run): try --seconds 1\n",
-                   argv[i + 1]);
-      return 2;
-    }
+  pipeflow::bench::parse_flags(argc, argv, {{"--seconds", &seconds}});
+  if (!(seconds > 0 && seconds <= 60)) {
+    std::fprintf(stderr,
+                 "--seconds %g: must be a number in (0, 60] (CPU seconds for all the kernels together; "
+                 "each keeps its best millisecond-long run): try --seconds 1\n",
+                 seconds);
+    return 2;
   }
   const pipeflow::CpuFeatures cpu = pipeflow::detect_cpu_features();
   const std::vector<pipeflow::CorePeak> peaks = pipeflow::measure_core_peaks(cpu, seconds);

@@ -46,7 +46,7 @@
 #include <string>
 #include <vector>
 
-#include "int_flags.h"
+#include "flags.h"
 #include "pipeflow/tensor/core_peak.h"
 #include "pipeflow/tensor/gemm.h"
 #include "pipeflow/tensor/half.h"
@@ -234,7 +234,7 @@ std::string min_median_max(const std::vector<double>& values, const char* format
 
 int main(int argc, char** argv) {
   int rounds = 5, ms_per_measurement = 15;
-  pipeflow::bench::parse_int_flags(argc, argv, {{"--rounds", &rounds}, {"--ms-per-measurement", &ms_per_measurement}});
+  pipeflow::bench::parse_flags(argc, argv, {{"--rounds", &rounds}, {"--ms-per-measurement", &ms_per_measurement}});
   if (rounds < 1 || ms_per_measurement < 1) {
     std::fprintf(stderr, "--rounds and --ms-per-measurement must be at least 1\n");
     return 2;

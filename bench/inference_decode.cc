@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "int_flags.h"
+#include "flags.h"
 #include "pipeflow/nn/random.h"
 #include "pipeflow/runtime/inference.h"
 
@@ -55,7 +55,7 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  bench::parse_int_flags(argc, argv,
+  bench::parse_flags(argc, argv,
                          {{"--stages", &o.stages},
                           {"--microbatches", &o.microbatches},
                           {"--sequences", &o.sequences},

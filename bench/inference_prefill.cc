@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "int_flags.h"
+#include "flags.h"
 #include "pipeflow/nn/random.h"
 #include "pipeflow/runtime/inference.h"
 
@@ -45,7 +45,7 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  bench::parse_int_flags(argc, argv,
+  bench::parse_flags(argc, argv,
                          {{"--stages", &o.stages},
                           {"--chunk", &o.chunk},
                           {"--prompt", &o.prompt},

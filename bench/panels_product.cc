@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "flags.h"
 #include "pipeflow/nn/random.h"
 #include "pipeflow/tensor/gemm.h"
 #include "pipeflow/tensor/panels.h"
@@ -94,7 +95,8 @@ void compare(int matrices, int passes) {
 
 int main(int argc, char** argv) {
   int passes = 9;
-  if (argc == 3 && std::string(argv[1]) == "--passes") passes = std::max(1, std::atoi(argv[2]));
+  pipeflow::bench::parse_flags(argc, argv, {{"--passes", &passes}});
+  passes = std::max(1, passes);
   compare(12, passes);
   compare(4, passes);
   return 0;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "flags.h"
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/model/model_spec.h"
 #include "pipeflow/plan/planner.h"
@@ -65,7 +66,9 @@ bool measure(const char* name, const pipeflow::PlanRequest& request, bool baseli
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool baseline = !(argc > 1 && std::strcmp(argv[1], "--no-baseline") == 0);
+  bool no_baseline = false;
+  pipeflow::bench::parse_flags(argc, argv, {{"--no-baseline", &no_baseline}});
+  const bool baseline = !no_baseline;
   pipeflow::PlanRequest request;
   request.model = pipeflow::gpt_model("megatron-1t", 128, 25600, 160, 51200, 2048);
   request.model.dropout = true;

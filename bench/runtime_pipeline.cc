@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "flags.h"
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/nn/byte_dataset.h"
 #include "pipeflow/runtime/calibrate.h"
@@ -63,24 +64,17 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const char* value = argv[i + 1];
-    if (flag == "--schedule") o.schedule = value;
-    else if (flag == "--stages") o.stages = std::atoi(value);
-    else if (flag == "--microbatches") o.microbatches = std::atoi(value);
-    else if (flag == "--micro-batch") o.micro_batch = std::atoi(value);
-    else if (flag == "--layers") o.model.n_layer = std::atoi(value);
-    else if (flag == "--heads") o.model.n_head = std::atoi(value);
-    else if (flag == "--width") o.model.n_embd = std::atoi(value);
-    else if (flag == "--context") o.model.context = std::atoi(value);
-    else if (flag == "--partition") o.partition = value;
-    else if (flag == "--steps") o.steps = std::atoi(value);
-    else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      std::exit(2);
-    }
-  }
+  bench::parse_flags(argc, argv,
+                     {{"--schedule", &o.schedule},
+                      {"--stages", &o.stages},
+                      {"--microbatches", &o.microbatches},
+                      {"--micro-batch", &o.micro_batch},
+                      {"--layers", &o.model.n_layer},
+                      {"--heads", &o.model.n_head},
+                      {"--width", &o.model.n_embd},
+                      {"--context", &o.model.context},
+                      {"--partition", &o.partition},
+                      {"--steps", &o.steps}});
   return o;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "flags.h"
 #include "pipeflow/schedule/execute.h"
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/passes.h"
@@ -31,7 +32,8 @@ volatile double sink = 0;
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  pipeflow::bench::parse_flags(argc, argv, {});
   using namespace pipeflow;
   const int p = 64;
   const int m = 1024;

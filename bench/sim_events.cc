@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "flags.h"
 #include "pipeflow/model/hardware.h"
 #include "pipeflow/model/model_spec.h"
 #include "pipeflow/schedule/generators.h"
@@ -49,7 +50,8 @@ pipeflow::SimulationCosts bench_costs(const pipeflow::Schedule& schedule, pipefl
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  pipeflow::bench::parse_flags(argc, argv, {});
   using namespace pipeflow;
   const int p = 64;
   const int m = 1024;

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "flags.h"
 #include "pipeflow/nn/adamw.h"
 #include "pipeflow/nn/random.h"
 #include "pipeflow/nn/stage.h"
@@ -79,34 +80,28 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string key = argv[i];
-    if (key == "--arch") {
-      o.llama = std::string(argv[i + 1]) == "llama";
-      continue;
-    }
-    if (key == "--format") {
-      const std::string format = argv[i + 1];
-      o.format = format == "bf16"   ? pipeflow::ComputeFormat::kBf16
-                 : format == "fp16" ? pipeflow::ComputeFormat::kFp16
-                                    : pipeflow::ComputeFormat::kFp32;
-      continue;
-    }
-    const int value = std::atoi(argv[i + 1]);
-    if (key == "--layers") o.layers = value;
-    else if (key == "--kv-heads") o.kv_heads = value;
-    else if (key == "--intermediate") o.intermediate = value;
-    else if (key == "--heads") o.heads = value;
-    else if (key == "--width") o.width = value;
-    else if (key == "--context") o.context = value;
-    else if (key == "--batch") o.batch = value;
-    else if (key == "--steps") o.steps = value;
-    else if (key == "--vocab") o.vocab = value;
-    else {
-      std::fprintf(stderr, "unknown option %s\n", key.c_str());
-      std::exit(2);
-    }
+  std::string arch = "gpt2", format = "fp32";
+  pipeflow::bench::parse_flags(argc, argv,
+                               {{"--arch", &arch},
+                                {"--format", &format},
+                                {"--layers", &o.layers},
+                                {"--kv-heads", &o.kv_heads},
+                                {"--intermediate", &o.intermediate},
+                                {"--heads", &o.heads},
+                                {"--width", &o.width},
+                                {"--context", &o.context},
+                                {"--batch", &o.batch},
+                                {"--steps", &o.steps},
+                                {"--vocab", &o.vocab}});
+  if ((arch != "gpt2" && arch != "llama") || (format != "fp32" && format != "bf16" && format != "fp16")) {
+    std::fprintf(stderr, "--arch %s --format %s: the architecture is gpt2 or llama, the format fp32, bf16 or fp16\n",
+                 arch.c_str(), format.c_str());
+    std::exit(2);
   }
+  o.llama = arch == "llama";
+  o.format = format == "bf16"   ? pipeflow::ComputeFormat::kBf16
+             : format == "fp16" ? pipeflow::ComputeFormat::kFp16
+                                : pipeflow::ComputeFormat::kFp32;
   return o;
 }
 
