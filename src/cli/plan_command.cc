@@ -52,13 +52,15 @@ struct PlanCommand {
   bool inference = false;
   InferenceFlags inference_flags;
   // The run configuration's keys plan reads: what trains (freeze, lora),
-  // and the micro-batches' own shapes, which it refuses.
+  // the host time a block pass adds (block_launch_overhead_s), and the
+  // micro-batches' own shapes, which it refuses.
   RunFlags run_key_flags;
 };
 
-// --freeze and --lora read as the run configuration reads its keys;
-// --variable-seq-lengths and --variable-images refused with the fix.
-TrainingSpec training_of(const PlanCommand& command) {
+// --freeze, --lora and --block-launch-overhead read as the run configuration
+// reads its keys; --variable-seq-lengths and --variable-images refused with
+// the fix.
+RunConfig run_keys_of(const PlanCommand& command) {
   const RunConfig config = default_run_config(command.run_key_flags.overrides());
   for (std::string_view key : microbatch_shape_keys(config)) {
     const std::string_view flag = find_run_key(key)->flag;
@@ -66,7 +68,7 @@ TrainingSpec training_of(const PlanCommand& command) {
          "write the layout it finds with --write-config and give {} to pipeflow simulate --config with it",
          flag, flag);
   }
-  return config.training;
+  return config;
 }
 
 std::string inference_report(const InferencePlanRequest& request, const InferencePlan& plan) {
@@ -121,6 +123,11 @@ void run_inference(const PlanCommand& command) {
   if (!command.profile.empty()) {
     fail("--profile calibrates the training plan by a measured training step: leave it out with --inference");
   }
+  if (const double overhead = run_keys_of(command).block_launch_overhead_s; overhead > 0) {
+    fail("--block-launch-overhead {}: the host time of a training step's block passes, which --inference does not "
+         "price: leave it out with --inference",
+         overhead);
+  }
   InferencePlanRequest request;
   request.setup.model = resolve_model(command.model);
   request.setup.hardware = resolve_hardware(command.hardware);
@@ -157,12 +164,15 @@ PlanRequest make_request(const PlanCommand& command) {
   request.top_k = command.top;
   request.precision = parse_precision(command.precision);
   request.memory_fraction = command.memory_fraction;
-  request.training = training_of(command);
+  const RunConfig keys = run_keys_of(command);
+  request.training = keys.training;
+  request.block_launch_overhead_s = keys.block_launch_overhead_s;
   if (!command.partitions.empty()) {
     request.partitions.clear();
     for (const std::string& method : command.partitions) request.partitions.push_back(parse_partition_method(method));
   }
   if (!command.profile.empty()) {
+    refuse_launch_overhead_with_profile(request.block_launch_overhead_s);
     const std::optional<std::filesystem::path> config =
         command.profile_config.empty() ? std::nullopt : std::optional<std::filesystem::path>(command.profile_config);
     request.measured = measured_run_of(command.profile, config, "--profile-config");
@@ -292,6 +302,7 @@ std::string pipeflow_config(const PlanCommand& command, const Layout& l) {
   o.set("bf16.enabled", l.precision == Precision::kBf16);
   o.set("fp16.enabled", l.precision == Precision::kFp16);
   o.set("freeze", l.training.freeze);
+  if (l.block_launch_overhead_s > 0) o.set("block_launch_overhead_s", l.block_launch_overhead_s);
   if (const std::optional<LoraSpec>& lora = l.training.lora) {
     o.set("lora", {{"r", lora->rank}, {"alpha", lora->alpha}, {"target", lora->targets}, {"train", lora->train}});
   }
@@ -466,7 +477,7 @@ void add_plan_command(CLI::App& app) {
                   "(default parameters,balanced; --inference: one, default parameters)")
       ->delimiter(',');
   sub->add_flag("--json", c->json, "Print one JSON object instead of tables");
-  c->run_key_flags.add_to(sub, {"freeze", "lora", "variable_seq_lengths", "variable_images"});
+  c->run_key_flags.add_to(sub, {"freeze", "lora", "block_launch_overhead_s", "variable_seq_lengths", "variable_images"});
   sub->add_option("--profile", c->profile,
                   "A measured run of the model on the hardware (pipeflow's trace, PyTorch profiler traces, a "
                   "Megatron-LM, DeepSpeed or Ascend log, a profile): every layout's costs are the cost model's "

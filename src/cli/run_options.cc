@@ -71,4 +71,12 @@ RunConfig run_config_of(const std::string& config_path, const RunOverrides& over
   return config_path.empty() ? default_run_config(overrides) : load_run_config(config_path, overrides);
 }
 
+void refuse_launch_overhead_with_profile(double block_launch_overhead_s) {
+  if (block_launch_overhead_s > 0) {
+    fail("block_launch_overhead_s = {}: --profile's measured durations already hold the run's host time; leave the "
+         "overhead out with --profile",
+         block_launch_overhead_s);
+  }
+}
+
 }  // namespace pipeflow::cli

@@ -47,6 +47,10 @@ class RunFlags {
 // defaults) with the flags' overrides.
 RunConfig run_config_of(const std::string& config_path, const RunOverrides& overrides);
 
+// Refuses block_launch_overhead_s > 0 beside a measured run (simulate's and
+// plan's --profile): its durations already hold the run's host time.
+void refuse_launch_overhead_with_profile(double block_launch_overhead_s);
+
 // On standard error: the configuration's warnings, and how its schedule file
 // was read (the CSV dialect), as train and simulate both say them.
 void print_config_notes(const RunConfig& config);

@@ -115,11 +115,7 @@ void run(const SimulateCommand& command) {
     fail("--profile-config {} is the configuration of the run --profile measured: give --profile too, or leave it out",
          quoted_excerpt(command.profile_config));
   }
-  if (!command.profile.empty() && layout.block_launch_overhead_s > 0) {
-    fail("block_launch_overhead_s = {}: --profile's measured durations already hold the run's host time; leave the "
-         "overhead out with --profile",
-         layout.block_launch_overhead_s);
-  }
+  if (!command.profile.empty()) refuse_launch_overhead_with_profile(layout.block_launch_overhead_s);
   std::optional<MeasuredProfile> profile;
   if (!command.profile_config.empty()) {
     // Another run's measurement: this layout's costs calibrated by it, as plan and sweep predict.

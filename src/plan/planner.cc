@@ -226,6 +226,7 @@ class Search {
                 layout.training = request_.training;
                 layout.hardware = request_.hardware;
                 layout.precision = request_.precision;
+                layout.block_launch_overhead_s = request_.block_launch_overhead_s;
                 layout.gradient_precision = request_.precision;
                 layout.gradient_accumulation = default_gradient_accumulation(request_.precision, zero);
                 layout.devices = request_.devices;

@@ -404,13 +404,51 @@ void check_recompute(Context& c) {
        c.gain_of(*pr)});
 }
 
+// The host time of the block passes (block_launch_overhead_s, paid per
+// block pass of every micro-batch): its share of the step is the step less
+// the same run re-simulated without it. Fewer, larger micro-batches for the
+// same global batch pay it fewer times (at a larger bubble): the best such
+// change that fits is the fix.
+void check_launch_overhead(Context& c) {
+  if (c.layout.block_launch_overhead_s <= 0) return;
+  Layout without = c.layout;
+  without.block_launch_overhead_s = 0;
+  const double step = c.base.result.step_time_s;
+  const double share = (step - predict(without).result.step_time_s) / step;
+  if (share <= kLaunchOverheadLine) return;
+  Finding f{Severity::kWarning, "launch-overhead",
+            fmt::format("block_launch_overhead_s = {} (host time each block pass adds) is {} of the step ({} of {}; "
+                        "the line: {}), paid in each of {} micro-batches",
+                        format_seconds(c.layout.block_launch_overhead_s), format_percent(share),
+                        format_seconds(share * step), format_seconds(step), format_percent(kLaunchOverheadLine),
+                        c.base.microbatches),
+            share, kLaunchOverheadLine, "", {}};
+  const int sequences = c.layout.micro_batch * c.base.microbatches;  // per replica
+  double best_gain = 0;
+  for (int m = c.base.microbatches - 1; m >= 1; --m) {
+    if (sequences % m != 0) continue;
+    Layout changed = c.layout;
+    changed.micro_batch = sequences / m;
+    const std::optional<Prediction> pr = c.predict_changed(changed);
+    if (!pr || !c.fits(*pr) || c.gain_of(*pr) <= best_gain) continue;
+    best_gain = c.gain_of(*pr);
+    f.fix = with_gain(fmt::format("fewer, larger micro-batches: {}", microbatch_keys(changed)), best_gain);
+    f.gain = best_gain;
+  }
+  if (f.fix.empty()) {
+    f.fix = "fewer, larger micro-batches (train_micro_batch_size_per_gpu up, gradient_accumulation_steps down) "
+            "where memory allows; none of the same global batch fits and gains here";
+  }
+  c.out.findings.push_back(std::move(f));
+}
+
 using Check = void (*)(Context&);
 constexpr std::pair<const char*, Check> kChecks[] = {
     {"memory", check_memory},           {"bubble", check_bubble},
     {"microbatches", check_microbatches}, {"tensor-across-nodes", check_tensor_across_nodes},
     {"noise-scale", check_noise_scale}, {"learning-rate", check_learning_rate},
     {"imbalance", check_imbalance},     {"overlap", check_overlap},
-    {"recompute", check_recompute},
+    {"recompute", check_recompute},     {"launch-overhead", check_launch_overhead},
 };
 
 }  // namespace

@@ -72,6 +72,30 @@ TEST(PlanCommand, JsonBestFirstAndTheWrittenConfigSimulatesToTheSameStep) {
   EXPECT_NE(read_file(dir + "/megatron.txt").find("--global-batch-size 32"), std::string::npos);
 }
 
+// --block-launch-overhead (the run key block_launch_overhead_s) prices every
+// layout: each best step grows, the written configuration keeps the key and
+// simulates to the same step; a measured run or --inference refuses it.
+TEST(PlanCommand, AHostOverheadPerBlockPassPricesEveryLayoutAndIsWritten) {
+  const std::string dir = make_temp_dir();
+  const CommandResult plain = run_pipeflow(kSmall + " --json");
+  const CommandResult r = run_pipeflow(kSmall + " --json --block-launch-overhead 0.004 --write-config plan.json", dir);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const double best = nlohmann::json::parse(r.out)["candidates"][0]["step_time_s"].get<double>();
+  EXPECT_GT(best, nlohmann::json::parse(plain.out)["candidates"][0]["step_time_s"].get<double>());
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/plan.json"))["block_launch_overhead_s"], 0.004);
+  const CommandResult simulated = run_pipeflow("simulate --config plan.json --json", dir);
+  ASSERT_EQ(simulated.exit_code, 0) << simulated.err;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(simulated.out)["step_time_s"].get<double>(), best);
+  const CommandResult inference = run_pipeflow(
+      "plan --model gpt2-124m --devices 2 --inference --block-launch-overhead 0.004");
+  EXPECT_NE(inference.exit_code, 0);
+  EXPECT_NE(inference.err.find("--block-launch-overhead 0.004: the host time of a training step's block passes, "
+                               "which --inference does not price"),
+            std::string::npos)
+      << inference.err;
+}
+
 // A measured run (gpt-tiny on 2 cpu devices, 1F1B) whose trace shows every
 // backward three times the cost model's: plan calibrates by it. On one
 // device the best layout's step grows by (3 − 1) · m · B of the model's (one

@@ -1,5 +1,6 @@
 #include "pipeflow/plan/review.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -254,6 +255,38 @@ TEST(Review, RecomputeThatMemoryDoesNotNeedIsFoundWithTheTimeItCosts) {
   ASSERT_TRUE(f.gain.has_value());
   EXPECT_DOUBLE_EQ(*f.gain, without.tokens_per_s / prediction_of(keys).tokens_per_s - 1);
   EXPECT_GT(*f.gain, 0);
+}
+
+// 16 micro-batches of 1 sequence on 2 stages of 6 blocks: each block pass
+// pays the host overhead. Its share is the step less the step without it;
+// the fix is the best fitting change to fewer, larger micro-batches for the
+// same global batch, re-simulated.
+TEST(Review, AHostOverheadThatTakesALargeShareOfTheStepIsFoundWithFewerLargerMicrobatches) {
+  const std::string keys = R"({"block_launch_overhead_s": 1e-4})";
+  const Review r = review(run_of(keys));
+  // The overhead is not charged to the embedding and the head: the stages' compute differs (a note).
+  ASSERT_EQ(checks_of(r), (std::vector<std::string>{"launch-overhead", "imbalance"}));
+  const Finding& f = r.findings.front();
+  const double step = prediction_of(keys).result.step_time_s;
+  EXPECT_DOUBLE_EQ(f.value, (step - prediction_of("{}").result.step_time_s) / step);
+  EXPECT_GT(f.value, kLaunchOverheadLine);
+  EXPECT_NE(f.finding.find("block_launch_overhead_s = 100 us (host time each block pass adds) is "),
+            std::string::npos)
+      << f.finding;
+  ASSERT_TRUE(f.gain.has_value());
+  double best = 0;
+  for (const int b : {2, 4, 8}) {  // b 16: one micro-batch, which 1F1B on 2 stages refuses
+    const Prediction p = prediction_of(fmt::format(
+        R"({{"block_launch_overhead_s": 1e-4, "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}}})",
+        b, 16 / b));
+    if (peak_memory(p) <= kMemoryLine * p.layout.hardware.memory_bytes) best = std::max(best, p.tokens_per_s);
+  }
+  EXPECT_DOUBLE_EQ(*f.gain, best / prediction_of(keys).tokens_per_s - 1);
+  EXPECT_GT(*f.gain, 0);
+  EXPECT_NE(f.fix.find("fewer, larger micro-batches: train_micro_batch_size_per_gpu"), std::string::npos) << f.fix;
+  // Unset, or too small to matter: no finding.
+  EXPECT_TRUE(review(run_of("{}")).findings.empty());
+  EXPECT_TRUE(review(run_of(R"({"block_launch_overhead_s": 1e-6})")).findings.empty());
 }
 
 TEST(Review, BadOptionsNameTheFlag) {

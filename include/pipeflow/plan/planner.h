@@ -28,6 +28,10 @@ struct PlanRequest {
   // Every layout trains in this precision (mixed bf16 by default, as large
   // models are trained; fp32 for what pipeflow train runs here).
   Precision precision = Precision::kBf16;
+  // Host seconds each transformer block pass adds, in every layout (the run
+  // key block_launch_overhead_s, sim/layout.h): a layout of more, smaller
+  // micro-batches pays it more often.
+  double block_launch_overhead_s = 0;
   int top_k = 5;
   // Every stage's predicted peak memory must stay within this share of the
   // device's memory (the course's rule: 0.8).

@@ -46,6 +46,7 @@ inline constexpr double kBubbleLine = 0.15;      // of the step
 inline constexpr int kMicrobatchesPerStage = 4;  // m >= 4 · p
 inline constexpr double kImbalanceLine = 1.1;    // slowest stage's compute over the mean
 inline constexpr double kOverlapGainLine = 0.01; // overlapping must gain at least this
+inline constexpr double kLaunchOverheadLine = 0.1;  // block_launch_overhead_s's share of the step
 // The configured learning rate may differ from the scaling rule's by this
 // factor either way: the rules are approximate, a tuned rate differs.
 inline constexpr double kLearningRateTolerance = 1.5;
