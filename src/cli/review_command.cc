@@ -77,7 +77,8 @@ void add_review_command(CLI::App& app) {
   auto c = std::make_shared<ReviewCommand>();
   CLI::App* sub = app.add_subcommand(
       "review", "Review a run configuration before it runs: memory, bubble, micro-batches, ZeRO, tensor parallelism, "
-                "batch and learning rate, balance, overlap, recompute; each finding with its number and fix");
+                "batch and learning rate, balance, overlap, recompute, host overhead; each finding with its number "
+                "and fix");
   sub->add_option("--config", c->config, "Run configuration (pipeflow keys or DeepSpeed's JSON); flags override it");
   c->flags.add_to(sub, {FlagScope::kAll});
   sub->add_option("--noise-scale", c->noise_scale,
