@@ -123,7 +123,8 @@ void run_inference(const PlanCommand& command) {
   if (!command.profile.empty()) {
     fail("--profile calibrates the training plan by a measured training step: leave it out with --inference");
   }
-  if (const double overhead = run_keys_of(command).block_launch_overhead_s; overhead > 0) {
+  if (const double overhead = default_run_config(command.run_key_flags.overrides()).block_launch_overhead_s;
+      overhead > 0) {
     fail("--block-launch-overhead {}: the host time of a training step's block passes, which --inference does not "
          "price: leave it out with --inference",
          overhead);

@@ -68,6 +68,10 @@ void HalfStash<T>::unpack(Tensors tensors, Tensors wanted, Tensors retained, All
     for (BasicTensor<T>* tensor : wanted) {
       Entry& entry = entries_[position(tensors, tensor)];
       if (entry.bits.empty()) continue;  // never packed
+      if (entry.allocation == 0 && !tensor->empty()) {  // made since it was packed: its own floats count
+        entry = {};
+        continue;
+      }
       if (entry.allocation == 0) {
         BasicTensor<T> widened = BasicTensor<T>::uninitialized(entry.shape, allocator);
         from_half_bits(format_, entry.bits.data(), widened.data(), widened.numel());
@@ -91,6 +95,10 @@ void HalfStash<T>::lend(Tensors tensors, Allocator allocator, Bf16Operands& oper
       Entry& entry = entries_[i];
       if (entry.bits.empty()) continue;
       BasicTensor<T>& tensor = *tensors[i];
+      if (entry.allocation == 0 && !tensor.empty()) {  // made since it was packed: its own floats count
+        entry = {};
+        continue;
+      }
       if (entry.allocation == 0) {  // still packed: floats that stand for the bits
         tensor = BasicTensor<T>::uninitialized(entry.shape, allocator);
         entry.allocation = tensor.allocation();

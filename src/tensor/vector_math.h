@@ -7,7 +7,8 @@
 // finite-difference tests, where accuracy matters and speed does not.
 //
 // Where the build targets AVX-512 (-march=native on such a CPU), the softmax
-// pieces (max, exponentiate, dot) and GELU (gelu.cc) are written with its
+// pieces (max, exponentiate, dot), GELU (gelu.cc) and LayerNorm's input
+// gradient (layernorm.cc) are written with its
 // intrinsics instead: GCC vectorises exp_approx's clamps and NaN test into
 // masked copies of the whole polynomial and divide, and leaves a row's last
 // n mod 16 elements to scalar code, which on a causal softmax row (32 keys

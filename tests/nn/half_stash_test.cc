@@ -115,7 +115,7 @@ TEST(HalfStash, ATensorMadeWhereAWidenedOneWasFreedIsStashedAnew) {
   EXPECT_EQ(t[0], 3.0f);
   EXPECT_EQ(t[63], 3.0f);
 
-  if (!bf16_matmul_available()) return;  // the lend below needs a bf16 matmul
+  if (!bf16_matmul_available()) GTEST_SKIP() << "the lend below needs a bf16 matmul";
   const GemmPrecisionScope bf16(GemmPrecision::kBf16);
   t.reset();
   t = filled({4, 16}, 5.0f, 0, allocator);
@@ -126,6 +126,22 @@ TEST(HalfStash, ATensorMadeWhereAWidenedOneWasFreedIsStashedAnew) {
   std::vector<float> product(4, 0.0f);
   gemm<float>(Transpose::kNo, Transpose::kNo, 4, 1, 16, 1.0f, t.data(), 16, ones.data(), 1, 0.0f, product.data(), 1);
   EXPECT_EQ(product[0], 16 * 5.0f);  // the new floats, not the bits of 3
+}
+
+// The mirror case: packed away (its floats freed), then a tensor made in its
+// place before the unpack; the unpack leaves the new floats, not the bits.
+TEST(HalfStash, ATensorMadeWhereAPackedOneWasKeepsItsOwnFloats) {
+  BufferPool pool;
+  const Allocator allocator{&pool, nullptr};
+  Tensor t = filled({4, 16}, 3.0f, 0, allocator);
+  std::array<Tensor*, 1> tensors{&t};
+  HalfStash<float> stash;
+  stash.pack(ComputeFormat::kBf16, tensors, allocator);
+  ASSERT_TRUE(t.empty());
+  t = filled({4, 16}, 7.0f, 0, allocator);
+  stash.unpack(tensors, tensors, tensors, allocator);
+  EXPECT_EQ(t[0], 7.0f);
+  EXPECT_EQ(t[63], 7.0f);
 }
 
 // What W's GEMMs get: a tensor lent while still packed stands in floats that

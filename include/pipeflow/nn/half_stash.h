@@ -49,11 +49,13 @@ class HalfStash {
   // loses them. kFp32: nothing is done.
   void pack(ComputeFormat format, Tensors tensors, Allocator allocator, Tensors keep = {}, bool lend_follows = false);
   // Widens `wanted` (of `tensors`) exactly, where packed. The bits of those
-  // in `retained` stay for a later pack or lend; the others' are freed.
+  // in `retained` stay for a later pack or lend; the others' are freed. A
+  // tensor made in a packed one's place since (no longer empty) keeps its own
+  // floats; its bits are dropped.
   void unpack(Tensors tensors, Tensors wanted, Tensors retained, Allocator allocator);
   // Registers with `operands` the bits of every tensor of `tensors` that has
-  // them (one made since it was widened has its own floats: its bits are
-  // dropped, and the GEMM rounds its floats). One still packed first gets floats from `allocator` that only stand
+  // them (one made since it was widened or packed has its own floats: its
+  // bits are dropped, and the GEMM rounds its floats). One still packed first gets floats from `allocator` that only stand
   // for its bits (uninitialized and never written: nothing but a bf16 GEMM
   // inside the operands' lifetime may read them). Call it only where the
   // GEMMs are bf16, and keep every tensor allocated while `operands` lives.

@@ -926,7 +926,7 @@ namespace {
 
 // A RankRecord as doubles, to gather at world rank 0: the epoch (seconds of
 // rank 0's steady clock), the peak, the counts, then 9 numbers per action, 4
-// per phase and 3 per tensor-parallel collective.
+// per phase and 4 per tensor-parallel collective.
 std::string record_bytes(const RankRecord& record, double epoch_s) {
   std::vector<double> v{epoch_s, static_cast<double>(record.peak_activation_bytes),
                         static_cast<double>(record.actions.size()), static_cast<double>(record.phases.size()),
