@@ -73,8 +73,8 @@ RunConfig run_config_of(const std::string& config_path, const RunOverrides& over
 
 void refuse_launch_overhead_with_profile(double block_launch_overhead_s) {
   if (block_launch_overhead_s > 0) {
-    fail("block_launch_overhead_s = {}: --profile's measured durations already hold the run's host time; leave the "
-         "overhead out with --profile",
+    fail("block_launch_overhead_s (--block-launch-overhead) = {}: --profile's measured durations already hold the "
+         "run's host time; leave the overhead out with --profile",
          block_launch_overhead_s);
   }
 }

@@ -95,15 +95,20 @@ std::string with_gain(const std::string& fix, double gain) {
   return fmt::format("{} ({}{} tokens/s, re-simulated)", fix, gain >= 0 ? "+" : "", format_percent(gain));
 }
 
-// The same global batch in m' >= `at_least` micro-batches: b' = b · m / m'
-// sequences each, the smallest such m' (none when b · m has no such divisor).
-std::optional<Layout> more_microbatches_same_batch(const Layout& layout, int m, int at_least) {
+// The same global batch in m' micro-batches of m instead: b' = b · m / m'
+// sequences each (none when m' does not divide b · m).
+std::optional<Layout> same_batch_in(const Layout& layout, int m, int m_new) {
   const int sequences = layout.micro_batch * m;  // per replica
-  for (int target = std::max(at_least, m + 1); target <= sequences; ++target) {
-    if (sequences % target != 0) continue;
-    Layout changed = layout;
-    changed.micro_batch = sequences / target;
-    return changed;
+  if (m_new < 1 || sequences % m_new != 0) return std::nullopt;
+  Layout changed = layout;
+  changed.micro_batch = sequences / m_new;
+  return changed;
+}
+
+// The same global batch in the fewest m' >= `at_least` (and > m) micro-batches.
+std::optional<Layout> more_microbatches_same_batch(const Layout& layout, int m, int at_least) {
+  for (int target = std::max(at_least, m + 1); target <= layout.micro_batch * m; ++target) {
+    if (std::optional<Layout> changed = same_batch_in(layout, m, target)) return changed;
   }
   return std::nullopt;
 }
@@ -423,16 +428,14 @@ void check_launch_overhead(Context& c) {
                         format_seconds(share * step), format_seconds(step), format_percent(kLaunchOverheadLine),
                         c.base.microbatches),
             share, kLaunchOverheadLine, "", {}};
-  const int sequences = c.layout.micro_batch * c.base.microbatches;  // per replica
   double best_gain = 0;
   for (int m = c.base.microbatches - 1; m >= 1; --m) {
-    if (sequences % m != 0) continue;
-    Layout changed = c.layout;
-    changed.micro_batch = sequences / m;
-    const std::optional<Prediction> pr = c.predict_changed(changed);
+    const std::optional<Layout> changed = same_batch_in(c.layout, c.base.microbatches, m);
+    if (!changed) continue;
+    const std::optional<Prediction> pr = c.predict_changed(*changed);
     if (!pr || !c.fits(*pr) || c.gain_of(*pr) <= best_gain) continue;
     best_gain = c.gain_of(*pr);
-    f.fix = with_gain(fmt::format("fewer, larger micro-batches: {}", microbatch_keys(changed)), best_gain);
+    f.fix = with_gain(fmt::format("fewer, larger micro-batches: {}", microbatch_keys(*changed)), best_gain);
     f.gain = best_gain;
   }
   if (f.fix.empty()) {

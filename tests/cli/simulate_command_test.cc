@@ -193,8 +193,8 @@ TEST(SimulateCommand, ModelAndHardwareMayBeFilesAndAProfileReplacesTheCostModel)
                                               "/profile.json --block-launch-overhead 0.004");
   EXPECT_EQ(overhead.exit_code, 1);
   EXPECT_EQ(overhead.err,
-            "pipeflow: error: block_launch_overhead_s = 0.004: --profile's measured durations already hold the run's "
-            "host time; leave the overhead out with --profile\n");
+            "pipeflow: error: block_launch_overhead_s (--block-launch-overhead) = 0.004: --profile's measured "
+            "durations already hold the run's host time; leave the overhead out with --profile\n");
   std::filesystem::remove_all(dir);
 }
 
