@@ -127,6 +127,16 @@ TEST(LlamaKernel, SwigluMatchesItsFormulaAndFiniteDifferences) {
   std::vector<double> dgu(n * 2 * f);
   swiglu_backward(dgu.data(), r.data(), gu.data(), n, f);
   EXPECT_LT(relative_gradient_error(gu, dgu, loss), kTolerance);
+
+  // The float kernels (AVX-512 on such builds; f = 21 leaves a partial last
+  // vector in each row) against the double ones, forward and backward.
+  loss();  // a at gu as given (the finite differences moved it)
+  const std::vector<float> gu_f(gu.begin(), gu.end()), r_f(r.begin(), r.end());
+  std::vector<float> a_f(n * f), dgu_f(n * 2 * f);
+  swiglu_forward(a_f.data(), gu_f.data(), n, f);
+  swiglu_backward(dgu_f.data(), r_f.data(), gu_f.data(), n, f);
+  for (int i = 0; i < n * f; ++i) EXPECT_NEAR(a_f[i], a[i], 2e-6 * (1 + std::abs(a[i]))) << i;
+  for (int i = 0; i < n * 2 * f; ++i) EXPECT_NEAR(dgu_f[i], dgu[i], 2e-6 * (1 + std::abs(dgu[i]))) << i;
 }
 
 // Two projections side by side in one output (as q | k | v), the second with
