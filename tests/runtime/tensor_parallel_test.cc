@@ -19,6 +19,7 @@
 #include "pipeflow/schedule/generators.h"
 #include "engine/tensor_collectives.h"
 #include "pipeflow/runtime/rank_group.h"
+#include "pipeflow/tensor/gemm.h"
 #include "test_support.h"
 
 namespace pipeflow::runtime {
@@ -317,6 +318,18 @@ TEST(TensorParallelInThreads, InputThenWeightPassesEqualTheFullBackwardBitForBit
     }
     return input;
   };
+  // One bf16 product on this thread before the ranks start: oneDNN sets up
+  // its matmul machinery once, in whichever thread asks first, and publishes
+  // it through its own (uninstrumented) atomics, which ThreadSanitizer
+  // reports as a race when two ranks ask at once; done here, the threads'
+  // start orders it.
+  if (bf16_matmul_available()) {
+    const GemmPrecisionScope bf16(GemmPrecision::kBf16);
+    const std::array<float, 4> a{1, 2, 3, 4};
+    std::array<float, 4> c{};
+    gemm<float>(Transpose::kNo, Transpose::kNo, 2, 2, 2, 1.0f, a.data(), 2, a.data(), 2, 0.0f, c.data(), 2);
+    ASSERT_EQ(c[0], 7.0f);  // 1·1 + 2·3, exact in bf16
+  }
   for (const nn::ModelConfig* model : {&testing::kTiny, &testing::kTinyLlama}) {
     for (const bool sequence : {false, true}) {
       for (const ComputeFormat format : {ComputeFormat::kFp32, ComputeFormat::kBf16}) {
