@@ -20,6 +20,18 @@
 // tracing, the norm); on the pipelined run, per rank, the time in the
 // pipeline part that is neither compute nor waiting for a peer.
 //
+// Unequal cores (P = 2): the 1-stage run steps twice, on the first usable
+// core and on the second (the cores the 2 pipelined ranks are pinned to),
+// both alternating with the pipelined run. On a virtual machine either core
+// can run the same work 10-30% slower than the other for minutes at a time
+// (the host's other guests; no steal time is reported), and against the
+// faster core's time no runtime reaches 2 x (1 - bubble). So the fraction
+// of ideal is printed against each core and against the two cores'
+// combined rate: 1 / T_2 over (1 / T_core0 + 1 / T_core1) x (1 - bubble),
+// the plain 2 x (1 - bubble) ratio when the cores are equal. Compute per step
+// (the sum of the F/B/I/W actions) says where the difference went: the
+// 1-stage run's on each core, the pipelined run's per stage.
+//
 // Off core: per step, the compute time the 1-stage run's thread and the
 // pipelined run's worst rank spent off their cores (RankFigures::off_core_s:
 // another process or thread held the core), and the fraction of ideal with
@@ -33,6 +45,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <sched.h>
 #include <string>
 #include <vector>
 
@@ -112,6 +125,33 @@ double overhead(const StepFigures& f, int stages) {
   return worst / f.wall_s;
 }
 
+// Runs step 0 with the calling thread's affinity narrowed to `cpu`:
+// the engine's rank thread, started there, pins itself to the first core of
+// that affinity (RankThreads) and keeps it after the affinity is restored.
+StepResult first_step_on(PipelineEngine& engine, int cpu, const DatasetSource& source) {
+  cpu_set_t all, one;
+  sched_getaffinity(0, sizeof all, &all);
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  sched_setaffinity(0, sizeof one, &one);
+  StepResult result = engine.step(0, source);
+  sched_setaffinity(0, sizeof all, &all);
+  return result;
+}
+
+// The usable cores (this thread's affinity), in increasing order.
+std::vector<int> usable_cpus() {
+  cpu_set_t set;
+  sched_getaffinity(0, sizeof set, &set);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+double median(std::vector<double> v) { return spread(std::move(v)).median; }
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,7 +162,7 @@ int main(int argc, char** argv) {
               o.model.n_layer, o.model.n_embd, o.model.n_head, o.model.context, o.schedule.c_str(), o.microbatches,
               o.micro_batch, o.steps, usable_cores());
   std::printf("hand-off by spin before sleeping (best of 0.3 s of ping-pong):");
-  for (const int spin_us : {0, 5, 20, 50, 200}) {
+  for (const int spin_us : {0, 50, 200, 1000, 5000}) {
     const double latency = measure_handoff_latency(std::chrono::microseconds(spin_us), 0.3);
     std::printf(" %d us: %.1f us%s", spin_us, 1e6 * latency,
                 std::chrono::microseconds(spin_us) == kHandoffSpin ? " (engine's)" : "");
@@ -130,12 +170,26 @@ int main(int argc, char** argv) {
   std::printf("\n");
   const auto one = make_engine(o, "1f1b", 1);  // p = 1 1F1B: plain gradient accumulation
   const auto many = make_engine(o, o.schedule, o.stages);
+  // The 1-stage run again on the second core, when 2 ranks have a core each.
+  const std::vector<int> cpus = usable_cpus();
+  const bool two_cores = o.stages == 2 && cpus.size() >= 2;
+  const auto one_on_second = two_cores ? make_engine(o, "1f1b", 1) : nullptr;
   CostProfile costs(many->num_stages());
-  std::vector<double> single_s, pipelined_s, bubble, single_overhead, pipelined_overhead, single_off, pipelined_off, wake;
+  std::vector<double> single_s, second_s, pipelined_s, bubble, single_overhead, pipelined_overhead, single_off,
+      pipelined_off, wake;
+  std::vector<double> single_compute, second_compute;
+  std::vector<std::vector<double>> stage_compute(static_cast<std::size_t>(o.stages));
   for (int step = 0; step < o.steps; ++step) {
     const StepResult a = one->step(step, source);
+    StepResult c;
+    if (two_cores) c = step == 0 ? first_step_on(*one_on_second, cpus[1], source) : one_on_second->step(step, source);
     const StepResult b = many->step(step, source);
     if (step == 0) continue;  // warm-up: pools fill
+    if (two_cores) {
+      const StepFigures fc = step_figures(c, 1);
+      second_s.push_back(fc.wall_s);
+      second_compute.push_back(fc.ranks[0].compute_s);
+    }
     if (step <= 3) costs.add(b);
     const StepFigures fa = step_figures(a, 1);
     const StepFigures fb = step_figures(b, o.stages);
@@ -151,16 +205,27 @@ int main(int argc, char** argv) {
     double worst_wake = 0;
     for (const RankFigures& r : fb.ranks) worst_wake = std::max(worst_wake, r.wake_s);
     wake.push_back(worst_wake);
+    single_compute.push_back(fa.ranks[0].compute_s);
+    for (int r = 0; r < o.stages; ++r) stage_compute[static_cast<std::size_t>(r)].push_back(fb.ranks[static_cast<std::size_t>(r)].compute_s);
   }
   const double predicted = predict_step(*many, costs).pipeline_bubble_ratio;
   const double ideal = o.stages * (1 - predicted);
-  std::vector<double> fraction, on_core_fraction;
+  std::vector<double> fraction, on_core_fraction, second_fraction, both_fraction;
   for (std::size_t i = 0; i < single_s.size(); ++i) {
     fraction.push_back(single_s[i] / pipelined_s[i] / ideal);
     on_core_fraction.push_back((single_s[i] - single_off[i]) / (pipelined_s[i] - pipelined_off[i]) / ideal);
+    if (two_cores) {
+      second_fraction.push_back(second_s[i] / pipelined_s[i] / ideal);
+      const double rate = 1 / single_s[i] + 1 / second_s[i];  // the 2 cores' combined
+      both_fraction.push_back(1 / pipelined_s[i] / (rate * (1 - predicted)));
+    }
   }
   std::printf("per step (1-stage / %d-stage, %% of ideal):", o.stages);
   for (const double f : fraction) std::printf(" %.0f", 100 * f);
+  if (two_cores) {
+    std::printf("\nper step (against the 2 cores' combined rate, %% of ideal):");
+    for (const double f : both_fraction) std::printf(" %.0f", 100 * f);
+  }
   std::printf("\noff core per step, ms (1 stage / %d stages' worst rank):", o.stages);
   for (std::size_t i = 0; i < single_off.size(); ++i) std::printf(" %.1f/%.1f", 1e3 * single_off[i], 1e3 * pipelined_off[i]);
   std::printf("\nwake per step, ms (%d stages' worst rank: blocked receives after their SEND ended):", o.stages);
@@ -172,6 +237,23 @@ int main(int argc, char** argv) {
               1e3 * tp.max);
   std::printf("fraction of ideal %d x (1 - %.1f%%) = %.3f: min %.1f%%, median %.1f%%, max %.1f%%\n", o.stages,
               100 * predicted, ideal, 100 * f.min, 100 * f.median, 100 * f.max);
+  if (two_cores) {
+    const Spread t2 = spread(second_s), f2 = spread(second_fraction), fb2 = spread(both_fraction);
+    std::printf("1 stage on the second core (cpu %d): %.1f / %.1f / %.1f ms; fraction of ideal against it: min %.1f%%, median %.1f%%, max %.1f%%\n",
+                cpus[1], 1e3 * t2.min, 1e3 * t2.median, 1e3 * t2.max, 100 * f2.min, 100 * f2.median, 100 * f2.max);
+    std::printf("fraction of ideal against the cores' combined rate (1/T_first + 1/T_second) x (1 - bubble): min %.1f%%, median %.1f%%, max %.1f%%\n",
+                100 * fb2.min, 100 * fb2.median, 100 * fb2.max);
+  }
+  std::printf("compute per step (median, ms): 1 stage %.2f on the first core", 1e3 * median(single_compute));
+  if (two_cores) std::printf(", %.2f on the second", 1e3 * median(second_compute));
+  double stages_sum = 0;
+  std::printf("; %d stages", o.stages);
+  for (int r = 0; r < o.stages; ++r) {
+    const double c = median(stage_compute[static_cast<std::size_t>(r)]);
+    stages_sum += c;
+    std::printf(" %s%.2f", r ? "+ " : "", 1e3 * c);
+  }
+  std::printf(" = %.2f (%.2fx the first core's 1 stage)\n", 1e3 * stages_sum, stages_sum / median(single_compute));
   const Spread on = spread(on_core_fraction);
   std::printf("the same with each step's off-core time taken out (at most; a rank off the critical path loses less): min %.1f%%, median %.1f%%, max %.1f%%\n",
               100 * on.min, 100 * on.median, 100 * on.max);

@@ -3,7 +3,9 @@
 # 2 stages on 2 cores vs 1 stage on 1 core on the same global batch, per step
 # as a fraction of the ideal 2 x (1 - predicted bubble), on two models: the
 # small one of examples/train_1f1b_2stage_small.json and make run's
-# (examples/train_1f1b_2stage.json). The load average is printed around each:
+# (examples/train_1f1b_2stage.json); the 1-stage run also on the second core,
+# and the ratio against the two cores' combined rate (this machine's cores
+# are not always equal). The load average is printed around each:
 # with other work on the cores the pipelined run cannot get its two cores
 # and the ratios say so.
 # Usage: bench/runtime_pipeline.sh [build-dir]   (STEPS=... to change)

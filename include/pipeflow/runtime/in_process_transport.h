@@ -12,10 +12,13 @@
 
 namespace pipeflow::runtime {
 
-// How long the engine's waits for a message spin before they sleep when
+// How long the engine's waits for a message poll before they sleep when
 // every rank has a core of its own (docs/RUNTIME.md, Decisions: measured
-// against 0-200 µs).
-inline constexpr std::chrono::nanoseconds kHandoffSpin = std::chrono::microseconds(50);
+// against 0 µs-5 ms). The first kHandoffPauseSpin of it polls with the
+// CPU's pause hint only; after that each poll also yields the core, so a
+// thread of another process that wants it gets it while the wait goes on.
+inline constexpr std::chrono::nanoseconds kHandoffSpin = std::chrono::milliseconds(1);
+inline constexpr std::chrono::nanoseconds kHandoffPauseSpin = std::chrono::microseconds(50);
 
 // The transport between worker threads of one process. Each rank has an
 // inbox: a fixed array of message slots (its capacity), guarded by one mutex
@@ -36,7 +39,7 @@ class InProcessTransport final : public Transport {
  public:
   // `inbox_capacity[r]`: message slots of rank r's inbox (each >= 1).
   // `spin`: how long a wait polls before it sleeps on the condition variable
-  // (0: sleeps at once). Spinning saves the wake-up of a sleeping thread
+  // (0: sleeps at once; past kHandoffPauseSpin each poll yields). Spinning saves the wake-up of a sleeping thread
   // when the message comes soon, and is worth it only when every rank has
   // a core of its own: otherwise the spinner takes the core its sender needs.
   explicit InProcessTransport(std::vector<int> inbox_capacity, std::chrono::nanoseconds spin = {});

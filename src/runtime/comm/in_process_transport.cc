@@ -1,6 +1,7 @@
 #include "pipeflow/runtime/in_process_transport.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "pipeflow/core/error.h"
 
@@ -17,22 +18,29 @@ void cpu_relax() {
 
 // Waits until `ready()` (checked with `lock` held) or the deadline; false on
 // the deadline. For up to `spin` it polls `version` -- bumped under the lock
-// by every change -- without the lock, and checks `ready()` again after each
-// change; then it sleeps on `changed`. A message that arrives within the spin
-// is taken without the sleeping thread's wake-up (docs/RUNTIME.md, Decisions).
+// by every change -- without the lock (yielding the core between polls past
+// kHandoffPauseSpin), and checks `ready()` again after each change; then it
+// sleeps on `changed`. A message that arrives within the spin is taken
+// without the sleeping thread's wake-up (docs/RUNTIME.md, Decisions).
 template <typename Ready>
 bool wait_until_ready(std::unique_lock<std::mutex>& lock, std::condition_variable& changed,
                       const std::atomic<std::uint64_t>& version, std::chrono::nanoseconds spin, Deadline deadline,
                       Ready ready) {
   if (ready()) return true;
   if (spin.count() > 0) {
-    const Deadline spin_end = std::min(deadline, Clock::now() + spin);
+    const Clock::time_point start = Clock::now();
+    const Deadline pause_end = std::min(deadline, start + std::min(spin, kHandoffPauseSpin));
+    const Deadline spin_end = std::min(deadline, start + spin);
     for (bool moved = true; moved;) {
       const std::uint64_t seen = version.load(std::memory_order_relaxed);
       lock.unlock();
       moved = false;
-      while (!moved && Clock::now() < spin_end) {
-        cpu_relax();
+      for (Clock::time_point now = Clock::now(); !moved && now < spin_end; now = Clock::now()) {
+        if (now < pause_end) {
+          cpu_relax();
+        } else {
+          std::this_thread::yield();
+        }
         moved = version.load(std::memory_order_relaxed) != seen;
       }
       lock.lock();
