@@ -115,6 +115,34 @@ TEST(InProcessTransport, ReceiveTimesOutAndAFullInboxMakesSendWait) {
   EXPECT_EQ(out[0], 2.0f);
 }
 
+// The engine's waits poll for kHandoffSpin before they sleep (pause, then
+// yield, then asleep): a message is taken whichever phase it comes in, a
+// deadline inside the spin still ends the wait, and abort ends a spinning
+// one.
+TEST(InProcessTransport, ASpinningWaitTakesAMessageInEveryPhaseKeepsItsDeadlineAndEndsOnAbort) {
+  static_assert(kHandoffPauseSpin < std::chrono::microseconds(300) && kHandoffSpin > std::chrono::microseconds(300));
+  InProcessTransport transport({1, 1}, kHandoffSpin);
+  Tensor out;
+  EXPECT_EQ(transport.receive(key(0, 1, 0, 0), {4, 8}, {}, Clock::now() + 100us, out), WaitStatus::kTimedOut);
+  // At once (while it pauses), after 300 µs (while it yields), after 20 ms (asleep).
+  const std::chrono::microseconds delays[] = {0us, 300us, 20000us};
+  for (int j = 0; j < 3; ++j) {
+    std::thread sender([&, j] {
+      std::this_thread::sleep_for(delays[j]);
+      EXPECT_EQ(transport.send(key(0, 1, 0, j), filled(static_cast<float>(j + 1)), in(5s)), WaitStatus::kOk);
+    });
+    EXPECT_EQ(transport.receive(key(0, 1, 0, j), {4, 8}, {}, in(5s), out), WaitStatus::kOk);
+    EXPECT_EQ(out[0], static_cast<float>(j + 1));
+    sender.join();
+  }
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(300us);
+    transport.abort();
+  });
+  EXPECT_EQ(transport.receive(key(0, 1, 0, 3), {4, 8}, {}, in(30s), out), WaitStatus::kAborted);
+  aborter.join();
+}
+
 TEST(InProcessTransport, AbortWakesEveryWaiterUntilReset) {
   InProcessTransport transport({1, 1, 1});
   std::atomic<int> aborted{0};
