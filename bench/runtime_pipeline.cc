@@ -28,7 +28,11 @@
 // faster core's time no runtime reaches 2 x (1 - bubble). So the fraction
 // of ideal is printed against each core and against the two cores'
 // combined rate: 1 / T_2 over (1 / T_core0 + 1 / T_core1) x (1 - bubble),
-// the plain 2 x (1 - bubble) ratio when the cores are equal. Compute per step
+// the plain 2 x (1 - bubble) ratio when the cores are equal. The bubble,
+// predicted from the pipelined run's own action times, already holds the
+// stages' imbalance that unequal cores make; what remains is second order:
+// a perfect runtime reaches 4 s0 s1 / (s0 + s1)^2 of this ideal (cores of
+// speeds s0, s1, the model cut in halves): 99% for cores 1.22x apart. Compute per step
 // (the sum of the F/B/I/W actions) says where the difference went: the
 // 1-stage run's on each core, the pipelined run's per stage.
 //
@@ -88,6 +92,11 @@ Options parse(int argc, char** argv) {
                       {"--context", &o.model.context},
                       {"--partition", &o.partition},
                       {"--steps", &o.steps}});
+  if (o.steps < 2) {
+    std::fprintf(stderr, "--steps %d: must be at least 2 (step 0 warms the pools up; the figures are of the steps after it)\n",
+                 o.steps);
+    std::exit(2);
+  }
   return o;
 }
 
