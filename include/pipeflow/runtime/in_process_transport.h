@@ -39,9 +39,10 @@ class InProcessTransport final : public Transport {
  public:
   // `inbox_capacity[r]`: message slots of rank r's inbox (each >= 1).
   // `spin`: how long a wait polls before it sleeps on the condition variable
-  // (0: sleeps at once; past kHandoffPauseSpin each poll yields). Spinning saves the wake-up of a sleeping thread
-  // when the message comes soon, and is worth it only when every rank has
-  // a core of its own: otherwise the spinner takes the core its sender needs.
+  // (0: sleeps at once; past kHandoffPauseSpin each poll yields). Spinning
+  // saves the wake-up of a sleeping thread when the message comes soon, and
+  // is worth it only when every rank has a core of its own: otherwise the
+  // spinner takes the core its sender needs.
   explicit InProcessTransport(std::vector<int> inbox_capacity, std::chrono::nanoseconds spin = {});
   ~InProcessTransport() override;
   InProcessTransport(const InProcessTransport&) = delete;

@@ -20,9 +20,10 @@ void cpu_relax() {
 // the deadline. For up to `spin` it polls `version` -- bumped under the lock
 // by every change -- without the lock (yielding the core between polls past
 // kHandoffPauseSpin), and checks `ready()` again after each change; then it
-// sleeps on `changed`. It may pass the deadline by one poll: a yield can
-// last a scheduler slice when another thread wants the core. A message that arrives within the spin is taken
-// without the sleeping thread's wake-up (docs/RUNTIME.md, Decisions).
+// sleeps on `changed`. A message that arrives within the spin is taken
+// without the sleeping thread's wake-up (docs/RUNTIME.md, Decisions). It may
+// pass the deadline by one poll: a yield can last a scheduler slice when
+// another thread wants the core.
 template <typename Ready>
 bool wait_until_ready(std::unique_lock<std::mutex>& lock, std::condition_variable& changed,
                       const std::atomic<std::uint64_t>& version, std::chrono::nanoseconds spin, Deadline deadline,
