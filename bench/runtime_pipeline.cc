@@ -60,6 +60,7 @@
 #include "pipeflow/runtime/engine.h"
 #include "pipeflow/runtime/in_process_transport.h"
 #include "pipeflow/runtime/measurement.h"
+#include "pipeflow/runtime/rank_threads.h"
 #include "pipeflow/runtime/report.h"
 #include "pipeflow/runtime/stage_partition.h"
 #include "pipeflow/schedule/generators.h"
@@ -146,17 +147,6 @@ StepResult first_step_on(PipelineEngine& engine, int cpu, const DatasetSource& s
   StepResult result = engine.step(0, source);
   sched_setaffinity(0, sizeof all, &all);
   return result;
-}
-
-// The usable cores (this thread's affinity), in increasing order.
-std::vector<int> usable_cpus() {
-  cpu_set_t set;
-  sched_getaffinity(0, sizeof set, &set);
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
-  }
-  return cpus;
 }
 
 double median(std::vector<double> v) { return spread(std::move(v)).median; }

@@ -9,6 +9,11 @@
 
 namespace pipeflow::runtime {
 
+// The CPUs the calling thread may run on (its affinity), in increasing
+// order; empty if the system will not say. RankThreads pins rank r to the
+// r-th of them.
+std::vector<int> usable_cpus();
+
 // One thread per pipeline rank for the life of an engine: the runtime's
 // workers (DESIGN.md, Runtime: "workers live for the whole run"). Starting
 // threads every step cost tens of µs and, worse, left placement to the

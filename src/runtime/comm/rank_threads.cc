@@ -4,9 +4,7 @@
 #include <sched.h>
 
 namespace pipeflow::runtime {
-namespace {
 
-// The CPUs this process may run on (its affinity), in increasing order.
 std::vector<int> usable_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -17,6 +15,8 @@ std::vector<int> usable_cpus() {
   }
   return cpus;
 }
+
+namespace {
 
 bool pin(std::thread& thread, int cpu) {
   cpu_set_t set;
