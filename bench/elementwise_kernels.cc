@@ -1,10 +1,15 @@
 // The elementwise and row kernels between the GEMMs, alone, against a copy of
 // the same bytes in the same run: GELU forward and backward, LayerNorm's
 // forward and input gradient, the causal attention forward (its softmax rows)
-// at the small bench model's shapes. Each: min / median / max over --repeats
-// calls in µs (the min the least disturbed by other processes, the max what
-// a disturbed call costs), and its bytes read and written over the min as a
-// share of memcpy's rate (its min) on the same arrays.
+// at the small bench model's shapes. Each twice: hot, the same arrays call
+// after call (in cache where they fit), and cold, each call on its own copy
+// of the arrays, taken in turn from enough copies (128 MiB in all) that a
+// copy's last use is out of every cache by its next: what a training step
+// meets, whose passes read activations stored long before. Each: min /
+// median / max over --repeats calls in µs (the min the least disturbed by
+// other processes, the max what a disturbed call costs), and its bytes read
+// and written over the min as a share of memcpy's rate (its min, hot or cold)
+// on the same arrays.
 //
 //   bench_elementwise_kernels [--rows 1024 --width 128 --repeats 200]
 
@@ -25,17 +30,42 @@ struct Spread {
   double min, median, max;  // µs
 };
 
-template <class F>
-Spread time_us(int repeats, F f) {
-  std::vector<double> us(static_cast<std::size_t>(repeats));
-  for (double& t : us) {
+// f(copy) `repeats` times: hot on copy 0 each time, cold on copies 0, 1, ...
+// `copies` - 1 in turn, `between_rounds()` (untimed) before each pass over
+// them.
+struct HotAndCold {
+  Spread hot, cold;
+};
+
+template <class F, class G>
+HotAndCold time_us(int repeats, int copies, F f, G between_rounds) {
+  const auto timed = [&](int copy) {
     const auto start = std::chrono::steady_clock::now();
-    f();
-    t = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    f(copy);
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  };
+  const auto spread = [](std::vector<double>& us) {
+    std::sort(us.begin(), us.end());
+    return Spread{us.front(), us[us.size() / 2], us.back()};
+  };
+  std::vector<double> hot, cold;
+  for (int r = 0; r < repeats; ++r) {
+    if (r % copies == 0) between_rounds();
+    cold.push_back(timed(r % copies));
   }
-  std::sort(us.begin(), us.end());
-  return {us.front(), us[us.size() / 2], us.back()};
+  between_rounds();
+  for (int r = 0; r < repeats; ++r) hot.push_back(timed(0));
+  return {spread(hot), spread(cold)};
 }
+
+template <class F>
+HotAndCold time_us(int repeats, int copies, F f) {
+  return time_us(repeats, copies, f, [] {});
+}
+
+// Enough copies of `bytes` a call that they fill 128 MiB, past this CPU's
+// caches (32 MiB L3 a core complex on AMD EPYC): at least 2.
+int copies_for(double bytes) { return std::max(2, static_cast<int>(128.0 * (1 << 20) / bytes)); }
 
 }  // namespace
 
@@ -46,51 +76,66 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--rows %d, --width %d, --repeats %d: each must be at least 1\n", rows, width, repeats);
     return 2;
   }
-  const int f = 4 * width, n = rows * f;
-  std::vector<float> x(n), y(n), g(n);
-  for (int i = 0; i < n; ++i) x[i] = static_cast<float>(i % 1000) / 100.0f - 5.0f;
-  const Spread copy = time_us(repeats, [&] { std::memcpy(y.data(), x.data(), sizeof(float) * n); });
-  const double copy_rate = 2.0 * sizeof(float) * n / copy.min;  // bytes per µs, read + write
-  const auto line = [&](const char* name, Spread us, double bytes) {
-    std::printf("%-28s %9.1f / %9.1f / %9.1f us  %5.1f%% of memcpy's rate\n", name, us.min, us.median, us.max,
-                100.0 * bytes / us.min / copy_rate);
-  };
-  std::printf("%d rows x %d (MLP width %d), min / median / max of %d calls; memcpy of %d floats %.1f / %.1f / %.1f us\n",
-              rows, width, f, repeats, n, copy.min, copy.median, copy.max);
-  line("gelu forward", time_us(repeats, [&] { pipeflow::gelu_forward(y.data(), x.data(), n); }), 8.0 * n);
-  // In place on the gradient: each call starts from ones again (a copy of
-  // the same size, whose least time is taken out of each figure), or
-  // repeated slopes would drive it into subnormals.
-  const std::vector<float> ones(n, 1.0f);
-  Spread backward = time_us(repeats, [&] {
-    std::memcpy(g.data(), ones.data(), sizeof(float) * n);
-    pipeflow::gelu_backward(g.data(), x.data(), n);
+  const long f = 4L * width, n = rows * f;
+  const int gelu_copies = copies_for(8.0 * static_cast<double>(n));
+  std::vector<float> x(n * gelu_copies), y(x.size()), g(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % n % 1000) / 100.0f - 5.0f;
+  const auto slice = [n](std::vector<float>& v, int copy) { return v.data() + copy * n; };
+  const HotAndCold memcpy_us = time_us(repeats, gelu_copies, [&](int k) {
+    std::memcpy(slice(y, k), slice(x, k), sizeof(float) * n);
   });
-  backward = {backward.min - copy.min, backward.median - copy.min, backward.max - copy.min};
-  line("gelu backward", backward, 12.0 * n);
+  // bytes per µs, read + write
+  const double hot_rate = 2.0 * sizeof(float) * n / memcpy_us.hot.min;
+  const double cold_rate = 2.0 * sizeof(float) * n / memcpy_us.cold.min;
+  const auto line = [&](const char* name, HotAndCold us, double bytes) {
+    std::printf("%-26s hot %8.1f / %8.1f / %8.1f us %5.1f%%;  cold %8.1f / %8.1f / %8.1f us %5.1f%%\n", name,
+                us.hot.min, us.hot.median, us.hot.max, 100.0 * bytes / us.hot.min / hot_rate, us.cold.min,
+                us.cold.median, us.cold.max, 100.0 * bytes / us.cold.min / cold_rate);
+  };
+  std::printf("%d rows x %d (MLP width %ld), min / median / max of %d calls, and the bytes over the min as a share of "
+              "memcpy's rate; memcpy of %ld floats hot %.1f / %.1f / %.1f us, cold %.1f / %.1f / %.1f us\n",
+              rows, width, f, repeats, n, memcpy_us.hot.min, memcpy_us.hot.median, memcpy_us.hot.max,
+              memcpy_us.cold.min, memcpy_us.cold.median, memcpy_us.cold.max);
+  line("gelu forward", time_us(repeats, gelu_copies, [&](int k) {
+         pipeflow::gelu_forward(slice(y, k), slice(x, k), static_cast<int>(n));
+       }),
+       8.0 * static_cast<double>(n));
+  // In place on the gradient: every copy starts from ones again before each
+  // pass over the copies (untimed), or repeated slopes would drive it into
+  // subnormals.
+  line("gelu backward", time_us(repeats, gelu_copies,
+                                [&](int k) { pipeflow::gelu_backward(slice(g, k), slice(x, k), static_cast<int>(n)); },
+                                [&] { std::fill(g.begin(), g.end(), 1.0f); }),
+       12.0 * static_cast<double>(n));
 
-  const int c = width;
-  std::vector<float> lx(static_cast<long>(rows) * c), ly(lx.size()), dx(lx.size()), mean(rows), rstd(rows),
-      w(c, 1.1f), b(c, 0.1f);
-  for (std::size_t i = 0; i < lx.size(); ++i) lx[i] = static_cast<float>(i % 77) / 10.0f;
-  const double ln_bytes = 4.0 * static_cast<double>(lx.size());
-  line("layernorm forward",
-       time_us(repeats, [&] { pipeflow::layernorm_forward(ly.data(), mean.data(), rstd.data(), lx.data(), w.data(),
-                                                          b.data(), rows, c); }),
+  const long c = width, ln_n = rows * c;
+  const int ln_copies = copies_for(12.0 * static_cast<double>(ln_n));
+  std::vector<float> lx(ln_n * ln_copies), ly(lx.size()), dx(lx.size()), mean(rows), rstd(rows), w(c, 1.1f), b(c, 0.1f);
+  for (std::size_t i = 0; i < lx.size(); ++i) lx[i] = static_cast<float>(i % ln_n % 77) / 10.0f;
+  const auto ln_slice = [ln_n](std::vector<float>& v, int copy) { return v.data() + copy * ln_n; };
+  const double ln_bytes = 4.0 * static_cast<double>(ln_n);
+  line("layernorm forward", time_us(repeats, ln_copies, [&](int k) {
+         pipeflow::layernorm_forward(ln_slice(ly, k), mean.data(), rstd.data(), ln_slice(lx, k), w.data(), b.data(),
+                                     rows, width);
+       }),
        2 * ln_bytes);
-  line("layernorm input gradient", time_us(repeats, [&] {
-         pipeflow::layernorm_backward_input(dx.data(), static_cast<const float*>(nullptr), ly.data(), lx.data(),
-                                            mean.data(), rstd.data(), w.data(), rows, c);
+  line("layernorm input gradient", time_us(repeats, ln_copies, [&](int k) {
+         pipeflow::layernorm_backward_input(ln_slice(dx, k), static_cast<const float*>(nullptr), ln_slice(ly, k),
+                                            ln_slice(lx, k), mean.data(), rstd.data(), w.data(), rows, width);
        }),
        3 * ln_bytes);
 
   const int t = 64, heads = 4, sequences = std::max(1, rows / t);
-  std::vector<float> qkv(static_cast<long>(sequences) * t * 3 * c), out(static_cast<long>(sequences) * t * c),
-      probs(static_cast<long>(sequences) * heads * t * t);
-  for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i % 13) / 13.0f;
-  line("causal attention forward", time_us(repeats, [&] {
-         pipeflow::attention_forward(out.data(), probs.data(), qkv.data(), sequences, t, c, heads, heads, true);
+  const long qkv_n = static_cast<long>(sequences) * t * 3 * c, out_n = static_cast<long>(sequences) * t * c,
+             probs_n = static_cast<long>(sequences) * heads * t * t;
+  const double attention_bytes = 4.0 * static_cast<double>(qkv_n + out_n + probs_n);
+  const int attention_copies = copies_for(attention_bytes);
+  std::vector<float> qkv(qkv_n * attention_copies), out(out_n * attention_copies), probs(probs_n * attention_copies);
+  for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i % qkv_n % 13) / 13.0f;
+  line("causal attention forward", time_us(repeats, attention_copies, [&](int k) {
+         pipeflow::attention_forward(out.data() + k * out_n, probs.data() + k * probs_n, qkv.data() + k * qkv_n,
+                                     sequences, t, width, heads, heads, true);
        }),
-       4.0 * static_cast<double>(qkv.size() + out.size() + probs.size()));
+       attention_bytes);
   return 0;
 }

@@ -51,26 +51,24 @@ inline GeluTerms gelu_terms(__m512 v) {
 }
 
 void forward_avx512(float* y, const float* x, int n) {
-  for (int i = 0; i < n; i += detail::kLanes) {
-    const __mmask16 m = detail::tail_mask(n - i);
-    const GeluTerms g = gelu_terms(_mm512_maskz_loadu_ps(m, x + i));
-    _mm512_mask_storeu_ps(y + i, m, _mm512_div_ps(g.v, g.denominator));
-  }
+  detail::for_each_vector(n, [&](int i, __mmask16 m) {
+    const GeluTerms g = gelu_terms(detail::load16(x + i, m));
+    detail::store16(y + i, m, _mm512_div_ps(g.v, g.denominator));
+  });
 }
 
 void backward_avx512(float* grad, const float* x, int n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512 two_k = _mm512_set1_ps(static_cast<float>(2 * kSqrt2OverPi));
   const __m512 three_a = _mm512_set1_ps(static_cast<float>(3 * kCubic));
-  for (int i = 0; i < n; i += detail::kLanes) {
-    const __mmask16 m = detail::tail_mask(n - i);
-    const GeluTerms g = gelu_terms(_mm512_maskz_loadu_ps(m, x + i));
+  detail::for_each_vector(n, [&](int i, __mmask16 m) {
+    const GeluTerms g = gelu_terms(detail::load16(x + i, m));
     const __m512 s = _mm512_div_ps(one, g.denominator);
     const __m512 du = _mm512_mul_ps(two_k, _mm512_fmadd_ps(_mm512_mul_ps(three_a, g.v), g.v, one));
     const __m512 ds = _mm512_mul_ps(_mm512_mul_ps(g.v, s), _mm512_sub_ps(one, s));
     const __m512 slope = _mm512_fmadd_ps(ds, du, s);
-    _mm512_mask_storeu_ps(grad + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, grad + i), slope));
-  }
+    detail::store16(grad + i, m, _mm512_mul_ps(detail::load16(grad + i, m), slope));
+  });
 }
 #endif
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <type_traits>
+#include <utility>
 
 #include "vector_math.h"
 
@@ -102,24 +103,25 @@ void backward_input_rows_avx512(float* dx, const float* residual, const float* d
     const __m512 inverse = _mm512_set1_ps(rstd[row]);
     __m512 g_sum = _mm512_setzero_ps();
     __m512 gx_sum = _mm512_setzero_ps();
-    for (int j = 0; j < c; j += detail::kLanes) {
-      const __mmask16 m = detail::tail_mask(c - j);
-      const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, dy + offset + j), _mm512_maskz_loadu_ps(m, w + j));
-      const __m512 x_hat = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + offset + j), mu), inverse);
+    // (g and x̂ of columns j..j+15: the row's gradient through the weight, and
+    // the normalised input)
+    const auto g_and_x_hat = [&](int j, __mmask16 m) {
+      const __m512 g = _mm512_mul_ps(detail::load16(dy + offset + j, m), detail::load16(w + j, m));
+      return std::pair{g, _mm512_mul_ps(_mm512_sub_ps(detail::load16(x + offset + j, m), mu), inverse)};
+    };
+    detail::for_each_vector(c, [&](int j, __mmask16 m) {
+      const auto [g, x_hat] = g_and_x_hat(j, m);
       g_sum = _mm512_add_ps(g_sum, g);
       gx_sum = _mm512_fmadd_ps(g, x_hat, gx_sum);
-    }
+    });
     const __m512 g_mean = _mm512_set1_ps(detail::sum_lanes(g_sum) / static_cast<float>(c));
     const __m512 gx_mean = _mm512_set1_ps(detail::sum_lanes(gx_sum) / static_cast<float>(c));
-    for (int j = 0; j < c; j += detail::kLanes) {
-      const __mmask16 m = detail::tail_mask(c - j);
-      const __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, dy + offset + j), _mm512_maskz_loadu_ps(m, w + j));
-      const __m512 x_hat = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + offset + j), mu), inverse);
+    detail::for_each_vector(c, [&](int j, __mmask16 m) {
+      const auto [g, x_hat] = g_and_x_hat(j, m);
       const __m512 centred = _mm512_fnmadd_ps(x_hat, gx_mean, _mm512_sub_ps(g, g_mean));
-      const __m512 base =
-          residual == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, residual + offset + j);
-      _mm512_mask_storeu_ps(dx + offset + j, m, _mm512_fmadd_ps(inverse, centred, base));
-    }
+      const __m512 base = residual == nullptr ? _mm512_setzero_ps() : detail::load16(residual + offset + j, m);
+      detail::store16(dx + offset + j, m, _mm512_fmadd_ps(inverse, centred, base));
+    });
   }
 }
 #endif
