@@ -1,12 +1,15 @@
 #include "pipeflow/tensor/gemm.h"
 
 #include <cblas.h>
+#include <malloc.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -29,19 +32,53 @@ namespace {
 CBLAS_TRANSPOSE to_cblas(Transpose transpose) { return transpose == Transpose::kYes ? CblasTrans : CblasNoTrans; }
 char to_dnnl(Transpose transpose) { return transpose == Transpose::kYes ? 'T' : 'N'; }
 
+// oneDNN's sgemm takes its packing buffers from malloc on every call (a
+// 74 KB block, at times also one of 230-560 KB, at the bench models'
+// shapes: ~1,700-3,300 calls a step on a pipeline rank). glibc serves them
+// from the calling thread's arena, and the first steps left its free space
+// cut up differently from the steady state: the arena of a small 2-stage
+// run's rank 0 grew 2 MiB over steps 1 to 3, into pages never touched (104
+// page faults in step 1, 1.3 ms on that rank on this VM: the step at 84% of
+// the ideal against 95% after). So glibc keeps freed memory
+// (M_TRIM_THRESHOLD) and serves blocks below 32 MiB, its own dynamic
+// ceiling, from the arenas (M_MMAP_THRESHOLD: setting either option ends the
+// dynamic thresholds), and each thread's first GEMM touches kWarmHeapBytes
+// of its arena and frees them, for the churn of every later step to reuse
+// without a fault. (The buffer pools map their large blocks apart,
+// buffer_pool.cc, so that the first step does not take this memory for
+// good.)
+constexpr std::size_t kWarmHeapBytes = std::size_t{8} << 20;
+
+void warm_thread_heap() {
+  static std::once_flag keep_freed_memory;
+  std::call_once(keep_freed_memory, [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  });
+  void* block = std::malloc(kWarmHeapBytes);
+  if (block == nullptr) return;  // nothing to warm; the GEMMs fault their pages in as before
+  // (Not zeros: GCC turns malloc and a zeroing memset into calloc, which
+  // skips fresh pages; and the address escapes, or it drops all three.)
+  std::memset(block, 1, kWarmHeapBytes);
+  asm volatile("" : : "r"(block) : "memory");
+  std::free(block);
+}
+
 // OpenBLAS's thread count is process-wide, OpenMP's (oneDNN's) is each
-// thread's own: the first call of a thread sets both to 1 for it.
+// thread's own: the first call of a thread sets both to 1 for it, and warms
+// its heap.
 void use_one_gemm_thread() {
   static const bool kOpenblasSet = [] {
     openblas_set_num_threads(1);
     return true;
   }();
   (void)kOpenblasSet;
-  thread_local const bool kOpenmpSet = [] {
+  thread_local const bool kThreadSet = [] {
     omp_set_num_threads(1);
+    warm_thread_heap();
     return true;
   }();
-  (void)kOpenmpSet;
+  (void)kThreadSet;
 }
 
 thread_local GemmPrecision t_precision = GemmPrecision::kFp32;
