@@ -31,36 +31,35 @@ struct Spread {
 };
 
 // f(copy) `repeats` times: hot on copy 0 each time, cold on copies 0, 1, ...
-// `copies` - 1 in turn, `between_rounds()` (untimed) before each pass over
-// them.
+// `copies` - 1 in turn; after(copy), untimed, after each call (a kernel
+// that works in place restores its copy there, while that copy is still
+// the one in cache).
 struct HotAndCold {
   Spread hot, cold;
 };
 
-template <class F, class G>
-HotAndCold time_us(int repeats, int copies, F f, G between_rounds) {
+template <class F, class After>
+HotAndCold time_us(int repeats, int copies, F f, After after) {
   const auto timed = [&](int copy) {
     const auto start = std::chrono::steady_clock::now();
     f(copy);
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    after(copy);
+    return us;
   };
   const auto spread = [](std::vector<double>& us) {
     std::sort(us.begin(), us.end());
     return Spread{us.front(), us[us.size() / 2], us.back()};
   };
   std::vector<double> hot, cold;
-  for (int r = 0; r < repeats; ++r) {
-    if (r % copies == 0) between_rounds();
-    cold.push_back(timed(r % copies));
-  }
-  between_rounds();
+  for (int r = 0; r < repeats; ++r) cold.push_back(timed(r % copies));
   for (int r = 0; r < repeats; ++r) hot.push_back(timed(0));
   return {spread(hot), spread(cold)};
 }
 
 template <class F>
 HotAndCold time_us(int repeats, int copies, F f) {
-  return time_us(repeats, copies, f, [] {});
+  return time_us(repeats, copies, f, [](int) {});
 }
 
 // Enough copies of `bytes` a call that they fill 128 MiB, past this CPU's
@@ -100,12 +99,12 @@ int main(int argc, char** argv) {
          pipeflow::gelu_forward(slice(y, k), slice(x, k), static_cast<int>(n));
        }),
        8.0 * static_cast<double>(n));
-  // In place on the gradient: every copy starts from ones again before each
-  // pass over the copies (untimed), or repeated slopes would drive it into
-  // subnormals.
+  // In place on the gradient: each call's copy is set back to ones after it
+  // (untimed), or repeated slopes would drive it into subnormals.
+  std::fill(g.begin(), g.end(), 1.0f);
   line("gelu backward", time_us(repeats, gelu_copies,
                                 [&](int k) { pipeflow::gelu_backward(slice(g, k), slice(x, k), static_cast<int>(n)); },
-                                [&] { std::fill(g.begin(), g.end(), 1.0f); }),
+                                [&](int k) { std::fill(slice(g, k), slice(g, k) + n, 1.0f); }),
        12.0 * static_cast<double>(n));
 
   const long c = width, ln_n = rows * c;

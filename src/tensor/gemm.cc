@@ -37,24 +37,39 @@ char to_dnnl(Transpose transpose) { return transpose == Transpose::kYes ? 'T' : 
 // shapes: ~1,700-3,300 calls a step on a pipeline rank). glibc serves them
 // from the calling thread's arena, and the first steps left its free space
 // cut up differently from the steady state: the arena of a small 2-stage
-// run's rank 0 grew 2 MiB over steps 1 to 3, into pages never touched (104
-// page faults in step 1, 1.3 ms on that rank on this VM: the step at 84% of
-// the ideal against 95% after). So glibc keeps freed memory
-// (M_TRIM_THRESHOLD) and serves blocks below 32 MiB, its own dynamic
-// ceiling, from the arenas (M_MMAP_THRESHOLD: setting either option ends the
-// dynamic thresholds), and each thread's first GEMM touches kWarmHeapBytes
-// of its arena and frees them, for the churn of every later step to reuse
-// without a fault. (The buffer pools map their large blocks apart,
-// buffer_pool.cc, so that the first step does not take this memory for
-// good.)
+// run's rank 0 grew 2 MiB over steps 1 to 3, into pages never touched (the
+// process's page faults: 104 in step 1, 14 in steps 2 and 3; 1.1 ms of rank
+// 0's step 1 on this VM). So glibc keeps freed memory (M_TRIM_THRESHOLD) and
+// serves blocks below 32 MiB, its own dynamic ceiling, from the arenas
+// (M_MMAP_THRESHOLD: setting either option ends the dynamic thresholds),
+// unless the user has set glibc's malloc options; and each thread's first
+// GEMM touches kWarmHeapBytes of its arena and frees them, for the churn of
+// every later step to reuse without a fault: 8 MiB, four times the growth
+// measured, at most 2,048 faults once a thread. (The buffer pools map their
+// large blocks apart, buffer_pool.cc, so that the first step does not take
+// this memory for good.)
 constexpr std::size_t kWarmHeapBytes = std::size_t{8} << 20;
 
+#if defined(__GLIBC__)
+bool user_set_malloc_options() {
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr && std::string_view(tunables).find("glibc.malloc.") != std::string_view::npos) return true;
+  for (const char* name : {"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+#endif
+
 void warm_thread_heap() {
+#if defined(__GLIBC__)
   static std::once_flag keep_freed_memory;
   std::call_once(keep_freed_memory, [] {
+    if (user_set_malloc_options()) return;
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
   });
+#endif
   void* block = std::malloc(kWarmHeapBytes);
   if (block == nullptr) return;  // nothing to warm; the GEMMs fault their pages in as before
   // (Not zeros: GCC turns malloc and a zeroing memset into calloc, which

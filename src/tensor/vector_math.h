@@ -75,12 +75,11 @@ inline T exp(T x) {
 inline constexpr int kLanes = 16;
 
 #if defined(__AVX512F__)
-// The lanes of a row's last, partial vector: the low `remaining` bits.
-inline __mmask16 tail_mask(int remaining) {
-  return remaining >= kLanes ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << remaining) - 1u);
-}
-
 inline constexpr __mmask16 kWholeVector = 0xFFFF;
+
+// The lanes of a row's last, partial vector (remaining < kLanes): the low
+// `remaining` bits.
+inline __mmask16 tail_mask(int remaining) { return static_cast<__mmask16>((1u << remaining) - 1u); }
 
 // Loads and stores masked only where the mask leaves lanes out: a masked
 // load or store of memory not in cache runs at a third to a half of a plain
@@ -104,7 +103,7 @@ inline void store16(float* p, __mmask16 m, __m512 v) {
 template <class Body>
 __attribute__((always_inline)) inline void for_each_vector(int n, Body&& body) {
   int i = 0;
-  for (; i + kLanes <= n; i += kLanes) body(i, kWholeVector);
+  for (; i <= n - kLanes; i += kLanes) body(i, kWholeVector);
   if (i < n) body(i, tail_mask(n - i));
 }
 
@@ -117,10 +116,9 @@ __attribute__((always_inline)) inline void for_each_vector(int n, Body&& body) {
 // with every lane set: GCC 12's unmasked ones pass an uninitialised vector
 // that -Wmaybe-uninitialized reports.)
 inline __m512 exp16(__m512 x) {
-  constexpr __mmask16 kAll = 0xFFFF;
   const __m512 round = _mm512_set1_ps(12582912.0f);
-  x = _mm512_mask_max_ps(x, kAll, _mm512_set1_ps(-104.0f), x);
-  x = _mm512_mask_min_ps(x, kAll, _mm512_set1_ps(89.0f), x);
+  x = _mm512_mask_max_ps(x, kWholeVector, _mm512_set1_ps(-104.0f), x);
+  x = _mm512_mask_min_ps(x, kWholeVector, _mm512_set1_ps(89.0f), x);
   const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round), round);
   __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), x);
   r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-06f), r);
@@ -131,7 +129,7 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_mask_scalef_ps(p, kAll, p, n);
+  return _mm512_mask_scalef_ps(p, kWholeVector, p, n);
 }
 
 // The lanes added in order, as the generic reductions add their partial sums.
@@ -153,7 +151,7 @@ inline float max16(const float* x, int n) {
   const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 best = lowest;
   for_each_vector(n, [&](int i, __mmask16 m) {
-    best = _mm512_mask_max_ps(best, 0xFFFF, best, load16(x + i, m, lowest));
+    best = _mm512_mask_max_ps(best, kWholeVector, best, load16(x + i, m, lowest));
   });
   alignas(64) float lanes[kLanes];
   _mm512_store_ps(lanes, best);

@@ -6,8 +6,9 @@
 #include <set>
 #include <thread>
 
-#include <fmt/format.h>
 #include <sys/resource.h>
+
+#include <fmt/format.h>
 
 #include "pipeflow/schedule/generators.h"
 #include "pipeflow/schedule/grid.h"
@@ -274,12 +275,20 @@ TEST(PipelineEngine, ThreadedStepsAfterTheFirstAllocateAlmostNoBuffers) {
 // malloc heaps are kept warm for oneDNN's per-call packing buffers
 // (gemm.cc) and pool blocks of 64 KiB and more are mapped apart from them
 // (buffer_pool.cc). Without either, bench_runtime_pipeline's small model
-// took 104, 14 and 14 page faults in steps 1 to 3, then none (about 10 µs
-// each on a VM: its step 1 was 1.3 ms slower, of 7); with the heap warm but
-// the blocks in it, make run's model took 134, 131 and 131. Counted for the
-// whole process; the sanitizers bring allocators of their own.
+// took 104, 14 and 14 page faults in steps 1 to 3 (the process's), then
+// none (about 10 µs each on a VM: its step 1 was 1.1 ms slower, of 7); with
+// the heap warm but the blocks in it, make run's model took 134, 131 and
+// 131. Step 1 is checked where this test is the first of its process, as
+// ctest runs it: after other tests, the arenas their threads leave for this
+// one's are cut up their way, and a step-1 block can still land on a fresh
+// page (measured: 261 faults at make run's step 1 after
+// ThreadedStepsAfterTheFirstAllocateAlmostNoBuffers). The sanitizers bring
+// allocators of their own.
 TEST(PipelineEngine, StepsAfterTheFirstFaultInNoNewPage) {
   if (testing::kSanitized) GTEST_SKIP() << "the sanitizers' allocators place blocks their own way";
+  const bool first_in_process = ::testing::UnitTest::GetInstance()->successful_test_count() +
+                                    ::testing::UnitTest::GetInstance()->failed_test_count() ==
+                                0;
   struct Run {
     const char* name;
     nn::ModelConfig model;
@@ -307,7 +316,9 @@ TEST(PipelineEngine, StepsAfterTheFirstFaultInNoNewPage) {
     for (int step = 1; step < 5; ++step) {
       const long before = faults();
       engine.step(step, source);
-      EXPECT_EQ(faults() - before, 0) << run.name << " model, step " << step;
+      if (step > 1 || first_in_process) {
+        EXPECT_EQ(faults() - before, 0) << run.name << " model, step " << step;
+      }
     }
   }
 }

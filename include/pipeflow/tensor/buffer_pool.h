@@ -11,6 +11,8 @@ namespace pipeflow {
 // Recycles 64-byte aligned blocks by exact size, so that a training step that
 // repeats the shapes of the step before it allocates nothing from the system:
 // a block given back is handed out again to the next request of its size.
+// Blocks of 64 KiB and more are mapped from the kernel (mmap), apart from the
+// malloc heap (buffer_pool.cc says why); trim() unmaps them.
 //
 // Ownership: the pool owns the blocks it caches; a block handed out belongs to
 // its user until given back. The pool must outlive every block it handed out;
