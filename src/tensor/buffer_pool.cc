@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/sanitizers.h"
 
 namespace pipeflow {
 namespace {
@@ -18,20 +19,9 @@ namespace {
 // 2-stage model: 131-134 page faults in each of steps 1 to 3 with its
 // blocks in the heap, none after). Under AddressSanitizer every block comes
 // from its malloc, which checks the bounds of what it hands out.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitized = true;
-#else
-constexpr bool kAddressSanitized = false;
-#endif
-#else
-constexpr bool kAddressSanitized = false;
-#endif
 constexpr std::size_t kMappedBlock = std::size_t{64} << 10;
 
-bool mapped(std::size_t bytes) { return !kAddressSanitized && bytes >= kMappedBlock; }
+bool mapped(std::size_t bytes) { return !kAddressSanitizer && bytes >= kMappedBlock; }
 
 void* allocate_block(std::size_t bytes) {
   if (!mapped(bytes)) return std::aligned_alloc(BufferPool::kAlignment, bytes);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pipeflow/core/error.h"
+#include "pipeflow/core/sanitizers.h"
 #include "pipeflow/tensor/half.h"
 
 // oneDNN runs its GEMMs on OpenMP here (Debian's build: GNU OpenMP). Declared
@@ -62,6 +63,9 @@ bool user_set_malloc_options() {
 #endif
 
 void warm_thread_heap() {
+  // (The sanitizers' allocators are their own, and their memset of 8 MiB
+  // took a ThreadSanitizer rank's first step past a test's 300 ms timeout.)
+  if constexpr (kAddressSanitizer || kThreadSanitizer) return;
 #if defined(__GLIBC__)
   static std::once_flag keep_freed_memory;
   std::call_once(keep_freed_memory, [] {
