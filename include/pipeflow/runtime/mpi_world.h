@@ -38,9 +38,10 @@ class MpiWorld {
   // Prints "pipeflow: error in MPI process R of N on HOST: ERROR" and ends
   // the job with status 1, at once: nothing is unwound, so no buffer an
   // unfinished transfer still uses is freed. A process other than world
-  // rank 0 first pauses a second: when every process fails alike (a bad
-  // configuration), rank 0's abort ends the others in that pause and the
-  // message comes once.
+  // rank 0 first pauses three seconds: when every process fails alike (a
+  // bad configuration), rank 0's abort ends the others in that pause and the
+  // message comes once. (One second was too short for 4 processes on 2
+  // busy cores: a CI run saw all four print.)
   [[noreturn]] static void fail_job(std::string_view error);
 
  private:

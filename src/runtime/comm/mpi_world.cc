@@ -62,7 +62,7 @@ void MpiWorld::fail_job(std::string_view error) {
   char host[MPI_MAX_PROCESSOR_NAME] = {};
   int length = 0;
   MPI_Get_processor_name(host, &length);
-  if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+  if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(3));
   std::fprintf(stderr, "pipeflow: error in MPI process %d of %d on %.*s: %.*s\n", rank, size, length, host,
                static_cast<int>(error.size()), error.data());
   std::fflush(stderr);
