@@ -38,7 +38,7 @@ void HalfStash<T>::pack(ComputeFormat format, Tensors tensors, Allocator allocat
       const bool fresh =
           entry.bits.empty() || entry.allocation != tensor.allocation() || !(entry.shape == tensor.shape());
       if (kept && !lend_follows) {  // floats alone, in the format
-        if (fresh) round_to_format(format, tensor.data(), tensor.numel());
+        if (fresh || !entry.floats_rounded) round_to_format(format, tensor.data(), tensor.numel());
         entry = {};
         continue;
       }
@@ -46,8 +46,10 @@ void HalfStash<T>::pack(ComputeFormat format, Tensors tensors, Allocator allocat
         entry.shape = tensor.shape();
         entry.bits = BasicTensor<std::uint16_t>::uninitialized(Shape{tensor.numel()}, allocator);
         to_half_bits(format, tensor.data(), entry.bits.data(), tensor.numel());
-        if (kept) from_half_bits(format, entry.bits.data(), tensor.data(), tensor.numel());
+        entry.floats_rounded = false;
       }
+      if (kept && !entry.floats_rounded) from_half_bits(format, entry.bits.data(), tensor.data(), tensor.numel());
+      entry.floats_rounded = true;  // kept: rounded now; else the floats go
       if (kept) {
         entry.allocation = tensor.allocation();
       } else {
@@ -108,6 +110,27 @@ void HalfStash<T>::lend(Tensors tensors, Allocator allocator, Bf16Operands& oper
       }
       operands.add(tensor.data(), entry.bits.span());
     }
+  }
+}
+
+template <class T>
+void HalfStash<T>::round_ahead(Tensors tensors, BasicTensor<T>& tensor, Allocator allocator,
+                               Bf16Operands& operands) {
+  if constexpr (!std::is_same_v<T, float>) {
+    fail("internal: only float stages round tensors to bf16");
+  } else {
+    if (entries_.empty()) entries_.resize(tensors.size());
+    if (entries_.size() != tensors.size()) {
+      fail("internal: {} tensors rounded ahead, {} packed", tensors.size(), entries_.size());
+    }
+    format_ = ComputeFormat::kBf16;
+    Entry& entry = entries_[position(tensors, &tensor)];
+    entry.shape = tensor.shape();
+    entry.bits = BasicTensor<std::uint16_t>::uninitialized(Shape{tensor.numel()}, allocator);
+    to_half_bits(ComputeFormat::kBf16, tensor.data(), entry.bits.data(), tensor.numel());
+    entry.allocation = tensor.allocation();
+    entry.floats_rounded = false;
+    operands.add(tensor.data(), entry.bits.span());
   }
 }
 

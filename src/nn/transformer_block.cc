@@ -143,7 +143,8 @@ void TransformerBlock<T>::pack_weights(const BlockParams<T*>& writable, const La
 // The first norm over the rank's rows of saved.x, its output whole (gathered
 // along the sequence under sequence parallelism), and the qkv projection.
 template <class T>
-void TransformerBlock<T>::project_qkv(BlockSaved<T>& s, const LayerShape& shape, Allocator allocator) const {
+void TransformerBlock<T>::project_qkv(BlockSaved<T>& s, const LayerShape& shape, Allocator allocator,
+                                      Bf16Operands* ahead) const {
   const int n = shape.rows();
   const int rows = local_rows(shape);
   const int c = shape.c;
@@ -161,6 +162,7 @@ void TransformerBlock<T>::project_qkv(BlockSaved<T>& s, const LayerShape& shape,
   }
   s.ln_1 = whole(std::move(normed), shape, allocator, "the sequence-parallel all-gather of ln_1's output");
   s.ln_1.reshape({shape.b, shape.t, c});
+  round_ahead(s, s.ln_1, allocator, ahead);
   s.qkv = make({shape.b, shape.t, d.qkv});
   if (llama_) {
     const T* none = nullptr;
@@ -173,8 +175,8 @@ void TransformerBlock<T>::project_qkv(BlockSaved<T>& s, const LayerShape& shape,
 }
 
 template <class T>
-BasicTensor<T> TransformerBlock<T>::project_and_mlp(BlockSaved<T>& s, const LayerShape& shape,
-                                                    Allocator allocator) const {
+BasicTensor<T> TransformerBlock<T>::project_and_mlp(BlockSaved<T>& s, const LayerShape& shape, Allocator allocator,
+                                                    Bf16Operands* ahead) const {
   const int n = shape.rows();
   const int rows = local_rows(shape);
   const int c = shape.c;
@@ -193,11 +195,13 @@ BasicTensor<T> TransformerBlock<T>::project_and_mlp(BlockSaved<T>& s, const Laye
                    "the tensor-parallel all-reduce of the attention's output");
     rmsnorm_forward(normed.data(), s.ln_2_rstd.data(), s.x2.data(), w.ln_2_weight, llama_->norm_eps, rows, c);
     s.ln_2 = whole(std::move(normed), shape, allocator, "the sequence-parallel all-gather of ln_2's output");
+    round_ahead(s, s.ln_2, allocator, ahead);
     s.h = make({shape.b, shape.t, 2 * f});
     projection_forward(s.h.data(), 2 * f, s.ln_2.data(), w.gate_proj, none, n, c, f);
     projection_forward(s.h.data() + f, 2 * f, s.ln_2.data(), w.up_proj, none, n, c, f);
     s.g = make({shape.b, shape.t, f});
     swiglu_forward(s.g.data(), s.h.data(), n, f);
+    round_ahead(s, s.g, allocator, ahead);
     row_projection(y.data(), s.g.data(), w.down_proj, s.x2.data(), f, shape, allocator,
                    "the tensor-parallel all-reduce of the MLP's output");
     return y;
@@ -208,10 +212,12 @@ BasicTensor<T> TransformerBlock<T>::project_and_mlp(BlockSaved<T>& s, const Laye
   layernorm_forward(normed.data(), s.ln_2_mean.data(), s.ln_2_rstd.data(), s.x2.data(), w.ln_2_weight, w.ln_2_bias,
                     rows, c);
   s.ln_2 = whole(std::move(normed), shape, allocator, "the sequence-parallel all-gather of ln_2's output");
+  round_ahead(s, s.ln_2, allocator, ahead);
   s.h = make({shape.b, shape.t, f});
   linear(s.h.data(), s.ln_2.data(), w.fc_weight, w.fc_bias, static_cast<const T*>(nullptr), n, c, f);
   s.g = make({shape.b, shape.t, f});
   gelu_forward(s.g.data(), s.h.data(), n * f);
+  round_ahead(s, s.g, allocator, ahead);
   row_linear(y.data(), s.g.data(), w.fc_proj_weight, w.fc_proj_bias, s.x2.data(), f, shape, allocator,
              "the tensor-parallel all-reduce of the MLP's output");
   return y;
@@ -221,18 +227,33 @@ template <class T>
 BasicTensor<T> TransformerBlock<T>::forward(BlockSaved<T>& s, BasicTensor<T> x, const LayerShape& shape,
                                             Allocator allocator) const {
   const Widths d = widths(shape);
+  Bf16Operands operands;
+  Bf16Operands* ahead = rounds_ahead() ? &operands : nullptr;
   s.x = std::move(x);
-  project_qkv(s, shape, allocator);
+  project_qkv(s, shape, allocator, ahead);
   if (llama_) {
     for (int seq = 0; seq < shape.b; ++seq) {
       rotate(s.qkv.data() + static_cast<long>(seq) * shape.t * d.qkv, shape.t, 0, shape);
     }
   }
+  round_ahead(s, s.qkv, allocator, ahead);
   s.probs = BasicTensor<T>::uninitialized({shape.b, d.heads, shape.t, shape.t}, allocator);
   s.attn_y = BasicTensor<T>::uninitialized({shape.b, shape.t, d.attn}, allocator);
   attention_forward(s.attn_y.data(), s.probs.data(), s.qkv.data(), shape.b, shape.t, d.attn, d.heads, d.kv_heads,
                     causal_);
-  return project_and_mlp(s, shape, allocator);
+  round_ahead(s, s.attn_y, allocator, ahead);
+  return project_and_mlp(s, shape, allocator, ahead);
+}
+
+template <class T>
+bool TransformerBlock<T>::rounds_ahead() {
+  return std::is_same_v<T, float> && current_gemm_precision() == GemmPrecision::kBf16;
+}
+
+template <class T>
+void TransformerBlock<T>::round_ahead(BlockSaved<T>& s, BasicTensor<T>& tensor, Allocator allocator,
+                                      Bf16Operands* ahead) const {
+  if (ahead != nullptr) s.stash.round_ahead(s.half_tensors(), tensor, allocator, *ahead);
 }
 
 template <class T>
@@ -254,7 +275,7 @@ BasicTensor<T> TransformerBlock<T>::forward_cached(BasicTensor<T> x, BasicKvCach
   const int kv = d.kv;
   BlockSaved<T> s;
   s.x = std::move(x);
-  project_qkv(s, shape, allocator);
+  project_qkv(s, shape, allocator, nullptr);
   s.attn_y = BasicTensor<T>::uninitialized({shape.b, shape.t, a}, allocator);
   int row = 0;
   for (std::size_t i = 0; i < rows.counts.size(); ++i) {
@@ -275,9 +296,8 @@ BasicTensor<T> TransformerBlock<T>::forward_cached(BasicTensor<T> x, BasicKvCach
                              count, past, a, d.heads, d.kv_heads);
     row += count;
   }
-  return project_and_mlp(s, shape, allocator);
+  return project_and_mlp(s, shape, allocator, nullptr);
 }
-
 
 template <class T>
 BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor<T> dy, const LayerShape& shape,
@@ -287,9 +307,12 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
   const int c = shape.c;
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
+  Bf16Operands operands;
+  Bf16Operands* ahead = rounds_ahead() ? &operands : nullptr;
   s.dy = std::move(dy);
   if (sequence_) s.dy_whole = whole(s.dy.clone(allocator), shape, allocator, "the sequence-parallel all-gather of dy");
-  if (llama_) return llama_backward_input(s, shape, allocator);
+  round_ahead(s, sequence_ ? s.dy_whole : s.dy, allocator, ahead);
+  if (llama_) return llama_backward_input(s, shape, allocator, ahead);
   const Widths d = widths(shape);
   const int f = d.ffn;
   const T* dy_whole = sequence_ ? s.dy_whole.data() : s.dy.data();
@@ -297,6 +320,7 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
   linear_backward_input(s.dh.data(), dy_whole, w.fc_proj_weight, n, f, c);
   gelu_backward(s.dh.data(), s.h.data(), n * f);
   s.h.reset();
+  round_ahead(s, s.dh, allocator, ahead);
   {
     auto partial = make({n, c});
     linear_backward_input(partial.data(), s.dh.data(), w.fc_weight, n, c, f);
@@ -320,6 +344,7 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
   }
   s.probs.reset();
   s.qkv.reset();
+  round_ahead(s, s.dqkv, allocator, ahead);
   {
     auto partial = make({n, c});
     linear_backward_input(partial.data(), s.dqkv.data(), w.attn_weight, n, c, d.qkv);
@@ -366,7 +391,7 @@ void TransformerBlock<T>::backward_weight(BlockSaved<T>& s, const LayerShape& sh
 // rotation (undone on ∂q and ∂k before their projections' backward).
 template <class T>
 BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const LayerShape& shape,
-                                                         Allocator allocator) const {
+                                                         Allocator allocator, Bf16Operands* ahead) const {
   const int n = shape.rows();
   const int rows = local_rows(shape);
   const int c = shape.c;
@@ -383,6 +408,7 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
     swiglu_backward(s.dh.data(), da.data(), s.h.data(), n, f);
   }
   s.h.reset();
+  round_ahead(s, s.dh, allocator, ahead);
   {
     auto partial = make({n, c});
     projection_backward_input(partial.data(), s.dh.data(), 2 * f, w.gate_proj, n, c, f, false);
@@ -413,6 +439,7 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
     rope_rotate(dqkv + d.attn, width, shape.t, 0, d.kv_heads, d.hs, llama_->rope_cos, llama_->rope_sin,
                 RopeDirection::kInverse);
   }
+  round_ahead(s, s.dqkv, allocator, ahead);
   {
     auto partial = make({n, c});
     projection_backward_input(partial.data(), s.dqkv.data(), width, w.q_proj, n, c, d.attn, false);

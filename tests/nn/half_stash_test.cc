@@ -184,5 +184,48 @@ TEST(HalfStash, ABf16GemmReadsTheLentBitsAsTheWidenedFloats) {
   EXPECT_TRUE(std::isnan(std::bit_cast<float>(product(lent[0], lent[1])[0])));  // the operands gone: floats read
 }
 
+// A tensor rounded ahead (as a block rounds what its bf16 GEMMs read, as
+// soon as it is made): its GEMMs read the bits, and the pack that ends the
+// pass keeps those bits rather than rounding the floats again: values
+// written into the floats since (which a pass must not do) show it. Its
+// floats stay as computed until that pack, which rounds them where it keeps
+// them.
+TEST(HalfStash, ATensorRoundedAheadIsPackedFromTheBitsItsGemmsRead) {
+  MemoryAccount account("test");
+  const Allocator allocator{nullptr, &account};
+  Tensor dropped = filled({4, 16}, 1 + 0x1p-8f + 0x1p-10f, 0, allocator);  // 1 + 2^-7 in bf16
+  Tensor kept = filled({4, 16}, 1.25f + 0x1p-12f, 0, allocator);          // 1.25 in bf16
+  std::array<Tensor*, 2> tensors{&dropped, &kept};
+  HalfStash<float> stash;
+  {
+    Bf16Operands operands;
+    stash.round_ahead(tensors, dropped, allocator, operands);
+    stash.round_ahead(tensors, kept, allocator, operands);
+    EXPECT_EQ(dropped[0], 1 + 0x1p-8f + 0x1p-10f);  // the floats as computed
+    EXPECT_EQ(kept[63], 1.25f + 0x1p-12f);
+    EXPECT_EQ(account.live_bytes(), 2 * 64 * (4 + 2));
+    if (bf16_matmul_available()) {
+      const GemmPrecisionScope bf16(GemmPrecision::kBf16);
+      const Tensor ones = filled({16, 1}, 1.0f, 0, {});
+      std::vector<float> product(4, 0.0f);
+      dropped[0] = 100.0f;  // not read: the GEMM takes the bits
+      gemm<float>(Transpose::kNo, Transpose::kNo, 4, 1, 16, 1.0f, dropped.data(), 16, ones.data(), 1, 0.0f,
+                  product.data(), 1);
+      EXPECT_EQ(product[0], 16 * (1 + 0x1p-7f));
+    }
+  }
+  dropped[1] = 7.0f;
+  kept[0] = 7.0f;
+  std::array<Tensor*, 1> keep{&kept};
+  stash.pack(ComputeFormat::kBf16, tensors, allocator, keep, true);
+  EXPECT_TRUE(dropped.empty());
+  EXPECT_EQ(kept[0], 1.25f);  // widened from the bits rounded ahead
+  EXPECT_EQ(kept[63], 1.25f);
+  EXPECT_EQ(account.live_bytes(), 64 * 2 + 64 * (4 + 2));
+  stash.unpack(tensors, tensors, {}, allocator);
+  EXPECT_EQ(dropped[0], 1 + 0x1p-7f);
+  EXPECT_EQ(dropped[1], 1 + 0x1p-7f);
+}
+
 }  // namespace
 }  // namespace pipeflow::nn

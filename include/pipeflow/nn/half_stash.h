@@ -21,7 +21,8 @@ namespace pipeflow::nn {
 //
 // Each tensor is rounded once: a tensor widened and kept (`retained`) holds
 // its bits beside its floats, and packing it again reuses them; a tensor a
-// pass does not read stays packed through it. A pass must therefore not
+// pass does not read stays packed through it; one rounded ahead (for the
+// bf16 GEMMs that read it as soon as it is made) is packed from those bits. A pass must therefore not
 // write into a tensor it was handed widened (the passes write new tensors).
 // For a pass whose GEMMs are bf16, `lend` hands those GEMMs the bits
 // themselves (tensor/gemm.h, Bf16Operands): no widening, no rounding again.
@@ -60,12 +61,21 @@ class HalfStash {
   // inside the operands' lifetime may read them). Call it only where the
   // GEMMs are bf16, and keep every tensor allocated while `operands` lives.
   void lend(Tensors tensors, Allocator allocator, Bf16Operands& operands);
+  // Rounds `tensor` (one of `tensors`, just made) to bf16 bits now, while
+  // the pass that made it has it in cache, and lends them to `operands`:
+  // the bf16 GEMMs that read it next take them, and the pack that ends the
+  // pass keeps them rather than rounding the tensor again, out of cache.
+  // Its floats stay as computed until that pack, which rounds them where it
+  // keeps them. Call it only where the GEMMs are bf16, and write nothing
+  // into the tensor after (the passes write new tensors).
+  void round_ahead(Tensors tensors, BasicTensor<T>& tensor, Allocator allocator, Bf16Operands& operands);
 
  private:
   struct Entry {
     Shape shape;
     BasicTensor<std::uint16_t> bits;  // the tensor's values in the format; empty: none held
     std::uint64_t allocation = 0;     // the tensor's allocation while it holds the bits' values; 0: none
+    bool floats_rounded = true;       // false: rounded ahead, its floats still as computed
   };
   std::size_t position(Tensors tensors, const BasicTensor<T>* tensor) const;
   ComputeFormat format_ = ComputeFormat::kFp32;

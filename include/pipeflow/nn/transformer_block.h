@@ -160,11 +160,22 @@ class TransformerBlock {
   // the first norm and the qkv projection of saved.x (not rotated); then from
   // saved.attn_y the output projection and residual, the second norm and the
   // MLP with its residual.
-  void project_qkv(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
-  BasicTensor<T> project_and_mlp(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
+  // `ahead`: as round_ahead's.
+  void project_qkv(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator, Bf16Operands* ahead) const;
+  BasicTensor<T> project_and_mlp(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator,
+                                 Bf16Operands* ahead) const;
+  // Where this thread's GEMMs are bf16 (and T is float), the training passes
+  // round each tensor they save that their GEMMs read as soon as it is made
+  // (HalfStash::round_ahead), lending its bits to `ahead`, which lives for
+  // the pass: the GEMMs read those bits and the stash keeps them, where it
+  // would otherwise round the tensor a second time, out of cache, when the
+  // pass ends. Elsewhere, or with `ahead` null (forward_cached), nothing.
+  static bool rounds_ahead();
+  void round_ahead(BlockSaved<T>& saved, BasicTensor<T>& tensor, Allocator allocator, Bf16Operands* ahead) const;
   // Llama: turns q and k of `rows` rows of qkv at positions first_position … .
   void rotate(T* qkv, int rows, int first_position, const LayerShape& shape) const;
-  BasicTensor<T> llama_backward_input(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator) const;
+  BasicTensor<T> llama_backward_input(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator,
+                                      Bf16Operands* ahead) const;
   void llama_backward_weight(BlockSaved<T>& saved, const LayerShape& shape) const;
   // linear_forward, or linear_forward_panels once the weights are packed.
   void linear(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out) const;
