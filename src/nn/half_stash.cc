@@ -86,17 +86,17 @@ void HalfStash<T>::unpack(Tensors tensors, Tensors wanted, Tensors retained, All
 }
 
 template <class T>
-void HalfStash<T>::lend(Tensors tensors, Allocator allocator, Bf16Operands& operands) {
+void HalfStash<T>::lend(Tensors tensors, Tensors lent, Allocator allocator, Bf16Operands& operands) {
   if (entries_.empty()) return;
   if (tensors.size() != entries_.size()) {
     fail("internal: {} tensors lent, {} packed", tensors.size(), entries_.size());
   }
   if constexpr (std::is_same_v<T, float>) {
     if (format_ != ComputeFormat::kBf16) fail("internal: only bf16 bits are lent to bf16 GEMMs");
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      Entry& entry = entries_[i];
+    for (BasicTensor<T>* lent_tensor : lent) {
+      Entry& entry = entries_[position(tensors, lent_tensor)];
       if (entry.bits.empty()) continue;
-      BasicTensor<T>& tensor = *tensors[i];
+      BasicTensor<T>& tensor = *lent_tensor;
       if (entry.allocation == 0 && !tensor.empty()) {  // made since it was packed: its own floats count
         entry = {};
         continue;

@@ -428,12 +428,18 @@ void BasicStage<T>::stash_layer(State& state, int local, bool weight_pass_follow
 }
 
 template <class T>
-void BasicStage<T>::unstash_for_input(State& state, int local) {
+void BasicStage<T>::unstash_for_input(State& state, int local, Bf16Operands& stashed) {
   with_saved(state, local, [&](auto& saved) {
     auto tensors = saved.half_tensors();
     auto reads = saved.input_pass_reads();
+    auto gemm_reads = saved.input_pass_gemm_reads();
     auto read_again = saved.weight_pass_reads();
     saved.stash.unpack(tensors, reads, read_again, allocator());
+    if (gemm_precision_ == GemmPrecision::kBf16) {
+      saved.stash.lend(tensors, gemm_reads, {&stand_in_pool_, nullptr}, stashed);
+    } else {
+      saved.stash.unpack(tensors, gemm_reads, read_again, allocator());
+    }
   });
 }
 
@@ -447,7 +453,7 @@ void BasicStage<T>::unstash_for_weight(State& state, int local, Bf16Operands& st
     }
     auto reads = saved.weight_pass_reads();
     saved.stash.unpack(tensors, reads, tensors, allocator());
-    saved.stash.lend(tensors, {&stand_in_pool_, nullptr}, stashed);
+    saved.stash.lend(tensors, tensors, {&stand_in_pool_, nullptr}, stashed);
   });
 }
 
@@ -500,23 +506,28 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
   for (int local = range_.size() - 1; local >= 0; --local) {
     const int k = options_.recompute_interval;
     if (checkpointing() && (local % k == k - 1 || local == range_.size() - 1)) recompute_segment(state, local / k);
-    unstash_for_input(state, local);
-    // The embedding's I reads no weights.
-    const LayerWeights weights = kind(local) == Kind::kEmbedding ? LayerWeights{} : layer_weights(local);
-    switch (kind(local)) {
-      case Kind::kHead:
-        grad = head_->backward_input(state.head_, state.targets_, loss_scale, state.shape_, allocator());
-        round_to_format(grad);
-        break;
-      case Kind::kBlock: {
-        const auto i = static_cast<std::size_t>(block_index(local));
-        grad = blocks_[i].backward_input(state.blocks_[i], std::move(grad), state.shape_, allocator());
-        round_to_format(grad);
-        break;
+    {
+      // What I's bf16 GEMMs read as their 16 bits: gone before the stash
+      // and W free and draw stand-ins.
+      Bf16Operands stashed;
+      unstash_for_input(state, local, stashed);
+      // The embedding's I reads no weights.
+      const LayerWeights weights = kind(local) == Kind::kEmbedding ? LayerWeights{} : layer_weights(local);
+      switch (kind(local)) {
+        case Kind::kHead:
+          grad = head_->backward_input(state.head_, state.targets_, loss_scale, state.shape_, allocator());
+          round_to_format(grad);
+          break;
+        case Kind::kBlock: {
+          const auto i = static_cast<std::size_t>(block_index(local));
+          grad = blocks_[i].backward_input(state.blocks_[i], std::move(grad), state.shape_, allocator());
+          round_to_format(grad);
+          break;
+        }
+        case Kind::kEmbedding:
+          embedding_->backward_input(state.embedding_, std::move(grad), state.shape_, allocator());
+          break;
       }
-      case Kind::kEmbedding:
-        embedding_->backward_input(state.embedding_, std::move(grad), state.shape_, allocator());
-        break;
     }
     stash_layer(state, local, weight_pass_follows);  // what W reads, in the format
     if (weight_pass_follows) weight_layer(state, local);  // what it read is freed before the next layer's I

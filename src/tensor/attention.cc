@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "pipeflow/tensor/gemm.h"
 #include "vector_math.h"
@@ -72,6 +74,11 @@ void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const 
   const int group = nh / kv;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int last_block_start = (t - 1) / kAttentionBlock * kAttentionBlock;
+  // Under bf16 GEMMs each head's output gradient and ds are read by two
+  // products: rounded once, here and below, not by each.
+  std::vector<std::uint16_t> dy_bits, ds_bits;
+  Bf16Operands dy_rounded;
+  if constexpr (std::is_same_v<T, float>) round_for_gemms(dy, b * t, c, c, dy_bits, dy_rounded);
   for (int seq = 0; seq < b; ++seq) {
     for (int head = 0; head < nh; ++head) {
       const long row0 = static_cast<long>(seq) * t * w;
@@ -98,6 +105,8 @@ void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const 
           softmax_backward_row(ds + static_cast<long>(row) * t, p_block + static_cast<long>(row) * t, visible, scale);
           std::fill(ds + static_cast<long>(row) * t + visible, ds + static_cast<long>(row) * t + keys, T(0));
         }
+        Bf16Operands ds_rounded;
+        if constexpr (std::is_same_v<T, float>) round_for_gemms(ds, rows, keys, t, ds_bits, ds_rounded);
         gemm<T>(Transpose::kNo, Transpose::kNo, rows, hs, keys, T(1), ds, t, k, w, T(0),
                 dq + static_cast<long>(first) * w, w);
         gemm<T>(Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1), ds, t, q + static_cast<long>(first) * w, w,

@@ -122,7 +122,7 @@ TEST(HalfStash, ATensorMadeWhereAWidenedOneWasFreedIsStashedAnew) {
   ASSERT_EQ(t.data(), freed);
   const Tensor ones = filled({16, 1}, 1.0f, 0, {});
   Bf16Operands operands;
-  stash.lend(tensors, allocator, operands);
+  stash.lend(tensors, tensors, allocator, operands);
   std::vector<float> product(4, 0.0f);
   gemm<float>(Transpose::kNo, Transpose::kNo, 4, 1, 16, 1.0f, t.data(), 16, ones.data(), 1, 0.0f, product.data(), 1);
   EXPECT_EQ(product[0], 16 * 5.0f);  // the new floats, not the bits of 3
@@ -176,7 +176,7 @@ TEST(HalfStash, ABf16GemmReadsTheLentBitsAsTheWidenedFloats) {
   lending.unpack(lent_tensors, a_only, lent_tensors, {});  // A widened, B still packed
   {
     Bf16Operands operands;
-    lending.lend(lent_tensors, {}, operands);
+    lending.lend(lent_tensors, lent_tensors, {}, operands);
     ASSERT_EQ(lent[1].shape(), (Shape{k, n}));
     for (float& v : lent[1].span()) v = std::nanf("");  // B's stand-in floats: never read
     EXPECT_EQ(product(lent[0], lent[1]), expected);

@@ -206,6 +206,41 @@ TEST(Gemm, Bf16OperandsHandTheMatmulTheirBitsAsTheyAre) {
             "whole tensor it belongs to as one range");
 }
 
+// round_for_gemms: a strided block rounded once, which the GEMMs that read
+// it (as A, then transposed as B) take as those bits: the same products as
+// rounding it in each, and floats written since (which a caller must not
+// do) are not read. Under kFp32 it adds nothing: the floats are read.
+TEST(Gemm, FloatsRoundedOnceForSeveralGemmsGiveTheirProductsBitForBit) {
+  if (!bf16_matmul_available()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU (AVX2 alone)";
+  const int rows = 12, columns = 20, ld = 28, n = 8;
+  std::vector<float> x = random_floats(static_cast<std::size_t>(rows) * ld, 21);
+  const std::vector<float> right = random_floats(static_cast<std::size_t>(columns) * n, 22);
+  const std::vector<float> left = random_floats(static_cast<std::size_t>(n) * rows, 23);
+  const auto products = [&] {
+    std::vector<float> c(static_cast<std::size_t>(rows) * n + static_cast<std::size_t>(n) * columns, 0.0f);
+    gemm<float>(Transpose::kNo, Transpose::kNo, rows, n, columns, 1.0f, x.data(), ld, right.data(), n, 0.0f,
+                c.data(), n);
+    gemm<float>(Transpose::kNo, Transpose::kNo, n, columns, rows, 1.0f, left.data(), rows, x.data(), ld, 0.0f,
+                c.data() + static_cast<std::ptrdiff_t>(rows) * n, columns);
+    return c;
+  };
+  const GemmPrecisionScope bf16(GemmPrecision::kBf16);
+  const std::vector<float> expected = products();
+  std::vector<std::uint16_t> bits;
+  Bf16Operands rounded;
+  round_for_gemms(x.data(), rows, columns, ld, bits, rounded);
+  EXPECT_EQ(bits.size(), static_cast<std::size_t>((rows - 1) * ld + columns));
+  for (int row = 0; row < rows; ++row) x[static_cast<std::size_t>(row) * ld + 3] = std::nanf("");
+  EXPECT_EQ(products(), expected);
+  {
+    const GemmPrecisionScope fp32(GemmPrecision::kFp32);
+    std::vector<std::uint16_t> none;
+    Bf16Operands not_rounded;
+    round_for_gemms(x.data(), rows, columns, ld, none, not_rounded);
+    EXPECT_TRUE(none.empty());
+  }
+}
+
 // PIPEFLOW_BF16_GEMM chooses the path of kAuto; the forced choices ignore
 // it. Where oneDNN has no bf16 matmul (AVX2 alone), bf16 asked for either
 // way is refused with the fix.

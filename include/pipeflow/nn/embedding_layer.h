@@ -30,6 +30,7 @@ struct EmbeddingSaved {
   // I reads none of them (they are I's results); W reads both, not as GEMM
   // operands.
   std::array<BasicTensor<T>*, 0> input_pass_reads() { return {}; }
+  std::array<BasicTensor<T>*, 0> input_pass_gemm_reads() { return {}; }
   std::array<BasicTensor<T>*, 2> weight_pass_reads() { return {&dx, &dx_whole}; }
   HalfStash<T> stash;
 };

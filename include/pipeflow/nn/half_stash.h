@@ -54,13 +54,15 @@ class HalfStash {
   // tensor made in a packed one's place since (no longer empty) keeps its own
   // floats; its bits are dropped.
   void unpack(Tensors tensors, Tensors wanted, Tensors retained, Allocator allocator);
-  // Registers with `operands` the bits of every tensor of `tensors` that has
-  // them (one made since it was widened or packed has its own floats: its
-  // bits are dropped, and the GEMM rounds its floats). One still packed first gets floats from `allocator` that only stand
-  // for its bits (uninitialized and never written: nothing but a bf16 GEMM
+  // Registers with `operands` the bits of every tensor of `lent` (of
+  // `tensors`) that has them (one made since it was widened or packed has
+  // its own floats: its bits are dropped, and the GEMM rounds its floats).
+  // One still packed first gets floats from `allocator` that only stand for
+  // its bits (uninitialized and never written: nothing but a bf16 GEMM
   // inside the operands' lifetime may read them). Call it only where the
-  // GEMMs are bf16, and keep every tensor allocated while `operands` lives.
-  void lend(Tensors tensors, Allocator allocator, Bf16Operands& operands);
+  // GEMMs are bf16, and keep every lent tensor allocated while `operands`
+  // lives (or, a stand-in, free it into a pool nothing else draws from).
+  void lend(Tensors tensors, Tensors lent, Allocator allocator, Bf16Operands& operands);
   // Rounds `tensor` (one of `tensors`, just made) to bf16 bits now, while
   // the pass that made it has it in cache, and lends them to `operands`:
   // the bf16 GEMMs that read it next take them, and the pack that ends the

@@ -36,9 +36,11 @@ struct HeadSaved {
   // In bf16/fp16, between passes: x, ln_f and d_ln_f in 16 bits (the
   // statistics and the probabilities stay fp32, as the loss does).
   std::array<BasicTensor<T>*, 3> half_tensors() { return {&x, &ln_f, &d_ln_f}; }
-  // Of those, what I reads (ln_f stays packed through it), and what W reads
-  // other than as a GEMM operand (ln_f: a bf16 GEMM takes its 16 bits).
+  // Of those, what I reads (ln_f stays packed through it; I's GEMM reads
+  // none of them), and what W reads other than as a GEMM operand (ln_f: a
+  // bf16 GEMM takes its 16 bits).
   std::array<BasicTensor<T>*, 1> input_pass_reads() { return {&x}; }
+  std::array<BasicTensor<T>*, 0> input_pass_gemm_reads() { return {}; }
   std::array<BasicTensor<T>*, 2> weight_pass_reads() { return {&x, &d_ln_f}; }
   HalfStash<T> stash;
 };

@@ -319,12 +319,12 @@ class BasicStage {
   // In bf16/fp16 a layer keeps what it saved in 16 bits between passes
   // (half_stash.h): stashed after F and after I, each tensor rounded once.
   // Before a fused backward's W (`weight_pass_follows`), what W reads other
-  // than as a GEMM operand keeps its floats, rounded in place. Before I,
-  // what I reads is widened; before W, what W reads is widened and, where
-  // W's GEMMs are bf16, the rest handed to them in their bits through
-  // `stashed`, which must live until W has run (else everything is widened).
+  // than as a GEMM operand keeps its floats, rounded in place. Before I or
+  // W, what the pass reads is widened, but where its GEMMs are bf16 what
+  // only they read is handed to them in its bits through `stashed`, which
+  // must live until the pass has run, and no longer.
   void stash_layer(State& state, int local, bool weight_pass_follows);
-  void unstash_for_input(State& state, int local);
+  void unstash_for_input(State& state, int local, Bf16Operands& stashed);
   void unstash_for_weight(State& state, int local, Bf16Operands& stashed);
   void weight_layer(State& state, int local);
   template <class F>

@@ -82,13 +82,16 @@ struct BlockSaved {
     return {&x, &ln_1, &qkv, &probs, &attn_y, &x2, &ln_2, &h, &g, &dy, &dy_whole, &dx2_whole, &dh, &d_ln_2, &dx2,
             &dqkv, &d_ln_1};
   }
-  // Of those, what I reads (widened for it; the others stay packed through
-  // it), and what W reads other than as a GEMM operand (widened for it; a
-  // bf16 GEMM takes the others, the MLP's and the attention's inputs, as
-  // their 16 bits): the norms' inputs and gradients, and the gradients
+  // Of those, what I reads other than as a GEMM operand (widened for it;
+  // the others stay packed through it), what I reads only as GEMM operands
+  // (qkv, the attention's: lent to bf16 GEMMs as its 16 bits, widened for
+  // fp32 ones), and what W reads other than as a GEMM operand (widened for
+  // it; a bf16 GEMM takes the others, the MLP's and the attention's inputs,
+  // as their 16 bits): the norms' inputs and gradients, and the gradients
   // whose column sums are GPT-2's biases' (a Llama's W multiplies dy, dx2,
   // dh and dqkv only, but they are widened for it too).
-  std::array<BasicTensor<T>*, 5> input_pass_reads() { return {&x, &qkv, &probs, &x2, &h}; }
+  std::array<BasicTensor<T>*, 4> input_pass_reads() { return {&x, &probs, &x2, &h}; }
+  std::array<BasicTensor<T>*, 1> input_pass_gemm_reads() { return {&qkv}; }
   std::array<BasicTensor<T>*, 8> weight_pass_reads() { return {&x, &x2, &dy, &dx2, &d_ln_2, &d_ln_1, &dh, &dqkv}; }
   HalfStash<T> stash;
 };

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace pipeflow {
 
@@ -83,6 +84,14 @@ class Bf16Operands {
 
   void add(const float* stand_in, std::span<const std::uint16_t> bits);
 };
+
+// For floats several of this thread's kBf16 GEMMs read (each would round
+// them itself): rounds the `rows` rows of `columns` floats at x (row stride
+// ld) to bf16 once, into `bits` (resized, laid out alike), and adds them to
+// `operands`, whose lifetime the floats must outlive unchanged. Under
+// kFp32, nothing.
+void round_for_gemms(const float* x, int rows, int columns, int ld, std::vector<std::uint16_t>& bits,
+                     Bf16Operands& operands);
 
 // Whether this CPU has bf16 dot products (AVX-512 BF16, or AMX): oneDNN's
 // effective ISA, which ONEDNN_MAX_CPU_ISA lowers. Without them, on AVX-512,
