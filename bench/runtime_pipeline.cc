@@ -44,12 +44,17 @@
 // by at most that much). Wake: per step, the pipelined run's worst rank's
 // RankFigures::wake_s, the time its blocked receives went on after the
 // peer's SEND had ended (hand-offs and wake-ups).
+//
+// Page faults: per step, the process's (getrusage: minor and major) during
+// the 1-stage step and during the pipelined one, step 0 beside: a step that
+// maps memory anew pays for each (about 10 us on the VM this was tuned on).
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <sched.h>
+#include <sys/resource.h>
 #include <string>
 #include <vector>
 
@@ -151,6 +156,13 @@ StepResult first_step_on(PipelineEngine& engine, int cpu, const DatasetSource& s
 
 double median(std::vector<double> v) { return spread(std::move(v)).median; }
 
+// The process's page faults so far, minor and major.
+long page_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt + usage.ru_majflt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -177,13 +189,25 @@ int main(int argc, char** argv) {
   std::vector<double> single_s, second_s, pipelined_s, bubble, single_overhead, pipelined_overhead, single_off,
       pipelined_off, wake;
   std::vector<double> single_compute, second_compute;
+  std::vector<long> single_faults, pipelined_faults;
+  long first_single_faults = 0, first_pipelined_faults = 0;
   std::vector<std::vector<double>> stage_compute(static_cast<std::size_t>(o.stages));
   for (int step = 0; step < o.steps; ++step) {
+    long faults = page_faults();
     const StepResult a = one->step(step, source);
+    const long single_step_faults = page_faults() - faults;
     StepResult c;
     if (two_cores) c = step == 0 ? first_step_on(*one_on_second, cpus[1], source) : one_on_second->step(step, source);
+    faults = page_faults();
     const StepResult b = many->step(step, source);
-    if (step == 0) continue;  // warm-up: pools fill
+    const long pipelined_step_faults = page_faults() - faults;
+    if (step == 0) {  // warm-up: pools fill
+      first_single_faults = single_step_faults;
+      first_pipelined_faults = pipelined_step_faults;
+      continue;
+    }
+    single_faults.push_back(single_step_faults);
+    pipelined_faults.push_back(pipelined_step_faults);
     if (two_cores) {
       const StepFigures fc = step_figures(c, 1);
       second_s.push_back(fc.wall_s);
@@ -229,6 +253,9 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < single_off.size(); ++i) std::printf(" %.1f/%.1f", 1e3 * single_off[i], 1e3 * pipelined_off[i]);
   std::printf("\nwake per step, ms (%d stages' worst rank: blocked receives after their SEND ended):", o.stages);
   for (const double w : wake) std::printf(" %.2f", 1e3 * w);
+  std::printf("\npage faults per step (the process's, 1 stage / %d stages; step 0: %ld / %ld):", o.stages,
+              first_single_faults, first_pipelined_faults);
+  for (std::size_t i = 0; i < single_faults.size(); ++i) std::printf(" %ld/%ld", single_faults[i], pipelined_faults[i]);
   std::printf("\n");
   const Spread f = spread(fraction), t1 = spread(single_s), tp = spread(pipelined_s), bb = spread(bubble);
   std::printf("steps 1-%d: 1 stage %.1f / %.1f / %.1f ms, %d stages %.1f / %.1f / %.1f ms (min / median / max)\n",
