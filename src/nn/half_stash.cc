@@ -46,10 +46,11 @@ void HalfStash<T>::pack(ComputeFormat format, Tensors tensors, Allocator allocat
         entry.shape = tensor.shape();
         entry.bits = BasicTensor<std::uint16_t>::uninitialized(Shape{tensor.numel()}, allocator);
         to_half_bits(format, tensor.data(), entry.bits.data(), tensor.numel());
-        entry.floats_rounded = false;
+        if (kept) from_half_bits(format, entry.bits.data(), tensor.data(), tensor.numel());
+      } else if (kept && !entry.floats_rounded) {  // rounded ahead: its floats as computed until now
+        from_half_bits(format, entry.bits.data(), tensor.data(), tensor.numel());
       }
-      if (kept && !entry.floats_rounded) from_half_bits(format, entry.bits.data(), tensor.data(), tensor.numel());
-      entry.floats_rounded = true;  // kept: rounded now; else the floats go
+      entry.floats_rounded = true;  // kept: rounded; else the floats go
       if (kept) {
         entry.allocation = tensor.allocation();
       } else {
@@ -123,6 +124,7 @@ void HalfStash<T>::round_ahead(Tensors tensors, BasicTensor<T>& tensor, Allocato
     if (entries_.size() != tensors.size()) {
       fail("internal: {} tensors rounded ahead, {} packed", tensors.size(), entries_.size());
     }
+    if (format_ == ComputeFormat::kFp16) fail("internal: a tensor rounded ahead to bf16 beside fp16 ones");
     format_ = ComputeFormat::kBf16;
     Entry& entry = entries_[position(tensors, &tensor)];
     entry.shape = tensor.shape();

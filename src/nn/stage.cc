@@ -358,7 +358,13 @@ int BasicStage<T>::block_index(int local) const {
 }
 
 template <class T>
-typename BasicStage<T>::Flow BasicStage<T>::forward_layer(State& state, int local, Flow flow) {
+RoundAhead BasicStage<T>::round_ahead(bool stashed_after) const {
+  return std::is_same_v<T, float> && stashed_after && gemm_precision_ == GemmPrecision::kBf16 ? RoundAhead::kYes
+                                                                                                : RoundAhead::kNo;
+}
+
+template <class T>
+typename BasicStage<T>::Flow BasicStage<T>::forward_layer(State& state, int local, Flow flow, bool stashed_after) {
   const LayerWeights weights = layer_weights(local);
   switch (kind(local)) {
     case Kind::kEmbedding: {
@@ -369,7 +375,8 @@ typename BasicStage<T>::Flow BasicStage<T>::forward_layer(State& state, int loca
     case Kind::kBlock: {
       const int i = block_index(local);
       Flow out{{}, blocks_[static_cast<std::size_t>(i)].forward(state.blocks_[static_cast<std::size_t>(i)],
-                                                                std::move(flow.x), state.shape_, allocator())};
+                                                                std::move(flow.x), state.shape_, allocator(),
+                                                                round_ahead(stashed_after))};
       round_to_format(out.x);
       return out;
     }
@@ -436,7 +443,15 @@ void BasicStage<T>::unstash_for_input(State& state, int local, Bf16Operands& sta
     auto read_again = saved.weight_pass_reads();
     saved.stash.unpack(tensors, reads, read_again, allocator());
     if (gemm_precision_ == GemmPrecision::kBf16) {
-      saved.stash.lend(tensors, gemm_reads, {&stand_in_pool_, nullptr}, stashed);
+      // Only those still packed: their stand-ins come from a pool nothing
+      // else draws from, so the block may free them while `stashed` lives;
+      // one holding floats of its own (recomputed) is left to its GEMMs.
+      decltype(gemm_reads) packed{};
+      std::size_t count = 0;
+      for (BasicTensor<T>* tensor : gemm_reads) {
+        if (tensor->empty()) packed[count++] = tensor;
+      }
+      saved.stash.lend(tensors, std::span(packed.data(), count), {&stand_in_pool_, nullptr}, stashed);
     } else {
       saved.stash.unpack(tensors, gemm_reads, read_again, allocator());
     }
@@ -488,7 +503,7 @@ BasicTensor<T> BasicStage<T>::forward(State& state, Input input) {
   state.blocks_.resize(blocks_.size());
   Flow flow{std::move(input.tokens), std::move(input.activation)};
   for (int local = 0; local < range_.size(); ++local) {
-    flow = forward_layer(state, local, std::move(flow));
+    flow = forward_layer(state, local, std::move(flow), !checkpointing());
     if (checkpointing()) {
       checkpoint_layer(state, local);  // nothing is left to stash: the backward recomputes it
     } else {
@@ -520,7 +535,8 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
           break;
         case Kind::kBlock: {
           const auto i = static_cast<std::size_t>(block_index(local));
-          grad = blocks_[i].backward_input(state.blocks_[i], std::move(grad), state.shape_, allocator());
+          grad = blocks_[i].backward_input(state.blocks_[i], std::move(grad), state.shape_, allocator(),
+                                           round_ahead(true));
           round_to_format(grad);
           break;
         }

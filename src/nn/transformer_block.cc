@@ -225,10 +225,10 @@ BasicTensor<T> TransformerBlock<T>::project_and_mlp(BlockSaved<T>& s, const Laye
 
 template <class T>
 BasicTensor<T> TransformerBlock<T>::forward(BlockSaved<T>& s, BasicTensor<T> x, const LayerShape& shape,
-                                            Allocator allocator) const {
+                                            Allocator allocator, RoundAhead rounding) const {
   const Widths d = widths(shape);
   Bf16Operands operands;
-  Bf16Operands* ahead = rounds_ahead() ? &operands : nullptr;
+  Bf16Operands* ahead = rounding == RoundAhead::kYes ? &operands : nullptr;
   s.x = std::move(x);
   project_qkv(s, shape, allocator, ahead);
   if (llama_) {
@@ -243,11 +243,6 @@ BasicTensor<T> TransformerBlock<T>::forward(BlockSaved<T>& s, BasicTensor<T> x, 
                     causal_);
   round_ahead(s, s.attn_y, allocator, ahead);
   return project_and_mlp(s, shape, allocator, ahead);
-}
-
-template <class T>
-bool TransformerBlock<T>::rounds_ahead() {
-  return std::is_same_v<T, float> && current_gemm_precision() == GemmPrecision::kBf16;
 }
 
 template <class T>
@@ -301,14 +296,14 @@ BasicTensor<T> TransformerBlock<T>::forward_cached(BasicTensor<T> x, BasicKvCach
 
 template <class T>
 BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor<T> dy, const LayerShape& shape,
-                                                   Allocator allocator) const {
+                                                   Allocator allocator, RoundAhead rounding) const {
   const int n = shape.rows();
   const int rows = local_rows(shape);
   const int c = shape.c;
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   Bf16Operands operands;
-  Bf16Operands* ahead = rounds_ahead() ? &operands : nullptr;
+  Bf16Operands* ahead = rounding == RoundAhead::kYes ? &operands : nullptr;
   s.dy = std::move(dy);
   if (sequence_) s.dy_whole = whole(s.dy.clone(allocator), shape, allocator, "the sequence-parallel all-gather of dy");
   round_ahead(s, sequence_ ? s.dy_whole : s.dy, allocator, ahead);

@@ -75,7 +75,9 @@ void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const 
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int last_block_start = (t - 1) / kAttentionBlock * kAttentionBlock;
   // Under bf16 GEMMs each head's output gradient and ds are read by two
-  // products: rounded once, here and below, not by each.
+  // products: rounded once, here and below, not by each (the bits, half
+  // dy's bytes and one ds block's, live for the call, as the GEMMs'
+  // own rounding scratch does, outside the activations' account).
   std::vector<std::uint16_t> dy_bits, ds_bits;
   Bf16Operands dy_rounded;
   if constexpr (std::is_same_v<T, float>) round_for_gemms(dy, b * t, c, c, dy_bits, dy_rounded);

@@ -249,7 +249,17 @@ Bf16Operands& Bf16Operands::operator=(Bf16Operands&& other) noexcept {
 
 void Bf16Operands::add(const float* stand_in, std::span<const std::uint16_t> bits) {
   const auto begin = reinterpret_cast<std::uintptr_t>(stand_in);
-  t_bf16_ranges.push_back({begin, begin + bits.size() * sizeof(float), bits.data(), this});
+  const std::uintptr_t end = begin + bits.size() * sizeof(float);
+  for (const Bf16Range& range : t_bf16_ranges) {
+    // Floats standing for two sets of bits at once: one range outlived the
+    // floats it was added for, which a new tensor now holds.
+    if (begin < range.end && end > range.begin) {
+      fail("internal: a Bf16Operands range of {} floats overlaps one still registered: a range must end before "
+           "its floats are freed",
+           bits.size());
+    }
+  }
+  t_bf16_ranges.push_back({begin, end, bits.data(), this});
 }
 
 void round_for_gemms(const float* x, int rows, int columns, int ld, std::vector<std::uint16_t>& bits,

@@ -85,9 +85,11 @@ TEST(Stage, InitialisationFollowsGpt2) {
   EXPECT_EQ(stage.parameter("h.0.attn.c_attn.bias")[5], 0.0f);
 }
 
-void expect_input_then_weight_equals_full_backward(ComputeFormat format, const ModelConfig& config) {
-  const auto split = whole_model({.format = format}, config);
-  const auto full = whole_model({.format = format}, config);
+void expect_input_then_weight_equals_full_backward(ComputeFormat format, const ModelConfig& config,
+                                                   int recompute_interval = 0) {
+  const StageOptions options{.recompute_interval = recompute_interval, .format = format};
+  const auto split = whole_model(options, config);
+  const auto full = whole_model(options, config);
   MicrobatchState first, second;
   split->forward(first, tokens_and_targets(1));
   split->forward(second, tokens_and_targets(3));
@@ -110,13 +112,18 @@ void expect_input_then_weight_equals_full_backward(ComputeFormat format, const M
 // exactly (bit for bit) what B does micro-batch after micro-batch; in bf16
 // and fp16 too, where I stashes what W reads in 16 bits and B rounds it in
 // place. GPT-2 and Llama (whose W reads lent operands at offsets into its
-// saved tensors); the sequence-parallel stages are checked in
-// tests/runtime/tensor_parallel_test.cc (they need a tensor group).
+// saved tensors), with and without recompute (whose I reads the segment's
+// tensors recomputed in floats, not stashed); the sequence-parallel stages
+// are checked in tests/runtime/tensor_parallel_test.cc (they need a tensor
+// group).
 TEST(Stage, InputThenWeightPassesEqualTheFullBackwardBitForBit) {
   for (const ModelConfig* config : {&kConfig, &kLlama}) {
     for (const ComputeFormat format : {ComputeFormat::kFp32, ComputeFormat::kBf16, ComputeFormat::kFp16}) {
-      SCOPED_TRACE(fmt::format("{} {}", to_string(config->family), to_string(format)));
-      expect_input_then_weight_equals_full_backward(format, *config);
+      for (const int recompute_interval : {0, 1, 2}) {
+        SCOPED_TRACE(fmt::format("{} {}, recompute interval {}", to_string(config->family), to_string(format),
+                                 recompute_interval));
+        expect_input_then_weight_equals_full_backward(format, *config, recompute_interval);
+      }
     }
   }
 }

@@ -194,6 +194,15 @@ TEST(Gemm, Bf16OperandsHandTheMatmulTheirBitsAsTheyAre) {
       }
     }
   }
+  // A range over floats another still stands for: the other outlived the
+  // floats it was added for (freed, now a new tensor's).
+  {
+    Bf16Operands earlier, later;
+    earlier.add(b_nan.data(), b_bits);
+    EXPECT_EQ(testing::error_of([&] { later.add(b_nan.data() + 8, std::span(b_bits).first(4)); }),
+              "internal: a Bf16Operands range of 4 floats overlaps one still registered: a range must end before "
+              "its floats are freed");
+  }
   // An operand running past its range would read floats never written.
   Bf16Operands half_of_b;
   half_of_b.add(b_nan.data(), std::span(b_bits).first(b_bits.size() / 2));

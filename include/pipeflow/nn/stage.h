@@ -314,7 +314,13 @@ class BasicStage {
   // Rounds an activation or its gradient to the stage's format.
   void round_to_format(BasicTensor<T>& tensor) const;
 
-  Flow forward_layer(State& state, int local, Flow flow);
+  // `stashed_after`: the layer's saved tensors are stashed right after
+  // (a training forward without checkpointing), so a bf16-GEMM stage's
+  // blocks round ahead (transformer_block.h, RoundAhead).
+  Flow forward_layer(State& state, int local, Flow flow, bool stashed_after = false);
+  // kYes where this stage's GEMMs are bf16 and the pass's layer is stashed
+  // right after it.
+  RoundAhead round_ahead(bool stashed_after) const;
   void checkpoint_layer(State& state, int local);
   // In bf16/fp16 a layer keeps what it saved in 16 bits between passes
   // (half_stash.h): stashed after F and after I, each tensor rounded once.

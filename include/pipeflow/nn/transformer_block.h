@@ -96,6 +96,13 @@ struct BlockSaved {
   HalfStash<T> stash;
 };
 
+// Whether a training pass rounds ahead, for its bf16 GEMMs and the stash
+// that keeps what it saved (HalfStash::round_ahead): kYes only where the
+// stage's GEMMs are bf16 and it packs the layer's saved tensors right after
+// the pass (not in a checkpointed forward or a recompute, whose tensors are
+// dropped or held whole through the segment).
+enum class RoundAhead { kNo, kYes };
+
 // Forward / I / W of a block. forward takes x into the saved state and returns
 // y; backward_input takes dy, returns dx and keeps exactly what W needs;
 // backward_weight adds every weight gradient (accumulating over
@@ -131,10 +138,10 @@ class TransformerBlock {
       : weights_(weights), grads_(grads), llama_(llama), tensor_(tensor),
         sequence_(tensor != nullptr && sequence_parallel), causal_(causal) {}
 
-  BasicTensor<T> forward(BlockSaved<T>& saved, BasicTensor<T> x, const LayerShape& shape,
-                         Allocator allocator) const;
+  BasicTensor<T> forward(BlockSaved<T>& saved, BasicTensor<T> x, const LayerShape& shape, Allocator allocator,
+                         RoundAhead rounding = RoundAhead::kNo) const;
   BasicTensor<T> backward_input(BlockSaved<T>& saved, BasicTensor<T> dy, const LayerShape& shape,
-                                Allocator allocator) const;
+                                Allocator allocator, RoundAhead rounding = RoundAhead::kNo) const;
   void backward_weight(BlockSaved<T>& saved, const LayerShape& shape) const;
 
   // Points the block at another copy of the same weights (a half-precision
@@ -167,13 +174,12 @@ class TransformerBlock {
   void project_qkv(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator, Bf16Operands* ahead) const;
   BasicTensor<T> project_and_mlp(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator,
                                  Bf16Operands* ahead) const;
-  // Where this thread's GEMMs are bf16 (and T is float), the training passes
-  // round each tensor they save that their GEMMs read as soon as it is made
-  // (HalfStash::round_ahead), lending its bits to `ahead`, which lives for
-  // the pass: the GEMMs read those bits and the stash keeps them, where it
-  // would otherwise round the tensor a second time, out of cache, when the
-  // pass ends. Elsewhere, or with `ahead` null (forward_cached), nothing.
-  static bool rounds_ahead();
+  // With RoundAhead::kYes the training passes round each tensor they save
+  // that their GEMMs read as soon as it is made (HalfStash::round_ahead),
+  // lending its bits to `ahead`, which lives for the pass: the GEMMs read
+  // those bits and the stash keeps them, where it would otherwise round the
+  // tensor a second time, out of cache, after the pass. With `ahead` null
+  // (kNo, forward_cached), nothing.
   void round_ahead(BlockSaved<T>& saved, BasicTensor<T>& tensor, Allocator allocator, Bf16Operands* ahead) const;
   // Llama: turns q and k of `rows` rows of qkv at positions first_position … .
   void rotate(T* qkv, int rows, int first_position, const LayerShape& shape) const;
