@@ -22,8 +22,9 @@ namespace pipeflow::nn {
 // Each tensor is rounded once: a tensor widened and kept (`retained`) holds
 // its bits beside its floats, and packing it again reuses them; a tensor a
 // pass does not read stays packed through it; one rounded ahead (for the
-// bf16 GEMMs that read it as soon as it is made) is packed from those bits. A pass must therefore not
-// write into a tensor it was handed widened (the passes write new tensors).
+// bf16 GEMMs that read it as soon as it is made) is packed from those
+// bits. A pass must therefore not write into a tensor it was handed
+// widened or rounded ahead (the passes write new tensors).
 // For a pass whose GEMMs are bf16, `lend` hands those GEMMs the bits
 // themselves (tensor/gemm.h, Bf16Operands): no widening, no rounding again.
 //
