@@ -332,7 +332,7 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
     auto d_attn_y = make({shape.b, shape.t, d.attn});
     linear_backward_input(d_attn_y.data(), sequence_ ? s.dx2_whole.data() : s.dx2.data(), w.attn_proj_weight, n,
                           d.attn, c);
-    auto scratch = make({shape.t, shape.t});
+    auto scratch = make({attention_backward_scratch(shape.b, shape.t, d.heads)});
     s.dqkv = make({shape.b, shape.t, d.qkv});
     attention_backward(s.dqkv.data(), scratch.data(), d_attn_y.data(), s.probs.data(), s.qkv.data(), shape.b,
                        shape.t, d.attn, d.heads, d.heads, causal_);
@@ -421,7 +421,7 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
     auto d_attn_y = make({shape.b, shape.t, d.attn});
     projection_backward_input(d_attn_y.data(), sequence_ ? s.dx2_whole.data() : s.dx2.data(), c, w.o_proj, n, d.attn,
                               c, false);
-    auto scratch = make({shape.t, shape.t});
+    auto scratch = make({attention_backward_scratch(shape.b, shape.t, d.heads)});
     s.dqkv = make({shape.b, shape.t, width});
     attention_backward(s.dqkv.data(), scratch.data(), d_attn_y.data(), s.probs.data(), s.qkv.data(), shape.b,
                        shape.t, d.attn, d.heads, d.kv_heads, causal_);

@@ -31,88 +31,128 @@ PIPEFLOW_WIDE_VECTORS void softmax_backward_row(T* __restrict dp, const T* __res
   for (int j = 0; j < keys; ++j) dp[j] = p[j] * (dp[j] - inner) * scale;
 }
 
+// Sequences one batched product covers: as many as keep a row block's
+// scores for every head (nh · rows · t floats) within kScoresPerBatch (L2's
+// size, where the softmax reads them back), at least one.
+constexpr long kScoresPerBatch = long{1} << 16;
+
+int sequences_per_batch(int b, int t, int nh) {
+  const long block = static_cast<long>(nh) * std::min(t, kAttentionBlock) * t;
+  return static_cast<int>(std::clamp<long>(kScoresPerBatch / block, 1, std::max(b, 1)));
+}
+
 }  // namespace
 
+long attention_backward_scratch(int b, int t, int nh) {
+  return static_cast<long>(sequences_per_batch(b, t, nh)) * nh * std::min(t, kAttentionBlock) * t;
+}
+
+// Each product is batched over a grid of sequences × key/value heads × the
+// query heads that share one (their key and value matrices repeated: stride 0).
 template <class T>
 void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh, int kv, bool causal) {
   const int hs = c / nh;
-  const int w = (nh + 2 * kv) * hs;
+  const long w = static_cast<long>(nh + 2 * kv) * hs;
   const int group = nh / kv;
+  const long tt = static_cast<long>(t) * t;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  for (int seq = 0; seq < b; ++seq) {
-    for (int head = 0; head < nh; ++head) {
-      const T* q = qkv + static_cast<long>(seq) * t * w + head * hs;
-      const T* k = qkv + static_cast<long>(seq) * t * w + c + head / group * hs;
-      const T* v = k + kv * hs;
-      T* p = probs + (static_cast<long>(seq) * nh + head) * t * t;
-      T* out = y + static_cast<long>(seq) * t * c + head * hs;
-      for (int first = 0; first < t; first += kAttentionBlock) {
-        const int rows = std::min(kAttentionBlock, t - first);
-        const int keys = causal ? first + rows : t;
-        T* p_block = p + static_cast<long>(first) * t;
-        gemm<T>(Transpose::kNo, Transpose::kYes, rows, keys, hs, scale, q + static_cast<long>(first) * w, w, k, w,
-                T(0), p_block, t);
+  const int chunk = sequences_per_batch(b, t, nh);
+  for (int seq0 = 0; seq0 < b; seq0 += chunk) {
+    const int seqs = std::min(chunk, b - seq0);
+    const T* q = qkv + static_cast<long>(seq0) * t * w;
+    const T* k = q + c;
+    const T* v = k + static_cast<long>(kv) * hs;
+    T* p = probs + static_cast<long>(seq0) * nh * tt;
+    T* out = y + static_cast<long>(seq0) * t * c;
+    const GemmBatch scores{{seqs, kv, group}, {t * w, group * hs, hs}, {t * w, hs, 0}, {nh * tt, group * tt, tt}};
+    const GemmBatch mix{{seqs, kv, group}, {nh * tt, group * tt, tt}, {t * w, hs, 0}, {t * c, group * hs, hs}};
+    for (int first = 0; first < t; first += kAttentionBlock) {
+      const int rows = std::min(kAttentionBlock, t - first);
+      const int keys = causal ? first + rows : t;
+      T* p_block = p + static_cast<long>(first) * t;
+      gemm_batched<T>(scores, Transpose::kNo, Transpose::kYes, rows, keys, hs, scale, q + first * w,
+                      static_cast<int>(w), k, static_cast<int>(w), T(0), p_block, t);
+      for (long head = 0; head < static_cast<long>(seqs) * nh; ++head) {
         for (int row = first; row < first + rows; ++row) {
-          softmax_row(p + static_cast<long>(row) * t, causal ? row + 1 : t, t);
+          softmax_row(p + head * tt + static_cast<long>(row) * t, causal ? row + 1 : t, t);
         }
-        gemm<T>(Transpose::kNo, Transpose::kNo, rows, hs, keys, T(1), p_block, t, v, w, T(0),
-                out + static_cast<long>(first) * c, c);
       }
+      gemm_batched<T>(mix, Transpose::kNo, Transpose::kNo, rows, hs, keys, T(1), p_block, t, v, static_cast<int>(w),
+                      T(0), out + static_cast<long>(first) * c, c);
     }
   }
 }
 
-// Per head, row blocks last to first: the last block touches every key (every
-// block does without the mask), so in
-// the first query head of a key/value group it initialises dk and dv (beta 0);
-// the earlier blocks, and the group's other heads, add to them.
+// Row blocks last to first: the last block touches every key (every block
+// does without the mask), so in the first query head of a key/value group it
+// initialises dk and dv (beta 0); the earlier blocks, and the group's other
+// heads, add to them (one product per query head of a group: they share dk
+// and dv). ds for a block's rows, every head of a batch of sequences, is
+// scratch [seqs, nh, rows, t].
 template <class T>
 void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const T* qkv, int b, int t, int c,
                         int nh, int kv, bool causal) {
   const int hs = c / nh;
-  const int w = (nh + 2 * kv) * hs;
+  const long w = static_cast<long>(nh + 2 * kv) * hs;
   const int group = nh / kv;
+  const long tt = static_cast<long>(t) * t;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int last_block_start = (t - 1) / kAttentionBlock * kAttentionBlock;
-  // Under bf16 GEMMs each head's output gradient and ds are read by two
+  const int chunk = sequences_per_batch(b, t, nh);
+  // Under bf16 GEMMs the output gradient and ds are each read by two
   // products: rounded once, here and below, not by each (the bits, half
-  // dy's bytes and one ds block's, live for the call, as the GEMMs'
-  // own rounding scratch does, outside the activations' account).
+  // dy's bytes and one scratch's, live for the call, as the GEMMs' own
+  // rounding scratch does, outside the activations' account).
   std::vector<std::uint16_t> dy_bits, ds_bits;
   Bf16Operands dy_rounded;
   if constexpr (std::is_same_v<T, float>) round_for_gemms(dy, b * t, c, c, dy_bits, dy_rounded);
-  for (int seq = 0; seq < b; ++seq) {
-    for (int head = 0; head < nh; ++head) {
-      const long row0 = static_cast<long>(seq) * t * w;
-      const long kv_offset = row0 + c + static_cast<long>(head / group) * hs;
-      const T* q = qkv + row0 + head * hs;
-      const T* k = qkv + kv_offset;
-      const T* v = k + kv * hs;
-      T* dq = dqkv + row0 + head * hs;
-      T* dk = dqkv + kv_offset;
-      T* dv = dk + kv * hs;
-      const T* p = probs + (static_cast<long>(seq) * nh + head) * t * t;
-      const T* d_out = dy + static_cast<long>(seq) * t * c + head * hs;
-      for (int first = last_block_start; first >= 0; first -= kAttentionBlock) {
-        const int rows = std::min(kAttentionBlock, t - first);
-        const int keys = causal ? first + rows : t;
-        const T beta = first == last_block_start && head % group == 0 ? T(0) : T(1);
-        const T* p_block = p + static_cast<long>(first) * t;
-        const T* dy_block = d_out + static_cast<long>(first) * c;
-        T* ds = scratch;
-        gemm<T>(Transpose::kNo, Transpose::kYes, rows, keys, hs, T(1), dy_block, c, v, w, T(0), ds, t);
-        gemm<T>(Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1), p_block, t, dy_block, c, beta, dv, w);
+  for (int seq0 = 0; seq0 < b; seq0 += chunk) {
+    const int seqs = std::min(chunk, b - seq0);
+    const long row0 = static_cast<long>(seq0) * t * w;
+    const T* q = qkv + row0;
+    const T* k = q + c;
+    const T* v = k + static_cast<long>(kv) * hs;
+    T* dq = dqkv + row0;
+    T* dk = dq + c;
+    T* dv = dk + static_cast<long>(kv) * hs;
+    const T* p = probs + static_cast<long>(seq0) * nh * tt;
+    const T* d_out = dy + static_cast<long>(seq0) * t * c;
+    for (int first = last_block_start; first >= 0; first -= kAttentionBlock) {
+      const int rows = std::min(kAttentionBlock, t - first);
+      const int keys = causal ? first + rows : t;
+      const long ds_head = static_cast<long>(rows) * t;
+      const T* p_block = p + static_cast<long>(first) * t;
+      const T* dy_block = d_out + static_cast<long>(first) * c;
+      const GemmBatch every_head{
+          {seqs, kv, group}, {t * c, group * hs, hs}, {t * w, hs, 0}, {nh * ds_head, group * ds_head, ds_head}};
+      gemm_batched<T>(every_head, Transpose::kNo, Transpose::kYes, rows, keys, hs, T(1), dy_block, c, v,
+                      static_cast<int>(w), T(0), scratch, t);
+      for (int member = 0; member < group; ++member) {
+        const T beta = first == last_block_start && member == 0 ? T(0) : T(1);
+        const GemmBatch one_per_group{{seqs, kv, 1}, {nh * tt, group * tt, 0}, {t * c, group * hs, 0}, {t * w, hs, 0}};
+        gemm_batched<T>(one_per_group, Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1), p_block + member * tt, t,
+                        dy_block + member * hs, c, beta, dv, static_cast<int>(w));
+      }
+      for (long head = 0; head < static_cast<long>(seqs) * nh; ++head) {
         for (int row = 0; row < rows; ++row) {
           const int visible = causal ? first + row + 1 : t;
-          softmax_backward_row(ds + static_cast<long>(row) * t, p_block + static_cast<long>(row) * t, visible, scale);
-          std::fill(ds + static_cast<long>(row) * t + visible, ds + static_cast<long>(row) * t + keys, T(0));
+          T* ds = scratch + head * ds_head + static_cast<long>(row) * t;
+          softmax_backward_row(ds, p_block + head * tt + static_cast<long>(row) * t, visible, scale);
+          std::fill(ds + visible, ds + keys, T(0));
         }
-        Bf16Operands ds_rounded;
-        if constexpr (std::is_same_v<T, float>) round_for_gemms(ds, rows, keys, t, ds_bits, ds_rounded);
-        gemm<T>(Transpose::kNo, Transpose::kNo, rows, hs, keys, T(1), ds, t, k, w, T(0),
-                dq + static_cast<long>(first) * w, w);
-        gemm<T>(Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1), ds, t, q + static_cast<long>(first) * w, w,
-                beta, dk, w);
+      }
+      Bf16Operands ds_rounded;
+      if constexpr (std::is_same_v<T, float>) round_for_gemms(scratch, seqs * nh * rows, keys, t, ds_bits, ds_rounded);
+      const GemmBatch queries{
+          {seqs, kv, group}, {nh * ds_head, group * ds_head, ds_head}, {t * w, hs, 0}, {t * w, group * hs, hs}};
+      gemm_batched<T>(queries, Transpose::kNo, Transpose::kNo, rows, hs, keys, T(1), scratch, t, k,
+                      static_cast<int>(w), T(0), dq + first * w, static_cast<int>(w));
+      for (int member = 0; member < group; ++member) {
+        const T beta = first == last_block_start && member == 0 ? T(0) : T(1);
+        const GemmBatch one_per_group{
+            {seqs, kv, 1}, {nh * ds_head, group * ds_head, 0}, {t * w, group * hs, 0}, {t * w, hs, 0}};
+        gemm_batched<T>(one_per_group, Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1), scratch + member * ds_head,
+                        t, q + first * w + member * hs, static_cast<int>(w), beta, dk, static_cast<int>(w));
       }
     }
   }

@@ -6,11 +6,13 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -111,24 +113,34 @@ struct Bf16Range {
 };
 thread_local std::vector<Bf16Range> t_bf16_ranges;
 
-// One bf16 matmul shape: op(A) [m, k] and op(B) [k, n] bf16 with row
-// strides lda and ldb as stored (the transposes as strides), C fp32 with row
-// stride ldc; alpha an output scale, beta a sum post-op.
+// One bf16 matmul: a grid of count[0] x count[1] x count[2] products (1s
+// where there is no grid), op(A) [m, k] and op(B) [k, n] bf16 with row
+// strides lda and ldb as stored (the transposes as strides) and their
+// matrices a_stride / b_stride apart along the grid (0: one matrix for the
+// whole dimension), C fp32 with row stride ldc, c_stride apart; alpha an
+// output scale, beta a sum post-op.
 struct MatmulShape {
   int m, n, k, lda, ldb, ldc;
   bool transpose_a, transpose_b;
   float alpha, beta;
+  std::array<int, 3> count;
+  std::array<long, 3> a_stride, b_stride, c_stride;
   bool operator==(const MatmulShape&) const = default;
 };
 
 struct MatmulShapeHash {
   std::size_t operator()(const MatmulShape& s) const {
     std::size_t h = 0;
-    for (const std::size_t v :
-         {static_cast<std::size_t>(s.m), static_cast<std::size_t>(s.n), static_cast<std::size_t>(s.k),
-          static_cast<std::size_t>(s.lda), static_cast<std::size_t>(s.ldb), static_cast<std::size_t>(s.ldc), static_cast<std::size_t>(s.transpose_a),
-          static_cast<std::size_t>(s.transpose_b), std::hash<float>()(s.alpha), std::hash<float>()(s.beta)}) {
-      h = h * 1000003u ^ v;
+    const auto mix = [&h](std::size_t v) { h = h * 1000003u ^ v; };
+    for (const int v : {s.m, s.n, s.k, s.lda, s.ldb, s.ldc}) mix(static_cast<std::size_t>(v));
+    mix(static_cast<std::size_t>(s.transpose_a) * 2 + static_cast<std::size_t>(s.transpose_b));
+    mix(std::hash<float>()(s.alpha));
+    mix(std::hash<float>()(s.beta));
+    for (int i = 0; i < 3; ++i) {
+      mix(static_cast<std::size_t>(s.count[i]));
+      mix(static_cast<std::size_t>(s.a_stride[i]));
+      mix(static_cast<std::size_t>(s.b_stride[i]));
+      mix(static_cast<std::size_t>(s.c_stride[i]));
     }
     return h;
   }
@@ -151,9 +163,25 @@ struct Bf16Matmuls {
     if (found != by_shape.end()) return found->second;
     using dims = dnnl::memory::dims;
     using dt = dnnl::memory::data_type;
-    const dnnl::memory::desc a_desc({s.m, s.k}, dt::bf16, s.transpose_a ? dims{1, s.lda} : dims{s.lda, 1});
-    const dnnl::memory::desc b_desc({s.k, s.n}, dt::bf16, s.transpose_b ? dims{1, s.ldb} : dims{s.ldb, 1});
-    const dnnl::memory::desc c_desc({s.m, s.n}, dt::f32, dims{s.ldc, 1});
+    // The grid's dimensions of more than one product lead; an operand
+    // repeated along one has extent 1 there (oneDNN broadcasts it), with a
+    // stride of 1: a stride of 0 sends oneDNN 2.6 to its reference matmul,
+    // two orders of magnitude slower.
+    const auto operand = [&s](int rows, int columns, bool transposed, int ld, const std::array<long, 3>& stride,
+                              dt type) {
+      dims extents, strides;
+      for (int i = 0; i < 3; ++i) {
+        if (s.count[i] == 1) continue;
+        extents.push_back(stride[i] == 0 ? 1 : s.count[i]);
+        strides.push_back(stride[i] == 0 ? 1 : stride[i]);
+      }
+      extents.insert(extents.end(), {rows, columns});
+      strides.insert(strides.end(), {transposed ? 1 : ld, transposed ? ld : 1});
+      return dnnl::memory::desc(extents, type, strides);
+    };
+    const dnnl::memory::desc a_desc = operand(s.m, s.k, s.transpose_a, s.lda, s.a_stride, dt::bf16);
+    const dnnl::memory::desc b_desc = operand(s.k, s.n, s.transpose_b, s.ldb, s.b_stride, dt::bf16);
+    const dnnl::memory::desc c_desc = operand(s.m, s.n, false, s.ldc, s.c_stride, dt::f32);
     dnnl::primitive_attr attr;
     if (s.alpha != 1.0f) attr.set_output_scales(0, {s.alpha});
     if (s.beta != 0.0f) {
@@ -168,20 +196,28 @@ struct Bf16Matmuls {
   }
 };
 
-// An operand as the matmul reads it: bf16 bits at row stride ld.
+// An operand as the matmul reads it: bf16 bits at row stride ld, its
+// matrices `stride` apart along the grid.
 struct Bf16Source {
   const std::uint16_t* bits;
   int ld;
+  std::array<long, 3> stride;
 };
 
-// The rows x columns floats at x (row stride ld) in bf16: the bits they
-// stand for where a Bf16Operands range holds them whole, else rounded into
+// The grid's rows x columns float matrices at x (row stride ld, `stride`
+// apart, 0 for one matrix along a dimension) in bf16: the bits they stand
+// for where one Bf16Operands range holds them all, else rounded into
 // `scratch`, dense.
-Bf16Source bf16_source(const float* x, int rows, int columns, int ld, std::vector<std::uint16_t>& scratch) {
+Bf16Source bf16_source(const float* x, int rows, int columns, int ld, const int (&count)[3], const long (&stride)[3],
+                       std::vector<std::uint16_t>& scratch) {
+  long span = static_cast<long>(rows - 1) * ld + columns;
+  for (int i = 0; i < 3; ++i) span += static_cast<long>(count[i] - 1) * stride[i];
   const auto first = reinterpret_cast<std::uintptr_t>(x);
-  const auto last = reinterpret_cast<std::uintptr_t>(x + static_cast<long>(rows - 1) * ld + columns);
+  const auto last = reinterpret_cast<std::uintptr_t>(x + span);
   for (const Bf16Range& range : t_bf16_ranges) {
-    if (first >= range.begin && last <= range.end) return {range.bits + (first - range.begin) / sizeof(float), ld};
+    if (first >= range.begin && last <= range.end) {
+      return {range.bits + (first - range.begin) / sizeof(float), ld, {stride[0], stride[1], stride[2]}};
+    }
     // Partly inside: the floats there were never written.
     if (first < range.end && last > range.begin) {
       fail("internal: a bf16 GEMM operand ({} x {} at row stride {}) lies partly in a Bf16Operands range: add the "
@@ -189,24 +225,53 @@ Bf16Source bf16_source(const float* x, int rows, int columns, int ld, std::vecto
            rows, columns, ld);
     }
   }
-  scratch.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(columns));
-  for (int row = 0; row < rows; ++row) {
-    to_half_bits(ComputeFormat::kBf16, x + static_cast<long>(row) * ld, scratch.data() + static_cast<long>(row) * columns,
-                 columns);
+  // Dense, last dimension fastest; a repeated matrix is rounded once.
+  std::array<long, 3> dense{};
+  int extent[3];
+  long size = static_cast<long>(rows) * columns;
+  for (int i = 2; i >= 0; --i) {
+    extent[i] = stride[i] == 0 ? 1 : count[i];
+    dense[i] = stride[i] == 0 ? 0 : size;
+    size *= extent[i];
   }
-  return {scratch.data(), columns};
+  scratch.resize(static_cast<std::size_t>(size));
+  std::uint16_t* out = scratch.data();
+  for (int i = 0; i < extent[0]; ++i) {
+    for (int j = 0; j < extent[1]; ++j) {
+      for (int l = 0; l < extent[2]; ++l) {
+        const float* matrix = x + i * stride[0] + j * stride[1] + l * stride[2];
+        for (int row = 0; row < rows; ++row, out += columns) {
+          to_half_bits(ComputeFormat::kBf16, matrix + static_cast<long>(row) * ld, out, columns);
+        }
+      }
+    }
+  }
+  return {scratch.data(), columns, dense};
 }
 
-void bf16_gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, float alpha, const float* a,
-               int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+void bf16_gemm(const GemmBatch& batch, Transpose transpose_a, Transpose transpose_b, int m, int n, int k, float alpha,
+               const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   thread_local Bf16Matmuls matmuls;
   const bool ta = transpose_a == Transpose::kYes;
   const bool tb = transpose_b == Transpose::kYes;
   // As stored: A is [m, k] (or [k, m] transposed), B [k, n] (or [n, k]).
-  const Bf16Source a_bf16 = bf16_source(a, ta ? k : m, ta ? m : k, lda, matmuls.a_bits);
-  const Bf16Source b_bf16 = bf16_source(b, tb ? n : k, tb ? k : n, ldb, matmuls.b_bits);
+  const Bf16Source a_bf16 = bf16_source(a, ta ? k : m, ta ? m : k, lda, batch.count, batch.a_stride, matmuls.a_bits);
+  const Bf16Source b_bf16 = bf16_source(b, tb ? n : k, tb ? k : n, ldb, batch.count, batch.b_stride, matmuls.b_bits);
   try {
-    Bf16Matmul& matmul = matmuls.get({m, n, k, a_bf16.ld, b_bf16.ld, ldc, ta, tb, alpha, beta});
+    Bf16Matmul& matmul = matmuls.get({m,
+                                      n,
+                                      k,
+                                      a_bf16.ld,
+                                      b_bf16.ld,
+                                      ldc,
+                                      ta,
+                                      tb,
+                                      alpha,
+                                      beta,
+                                      {batch.count[0], batch.count[1], batch.count[2]},
+                                      a_bf16.stride,
+                                      b_bf16.stride,
+                                      {batch.c_stride[0], batch.c_stride[1], batch.c_stride[2]}});
     // (oneDNN takes a mutable handle; the matmul only reads its sources)
     matmul.a.set_data_handle(const_cast<std::uint16_t*>(a_bf16.bits));
     matmul.b.set_data_handle(const_cast<std::uint16_t*>(b_bf16.bits));
@@ -215,9 +280,20 @@ void bf16_gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k
                              {{DNNL_ARG_SRC, matmul.a}, {DNNL_ARG_WEIGHTS, matmul.b}, {DNNL_ARG_DST, matmul.c}});
     matmuls.stream.wait();
   } catch (const dnnl::error& e) {
-    fail("gemm: oneDNN's bf16 matmul failed ({}) for m {}, n {}, k {}, ldc {}: this CPU or oneDNN has no bf16 "
-         "matmul; set PIPEFLOW_BF16_GEMM=fp32",
-         e.what(), m, n, k, ldc);
+    fail("gemm: oneDNN's bf16 matmul failed ({}) for m {}, n {}, k {}, ldc {}, a grid of {} x {} x {}: this CPU or "
+         "oneDNN has no bf16 matmul; set PIPEFLOW_BF16_GEMM=fp32",
+         e.what(), m, n, k, ldc, batch.count[0], batch.count[1], batch.count[2]);
+  }
+}
+
+void check_batch(const GemmBatch& batch) {
+  for (int i = 0; i < 3; ++i) {
+    if (batch.count[i] < 1 || batch.a_stride[i] < 0 || batch.b_stride[i] < 0 || batch.c_stride[i] < 0 ||
+        (batch.count[i] > 1 && batch.c_stride[i] == 0)) {
+      fail("internal: gemm_batched's dimension {} has {} products and strides {}, {}, {}: counts at least 1, "
+           "strides not negative, C's apart",
+           i, batch.count[i], batch.a_stride[i], batch.b_stride[i], batch.c_stride[i]);
+    }
   }
 }
 
@@ -333,7 +409,7 @@ void gemm<float>(Transpose transpose_a, Transpose transpose_b, int m, int n, int
                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   use_one_gemm_thread();
   if (t_precision == GemmPrecision::kBf16 && m > 0 && n > 0 && k > 0) {
-    bf16_gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    bf16_gemm(GemmBatch{}, transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   const dnnl_status_t status = dnnl_sgemm(to_dnnl(transpose_a), to_dnnl(transpose_b), m, n, k, alpha, a, lda, b, ldb,
@@ -352,6 +428,33 @@ void gemm<double>(Transpose transpose_a, Transpose transpose_b, int m, int n, in
   cblas_dgemm(CblasRowMajor, to_cblas(transpose_a), to_cblas(transpose_b), m, n, k, alpha, a, lda, b, ldb, beta, c,
               ldc);
 }
+
+template <class T>
+void gemm_batched(const GemmBatch& batch, Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T alpha,
+                  const T* a, int lda, const T* b, int ldb, T beta, T* c, int ldc) {
+  check_batch(batch);
+  if constexpr (std::is_same_v<T, float>) {
+    if (t_precision == GemmPrecision::kBf16 && m > 0 && n > 0 && k > 0) {
+      use_one_gemm_thread();
+      bf16_gemm(batch, transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+  }
+  for (int i = 0; i < batch.count[0]; ++i) {
+    for (int j = 0; j < batch.count[1]; ++j) {
+      for (int l = 0; l < batch.count[2]; ++l) {
+        const auto at = [&](const long(&stride)[3]) { return i * stride[0] + j * stride[1] + l * stride[2]; };
+        gemm<T>(transpose_a, transpose_b, m, n, k, alpha, a + at(batch.a_stride), lda, b + at(batch.b_stride), ldb,
+                beta, c + at(batch.c_stride), ldc);
+      }
+    }
+  }
+}
+
+template void gemm_batched<float>(const GemmBatch&, Transpose, Transpose, int, int, int, float, const float*, int,
+                                  const float*, int, float, float*, int);
+template void gemm_batched<double>(const GemmBatch&, Transpose, Transpose, int, int, int, double, const double*, int,
+                                   const double*, int, double, double*, int);
 
 int blas_threads() { return std::max(openblas_get_num_threads(), omp_get_max_threads()); }
 

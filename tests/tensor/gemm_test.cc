@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "../support/error_of.h"
@@ -132,6 +133,83 @@ TEST(Gemm, ABf16ScopeMultipliesTheOperandsRoundedToBf16AccumulatingInFp32) {
       }
     }
   }
+}
+
+// gemm_batched is its grid's gemm calls: a 2 x 3 x 2 grid with A repeated
+// along the first dimension and B along the last (stride 0), strided C,
+// every transpose, alpha and beta. fp32 and double: the calls, bit for bit.
+// bf16 (one oneDNN matmul for the grid): the calls' values (fp32
+// accumulation of the same rounded operands, 1e-4 as above), the same bits
+// on a rerun, and the same bits from operands a Bf16Operands range stands
+// for (NaN floats, never read) as from those floats rounded.
+template <class T>
+void expect_batched_products_are_their_gemm_calls(GemmPrecision precision) {
+  const int m = 5, n = 7, k = 9, pad = 2;
+  GemmBatch grid;
+  const int count[3] = {2, 3, 2};
+  const long a_matrix = (k + pad) * (k + pad), b_matrix = (k + pad) * (n + pad), c_matrix = m * (n + pad);
+  for (int i = 0; i < 3; ++i) grid.count[i] = count[i];
+  const long a_stride[3] = {0, a_matrix * 2, a_matrix};
+  const long b_stride[3] = {b_matrix * 3, b_matrix, 0};
+  const long c_stride[3] = {c_matrix * 6 + 3, c_matrix * 2 + 1, c_matrix};
+  for (int i = 0; i < 3; ++i) {
+    grid.a_stride[i] = a_stride[i];
+    grid.b_stride[i] = b_stride[i];
+    grid.c_stride[i] = c_stride[i];
+  }
+  const auto values = [](std::size_t size, std::uint64_t seed) {
+    const auto normal = testing::normal_vector(size, seed);
+    return std::vector<T>(normal.begin(), normal.end());
+  };
+  const std::vector<T> a = values(a_matrix * 6, 31), b = values(b_matrix * 6, 32);
+  const std::vector<T> c0 = values(c_matrix * 12 + 8, 33);
+  const GemmPrecisionScope scope(precision);
+  for (const Transpose ta : {Transpose::kNo, Transpose::kYes}) {
+    for (const Transpose tb : {Transpose::kNo, Transpose::kYes}) {
+      SCOPED_TRACE(::testing::Message() << "transposes " << (ta == Transpose::kYes) << (tb == Transpose::kYes));
+      const int lda = (ta == Transpose::kYes ? m : k) + pad;
+      const int ldb = (tb == Transpose::kYes ? k : n) + pad;
+      const auto batched = [&](const std::vector<T>& left, const std::vector<T>& right) {
+        std::vector<T> c = c0;
+        gemm_batched<T>(grid, ta, tb, m, n, k, T(0.5), left.data(), lda, right.data(), ldb, T(3), c.data(), n + pad);
+        return c;
+      };
+      std::vector<T> calls = c0;
+      for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 3; ++j) {
+          for (int l = 0; l < 2; ++l) {
+            gemm<T>(ta, tb, m, n, k, T(0.5), a.data() + j * a_stride[1] + l * a_stride[2], lda,
+                    b.data() + i * b_stride[0] + j * b_stride[1], ldb, T(3),
+                    calls.data() + i * c_stride[0] + j * c_stride[1] + l * c_stride[2], n + pad);
+          }
+        }
+      }
+      const std::vector<T> together = batched(a, b);
+      if (precision == GemmPrecision::kFp32) {
+        EXPECT_EQ(together, calls);
+        continue;
+      }
+      for (std::size_t i = 0; i < calls.size(); ++i) EXPECT_NEAR(together[i], calls[i], 1e-4) << i;
+      EXPECT_EQ(batched(a, b), together);
+      if constexpr (std::is_same_v<T, float>) {
+        std::vector<std::uint16_t> a_bits(a.size()), b_bits(b.size());
+        to_half_bits(ComputeFormat::kBf16, a.data(), a_bits.data(), static_cast<std::int64_t>(a.size()));
+        to_half_bits(ComputeFormat::kBf16, b.data(), b_bits.data(), static_cast<std::int64_t>(b.size()));
+        const std::vector<float> a_nan(a.size(), std::nanf("")), b_nan(b.size(), std::nanf(""));
+        Bf16Operands lent;
+        lent.add(a_nan.data(), a_bits);
+        lent.add(b_nan.data(), b_bits);
+        EXPECT_EQ(batched(a_nan, b_nan), together);
+      }
+    }
+  }
+}
+
+TEST(Gemm, BatchedProductsAreTheirGemmCalls) {
+  expect_batched_products_are_their_gemm_calls<double>(GemmPrecision::kFp32);
+  expect_batched_products_are_their_gemm_calls<float>(GemmPrecision::kFp32);
+  if (!bf16_matmul_available()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU (AVX2 alone)";
+  expect_batched_products_are_their_gemm_calls<float>(GemmPrecision::kBf16);
 }
 
 // Floats that stand for bf16 bits (Bf16Operands): the matmul takes the bits

@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "finite_difference.h"
 #include "pipeflow/tensor/attention.h"
+#include "pipeflow/tensor/gemm.h"
 #include "pipeflow/tensor/linear.h"
 #include "pipeflow/tensor/rmsnorm.h"
 #include "pipeflow/tensor/rope.h"
@@ -189,9 +191,49 @@ TEST(LlamaKernel, GroupedQueryAttentionMatchesFiniteDifferences) {
       return dot(y, r);
     };
     loss();
-    std::vector<double> dqkv(qkv.size()), scratch(t * t);
+    std::vector<double> dqkv(qkv.size()), scratch(attention_backward_scratch(b, t, nh));
     attention_backward(dqkv.data(), scratch.data(), r.data(), probs.data(), qkv.data(), b, t, c, nh, kv);
     EXPECT_LT(relative_gradient_error(qkv, dqkv, loss), kTolerance) << kv << " key/value heads";
+  }
+}
+
+// The float attention, its GEMMs in fp32 and in bf16 (the batched oneDNN
+// matmul), against the double one: grouped-query attention over 7
+// sequences of t = 80 (two query blocks; batches of 3, 3 and 1 sequences).
+// fp32: float rounding, 1e-5 relative. bf16: every product's operands
+// rounded to bf16 (2^-9 relative), summed over up to 80 keys, 2e-2; and
+// visibly moved from fp32 (more than 1e-4), or the bf16 path did not run.
+TEST(LlamaKernel, FloatAttentionInFp32AndBf16AgreesWithDouble) {
+  const int b = 7, t = 80, nh = 4, kv = 2, hs = 4, c = nh * hs, w = (nh + 2 * kv) * hs;
+  const auto qkv = normal_vector(b * t * w, 40);
+  const auto r = normal_vector(b * t * c, 41);
+  std::vector<double> y(b * t * c), probs(b * nh * t * t), dqkv(qkv.size()),
+      scratch(attention_backward_scratch(b, t, nh));
+  attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh, kv);
+  attention_backward(dqkv.data(), scratch.data(), r.data(), probs.data(), qkv.data(), b, t, c, nh, kv);
+  for (const GemmPrecision precision : {GemmPrecision::kFp32, GemmPrecision::kBf16}) {
+    if (precision == GemmPrecision::kBf16 && !bf16_matmul_available()) {
+      continue;
+    }
+    SCOPED_TRACE(to_string(precision));
+    const GemmPrecisionScope scope(precision);
+    const std::vector<float> qkv_f(qkv.begin(), qkv.end()), r_f(r.begin(), r.end());
+    std::vector<float> y_f(y.size()), probs_f(probs.size()), dqkv_f(dqkv.size()), scratch_f(scratch.size());
+    attention_forward(y_f.data(), probs_f.data(), qkv_f.data(), b, t, c, nh, kv);
+    attention_backward(dqkv_f.data(), scratch_f.data(), r_f.data(), probs_f.data(), qkv_f.data(), b, t, c, nh, kv);
+    const double bound = precision == GemmPrecision::kFp32 ? 1e-5 : 2e-2;
+    double moved = 0;
+    const auto expect_near = [&](const std::vector<float>& got, const std::vector<double>& want, const char* what) {
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        EXPECT_NEAR(got[i], want[i], bound * (1 + std::abs(want[i]))) << what << " " << i;
+        moved = std::max(moved, std::abs(got[i] - want[i]));
+      }
+    };
+    expect_near(y_f, y, "y");
+    expect_near(dqkv_f, dqkv, "dqkv");
+    if (precision == GemmPrecision::kBf16) {
+      EXPECT_GT(moved, 1e-4);
+    }
   }
 }
 

@@ -3,8 +3,9 @@
 namespace pipeflow {
 
 // Self-attention on packed projections, causal unless `causal` is false (a
-// vision encoder's, where every position sees every other), every product an sgemm on
-// strided views (one per head, no copies). Dimension letters: b sequences,
+// vision encoder's, where every position sees every other), every product a
+// GEMM on strided views (no copies), batched over heads and sequences
+// (gemm_batched). Dimension letters: b sequences,
 // t positions, c = nh · hs features, nh query heads of size hs, kv key/value
 // heads (kv = nh: multi-head attention; kv < nh, dividing nh: grouped-query
 // attention, query head h reads key/value head h / (nh / kv)); w = (nh + 2·kv)·hs.
@@ -21,7 +22,11 @@ template <class T>
 void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh, int kv, bool causal = true);
 
 // I (attention has no weights): dqkv [b, t, w] = ∂L/∂qkv (overwritten) from
-// dy [b, t, c]. `scratch` holds t·t elements.
+// dy [b, t, c]. `scratch` holds attention_backward_scratch(b, t, nh)
+// elements: one row block's score gradients for every head of the sequences
+// a batched product covers: 2^16 at most, or one sequence's
+// nh · min(t, kAttentionBlock) · t where that is more.
+long attention_backward_scratch(int b, int t, int nh);
 template <class T>
 void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const T* qkv, int b, int t, int c,
                         int nh, int kv, bool causal = true);

@@ -30,6 +30,28 @@ template <class T>
 void gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T alpha, const T* a, int lda,
           const T* b, int ldb, T beta, T* c, int ldc);
 
+// Many products of one shape on a grid of up to three dimensions (say
+// sequences × key/value heads × the query heads that share one): product
+// (i, j, l) is gemm's on A at a + i·a_stride[0] + j·a_stride[1] +
+// l·a_stride[2], B and C alike (strides in elements). A stride of 0 in A or
+// B reads the same matrix along that dimension; every product writes its own
+// C (C's strides keep them apart: beta adds to C's earlier values, never to
+// another product's). The results are the gemm calls', in the grid's order:
+// a float batch under kFp32 and a double one are exactly those calls; under
+// kBf16 the whole batch is one oneDNN matmul (one call where there were
+// count products of attention's small shapes: 1.6x the per-head calls at the
+// bench model's, docs/PERFORMANCE.md), with the operands rounded once each.
+struct GemmBatch {
+  int count[3] = {1, 1, 1};
+  long a_stride[3] = {0, 0, 0};
+  long b_stride[3] = {0, 0, 0};
+  long c_stride[3] = {0, 0, 0};
+};
+
+template <class T>
+void gemm_batched(const GemmBatch& batch, Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T alpha,
+                  const T* a, int lda, const T* b, int ldb, T beta, T* c, int ldc);
+
 // What the float GEMMs of a thread compute in. kFp32: dnnl_sgemm on the
 // operands as given. kBf16: both operands rounded to bf16 (to nearest, ties
 // to even; exact for values a bf16 stage already holds rounded; an operand
