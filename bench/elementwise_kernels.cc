@@ -1,7 +1,8 @@
 // The elementwise and row kernels between the GEMMs, alone, against a copy of
 // the same bytes in the same run: GELU forward and backward, LayerNorm's
 // forward and input gradient, the causal attention forward (its softmax rows)
-// at the small bench model's shapes. Each twice: hot, the same arrays call
+// and backward, their GEMMs in fp32 and (where oneDNN has one) bf16, at the
+// small bench model's shapes. Each twice: hot, the same arrays call
 // after call (in cache where they fit), and cold, each call on its own copy
 // of the arrays, taken in turn from enough copies (128 MiB in all) that a
 // copy's last use is out of every cache by its next: what a training step
@@ -22,6 +23,7 @@
 #include "flags.h"
 #include "pipeflow/tensor/attention.h"
 #include "pipeflow/tensor/gelu.h"
+#include "pipeflow/tensor/gemm.h"
 #include "pipeflow/tensor/layernorm.h"
 
 namespace {
@@ -131,10 +133,28 @@ int main(int argc, char** argv) {
   const int attention_copies = copies_for(attention_bytes);
   std::vector<float> qkv(qkv_n * attention_copies), out(out_n * attention_copies), probs(probs_n * attention_copies);
   for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i % qkv_n % 13) / 13.0f;
-  line("causal attention forward", time_us(repeats, attention_copies, [&](int k) {
-         pipeflow::attention_forward(out.data() + k * out_n, probs.data() + k * probs_n, qkv.data() + k * qkv_n,
-                                     sequences, t, width, heads, heads, true);
-       }),
-       attention_bytes);
+  std::vector<float> dy(out.size()), dqkv(qkv.size());
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = static_cast<float>(i % out_n % 7) / 7.0f - 0.5f;
+  const double backward_bytes = 4.0 * static_cast<double>(2 * qkv_n + out_n + probs_n);
+  // Its GEMMs in fp32, then (where oneDNN has a bf16 matmul) in bf16, batched.
+  for (const pipeflow::GemmPrecision precision : {pipeflow::GemmPrecision::kFp32, pipeflow::GemmPrecision::kBf16}) {
+    if (precision == pipeflow::GemmPrecision::kBf16 && !pipeflow::bf16_matmul_available()) break;
+    const pipeflow::GemmPrecisionScope scope(precision);
+    const bool bf16 = precision == pipeflow::GemmPrecision::kBf16;
+    line(bf16 ? "causal attention fwd bf16" : "causal attention forward",
+         time_us(repeats, attention_copies, [&](int k) {
+           pipeflow::attention_forward(out.data() + k * out_n, probs.data() + k * probs_n, qkv.data() + k * qkv_n,
+                                       sequences, t, width, heads, heads, true);
+         }),
+         attention_bytes);
+    std::vector<float> scratch(pipeflow::attention_backward_scratch(sequences, t, heads));
+    line(bf16 ? "causal attention bwd bf16" : "causal attention backward",
+         time_us(repeats, attention_copies, [&](int k) {
+           pipeflow::attention_backward(dqkv.data() + k * qkv_n, scratch.data(), static_cast<long>(scratch.size()),
+                                        dy.data() + k * out_n, probs.data() + k * probs_n, qkv.data() + k * qkv_n,
+                                        sequences, t, width, heads, heads, true);
+         }),
+         backward_bytes);
+  }
   return 0;
 }

@@ -334,8 +334,8 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
                           d.attn, c);
     auto scratch = make({attention_backward_scratch(shape.b, shape.t, d.heads)});
     s.dqkv = make({shape.b, shape.t, d.qkv});
-    attention_backward(s.dqkv.data(), scratch.data(), d_attn_y.data(), s.probs.data(), s.qkv.data(), shape.b,
-                       shape.t, d.attn, d.heads, d.heads, causal_);
+    attention_backward(s.dqkv.data(), scratch.data(), scratch.numel(), d_attn_y.data(), s.probs.data(),
+                       s.qkv.data(), shape.b, shape.t, d.attn, d.heads, d.heads, causal_);
   }
   s.probs.reset();
   s.qkv.reset();
@@ -423,8 +423,8 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
                               c, false);
     auto scratch = make({attention_backward_scratch(shape.b, shape.t, d.heads)});
     s.dqkv = make({shape.b, shape.t, width});
-    attention_backward(s.dqkv.data(), scratch.data(), d_attn_y.data(), s.probs.data(), s.qkv.data(), shape.b,
-                       shape.t, d.attn, d.heads, d.kv_heads, causal_);
+    attention_backward(s.dqkv.data(), scratch.data(), scratch.numel(), d_attn_y.data(), s.probs.data(),
+                       s.qkv.data(), shape.b, shape.t, d.attn, d.heads, d.kv_heads, causal_);
   }
   s.probs.reset();
   s.qkv.reset();

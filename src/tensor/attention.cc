@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "pipeflow/core/error.h"
 #include "pipeflow/tensor/gemm.h"
 #include "vector_math.h"
 
@@ -31,20 +32,25 @@ PIPEFLOW_WIDE_VECTORS void softmax_backward_row(T* __restrict dp, const T* __res
   for (int j = 0; j < keys; ++j) dp[j] = p[j] * (dp[j] - inner) * scale;
 }
 
-// Sequences one batched product covers: as many as keep a row block's
-// scores for every head (nh · rows · t floats) within kScoresPerBatch (L2's
-// size, where the softmax reads them back), at least one.
+// Sequences one batched product covers. Under bf16 GEMMs, where a batch is
+// one oneDNN matmul: as many as keep a row block's scores for every head
+// (nh · rows · t floats) within kScoresPerBatch (L2's size, where the
+// softmax reads them back), at least one. Under fp32 a batch is its gemm
+// calls, no faster for being larger: one sequence (the backward's scratch
+// the smallest).
 constexpr long kScoresPerBatch = long{1} << 16;
 
+long scores_per_sequence(int t, int nh) { return static_cast<long>(nh) * std::min(t, kAttentionBlock) * t; }
+
 int sequences_per_batch(int b, int t, int nh) {
-  const long block = static_cast<long>(nh) * std::min(t, kAttentionBlock) * t;
-  return static_cast<int>(std::clamp<long>(kScoresPerBatch / block, 1, std::max(b, 1)));
+  if (current_gemm_precision() != GemmPrecision::kBf16) return 1;
+  return static_cast<int>(std::clamp<long>(kScoresPerBatch / scores_per_sequence(t, nh), 1, std::max(b, 1)));
 }
 
 }  // namespace
 
 long attention_backward_scratch(int b, int t, int nh) {
-  return static_cast<long>(sequences_per_batch(b, t, nh)) * nh * std::min(t, kAttentionBlock) * t;
+  return sequences_per_batch(b, t, nh) * scores_per_sequence(t, nh);
 }
 
 // Each product is batched over a grid of sequences × key/value heads × the
@@ -90,15 +96,21 @@ void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh
 // and dv). ds for a block's rows, every head of a batch of sequences, is
 // scratch [seqs, nh, rows, t].
 template <class T>
-void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const T* qkv, int b, int t, int c,
-                        int nh, int kv, bool causal) {
+void attention_backward(T* dqkv, T* scratch, long scratch_size, const T* dy, const T* probs, const T* qkv, int b,
+                        int t, int c, int nh, int kv, bool causal) {
+  if (scratch_size < scores_per_sequence(t, nh)) {
+    fail("internal: attention_backward's scratch holds {} elements, fewer than one sequence's {} (t {}, {} heads): "
+         "size it by attention_backward_scratch",
+         scratch_size, scores_per_sequence(t, nh), t, nh);
+  }
   const int hs = c / nh;
   const long w = static_cast<long>(nh + 2 * kv) * hs;
   const int group = nh / kv;
   const long tt = static_cast<long>(t) * t;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int last_block_start = (t - 1) / kAttentionBlock * kAttentionBlock;
-  const int chunk = sequences_per_batch(b, t, nh);
+  const int chunk =
+      static_cast<int>(std::min<long>(sequences_per_batch(b, t, nh), scratch_size / scores_per_sequence(t, nh)));
   // Under bf16 GEMMs the output gradient and ds are each read by two
   // products: rounded once, here and below, not by each (the bits, half
   // dy's bytes and one scratch's, live for the call, as the GEMMs' own
@@ -151,8 +163,9 @@ void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const 
         const T beta = first == last_block_start && member == 0 ? T(0) : T(1);
         const GemmBatch one_per_group{
             {seqs, kv, 1}, {nh * ds_head, group * ds_head, 0}, {t * w, group * hs, 0}, {t * w, hs, 0}};
-        gemm_batched<T>(one_per_group, Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1), scratch + member * ds_head,
-                        t, q + first * w + member * hs, static_cast<int>(w), beta, dk, static_cast<int>(w));
+        gemm_batched<T>(one_per_group, Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1),
+                        scratch + member * ds_head, t, q + first * w + member * hs, static_cast<int>(w), beta, dk,
+                        static_cast<int>(w));
       }
     }
   }
@@ -182,9 +195,9 @@ template void attention_forward_cached<float>(float*, float*, const float*, int,
                                               int, int, int, int);
 template void attention_forward_cached<double>(double*, double*, const double*, int, const double*, const double*,
                                                int, int, int, int, int);
-template void attention_backward<float>(float*, float*, const float*, const float*, const float*, int, int, int,
+template void attention_backward<float>(float*, float*, long, const float*, const float*, const float*, int, int, int,
                                         int, int, bool);
-template void attention_backward<double>(double*, double*, const double*, const double*, const double*, int, int,
+template void attention_backward<double>(double*, double*, long, const double*, const double*, const double*, int, int,
                                          int, int, int, bool);
 
 }  // namespace pipeflow

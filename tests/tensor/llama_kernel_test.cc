@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../support/error_of.h"
 #include "finite_difference.h"
 #include "pipeflow/tensor/attention.h"
 #include "pipeflow/tensor/gemm.h"
@@ -192,14 +193,16 @@ TEST(LlamaKernel, GroupedQueryAttentionMatchesFiniteDifferences) {
     };
     loss();
     std::vector<double> dqkv(qkv.size()), scratch(attention_backward_scratch(b, t, nh));
-    attention_backward(dqkv.data(), scratch.data(), r.data(), probs.data(), qkv.data(), b, t, c, nh, kv);
+    attention_backward(dqkv.data(), scratch.data(), static_cast<long>(scratch.size()), r.data(), probs.data(),
+                       qkv.data(), b, t, c, nh, kv);
     EXPECT_LT(relative_gradient_error(qkv, dqkv, loss), kTolerance) << kv << " key/value heads";
   }
 }
 
 // The float attention, its GEMMs in fp32 and in bf16 (the batched oneDNN
 // matmul), against the double one: grouped-query attention over 7
-// sequences of t = 80 (two query blocks; batches of 3, 3 and 1 sequences).
+// sequences of t = 80 (two query blocks; under bf16 batches of 3, 3 and 1
+// sequences, under fp32 of one).
 // fp32: float rounding, 1e-5 relative. bf16: every product's operands
 // rounded to bf16 (2^-9 relative), summed over up to 80 keys, 2e-2; and
 // visibly moved from fp32 (more than 1e-4), or the bf16 path did not run.
@@ -210,7 +213,8 @@ TEST(LlamaKernel, FloatAttentionInFp32AndBf16AgreesWithDouble) {
   std::vector<double> y(b * t * c), probs(b * nh * t * t), dqkv(qkv.size()),
       scratch(attention_backward_scratch(b, t, nh));
   attention_forward(y.data(), probs.data(), qkv.data(), b, t, c, nh, kv);
-  attention_backward(dqkv.data(), scratch.data(), r.data(), probs.data(), qkv.data(), b, t, c, nh, kv);
+  attention_backward(dqkv.data(), scratch.data(), static_cast<long>(scratch.size()), r.data(), probs.data(),
+                     qkv.data(), b, t, c, nh, kv);
   for (const GemmPrecision precision : {GemmPrecision::kFp32, GemmPrecision::kBf16}) {
     if (precision == GemmPrecision::kBf16 && !bf16_matmul_available()) {
       continue;
@@ -218,9 +222,11 @@ TEST(LlamaKernel, FloatAttentionInFp32AndBf16AgreesWithDouble) {
     SCOPED_TRACE(to_string(precision));
     const GemmPrecisionScope scope(precision);
     const std::vector<float> qkv_f(qkv.begin(), qkv.end()), r_f(r.begin(), r.end());
-    std::vector<float> y_f(y.size()), probs_f(probs.size()), dqkv_f(dqkv.size()), scratch_f(scratch.size());
+    std::vector<float> y_f(y.size()), probs_f(probs.size()), dqkv_f(dqkv.size()),
+        scratch_f(attention_backward_scratch(b, t, nh));
     attention_forward(y_f.data(), probs_f.data(), qkv_f.data(), b, t, c, nh, kv);
-    attention_backward(dqkv_f.data(), scratch_f.data(), r_f.data(), probs_f.data(), qkv_f.data(), b, t, c, nh, kv);
+    attention_backward(dqkv_f.data(), scratch_f.data(), static_cast<long>(scratch_f.size()), r_f.data(),
+                       probs_f.data(), qkv_f.data(), b, t, c, nh, kv);
     const double bound = precision == GemmPrecision::kFp32 ? 1e-5 : 2e-2;
     double moved = 0;
     const auto expect_near = [&](const std::vector<float>& got, const std::vector<double>& want, const char* what) {
@@ -234,6 +240,14 @@ TEST(LlamaKernel, FloatAttentionInFp32AndBf16AgreesWithDouble) {
     if (precision == GemmPrecision::kBf16) {
       EXPECT_GT(moved, 1e-4);
     }
+    // One sequence's row-block scores for every head: 4 · 64 · 80.
+    EXPECT_EQ(scratch_f.size(), precision == GemmPrecision::kBf16 ? 3u * 20480 : 20480u);
+    EXPECT_EQ(testing::error_of([&] {
+                attention_backward(dqkv_f.data(), scratch_f.data(), 20479, r_f.data(), probs_f.data(), qkv_f.data(),
+                                   b, t, c, nh, kv);
+              }),
+              "internal: attention_backward's scratch holds 20479 elements, fewer than one sequence's 20480 (t 80, "
+              "4 heads): size it by attention_backward_scratch");
   }
 }
 

@@ -22,14 +22,16 @@ template <class T>
 void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh, int kv, bool causal = true);
 
 // I (attention has no weights): dqkv [b, t, w] = ∂L/∂qkv (overwritten) from
-// dy [b, t, c]. `scratch` holds attention_backward_scratch(b, t, nh)
-// elements: one row block's score gradients for every head of the sequences
-// a batched product covers: 2^16 at most, or one sequence's
-// nh · min(t, kAttentionBlock) · t where that is more.
+// dy [b, t, c]. `scratch` holds scratch_size elements, at least one
+// sequence's row-block scores for every head (nh · min(t, kAttentionBlock)
+// · t); attention_backward_scratch(b, t, nh) is what this thread's GEMM
+// precision batches best: under bf16 a batch of sequences' (up to 2^16
+// elements, or one sequence's where that is more), under fp32 one
+// sequence's.
 long attention_backward_scratch(int b, int t, int nh);
 template <class T>
-void attention_backward(T* dqkv, T* scratch, const T* dy, const T* probs, const T* qkv, int b, int t, int c,
-                        int nh, int kv, bool causal = true);
+void attention_backward(T* dqkv, T* scratch, long scratch_size, const T* dy, const T* probs, const T* qkv, int b,
+                        int t, int c, int nh, int kv, bool causal = true);
 
 // Inference with a key/value cache, one sequence: `rows` new queries at
 // positions past … past + rows − 1 attend to the cached keys and values of
