@@ -61,9 +61,9 @@ TEST(Half, Fp16OverflowsPast65504AndKeepsSubnormals) {
   EXPECT_EQ(round_to_bf16(std::numeric_limits<float>::max()), inf);
 }
 
-// The array loop (branch-free, vectorised) gives the scalar rounding's bits
-// for every high half and low halves at and around the halfway point, NaNs
-// and infinities included.
+// The array loops (branch-free, vectorised), in place and to bits, give the
+// scalar rounding's bits for every high half and low halves at and around
+// the halfway point, NaNs, infinities and subnormals included.
 TEST(Half, TheArrayRoundingIsTheScalarOne) {
   std::vector<float> values;
   for (std::uint32_t high = 0; high < 0x10000u; ++high) {
@@ -76,6 +76,11 @@ TEST(Half, TheArrayRoundingIsTheScalarOne) {
   for (std::size_t i = 0; i < values.size(); ++i) {
     ASSERT_EQ(std::bit_cast<std::uint32_t>(rounded[i]), std::bit_cast<std::uint32_t>(round_to_bf16(values[i])))
         << std::hex << std::bit_cast<std::uint32_t>(values[i]);
+  }
+  std::vector<std::uint16_t> bits(values.size());
+  to_half_bits(ComputeFormat::kBf16, values.data(), bits.data(), static_cast<std::int64_t>(values.size()));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(bits[i], bf16_bits(values[i])) << std::hex << std::bit_cast<std::uint32_t>(values[i]);
   }
 }
 
