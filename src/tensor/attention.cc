@@ -32,25 +32,28 @@ PIPEFLOW_WIDE_VECTORS void softmax_backward_row(T* __restrict dp, const T* __res
   for (int j = 0; j < keys; ++j) dp[j] = p[j] * (dp[j] - inner) * scale;
 }
 
-// Sequences one batched product covers. Under bf16 GEMMs, where a batch is
-// one oneDNN matmul: as many as keep a row block's scores for every head
-// (nh · rows · t floats) within kScoresPerBatch (L2's size, where the
-// softmax reads them back), at least one. Under fp32 a batch is its gemm
-// calls, no faster for being larger: one sequence (the backward's scratch
-// the smallest).
+// Sequences one batched product covers: as many as keep a row block's
+// scores for every head (nh · rows · t floats) within kScoresPerBatch, a
+// quarter of this machine's 1 MiB L2 a core (the softmax reads them back),
+// at least one. The forward batches so in every precision (a batch of gemm
+// calls under fp32 is those calls, in another order); the backward as many
+// as its scratch holds.
 constexpr long kScoresPerBatch = long{1} << 16;
 
 long scores_per_sequence(int t, int nh) { return static_cast<long>(nh) * std::min(t, kAttentionBlock) * t; }
 
 int sequences_per_batch(int b, int t, int nh) {
-  if (current_gemm_precision() != GemmPrecision::kBf16) return 1;
   return static_cast<int>(std::clamp<long>(kScoresPerBatch / scores_per_sequence(t, nh), 1, std::max(b, 1)));
 }
 
 }  // namespace
 
+// Under bf16, where a batch is one oneDNN matmul, a batch's scratch; under
+// fp32, where a larger batch is no faster, one sequence's (the smallest).
 long attention_backward_scratch(int b, int t, int nh) {
-  return sequences_per_batch(b, t, nh) * scores_per_sequence(t, nh);
+  if (b <= 0 || t <= 0 || nh <= 0) return 0;
+  const int sequences = current_gemm_precision() == GemmPrecision::kBf16 ? sequences_per_batch(b, t, nh) : 1;
+  return sequences * scores_per_sequence(t, nh);
 }
 
 // Each product is batched over a grid of sequences × key/value heads × the
@@ -62,6 +65,7 @@ void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh
   const int group = nh / kv;
   const long tt = static_cast<long>(t) * t;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  if (b <= 0 || t <= 0) return;
   const int chunk = sequences_per_batch(b, t, nh);
   for (int seq0 = 0; seq0 < b; seq0 += chunk) {
     const int seqs = std::min(chunk, b - seq0);
@@ -98,6 +102,7 @@ void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh
 template <class T>
 void attention_backward(T* dqkv, T* scratch, long scratch_size, const T* dy, const T* probs, const T* qkv, int b,
                         int t, int c, int nh, int kv, bool causal) {
+  if (b <= 0 || t <= 0) return;
   if (scratch_size < scores_per_sequence(t, nh)) {
     fail("internal: attention_backward's scratch holds {} elements, fewer than one sequence's {} (t {}, {} heads): "
          "size it by attention_backward_scratch",
@@ -109,8 +114,7 @@ void attention_backward(T* dqkv, T* scratch, long scratch_size, const T* dy, con
   const long tt = static_cast<long>(t) * t;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   const int last_block_start = (t - 1) / kAttentionBlock * kAttentionBlock;
-  const int chunk =
-      static_cast<int>(std::min<long>(sequences_per_batch(b, t, nh), scratch_size / scores_per_sequence(t, nh)));
+  const int chunk = static_cast<int>(std::min<long>(b, scratch_size / scores_per_sequence(t, nh)));
   // Under bf16 GEMMs the output gradient and ds are each read by two
   // products: rounded once, here and below, not by each (the bits, half
   // dy's bytes and one scratch's, live for the call, as the GEMMs' own
@@ -139,11 +143,12 @@ void attention_backward(T* dqkv, T* scratch, long scratch_size, const T* dy, con
           {seqs, kv, group}, {t * c, group * hs, hs}, {t * w, hs, 0}, {nh * ds_head, group * ds_head, ds_head}};
       gemm_batched<T>(every_head, Transpose::kNo, Transpose::kYes, rows, keys, hs, T(1), dy_block, c, v,
                       static_cast<int>(w), T(0), scratch, t);
+      const GemmBatch values_of_a_member{
+          {seqs, kv, 1}, {nh * tt, group * tt, 0}, {t * c, group * hs, 0}, {t * w, hs, 0}};
       for (int member = 0; member < group; ++member) {
         const T beta = first == last_block_start && member == 0 ? T(0) : T(1);
-        const GemmBatch one_per_group{{seqs, kv, 1}, {nh * tt, group * tt, 0}, {t * c, group * hs, 0}, {t * w, hs, 0}};
-        gemm_batched<T>(one_per_group, Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1), p_block + member * tt, t,
-                        dy_block + member * hs, c, beta, dv, static_cast<int>(w));
+        gemm_batched<T>(values_of_a_member, Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1),
+                        p_block + member * tt, t, dy_block + member * hs, c, beta, dv, static_cast<int>(w));
       }
       for (long head = 0; head < static_cast<long>(seqs) * nh; ++head) {
         for (int row = 0; row < rows; ++row) {
@@ -159,11 +164,11 @@ void attention_backward(T* dqkv, T* scratch, long scratch_size, const T* dy, con
           {seqs, kv, group}, {nh * ds_head, group * ds_head, ds_head}, {t * w, hs, 0}, {t * w, group * hs, hs}};
       gemm_batched<T>(queries, Transpose::kNo, Transpose::kNo, rows, hs, keys, T(1), scratch, t, k,
                       static_cast<int>(w), T(0), dq + first * w, static_cast<int>(w));
+      const GemmBatch keys_of_a_member{
+          {seqs, kv, 1}, {nh * ds_head, group * ds_head, 0}, {t * w, group * hs, 0}, {t * w, hs, 0}};
       for (int member = 0; member < group; ++member) {
         const T beta = first == last_block_start && member == 0 ? T(0) : T(1);
-        const GemmBatch one_per_group{
-            {seqs, kv, 1}, {nh * ds_head, group * ds_head, 0}, {t * w, group * hs, 0}, {t * w, hs, 0}};
-        gemm_batched<T>(one_per_group, Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1),
+        gemm_batched<T>(keys_of_a_member, Transpose::kYes, Transpose::kNo, keys, hs, rows, T(1),
                         scratch + member * ds_head, t, q + first * w + member * hs, static_cast<int>(w), beta, dk,
                         static_cast<int>(w));
       }

@@ -220,9 +220,10 @@ Bf16Source bf16_source(const float* x, int rows, int columns, int ld, const int 
     }
     // Partly inside: the floats there were never written.
     if (first < range.end && last > range.begin) {
-      fail("internal: a bf16 GEMM operand ({} x {} at row stride {}) lies partly in a Bf16Operands range: add the "
-           "whole tensor it belongs to as one range",
-           rows, columns, ld);
+      fail("internal: a bf16 GEMM operand ({} x {} at row stride {}, a grid of {} x {} x {} strided {}, {}, {}: {} "
+           "floats from first to last) lies partly in a Bf16Operands range: add the whole tensor it belongs to as "
+           "one range",
+           rows, columns, ld, count[0], count[1], count[2], stride[0], stride[1], stride[2], span);
     }
   }
   // Dense, last dimension fastest; a repeated matrix is rounded once.
@@ -249,6 +250,15 @@ Bf16Source bf16_source(const float* x, int rows, int columns, int ld, const int 
   return {scratch.data(), columns, dense};
 }
 
+// An operand's strides as a matmul's key holds them: none along a dimension
+// of one product, which the matmul leaves out (one primitive for every such
+// call).
+std::array<long, 3> grid_strides(const GemmBatch& batch, const std::array<long, 3>& stride) {
+  std::array<long, 3> kept{};
+  for (int i = 0; i < 3; ++i) kept[i] = batch.count[i] == 1 ? 0 : stride[i];
+  return kept;
+}
+
 void bf16_gemm(const GemmBatch& batch, Transpose transpose_a, Transpose transpose_b, int m, int n, int k, float alpha,
                const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   thread_local Bf16Matmuls matmuls;
@@ -269,9 +279,9 @@ void bf16_gemm(const GemmBatch& batch, Transpose transpose_a, Transpose transpos
                                       alpha,
                                       beta,
                                       {batch.count[0], batch.count[1], batch.count[2]},
-                                      a_bf16.stride,
-                                      b_bf16.stride,
-                                      {batch.c_stride[0], batch.c_stride[1], batch.c_stride[2]}});
+                                      grid_strides(batch, a_bf16.stride),
+                                      grid_strides(batch, b_bf16.stride),
+                                      grid_strides(batch, {batch.c_stride[0], batch.c_stride[1], batch.c_stride[2]})});
     // (oneDNN takes a mutable handle; the matmul only reads its sources)
     matmul.a.set_data_handle(const_cast<std::uint16_t*>(a_bf16.bits));
     matmul.b.set_data_handle(const_cast<std::uint16_t*>(b_bf16.bits));
@@ -280,9 +290,10 @@ void bf16_gemm(const GemmBatch& batch, Transpose transpose_a, Transpose transpos
                              {{DNNL_ARG_SRC, matmul.a}, {DNNL_ARG_WEIGHTS, matmul.b}, {DNNL_ARG_DST, matmul.c}});
     matmuls.stream.wait();
   } catch (const dnnl::error& e) {
-    fail("gemm: oneDNN's bf16 matmul failed ({}) for m {}, n {}, k {}, ldc {}, a grid of {} x {} x {}: this CPU or "
-         "oneDNN has no bf16 matmul; set PIPEFLOW_BF16_GEMM=fp32",
-         e.what(), m, n, k, ldc, batch.count[0], batch.count[1], batch.count[2]);
+    fail("gemm: oneDNN's bf16 matmul failed ({}) for m {}, n {}, k {}, ldc {}, a grid of {} x {} x {}: {}", e.what(),
+         m, n, k, ldc, batch.count[0], batch.count[1], batch.count[2],
+         bf16_matmul_available() ? "oneDNN refused this layout (internal: report it with these figures)"
+                                 : "this CPU or oneDNN has no bf16 matmul; set PIPEFLOW_BF16_GEMM=fp32");
   }
 }
 
@@ -290,7 +301,7 @@ void check_batch(const GemmBatch& batch) {
   for (int i = 0; i < 3; ++i) {
     if (batch.count[i] < 1 || batch.a_stride[i] < 0 || batch.b_stride[i] < 0 || batch.c_stride[i] < 0 ||
         (batch.count[i] > 1 && batch.c_stride[i] == 0)) {
-      fail("internal: gemm_batched's dimension {} has {} products and strides {}, {}, {}: counts at least 1, "
+      fail("internal: gemm_batched's dimension {} has {} products and strides A {}, B {}, C {}: counts at least 1, "
            "strides not negative, C's apart",
            i, batch.count[i], batch.a_stride[i], batch.b_stride[i], batch.c_stride[i]);
     }

@@ -141,9 +141,11 @@ TEST(Gemm, ABf16ScopeMultipliesTheOperandsRoundedToBf16AccumulatingInFp32) {
 // bf16 (one oneDNN matmul for the grid): the calls' values (fp32
 // accumulation of the same rounded operands, 1e-4 as above), the same bits
 // on a rerun, and the same bits from operands a Bf16Operands range stands
-// for (NaN floats, never read) as from those floats rounded.
+// for (NaN floats, never read) as from those floats rounded. `gap` moves the
+// C matrices apart: a second layout of the same shape on the same thread
+// (bf16 keeps a matmul a layout) must not take the first one's.
 template <class T>
-void expect_batched_products_are_their_gemm_calls(GemmPrecision precision) {
+void expect_batched_products_are_their_gemm_calls(GemmPrecision precision, long gap = 0) {
   const int m = 5, n = 7, k = 9, pad = 2;
   GemmBatch grid;
   const int count[3] = {2, 3, 2};
@@ -151,7 +153,7 @@ void expect_batched_products_are_their_gemm_calls(GemmPrecision precision) {
   for (int i = 0; i < 3; ++i) grid.count[i] = count[i];
   const long a_stride[3] = {0, a_matrix * 2, a_matrix};
   const long b_stride[3] = {b_matrix * 3, b_matrix, 0};
-  const long c_stride[3] = {c_matrix * 6 + 3, c_matrix * 2 + 1, c_matrix};
+  const long c_stride[3] = {c_matrix * 6 + 3 + 3 * gap, c_matrix * 2 + 1 + gap, c_matrix};
   for (int i = 0; i < 3; ++i) {
     grid.a_stride[i] = a_stride[i];
     grid.b_stride[i] = b_stride[i];
@@ -162,7 +164,7 @@ void expect_batched_products_are_their_gemm_calls(GemmPrecision precision) {
     return std::vector<T>(normal.begin(), normal.end());
   };
   const std::vector<T> a = values(a_matrix * 6, 31), b = values(b_matrix * 6, 32);
-  const std::vector<T> c0 = values(c_matrix * 12 + 8, 33);
+  const std::vector<T> c0 = values(c_matrix * 12 + 8 + 5 * gap, 33);
   const GemmPrecisionScope scope(precision);
   for (const Transpose ta : {Transpose::kNo, Transpose::kYes}) {
     for (const Transpose tb : {Transpose::kNo, Transpose::kYes}) {
@@ -210,6 +212,7 @@ TEST(Gemm, BatchedProductsAreTheirGemmCalls) {
   expect_batched_products_are_their_gemm_calls<float>(GemmPrecision::kFp32);
   if (!bf16_matmul_available()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU (AVX2 alone)";
   expect_batched_products_are_their_gemm_calls<float>(GemmPrecision::kBf16);
+  expect_batched_products_are_their_gemm_calls<float>(GemmPrecision::kBf16, 5);
 }
 
 // Floats that stand for bf16 bits (Bf16Operands): the matmul takes the bits
@@ -289,8 +292,9 @@ TEST(Gemm, Bf16OperandsHandTheMatmulTheirBitsAsTheyAre) {
               gemm<float>(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, a.data(), k, b_nan.data(), n, 0.0f, c.data(),
                           ldc);
             }),
-            "internal: a bf16 GEMM operand (36 x 40 at row stride 40) lies partly in a Bf16Operands range: add the "
-            "whole tensor it belongs to as one range");
+            "internal: a bf16 GEMM operand (36 x 40 at row stride 40, a grid of 1 x 1 x 1 strided 0, 0, 0: 1440 "
+            "floats from first to last) lies partly in a Bf16Operands range: add the whole tensor it belongs to as "
+            "one range");
 }
 
 // round_for_gemms: a strided block rounded once, which the GEMMs that read

@@ -90,7 +90,10 @@ TEST(KernelGradient, GeluMatchesFiniteDifferences) {
 }
 
 // t = 70 spans two query blocks of kAttentionBlock = 64, so the blocked
-// causal products and the dk/dv accumulation across blocks are exercised.
+// causal products and the dk/dv accumulation across blocks are exercised;
+// the scratch holds both sequences, so each product is one batch of both
+// (their strides exercised in every precision), and dqkv starts as NaN (a
+// product adding to it where it should set it fails).
 TEST(KernelGradient, CausalAttentionMatchesFiniteDifferences) {
   const int b = 2, t = 70, c = 8, nh = 2;
   auto qkv = normal_vector(b * t * 3 * c, 31);
@@ -101,7 +104,7 @@ TEST(KernelGradient, CausalAttentionMatchesFiniteDifferences) {
     return dot(y, r);
   };
   loss();
-  std::vector<double> dqkv(qkv.size()), scratch(attention_backward_scratch(b, t, nh));
+  std::vector<double> dqkv(qkv.size(), std::nan("")), scratch(b * attention_backward_scratch(1, t, nh));
   attention_backward(dqkv.data(), scratch.data(), static_cast<long>(scratch.size()), r.data(), probs.data(),
                      qkv.data(), b, t, c, nh, nh);
   EXPECT_LT(relative_gradient_error(qkv, dqkv, loss), kTolerance);
@@ -128,7 +131,7 @@ TEST(KernelGradient, AttentionIsCausalAndRowsSumToOne) {
 }
 
 // A vision encoder's attention: every query sees every key, across both
-// query blocks.
+// query blocks (both sequences one batch, as above).
 TEST(KernelGradient, BidirectionalAttentionMatchesFiniteDifferences) {
   const int b = 2, t = 70, c = 8, nh = 2;
   auto qkv = normal_vector(b * t * 3 * c, 34);
@@ -139,7 +142,7 @@ TEST(KernelGradient, BidirectionalAttentionMatchesFiniteDifferences) {
     return dot(y, r);
   };
   loss();
-  std::vector<double> dqkv(qkv.size()), scratch(attention_backward_scratch(b, t, nh));
+  std::vector<double> dqkv(qkv.size(), std::nan("")), scratch(b * attention_backward_scratch(1, t, nh));
   attention_backward(dqkv.data(), scratch.data(), static_cast<long>(scratch.size()), r.data(), probs.data(),
                      qkv.data(), b, t, c, nh, nh, false);
   EXPECT_LT(relative_gradient_error(qkv, dqkv, loss), kTolerance);

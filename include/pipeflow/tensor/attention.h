@@ -24,7 +24,8 @@ void attention_forward(T* y, T* probs, const T* qkv, int b, int t, int c, int nh
 // I (attention has no weights): dqkv [b, t, w] = ∂L/∂qkv (overwritten) from
 // dy [b, t, c]. `scratch` holds scratch_size elements, at least one
 // sequence's row-block scores for every head (nh · min(t, kAttentionBlock)
-// · t); attention_backward_scratch(b, t, nh) is what this thread's GEMM
+// · t); each batched product covers as many sequences as it holds.
+// attention_backward_scratch(b, t, nh) is the size this thread's GEMM
 // precision batches best: under bf16 a batch of sequences' (up to 2^16
 // elements, or one sequence's where that is more), under fp32 one
 // sequence's.
