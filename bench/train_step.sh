@@ -6,8 +6,8 @@
 # bench_core_peak (common.sh's core_peak, once a round); GPT-2 at two sizes, then a
 # Llama of the small GPT-2's size (multi-head, SwiGLU 352: 0.3% more
 # parameters) with both implementations, set beside the GPT-2 step; then the
-# small GPT-2 in bf16 (pipeflow's mixed precision; torch.autocast to bf16)
-# against fp32, and pipeflow's bf16 step as a share of the core's bf16 peak
+# GPT-2 in bf16 at both sizes (pipeflow's mixed precision; torch.autocast to
+# bf16) against fp32, and pipeflow's bf16 step as a share of the core's bf16 peak
 # (vdpbf16ps, bench_core_peak). Where the CPU has bf16 instructions a bf16
 # step multiplies through oneDNN's bf16 matmul, else in fp32 (on a CPU
 # without them bf16 can only cost, the rounding, never gain); the last pair
@@ -86,17 +86,20 @@ run() {
   summarise "$lines"
 }
 
-run "small (vocab 256, context 64, 4 layers, 4 heads, width 128, batch 16)" 20 \
-  --layers 4 --heads 4 --width 128 --context 64 --batch 16
-run "larger (vocab 256, context 256, 6 layers, 6 heads, width 384, batch 16)" 4 \
-  --layers 6 --heads 6 --width 384 --context 256 --batch 16
+small=(--layers 4 --heads 4 --width 128 --context 64 --batch 16)
+larger=(--layers 6 --heads 6 --width 384 --context 256 --batch 16)
+run "small (vocab 256, context 64, 4 layers, 4 heads, width 128, batch 16)" 20 "${small[@]}"
+run "larger (vocab 256, context 256, 6 layers, 6 heads, width 384, batch 16)" 4 "${larger[@]}"
 
-# A variant of the small model beside its plain run, alternating in one run,
-# in pipeflow and in PyTorch: paired TITLE RATIO VARIANT PIPEFLOW_ARGS TORCH_ARGS
-# prints each implementation's variant / plain CPU time per step.
+# A variant of a model beside its plain run, alternating in one run, in
+# pipeflow and in PyTorch:
+#   paired TITLE RATIO VARIANT PIPEFLOW_ARGS TORCH_ARGS [STEPS MODEL_ARGS...]
+# prints each implementation's variant / plain CPU time per step; the model is
+# the small one (20 steps) unless STEPS and its flags follow.
 paired() {
-  local title=$1 ratio=$2 variant=$3 pipeflow_args=$4 torch_args=$5 steps=20 lines=""
-  local args=(--layers 4 --heads 4 --width 128 --context 64 --batch 16)
+  local title=$1 ratio=$2 variant=$3 pipeflow_args=$4 torch_args=$5 steps=${6:-20} lines=""
+  local args=("${small[@]}")
+  if [ $# -gt 6 ]; then args=("${@:7}"); fi
   echo "-- $title: ${args[*]}"
   for ((round = 1; round <= rounds; round++)); do
     lines+=$(core_peak)$'\n'
@@ -133,12 +136,13 @@ paired "llama vs gpt-2 of the same size (llama: --intermediate 352)" "llama step
   "--arch llama --intermediate 352" "--arch llama --intermediate 352"
 grep -o -m1 'avx512_bf16\|amx_bf16' /proc/cpuinfo | sed 's/^/-- this CPU has /' || echo "-- this CPU has no bf16 instructions"
 paired "bf16 vs fp32" "bf16 step / fp32 step" bf16 "--format bf16" "--format bf16"
+paired "bf16 vs fp32, larger model" "bf16 step / fp32 step" bf16 "--format bf16" "--format bf16" 4 "${larger[@]}"
 
 # The bf16 step's two GEMM paths on this CPU, alternating: the default
 # (oneDNN's bf16 matmul where the CPU has bf16 instructions) against fp32
 # GEMMs on the rounded values (PIPEFLOW_BF16_GEMM=fp32).
 bf16_paths() {
-  local args=(--layers 4 --heads 4 --width 128 --context 64 --batch 16 --steps 20 --format bf16) lines="" fp32 own
+  local args=("${small[@]}" --steps 20 --format bf16) lines="" fp32 own
   echo "-- bf16 step, its GEMMs: default path vs PIPEFLOW_BF16_GEMM=fp32: ${args[*]}"
   for ((round = 1; round <= rounds; round++)); do
     lines+="default $(OPENBLAS_NUM_THREADS=1 "$bench" "${args[@]}")"$'\n'

@@ -196,6 +196,23 @@ struct Bf16Matmuls {
   }
 };
 
+// A product's place in a grid, and an operand's offset there (elements).
+using GridIndex = std::array<long, 3>;
+long offset(const GridIndex& at, const std::array<long, 3>& stride) {
+  return at[0] * stride[0] + at[1] * stride[1] + at[2] * stride[2];
+}
+
+// Calls f(at) for each product of a grid of `count`, the last dimension
+// fastest.
+template <class F>
+void for_each_product(const std::array<int, 3>& count, F&& f) {
+  for (long i = 0; i < count[0]; ++i) {
+    for (long j = 0; j < count[1]; ++j) {
+      for (long l = 0; l < count[2]; ++l) f(GridIndex{i, j, l});
+    }
+  }
+}
+
 // An operand as the matmul reads it: bf16 bits at row stride ld, its
 // matrices `stride` apart along the grid.
 struct Bf16Source {
@@ -208,15 +225,15 @@ struct Bf16Source {
 // apart, 0 for one matrix along a dimension) in bf16: the bits they stand
 // for where one Bf16Operands range holds them all, else rounded into
 // `scratch`, dense.
-Bf16Source bf16_source(const float* x, int rows, int columns, int ld, const int (&count)[3], const long (&stride)[3],
-                       std::vector<std::uint16_t>& scratch) {
+Bf16Source bf16_source(const float* x, int rows, int columns, int ld, const std::array<int, 3>& count,
+                       const std::array<long, 3>& stride, std::vector<std::uint16_t>& scratch) {
   long span = static_cast<long>(rows - 1) * ld + columns;
   for (int i = 0; i < 3; ++i) span += static_cast<long>(count[i] - 1) * stride[i];
   const auto first = reinterpret_cast<std::uintptr_t>(x);
   const auto last = reinterpret_cast<std::uintptr_t>(x + span);
   for (const Bf16Range& range : t_bf16_ranges) {
     if (first >= range.begin && last <= range.end) {
-      return {range.bits + (first - range.begin) / sizeof(float), ld, {stride[0], stride[1], stride[2]}};
+      return {range.bits + (first - range.begin) / sizeof(float), ld, stride};
     }
     // Partly inside: the floats there were never written.
     if (first < range.end && last > range.begin) {
@@ -228,7 +245,7 @@ Bf16Source bf16_source(const float* x, int rows, int columns, int ld, const int 
   }
   // Dense, last dimension fastest; a repeated matrix is rounded once.
   std::array<long, 3> dense{};
-  int extent[3];
+  std::array<int, 3> extent{};
   long size = static_cast<long>(rows) * columns;
   for (int i = 2; i >= 0; --i) {
     extent[i] = stride[i] == 0 ? 1 : count[i];
@@ -237,16 +254,12 @@ Bf16Source bf16_source(const float* x, int rows, int columns, int ld, const int 
   }
   scratch.resize(static_cast<std::size_t>(size));
   std::uint16_t* out = scratch.data();
-  for (int i = 0; i < extent[0]; ++i) {
-    for (int j = 0; j < extent[1]; ++j) {
-      for (int l = 0; l < extent[2]; ++l) {
-        const float* matrix = x + i * stride[0] + j * stride[1] + l * stride[2];
-        for (int row = 0; row < rows; ++row, out += columns) {
-          to_half_bits(ComputeFormat::kBf16, matrix + static_cast<long>(row) * ld, out, columns);
-        }
-      }
+  for_each_product(extent, [&](const GridIndex& at) {
+    const float* matrix = x + offset(at, stride);
+    for (int row = 0; row < rows; ++row, out += columns) {
+      to_half_bits(ComputeFormat::kBf16, matrix + static_cast<long>(row) * ld, out, columns);
     }
-  }
+  });
   return {scratch.data(), columns, dense};
 }
 
@@ -278,10 +291,10 @@ void bf16_gemm(const GemmBatch& batch, Transpose transpose_a, Transpose transpos
                                       tb,
                                       alpha,
                                       beta,
-                                      {batch.count[0], batch.count[1], batch.count[2]},
+                                      batch.count,
                                       grid_strides(batch, a_bf16.stride),
                                       grid_strides(batch, b_bf16.stride),
-                                      grid_strides(batch, {batch.c_stride[0], batch.c_stride[1], batch.c_stride[2]})});
+                                      grid_strides(batch, batch.c_stride)});
     // (oneDNN takes a mutable handle; the matmul only reads its sources)
     matmul.a.set_data_handle(const_cast<std::uint16_t*>(a_bf16.bits));
     matmul.b.set_data_handle(const_cast<std::uint16_t*>(b_bf16.bits));
@@ -451,15 +464,10 @@ void gemm_batched(const GemmBatch& batch, Transpose transpose_a, Transpose trans
       return;
     }
   }
-  for (int i = 0; i < batch.count[0]; ++i) {
-    for (int j = 0; j < batch.count[1]; ++j) {
-      for (int l = 0; l < batch.count[2]; ++l) {
-        const auto at = [&](const long(&stride)[3]) { return i * stride[0] + j * stride[1] + l * stride[2]; };
-        gemm<T>(transpose_a, transpose_b, m, n, k, alpha, a + at(batch.a_stride), lda, b + at(batch.b_stride), ldb,
-                beta, c + at(batch.c_stride), ldc);
-      }
-    }
-  }
+  for_each_product(batch.count, [&](const GridIndex& at) {
+    gemm<T>(transpose_a, transpose_b, m, n, k, alpha, a + offset(at, batch.a_stride), lda,
+            b + offset(at, batch.b_stride), ldb, beta, c + offset(at, batch.c_stride), ldc);
+  });
 }
 
 template void gemm_batched<float>(const GemmBatch&, Transpose, Transpose, int, int, int, float, const float*, int,

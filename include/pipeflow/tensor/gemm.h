@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -42,10 +43,10 @@ void gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T a
 // count products of attention's small shapes: 1.6x the per-head calls at the
 // bench model's, docs/PERFORMANCE.md), with the operands rounded once each.
 struct GemmBatch {
-  int count[3] = {1, 1, 1};
-  long a_stride[3] = {0, 0, 0};
-  long b_stride[3] = {0, 0, 0};
-  long c_stride[3] = {0, 0, 0};
+  std::array<int, 3> count = {1, 1, 1};
+  std::array<long, 3> a_stride = {0, 0, 0};
+  std::array<long, 3> b_stride = {0, 0, 0};
+  std::array<long, 3> c_stride = {0, 0, 0};
 };
 
 template <class T>
