@@ -81,7 +81,7 @@ constexpr std::array kRunKeys = {
            "", "Run this schedule file instead: PyTorch pipelining CSV or pipeflow JSON; it fixes the ranks, chunks "
            "and micro-batches", kAll},
     RunKey{"pipeline.virtual_stages", "--virtual", "", kInteger, ">= 1", "1", "Model chunks per rank v", kAll, true},
-    RunKey{"model", "--model", "", kString,
+    RunKey{"model", "--model", "", kStringOrObject,
            "a preset, a config.json path, {n_layer, n_head, n_embd, n_ctx, vocab_size}, or a config.json's keys", "",
            "The model; absent: a weights file's or checkpoint's", kAll, true},
     RunKey{"data.path", "", "", kString, "a text file", "", "Training text (or data.paths)"},
@@ -178,6 +178,8 @@ std::string_view type_name(KeyType type) {
       return "a JSON object";
     case kListOrObject:
       return "a JSON list or object";
+    case kStringOrObject:
+      return "text, or a JSON object from its \"{\"";
   }
   return "";
 }
@@ -216,13 +218,16 @@ nlohmann::json run_key_value(const RunKey& key, std::string_view text, std::stri
       return text == "true";
     case kString:
       return std::string(text);
+    case kStringOrObject:
+      if (!text.starts_with('{')) return std::string(text);
+      [[fallthrough]];
     case kList:
     case kObject:
     case kListOrObject: {
       nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
-      const bool fits = key.type == kList     ? value.is_array()
-                        : key.type == kObject ? value.is_object()
-                                              : value.is_array() || value.is_object();
+      const bool fits = key.type == kList                                   ? value.is_array()
+                        : key.type == kObject || key.type == kStringOrObject ? value.is_object()
+                                                                             : value.is_array() || value.is_object();
       if (value.is_discarded() || !fits) refuse();
       return value;
     }

@@ -21,7 +21,9 @@ namespace pipeflow {
 // Adding a key: a row here, its field and check in run_config.h/.cc, its
 // line in run_config_to_json, and its consumer.
 
-enum class KeyType { kInteger, kNumber, kBoolean, kString, kList, kObject, kListOrObject };
+// kStringOrObject: a value that begins with "{" is a JSON object, any other
+// the text itself (the model: a preset or path, or its keys inline).
+enum class KeyType { kInteger, kNumber, kBoolean, kString, kList, kObject, kListOrObject, kStringOrObject };
 
 // Which commands take the key's flag.
 enum class FlagScope {
@@ -51,7 +53,7 @@ const RunKey* find_run_key(std::string_view path);
 const RunKey* find_run_flag(std::string_view name);
 
 // A value typed on a command line as the key's JSON: an integer, a number,
-// true/false or the text itself. An Error names `origin` (the flag as
+// true/false, the text itself, or a JSON list or object. An Error names `origin` (the flag as
 // given), the text, the type and the key.
 nlohmann::json run_key_value(const RunKey& key, std::string_view text, std::string_view origin);
 
