@@ -10,6 +10,14 @@
 //
 //   bench_train_step [--layers L --heads H --width C --context T --batch B --steps N]
 //                    [--arch llama --kv-heads KV --intermediate F] [--format bf16|fp16]
+//                    [--gemm-shapes]
+//
+// --gemm-shapes: after the timed steps, as many again with every GEMM call
+// timed by shape (GemmCallTimes), then each shape's call repeated on fresh
+// dense operands that stay in cache (the best of 20; under bf16 both
+// operands lent as bits, as a step lends nearly all of its): the GEMMs'
+// share of the step and each shape's rate in the step beside its rate in
+// cache, i.e. what the step's data movement costs its products.
 //
 // FLOPs per step are the model FLOPs of Narayanan et al. 2021 (eq. 3 without
 // recompute; docs/PERFORMANCE.md): 72·B·L·T·C²·(1 + T/(6C) + V/(12·C·L)),
@@ -37,6 +45,7 @@
 #include "pipeflow/nn/random.h"
 #include "pipeflow/nn/stage.h"
 #include "pipeflow/tensor/gemm.h"
+#include "pipeflow/tensor/half.h"
 
 namespace {
 
@@ -73,7 +82,7 @@ double median(std::vector<double> values) {
 
 struct Options {
   int layers = 4, heads = 4, width = 128, context = 64, batch = 16, steps = 10, vocab = 256;
-  bool llama = false;
+  bool llama = false, gemm_shapes = false;
   pipeflow::ComputeFormat format = pipeflow::ComputeFormat::kFp32;
   int kv_heads = 0, intermediate = 0;
 };
@@ -92,7 +101,8 @@ Options parse(int argc, char** argv) {
                                 {"--context", &o.context},
                                 {"--batch", &o.batch},
                                 {"--steps", &o.steps},
-                                {"--vocab", &o.vocab}});
+                                {"--vocab", &o.vocab},
+                                {"--gemm-shapes", &o.gemm_shapes}});
   if ((arch != "gpt2" && arch != "llama") || (format != "fp32" && format != "bf16" && format != "fp16")) {
     std::fprintf(stderr, "--arch %s --format %s: the architecture is gpt2 or llama, the format fp32, bf16 or fp16\n",
                  arch.c_str(), format.c_str());
@@ -109,6 +119,73 @@ Options parse(int argc, char** argv) {
 std::uint64_t weights_digest(const pipeflow::nn::Stage& model) {
   const std::span<const float> weights = model.parameters();
   return pipeflow::nn::hash_name({reinterpret_cast<const char*>(weights.data()), weights.size_bytes()});
+}
+
+// The best wall time of `repeats` calls of `shape` on dense operands of
+// bf16-exact values (A, B and C each a contiguous grid of products; under
+// kBf16 A and B lent as bits), beta 1 as a step's accumulating GEMMs.
+double in_cache_seconds(const pipeflow::GemmCallShape& shape, pipeflow::GemmPrecision precision, int repeats) {
+  using namespace pipeflow;
+  const long a_size = static_cast<long>(shape.m) * shape.k, b_size = static_cast<long>(shape.k) * shape.n;
+  const long c_size = static_cast<long>(shape.m) * shape.n;
+  std::vector<float> a(a_size * shape.products), b(b_size * shape.products), c(c_size * shape.products, 0.0f);
+  nn::Rng rng(11);
+  for (float& x : a) x = round_to_bf16(static_cast<float>(rng.below(255)) / 128.0f - 1.0f);
+  for (float& x : b) x = round_to_bf16(static_cast<float>(rng.below(255)) / 128.0f - 1.0f);
+  std::vector<std::uint16_t> a_bits(a.size()), b_bits(b.size());
+  to_half_bits(ComputeFormat::kBf16, a.data(), a_bits.data(), static_cast<std::int64_t>(a.size()));
+  to_half_bits(ComputeFormat::kBf16, b.data(), b_bits.data(), static_cast<std::int64_t>(b.size()));
+  const GemmPrecisionScope scope(precision);
+  Bf16Operands lent;
+  if (precision == GemmPrecision::kBf16) {
+    lent.add(a.data(), a_bits);
+    lent.add(b.data(), b_bits);
+  }
+  const Transpose ta = shape.transpose_a ? Transpose::kYes : Transpose::kNo;
+  const Transpose tb = shape.transpose_b ? Transpose::kYes : Transpose::kNo;
+  const GemmBatch grid{{shape.products, 1, 1}, {a_size, 0, 0}, {b_size, 0, 0}, {c_size, 0, 0}};
+  double best = 1e30;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = Clock::now();
+    gemm_batched<float>(grid, ta, tb, shape.m, shape.n, shape.k, 1.0f, a.data(), shape.transpose_a ? shape.m : shape.k,
+                        b.data(), shape.transpose_b ? shape.k : shape.n, 1.0f, c.data(), shape.n);
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
+// --gemm-shapes: `steps` more steps with their GEMMs timed by shape, printed
+// beside each shape's rate in cache.
+template <class Step>
+void print_gemm_shapes(Step& step, int steps, pipeflow::GemmPrecision precision) {
+  using namespace pipeflow;
+  GemmCallTimes times;
+  double step_seconds = 0;
+  for (int i = 0; i < steps; ++i) {
+    const auto start = Clock::now();
+    step();
+    step_seconds += seconds_since(start);
+  }
+  const std::vector<GemmCallTimes::Entry> entries = times.by_time();
+  double gemm_seconds = 0, gemm_flops = 0, cache_seconds = 0;
+  std::printf("GEMM calls by shape over %d steps (%s): m n k, transposed A/B, products a call | calls/step, "
+              "ms/step, GFLOP/s in the step | GFLOP/s in cache (dense operands, best of 20)\n",
+              steps, to_string(precision));
+  for (const GemmCallTimes::Entry& e : entries) {
+    const double in_cache = in_cache_seconds(e.shape, precision, 20);
+    const double flops = e.shape.flops() * static_cast<double>(e.calls);
+    gemm_seconds += e.seconds;
+    gemm_flops += flops;
+    cache_seconds += in_cache * static_cast<double>(e.calls);
+    std::printf("  %5d %5d %5d  %c%c  x%-3d | %6.1f %8.3f %7.1f | %7.1f\n", e.shape.m, e.shape.n, e.shape.k,
+                e.shape.transpose_a ? 'T' : 'N', e.shape.transpose_b ? 'T' : 'N', e.shape.products,
+                static_cast<double>(e.calls) / steps, e.seconds / steps * 1e3, flops / e.seconds / 1e9,
+                e.shape.flops() / in_cache / 1e9);
+  }
+  std::printf("GEMMs: %.2f of the step's %.2f ms (%.0f%%), %.1f GFLOP/s in the step; the same calls in cache: "
+              "%.2f ms, %.1f GFLOP/s\n",
+              gemm_seconds / steps * 1e3, step_seconds / steps * 1e3, 100 * gemm_seconds / step_seconds,
+              gemm_flops / gemm_seconds / 1e9, cache_seconds / steps * 1e3, gemm_flops / cache_seconds / 1e9);
 }
 
 }  // namespace
@@ -170,5 +247,6 @@ int main(int argc, char** argv) {
               flops / cpu_median / 1e9, 100 * flops / cpu_median / 1e9 / ceiling, ceiling, flops / 1e9,
               static_cast<long long>(config.parameter_count()), loss, blas_threads(), static_cast<double>(model.activation_memory().peak_bytes()) / (1024.0 * 1024.0),
               to_string(model.gemm_precision()), static_cast<unsigned long long>(weights_digest(model)));
+  if (o.gemm_shapes) print_gemm_shapes(step, o.steps, model.gemm_precision());
   return 0;
 }

@@ -10,11 +10,13 @@
 # bf16) against fp32, and pipeflow's bf16 step as a share of the core's bf16 peak
 # (vdpbf16ps, bench_core_peak). Where the CPU has bf16 instructions a bf16
 # step multiplies through oneDNN's bf16 matmul, else in fp32 (on a CPU
-# without them bf16 can only cost, the rounding, never gain); the last pair
-# sets that path against the fp32 GEMMs on the same CPU
-# (PIPEFLOW_BF16_GEMM=fp32). The two alternate for ROUNDS
-# rounds (default 3) so that load from other processes hits both. PyTorch is
-# skipped, with a message, where it is missing.
+# without them bf16 can only cost, the rounding, never gain); a pair after
+# them sets that path against the fp32 GEMMs on the same CPU
+# (PIPEFLOW_BF16_GEMM=fp32). Each pair alternates for ROUNDS rounds
+# (default 3) so that load from other processes hits both. Last, the small
+# step's GEMMs by shape, fp32 and bf16: each shape's rate in the step beside
+# the same call in cache (--gemm-shapes). PyTorch is skipped, with a
+# message, where it is missing.
 # Usage: bench/train_step.sh [build-dir]   (PYTHON=... for another interpreter)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -154,3 +156,11 @@ bf16_paths() {
   awk -v a="$fp32" -v b="$own" 'BEGIN { printf "  fp32-GEMM bf16 step / default bf16 step = %.2f (CPU time per step)\n", a / b }'
 }
 bf16_paths
+
+# Where the small model's step multiplies, fp32 and bf16: each GEMM shape's
+# rate in the step beside the same call on dense operands in cache
+# (bench_train_step --gemm-shapes), one run each.
+for format in fp32 bf16; do
+  echo "-- GEMMs by shape, $format: ${small[*]} --steps 20 --format $format --gemm-shapes"
+  OPENBLAS_NUM_THREADS=1 "$bench" "${small[@]}" --steps 20 --format "$format" --gemm-shapes | grep -v '^pipeflow'
+done

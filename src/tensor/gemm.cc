@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -103,6 +104,30 @@ void use_one_gemm_thread() {
 }
 
 thread_local GemmPrecision t_precision = GemmPrecision::kFp32;
+thread_local GemmCallTimes* t_call_times = nullptr;
+
+// Times one gemm / gemm_batched call for this thread's GemmCallTimes, if
+// any; while it runs, the GEMMs it calls in turn are its own (not recorded).
+class CallTimer {
+ public:
+  explicit CallTimer(const GemmCallShape& shape) : times_(t_call_times), shape_(shape) {
+    if (times_ == nullptr) return;
+    t_call_times = nullptr;
+    start_ = std::chrono::steady_clock::now();
+  }
+  ~CallTimer() {
+    if (times_ == nullptr) return;
+    times_->add(shape_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    t_call_times = times_;
+  }
+  CallTimer(const CallTimer&) = delete;
+  CallTimer& operator=(const CallTimer&) = delete;
+
+ private:
+  GemmCallTimes* times_;
+  GemmCallShape shape_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 // Ranges of floats that stand for bf16 bits (Bf16Operands), each with the
 // object that added it.
@@ -323,6 +348,22 @@ void check_batch(const GemmBatch& batch) {
 
 }  // namespace
 
+GemmCallTimes::GemmCallTimes() : previous_(t_call_times) { t_call_times = this; }
+GemmCallTimes::~GemmCallTimes() { t_call_times = previous_; }
+
+void GemmCallTimes::add(const GemmCallShape& shape, double seconds) {
+  auto entry = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.shape == shape; });
+  if (entry == entries_.end()) entry = entries_.insert(entries_.end(), Entry{shape});
+  ++entry->calls;
+  entry->seconds += seconds;
+}
+
+std::vector<GemmCallTimes::Entry> GemmCallTimes::by_time() const {
+  std::vector<Entry> sorted = entries_;
+  std::stable_sort(sorted.begin(), sorted.end(), [](const Entry& a, const Entry& b) { return a.seconds > b.seconds; });
+  return sorted;
+}
+
 GemmPrecisionScope::GemmPrecisionScope(GemmPrecision precision) : previous_(t_precision) { t_precision = precision; }
 GemmPrecisionScope::~GemmPrecisionScope() { t_precision = previous_; }
 
@@ -431,6 +472,7 @@ const char* to_string(GemmPrecision precision) { return precision == GemmPrecisi
 template <>
 void gemm<float>(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, float alpha, const float* a,
                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  const CallTimer timer({m, n, k, transpose_a == Transpose::kYes, transpose_b == Transpose::kYes});
   use_one_gemm_thread();
   if (t_precision == GemmPrecision::kBf16 && m > 0 && n > 0 && k > 0) {
     bf16_gemm(GemmBatch{}, transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -448,6 +490,7 @@ void gemm<float>(Transpose transpose_a, Transpose transpose_b, int m, int n, int
 template <>
 void gemm<double>(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, double alpha, const double* a,
                   int lda, const double* b, int ldb, double beta, double* c, int ldc) {
+  const CallTimer timer({m, n, k, transpose_a == Transpose::kYes, transpose_b == Transpose::kYes});
   use_one_gemm_thread();
   cblas_dgemm(CblasRowMajor, to_cblas(transpose_a), to_cblas(transpose_b), m, n, k, alpha, a, lda, b, ldb, beta, c,
               ldc);
@@ -457,6 +500,8 @@ template <class T>
 void gemm_batched(const GemmBatch& batch, Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T alpha,
                   const T* a, int lda, const T* b, int ldb, T beta, T* c, int ldc) {
   check_batch(batch);
+  const CallTimer timer({m, n, k, transpose_a == Transpose::kYes, transpose_b == Transpose::kYes,
+                         batch.count[0] * batch.count[1] * batch.count[2]});
   if constexpr (std::is_same_v<T, float>) {
     if (t_precision == GemmPrecision::kBf16 && m > 0 && n > 0 && k > 0) {
       use_one_gemm_thread();

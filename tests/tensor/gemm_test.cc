@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -213,6 +214,47 @@ TEST(Gemm, BatchedProductsAreTheirGemmCalls) {
   if (!bf16_matmul_available()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU (AVX2 alone)";
   expect_batched_products_are_their_gemm_calls<float>(GemmPrecision::kBf16);
   expect_batched_products_are_their_gemm_calls<float>(GemmPrecision::kBf16, 5);
+}
+
+// GemmCallTimes counts each gemm and gemm_batched call once under its shape
+// (a float batch's products are gemm calls inside it, not counted again),
+// only on its own thread and only while it lives; the innermost of two
+// records.
+TEST(Gemm, CallTimesCountEachCallOnceByItsShape) {
+  std::vector<double> a(6 * 4, 0.5), b(4 * 5, 0.25), c(6 * 5, 0.0);
+  const auto two_by_two = [&] {
+    gemm<double>(Transpose::kNo, Transpose::kYes, 6, 5, 4, 1.0, a.data(), 4, b.data(), 4, 0.0, c.data(), 5);
+  };
+  const GemmBatch three{{3, 1, 1}, {24, 0, 0}, {30, 0, 0}, {20, 0, 0}};
+  GemmCallTimes outer;
+  two_by_two();
+  {
+    GemmCallTimes inner;
+    two_by_two();
+    two_by_two();
+    gemm_batched<float>(three, Transpose::kYes, Transpose::kNo, 4, 5, 6, 1.0f, std::vector<float>(72, 1.0f).data(),
+                        4, std::vector<float>(90, 1.0f).data(), 5, 0.0f, std::vector<float>(60).data(), 5);
+    std::thread([&] { two_by_two(); }).join();  // another thread's: not this object's
+    const std::vector<GemmCallTimes::Entry> entries = inner.by_time();
+    ASSERT_EQ(entries.size(), 2u);
+    const auto find = [&](const GemmCallShape& shape) {
+      return std::find_if(entries.begin(), entries.end(), [&](const auto& e) { return e.shape == shape; });
+    };
+    const auto pair = find({6, 5, 4, false, true, 1});
+    const auto batch = find({4, 5, 6, true, false, 3});
+    ASSERT_NE(pair, entries.end());
+    ASSERT_NE(batch, entries.end());
+    EXPECT_EQ(pair->calls, 2);
+    EXPECT_EQ(batch->calls, 1);
+    EXPECT_GT(pair->seconds, 0);
+    EXPECT_GT(batch->seconds, 0);
+    EXPECT_GE(entries[0].seconds, entries[1].seconds);  // the most time first
+    EXPECT_DOUBLE_EQ(batch->shape.flops(), 2.0 * 4 * 5 * 6 * 3);
+  }
+  two_by_two();
+  const std::vector<GemmCallTimes::Entry> entries = outer.by_time();
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].calls, 2);  // before and after the inner object
 }
 
 // Floats that stand for bf16 bits (Bf16Operands): the matmul takes the bits

@@ -53,6 +53,41 @@ template <class T>
 void gemm_batched(const GemmBatch& batch, Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T alpha,
                   const T* a, int lda, const T* b, int ldb, T beta, T* c, int ldc);
 
+// The shape of a gemm or gemm_batched call: op(A) [m, k] times op(B) [k, n],
+// `products` of them (a batch's grid; 1 for gemm).
+struct GemmCallShape {
+  int m = 0, n = 0, k = 0;
+  bool transpose_a = false, transpose_b = false;
+  int products = 1;
+  auto operator<=>(const GemmCallShape&) const = default;
+  double flops() const { return 2.0 * m * n * k * products; }
+};
+
+// This thread's GEMM calls by shape, with their wall time, while the object
+// is alive (bench_train_step --gemm-shapes: where a step's multiplications
+// spend their time, and at what rate). A gemm_batched call counts once, its
+// products inside it. Objects nest, the innermost recording.
+class GemmCallTimes {
+ public:
+  struct Entry {
+    GemmCallShape shape;
+    long calls = 0;
+    double seconds = 0;
+  };
+  GemmCallTimes();
+  ~GemmCallTimes();
+  GemmCallTimes(const GemmCallTimes&) = delete;
+  GemmCallTimes& operator=(const GemmCallTimes&) = delete;
+
+  void add(const GemmCallShape& shape, double seconds);
+  // Every shape called, the most time first.
+  std::vector<Entry> by_time() const;
+
+ private:
+  GemmCallTimes* previous_;
+  std::vector<Entry> entries_;
+};
+
 // What the float GEMMs of a thread compute in. kFp32: dnnl_sgemm on the
 // operands as given. kBf16: both operands rounded to bf16 (to nearest, ties
 // to even; exact for values a bf16 stage already holds rounded; an operand
