@@ -4,6 +4,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 #include <thread>
@@ -13,6 +14,24 @@
 
 namespace pipeflow::runtime {
 namespace {
+
+// The cores counted are the CPUs listed: this thread's affinity, narrowed
+// here to one CPU and then restored.
+TEST(RankThreads, TheUsableCoresAreTheAffinitysCpus) {
+  const std::vector<int> cpus = usable_cpus();
+  ASSERT_FALSE(cpus.empty());
+  EXPECT_TRUE(std::is_sorted(cpus.begin(), cpus.end()));
+  EXPECT_EQ(usable_cores(), static_cast<int>(cpus.size()));
+  cpu_set_t all, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+  CPU_ZERO(&one);
+  CPU_SET(cpus.back(), &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  EXPECT_EQ(usable_cpus(), std::vector<int>{cpus.back()});
+  EXPECT_EQ(usable_cores(), 1);
+  ASSERT_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+  EXPECT_EQ(usable_cpus(), cpus);
+}
 
 TEST(RankThreads, EachRankRunsOnItsOwnThreadPinnedToItsOwnCoreAcrossRuns) {
   const int ranks = usable_cores();

@@ -5,9 +5,8 @@
 #include <algorithm>
 #include <thread>
 
-#include <sched.h>
-
 #include "pipeflow/core/error.h"
+#include "pipeflow/runtime/rank_threads.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -89,9 +88,8 @@ bool RankGroup::is_local(int world_rank) const {
 }
 
 int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const auto affinity = static_cast<int>(usable_cpus().size());
+  if (affinity > 0) return affinity;
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
