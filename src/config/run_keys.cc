@@ -179,7 +179,7 @@ std::string_view type_name(KeyType type) {
     case kListOrObject:
       return "a JSON list or object";
     case kStringOrObject:
-      return "text, or a JSON object from its \"{\"";
+      return "text, or a JSON object";
   }
   return "";
 }
@@ -218,9 +218,18 @@ nlohmann::json run_key_value(const RunKey& key, std::string_view text, std::stri
       return text == "true";
     case kString:
       return std::string(text);
-    case kStringOrObject:
-      if (!text.starts_with('{')) return std::string(text);
-      [[fallthrough]];
+    case kStringOrObject: {
+      const std::size_t first = text.find_first_not_of(" \t\r\n");
+      if (first == std::string_view::npos || text[first] != '{') return std::string(text);
+      try {
+        return nlohmann::json::parse(text);  // an object: it begins with "{"
+      } catch (const nlohmann::json::parse_error& e) {
+        std::string_view why = e.what();  // "[json.exception.parse_error.101] parse error at ..."
+        if (const std::size_t tag = why.find("] "); tag != std::string_view::npos) why.remove_prefix(tag + 2);
+        fail("{} {}: begins with \"{{\" but is not a JSON object: {} (key {}: {})", origin, quoted_excerpt(text),
+             why, key.path, key.rule);
+      }
+    }
     case kList:
     case kObject:
     case kListOrObject: {

@@ -431,14 +431,29 @@ SweepAxis parse_sweep_axis(std::string_view text) {
   }
   SweepAxis axis;
   axis.key = std::string(text.substr(0, eq));
-  std::string_view rest = text.substr(eq + 1);
-  while (true) {
-    const std::size_t comma = rest.find(',');
-    const std::string_view value = rest.substr(0, comma);
+  // Values end at commas outside a JSON object's or list's brackets and
+  // strings (an inline model: model=gpt-tiny,{"n_layer": 2, ...}).
+  const std::string_view values = text.substr(eq + 1);
+  int depth = 0;
+  bool in_string = false;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i <= values.size(); ++i) {
+    if (i < values.size()) {  // the end closes the last value, whatever is open
+      const char c = values[i];
+      if (in_string) {
+        if (c == '\\' && i + 1 < values.size()) ++i;  // an escaped character, '"' included
+        if (c == '"') in_string = false;
+        continue;
+      }
+      if (c == '"') in_string = true;
+      if (c == '{' || c == '[') ++depth;
+      if (c == '}' || c == ']') --depth;
+      if (c != ',' || depth > 0) continue;
+    }
+    const std::string_view value = values.substr(start, i - start);
     if (value.empty()) fail("--vary {}: an empty value; separate values by single commas", quoted_excerpt(text));
     axis.values.emplace_back(value);
-    if (comma == std::string_view::npos) break;
-    rest = rest.substr(comma + 1);
+    start = i + 1;
   }
   return axis;
 }

@@ -111,14 +111,18 @@ TEST(RunKeys, ATypedValueIsCheckedAgainstTheKeysType) {
             "--vary gradient_clipping \"1.0x\": must be a number (key gradient_clipping: >= 0)");
   EXPECT_EQ(error_of([] { run_key_value(*find_run_key("sequence_parallel"), "yes", "--vary sequence-parallel"); }),
             "--vary sequence-parallel \"yes\": must be true or false (key sequence_parallel: true | false)");
-  // The model's flag takes a preset or path as text and its keys inline.
+  // The model's flag takes a preset or path as text and its keys inline
+  // (from its first "{", spaces before it allowed).
   const RunKey& model = *find_run_flag("--model");
   EXPECT_EQ(run_key_value(model, "gpt-tiny", "--model"), "gpt-tiny");
   EXPECT_EQ(run_key_value(model, R"({"n_layer": 2, "n_head": 2})", "--model"),
             nlohmann::json({{"n_layer", 2}, {"n_head", 2}}));
+  EXPECT_EQ(run_key_value(model, R"( {"n_layer": 2})", "--model"), nlohmann::json({{"n_layer", 2}}));
   EXPECT_EQ(error_of([&] { run_key_value(model, R"({"n_layer": 2,)", "--model"); }),
-            "--model \"{\\x22n_layer\\x22: 2,\": must be text, or a JSON object from its \"{\" (key model: a preset, "
-            "a config.json path, {n_layer, n_head, n_embd, n_ctx, vocab_size}, or a config.json's keys)");
+            "--model \"{\\x22n_layer\\x22: 2,\": begins with \"{\" but is not a JSON object: parse error at line 1, "
+            "column 15: syntax error while parsing object key - unexpected end of input; expected string literal "
+            "(key model: a preset, a config.json path, {n_layer, n_head, n_embd, n_ctx, vocab_size}, or a "
+            "config.json's keys)");
   EXPECT_EQ(error_of([] { RunOverrides().set("pipeline.speed", 1); }),
             "pipeline.speed: no key of the run configuration has this path");
   // A flag is checked as its key in a file.

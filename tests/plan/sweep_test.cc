@@ -251,6 +251,25 @@ TEST(Sweep, AKeyPathVariesThatKeyOfTheConfiguration) {
   EXPECT_LT(layers.points[0].step_time_s, layers.points[1].step_time_s);
 }
 
+// Values split at commas outside JSON brackets and strings: a preset beside
+// an inline model, lists, and an object whose string holds "," and "}".
+TEST(Sweep, AValueMayBeAJsonObjectOrListWithCommasInside) {
+  const SweepAxis models =
+      parse_sweep_axis(R"(model=gpt-tiny,{"n_layer": 2, "n_head": 2, "n_embd": 64, "n_ctx": 32, "vocab_size": 256})");
+  EXPECT_EQ(models.values, (std::vector<std::string>{
+                               "gpt-tiny", R"({"n_layer": 2, "n_head": 2, "n_embd": 64, "n_ctx": 32, "vocab_size": 256})"}));
+  const Sweep sweep = sweep_of({models, parse_sweep_axis("seq-length=32")});
+  ASSERT_EQ(sweep.points.size(), 2u);
+  EXPECT_EQ(sweep.points[0].error, "");
+  EXPECT_EQ(sweep.points[1].error, "");
+  EXPECT_LT(sweep.points[1].step_time_s, sweep.points[0].step_time_s);  // 2 layers of 64 against gpt-tiny
+  EXPECT_EQ(parse_sweep_axis("variable-seq-lengths=[8,16],[32]").values,
+            (std::vector<std::string>{"[8,16]", "[32]"}));
+  EXPECT_EQ(parse_sweep_axis(R"(x={"a": "},\",[", "b": [1, {"c": 2}]},3)").values,
+            (std::vector<std::string>{R"({"a": "},\",[", "b": [1, {"c": 2}]})", "3"}));
+  EXPECT_EQ(parse_sweep_axis(R"(x={"open": 1, "b": 2)").values, (std::vector<std::string>{R"({"open": 1, "b": 2)"}));
+}
+
 TEST(Sweep, AnUnknownKeyIsAnErrorNamingItAndListingTheValidOnes) {
   const std::string error = error_of([] { sweep_of({parse_sweep_axis("pipeline.speed=1,2")}); });
   EXPECT_EQ(error.rfind("--vary \"pipeline.speed\": neither an option (microbatches, global-batch, "
