@@ -13,11 +13,14 @@
 //                    [--gemm-shapes]
 //
 // --gemm-shapes: after the timed steps, as many again with every GEMM call
-// timed by shape (GemmCallTimes), then each shape's call repeated on fresh
-// dense operands that stay in cache (the best of 20; under bf16 both
-// operands lent as bits, as a step lends nearly all of its): the GEMMs'
-// share of the step and each shape's rate in the step beside its rate in
-// cache, i.e. what the step's data movement costs its products.
+// timed by shape (GemmCallTimes), then each shape's call repeated on dense
+// operands of its own (the best of kRepeats; under bf16 both operands lent
+// as bits, as a step lends nearly all of its; beta 1): the GEMMs' share of
+// the step and each shape's rate in the step beside its rate repeated. The
+// gap is what the step's operands cost the product: where they come from
+// (a repeated call finds them in cache, where they fit) and how they lie
+// (the step's attention heads interleave in one tensor, which oneDNN runs
+// through another matmul than dense ones).
 //
 // FLOPs per step are the model FLOPs of Narayanan et al. 2021 (eq. 3 without
 // recompute; docs/PERFORMANCE.md): 72·B·L·T·C²·(1 + T/(6C) + V/(12·C·L)),
@@ -121,10 +124,14 @@ std::uint64_t weights_digest(const pipeflow::nn::Stage& model) {
   return pipeflow::nn::hash_name({reinterpret_cast<const char*>(weights.data()), weights.size_bytes()});
 }
 
-// The best wall time of `repeats` calls of `shape` on dense operands of
+// Calls of one shape repeated for --gemm-shapes.
+constexpr int kRepeats = 20;
+
+// The best wall time of kRepeats calls of `shape` on dense operands of
 // bf16-exact values (A, B and C each a contiguous grid of products; under
-// kBf16 A and B lent as bits), beta 1 as a step's accumulating GEMMs.
-double in_cache_seconds(const pipeflow::GemmCallShape& shape, pipeflow::GemmPrecision precision, int repeats) {
+// kBf16 A and B lent as bits), beta 1 (a step's forward products start
+// from 0 instead: a little less work than this).
+double repeated_seconds(const pipeflow::GemmCallShape& shape, pipeflow::GemmPrecision precision) {
   using namespace pipeflow;
   const long a_size = static_cast<long>(shape.m) * shape.k, b_size = static_cast<long>(shape.k) * shape.n;
   const long c_size = static_cast<long>(shape.m) * shape.n;
@@ -144,48 +151,54 @@ double in_cache_seconds(const pipeflow::GemmCallShape& shape, pipeflow::GemmPrec
   const Transpose ta = shape.transpose_a ? Transpose::kYes : Transpose::kNo;
   const Transpose tb = shape.transpose_b ? Transpose::kYes : Transpose::kNo;
   const GemmBatch grid{{shape.products, 1, 1}, {a_size, 0, 0}, {b_size, 0, 0}, {c_size, 0, 0}};
+  // (at least 1: a leading dimension of 0 is refused even for an empty matrix)
+  const int lda = std::max(1, shape.transpose_a ? shape.m : shape.k);
+  const int ldb = std::max(1, shape.transpose_b ? shape.k : shape.n);
   double best = 1e30;
-  for (int i = 0; i < repeats; ++i) {
+  for (int i = 0; i < kRepeats; ++i) {
     const auto start = Clock::now();
-    gemm_batched<float>(grid, ta, tb, shape.m, shape.n, shape.k, 1.0f, a.data(), shape.transpose_a ? shape.m : shape.k,
-                        b.data(), shape.transpose_b ? shape.k : shape.n, 1.0f, c.data(), shape.n);
+    gemm_batched<float>(grid, ta, tb, shape.m, shape.n, shape.k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, c.data(),
+                        std::max(1, shape.n));
     best = std::min(best, seconds_since(start));
   }
   return best;
 }
 
 // --gemm-shapes: `steps` more steps with their GEMMs timed by shape, printed
-// beside each shape's rate in cache.
+// beside each shape's rate repeated on dense operands.
 template <class Step>
 void print_gemm_shapes(Step& step, int steps, pipeflow::GemmPrecision precision) {
   using namespace pipeflow;
-  GemmCallTimes times;
+  std::vector<GemmCallTimes::Entry> entries;
   double step_seconds = 0;
-  for (int i = 0; i < steps; ++i) {
-    const auto start = Clock::now();
-    step();
-    step_seconds += seconds_since(start);
+  {
+    GemmCallTimes times;
+    for (int i = 0; i < steps; ++i) {
+      const auto start = Clock::now();
+      step();
+      step_seconds += seconds_since(start);
+    }
+    entries = times.by_time();
   }
-  const std::vector<GemmCallTimes::Entry> entries = times.by_time();
-  double gemm_seconds = 0, gemm_flops = 0, cache_seconds = 0;
+  double gemm_seconds = 0, gemm_flops = 0, repeated_total = 0;
   std::printf("GEMM calls by shape over %d steps (%s): m n k, transposed A/B, products a call | calls/step, "
-              "ms/step, GFLOP/s in the step | GFLOP/s in cache (dense operands, best of 20)\n",
-              steps, to_string(precision));
+              "ms/step, GFLOP/s in the step | GFLOP/s repeated (dense operands, best of %d)\n",
+              steps, to_string(precision), kRepeats);
   for (const GemmCallTimes::Entry& e : entries) {
-    const double in_cache = in_cache_seconds(e.shape, precision, 20);
+    const double repeated = repeated_seconds(e.shape, precision);
     const double flops = e.shape.flops() * static_cast<double>(e.calls);
     gemm_seconds += e.seconds;
     gemm_flops += flops;
-    cache_seconds += in_cache * static_cast<double>(e.calls);
+    repeated_total += repeated * static_cast<double>(e.calls);
     std::printf("  %5d %5d %5d  %c%c  x%-3d | %6.1f %8.3f %7.1f | %7.1f\n", e.shape.m, e.shape.n, e.shape.k,
                 e.shape.transpose_a ? 'T' : 'N', e.shape.transpose_b ? 'T' : 'N', e.shape.products,
                 static_cast<double>(e.calls) / steps, e.seconds / steps * 1e3, flops / e.seconds / 1e9,
-                e.shape.flops() / in_cache / 1e9);
+                e.shape.flops() / repeated / 1e9);
   }
-  std::printf("GEMMs: %.2f of the step's %.2f ms (%.0f%%), %.1f GFLOP/s in the step; the same calls in cache: "
-              "%.2f ms, %.1f GFLOP/s\n",
+  std::printf("GEMMs: %.2f of the step's %.2f ms (%.0f%%), %.1f GFLOP/s in the step; the same calls repeated on "
+              "dense operands: %.2f ms, %.1f GFLOP/s\n",
               gemm_seconds / steps * 1e3, step_seconds / steps * 1e3, 100 * gemm_seconds / step_seconds,
-              gemm_flops / gemm_seconds / 1e9, cache_seconds / steps * 1e3, gemm_flops / cache_seconds / 1e9);
+              gemm_flops / gemm_seconds / 1e9, repeated_total / steps * 1e3, gemm_flops / repeated_total / 1e9);
 }
 
 }  // namespace

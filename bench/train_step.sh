@@ -15,8 +15,8 @@
 # (PIPEFLOW_BF16_GEMM=fp32). Each pair alternates for ROUNDS rounds
 # (default 3) so that load from other processes hits both. Last, the small
 # step's GEMMs by shape, fp32 and bf16: each shape's rate in the step beside
-# the same call in cache (--gemm-shapes). PyTorch is skipped, with a
-# message, where it is missing.
+# the same call repeated on dense operands (--gemm-shapes). PyTorch is
+# skipped, with a message, where it is missing.
 # Usage: bench/train_step.sh [build-dir]   (PYTHON=... for another interpreter)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -158,7 +158,7 @@ bf16_paths() {
 bf16_paths
 
 # Where the small model's step multiplies, fp32 and bf16: each GEMM shape's
-# rate in the step beside the same call on dense operands in cache
+# rate in the step beside the same call repeated on dense operands
 # (bench_train_step --gemm-shapes), one run each.
 for format in fp32 bf16; do
   echo "-- GEMMs by shape, $format: ${small[*]} --steps 20 --format $format --gemm-shapes"

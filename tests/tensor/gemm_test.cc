@@ -222,19 +222,19 @@ TEST(Gemm, BatchedProductsAreTheirGemmCalls) {
 // records.
 TEST(Gemm, CallTimesCountEachCallOnceByItsShape) {
   std::vector<double> a(6 * 4, 0.5), b(4 * 5, 0.25), c(6 * 5, 0.0);
-  const auto two_by_two = [&] {
+  const auto one_gemm = [&] {
     gemm<double>(Transpose::kNo, Transpose::kYes, 6, 5, 4, 1.0, a.data(), 4, b.data(), 4, 0.0, c.data(), 5);
   };
   const GemmBatch three{{3, 1, 1}, {24, 0, 0}, {30, 0, 0}, {20, 0, 0}};
   GemmCallTimes outer;
-  two_by_two();
+  one_gemm();
   {
     GemmCallTimes inner;
-    two_by_two();
-    two_by_two();
+    one_gemm();
+    one_gemm();
     gemm_batched<float>(three, Transpose::kYes, Transpose::kNo, 4, 5, 6, 1.0f, std::vector<float>(72, 1.0f).data(),
                         4, std::vector<float>(90, 1.0f).data(), 5, 0.0f, std::vector<float>(60).data(), 5);
-    std::thread([&] { two_by_two(); }).join();  // another thread's: not this object's
+    std::thread([&] { one_gemm(); }).join();  // another thread's: not this object's
     const std::vector<GemmCallTimes::Entry> entries = inner.by_time();
     ASSERT_EQ(entries.size(), 2u);
     const auto find = [&](const GemmCallShape& shape) {
@@ -251,7 +251,7 @@ TEST(Gemm, CallTimesCountEachCallOnceByItsShape) {
     EXPECT_GE(entries[0].seconds, entries[1].seconds);  // the most time first
     EXPECT_DOUBLE_EQ(batch->shape.flops(), 2.0 * 4 * 5 * 6 * 3);
   }
-  two_by_two();
+  one_gemm();
   const std::vector<GemmCallTimes::Entry> entries = outer.by_time();
   ASSERT_EQ(entries.size(), 1u);
   EXPECT_EQ(entries[0].calls, 2);  // before and after the inner object

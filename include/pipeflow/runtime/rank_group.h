@@ -133,8 +133,9 @@ struct PipelineTraffic {
 
 class MpiWorld;
 
-// How many cores this process may run on: usable_cpus() (rank_threads.h),
-// its CPU affinity (taskset, a cgroup cpuset), not every online CPU that
+// How many cores the calling thread may run on: usable_cpus()
+// (rank_threads.h), its CPU affinity (the process's, taskset or a cgroup
+// cpuset, unless the thread was pinned), not every online CPU that
 // hardware_concurrency counts (that only where the affinity is unknown).
 int usable_cores();
 // Empty when every rank has a core of its own; otherwise a warning that the
