@@ -234,9 +234,9 @@ nlohmann::json run_key_value(const RunKey& key, std::string_view text, std::stri
     case kObject:
     case kListOrObject: {
       nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
-      const bool fits = key.type == kList                                   ? value.is_array()
-                        : key.type == kObject || key.type == kStringOrObject ? value.is_object()
-                                                                             : value.is_array() || value.is_object();
+      const bool fits = key.type == kList     ? value.is_array()
+                        : key.type == kObject ? value.is_object()
+                                              : value.is_array() || value.is_object();
       if (value.is_discarded() || !fits) refuse();
       return value;
     }

@@ -21,8 +21,9 @@ namespace pipeflow {
 // Adding a key: a row here, its field and check in run_config.h/.cc, its
 // line in run_config_to_json, and its consumer.
 
-// kStringOrObject: a value that begins with "{" is a JSON object, any other
-// the text itself (the model: a preset or path, or its keys inline).
+// kStringOrObject: a value whose first non-blank character is "{" is a JSON
+// object, any other the text itself (the model: a preset or path, or its
+// keys inline).
 enum class KeyType { kInteger, kNumber, kBoolean, kString, kList, kObject, kListOrObject, kStringOrObject };
 
 // Which commands take the key's flag.
