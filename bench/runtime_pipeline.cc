@@ -45,6 +45,15 @@
 // RankFigures::wake_s, the time its blocked receives went on after the
 // peer's SEND had ended (hand-offs and wake-ups).
 //
+// Other tasks: per pipelined step, the CPU time every other process's
+// threads had while it ran (/proc/*/task/*/schedstat, read between steps),
+// and the fraction of ideal over the steps they left alone (under
+// kQuietOtherS). Then the worst step's figures per rank beside the median
+// step's (the upper middle one of an even count): where its time went.
+// On the VM this was written on, the worst steps were the ones in which the
+// kernel's kdamond (its memory-access monitor, run every half second for
+// 1-6 ms) took a rank's core.
+//
 // Page faults: per step, the process's (getrusage: minor and major) during
 // the 1-stage step and during the pipelined one, step 0 beside: a step that
 // maps memory anew pays for each (about 10 us on the VM this was tuned on).
@@ -52,10 +61,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <memory>
 #include <sched.h>
 #include <sys/resource.h>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "flags.h"
@@ -163,6 +176,65 @@ long page_faults() {
   return usage.ru_minflt + usage.ru_majflt;
 }
 
+// Every other process's threads on this machine: their CPU time so far
+// (/proc/PID/task/TID/schedstat's first field, ns) by thread id, with the
+// thread's name. Read between steps; a step's difference is the time other
+// tasks held a core while it ran (an upper bound on what they took from the
+// ranks: time on a core its rank was not using costs nothing).
+struct ThreadTime {
+  std::string name;
+  double seconds = 0;
+};
+using OtherTasks = std::map<long, ThreadTime>;
+
+OtherTasks other_tasks() {
+  namespace fs = std::filesystem;
+  OtherTasks tasks;
+  const std::string self = std::to_string(getpid());
+  std::error_code error;
+  for (const fs::directory_entry& process : fs::directory_iterator("/proc", error)) {
+    const std::string pid = process.path().filename().string();
+    if (pid == self || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    for (const fs::directory_entry& thread : fs::directory_iterator(process.path() / "task", error)) {
+      std::ifstream schedstat(thread.path() / "schedstat"), comm(thread.path() / "comm");
+      long long ns = 0;
+      ThreadTime t;
+      if (!(schedstat >> ns) || !std::getline(comm, t.name)) continue;  // ended meanwhile
+      t.seconds = 1e-9 * static_cast<double>(ns);
+      tasks[std::stol(thread.path().filename().string())] = t;
+    }
+  }
+  return tasks;
+}
+
+// A step in which other tasks ran less than this is counted as left alone:
+// the sandbox's own agent and the kernel's per-CPU workers run 0.05-0.1 ms
+// in most steps of the machine this was written on, its kdamond 1-6 ms every
+// half second.
+constexpr double kQuietOtherS = 0.2e-3;
+
+// What other tasks ran between two readings: the total and the thread that
+// ran longest (a thread started meanwhile counts all its time).
+struct OtherTime {
+  double seconds = 0;
+  std::string top;
+  double top_seconds = 0;
+};
+
+OtherTime other_time(const OtherTasks& before, const OtherTasks& after) {
+  OtherTime t;
+  for (const auto& [tid, now] : after) {
+    const auto then = before.find(tid);
+    const double ran = now.seconds - (then == before.end() ? 0 : then->second.seconds);
+    t.seconds += ran;
+    if (ran > t.top_seconds) {
+      t.top = now.name;
+      t.top_seconds = ran;
+    }
+  }
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -192,15 +264,20 @@ int main(int argc, char** argv) {
   std::vector<long> single_faults, pipelined_faults;
   long first_single_faults = 0, first_pipelined_faults = 0;
   std::vector<std::vector<double>> stage_compute(static_cast<std::size_t>(o.stages));
+  std::vector<StepFigures> pipelined_figures;
+  std::vector<StepResult> pipelined_results;
+  std::vector<OtherTime> pipelined_others;
   for (int step = 0; step < o.steps; ++step) {
     long faults = page_faults();
     const StepResult a = one->step(step, source);
     const long single_step_faults = page_faults() - faults;
     StepResult c;
     if (two_cores) c = step == 0 ? first_step_on(*one_on_second, cpus[1], source) : one_on_second->step(step, source);
+    const OtherTasks others_before = other_tasks();
     faults = page_faults();
     const StepResult b = many->step(step, source);
     const long pipelined_step_faults = page_faults() - faults;
+    const OtherTime others = other_time(others_before, other_tasks());
     if (step == 0) {  // warm-up: pools fill
       first_single_faults = single_step_faults;
       first_pipelined_faults = pipelined_step_faults;
@@ -218,6 +295,9 @@ int main(int argc, char** argv) {
     const StepFigures fb = step_figures(b, o.stages);
     single_s.push_back(fa.wall_s);
     pipelined_s.push_back(fb.wall_s);
+    pipelined_figures.push_back(fb);
+    pipelined_results.push_back(b);
+    pipelined_others.push_back(others);
     bubble.push_back(fb.bubble);
     single_overhead.push_back(overhead(fa, 1));
     pipelined_overhead.push_back(overhead(fb, o.stages));
@@ -253,6 +333,9 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < single_off.size(); ++i) std::printf(" %.1f/%.1f", 1e3 * single_off[i], 1e3 * pipelined_off[i]);
   std::printf("\nwake per step, ms (%d stages' worst rank: blocked receives after their SEND ended):", o.stages);
   for (const double w : wake) std::printf(" %.2f", 1e3 * w);
+  std::printf("\nother tasks' CPU time per %d-stage step, ms (this machine's other processes, kernel threads included):",
+              o.stages);
+  for (const OtherTime& t : pipelined_others) std::printf(" %.2f", 1e3 * t.seconds);
   std::printf("\npage faults per step (the process's, 1 stage / %d stages; step 0: %ld / %ld):", o.stages,
               first_single_faults, first_pipelined_faults);
   for (std::size_t i = 0; i < single_faults.size(); ++i) std::printf(" %ld/%ld", single_faults[i], pipelined_faults[i]);
@@ -287,5 +370,50 @@ int main(int argc, char** argv) {
               100 * bb.min, 100 * bb.median, 100 * bb.max, 100 * predicted);
   std::printf("runtime overhead (median): 1 stage %.2f%% of the step, %d stages %.2f%% (worst rank)\n",
               100 * spread(single_overhead).median, o.stages, 100 * spread(pipelined_overhead).median);
+  // The steps other tasks left alone: under kQuietOtherS of their CPU time.
+  std::vector<double> quiet, quiet_both;
+  for (std::size_t i = 0; i < fraction.size(); ++i) {
+    if (pipelined_others[i].seconds >= kQuietOtherS) continue;
+    quiet.push_back(fraction[i]);
+    if (two_cores) quiet_both.push_back(both_fraction[i]);
+  }
+  std::printf("steps in which other tasks ran under %.1f ms: %zu of %zu", 1e3 * kQuietOtherS, quiet.size(),
+              fraction.size());
+  if (!quiet.empty()) {
+    const Spread q = spread(quiet);
+    std::printf("; fraction of ideal min %.1f%%, median %.1f%%, max %.1f%%", 100 * q.min, 100 * q.median, 100 * q.max);
+    if (two_cores) {
+      const Spread qb = spread(quiet_both);
+      std::printf(" (against the combined rate: %.1f%%, %.1f%%, %.1f%%)", 100 * qb.min, 100 * qb.median,
+                  100 * qb.max);
+    }
+  }
+  std::printf("\n");
+  // Where the worst step went: its ranks' figures beside the median step's.
+  std::vector<std::size_t> order(fraction.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return fraction[x] < fraction[y]; });
+  const auto describe = [&](const char* name, std::size_t i) {
+    const StepFigures& s = pipelined_figures[i];
+    const OtherTime& others = pipelined_others[i];
+    std::printf("%s step (%zu, %.1f%% of ideal): 1 stage %.2f ms, %d stages %.2f ms (pipeline %.2f; other tasks %.2f",
+                name, i + 1, 100 * fraction[i], 1e3 * single_s[i], o.stages, 1e3 * s.wall_s, 1e3 * s.pipeline_s,
+                1e3 * others.seconds);
+    if (others.top_seconds > 0) std::printf(", most %s %.2f", others.top.c_str(), 1e3 * others.top_seconds);
+    std::printf("):");
+    const StepResult& result = pipelined_results[i];
+    for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+      const RankFigures& k = s.ranks[r];
+      const std::vector<ActionTiming>& actions = result.ranks[r].actions;
+      const double start = actions.empty() ? 0 : actions.front().start_s;
+      std::printf("%s rank %zu compute %.2f (off core %.2f), wait %.2f (wake %.2f), comm %.2f, other %.2f (first "
+                  "action at %.2f), flush %.2f",
+                  r ? ";" : "", r, 1e3 * k.compute_s, 1e3 * k.off_core_s, 1e3 * k.wait_s, 1e3 * k.wake_s, 1e3 * k.comm_s,
+                  1e3 * k.other_s, 1e3 * start, 1e3 * k.flush_s);
+    }
+    std::printf("\n");
+  };
+  describe("worst", order.front());
+  describe("median", order[order.size() / 2]);
   return 0;
 }
