@@ -753,6 +753,7 @@ void BasicPipelineEngine<StageT>::run_threaded(StepMode mode, double lr, Flush& 
     const std::size_t at = local_index(world_rank);
     LocalRank& r = *ranks_[at];
     BasicRankWorker<StageT>& w = *r.worker;
+    w.zero_gradients();
     for (std::size_t i = 0; i < w.size(); ++i) {
       if (w.run(i, true) == WorkerOutcome::kAborted) return;
       post_reductions_after(r, i);
@@ -775,6 +776,7 @@ void BasicPipelineEngine<StageT>::run_threaded(StepMode mode, double lr, Flush& 
 template <class StageT>
 void BasicPipelineEngine<StageT>::run_serial(StepMode mode, double lr, Flush& flush) {
   std::vector<std::size_t> next(ranks_.size(), 0);
+  for (auto& r : ranks_) r->worker->zero_gradients();
   for (bool done = false; !done;) {
     done = true;
     bool moved = false;

@@ -96,10 +96,7 @@ void BasicRankWorker<StageT>::begin_step(std::int64_t step, const Source& source
   step_ = step;
   epoch_ = epoch;
   std::fill(losses_.begin(), losses_.end(), std::numeric_limits<double>::quiet_NaN());
-  for (const StageId s : own_) {
-    stage(s).zero_gradients();
-    stage(s).activation_memory().reset_peak();
-  }
+  for (const StageId s : own_) stage(s).activation_memory().reset_peak();
   record_.actions.clear();
   record_.phases.clear();
   record_.peak_activation_bytes = live_bytes();
@@ -107,6 +104,11 @@ void BasicRankWorker<StageT>::begin_step(std::int64_t step, const Source& source
   small_square_sum_ = 0;
   for (auto& tied : small_tied_) tied.clear();
   (*progress_)[static_cast<std::size_t>(rank_.value())].store(0, std::memory_order_relaxed);
+}
+
+template <class StageT>
+void BasicRankWorker<StageT>::zero_gradients() {
+  for (const StageId s : own_) stage(s).zero_gradients();
 }
 
 template <class StageT>
