@@ -180,7 +180,8 @@ long page_faults() {
 // (/proc/PID/task/TID/schedstat's first field, ns) by thread id, with the
 // thread's name. Read between steps; a step's difference is the time other
 // tasks held a core while it ran (an upper bound on what they took from the
-// ranks: time on a core its rank was not using costs nothing).
+// ranks: time on a core its rank was not using costs nothing). Empty where
+// no thread's schedstat can be read (a kernel without CONFIG_SCHED_INFO).
 struct ThreadTime {
   std::string name;
   double seconds = 0;
@@ -267,6 +268,7 @@ int main(int argc, char** argv) {
   std::vector<StepFigures> pipelined_figures;
   std::vector<StepResult> pipelined_results;
   std::vector<OtherTime> pipelined_others;
+  const bool others_known = !other_tasks().empty();
   for (int step = 0; step < o.steps; ++step) {
     long faults = page_faults();
     const StepResult a = one->step(step, source);
@@ -335,7 +337,11 @@ int main(int argc, char** argv) {
   for (const double w : wake) std::printf(" %.2f", 1e3 * w);
   std::printf("\nother tasks' CPU time per %d-stage step, ms (this machine's other processes, kernel threads included):",
               o.stages);
-  for (const OtherTime& t : pipelined_others) std::printf(" %.2f", 1e3 * t.seconds);
+  if (others_known) {
+    for (const OtherTime& t : pipelined_others) std::printf(" %.2f", 1e3 * t.seconds);
+  } else {
+    std::printf(" not known here (no /proc/PID/task/TID/schedstat can be read)");
+  }
   std::printf("\npage faults per step (the process's, 1 stage / %d stages; step 0: %ld / %ld):", o.stages,
               first_single_faults, first_pipelined_faults);
   for (std::size_t i = 0; i < single_faults.size(); ++i) std::printf(" %ld/%ld", single_faults[i], pipelined_faults[i]);
@@ -372,13 +378,17 @@ int main(int argc, char** argv) {
               100 * spread(single_overhead).median, o.stages, 100 * spread(pipelined_overhead).median);
   // The steps other tasks left alone: under kQuietOtherS of their CPU time.
   std::vector<double> quiet, quiet_both;
-  for (std::size_t i = 0; i < fraction.size(); ++i) {
+  for (std::size_t i = 0; i < fraction.size() && others_known; ++i) {
     if (pipelined_others[i].seconds >= kQuietOtherS) continue;
     quiet.push_back(fraction[i]);
     if (two_cores) quiet_both.push_back(both_fraction[i]);
   }
-  std::printf("steps in which other tasks ran under %.1f ms: %zu of %zu", 1e3 * kQuietOtherS, quiet.size(),
-              fraction.size());
+  std::printf("steps in which other tasks ran under %.1f ms: ", 1e3 * kQuietOtherS);
+  if (others_known) {
+    std::printf("%zu of %zu", quiet.size(), fraction.size());
+  } else {
+    std::printf("not known");
+  }
   if (!quiet.empty()) {
     const Spread q = spread(quiet);
     std::printf("; fraction of ideal min %.1f%%, median %.1f%%, max %.1f%%", 100 * q.min, 100 * q.median, 100 * q.max);
@@ -396,9 +406,13 @@ int main(int argc, char** argv) {
   const auto describe = [&](const char* name, std::size_t i) {
     const StepFigures& s = pipelined_figures[i];
     const OtherTime& others = pipelined_others[i];
-    std::printf("%s step (%zu, %.1f%% of ideal): 1 stage %.2f ms, %d stages %.2f ms (pipeline %.2f; other tasks %.2f",
-                name, i + 1, 100 * fraction[i], 1e3 * single_s[i], o.stages, 1e3 * s.wall_s, 1e3 * s.pipeline_s,
-                1e3 * others.seconds);
+    std::printf("%s step (%zu, %.1f%% of ideal): 1 stage %.2f ms, %d stages %.2f ms (pipeline %.2f; other tasks ",
+                name, i + 1, 100 * fraction[i], 1e3 * single_s[i], o.stages, 1e3 * s.wall_s, 1e3 * s.pipeline_s);
+    if (others_known) {
+      std::printf("%.2f", 1e3 * others.seconds);
+    } else {
+      std::printf("not known");
+    }
     if (others.top_seconds > 0) std::printf(", most %s %.2f", others.top.c_str(), 1e3 * others.top_seconds);
     std::printf("):");
     const StepResult& result = pipelined_results[i];
