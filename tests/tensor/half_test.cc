@@ -6,10 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "pipeflow/tensor/half.h"
@@ -81,6 +83,39 @@ TEST(Half, TheArrayRoundingIsTheScalarOne) {
   to_half_bits(ComputeFormat::kBf16, values.data(), bits.data(), static_cast<std::int64_t>(values.size()));
   for (std::size_t i = 0; i < values.size(); ++i) {
     ASSERT_EQ(bits[i], bf16_bits(values[i])) << std::hex << std::bit_cast<std::uint32_t>(values[i]);
+  }
+}
+
+// Where the CPU converts in hardware (AVX-512 BF16, which flushes denormal
+// inputs to zero) a block of 16 holding a denormal goes through the portable
+// loop: the same bits as the scalar rounding with denormals at every lane of
+// a block among normal values, from every start modulo 16 and with every
+// tail length.
+TEST(Half, TheArrayRoundingKeepsDenormalsAmongNormalValues) {
+  std::vector<float> values;
+  for (std::uint32_t high = 0; high < 0x10000u; high += 7) {
+    for (const std::uint32_t low : {0x0000u, 0x7fffu, 0x8000u, 0x8001u}) {
+      values.push_back(std::bit_cast<float>(high << 16 | low));
+    }
+  }
+  for (std::uint32_t denormal = 1; denormal < 0x800000u; denormal = denormal * 3 + 1) {
+    values.push_back(std::bit_cast<float>(denormal));
+    values.push_back(std::bit_cast<float>(denormal | 0x80000000u));
+  }
+  std::shuffle(values.begin(), values.end(), std::mt19937(7));
+  for (std::size_t start = 0; start < 16; ++start) {
+    const auto n = static_cast<std::int64_t>(values.size() - start - start % 5);
+    std::vector<float> rounded(values.begin() + static_cast<long>(start), values.begin() + static_cast<long>(start) + n);
+    std::vector<std::uint16_t> bits(static_cast<std::size_t>(n));
+    to_half_bits(ComputeFormat::kBf16, values.data() + start, bits.data(), n);
+    round_to_format(ComputeFormat::kBf16, rounded.data(), n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float x = values[start + static_cast<std::size_t>(i)];
+      ASSERT_EQ(bits[static_cast<std::size_t>(i)], bf16_bits(x)) << std::hex << std::bit_cast<std::uint32_t>(x);
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(rounded[static_cast<std::size_t>(i)]),
+                std::bit_cast<std::uint32_t>(round_to_bf16(x)))
+          << std::hex << std::bit_cast<std::uint32_t>(x);
+    }
   }
 }
 
