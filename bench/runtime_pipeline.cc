@@ -45,26 +45,34 @@
 // RankFigures::wake_s, the time its blocked receives went on after the
 // peer's SEND had ended (hand-offs and wake-ups).
 //
-// Other tasks: per pipelined step, the CPU time every other process's
-// threads had while it ran (/proc/*/task/*/schedstat, read between steps),
-// and the fraction of ideal over the steps they left alone (under
-// kQuietOtherS). Then the worst step's figures per rank beside the median
-// step's (the upper middle one of an even count): where its time went.
-// On the VM this was written on, the worst steps were the ones in which the
-// kernel's kdamond (its memory-access monitor, run every half second for
-// 1-6 ms) took a rank's core.
+// Waiting for a core: per step, the time this process's threads were
+// runnable but not running (/proc/self/task/TID/schedstat's second field,
+// read before and after each step): what other tasks took from the ranks,
+// as a wake-up delayed or a computation preempted. The fraction of ideal is
+// printed again over the steps in which neither run waited more than
+// kQuietWaitS (the 1-stage steps it is measured against included). Then the
+// worst step's figures per rank beside a middle step's, with what other
+// tasks ran around it (every visible process's threads, /proc/*/task/*/
+// schedstat, read just before and just after the step: the readings take
+// about a millisecond each, so the window is longer than the step, and a
+// thread that ended meanwhile is missed): where its time went. On the VM
+// this was written on, the kernel's kdamond (its memory-access monitor,
+// every half second for 1-6 ms) ran in the worst steps.
 //
 // Page faults: per step, the process's (getrusage: minor and major) during
 // the 1-stage step and during the pipelined one, step 0 beside: a step that
 // maps memory anew pays for each (about 10 us on the VM this was tuned on).
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sched.h>
 #include <sys/resource.h>
 #include <string>
@@ -208,25 +216,50 @@ OtherTasks other_tasks() {
   return tasks;
 }
 
-// A step in which other tasks ran less than this is counted as left alone:
-// the sandbox's own agent and the kernel's per-CPU workers run 0.05-0.1 ms
-// in most steps of the machine this was written on, its kdamond 1-6 ms every
-// half second.
-constexpr double kQuietOtherS = 0.2e-3;
+// A step whose threads waited for a core less than this is counted as left
+// alone by other tasks.
+constexpr double kQuietWaitS = 0.2e-3;
 
-// What other tasks ran between two readings: the total and the thread that
-// ran longest (a thread started meanwhile counts all its time).
+// This process's threads' time runnable but not running so far, summed;
+// nullopt where no thread's schedstat can be read.
+std::optional<double> run_queue_wait_s() {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  double seconds = 0;
+  bool read = false;
+  for (const fs::directory_entry& thread : fs::directory_iterator("/proc/self/task", error)) {
+    std::ifstream schedstat(thread.path() / "schedstat");
+    long long running_ns = 0, waiting_ns = 0;
+    if (!(schedstat >> running_ns >> waiting_ns)) continue;  // ended meanwhile
+    seconds += 1e-9 * static_cast<double>(waiting_ns);
+    read = true;
+  }
+  if (!read) return std::nullopt;
+  return seconds;
+}
+
+// The wait over one step: after - before (nullopt where either is).
+std::optional<double> waited(std::optional<double> before, std::optional<double> after) {
+  if (!before || !after) return std::nullopt;
+  return std::max(0.0, *after - *before);
+}
+
+// What other tasks ran between two readings: the total, the thread that
+// ran longest (a thread started meanwhile counts all its time; a thread id
+// reused meanwhile counts nothing), and the window from the start of the
+// first reading to the end of the second.
 struct OtherTime {
   double seconds = 0;
   std::string top;
   double top_seconds = 0;
+  double window_s = 0;
 };
 
 OtherTime other_time(const OtherTasks& before, const OtherTasks& after) {
   OtherTime t;
   for (const auto& [tid, now] : after) {
     const auto then = before.find(tid);
-    const double ran = now.seconds - (then == before.end() ? 0 : then->second.seconds);
+    const double ran = std::max(0.0, now.seconds - (then == before.end() ? 0 : then->second.seconds));
     t.seconds += ran;
     if (ran > t.top_seconds) {
       t.top = now.name;
@@ -268,18 +301,33 @@ int main(int argc, char** argv) {
   std::vector<StepFigures> pipelined_figures;
   std::vector<StepResult> pipelined_results;
   std::vector<OtherTime> pipelined_others;
+  // Per step, the 1-stage run's, the second core's and the pipelined run's.
+  std::vector<std::array<std::optional<double>, 3>> core_waits;
   const bool others_known = !other_tasks().empty();
   for (int step = 0; step < o.steps; ++step) {
     long faults = page_faults();
+    std::optional<double> wait_mark = run_queue_wait_s();
+    std::array<std::optional<double>, 3> step_waits;
+    const auto mark_wait = [&](std::optional<double>& into) {
+      const std::optional<double> now = run_queue_wait_s();
+      into = waited(wait_mark, now);
+      wait_mark = now;
+    };
     const StepResult a = one->step(step, source);
     const long single_step_faults = page_faults() - faults;
+    mark_wait(step_waits[0]);
     StepResult c;
     if (two_cores) c = step == 0 ? first_step_on(*one_on_second, cpus[1], source) : one_on_second->step(step, source);
+    mark_wait(step_waits[1]);
+    const auto others_start = std::chrono::steady_clock::now();
     const OtherTasks others_before = other_tasks();
+    wait_mark = run_queue_wait_s();
     faults = page_faults();
     const StepResult b = many->step(step, source);
     const long pipelined_step_faults = page_faults() - faults;
-    const OtherTime others = other_time(others_before, other_tasks());
+    mark_wait(step_waits[2]);
+    OtherTime others = other_time(others_before, other_tasks());
+    others.window_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - others_start).count();
     if (step == 0) {  // warm-up: pools fill
       first_single_faults = single_step_faults;
       first_pipelined_faults = pipelined_step_faults;
@@ -300,6 +348,7 @@ int main(int argc, char** argv) {
     pipelined_figures.push_back(fb);
     pipelined_results.push_back(b);
     pipelined_others.push_back(others);
+    core_waits.push_back(step_waits);
     bubble.push_back(fb.bubble);
     single_overhead.push_back(overhead(fa, 1));
     pipelined_overhead.push_back(overhead(fb, o.stages));
@@ -335,12 +384,17 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < single_off.size(); ++i) std::printf(" %.1f/%.1f", 1e3 * single_off[i], 1e3 * pipelined_off[i]);
   std::printf("\nwake per step, ms (%d stages' worst rank: blocked receives after their SEND ended):", o.stages);
   for (const double w : wake) std::printf(" %.2f", 1e3 * w);
-  std::printf("\nother tasks' CPU time per %d-stage step, ms (this machine's other processes, kernel threads included):",
-              o.stages);
-  if (others_known) {
-    for (const OtherTime& t : pipelined_others) std::printf(" %.2f", 1e3 * t.seconds);
+  const bool waits_known = !core_waits.empty() && core_waits.front()[2].has_value();
+  std::printf("\nwaiting for a core per step, ms (this process's threads runnable, not running; 1 stage%s / %d stages):",
+              two_cores ? " / 1 stage on the second core" : "", o.stages);
+  if (waits_known) {
+    for (const auto& w : core_waits) {
+      std::printf(" %.2f/", 1e3 * w[0].value_or(0));
+      if (two_cores) std::printf("%.2f/", 1e3 * w[1].value_or(0));
+      std::printf("%.2f", 1e3 * w[2].value_or(0));
+    }
   } else {
-    std::printf(" not known here (no /proc/PID/task/TID/schedstat can be read)");
+    std::printf(" not known here (no /proc/self/task/TID/schedstat can be read)");
   }
   std::printf("\npage faults per step (the process's, 1 stage / %d stages; step 0: %ld / %ld):", o.stages,
               first_single_faults, first_pipelined_faults);
@@ -376,15 +430,19 @@ int main(int argc, char** argv) {
               100 * bb.min, 100 * bb.median, 100 * bb.max, 100 * predicted);
   std::printf("runtime overhead (median): 1 stage %.2f%% of the step, %d stages %.2f%% (worst rank)\n",
               100 * spread(single_overhead).median, o.stages, 100 * spread(pipelined_overhead).median);
-  // The steps other tasks left alone: under kQuietOtherS of their CPU time.
+  // The steps other tasks left alone: no run of the step waited for a core
+  // kQuietWaitS or more.
   std::vector<double> quiet, quiet_both;
-  for (std::size_t i = 0; i < fraction.size() && others_known; ++i) {
-    if (pipelined_others[i].seconds >= kQuietOtherS) continue;
+  for (std::size_t i = 0; i < fraction.size() && waits_known; ++i) {
+    const auto& w = core_waits[i];
+    const bool quiet_step = w[0].value_or(0) < kQuietWaitS && w[2].value_or(0) < kQuietWaitS &&
+                            (!two_cores || w[1].value_or(0) < kQuietWaitS);
+    if (!quiet_step) continue;
     quiet.push_back(fraction[i]);
     if (two_cores) quiet_both.push_back(both_fraction[i]);
   }
-  std::printf("steps in which other tasks ran under %.1f ms: ", 1e3 * kQuietOtherS);
-  if (others_known) {
+  std::printf("steps in which no run waited %.1f ms or more for a core: ", 1e3 * kQuietWaitS);
+  if (waits_known) {
     std::printf("%zu of %zu", quiet.size(), fraction.size());
   } else {
     std::printf("not known");
@@ -399,17 +457,23 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("\n");
-  // Where the worst step went: its ranks' figures beside the median step's.
+  // Where the worst step went: its ranks' figures beside a middle step's
+  // (the lower middle one of an even count).
   std::vector<std::size_t> order(fraction.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return fraction[x] < fraction[y]; });
   const auto describe = [&](const char* name, std::size_t i) {
     const StepFigures& s = pipelined_figures[i];
     const OtherTime& others = pipelined_others[i];
-    std::printf("%s step (%zu, %.1f%% of ideal): 1 stage %.2f ms, %d stages %.2f ms (pipeline %.2f; other tasks ",
+    std::printf("%s step (%zu, %.1f%% of ideal): 1 stage %.2f ms, %d stages %.2f ms (pipeline %.2f; waited for a core ",
                 name, i + 1, 100 * fraction[i], 1e3 * single_s[i], o.stages, 1e3 * s.wall_s, 1e3 * s.pipeline_s);
+    if (const std::optional<double> w = core_waits[i][2]) {
+      std::printf("%.2f; other tasks ", 1e3 * *w);
+    } else {
+      std::printf("not known; other tasks ");
+    }
     if (others_known) {
-      std::printf("%.2f", 1e3 * others.seconds);
+      std::printf("%.2f in the %.2f ms around it", 1e3 * others.seconds, 1e3 * others.window_s);
     } else {
       std::printf("not known");
     }
@@ -428,6 +492,6 @@ int main(int argc, char** argv) {
     std::printf("\n");
   };
   describe("worst", order.front());
-  describe("median", order[order.size() / 2]);
+  describe("middle", order[(order.size() - 1) / 2]);
   return 0;
 }
