@@ -86,11 +86,11 @@ class BasicRankWorker {
   // `loss_scale`: fp16's, which the last stage's backward starts from (1: none).
   void begin_step(std::int64_t step, const Source& source, Clock::time_point epoch, double loss_scale = 1);
   // Zeroes the rank's stages' gradients. Called on the rank's own thread
-  // (threaded), so that the ranks zero theirs at once and the buffers are in
-  // the cache of the core that accumulates into them: in begin_step, on the
-  // caller's thread one rank after another, it was most of the 60-100 µs
-  // before either rank could start (bench_runtime_pipeline's small model,
-  // a 7-9 ms step).
+  // (threaded), so that the ranks zero theirs at once, each on the core that
+  // then accumulates into them: in begin_step, on the caller's thread one
+  // rank after another, it was most of the 60-100 µs before either rank
+  // could start (bench_runtime_pipeline's small model, a 7-9 ms step). What
+  // the core's cache gains from it was not measured apart.
   void zero_gradients();
 
   // Runs action `index` of the list. A RECV whose message has not arrived
