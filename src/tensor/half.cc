@@ -123,7 +123,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void bf16_bits_array_avx5
     if (denormal_lanes(x) != 0) {
       bf16_bits_array(values + i, bits + i, 16);
     } else {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), std::bit_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), (__m256i)_mm512_cvtneps_pbh(x));
     }
   }
   if (i < n) bf16_bits_array(values + i, bits + i, n - i);
@@ -136,7 +136,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void round_bf16_array_avx
     if (denormal_lanes(x) != 0) {
       round_bf16_array(values + i, 16);
     } else {
-      const __m256i rounded = std::bit_cast<__m256i>(_mm512_cvtneps_pbh(x));
+      const __m256i rounded = (__m256i)_mm512_cvtneps_pbh(x);
       // (the zero-masked forms: GCC 12 warns of the plain ones' undefined lanes)
       const __m512i widened = _mm512_maskz_cvtepu16_epi32(0xffff, rounded);
       _mm512_storeu_si512(values + i, _mm512_maskz_slli_epi32(0xffff, widened, 16));
