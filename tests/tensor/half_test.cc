@@ -5,6 +5,7 @@
 // same bits for every one.)
 
 #include <gtest/gtest.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
 #include <bit>
@@ -90,21 +91,11 @@ TEST(Half, TheArrayRoundingIsTheScalarOne) {
 // inputs to zero) a block of 16 holding a denormal goes through the portable
 // loop: the same bits as the scalar rounding with denormals at every lane of
 // a block among normal values, from every start modulo 16 and with every
-// tail length.
-TEST(Half, TheArrayRoundingKeepsDenormalsAmongNormalValues) {
-  std::vector<float> values;
-  for (std::uint32_t high = 0; high < 0x10000u; high += 7) {
-    for (const std::uint32_t low : {0x0000u, 0x7fffu, 0x8000u, 0x8001u}) {
-      values.push_back(std::bit_cast<float>(high << 16 | low));
-    }
-  }
-  for (std::uint32_t denormal = 1; denormal < 0x800000u; denormal = denormal * 3 + 1) {
-    values.push_back(std::bit_cast<float>(denormal));
-    values.push_back(std::bit_cast<float>(denormal | 0x80000000u));
-  }
-  std::shuffle(values.begin(), values.end(), std::mt19937(7));
+// tail length (start s leaves a tail of s). Then again with MXCSR set to
+// flush denormals and round upwards, which neither path may heed.
+void expect_array_rounding_is_the_scalar_one(const std::vector<float>& values) {
   for (std::size_t start = 0; start < 16; ++start) {
-    const auto n = static_cast<std::int64_t>(values.size() - start - start % 5);
+    const auto n = static_cast<std::int64_t>((values.size() - 32) / 16 * 16 + start);
     std::vector<float> rounded(values.begin() + static_cast<long>(start), values.begin() + static_cast<long>(start) + n);
     std::vector<std::uint16_t> bits(static_cast<std::size_t>(n));
     to_half_bits(ComputeFormat::kBf16, values.data() + start, bits.data(), n);
@@ -117,6 +108,25 @@ TEST(Half, TheArrayRoundingKeepsDenormalsAmongNormalValues) {
           << std::hex << std::bit_cast<std::uint32_t>(x);
     }
   }
+}
+
+TEST(Half, TheArrayRoundingKeepsDenormalsAmongNormalValues) {
+  std::vector<float> values;
+  for (std::uint32_t high = 0; high < 0x10000u; high += 7) {
+    for (const std::uint32_t low : {0x0000u, 0x7fffu, 0x8000u, 0x8001u}) {
+      values.push_back(std::bit_cast<float>(high << 16 | low));
+    }
+  }
+  for (std::uint32_t denormal = 1; denormal < 0x800000u; denormal = denormal * 3 + 1) {
+    values.push_back(std::bit_cast<float>(denormal));
+    values.push_back(std::bit_cast<float>(denormal | 0x80000000u));
+  }
+  std::shuffle(values.begin(), values.end(), std::mt19937(7));
+  expect_array_rounding_is_the_scalar_one(values);
+  const unsigned int mxcsr = _mm_getcsr();
+  _mm_setcsr((mxcsr & ~0x6000u) | 0x8040u | 0x4000u);  // FTZ, DAZ, round towards +inf
+  expect_array_rounding_is_the_scalar_one(values);
+  _mm_setcsr(mxcsr);
 }
 
 TEST(Half, RoundingAnArrayFollowsTheFormat) {
