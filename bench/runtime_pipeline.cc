@@ -298,12 +298,11 @@ int main(int argc, char** argv) {
   std::vector<long> single_faults, pipelined_faults;
   long first_single_faults = 0, first_pipelined_faults = 0;
   std::vector<std::vector<double>> stage_compute(static_cast<std::size_t>(o.stages));
-  std::vector<StepFigures> pipelined_figures;
   std::vector<StepResult> pipelined_results;
   std::vector<OtherTime> pipelined_others;
   // Per step, the 1-stage run's, the second core's and the pipelined run's.
   std::vector<std::array<std::optional<double>, 3>> core_waits;
-  const bool others_known = !other_tasks().empty();
+  bool others_known = false;  // some scan read a thread's schedstat
   for (int step = 0; step < o.steps; ++step) {
     long faults = page_faults();
     std::optional<double> wait_mark = run_queue_wait_s();
@@ -321,6 +320,7 @@ int main(int argc, char** argv) {
     mark_wait(step_waits[1]);
     const auto others_start = std::chrono::steady_clock::now();
     const OtherTasks others_before = other_tasks();
+    others_known = others_known || !others_before.empty();
     wait_mark = run_queue_wait_s();
     faults = page_faults();
     const StepResult b = many->step(step, source);
@@ -345,7 +345,6 @@ int main(int argc, char** argv) {
     const StepFigures fb = step_figures(b, o.stages);
     single_s.push_back(fa.wall_s);
     pipelined_s.push_back(fb.wall_s);
-    pipelined_figures.push_back(fb);
     pipelined_results.push_back(b);
     pipelined_others.push_back(others);
     core_waits.push_back(step_waits);
@@ -463,7 +462,8 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return fraction[x] < fraction[y]; });
   const auto describe = [&](const char* name, std::size_t i) {
-    const StepFigures& s = pipelined_figures[i];
+    const StepResult& result = pipelined_results[i];
+    const StepFigures s = step_figures(result, o.stages);
     const OtherTime& others = pipelined_others[i];
     std::printf("%s step (%zu, %.1f%% of ideal): 1 stage %.2f ms, %d stages %.2f ms (pipeline %.2f; waited for a core ",
                 name, i + 1, 100 * fraction[i], 1e3 * single_s[i], o.stages, 1e3 * s.wall_s, 1e3 * s.pipeline_s);
@@ -479,7 +479,6 @@ int main(int argc, char** argv) {
     }
     if (others.top_seconds > 0) std::printf(", most %s %.2f", others.top.c_str(), 1e3 * others.top_seconds);
     std::printf("):");
-    const StepResult& result = pipelined_results[i];
     for (std::size_t r = 0; r < s.ranks.size(); ++r) {
       const RankFigures& k = s.ranks[r];
       const std::vector<ActionTiming>& actions = result.ranks[r].actions;

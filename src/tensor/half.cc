@@ -5,6 +5,8 @@
 #include <bit>
 #include <cmath>
 
+#include "pipeflow/tensor/core_peak.h"
+
 namespace pipeflow {
 
 const char* to_string(ComputeFormat format) {
@@ -102,13 +104,12 @@ __attribute__((target("prefer-vector-width=512"), noinline)) void bf16_bits_arra
 // the same bits on every CPU. 1.2-1.9x the portable loop's rate on AMD Zen 5
 // (128K-1.5M values, in cache and not).
 // The instruction ignores MXCSR (no DAZ, FTZ or rounding mode applies), as
-// the integer loop does. (__builtin_cpu_init: the check may run before
-// libgcc's own initialiser, from another library's constructor.)
+// the integer loop does. The CPU qualifies as for the core's bf16 peak
+// kernel (AVX-512 F and BF16; GCC's and clang's BF16 target implies BW).
 bool has_bf16_conversion() {
   static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512bf16");
+    const CpuFeatures cpu = detect_cpu_features();
+    return cpu.avx512f && cpu.avx512_bf16;
   }();
   return has;
 }
