@@ -1,6 +1,7 @@
 // One training step (forward + backward + AdamW) of a GPT-2 or a Llama on one
-// thread, timed, with the single-thread sgemm ceiling measured in the same
-// run. bench/train_step.sh runs it beside the same step in PyTorch, and a
+// thread, timed, with the single-thread ceiling of its GEMMs measured in
+// the same run: sgemm, or oneDNN's bf16 matmul where the step's GEMMs are
+// bf16 (a bf16 step set against sgemm could pass 100% of its "ceiling"). bench/train_step.sh runs it beside the same step in PyTorch, and a
 // Llama beside a GPT-2 of the same size.
 //
 // Each step is timed twice: wall clock and the process's CPU time. On a
@@ -62,20 +63,6 @@ double cpu_seconds() {
   timespec now{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
   return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
-}
-
-// Best of ten 1024³ sgemms by CPU time, GFLOP/s.
-double sgemm_ceiling() {
-  const int n = 1024;
-  std::vector<float> a(n * n, 0.001f), b(n * n, 0.002f), c(n * n);
-  double best = 0;
-  for (int round = 0; round < 10; ++round) {
-    const double start = cpu_seconds();
-    pipeflow::gemm<float>(pipeflow::Transpose::kNo, pipeflow::Transpose::kNo, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                          0.0f, c.data(), n);
-    best = std::max(best, 2.0 * n * n * n / (cpu_seconds() - start) / 1e9);
-  }
-  return best;
 }
 
 double median(std::vector<double> values) {
@@ -164,6 +151,14 @@ double repeated_seconds(const pipeflow::GemmCallShape& shape, pipeflow::GemmPrec
   return best;
 }
 
+// The GEMM library's single-thread rate in `precision` (the step's ceiling:
+// sgemm in fp32, oneDNN's bf16 matmul in bf16), GFLOP/s: the best of
+// kRepeats 1024³ products on dense operands in cache.
+double gemm_ceiling(pipeflow::GemmPrecision precision) {
+  const pipeflow::GemmCallShape cube{.m = 1024, .n = 1024, .k = 1024};
+  return cube.flops() / repeated_seconds(cube, precision) / 1e9;
+}
+
 // --gemm-shapes: `steps` more steps with their GEMMs timed by shape, printed
 // beside each shape's rate repeated on dense operands.
 template <class Step>
@@ -232,7 +227,7 @@ int main(int argc, char** argv) {
     optimizer.step(1e-4);
     return state.loss();
   };
-  const double ceiling = sgemm_ceiling();
+  const double ceiling = gemm_ceiling(model.gemm_precision());
   step();  // warm the pool and the caches
   std::vector<double> wall;
   std::vector<double> cpu;
@@ -252,12 +247,13 @@ int main(int argc, char** argv) {
                                : 72 * b * l * t * c * c * (1 + t / (6 * c) + v / (12 * c * l));
   const std::string name = std::string(o.llama ? "pipeflow-llama" : "pipeflow") +
                            (o.format == ComputeFormat::kFp32 ? "" : std::string("-") + to_string(o.format));
-  std::printf("%s: %.2f ms/step (median of %d, min %.2f, max %.2f), cpu %.2f ms/step, %.1f GFLOP/s = %.0f%% of sgemm "
+  std::printf("%s: %.2f ms/step (median of %d, min %.2f, max %.2f), cpu %.2f ms/step, %.1f GFLOP/s = %.0f%% of %s "
               "%.1f GFLOP/s, %.3f GFLOP/step, %lld parameters, loss %.4f, blas threads %d, peak activations %.1f MiB, "
               "GEMMs in %s, weights fnv1a %016llx\n",
               name.c_str(), wall_median * 1e3, o.steps, *std::min_element(wall.begin(), wall.end()) * 1e3,
               *std::max_element(wall.begin(), wall.end()) * 1e3, cpu_median * 1e3,
-              flops / cpu_median / 1e9, 100 * flops / cpu_median / 1e9 / ceiling, ceiling, flops / 1e9,
+              flops / cpu_median / 1e9, 100 * flops / cpu_median / 1e9 / ceiling,
+              model.gemm_precision() == GemmPrecision::kBf16 ? "bf16 GEMM" : "sgemm", ceiling, flops / 1e9,
               static_cast<long long>(config.parameter_count()), loss, blas_threads(), static_cast<double>(model.activation_memory().peak_bytes()) / (1024.0 * 1024.0),
               to_string(model.gemm_precision()), static_cast<unsigned long long>(weights_digest(model)));
   if (o.gemm_shapes) print_gemm_shapes(step, o.steps, model.gemm_precision());

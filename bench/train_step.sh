@@ -34,22 +34,27 @@ if ! OPENBLAS_NUM_THREADS=1 "$python" -c "import torch" >/dev/null 2>&1; then
 fi
 
 # Both programs print "<name>: W ms/step (median of N, min F), cpu C ms/step,
-# G GFLOP/s ..." (pipeflow adds "... of sgemm S GFLOP/s"). The summary takes,
+# G GFLOP/s ..." (pipeflow adds "... of sgemm S GFLOP/s", or "of bf16 GEMM S
+# GFLOP/s" where its GEMMs are bf16: oneDNN's bf16 matmul). The summary takes,
 # per implementation, the median over rounds of the per-round CPU-time median
 # (time-slicing by other processes inflates wall time, not CPU time) and the
-# fastest wall-clock step; GFLOP/s and the sgemm and peak shares come from
-# CPU time, against the best sgemm and the median core peak of the rounds.
+# fastest wall-clock step; GFLOP/s and the ceiling and peak shares come from
+# CPU time, against the best ceiling (sgemm, or the bf16 GEMM for a bf16
+# step) and the median core peak of the rounds.
 field() { sed -nE "s|$2|\1|p" <<<"$1"; }
 middle() { sort -g | sed -n "$(( (rounds + 1) / 2 ))p"; }
 summarise() {
-  local lines=$1 sgemm peak bf16_peak isa flops name
+  local lines=$1 sgemm bf16_gemm peak bf16_peak isa flops name
   sgemm=$(field "$lines" '.* of sgemm ([0-9.]+) GFLOP/s.*' | sort -g | tail -1)
+  bf16_gemm=$(field "$lines" '.* of bf16 GEMM ([0-9.]+) GFLOP/s.*' | sort -g | tail -1)
   peak=$(median_peak "$lines")
   bf16_peak=$(field "$lines" '^core peak bf16 [a-z0-9_]+: ([0-9.]+) GFLOP/s.*' | middle)
   isa=$(field "$lines" "^best fp32 peak: $peak GFLOP/s \\(([a-z0-9_]+)\\).*" | head -1)
-  awk -v r="$rounds" -v s="$sgemm" -v p="$peak" -v i="$isa" 'BEGIN {
-    printf "summary (%d round(s), best sgemm ceiling %s GFLOP/s = %.0f%% of the median core fp32 peak %s GFLOP/s, %s):\n",
-           r, s, 100 * s / p, p, i }'
+  awk -v r="$rounds" -v s="$sgemm" -v p="$peak" -v i="$isa" -v bg="${bf16_gemm:-0}" -v b="${bf16_peak:-0}" 'BEGIN {
+    printf "summary (%d round(s), best sgemm ceiling %s GFLOP/s = %.0f%% of the median core fp32 peak %s GFLOP/s, %s",
+           r, s, 100 * s / p, p, i
+    if (bg > 0 && b > 0) printf "; best bf16 GEMM ceiling %s GFLOP/s = %.0f%% of the median core bf16 peak %s GFLOP/s", bg, 100 * bg / b, b
+    printf "):\n" }'
   for name in pipeflow torch pipeflow-llama torch-llama pipeflow-bf16 torch-bf16; do
     local mine cpu fastest slowest
     mine=$(grep "^$name:" <<<"$lines") || continue
@@ -59,12 +64,13 @@ summarise() {
     slowest=$(field "$mine" '.*, max ([0-9.]+)\).*' | sort -g | tail -1)
     eval "${name//-/_}_cpu=$cpu ${name//-/_}_fastest=$fastest"
     awk -v n="$name" -v c="$cpu" -v f="$fastest" -v w="$slowest" -v flops="$flops" -v s="$sgemm" -v p="$peak" \
-        -v b="${bf16_peak:-0}" 'BEGIN {
+        -v b="${bf16_peak:-0}" -v bg="${bf16_gemm:-0}" 'BEGIN {
       g = flops / c * 1000
-      printf "  %-14s %8.2f ms/step CPU = %6.1f GFLOP/s = %3.0f%% of sgemm = %3.0f%% of peak; wall-clock steps %.2f to %.2f ms",
-             n, c, g, 100 * g / s, 100 * g / p, f, w
-      if (n ~ /bf16/ && b > 0) printf "; %.0f%% of the median bf16 peak %s GFLOP/s", 100 * g / b, b
-      printf "\n" }'
+      ceiling = "sgemm"; limit = "peak"
+      if (n ~ /bf16/ && bg > 0) { ceiling = "bf16 GEMM"; s = bg }
+      if (n ~ /bf16/ && b > 0) { limit = "bf16 peak"; p = b }
+      printf "  %-14s %8.2f ms/step CPU = %6.1f GFLOP/s = %3.0f%% of %s = %3.0f%% of %s; wall-clock steps %.2f to %.2f ms\n",
+             n, c, g, 100 * g / s, ceiling, 100 * g / p, limit, f, w }'
   done
   if [ $have_torch = 1 ] && [ -n "${pipeflow_cpu:-}" ]; then
     awk -v pc="$pipeflow_cpu" -v tc="$torch_cpu" -v pf="$pipeflow_fastest" -v tf="$torch_fastest" \
