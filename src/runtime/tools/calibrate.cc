@@ -20,10 +20,12 @@
 namespace pipeflow::runtime {
 namespace {
 
-// Runs `work` (which reports how many units it did) repeatedly for about
-// `seconds` and returns the best rate, units per second.
+// Runs `work` (which reports how many units it did) once untimed, then
+// repeatedly for about `seconds`, and returns the best rate, units per
+// second: best_cpu_rate (tensor/core_peak.h) by wall time.
 template <class Work>
 double best_rate(double seconds, Work&& work) {
+  work();
   double best = 0;
   const Clock::time_point stop = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                     std::chrono::duration<double>(seconds));
