@@ -1,8 +1,9 @@
 // One training step (forward + backward + AdamW) of a GPT-2 or a Llama on one
 // thread, timed, with the single-thread ceiling of its GEMMs measured in
 // the same run: sgemm, or oneDNN's bf16 matmul where the step's GEMMs are
-// bf16 (a bf16 step set against sgemm could pass 100% of its "ceiling"). bench/train_step.sh runs it beside the same step in PyTorch, and a
-// Llama beside a GPT-2 of the same size.
+// bf16 (a bf16 step set against sgemm could pass 100% of its "ceiling").
+// bench/train_step.sh runs it beside the same step in PyTorch, and a Llama
+// beside a GPT-2 of the same size.
 //
 // Each step is timed twice: wall clock and the process's CPU time. On a
 // shared machine the scheduler slices other processes in, which inflates wall
@@ -114,11 +115,20 @@ std::uint64_t weights_digest(const pipeflow::nn::Stage& model) {
 // Calls of one shape repeated for --gemm-shapes.
 constexpr int kRepeats = 20;
 
-// The best wall time of kRepeats calls of `shape` on dense operands of
+// How a repeated call is timed: by wall clock, as GemmCallTimes times the
+// step's calls it is set beside, or by the process's CPU time, as the step.
+enum class Timing { kWall, kCpu };
+
+double now(Timing timing) {
+  if (timing == Timing::kCpu) return cpu_seconds();
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+// The best time of kRepeats calls of `shape` on dense operands of
 // bf16-exact values (A, B and C each a contiguous grid of products; under
 // kBf16 A and B lent as bits), beta 1 (a step's forward products start
 // from 0 instead: a little less work than this).
-double repeated_seconds(const pipeflow::GemmCallShape& shape, pipeflow::GemmPrecision precision) {
+double repeated_seconds(const pipeflow::GemmCallShape& shape, pipeflow::GemmPrecision precision, Timing timing) {
   using namespace pipeflow;
   const long a_size = static_cast<long>(shape.m) * shape.k, b_size = static_cast<long>(shape.k) * shape.n;
   const long c_size = static_cast<long>(shape.m) * shape.n;
@@ -143,20 +153,23 @@ double repeated_seconds(const pipeflow::GemmCallShape& shape, pipeflow::GemmPrec
   const int ldb = std::max(1, shape.transpose_b ? shape.k : shape.n);
   double best = 1e30;
   for (int i = 0; i < kRepeats; ++i) {
-    const auto start = Clock::now();
+    const double start = now(timing);
     gemm_batched<float>(grid, ta, tb, shape.m, shape.n, shape.k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, c.data(),
                         std::max(1, shape.n));
-    best = std::min(best, seconds_since(start));
+    best = std::min(best, now(timing) - start);
   }
   return best;
 }
 
 // The GEMM library's single-thread rate in `precision` (the step's ceiling:
 // sgemm in fp32, oneDNN's bf16 matmul in bf16), GFLOP/s: the best of
-// kRepeats 1024³ products on dense operands in cache.
+// kRepeats 1024³ products by CPU time, as the step is timed (a wall-clock
+// ceiling fell under a busy neighbour on the core, and the step read 153% of
+// it). A reference, not a bound: a step's smaller shapes, in cache, may run
+// faster (--gemm-shapes).
 double gemm_ceiling(pipeflow::GemmPrecision precision) {
   const pipeflow::GemmCallShape cube{.m = 1024, .n = 1024, .k = 1024};
-  return cube.flops() / repeated_seconds(cube, precision) / 1e9;
+  return cube.flops() / repeated_seconds(cube, precision, Timing::kCpu) / 1e9;
 }
 
 // --gemm-shapes: `steps` more steps with their GEMMs timed by shape, printed
@@ -180,7 +193,7 @@ void print_gemm_shapes(Step& step, int steps, pipeflow::GemmPrecision precision)
               "ms/step, GFLOP/s in the step | GFLOP/s repeated (dense operands, best of %d)\n",
               steps, to_string(precision), kRepeats);
   for (const GemmCallTimes::Entry& e : entries) {
-    const double repeated = repeated_seconds(e.shape, precision);
+    const double repeated = repeated_seconds(e.shape, precision, Timing::kWall);
     const double flops = e.shape.flops() * static_cast<double>(e.calls);
     gemm_seconds += e.seconds;
     gemm_flops += flops;

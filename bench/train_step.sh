@@ -2,7 +2,9 @@
 # One training step (forward + backward + AdamW) on one thread: pipeflow
 # (bench_train_step) against PyTorch (bench/train_step_torch.py, Debian's
 # python3-torch) on the same model, in the same run, with the single-thread
-# sgemm ceiling measured by bench_train_step and the core's fp32 FMA peak by
+# ceiling of the step's GEMMs measured by bench_train_step (sgemm at 1024³;
+# oneDNN's bf16 matmul at 1024³ for a step whose GEMMs are bf16) and the
+# core's fp32 FMA peak by
 # bench_core_peak (common.sh's core_peak, once a round); GPT-2 at two sizes, then a
 # Llama of the small GPT-2's size (multi-head, SwiGLU 352: 0.3% more
 # parameters) with both implementations, set beside the GPT-2 step; then the
@@ -67,8 +69,7 @@ summarise() {
         -v b="${bf16_peak:-0}" -v bg="${bf16_gemm:-0}" 'BEGIN {
       g = flops / c * 1000
       ceiling = "sgemm"; limit = "peak"
-      if (n ~ /bf16/ && bg > 0) { ceiling = "bf16 GEMM"; s = bg }
-      if (n ~ /bf16/ && b > 0) { limit = "bf16 peak"; p = b }
+      if (n ~ /bf16/ && bg > 0 && b > 0) { ceiling = "bf16 GEMM"; s = bg; limit = "bf16 peak"; p = b }
       printf "  %-14s %8.2f ms/step CPU = %6.1f GFLOP/s = %3.0f%% of %s = %3.0f%% of %s; wall-clock steps %.2f to %.2f ms\n",
              n, c, g, 100 * g / s, ceiling, 100 * g / p, limit, f, w }'
   done

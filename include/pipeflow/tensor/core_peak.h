@@ -79,8 +79,9 @@ const CorePeak* best_fp32_peak_entry(const std::vector<CorePeak>& peaks);
 // repeatedly for about `seconds` of the calling thread's CPU time, at least
 // once, and returns the best units per CPU second. The untimed run pays what
 // only a first run pays (a library's JIT and buffers, first-touch page
-// faults): counted, it was the only run where it took longer than `seconds`
-// (calibrate's first GEMM shape read 1.3 GFLOP/s, 0.6% of the peak). CPU
+// faults): timed, a first run longer than `seconds` was the only one, and
+// its rate the result (calibrate's first GEMM shape read 1.3 GFLOP/s, 0.6%
+// of the peak). CPU
 // time, not wall time: on a shared machine other processes time-sliced in
 // do not count against the measurement.
 double best_cpu_rate(double seconds, const std::function<double()>& work);
