@@ -126,17 +126,21 @@ std::vector<const PeakKernel*> runnable_peak_kernels(const CpuFeatures& cpu) {
   return runnable;
 }
 
-double best_cpu_rate(double seconds, const std::function<double()>& work) {
+double best_rate(double seconds, const std::function<double()>& work, double (*clock)()) {
   work();  // the first run's one-time costs (see the header)
   double best = 0;
-  const double stop = thread_cpu_seconds() + seconds;
+  const double stop = clock() + seconds;
   do {
-    const double start = thread_cpu_seconds();
+    const double start = clock();
     const double units = work();
-    const double elapsed = thread_cpu_seconds() - start;
+    const double elapsed = clock() - start;
     if (elapsed > 0) best = std::max(best, units / elapsed);
-  } while (thread_cpu_seconds() < stop);
+  } while (clock() < stop);
   return best;
+}
+
+double best_cpu_rate(double seconds, const std::function<double()>& work) {
+  return best_rate(seconds, work, thread_cpu_seconds);
 }
 
 std::vector<CorePeak> measure_core_peaks(const CpuFeatures& cpu, double seconds) {

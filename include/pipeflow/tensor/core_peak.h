@@ -76,14 +76,15 @@ double best_fp32_peak(const std::vector<CorePeak>& peaks);
 const CorePeak* best_fp32_peak_entry(const std::vector<CorePeak>& peaks);
 
 // Runs `work` (which returns the units it did) once untimed, then
-// repeatedly for about `seconds` of the calling thread's CPU time, at least
-// once, and returns the best units per CPU second. The untimed run pays what
-// only a first run pays (a library's JIT and buffers, first-touch page
-// faults): timed, a first run longer than `seconds` was the only one, and
-// its rate the result (calibrate's first GEMM shape read 1.3 GFLOP/s, 0.6%
-// of the peak). CPU
-// time, not wall time: on a shared machine other processes time-sliced in
-// do not count against the measurement.
+// repeatedly for about `seconds` by `clock` (seconds, any origin), at least
+// once, and returns the best units per second of `clock`. The untimed run
+// pays what only a first run pays (a library's JIT and buffers, first-touch
+// page faults): timed, a first run longer than `seconds` was the only one,
+// and its rate the result (calibrate's first GEMM shape read 1.3 GFLOP/s,
+// 0.6% of the peak).
+double best_rate(double seconds, const std::function<double()>& work, double (*clock)());
+// best_rate by the calling thread's CPU time: on a shared machine other
+// processes time-sliced in do not count against the measurement.
 double best_cpu_rate(double seconds, const std::function<double()>& work);
 
 }  // namespace pipeflow

@@ -20,23 +20,9 @@
 namespace pipeflow::runtime {
 namespace {
 
-// Runs `work` (which reports how many units it did) once untimed, then
-// repeatedly for about `seconds`, and returns the best rate, units per
-// second: best_cpu_rate (tensor/core_peak.h) by wall time.
-template <class Work>
-double best_rate(double seconds, Work&& work) {
-  work();
-  double best = 0;
-  const Clock::time_point stop = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                    std::chrono::duration<double>(seconds));
-  do {
-    const Clock::time_point start = Clock::now();
-    const double units = work();
-    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    if (elapsed > 0) best = std::max(best, units / elapsed);
-  } while (Clock::now() < stop);
-  return best;
-}
+// Seconds on the steady clock: best_rate (tensor/core_peak.h) by wall time,
+// for what several threads do (the hand-off) or what waits on memory.
+double wall_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 double measure_gemm(double seconds, GemmPrecision precision) {
   constexpr int n = 512;
@@ -45,7 +31,7 @@ double measure_gemm(double seconds, GemmPrecision precision) {
   return best_rate(seconds, [&] {
     gemm<float>(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     return 2.0 * n * n * n;
-  });
+  }, wall_seconds);
 }
 
 // Each timed run repeats the GEMM up to about 1e8 FLOPs (a millisecond): a
@@ -93,7 +79,7 @@ double measure_memcpy(double seconds) {
   return best_rate(seconds, [&] {
     std::memcpy(to.data(), from.data(), bytes);
     return static_cast<double>(bytes);
-  });
+  }, wall_seconds);
 }
 
 }  // namespace
@@ -117,7 +103,7 @@ double measure_handoff_latency(std::chrono::nanoseconds spin, double seconds) {
       }
     });
     return static_cast<double>(kRounds);
-  });
+  }, wall_seconds);
   return 1.0 / (2.0 * round_trips);  // two hand-offs per round trip
 }
 
@@ -141,7 +127,7 @@ double measure_model(double seconds) {
     model.forward(state, {.tokens = tokens.clone(), .targets = tokens.clone()});
     model.backward_from_loss(state, 1.0);
     return flops;
-  });
+  }, wall_seconds);
 }
 
 }  // namespace
