@@ -359,18 +359,24 @@ TEST(Gemm, FloatsRoundedOnceForSeveralGemmsGiveTheirProductsBitForBit) {
   };
   const GemmPrecisionScope bf16(GemmPrecision::kBf16);
   const std::vector<float> expected = products();
-  std::vector<std::uint16_t> bits;
+  std::unique_ptr<std::uint16_t[]> bits;
   Bf16Operands rounded;
   round_for_gemms(x.data(), rows, columns, ld, bits, rounded);
-  EXPECT_EQ(bits.size(), static_cast<std::size_t>((rows - 1) * ld + columns));
+  ASSERT_NE(bits, nullptr);
+  for (int row = 0; row < rows; ++row) {  // laid out as x is, row stride ld
+    for (int column = 0; column < columns; ++column) {
+      const std::size_t at = static_cast<std::size_t>(row) * ld + static_cast<std::size_t>(column);
+      ASSERT_EQ(bits[at], bf16_bits(x[at])) << "row " << row << ", column " << column;
+    }
+  }
   for (int row = 0; row < rows; ++row) x[static_cast<std::size_t>(row) * ld + 3] = std::nanf("");
   EXPECT_EQ(products(), expected);
   {
     const GemmPrecisionScope fp32(GemmPrecision::kFp32);
-    std::vector<std::uint16_t> none;
+    std::unique_ptr<std::uint16_t[]> none;
     Bf16Operands not_rounded;
     round_for_gemms(x.data(), rows, columns, ld, none, not_rounded);
-    EXPECT_TRUE(none.empty());
+    EXPECT_EQ(none, nullptr);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -145,10 +146,11 @@ class Bf16Operands {
 
 // For floats several of this thread's kBf16 GEMMs read (each would round
 // them itself): rounds the `rows` rows of `columns` floats at x (row stride
-// ld) to bf16 once, into `bits` (resized, laid out alike), and adds them to
-// `operands`, whose lifetime the floats must outlive unchanged. Under
-// kFp32, nothing.
-void round_for_gemms(const float* x, int rows, int columns, int ld, std::vector<std::uint16_t>& bits,
+// ld) to bf16 once, into `bits` (made for them, laid out alike, not zeroed
+// first: the GEMMs read only the rows' columns, which are written), and adds
+// them to `operands`, whose lifetime the floats must outlive unchanged.
+// Under kFp32, nothing.
+void round_for_gemms(const float* x, int rows, int columns, int ld, std::unique_ptr<std::uint16_t[]>& bits,
                      Bf16Operands& operands);
 
 // Whether this CPU has bf16 dot products (AVX-512 BF16, or AMX): oneDNN's
