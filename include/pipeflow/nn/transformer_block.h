@@ -75,6 +75,9 @@ struct BlockSaved {
   BasicTensor<T> dx2;                           // [B, T, C]
   BasicTensor<T> dqkv;                          // [B, T, W] (Llama: before the rotation)
   BasicTensor<T> d_ln_1;                        // [B, T, C]
+  // I ran the weight-gradient products (WeightProducts::kBesideInput): W
+  // adds the biases' and the norms' gradients only.
+  bool weight_products_done = false;
 
   // In bf16/fp16, between passes: every tensor above but the norms'
   // statistics, in 16 bits (half_stash.h).
@@ -93,6 +96,10 @@ struct BlockSaved {
   std::array<BasicTensor<T>*, 4> input_pass_reads() { return {&x, &probs, &x2, &h}; }
   std::array<BasicTensor<T>*, 1> input_pass_gemm_reads() { return {&qkv}; }
   std::array<BasicTensor<T>*, 8> weight_pass_reads() { return {&x, &x2, &dy, &dx2, &d_ln_2, &d_ln_1, &dh, &dqkv}; }
+  // What the weight-gradient products read that I does not: the MLP's and
+  // the attention's inputs (lent to I's bf16 GEMMs when the products run
+  // beside it).
+  std::array<BasicTensor<T>*, 4> weight_product_inputs() { return {&ln_1, &attn_y, &ln_2, &g}; }
   HalfStash<T> stash;
 };
 
@@ -102,6 +109,14 @@ struct BlockSaved {
 // the pass (not in a checkpointed forward or a recompute, whose tensors are
 // dropped or held whole through the segment).
 enum class RoundAhead { kNo, kYes };
+
+// Where a block's weight-gradient products run: in W, or in I, each just
+// before the input-gradient product that reads the same output gradient,
+// while that gradient is in cache (a fused backward, whose W follows its I
+// at once: the products then read their operands' bits made in I, not out
+// of cache after it). The same products of the same operands into the same
+// sums: the same bits either way.
+enum class WeightProducts { kInWeightPass, kBesideInput };
 
 // Forward / I / W of a block. forward takes x into the saved state and returns
 // y; backward_input takes dy, returns dx and keeps exactly what W needs;
@@ -141,7 +156,8 @@ class TransformerBlock {
   BasicTensor<T> forward(BlockSaved<T>& saved, BasicTensor<T> x, const LayerShape& shape, Allocator allocator,
                          RoundAhead rounding = RoundAhead::kNo) const;
   BasicTensor<T> backward_input(BlockSaved<T>& saved, BasicTensor<T> dy, const LayerShape& shape,
-                                Allocator allocator, RoundAhead rounding = RoundAhead::kNo) const;
+                                Allocator allocator, RoundAhead rounding = RoundAhead::kNo,
+                                WeightProducts products = WeightProducts::kInWeightPass) const;
   void backward_weight(BlockSaved<T>& saved, const LayerShape& shape) const;
 
   // Points the block at another copy of the same weights (a half-precision
@@ -185,6 +201,15 @@ class TransformerBlock {
   void rotate(T* qkv, int rows, int first_position, const LayerShape& shape) const;
   BasicTensor<T> llama_backward_input(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator,
                                       Bf16Operands* ahead) const;
+  // One of the block's weight-gradient products, named by the output
+  // gradient it reads (dy, dh, dx2, dqkv): the MLP's output and input
+  // projections, the attention's output and input projections (GPT-2's
+  // matrices without their biases, or Llama's).
+  enum class Product { kMlpOut, kMlpIn, kAttentionOut, kAttentionIn };
+  void weight_product(BlockSaved<T>& saved, Product product, const LayerShape& shape) const;
+  // In I, just before the input-gradient product that reads the same
+  // gradient: weight_product where the products run beside I.
+  void product_beside_input(BlockSaved<T>& saved, Product product, const LayerShape& shape) const;
   void llama_backward_weight(BlockSaved<T>& saved, const LayerShape& shape) const;
   // linear_forward, or linear_forward_panels once the weights are packed.
   void linear(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out) const;
