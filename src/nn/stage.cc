@@ -630,7 +630,8 @@ void BasicStage<T>::weight_layer(State& state, int local) {
 
 // Fused: each layer's W runs right after its I (the same order of the
 // weight-gradient sums as I over every layer, then W), so what a layer's W
-// reads is freed before the next layer's I and never stashed.
+// reads is freed before the next layer's I and never stashed; a block's
+// weight-gradient products run inside its I (weight_products).
 template <class T>
 BasicTensor<T> BasicStage<T>::backward(State& state, BasicTensor<T> grad_output) {
   return input_pass_from_output(state, std::move(grad_output), true);
