@@ -308,7 +308,7 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
   s.dy = std::move(dy);
   if (sequence_) s.dy_whole = whole(s.dy.clone(allocator), shape, allocator, "the sequence-parallel all-gather of dy");
   round_ahead(s, sequence_ ? s.dy_whole : s.dy, allocator, ahead);
-  s.weight_products_done = products == WeightProducts::kBesideInput;
+  s.weight_products = products;
   if (llama_) return llama_backward_input(s, shape, allocator, ahead);
   const Widths d = widths(shape);
   const int f = d.ffn;
@@ -369,7 +369,7 @@ void TransformerBlock<T>::backward_weight(BlockSaved<T>& s, const LayerShape& sh
   const int rows = local_rows(shape);
   const int c = shape.c;
   const auto& g = grads_;
-  if (!s.weight_products_done) {
+  if (s.weight_products == WeightProducts::kInWeightPass) {
     for (const Product product : {Product::kMlpOut, Product::kMlpIn, Product::kAttentionOut, Product::kAttentionIn}) {
       weight_product(s, product, shape);
     }
@@ -474,7 +474,7 @@ void TransformerBlock<T>::llama_backward_weight(BlockSaved<T>& s, const LayerSha
 
 template <class T>
 void TransformerBlock<T>::product_beside_input(BlockSaved<T>& s, Product product, const LayerShape& shape) const {
-  if (s.weight_products_done) weight_product(s, product, shape);
+  if (s.weight_products == WeightProducts::kBesideInput) weight_product(s, product, shape);
 }
 
 template <class T>

@@ -403,17 +403,20 @@ void Bf16Operands::add(const float* stand_in, std::span<const std::uint16_t> bit
   t_bf16_ranges.push_back({begin, end, bits.data(), this});
 }
 
-void round_for_gemms(const float* x, int rows, int columns, int ld, std::unique_ptr<std::uint16_t[]>& bits,
-                     Bf16Operands& operands) {
+void round_for_gemms(const float* x, int rows, int columns, int ld, Bf16Scratch& scratch, Bf16Operands& operands) {
   if (t_precision != GemmPrecision::kBf16 || rows <= 0 || columns <= 0) return;
   const std::size_t size =
       static_cast<std::size_t>(rows - 1) * static_cast<std::size_t>(ld) + static_cast<std::size_t>(columns);
-  bits = std::make_unique_for_overwrite<std::uint16_t[]>(size);
+  if (scratch.capacity < size) {
+    scratch.bits = std::make_unique_for_overwrite<std::uint16_t[]>(size);
+    scratch.capacity = size;
+  }
+  std::uint16_t* bits = scratch.bits.get();
   for (int row = 0; row < rows; ++row) {
     const long offset = static_cast<long>(row) * ld;
-    to_half_bits(ComputeFormat::kBf16, x + offset, bits.get() + offset, columns);
+    to_half_bits(ComputeFormat::kBf16, x + offset, bits + offset, columns);
   }
-  operands.add(x, {bits.get(), size});
+  operands.add(x, {bits, size});
 }
 
 bool bf16_matmul_available() {

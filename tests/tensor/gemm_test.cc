@@ -359,10 +359,11 @@ TEST(Gemm, FloatsRoundedOnceForSeveralGemmsGiveTheirProductsBitForBit) {
   };
   const GemmPrecisionScope bf16(GemmPrecision::kBf16);
   const std::vector<float> expected = products();
-  std::unique_ptr<std::uint16_t[]> bits;
+  Bf16Scratch scratch;
   Bf16Operands rounded;
-  round_for_gemms(x.data(), rows, columns, ld, bits, rounded);
-  ASSERT_NE(bits, nullptr);
+  round_for_gemms(x.data(), rows, columns, ld, scratch, rounded);
+  ASSERT_EQ(scratch.capacity, static_cast<std::size_t>((rows - 1) * ld + columns));
+  const std::uint16_t* bits = scratch.bits.get();
   for (int row = 0; row < rows; ++row) {  // laid out as x is, row stride ld
     for (int column = 0; column < columns; ++column) {
       const std::size_t at = static_cast<std::size_t>(row) * ld + static_cast<std::size_t>(column);
@@ -373,10 +374,10 @@ TEST(Gemm, FloatsRoundedOnceForSeveralGemmsGiveTheirProductsBitForBit) {
   EXPECT_EQ(products(), expected);
   {
     const GemmPrecisionScope fp32(GemmPrecision::kFp32);
-    std::unique_ptr<std::uint16_t[]> none;
+    Bf16Scratch none;
     Bf16Operands not_rounded;
     round_for_gemms(x.data(), rows, columns, ld, none, not_rounded);
-    EXPECT_EQ(none, nullptr);
+    EXPECT_EQ(none.bits, nullptr);
   }
 }
 

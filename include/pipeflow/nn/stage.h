@@ -204,8 +204,9 @@ class BasicStage {
   // W: adds this micro-batch's weight gradients and empties the state.
   void backward_weight(State& state);
   // B = I and W, layer by layer from the last: each layer's W runs right
-  // after its I, so what it read is freed before the next layer's I (the
-  // same gradients, bit for bit, as backward_input then backward_weight).
+  // after its I, so what it read is freed before the next layer's I, and a
+  // block's weight-gradient products run inside its I (the same gradients,
+  // bit for bit, as backward_input then backward_weight).
   BasicTensor<T> backward(State& state, BasicTensor<T> grad_output);
   BasicTensor<T> backward_from_loss(State& state, double loss_scale);
 

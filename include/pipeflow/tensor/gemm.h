@@ -144,14 +144,20 @@ class Bf16Operands {
   void add(const float* stand_in, std::span<const std::uint16_t> bits);
 };
 
+// Bits round_for_gemms writes: grown where too small, never zeroed (the
+// GEMMs read only the elements it writes). Growing frees the bits before:
+// the Bf16Operands they were added to must have ended.
+struct Bf16Scratch {
+  std::unique_ptr<std::uint16_t[]> bits;
+  std::size_t capacity = 0;
+};
+
 // For floats several of this thread's kBf16 GEMMs read (each would round
 // them itself): rounds the `rows` rows of `columns` floats at x (row stride
-// ld) to bf16 once, into `bits` (made for them, laid out alike, not zeroed
-// first: the GEMMs read only the rows' columns, which are written), and adds
-// them to `operands`, whose lifetime the floats must outlive unchanged.
-// Under kFp32, nothing.
-void round_for_gemms(const float* x, int rows, int columns, int ld, std::unique_ptr<std::uint16_t[]>& bits,
-                     Bf16Operands& operands);
+// ld) to bf16 once, into `scratch` (laid out alike), and adds them to
+// `operands`, whose lifetime the floats must outlive unchanged. Under
+// kFp32, nothing.
+void round_for_gemms(const float* x, int rows, int columns, int ld, Bf16Scratch& scratch, Bf16Operands& operands);
 
 // Whether this CPU has bf16 dot products (AVX-512 BF16, or AMX): oneDNN's
 // effective ISA, which ONEDNN_MAX_CPU_ISA lowers. Without them, on AVX-512,
