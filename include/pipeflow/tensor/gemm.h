@@ -32,6 +32,12 @@ template <class T>
 void gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T alpha, const T* a, int lda,
           const T* b, int ldb, T beta, T* c, int ldc);
 
+// C[m, n] = A[m, k] · B[k, n] + bias[n] on every row (neither transposed; C
+// overwritten). Under kBf16 one oneDNN matmul that adds the bias itself;
+// otherwise C is filled with the bias and gemm adds onto it (beta 1).
+void gemm_bias(int m, int n, int k, const float* a, int lda, const float* b, int ldb, const float* bias, float* c,
+               int ldc);
+
 // Many products of one shape on a grid of up to three dimensions (say
 // sequences × key/value heads × the query heads that share one): product
 // (i, j, l) is gemm's on A at a + i·a_stride[0] + j·a_stride[1] +
