@@ -106,7 +106,7 @@ void use_one_gemm_thread() {
 thread_local GemmPrecision t_precision = GemmPrecision::kFp32;
 thread_local GemmCallTimes* t_call_times = nullptr;
 
-// Times one gemm / gemm_batched call for this thread's GemmCallTimes, if
+// Times one gemm / gemm_bias / gemm_batched call for this thread's GemmCallTimes, if
 // any; while it runs, the GEMMs it calls in turn are its own (not recorded).
 class CallTimer {
  public:

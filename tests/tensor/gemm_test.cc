@@ -381,15 +381,12 @@ TEST(Gemm, FloatsRoundedOnceForSeveralGemmsGiveTheirProductsBitForBit) {
   }
 }
 
-// PIPEFLOW_BF16_GEMM chooses the path of kAuto; the forced choices ignore
-// it. Where oneDNN has no bf16 matmul (AVX2 alone), bf16 asked for either
-// way is refused with the fix.
 // A bias added by the product itself (oneDNN's bias argument under kBf16)
 // gives what C filled with the bias and the product added onto it gives:
 // the same bits in fp32 (the same calls); in bf16 the same to float
 // rounding, an addition's place in oneDNN's kernel being its own (the same
 // bits on AMD Zen 5's AVX-512 BF16 kernels). C's columns past n are left
-// alone.
+// alone (the loop covers them).
 TEST(Gemm, ABiasAddedByTheProductEqualsTheProductAddedOntoTheBias) {
   constexpr int m = 37, n = 24, k = 40, ldc = 30;
   const std::vector<float> a = random_floats(static_cast<std::size_t>(m) * k, 31);
@@ -411,10 +408,12 @@ TEST(Gemm, ABiasAddedByTheProductEqualsTheProductAddedOntoTheBias) {
     for (std::size_t i = 0; i < c.size(); ++i) {
       ASSERT_NEAR(c[i], expected[i], 1e-5f * (std::fabs(expected[i]) + 1.0f)) << "element " << i;
     }
-    EXPECT_EQ(c[n], -7.0f) << "a column past n was written";
   }
 }
 
+// PIPEFLOW_BF16_GEMM chooses the path of kAuto; the forced choices ignore
+// it. Where oneDNN has no bf16 matmul (AVX2 alone), bf16 asked for either
+// way is refused with the fix.
 TEST(Gemm, TheBf16PathIsChosenByTheEnvironmentOrTheCpu) {
   const bool available = bf16_matmul_available();
   const std::string refused = "oneDNN has no bf16 matmul on this CPU (it needs AVX-512): multiply in fp32 "

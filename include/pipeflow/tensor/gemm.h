@@ -33,8 +33,10 @@ void gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T a
           const T* b, int ldb, T beta, T* c, int ldc);
 
 // C[m, n] = A[m, k] · B[k, n] + bias[n] on every row (neither transposed; C
-// overwritten). Under kBf16 one oneDNN matmul that adds the bias itself;
-// otherwise C is filled with the bias and gemm adds onto it (beta 1).
+// overwritten). Under kBf16 one oneDNN matmul that adds the bias itself (the
+// same to float rounding as the bias written first and the product added
+// onto it; the same bits on AMD Zen 5); otherwise C is filled with the bias
+// and gemm adds onto it (beta 1).
 void gemm_bias(int m, int n, int k, const float* a, int lda, const float* b, int ldb, const float* bias, float* c,
                int ldc);
 
@@ -60,7 +62,7 @@ template <class T>
 void gemm_batched(const GemmBatch& batch, Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T alpha,
                   const T* a, int lda, const T* b, int ldb, T beta, T* c, int ldc);
 
-// The shape of a gemm or gemm_batched call: op(A) [m, k] times op(B) [k, n],
+// The shape of a gemm, gemm_bias or gemm_batched call: op(A) [m, k] times op(B) [k, n],
 // `products` of them (a batch's grid; 1 for gemm).
 struct GemmCallShape {
   int m = 0, n = 0, k = 0;
