@@ -435,34 +435,25 @@ void BasicStage<T>::stash_layer(State& state, int local, bool weight_pass_follow
 }
 
 template <class T>
-WeightProducts BasicStage<T>::weight_products(bool weight_pass_follows) const {
-  return weight_pass_follows && (!half() || gemm_precision_ == GemmPrecision::kBf16) ? WeightProducts::kBesideInput
-                                                                                    : WeightProducts::kInWeightPass;
-}
-
-template <class T>
-void BasicStage<T>::unstash_for_input(State& state, int local, Bf16Operands& stashed, WeightProducts products) {
+void BasicStage<T>::unstash_for_input(State& state, int local, Bf16Operands& stashed) {
   with_saved(state, local, [&](auto& saved) {
     auto tensors = saved.half_tensors();
     auto reads = saved.input_pass_reads();
+    auto gemm_reads = saved.input_pass_gemm_reads();
     auto read_again = saved.weight_pass_reads();
     saved.stash.unpack(tensors, reads, read_again, allocator());
-    // Only those still packed: their stand-ins come from a pool nothing
-    // else draws from, so the block may free them while `stashed` lives;
-    // one holding floats of its own (recomputed) is left to its GEMMs.
-    const auto lend_packed = [&](auto gemm_reads) {
+    if (gemm_precision_ == GemmPrecision::kBf16) {
+      // Only those still packed: their stand-ins come from a pool nothing
+      // else draws from, so the block may free them while `stashed` lives;
+      // one holding floats of its own (recomputed) is left to its GEMMs.
       decltype(gemm_reads) packed{};
       std::size_t count = 0;
       for (BasicTensor<T>* tensor : gemm_reads) {
         if (tensor->empty()) packed[count++] = tensor;
       }
       saved.stash.lend(tensors, std::span(packed.data(), count), {&stand_in_pool_, nullptr}, stashed);
-    };
-    if (gemm_precision_ == GemmPrecision::kBf16) {
-      lend_packed(saved.input_pass_gemm_reads());
-      if (products == WeightProducts::kBesideInput) lend_packed(saved.weight_product_inputs());
     } else {
-      saved.stash.unpack(tensors, saved.input_pass_gemm_reads(), read_again, allocator());
+      saved.stash.unpack(tensors, gemm_reads, read_again, allocator());
     }
   });
 }
@@ -534,8 +525,7 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
       // What I's bf16 GEMMs read as their 16 bits: gone before the stash
       // and W free and draw stand-ins.
       Bf16Operands stashed;
-      const WeightProducts products = weight_products(weight_pass_follows);
-      unstash_for_input(state, local, stashed, products);
+      unstash_for_input(state, local, stashed);
       // The embedding's I reads no weights.
       const LayerWeights weights = kind(local) == Kind::kEmbedding ? LayerWeights{} : layer_weights(local);
       switch (kind(local)) {
@@ -546,7 +536,7 @@ BasicTensor<T> BasicStage<T>::input_pass(State& state, BasicTensor<T> grad, doub
         case Kind::kBlock: {
           const auto i = static_cast<std::size_t>(block_index(local));
           grad = blocks_[i].backward_input(state.blocks_[i], std::move(grad), state.shape_, allocator(),
-                                           round_ahead(true), products);
+                                           round_ahead(true));
           round_to_format(grad);
           break;
         }
@@ -630,8 +620,7 @@ void BasicStage<T>::weight_layer(State& state, int local) {
 
 // Fused: each layer's W runs right after its I (the same order of the
 // weight-gradient sums as I over every layer, then W), so what a layer's W
-// reads is freed before the next layer's I and never stashed; a block's
-// weight-gradient products run inside its I (weight_products).
+// reads is freed before the next layer's I and never stashed.
 template <class T>
 BasicTensor<T> BasicStage<T>::backward(State& state, BasicTensor<T> grad_output) {
   return input_pass_from_output(state, std::move(grad_output), true);

@@ -296,8 +296,7 @@ BasicTensor<T> TransformerBlock<T>::forward_cached(BasicTensor<T> x, BasicKvCach
 
 template <class T>
 BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor<T> dy, const LayerShape& shape,
-                                                   Allocator allocator, RoundAhead rounding,
-                                                   WeightProducts products) const {
+                                                   Allocator allocator, RoundAhead rounding) const {
   const int n = shape.rows();
   const int rows = local_rows(shape);
   const int c = shape.c;
@@ -308,19 +307,16 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
   s.dy = std::move(dy);
   if (sequence_) s.dy_whole = whole(s.dy.clone(allocator), shape, allocator, "the sequence-parallel all-gather of dy");
   round_ahead(s, sequence_ ? s.dy_whole : s.dy, allocator, ahead);
-  s.weight_products = products;
   if (llama_) return llama_backward_input(s, shape, allocator, ahead);
   const Widths d = widths(shape);
   const int f = d.ffn;
   const T* dy_whole = sequence_ ? s.dy_whole.data() : s.dy.data();
   s.dh = make({shape.b, shape.t, f});
-  product_beside_input(s, Product::kMlpOut, shape);
   linear_backward_input(s.dh.data(), dy_whole, w.fc_proj_weight, n, f, c);
   gelu_backward(s.dh.data(), s.h.data(), n * f);
   s.h.reset();
   round_ahead(s, s.dh, allocator, ahead);
   {
-    product_beside_input(s, Product::kMlpIn, shape);
     auto partial = make({n, c});
     linear_backward_input(partial.data(), s.dh.data(), w.fc_weight, n, c, f);
     s.d_ln_2 = input_gradient(std::move(partial), shape, allocator,
@@ -332,9 +328,7 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
   if (sequence_) {
     s.dx2_whole = whole(s.dx2.clone(allocator), shape, allocator, "the sequence-parallel all-gather of dx2");
   }
-  round_ahead(s, sequence_ ? s.dx2_whole : s.dx2, allocator, ahead);
   {
-    product_beside_input(s, Product::kAttentionOut, shape);
     auto d_attn_y = make({shape.b, shape.t, d.attn});
     linear_backward_input(d_attn_y.data(), sequence_ ? s.dx2_whole.data() : s.dx2.data(), w.attn_proj_weight, n,
                           d.attn, c);
@@ -347,7 +341,6 @@ BasicTensor<T> TransformerBlock<T>::backward_input(BlockSaved<T>& s, BasicTensor
   s.qkv.reset();
   round_ahead(s, s.dqkv, allocator, ahead);
   {
-    product_beside_input(s, Product::kAttentionIn, shape);
     auto partial = make({n, c});
     linear_backward_input(partial.data(), s.dqkv.data(), w.attn_weight, n, c, d.qkv);
     s.d_ln_1 = input_gradient(std::move(partial), shape, allocator,
@@ -369,22 +362,21 @@ void TransformerBlock<T>::backward_weight(BlockSaved<T>& s, const LayerShape& sh
   const int rows = local_rows(shape);
   const int c = shape.c;
   const auto& g = grads_;
-  if (s.weight_products == WeightProducts::kInWeightPass) {
-    for (const Product product : {Product::kMlpOut, Product::kMlpIn, Product::kAttentionOut, Product::kAttentionIn}) {
-      weight_product(s, product, shape);
-    }
-  }
   if (llama_) {
     llama_backward_weight(s, shape);
     return;
   }
   const Widths d = widths(shape);
+  const T* dy_whole = sequence_ ? s.dy_whole.data() : s.dy.data();
+  const T* dx2_whole = sequence_ ? s.dx2_whole.data() : s.dx2.data();
+  linear_backward_weight(g.fc_proj_weight, static_cast<T*>(nullptr), s.g.data(), dy_whole, n, d.ffn, c);
   add_column_sums(g.fc_proj_bias, s.dy.data(), rows, c);
-  add_column_sums(g.fc_bias, s.dh.data(), n, d.ffn);
+  linear_backward_weight(g.fc_weight, g.fc_bias, s.ln_2.data(), s.dh.data(), n, c, d.ffn);
   layernorm_backward_weight(g.ln_2_weight, g.ln_2_bias, s.d_ln_2.data(), s.x2.data(), s.ln_2_mean.data(),
                             s.ln_2_rstd.data(), rows, c);
+  linear_backward_weight(g.attn_proj_weight, static_cast<T*>(nullptr), s.attn_y.data(), dx2_whole, n, d.attn, c);
   add_column_sums(g.attn_proj_bias, s.dx2.data(), rows, c);
-  add_column_sums(g.attn_bias, s.dqkv.data(), n, d.qkv);
+  linear_backward_weight(g.attn_weight, g.attn_bias, s.ln_1.data(), s.dqkv.data(), n, c, d.qkv);
   layernorm_backward_weight(g.ln_1_weight, g.ln_1_bias, s.d_ln_1.data(), s.x.data(), s.ln_1_mean.data(),
                             s.ln_1_rstd.data(), rows, c);
   s = {};
@@ -405,7 +397,6 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
   const auto& w = weights_;
   auto make = [&](Shape dims) { return BasicTensor<T>::uninitialized(dims, allocator); };
   {
-    product_beside_input(s, Product::kMlpOut, shape);
     auto da = make({shape.b, shape.t, f});
     projection_backward_input(da.data(), sequence_ ? s.dy_whole.data() : s.dy.data(), c, w.down_proj, n, f, c, false);
     s.dh = make({shape.b, shape.t, 2 * f});
@@ -414,7 +405,6 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
   s.h.reset();
   round_ahead(s, s.dh, allocator, ahead);
   {
-    product_beside_input(s, Product::kMlpIn, shape);
     auto partial = make({n, c});
     projection_backward_input(partial.data(), s.dh.data(), 2 * f, w.gate_proj, n, c, f, false);
     projection_backward_input(partial.data(), s.dh.data() + f, 2 * f, w.up_proj, n, c, f, true);
@@ -427,9 +417,7 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
   if (sequence_) {
     s.dx2_whole = whole(s.dx2.clone(allocator), shape, allocator, "the sequence-parallel all-gather of dx2");
   }
-  round_ahead(s, sequence_ ? s.dx2_whole : s.dx2, allocator, ahead);
   {
-    product_beside_input(s, Product::kAttentionOut, shape);
     auto d_attn_y = make({shape.b, shape.t, d.attn});
     projection_backward_input(d_attn_y.data(), sequence_ ? s.dx2_whole.data() : s.dx2.data(), c, w.o_proj, n, d.attn,
                               c, false);
@@ -448,7 +436,6 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
   }
   round_ahead(s, s.dqkv, allocator, ahead);
   {
-    product_beside_input(s, Product::kAttentionIn, shape);
     auto partial = make({n, c});
     projection_backward_input(partial.data(), s.dqkv.data(), width, w.q_proj, n, c, d.attn, false);
     projection_backward_input(partial.data(), s.dqkv.data() + d.attn, width, w.k_proj, n, c, kv, true);
@@ -464,61 +451,25 @@ BasicTensor<T> TransformerBlock<T>::llama_backward_input(BlockSaved<T>& s, const
 
 template <class T>
 void TransformerBlock<T>::llama_backward_weight(BlockSaved<T>& s, const LayerShape& shape) const {
+  const int n = shape.rows();
   const int rows = local_rows(shape);
   const int c = shape.c;
+  const Widths d = widths(shape);
+  const int f = d.ffn;
+  const int kv = d.kv;
+  const int width = d.qkv;
   const auto& g = grads_;
+  projection_backward_weight(g.down_proj, s.g.data(), sequence_ ? s.dy_whole.data() : s.dy.data(), c, n, f, c);
+  projection_backward_weight(g.gate_proj, s.ln_2.data(), s.dh.data(), 2 * f, n, c, f);
+  projection_backward_weight(g.up_proj, s.ln_2.data(), s.dh.data() + f, 2 * f, n, c, f);
   rmsnorm_backward_weight(g.ln_2_weight, s.d_ln_2.data(), s.x2.data(), s.ln_2_rstd.data(), rows, c);
+  projection_backward_weight(g.o_proj, s.attn_y.data(), sequence_ ? s.dx2_whole.data() : s.dx2.data(), c, n, d.attn,
+                             c);
+  projection_backward_weight(g.q_proj, s.ln_1.data(), s.dqkv.data(), width, n, c, d.attn);
+  projection_backward_weight(g.k_proj, s.ln_1.data(), s.dqkv.data() + d.attn, width, n, c, kv);
+  projection_backward_weight(g.v_proj, s.ln_1.data(), s.dqkv.data() + d.attn + kv, width, n, c, kv);
   rmsnorm_backward_weight(g.ln_1_weight, s.d_ln_1.data(), s.x.data(), s.ln_1_rstd.data(), rows, c);
   s = {};
-}
-
-template <class T>
-void TransformerBlock<T>::product_beside_input(BlockSaved<T>& s, Product product, const LayerShape& shape) const {
-  if (s.weight_products == WeightProducts::kBesideInput) weight_product(s, product, shape);
-}
-
-template <class T>
-void TransformerBlock<T>::weight_product(BlockSaved<T>& s, Product product, const LayerShape& shape) const {
-  const int n = shape.rows();
-  const int c = shape.c;
-  const Widths d = widths(shape);
-  const auto& g = grads_;
-  const T* dy = sequence_ ? s.dy_whole.data() : s.dy.data();
-  const T* dx2 = sequence_ ? s.dx2_whole.data() : s.dx2.data();
-  T* const no_bias = nullptr;
-  switch (product) {
-    case Product::kMlpOut:
-      if (llama_) {
-        projection_backward_weight(g.down_proj, s.g.data(), dy, c, n, d.ffn, c);
-      } else {
-        linear_backward_weight(g.fc_proj_weight, no_bias, s.g.data(), dy, n, d.ffn, c);
-      }
-      break;
-    case Product::kMlpIn:
-      if (llama_) {
-        projection_backward_weight(g.gate_proj, s.ln_2.data(), s.dh.data(), 2 * d.ffn, n, c, d.ffn);
-        projection_backward_weight(g.up_proj, s.ln_2.data(), s.dh.data() + d.ffn, 2 * d.ffn, n, c, d.ffn);
-      } else {
-        linear_backward_weight(g.fc_weight, no_bias, s.ln_2.data(), s.dh.data(), n, c, d.ffn);
-      }
-      break;
-    case Product::kAttentionOut:
-      if (llama_) {
-        projection_backward_weight(g.o_proj, s.attn_y.data(), dx2, c, n, d.attn, c);
-      } else {
-        linear_backward_weight(g.attn_proj_weight, no_bias, s.attn_y.data(), dx2, n, d.attn, c);
-      }
-      break;
-    case Product::kAttentionIn:
-      if (llama_) {
-        projection_backward_weight(g.q_proj, s.ln_1.data(), s.dqkv.data(), d.qkv, n, c, d.attn);
-        projection_backward_weight(g.k_proj, s.ln_1.data(), s.dqkv.data() + d.attn, d.qkv, n, c, d.kv);
-        projection_backward_weight(g.v_proj, s.ln_1.data(), s.dqkv.data() + d.attn + d.kv, d.qkv, n, c, d.kv);
-      } else {
-        linear_backward_weight(g.attn_weight, no_bias, s.ln_1.data(), s.dqkv.data(), n, c, d.qkv);
-      }
-      break;
-  }
 }
 
 template class TransformerBlock<float>;

@@ -31,7 +31,6 @@ struct EmbeddingSaved {
   // operands.
   std::array<BasicTensor<T>*, 0> input_pass_reads() { return {}; }
   std::array<BasicTensor<T>*, 0> input_pass_gemm_reads() { return {}; }
-  std::array<BasicTensor<T>*, 0> weight_product_inputs() { return {}; }  // its products stay in W
   std::array<BasicTensor<T>*, 2> weight_pass_reads() { return {&dx, &dx_whole}; }
   HalfStash<T> stash;
 };

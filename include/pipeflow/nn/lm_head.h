@@ -41,7 +41,6 @@ struct HeadSaved {
   // bf16 GEMM takes its 16 bits).
   std::array<BasicTensor<T>*, 1> input_pass_reads() { return {&x}; }
   std::array<BasicTensor<T>*, 0> input_pass_gemm_reads() { return {}; }
-  std::array<BasicTensor<T>*, 0> weight_product_inputs() { return {}; }  // its products stay in W
   std::array<BasicTensor<T>*, 2> weight_pass_reads() { return {&x, &d_ln_f}; }
   HalfStash<T> stash;
 };

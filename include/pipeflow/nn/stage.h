@@ -204,9 +204,8 @@ class BasicStage {
   // W: adds this micro-batch's weight gradients and empties the state.
   void backward_weight(State& state);
   // B = I and W, layer by layer from the last: each layer's W runs right
-  // after its I, so what it read is freed before the next layer's I, and a
-  // block's weight-gradient products run inside its I (the same gradients,
-  // bit for bit, as backward_input then backward_weight).
+  // after its I, so what it read is freed before the next layer's I (the
+  // same gradients, bit for bit, as backward_input then backward_weight).
   BasicTensor<T> backward(State& state, BasicTensor<T> grad_output);
   BasicTensor<T> backward_from_loss(State& state, double loss_scale);
 
@@ -322,11 +321,6 @@ class BasicStage {
   // kYes where this stage's GEMMs are bf16 and the pass's layer is stashed
   // right after it.
   RoundAhead round_ahead(bool stashed_after) const;
-  // Beside I in a fused backward (`weight_pass_follows`) where the
-  // products read what I has at hand: a float stage's floats, or the
-  // stash's bits lent to bf16 GEMMs (a 16-bit stage with fp32 GEMMs would
-  // widen the MLP's and the attention's inputs for it, then again for W).
-  WeightProducts weight_products(bool weight_pass_follows) const;
   void checkpoint_layer(State& state, int local);
   // In bf16/fp16 a layer keeps what it saved in 16 bits between passes
   // (half_stash.h): stashed after F and after I, each tensor rounded once.
@@ -334,10 +328,9 @@ class BasicStage {
   // than as a GEMM operand keeps its floats, rounded in place. Before I or
   // W, what the pass reads is widened, but where its GEMMs are bf16 what
   // only they read is handed to them in its bits through `stashed`, which
-  // must live until the pass has run, and no longer; with the weight
-  // products beside I, the inputs they read too.
+  // must live until the pass has run, and no longer.
   void stash_layer(State& state, int local, bool weight_pass_follows);
-  void unstash_for_input(State& state, int local, Bf16Operands& stashed, WeightProducts products);
+  void unstash_for_input(State& state, int local, Bf16Operands& stashed);
   void unstash_for_weight(State& state, int local, Bf16Operands& stashed);
   void weight_layer(State& state, int local);
   template <class F>

@@ -47,14 +47,6 @@ struct LlamaConstants {
   const T* rope_sin = nullptr;
 };
 
-// Where a block's weight-gradient products run: in W, or in I, each just
-// before the input-gradient product that reads the same output gradient,
-// while that gradient is in cache (a fused backward, whose W follows its I
-// at once: the products then read their operands' bits made in I, not out
-// of cache after it). The same products of the same operands into the same
-// sums: the same bits either way.
-enum class WeightProducts { kInWeightPass, kBesideInput };
-
 // What one micro-batch keeps, W = (NH + 2·KV)·hs. GPT-2 after forward (16C +
 // 4 values per token plus NH·T attention probabilities): x, ln_1 (+ mean,
 // rstd), qkv, probs, attn_y, x2, ln_2 (+ mean, rstd), h, g. After I (20C + 4
@@ -83,9 +75,6 @@ struct BlockSaved {
   BasicTensor<T> dx2;                           // [B, T, C]
   BasicTensor<T> dqkv;                          // [B, T, W] (Llama: before the rotation)
   BasicTensor<T> d_ln_1;                        // [B, T, C]
-  // Where the weight-gradient products run, as backward_input was told:
-  // kBesideInput, W adds the biases' and the norms' gradients only.
-  WeightProducts weight_products = WeightProducts::kInWeightPass;
 
   // In bf16/fp16, between passes: every tensor above but the norms'
   // statistics, in 16 bits (half_stash.h).
@@ -99,16 +88,11 @@ struct BlockSaved {
   // fp32 ones), and what W reads other than as a GEMM operand (widened for
   // it; a bf16 GEMM takes the others, the MLP's and the attention's inputs,
   // as their 16 bits): the norms' inputs and gradients, and the gradients
-  // whose column sums are GPT-2's biases' (a Llama's split W multiplies dy,
-  // dx2, dh and dqkv only, but they are widened for it too; after I with
-  // the products beside it, nothing reads them).
+  // whose column sums are GPT-2's biases' (a Llama's W multiplies dy, dx2,
+  // dh and dqkv only, but they are widened for it too).
   std::array<BasicTensor<T>*, 4> input_pass_reads() { return {&x, &probs, &x2, &h}; }
   std::array<BasicTensor<T>*, 1> input_pass_gemm_reads() { return {&qkv}; }
   std::array<BasicTensor<T>*, 8> weight_pass_reads() { return {&x, &x2, &dy, &dx2, &d_ln_2, &d_ln_1, &dh, &dqkv}; }
-  // What the weight-gradient products read that I does not: the MLP's and
-  // the attention's inputs (lent to I's bf16 GEMMs when the products run
-  // beside it).
-  std::array<BasicTensor<T>*, 4> weight_product_inputs() { return {&ln_1, &attn_y, &ln_2, &g}; }
   HalfStash<T> stash;
 };
 
@@ -122,9 +106,7 @@ enum class RoundAhead { kNo, kYes };
 // Forward / I / W of a block. forward takes x into the saved state and returns
 // y; backward_input takes dy, returns dx and keeps exactly what W needs;
 // backward_weight adds every weight gradient (accumulating over
-// micro-batches) and empties the state: with WeightProducts::kBesideInput
-// I has added the matrices' gradients, and W adds the biases' and the
-// norms'. Temporaries come from `allocator`.
+// micro-batches) and empties the state. Temporaries come from `allocator`.
 //
 // Split over a tensor-parallel group (Megatron-LM's scheme; the weights are
 // the rank's parts, ParameterLayout): the rank computes its heads and its
@@ -143,8 +125,7 @@ enum class RoundAhead { kNo, kYes };
 // row-parallel biases' gradients are then the rank's rows' part only: the
 // engine sums them over the group.
 //
-// Thread safety: const methods; concurrent use needs distinct gradient buffers
-// (backward_weight writes them, and backward_input with kBesideInput).
+// Thread safety: const methods; concurrent use needs distinct gradient buffers.
 template <class T>
 class TransformerBlock {
  public:
@@ -160,8 +141,7 @@ class TransformerBlock {
   BasicTensor<T> forward(BlockSaved<T>& saved, BasicTensor<T> x, const LayerShape& shape, Allocator allocator,
                          RoundAhead rounding = RoundAhead::kNo) const;
   BasicTensor<T> backward_input(BlockSaved<T>& saved, BasicTensor<T> dy, const LayerShape& shape,
-                                Allocator allocator, RoundAhead rounding = RoundAhead::kNo,
-                                WeightProducts products = WeightProducts::kInWeightPass) const;
+                                Allocator allocator, RoundAhead rounding = RoundAhead::kNo) const;
   void backward_weight(BlockSaved<T>& saved, const LayerShape& shape) const;
 
   // Points the block at another copy of the same weights (a half-precision
@@ -205,15 +185,6 @@ class TransformerBlock {
   void rotate(T* qkv, int rows, int first_position, const LayerShape& shape) const;
   BasicTensor<T> llama_backward_input(BlockSaved<T>& saved, const LayerShape& shape, Allocator allocator,
                                       Bf16Operands* ahead) const;
-  // One of the block's weight-gradient products, named by the output
-  // gradient it reads (dy, dh, dx2, dqkv): the MLP's output and input
-  // projections, the attention's output and input projections (GPT-2's
-  // matrices without their biases, or Llama's).
-  enum class Product { kMlpOut, kMlpIn, kAttentionOut, kAttentionIn };
-  void weight_product(BlockSaved<T>& saved, Product product, const LayerShape& shape) const;
-  // In I, just before the input-gradient product that reads the same
-  // gradient: weight_product where the products run beside I.
-  void product_beside_input(BlockSaved<T>& saved, Product product, const LayerShape& shape) const;
   void llama_backward_weight(BlockSaved<T>& saved, const LayerShape& shape) const;
   // linear_forward, or linear_forward_panels once the weights are packed.
   void linear(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out) const;
