@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
-#include <vector>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/tensor/gemm.h"
@@ -119,7 +118,7 @@ void attention_backward(T* dqkv, T* scratch, long scratch_size, const T* dy, con
   // products: rounded once, here and below, not by each (the bits, half
   // dy's bytes and one scratch's, live for the call, as the GEMMs' own
   // rounding scratch does, outside the activations' account).
-  std::vector<std::uint16_t> dy_bits, ds_bits;
+  Bf16Scratch dy_bits, ds_bits;
   Bf16Operands dy_rounded;
   if constexpr (std::is_same_v<T, float>) round_for_gemms(dy, b * t, c, c, dy_bits, dy_rounded);
   for (int seq0 = 0; seq0 < b; seq0 += chunk) {

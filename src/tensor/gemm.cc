@@ -106,7 +106,7 @@ void use_one_gemm_thread() {
 thread_local GemmPrecision t_precision = GemmPrecision::kFp32;
 thread_local GemmCallTimes* t_call_times = nullptr;
 
-// Times one gemm / gemm_batched call for this thread's GemmCallTimes, if
+// Times one gemm / gemm_bias / gemm_batched call for this thread's GemmCallTimes, if
 // any; while it runs, the GEMMs it calls in turn are its own (not recorded).
 class CallTimer {
  public:
@@ -143,10 +143,11 @@ thread_local std::vector<Bf16Range> t_bf16_ranges;
 // strides lda and ldb as stored (the transposes as strides) and their
 // matrices a_stride / b_stride apart along the grid (0: one matrix for the
 // whole dimension), C fp32 with row stride ldc, c_stride apart; alpha an
-// output scale, beta a sum post-op.
+// output scale, beta a sum post-op; with `bias`, an fp32 row of n added to
+// every product's every row.
 struct MatmulShape {
   int m, n, k, lda, ldb, ldc;
-  bool transpose_a, transpose_b;
+  bool transpose_a, transpose_b, bias;
   float alpha, beta;
   std::array<int, 3> count;
   std::array<long, 3> a_stride, b_stride, c_stride;
@@ -158,7 +159,8 @@ struct MatmulShapeHash {
     std::size_t h = 0;
     const auto mix = [&h](std::size_t v) { h = h * 1000003u ^ v; };
     for (const int v : {s.m, s.n, s.k, s.lda, s.ldb, s.ldc}) mix(static_cast<std::size_t>(v));
-    mix(static_cast<std::size_t>(s.transpose_a) * 2 + static_cast<std::size_t>(s.transpose_b));
+    mix(static_cast<std::size_t>(s.transpose_a) * 4 + static_cast<std::size_t>(s.transpose_b) * 2 +
+        static_cast<std::size_t>(s.bias));
     mix(std::hash<float>()(s.alpha));
     mix(std::hash<float>()(s.beta));
     for (int i = 0; i < 3; ++i) {
@@ -173,7 +175,7 @@ struct MatmulShapeHash {
 
 struct Bf16Matmul {
   dnnl::matmul primitive;
-  dnnl::memory a, b, c;
+  dnnl::memory a, b, c, bias;
 };
 
 // A thread's engine, stream, primitives by shape and operand buffers.
@@ -214,9 +216,15 @@ struct Bf16Matmuls {
       sum.append_sum(s.beta);
       attr.set_post_ops(sum);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_desc, b_desc, c_desc), attr, engine);
+    const std::array<long, 3> no_grid{};
+    const dnnl::memory::desc bias_desc =
+        s.bias ? operand(1, s.n, false, s.n, no_grid, dt::f32) : dnnl::memory::desc();
+    const dnnl::matmul::primitive_desc pd(
+        s.bias ? dnnl::matmul::desc(a_desc, b_desc, bias_desc, c_desc) : dnnl::matmul::desc(a_desc, b_desc, c_desc),
+        attr, engine);
     Bf16Matmul made{dnnl::matmul(pd), dnnl::memory(a_desc, engine, nullptr), dnnl::memory(b_desc, engine, nullptr),
-                    dnnl::memory(c_desc, engine, nullptr)};
+                    dnnl::memory(c_desc, engine, nullptr),
+                    s.bias ? dnnl::memory(bias_desc, engine, nullptr) : dnnl::memory()};
     return by_shape.emplace(s, std::move(made)).first->second;
   }
 };
@@ -298,7 +306,8 @@ std::array<long, 3> grid_strides(const GemmBatch& batch, const std::array<long, 
 }
 
 void bf16_gemm(const GemmBatch& batch, Transpose transpose_a, Transpose transpose_b, int m, int n, int k, float alpha,
-               const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+               const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc,
+               const float* bias = nullptr) {
   thread_local Bf16Matmuls matmuls;
   const bool ta = transpose_a == Transpose::kYes;
   const bool tb = transpose_b == Transpose::kYes;
@@ -314,6 +323,7 @@ void bf16_gemm(const GemmBatch& batch, Transpose transpose_a, Transpose transpos
                                       ldc,
                                       ta,
                                       tb,
+                                      bias != nullptr,
                                       alpha,
                                       beta,
                                       batch.count,
@@ -324,8 +334,13 @@ void bf16_gemm(const GemmBatch& batch, Transpose transpose_a, Transpose transpos
     matmul.a.set_data_handle(const_cast<std::uint16_t*>(a_bf16.bits));
     matmul.b.set_data_handle(const_cast<std::uint16_t*>(b_bf16.bits));
     matmul.c.set_data_handle(c);
-    matmul.primitive.execute(matmuls.stream,
-                             {{DNNL_ARG_SRC, matmul.a}, {DNNL_ARG_WEIGHTS, matmul.b}, {DNNL_ARG_DST, matmul.c}});
+    std::unordered_map<int, dnnl::memory> arguments{
+        {DNNL_ARG_SRC, matmul.a}, {DNNL_ARG_WEIGHTS, matmul.b}, {DNNL_ARG_DST, matmul.c}};
+    if (bias != nullptr) {
+      matmul.bias.set_data_handle(const_cast<float*>(bias));
+      arguments.emplace(DNNL_ARG_BIAS, matmul.bias);
+    }
+    matmul.primitive.execute(matmuls.stream, arguments);
     matmuls.stream.wait();
   } catch (const dnnl::error& e) {
     fail("gemm: oneDNN's bf16 matmul failed ({}) for m {}, n {}, k {}, ldc {}, a grid of {} x {} x {}: {}", e.what(),
@@ -403,15 +418,20 @@ void Bf16Operands::add(const float* stand_in, std::span<const std::uint16_t> bit
   t_bf16_ranges.push_back({begin, end, bits.data(), this});
 }
 
-void round_for_gemms(const float* x, int rows, int columns, int ld, std::vector<std::uint16_t>& bits,
-                     Bf16Operands& operands) {
+void round_for_gemms(const float* x, int rows, int columns, int ld, Bf16Scratch& scratch, Bf16Operands& operands) {
   if (t_precision != GemmPrecision::kBf16 || rows <= 0 || columns <= 0) return;
-  bits.resize(static_cast<std::size_t>(rows - 1) * static_cast<std::size_t>(ld) + static_cast<std::size_t>(columns));
+  const std::size_t size =
+      static_cast<std::size_t>(rows - 1) * static_cast<std::size_t>(ld) + static_cast<std::size_t>(columns);
+  if (scratch.capacity < size) {
+    scratch.bits = std::make_unique_for_overwrite<std::uint16_t[]>(size);
+    scratch.capacity = size;
+  }
+  std::uint16_t* bits = scratch.bits.get();
   for (int row = 0; row < rows; ++row) {
     const long offset = static_cast<long>(row) * ld;
-    to_half_bits(ComputeFormat::kBf16, x + offset, bits.data() + offset, columns);
+    to_half_bits(ComputeFormat::kBf16, x + offset, bits + offset, columns);
   }
-  operands.add(x, bits);
+  operands.add(x, {bits, size});
 }
 
 bool bf16_matmul_available() {
@@ -485,6 +505,18 @@ void gemm<float>(Transpose transpose_a, Transpose transpose_b, int m, int n, int
          "non-negative and each leading dimension at least its matrix's row length",
          static_cast<int>(status), m, n, k, lda, ldb, ldc);
   }
+}
+
+void gemm_bias(int m, int n, int k, const float* a, int lda, const float* b, int ldb, const float* bias, float* c,
+               int ldc) {
+  if (t_precision == GemmPrecision::kBf16 && m > 0 && n > 0 && k > 0) {
+    const CallTimer timer({m, n, k, false, false});
+    use_one_gemm_thread();
+    bf16_gemm(GemmBatch{}, Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, bias);
+    return;
+  }
+  for (int row = 0; row < m; ++row) std::memcpy(c + static_cast<long>(row) * ldc, bias, sizeof(float) * n);
+  gemm<float>(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, c, ldc);
 }
 
 template <>

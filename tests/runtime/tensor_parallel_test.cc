@@ -329,6 +329,8 @@ TEST(TensorParallelInThreads, InputThenWeightPassesEqualTheFullBackwardBitForBit
     std::array<float, 4> c{};
     gemm<float>(Transpose::kNo, Transpose::kNo, 2, 2, 2, 1.0f, a.data(), 2, a.data(), 2, 0.0f, c.data(), 2);
     ASSERT_EQ(c[0], 7.0f);  // 1·1 + 2·3, exact in bf16
+    gemm_bias(2, 2, 2, a.data(), 2, a.data(), 2, a.data(), c.data(), 2);  // and one with a bias, as qkv's
+    ASSERT_EQ(c[0], 8.0f);
   }
   for (const nn::ModelConfig* model : {&testing::kTiny, &testing::kTinyLlama}) {
     for (const bool sequence : {false, true}) {

@@ -359,18 +359,55 @@ TEST(Gemm, FloatsRoundedOnceForSeveralGemmsGiveTheirProductsBitForBit) {
   };
   const GemmPrecisionScope bf16(GemmPrecision::kBf16);
   const std::vector<float> expected = products();
-  std::vector<std::uint16_t> bits;
+  Bf16Scratch scratch;
   Bf16Operands rounded;
-  round_for_gemms(x.data(), rows, columns, ld, bits, rounded);
-  EXPECT_EQ(bits.size(), static_cast<std::size_t>((rows - 1) * ld + columns));
+  round_for_gemms(x.data(), rows, columns, ld, scratch, rounded);
+  ASSERT_EQ(scratch.capacity, static_cast<std::size_t>((rows - 1) * ld + columns));
+  const std::uint16_t* bits = scratch.bits.get();
+  for (int row = 0; row < rows; ++row) {  // laid out as x is, row stride ld
+    for (int column = 0; column < columns; ++column) {
+      const std::size_t at = static_cast<std::size_t>(row) * ld + static_cast<std::size_t>(column);
+      ASSERT_EQ(bits[at], bf16_bits(x[at])) << "row " << row << ", column " << column;
+    }
+  }
   for (int row = 0; row < rows; ++row) x[static_cast<std::size_t>(row) * ld + 3] = std::nanf("");
   EXPECT_EQ(products(), expected);
   {
     const GemmPrecisionScope fp32(GemmPrecision::kFp32);
-    std::vector<std::uint16_t> none;
+    Bf16Scratch none;
     Bf16Operands not_rounded;
     round_for_gemms(x.data(), rows, columns, ld, none, not_rounded);
-    EXPECT_TRUE(none.empty());
+    EXPECT_EQ(none.bits, nullptr);
+  }
+}
+
+// A bias added by the product itself (oneDNN's bias argument under kBf16)
+// gives what C filled with the bias and the product added onto it gives:
+// the same bits in fp32 (the same calls); in bf16 the same to float
+// rounding, an addition's place in oneDNN's kernel being its own (the same
+// bits on AMD Zen 5's AVX-512 BF16 kernels). C's columns past n are left
+// alone (the loop covers them).
+TEST(Gemm, ABiasAddedByTheProductEqualsTheProductAddedOntoTheBias) {
+  constexpr int m = 37, n = 24, k = 40, ldc = 30;
+  const std::vector<float> a = random_floats(static_cast<std::size_t>(m) * k, 31);
+  const std::vector<float> b = random_floats(static_cast<std::size_t>(k) * n, 32);
+  const std::vector<float> bias = random_floats(n, 33);
+  std::vector<GemmPrecision> precisions{GemmPrecision::kFp32};
+  if (bf16_matmul_available()) precisions.push_back(GemmPrecision::kBf16);
+  for (const GemmPrecision precision : precisions) {
+    SCOPED_TRACE(to_string(precision));
+    const GemmPrecisionScope scope(precision);
+    std::vector<float> expected(static_cast<std::size_t>(m) * ldc, -7.0f);
+    for (int row = 0; row < m; ++row) std::copy(bias.begin(), bias.end(), expected.begin() + row * ldc);
+    gemm<float>(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, a.data(), k, b.data(), n, 1.0f, expected.data(), ldc);
+    std::vector<float> c(static_cast<std::size_t>(m) * ldc, -7.0f);
+    gemm_bias(m, n, k, a.data(), k, b.data(), n, bias.data(), c.data(), ldc);
+    if (precision == GemmPrecision::kFp32) {
+      EXPECT_EQ(std::memcmp(c.data(), expected.data(), c.size() * sizeof(float)), 0);
+    }
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      ASSERT_NEAR(c[i], expected[i], 1e-5f * (std::fabs(expected[i]) + 1.0f)) << "element " << i;
+    }
   }
 }
 

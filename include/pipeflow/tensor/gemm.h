@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -31,6 +32,14 @@ template <class T>
 void gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T alpha, const T* a, int lda,
           const T* b, int ldb, T beta, T* c, int ldc);
 
+// C[m, n] = A[m, k] · B[k, n] + bias[n] on every row (neither transposed; C
+// overwritten). Under kBf16 one oneDNN matmul that adds the bias itself (the
+// same to float rounding as the bias written first and the product added
+// onto it; the same bits on AMD Zen 5); otherwise C is filled with the bias
+// and gemm adds onto it (beta 1).
+void gemm_bias(int m, int n, int k, const float* a, int lda, const float* b, int ldb, const float* bias, float* c,
+               int ldc);
+
 // Many products of one shape on a grid of up to three dimensions (say
 // sequences × key/value heads × the query heads that share one): product
 // (i, j, l) is gemm's on A at a + i·a_stride[0] + j·a_stride[1] +
@@ -53,7 +62,7 @@ template <class T>
 void gemm_batched(const GemmBatch& batch, Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T alpha,
                   const T* a, int lda, const T* b, int ldb, T beta, T* c, int ldc);
 
-// The shape of a gemm or gemm_batched call: op(A) [m, k] times op(B) [k, n],
+// The shape of a gemm, gemm_bias or gemm_batched call: op(A) [m, k] times op(B) [k, n],
 // `products` of them (a batch's grid; 1 for gemm).
 struct GemmCallShape {
   int m = 0, n = 0, k = 0;
@@ -143,13 +152,20 @@ class Bf16Operands {
   void add(const float* stand_in, std::span<const std::uint16_t> bits);
 };
 
+// Bits round_for_gemms writes: grown where too small, never zeroed (the
+// GEMMs read only the elements it writes). Growing frees the bits before:
+// the Bf16Operands they were added to must have ended.
+struct Bf16Scratch {
+  std::unique_ptr<std::uint16_t[]> bits;
+  std::size_t capacity = 0;
+};
+
 // For floats several of this thread's kBf16 GEMMs read (each would round
 // them itself): rounds the `rows` rows of `columns` floats at x (row stride
-// ld) to bf16 once, into `bits` (resized, laid out alike), and adds them to
+// ld) to bf16 once, into `scratch` (laid out alike), and adds them to
 // `operands`, whose lifetime the floats must outlive unchanged. Under
 // kFp32, nothing.
-void round_for_gemms(const float* x, int rows, int columns, int ld, std::vector<std::uint16_t>& bits,
-                     Bf16Operands& operands);
+void round_for_gemms(const float* x, int rows, int columns, int ld, Bf16Scratch& scratch, Bf16Operands& operands);
 
 // Whether this CPU has bf16 dot products (AVX-512 BF16, or AMX): oneDNN's
 // effective ISA, which ONEDNN_MAX_CPU_ISA lowers. Without them, on AVX-512,
