@@ -35,7 +35,7 @@ void gemm(Transpose transpose_a, Transpose transpose_b, int m, int n, int k, T a
 // C[m, n] = A[m, k] · B[k, n] + bias[n] on every row (neither transposed; C
 // overwritten). Under kBf16 one oneDNN matmul that adds the bias itself (the
 // same to float rounding as the bias written first and the product added
-// onto it; the same bits on AMD Zen 5); otherwise C is filled with the bias
+// onto it; the same bits seen on AMD Zen 5); otherwise C is filled with the bias
 // and gemm adds onto it (beta 1).
 void gemm_bias(int m, int n, int k, const float* a, int lda, const float* b, int ldb, const float* bias, float* c,
                int ldc);
@@ -63,7 +63,7 @@ void gemm_batched(const GemmBatch& batch, Transpose transpose_a, Transpose trans
                   const T* a, int lda, const T* b, int ldb, T beta, T* c, int ldc);
 
 // The shape of a gemm, gemm_bias or gemm_batched call: op(A) [m, k] times op(B) [k, n],
-// `products` of them (a batch's grid; 1 for gemm).
+// `products` of them (a batch's grid; 1 for gemm and gemm_bias).
 struct GemmCallShape {
   int m = 0, n = 0, k = 0;
   bool transpose_a = false, transpose_b = false;
@@ -153,8 +153,9 @@ class Bf16Operands {
 };
 
 // Bits round_for_gemms writes: grown where too small, never zeroed (the
-// GEMMs read only the elements it writes). Growing frees the bits before:
-// the Bf16Operands they were added to must have ended.
+// GEMMs read only the elements it writes). Growing frees the bits before,
+// and so does destroying the scratch: the Bf16Operands they were added to
+// must have ended first (declare the scratch before it).
 struct Bf16Scratch {
   std::unique_ptr<std::uint16_t[]> bits;
   std::size_t capacity = 0;

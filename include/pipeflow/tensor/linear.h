@@ -7,9 +7,10 @@ namespace pipeflow {
 // All pointers are to dense row-major arrays; outputs must not alias inputs.
 
 // y[n, out] = x[n, in] · w[in, out] + b[out] (+ residual[n, out]; b and
-// residual each left out when null): in float a bias alone is added by the
-// product (gemm_bias); else the bias and the residual are written first and
-// the product adds onto them.
+// residual each left out when null): for float, a bias without a residual
+// goes to gemm_bias (under kBf16 the matmul adds it; otherwise it is written
+// first too); else the bias and the residual are written first and the
+// product adds onto them.
 template <class T>
 void linear_forward(T* y, const T* x, const T* w, const T* b, const T* residual, int n, int in, int out);
 
