@@ -19,7 +19,6 @@ class AdviseBatchMetrics : public ::testing::Test {
 {"step": 2, "loss": 5.3}
 )");
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   CommandResult advise(long long target, const std::string& metrics = "metrics.jsonl") const {
     return run_pipeflow("advise-batch --base-batch 64 --base-lr 1e-3 --base-warmup 100 --target-batch " +

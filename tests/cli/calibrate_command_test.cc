@@ -60,7 +60,6 @@ TEST(CalibrateCommand, WritesAProfileTheSimulatorLoadsWithPositiveFigures) {
                                                "/here.json --pp 2 --global-batch 16 --micro-batch 2 --json");
   ASSERT_EQ(simulated.exit_code, 0) << simulated.err;
   EXPECT_NE(simulated.out.find("\"hardware\": \"here\""), std::string::npos) << simulated.out;
-  std::filesystem::remove_all(dir);
 }
 
 TEST(CalibrateCommand, WithoutAFileItPrintsTheProfile) {

@@ -46,7 +46,6 @@ class GenerateCommand : public ::testing::Test {
     ASSERT_EQ(run_pipeflow("init --layers 3 --heads 2 --width 32 --context 32 --seed 3 --out " + weights_).exit_code,
               0);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::vector<std::int32_t> expected(const std::string& prompt, int new_tokens) const {
     const auto file = nn::SafetensorsFile::read(weights_);

@@ -39,7 +39,6 @@ TEST(InitCommand, WritesGpt2InitialWeightsWithTheShapeInTheMetadata) {
                 .exit_code,
             0);
   EXPECT_EQ(read_file(dir + "/w.safetensors"), read_file(dir + "/again.safetensors"));
-  std::filesystem::remove_all(dir);
 }
 
 // A Llama in Hugging Face's names and layout, the config in the metadata;
@@ -77,7 +76,6 @@ TEST(InitCommand, WritesALlamaThatTrainAndGenerateRead) {
   EXPECT_EQ(run_pipeflow("init --layers 2 --heads 4 --kv-heads 1 --width 32 --context 16 --out " + dir + "/g.st").err,
             "pipeflow: error: --kv-heads, --intermediate, --rope-theta, --norm-eps and --untied shape a Llama: add "
             "--arch llama, or leave them out for GPT-2\n");
-  std::filesystem::remove_all(dir);
 }
 
 TEST(InitCommand, AnImpossibleShapeIsAOneLineError) {
@@ -95,7 +93,6 @@ TEST(InitCommand, AnImpossibleShapeIsAOneLineError) {
   EXPECT_EQ(negative.err, "pipeflow: error: --seed: seed -1 is negative: give an integer >= 0 (run with --help for "
                           "the options)\n");
   EXPECT_FALSE(std::filesystem::exists(dir + "/w.safetensors"));
-  std::filesystem::remove_all(dir);
 }
 
 // The reference file holds weights, tokens [B, T+1] and PyTorch's gradients
@@ -118,7 +115,6 @@ TEST(GradCommand, ComputesPyTorchsLossAndGradientsOfTheReferenceBatch) {
     EXPECT_LT(nn::testing::relative_error(grads.floats(name).span(), reference.floats("grad." + name).span()), 1e-5)
         << name;
   }
-  std::filesystem::remove_all(dir);
 }
 
 // Runs grad on a fresh 1-layer model (context 4) with the given batch file
@@ -136,7 +132,6 @@ TEST(GradCommand, ABatchWithoutTokensNamesTheFile) {
   const CommandResult result = grad_on_tiny_model("", dir);
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_EQ(result.err, "pipeflow: error: " + dir + "/w.safetensors: no tensor tokens in the file (16 tensors)\n");
-  std::filesystem::remove_all(dir);
 }
 
 TEST(GradCommand, SequencesLongerThanTheContextAreRejected) {
@@ -145,7 +140,6 @@ TEST(GradCommand, SequencesLongerThanTheContextAreRejected) {
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_EQ(result.err,
             "pipeflow: error: model (embedding..head): sequence length 16 exceeds the model's context of 4\n");
-  std::filesystem::remove_all(dir);
 }
 
 TEST(GradCommand, TokensThatAreNotSequencesAreRejectedWithOrWithoutASchedule) {
@@ -165,7 +159,6 @@ TEST(GradCommand, TokensThatAreNotSequencesAreRejectedWithOrWithoutASchedule) {
               "[36]\n")
         << layout;
   }
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

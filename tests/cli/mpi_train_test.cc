@@ -122,7 +122,6 @@ std::string describe(const Layout& l) {
 class MpiTrain : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = make_temp_dir(); }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // Trains `layout` (under mpirun when it has more than one process) into dir_/NAME.
   std::string train(const Layout& layout, const std::string& name, const std::string& extra = "",
@@ -726,7 +725,6 @@ TEST(MpiTrainFaults, ARankKilledEndsTheJobNamingIt) {
   EXPECT_NE(job.err.find("rank 1"), std::string::npos) << job.err;
   EXPECT_NE(job.err.find("signal 9"), std::string::npos) << job.err;
   EXPECT_TRUE(ends_within_10_s(job.ranks[0])) << "rank 0 outlived the job";
-  std::filesystem::remove_all(dir);
 }
 
 // A rank that stops answering (SIGSTOP): its peer times out after --timeout,
@@ -750,7 +748,6 @@ TEST(MpiTrainFaults, ARankThatHangsMakesItsPeerTimeOutAndEndTheJob) {
     if (!ended) ::kill(rank, SIGKILL);  // does not outlive the test either
     EXPECT_TRUE(ended) << "process " << rank << " outlived the job";
   }
-  std::filesystem::remove_all(dir);
 }
 
 // A tensor-parallel peer that stops answering: the other rank waits in a
@@ -775,7 +772,6 @@ TEST(MpiTrainFaults, ATensorParallelPeerThatHangsEndsTheJobNamingTheCollective) 
     if (!ended) ::kill(rank, SIGKILL);
     EXPECT_TRUE(ended) << "process " << rank << " outlived the job";
   }
-  std::filesystem::remove_all(dir);
 }
 
 // SIGTERM to mpirun reaches every process: all stop after the same step,
@@ -816,7 +812,6 @@ TEST(MpiTrainFaults, SigtermToMpirunStopsEveryProcessAfterOneCheckpoint) {
             "step_" + std::to_string(checkpoint.metadata_count("steps_done")));
   EXPECT_TRUE(std::filesystem::exists(checkpoints.front() / "model.safetensors.index.json"));
   for (const pid_t rank : ranks) EXPECT_TRUE(ends_within_10_s(rank)) << "process " << rank << " outlived the job";
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

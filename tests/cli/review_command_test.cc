@@ -29,7 +29,6 @@ TEST(ReviewCommand, AGoodRunHasNoFindingAndExitsZero) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("review: 0 errors, 0 warnings, 0 notes"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("not checked: batch past the noise scale: give --noise-scale"), std::string::npos) << r.out;
-  std::filesystem::remove_all(dir);
 }
 
 TEST(ReviewCommand, ZeroTwoWithAPipelineIsAnErrorFindingAndExitStatusOne) {
@@ -40,7 +39,6 @@ TEST(ReviewCommand, ZeroTwoWithAPipelineIsAnErrorFindingAndExitStatusOne) {
   EXPECT_NE(r.out.find("error zero-pipeline: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("fix: zero_optimization.stage 1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("review: 1 error, 0 warnings, 0 notes"), std::string::npos) << r.out;
-  std::filesystem::remove_all(dir);
 }
 
 TEST(ReviewCommand, JsonGivesTheFindingsAsObjects) {
@@ -57,7 +55,6 @@ TEST(ReviewCommand, JsonGivesTheFindingsAsObjects) {
   EXPECT_EQ(f["limit"], 256);
   EXPECT_NE(f["fix"].get<std::string>().find("train_batch_size 256"), std::string::npos);
   EXPECT_EQ(json["warnings"], 1);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(ReviewCommand, BadInputNamesTheFlagTheValueTheRuleAndTheFix) {
@@ -81,7 +78,6 @@ TEST(ReviewCommand, BadInputNamesTheFlagTheValueTheRuleAndTheFix) {
   EXPECT_NE(run_pipeflow("review --config " + config + " --base-lr 1e-3").err.find(
                 "--base-lr given alone: the learning-rate check needs both --base-batch and --base-lr"),
             std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(ReviewCommand, TheExamplesHaveNoErrorFinding) {
@@ -103,7 +99,6 @@ TEST(ReviewCommand, TrainPrintsTheReviewsWarningsAndRuns) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("review: warning bubble: pipeline bubble "), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("trained 1 step"), std::string::npos) << r.out;
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

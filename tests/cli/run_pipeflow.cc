@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <stdexcept>
 #include <thread>
 
 #include "pipeflow/core/file.h"
@@ -56,12 +55,6 @@ CommandResult run_mpirun(int processes, const std::string& arguments) {
 
 std::string read_file_if_exists(const std::string& path) {
   return std::filesystem::exists(path) ? read_file(path) : std::string();
-}
-
-std::string make_temp_dir() {
-  std::string pattern = (std::filesystem::temp_directory_path() / "pipeflow-test-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  return pattern;
 }
 
 std::vector<pid_t> ranks_of_job(const std::string& marker, int processes) {

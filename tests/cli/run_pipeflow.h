@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "../support/temp_dir.h"
+
 namespace pipeflow::testing {
 
 struct CommandResult {
@@ -27,9 +29,6 @@ CommandResult run_mpirun(int processes, const std::string& arguments);
 
 // The file's bytes, or "" when it does not exist (yet).
 std::string read_file_if_exists(const std::string& path);
-
-// A fresh, empty directory under the system's temporary directory.
-std::string make_temp_dir();
 
 // The pids of an MPI job's pipeflow processes, by world rank (from their
 // environment: mpirun sets OMPI_COMM_WORLD_RANK): those whose command line

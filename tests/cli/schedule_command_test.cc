@@ -56,7 +56,6 @@ TEST(ScheduleCommand, OutputFileIsWrittenAtomically) {
   EXPECT_EQ(result.out, "");
   EXPECT_EQ(read_file(dir + "/s.csv"), "0F0,0F1,0B0,0B1\r\n1F0,1B0,1F1,1B1\r\n");
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(ScheduleCommand, ListShowsEveryScheduleWithItsConstraints) {
@@ -169,7 +168,6 @@ TEST(ValidateCommand, MalformedCsvNamesRowColumnAndToken) {
   const CommandResult result = run_pipeflow("validate " + dir + "/bad.csv");
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_EQ(result.err.rfind("pipeflow: error: bad.csv row 2, column 2: invalid action \"1Z0\"", 0), 0u) << result.err;
-  std::filesystem::remove_all(dir);
 }
 
 TEST(ValidateCommand, SeveralFilesAreEachCheckedAndTheFailuresListedAtTheEnd) {
@@ -188,7 +186,6 @@ TEST(ValidateCommand, SeveralFilesAreEachCheckedAndTheFailuresListedAtTheEnd) {
   EXPECT_NE(result.out.find("== " + examples + "deadlock_2x1.csv\n"), std::string::npos) << result.out;
   EXPECT_EQ(result.err, "pipeflow: error: 2 of 3 files failed: " + dir + "/bad.csv (unreadable), " + examples +
                             "deadlock_2x1.csv (2 violations)\n");
-  std::filesystem::remove_all(dir);
 }
 
 TEST(ValidateCommand, StageOnTwoRowsIsAViolationOnTheGridNotAReadError) {
@@ -215,7 +212,6 @@ TEST(ValidateCommand, StageOnTwoRowsIsAViolationOnTheGridNotAReadError) {
             "rank 1  *0F1*  *0B1*   <-- ERROR HERE [1] [2] [8]\n"
             "two_rows.csv: read as PyTorch 2.7+'s CSV (B full backward, I/W split)\n");
   EXPECT_EQ(result.err, "pipeflow: error: " + dir + "/two_rows.csv: 8 violations (listed above)\n");
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

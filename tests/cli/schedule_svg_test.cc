@@ -33,7 +33,6 @@ TEST(ScheduleSvg, EveryScheduleWritesAWellFormedSvgFile) {
       EXPECT_NE(svg.find("time (unit)"), std::string::npos);
     }
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST(ScheduleSvg, TheTitleCountsInTheSingularForOne) {

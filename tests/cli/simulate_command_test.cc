@@ -170,7 +170,6 @@ TEST(SimulateCommand, TraceIsChromeTraceJsonAndSvgIsWellFormed) {
   const std::string svg = read_file(dir + "/t.svg");
   EXPECT_EQ(xml_problem(svg), "");
   EXPECT_NE(svg.find("gpt-4x128 1f1b: 2 ranks, 8 micro-batches, simulated"), std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(SimulateCommand, ModelAndHardwareMayBeFilesAndAProfileReplacesTheCostModel) {
@@ -195,7 +194,6 @@ TEST(SimulateCommand, ModelAndHardwareMayBeFilesAndAProfileReplacesTheCostModel)
   EXPECT_EQ(overhead.err,
             "pipeflow: error: block_launch_overhead_s (--block-launch-overhead) = 0.004: --profile's measured "
             "durations already hold the run's host time; leave the overhead out with --profile\n");
-  std::filesystem::remove_all(dir);
 }
 
 TEST(SimulateCommand, BrokenLayoutsFailWithOneLineNamingTheFix) {

@@ -93,7 +93,6 @@ TEST(TrainCommand, TrainsATinyModelAndWritesTheReportMetricsTimelinesAndWeights)
   EXPECT_NE(read_file(out + "/profile.json").find("\"pipeflow_profile\": 1"), std::string::npos);
   const auto weights = nn::SafetensorsFile::read(out + "/weights.safetensors");
   EXPECT_EQ(nn::read_config(weights).n_layer, 2);
-  std::filesystem::remove_all(dir);
 }
 
 // An out_dir that cannot be written (/proc/self, even for root) is found
@@ -123,7 +122,6 @@ TEST(TrainCommand, StartsFromInitWeightsAndItsProfileFeedsTheSimulator) {
       run_pipeflow("simulate --config " + config + " --profile " + dir + "/out/profile.json --json");
   ASSERT_EQ(simulated.exit_code, 0) << simulated.err;
   EXPECT_GT(nlohmann::json::parse(simulated.out)["step_time_s"].get<double>(), 0);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainCommand, ResumesFromTheLatestCheckpointAndEndsWhereAStraightRunEnds) {
@@ -146,7 +144,6 @@ TEST(TrainCommand, ResumesFromTheLatestCheckpointAndEndsWhereAStraightRunEnds) {
       run_pipeflow("train --config " + write_config(dir, tiny_config(dir + "/straight")) + " --steps 6");
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
   EXPECT_EQ(read_file(dir + "/resumed/weights.safetensors"), read_file(dir + "/straight/weights.safetensors"));
-  std::filesystem::remove_all(dir);
 }
 
 // Waits until `path` holds `text` (a child's progress), at most `limit`.
@@ -222,7 +219,6 @@ TEST(TrainCommand, SigtermWritesACheckpointAndTheFilesExits143AndTheResumeContin
       run_pipeflow("train --config " + write_config(dir, tiny_config(dir + "/straight")) + steps);
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
   EXPECT_EQ(read_file(out + "/weights.safetensors"), read_file(dir + "/straight/weights.safetensors"));
-  std::filesystem::remove_all(dir);
 }
 
 // SIGINT (Ctrl-C) as SIGTERM: the step finishes, the checkpoint and the
@@ -239,7 +235,6 @@ TEST(TrainCommand, SigintStopsAfterTheStepWithACheckpointAndExits130) {
   EXPECT_TRUE(std::filesystem::exists(out + "/checkpoints/step_" + std::to_string(done) + ".safetensors"));
   EXPECT_NE(err.find("pipeflow: stopped by signal 2: resume with --resume " + out + "/checkpoints"), std::string::npos)
       << err;
-  std::filesystem::remove_all(dir);
 }
 
 // A second signal does not wait for the step: the process ends at once with
@@ -254,7 +249,6 @@ TEST(TrainCommand, ASecondSignalEndsTheRunAtOnceAndTheNextRunLeavesNoTemporaries
   EXPECT_EQ(exit_code, 143) << err;
   ASSERT_EQ(run_pipeflow("train --config " + config + " --steps 1 --overwrite").exit_code, 0);
   EXPECT_TRUE(temporaries_in(out).empty());
-  std::filesystem::remove_all(dir);
 }
 
 // A full disk while a checkpoint is written (RLIMIT_FSIZE below its size;
@@ -279,7 +273,6 @@ TEST(TrainCommand, AFullDiskDuringACheckpointStopsWithAMessageAndTheLastGoodChec
   EXPECT_NE(resumed.err.find("resuming after 2 steps from " + out + "/checkpoints/step_2.safetensors"),
             std::string::npos)
       << resumed.err;
-  std::filesystem::remove_all(dir);
 }
 
 // A DeepSpeed user's configuration, as DeepSpeed reads it, without a model:
@@ -324,7 +317,6 @@ TEST(TrainCommand, RunsADeepSpeedConfigurationWithTheModelFromItsWeightsOrCheckp
             "pipeflow: error: " + wider + ": model = {...} (2 layers, 2 heads, width 64, context 32, vocabulary 256) "
             "but " + dir + "/w.safetensors holds 2 layers, 2 heads, width 32, context 32, vocabulary 256: leave model "
             "out to take the file's shape, or use a file of this model\n");
-  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
@@ -389,7 +381,6 @@ TEST(TrainCommand, ConfigurationErrorsNameTheKey) {
                 "/run.json: data_types.grad_accum_dtype = \"bf16\": pipeflow train accumulates gradients in fp32 "
                 "over its fp32 master weights; remove the key or set \"fp32\" (pipeflow simulate models 16-bit "
                 "accumulation)\n");
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -82,7 +82,6 @@ TEST(TrainPrecision, Bf16EndsWithinTwoPercentOfFp32) {
   }
   const nn::SafetensorsFile weights = nn::SafetensorsFile::read_metadata(dir + "/bf16/weights.safetensors");
   EXPECT_EQ(weights.metadata("precision"), "bf16");
-  std::filesystem::remove_all(dir);
 }
 
 // A scale of 2^40 overflows fp16 at once. With hysteresis 1 each overflow
@@ -136,7 +135,6 @@ TEST(TrainPrecision, AnFp16RunThatOverflowsSkipsLowersTheScaleAndRecovers) {
   train(dir, "static", 32, R"("fp16": {"enabled": true, "loss_scale": 128},)",
         "--resume " + dir + "/fp16/checkpoints/step_30.safetensors");
   EXPECT_EQ(metrics(dir + "/static").front().at("loss_scale").get<double>(), 128);
-  std::filesystem::remove_all(dir);
 }
 
 // Resumed at step 5 in the other precision, each run goes on from the
@@ -168,7 +166,6 @@ TEST(TrainPrecision, ABf16CheckpointResumesAsFp32AndTheReverse) {
   }
   EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/as-fp32/run_config.json"))["bf16"]["enabled"], false);
   EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/as-bf16/run_config.json"))["bf16"]["enabled"], true);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -15,18 +15,10 @@
 #include <vector>
 
 #include "pipeflow/core/error.h"
+#include "../support/temp_dir.h"
 
 namespace pipeflow {
 namespace {
-
-std::filesystem::path fresh_dir() {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("pipeflow-file-test-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "-" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
 
 std::string error_of_writable(const std::filesystem::path& folder) {
   try {
@@ -53,7 +45,7 @@ std::size_t entries_in(const std::filesystem::path& dir) {
 }
 
 TEST(File, AtomicWriteReplacesContentAndLeavesNoTemporary) {
-  const auto dir = fresh_dir();
+  const std::filesystem::path dir = testing::make_temp_dir();
   write_file_atomic(dir / "a.txt", "first");
   write_file_atomic(dir / "a.txt", "second");
   EXPECT_EQ(read_file(dir / "a.txt"), "second");
@@ -61,7 +53,7 @@ TEST(File, AtomicWriteReplacesContentAndLeavesNoTemporary) {
 }
 
 TEST(File, UncommittedWriterLeavesTheOldFile) {
-  const auto dir = fresh_dir();
+  const std::filesystem::path dir = testing::make_temp_dir();
   write_file_atomic(dir / "ckpt", "old");
   {
     AtomicFileWriter writer(dir / "ckpt");
@@ -72,7 +64,7 @@ TEST(File, UncommittedWriterLeavesTheOldFile) {
 }
 
 TEST(File, WritingOverADirectorySaysWhyAndLeavesNoTemporary) {
-  const auto dir = fresh_dir();
+  const std::filesystem::path dir = testing::make_temp_dir();
   std::filesystem::create_directories(dir / "taken");
   try {
     write_file_atomic(dir / "taken", "data");
@@ -97,7 +89,7 @@ TEST(File, ReadingAMissingFileNamesIt) {
 // reaped, runs none), and leaves a live writer's and other files, a user's
 // NAME.tmp.PID among them.
 TEST(File, StaleTemporariesOfDeadWritersAreRemoved) {
-  const auto dir = fresh_dir();
+  const std::filesystem::path dir = testing::make_temp_dir();
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // reaped: its PID runs no process now
@@ -124,7 +116,7 @@ TEST(File, StaleTemporariesOfDeadWritersAreRemoved) {
 // a FIFO nobody reads is refused at once; a symbolic link's target is
 // replaced and the link stays.
 TEST(File, DevicesAndFifosAreWrittenThroughAndLinksFollowed) {
-  const auto dir = fresh_dir();
+  const std::filesystem::path dir = testing::make_temp_dir();
   write_file_atomic("/dev/null", "discarded");
   struct stat null_info {};
   ASSERT_EQ(::stat("/dev/null", &null_info), 0);
@@ -162,7 +154,7 @@ TEST(File, DevicesAndFifosAreWrittenThroughAndLinksFollowed) {
 // (even for root) and a read-only bind are refused with the reason; a new
 // folder is made, and the probe leaves nothing behind.
 TEST(File, AFolderThatCannotBeWrittenIsFoundBeforeTheWork) {
-  const auto dir = fresh_dir();
+  const std::filesystem::path dir = testing::make_temp_dir();
   require_writable_folder(dir / "new" / "deep", "out_dir");
   EXPECT_EQ(entries_in(dir / "new" / "deep"), 0u);
   const std::string proc = error_of_writable("/proc/self");
@@ -176,7 +168,7 @@ TEST(File, AFolderThatCannotBeWrittenIsFoundBeforeTheWork) {
 // unbounded reader without end: both are refused at once; the bounded
 // reader still reads a device up to its limit.
 TEST(File, ReadersRefuseFifosAndTheUnboundedOneDevices) {
-  const auto dir = fresh_dir();
+  const std::filesystem::path dir = testing::make_temp_dir();
   const auto fifo = dir / "fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const std::string refused = ": a FIFO, not a file: pipeflow reads files (a device may never end, a FIFO may never "
@@ -227,20 +219,19 @@ std::string error_of_inflating(const std::filesystem::path& path, std::size_t li
 // A path with a NUL byte (a JSON string may hold one) would name another
 // file to the system: readers and writers refuse it, and nothing is made.
 TEST(File, APathWithANulByteIsRefusedByReadersAndWriters) {
-  const auto dir = fresh_dir();
+  const std::filesystem::path dir = testing::make_temp_dir();
   const std::filesystem::path path = dir / std::string("a\0b", 3);
   const std::string written = error_of([&] { write_file_atomic(path, "x"); });
   EXPECT_NE(written.find("holds a NUL byte at byte "), std::string::npos) << written;
   EXPECT_FALSE(std::filesystem::exists(dir / "a"));
   EXPECT_NE(error_of([&] { read_file(path, 100, "test file"); }).find("holds a NUL byte"), std::string::npos);
   EXPECT_NE(error_of([&] { read_file(path); }).find("holds a NUL byte"), std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 // A folder lock is exclusive between holders, in one process or several,
 // and released with its holder.
 TEST(File, AFolderLockIsExclusiveAndReleasedWithItsHolder) {
-  const auto dir = fresh_dir();
+  const std::filesystem::path dir = testing::make_temp_dir();
   std::optional<FolderLock> first = FolderLock::try_lock(dir);
   ASSERT_TRUE(first);
   EXPECT_FALSE(FolderLock::try_lock(dir));
@@ -252,21 +243,19 @@ TEST(File, AFolderLockIsExclusiveAndReleasedWithItsHolder) {
   first.reset();
   EXPECT_TRUE(FolderLock::try_lock(dir));
   EXPECT_NE(error_of([&] { FolderLock::try_lock(dir / "missing"); }).find("cannot open folder"), std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(File, AGzipFileIsInflatedAndAPlainOneReadAsItIs) {
-  const auto dir = fresh_dir();
+  const std::filesystem::path dir = testing::make_temp_dir();
   const std::string text = R"({"traceEvents": []})";
   write_gzip(dir / "t.json.gz", text);
   EXPECT_EQ(read_file_inflated(dir / "t.json.gz", 1 << 20, "trace"), text);
   write_file_atomic(dir / "plain.json", text);
   EXPECT_EQ(read_file_inflated(dir / "plain.json", 1 << 20, "trace"), text);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(File, AGzipFileThatInflatesPastTheLimitOrIsCutShortIsAnError) {
-  const auto dir = fresh_dir();
+  const std::filesystem::path dir = testing::make_temp_dir();
   write_gzip(dir / "bomb.gz", std::string(std::size_t{8} << 20, 'x'));  // 8 MiB of one byte: a few KiB packed
   EXPECT_LT(std::filesystem::file_size(dir / "bomb.gz"), std::uintmax_t{64} << 10);
   EXPECT_NE(error_of_inflating(dir / "bomb.gz", 1 << 20).find("inflates to more than 1048576 bytes, the limit for a trace"),
@@ -276,7 +265,6 @@ TEST(File, AGzipFileThatInflatesPastTheLimitOrIsCutShortIsAnError) {
   write_file_atomic(dir / "cut.gz", packed.substr(0, packed.size() / 2));
   EXPECT_NE(error_of_inflating(dir / "cut.gz", 1 << 20).find("not a whole gzip file"), std::string::npos)
       << error_of_inflating(dir / "cut.gz", 1 << 20);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/error_of.h"
+#include "../support/temp_dir.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/plan/analyze.h"
@@ -240,8 +241,7 @@ TEST(JobLog, AscendsDevicesStepTracesAreOneJobWhoseBubbleIsTheBubbleColumns) {
 
 // A device's rank: its folder's profiler_info_{R}.json, else a rank{R} in a folder's name, else Device_id.
 TEST(JobLog, AnAscendDevicesRankComesFromItsFolderOrItsDeviceIdAndTwoOfOneRankAreRefused) {
-  const std::string dir = (std::filesystem::temp_directory_path() / "pipeflow_ascend_devices_test").string();
-  std::filesystem::remove_all(dir);
+  const std::string dir = testing::make_temp_dir();
   const auto write_device = [&](const std::string& folder, const std::string& device_id, double computing) {
     std::filesystem::create_directories(dir + "/" + folder);
     write_file_atomic(dir + "/" + folder + "/step_trace_time.csv",
