@@ -13,6 +13,7 @@
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/file.h"
 #include "pipeflow/core/json.h"
+#include "../support/temp_dir.h"
 
 namespace pipeflow {
 namespace {
@@ -171,8 +172,7 @@ TEST(DeepSpeedKeys, ADeepSpeedExamplesPipelineConfigurationReadsUnchanged) {
 }
 
 TEST(DeepSpeedKeys, AYamlConfigurationReadsAsItsJson) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "pipeflow_yaml_test";
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = testing::make_temp_dir();
   write_file_atomic(dir / "run.yaml", R"(# a course's configuration, in YAML
 model: {n_layer: 4, n_head: 2, n_embd: 64, n_ctx: 32}
 train_micro_batch_size_per_gpu: 2
@@ -196,7 +196,6 @@ out_dir: "007"
   EXPECT_DOUBLE_EQ(yaml.optimizer.betas[1], 0.95);
   EXPECT_EQ(yaml.precision, Precision::kBf16);
   EXPECT_EQ(yaml.out_dir, "007");  // quoted: a string, not the number 7
-  std::filesystem::remove_all(dir);
 }
 
 TEST(DeepSpeedKeys, YamlHasTheLimitsOfJson) {

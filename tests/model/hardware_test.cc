@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "../support/error_of.h"
+#include "../support/temp_dir.h"
 #include "pipeflow/core/file.h"
 
 namespace pipeflow {
@@ -149,11 +150,9 @@ TEST(Hardware, JsonErrorsNameTheKey) {
 
 TEST(Hardware, ResolveTakesANameOrAFile) {
   EXPECT_EQ(resolve_hardware("h200").name, "h200");
-  const std::string dir = std::filesystem::temp_directory_path() / "pipeflow-hardware-test";
-  std::filesystem::create_directories(dir);
+  const std::string dir = testing::make_temp_dir();
   write_file_atomic(dir + "/lab.json", profile_json());
   EXPECT_EQ(resolve_hardware(dir + "/lab.json").name, "x");
-  std::filesystem::remove_all(dir);
   EXPECT_EQ(error_of([] { resolve_hardware("tpu"); }),
             "unknown hardware \"tpu\": use one of a100-40g, a100-80g, h100, h200, ascend-910b, cpu or the path of a "
             "hardware JSON file");

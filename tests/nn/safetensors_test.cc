@@ -12,6 +12,7 @@
 #include "pipeflow/nn/model_file.h"
 #include "pipeflow/nn/safetensors_index.h"
 #include "test_support.h"
+#include "../support/temp_dir.h"
 
 namespace pipeflow::nn {
 namespace {
@@ -198,9 +199,7 @@ TEST(ModelFile, TensorsNamedAsParametersTheModelDoesNotTakeAreRefused) {
 // tensor's shard; the reader merges them, and refuses an index that does
 // not match its shards, or a folder without one.
 TEST(ShardedSafetensors, ShardsAndTheirIndexReadAsOneFile) {
-  const auto folder = std::filesystem::temp_directory_path() / "pipeflow-sharded";
-  std::filesystem::remove_all(folder);
-  std::filesystem::create_directories(folder);
+  const std::filesystem::path folder = pipeflow::testing::make_temp_dir();
   EXPECT_EQ(shard_file_name(0, 2), "model-00001-of-00002.safetensors");
   EXPECT_TRUE(is_shard_file_name("model-00002-of-00002.safetensors"));
   EXPECT_FALSE(is_shard_file_name("model-2-of-2.safetensors"));
@@ -240,7 +239,6 @@ TEST(ShardedSafetensors, ShardsAndTheirIndexReadAsOneFile) {
   EXPECT_EQ(error_of([&] { read_sharded(folder); }),
             (folder / kSafetensorsIndex).string() +
                 ": weight_map.a = \"../a.safetensors\" must name a file of the folder (no directories)");
-  std::filesystem::remove_all(folder);
 }
 
 }  // namespace

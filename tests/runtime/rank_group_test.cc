@@ -18,6 +18,7 @@
 #include "pipeflow/runtime/checkpoint_search.h"
 #include "pipeflow/schedule/generators.h"
 #include "../support/error_of.h"
+#include "../support/temp_dir.h"
 #include "test_support.h"
 
 namespace pipeflow::runtime {
@@ -270,9 +271,7 @@ TEST(DataParallelInThreads, ZeroOneOnAndOffGiveTheSameBits) {
 }
 
 TEST(DataParallelInThreads, ACheckpointOfShardedMomentsResumesWithOneReplica) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "pipeflow_rank_group_checkpoint";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = pipeflow::testing::make_temp_dir();
   const Schedule schedule = make_schedule("1f1b", 2, 2, 1);
   const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
   EngineOptions options = testing::tiny_options();
@@ -295,7 +294,6 @@ TEST(DataParallelInThreads, ACheckpointOfShardedMomentsResumesWithOneReplica) {
   const auto loaded = whole.assemble_model();
   EXPECT_EQ(std::vector<float>(written->parameters().begin(), written->parameters().end()),
             std::vector<float>(loaded->parameters().begin(), loaded->parameters().end()));
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

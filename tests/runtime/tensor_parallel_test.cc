@@ -21,6 +21,7 @@
 #include "pipeflow/runtime/rank_group.h"
 #include "pipeflow/tensor/gemm.h"
 #include "test_support.h"
+#include "../support/temp_dir.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -204,9 +205,7 @@ TEST(TensorParallelInThreads, LlamaTrainsAsTheUnpipelinedRunWithItsKeyValueHeads
 }
 
 TEST(TensorParallelInThreads, ACheckpointHoldsWholeTensorsAndResumesAtAnotherSize) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "pipeflow_tensor_parallel_checkpoint";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = pipeflow::testing::make_temp_dir();
   const nn::ModelConfig model = testing::kTinyLlama;  // 4 heads on 2 key/value heads: splits in 2, not 4
   const nn::ModelConfig gpt = testing::kTiny;
   const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
@@ -239,13 +238,10 @@ TEST(TensorParallelInThreads, ACheckpointHoldsWholeTensorsAndResumesAtAnotherSiz
       split.load_checkpoint(file);
     }
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST(TensorParallelInThreads, AGptTwoCheckpointOfTwoRanksResumesAtFour) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "pipeflow_tensor_parallel_four";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = pipeflow::testing::make_temp_dir();
   const nn::ModelConfig model{.vocab_size = 256, .context = 16, .n_layer = 2, .n_head = 4, .n_embd = 32};
   const DatasetSource source(testing::tiny_dataset(), nn::Split::kTrain);
   EngineOptions options = testing::tiny_options();
@@ -259,7 +255,6 @@ TEST(TensorParallelInThreads, AGptTwoCheckpointOfTwoRanksResumesAtFour) {
   four.load_checkpoint(read_checkpoint(dir / "checkpoint.safetensors"));
   const double at_four = four.step(1, source).loss;
   EXPECT_NEAR(at_four, two.step(1, source).loss, 1e-5 * at_four);
-  std::filesystem::remove_all(dir);
 }
 
 // Megatron's other rank order (--use-tp-pp-dp-mapping) in threads: the
