@@ -298,10 +298,32 @@ int main(int argc, char** argv) {
   std::vector<long> single_faults, pipelined_faults;
   long first_single_faults = 0, first_pipelined_faults = 0;
   std::vector<std::vector<double>> stage_compute(static_cast<std::size_t>(o.stages));
-  std::vector<StepResult> pipelined_results;
+  // The pipelined steps' figures for the worst and middle steps' lines: the
+  // pipeline's makespan, and per rank (step by step) its figures and its
+  // first action's start.
+  std::vector<double> pipeline_s, first_action_s;
+  std::vector<RankFigures> rank_figures;
   std::vector<OtherTime> pipelined_others;
   // Per step, the 1-stage run's, the second core's and the pipelined run's.
   std::vector<std::array<std::optional<double>, 3>> core_waits;
+  // What is kept of every step is in storage reserved before the first. A
+  // step's records are made on the rank threads and freed on this one, whose
+  // malloc cache then serves it those blocks, in the ranks' heaps, for what
+  // it keeps: kept growing one by one, they raised the last rank's heap by a
+  // GEMM buffer a step (131 fresh-page faults in each pipelined step of make
+  // run's model from step 7 on, 0.5 MB of memory a step).
+  const auto steps = static_cast<std::size_t>(o.steps);
+  for (std::vector<double>* v : {&single_s, &second_s, &pipelined_s, &bubble, &single_overhead, &pipelined_overhead,
+                                 &single_off, &pipelined_off, &wake, &single_compute, &second_compute, &pipeline_s}) {
+    v->reserve(steps);
+  }
+  for (std::vector<double>& v : stage_compute) v.reserve(steps);
+  single_faults.reserve(steps);
+  pipelined_faults.reserve(steps);
+  rank_figures.reserve(steps * static_cast<std::size_t>(o.stages));
+  first_action_s.reserve(steps * static_cast<std::size_t>(o.stages));
+  pipelined_others.reserve(steps);
+  core_waits.reserve(steps);
   bool others_known = false;  // some scan read a thread's schedstat
   for (int step = 0; step < o.steps; ++step) {
     long faults = page_faults();
@@ -345,7 +367,11 @@ int main(int argc, char** argv) {
     const StepFigures fb = step_figures(b, o.stages);
     single_s.push_back(fa.wall_s);
     pipelined_s.push_back(fb.wall_s);
-    pipelined_results.push_back(b);
+    pipeline_s.push_back(fb.pipeline_s);
+    for (std::size_t r = 0; r < fb.ranks.size(); ++r) {
+      rank_figures.push_back(fb.ranks[r]);
+      first_action_s.push_back(b.ranks[r].actions.empty() ? 0 : b.ranks[r].actions.front().start_s);
+    }
     pipelined_others.push_back(others);
     core_waits.push_back(step_waits);
     bubble.push_back(fb.bubble);
@@ -462,11 +488,9 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return fraction[x] < fraction[y]; });
   const auto describe = [&](const char* name, std::size_t i) {
-    const StepResult& result = pipelined_results[i];
-    const StepFigures s = step_figures(result, o.stages);
     const OtherTime& others = pipelined_others[i];
     std::printf("%s step (%zu, %.1f%% of ideal): 1 stage %.2f ms, %d stages %.2f ms (pipeline %.2f; waited for a core ",
-                name, i + 1, 100 * fraction[i], 1e3 * single_s[i], o.stages, 1e3 * s.wall_s, 1e3 * s.pipeline_s);
+                name, i + 1, 100 * fraction[i], 1e3 * single_s[i], o.stages, 1e3 * pipelined_s[i], 1e3 * pipeline_s[i]);
     if (const std::optional<double> w = core_waits[i][2]) {
       std::printf("%.2f; other tasks ", 1e3 * *w);
     } else {
@@ -479,10 +503,10 @@ int main(int argc, char** argv) {
     }
     if (others.top_seconds > 0) std::printf(", most %s %.2f", others.top.c_str(), 1e3 * others.top_seconds);
     std::printf("):");
-    for (std::size_t r = 0; r < s.ranks.size(); ++r) {
-      const RankFigures& k = s.ranks[r];
-      const std::vector<ActionTiming>& actions = result.ranks[r].actions;
-      const double start = actions.empty() ? 0 : actions.front().start_s;
+    for (std::size_t r = 0; r < static_cast<std::size_t>(o.stages); ++r) {
+      const std::size_t at = i * static_cast<std::size_t>(o.stages) + r;
+      const RankFigures& k = rank_figures[at];
+      const double start = first_action_s[at];
       std::printf("%s rank %zu compute %.2f (off core %.2f), wait %.2f (wake %.2f), comm %.2f, other %.2f (first "
                   "action at %.2f), flush %.2f",
                   r ? ";" : "", r, 1e3 * k.compute_s, 1e3 * k.off_core_s, 1e3 * k.wait_s, 1e3 * k.wake_s, 1e3 * k.comm_s,
