@@ -306,12 +306,13 @@ int main(int argc, char** argv) {
   std::vector<OtherTime> pipelined_others;
   // Per step, the 1-stage run's, the second core's and the pipelined run's.
   std::vector<std::array<std::optional<double>, 3>> core_waits;
-  // What is kept of every step is in storage reserved before the first. A
-  // step's records are made on the rank threads and freed on this one, whose
-  // malloc cache then serves it those blocks, in the ranks' heaps, for what
-  // it keeps: kept growing one by one, they raised the last rank's heap by a
-  // GEMM buffer a step (131 fresh-page faults in each pipelined step of make
-  // run's model from step 7 on, 0.5 MB of memory a step).
+  // What is kept of every step is in storage reserved before the first (the
+  // cost profile keeps steps 1-3 besides). A step's records are made on the
+  // rank threads and freed on this one, whose malloc cache then serves it
+  // those blocks, in the ranks' heaps, for what it keeps: kept growing one
+  // by one, they raised the last rank's heap by a GEMM buffer a step (131
+  // fresh-page faults in each pipelined step of make run's model from step
+  // 7 on, 0.5 MB of memory a step).
   const auto steps = static_cast<std::size_t>(o.steps);
   for (std::vector<double>* v : {&single_s, &second_s, &pipelined_s, &bubble, &single_overhead, &pipelined_overhead,
                                  &single_off, &pipelined_off, &wake, &single_compute, &second_compute, &pipeline_s}) {
@@ -368,7 +369,7 @@ int main(int argc, char** argv) {
     single_s.push_back(fa.wall_s);
     pipelined_s.push_back(fb.wall_s);
     pipeline_s.push_back(fb.pipeline_s);
-    for (std::size_t r = 0; r < fb.ranks.size(); ++r) {
+    for (std::size_t r = 0; r < static_cast<std::size_t>(o.stages); ++r) {
       rank_figures.push_back(fb.ranks[r]);
       first_action_s.push_back(b.ranks[r].actions.empty() ? 0 : b.ranks[r].actions.front().start_s);
     }
