@@ -14,7 +14,6 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/json.h"
@@ -155,9 +154,24 @@ std::string read_file(const std::filesystem::path& path) {
   require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read {}: {}", path.string(), system_reason());
-  std::ostringstream content;
-  content << in.rdbuf();
-  return content.str();
+  // One read into a string of the file's size (and a byte more, to meet its
+  // end), then on in chunks should the file have grown since: a stream
+  // copied into a string grew its buffer by doubling and copied it once
+  // more, three passes over a checkpoint and twice its size in fresh pages.
+  std::error_code unknown;
+  const std::uintmax_t expected = std::filesystem::file_size(path, unknown);
+  std::size_t chunk = unknown ? std::size_t{1} << 16 : static_cast<std::size_t>(expected) + 1;
+  std::string content;
+  std::size_t size = 0;
+  while (in) {
+    content.resize(size + chunk);
+    in.read(content.data() + size, static_cast<std::streamsize>(chunk));
+    size += static_cast<std::size_t>(in.gcount());
+    chunk = std::size_t{1} << 16;
+  }
+  if (in.bad()) fail("cannot read {}: {}", path.string(), system_reason());
+  content.resize(size);
+  return content;
 }
 
 std::string read_file(const std::filesystem::path& path, std::size_t max_bytes, std::string_view kind) {

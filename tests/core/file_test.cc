@@ -52,6 +52,28 @@ TEST(File, AtomicWriteReplacesContentAndLeavesNoTemporary) {
   EXPECT_EQ(entries_in(dir), 1u);
 }
 
+// read_file sizes its string from the file's length and reads on past it:
+// every byte comes back, NULs included, at sizes around its 64 KiB chunk;
+// and a file whose length the system gives as 0 (/proc's) is read whole.
+TEST(File, ReadFileReturnsEveryByteAtAnySize) {
+  const std::filesystem::path dir = testing::make_temp_dir();
+  for (const std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{65535}, std::size_t{65536},
+                                 std::size_t{65537}, (std::size_t{1} << 20) + 3}) {
+    std::string bytes(size, '\0');
+    std::uint32_t state = 12345;
+    for (char& byte : bytes) {
+      state = state * 1664525u + 1013904223u;
+      byte = static_cast<char>(state >> 24);
+    }
+    write_file_atomic(dir / "bytes", bytes);
+    EXPECT_EQ(read_file(dir / "bytes"), bytes) << size << " bytes";
+  }
+  ASSERT_EQ(std::filesystem::file_size("/proc/self/status"), 0u);
+  const std::string status = read_file("/proc/self/status");
+  EXPECT_TRUE(status.starts_with("Name:")) << status.substr(0, 40);
+  EXPECT_NE(status.find("\nVmRSS:"), std::string::npos);
+}
+
 TEST(File, UncommittedWriterLeavesTheOldFile) {
   const std::filesystem::path dir = testing::make_temp_dir();
   write_file_atomic(dir / "ckpt", "old");

@@ -50,8 +50,25 @@ TEST(Safetensors, HeaderIsALittleEndianLengthThenJsonThenData) {
   EXPECT_EQ(first, 1.5f);
 }
 
+// Each tensor's checksum is the CRC-32 (IEEE, zlib's) of its bytes: the
+// expected values are Python's zlib.crc32 of the same bytes, b"12345678" and
+// bytes(range(256)) * 64, so files written by earlier pipeflows and by other
+// tools that follow the convention still check.
+TEST(Safetensors, EachTensorsChecksumIsTheCrc32OfItsBytes) {
+  SafetensorsWriter writer;
+  std::vector<std::int32_t> digits(2);
+  std::memcpy(digits.data(), "12345678", 8);
+  writer.add("digits", digits, {1, 2});
+  std::vector<std::int32_t> ramp(16384 / 4);
+  for (std::size_t i = 0; i < 16384; ++i) reinterpret_cast<unsigned char*>(ramp.data())[i] = static_cast<unsigned char>(i);
+  writer.add("ramp", ramp, {64, 64});
+  const SafetensorsFile file = SafetensorsFile::parse(writer.serialize(), "crc.safetensors");
+  EXPECT_EQ(file.metadata("crc32.digits"), "9ae0daaf");
+  EXPECT_EQ(file.metadata("crc32.ramp"), "e81722f0");
+}
+
 TEST(Safetensors, RoundTripsTensorsAndMetadataThroughAFile) {
-  const auto path = std::filesystem::temp_directory_path() / "pipeflow-safetensors-roundtrip.safetensors";
+  const auto path = std::filesystem::path(pipeflow::testing::make_temp_dir()) / "roundtrip.safetensors";
   write_file_atomic(path, serialized_pair());
   const SafetensorsFile file = SafetensorsFile::read(path);
   EXPECT_EQ(file.names(), (std::vector<std::string>{"h.0.attn.c_attn.weight", "tokens"}));
@@ -60,7 +77,6 @@ TEST(Safetensors, RoundTripsTensorsAndMetadataThroughAFile) {
   EXPECT_EQ(weights[2], 3.25f);
   EXPECT_EQ(file.ints("tokens")[1], 105);
   EXPECT_EQ(file.metadata("n_layer"), "1");
-  std::filesystem::remove(path);
 }
 
 TEST(Safetensors, TruncatedAndCorruptFilesAreErrorsNamingTheFileAndTheProblem) {
@@ -143,7 +159,7 @@ TEST(ModelFile, WeightsRoundTripWithTheShapeInTheMetadata) {
   const ModelConfig config{.vocab_size = 256, .context = 8, .n_layer = 2, .n_head = 2, .n_embd = 16};
   Stage model(config, all_layers(config));
   model.init_parameters(3);
-  const auto path = std::filesystem::temp_directory_path() / "pipeflow-model-file.safetensors";
+  const auto path = std::filesystem::path(pipeflow::testing::make_temp_dir()) / "model.safetensors";
   write_weights(path, model);
   const SafetensorsFile file = SafetensorsFile::read(path);
   EXPECT_EQ(read_config(file), config);
@@ -156,7 +172,6 @@ TEST(ModelFile, WeightsRoundTripWithTheShapeInTheMetadata) {
   EXPECT_TRUE(std::equal(expected.begin(), expected.end(), loaded.begin()));
   EXPECT_TRUE(std::equal(model.parameter("wte.weight").begin(), model.parameter("wte.weight").end(),
                          tail.parameter("wte.weight").begin()));
-  std::filesystem::remove(path);
 }
 
 // A file holding h.2.* for a model of 2 blocks drops them when loaded: its

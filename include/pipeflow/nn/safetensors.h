@@ -122,6 +122,9 @@ class SafetensorsWriter {
     std::size_t end;
   };
   void add_bytes(std::string name, Dtype dtype, const Shape& shape, const void* data, std::size_t bytes);
+  // The file's first part: the 8-byte header length, then the header (each
+  // tensor's CRC-32 in __metadata__), padded to 8 bytes.
+  std::string length_and_header() const;
 
   std::vector<Pending> tensors_;
   std::set<std::string, std::less<>> names_;
