@@ -9,6 +9,7 @@
 #include "../support/error_of.h"
 #include "pipeflow/core/config.h"
 #include "pipeflow/core/file.h"
+#include "../support/temp_dir.h"
 
 namespace pipeflow {
 namespace {
@@ -97,11 +98,10 @@ TEST(BoundedRead, DevZeroFailsAtTheLimit) {
 }
 
 TEST(BoundedRead, AFileAtTheLimitIsRead) {
-  const auto path = std::filesystem::temp_directory_path() / "pipeflow-bounded-read-test.txt";
+  const auto path = std::filesystem::path(pipeflow::testing::make_temp_dir()) / "bounded.txt";
   write_file_atomic(path, std::string(1000, 'x'));
   EXPECT_EQ(read_file(path, 1000, "test file").size(), 1000u);
   EXPECT_NE(error_of([&] { read_file(path, 999, "test file"); }).find("more than 999 bytes"), std::string::npos);
-  std::filesystem::remove(path);
 }
 
 TEST(QuotedExcerpt, CutsLongAndEscapesBinaryText) {

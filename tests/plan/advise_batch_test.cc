@@ -6,11 +6,11 @@
 #include <filesystem>
 #include <string>
 
-#include <unistd.h>
 
 #include "pipeflow/core/file.h"
 
 #include "../support/error_of.h"
+#include "../support/temp_dir.h"
 
 namespace pipeflow {
 namespace {
@@ -74,8 +74,7 @@ TEST(AdviseBatch, BadInputNamesTheOption) {
 }
 
 std::filesystem::path metrics_file(const std::string& name, const std::string& text) {
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("pipeflow_advise_" + std::to_string(::getpid()) + "_" + name + ".jsonl");
+  const auto path = std::filesystem::path(pipeflow::testing::make_temp_dir()) / (name + ".jsonl");
   write_file_atomic(path, text);
   return path;
 }
@@ -88,11 +87,10 @@ TEST(AdviseBatchMetrics, ReadsTheLastNoiseScale) {
 {"step": 3, "loss": 5.2}
 )");
   EXPECT_DOUBLE_EQ(noise_scale_of_metrics(path), 412.25);
-  std::filesystem::remove(path);
 }
 
 TEST(AdviseBatchMetrics, AMissingOrGarbledFileNamesTheFileAndTheKey) {
-  const auto missing = std::filesystem::temp_directory_path() / "pipeflow_advise_no_such_metrics.jsonl";
+  const auto missing = std::filesystem::path(pipeflow::testing::make_temp_dir()) / "no_such_metrics.jsonl";
   const std::string gone = error_of([&] { noise_scale_of_metrics(missing); });
   EXPECT_NE(gone.find("--metrics " + missing.string() + ": "), std::string::npos) << gone;
   EXPECT_NE(gone.find("\"noise_scale\""), std::string::npos) << gone;
@@ -115,7 +113,6 @@ TEST(AdviseBatchMetrics, AMissingOrGarbledFileNamesTheFileAndTheKey) {
   // A first step's negative estimate that settles is no error: the last value counts.
   const auto settles = metrics_file("settles", "{\"step\": 0, \"noise_scale\": -0.15}\n{\"step\": 1, \"noise_scale\": 0.17}\n");
   EXPECT_EQ(noise_scale_of_metrics(settles), 0.17);
-  for (const auto& path : {garbled, without, negative, settles}) std::filesystem::remove(path);
 }
 
 }  // namespace

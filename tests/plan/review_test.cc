@@ -18,6 +18,7 @@
 #include "pipeflow/sim/layout.h"
 #include "pipeflow/sim/prediction.h"
 #include "../support/error_of.h"
+#include "../support/temp_dir.h"
 
 namespace pipeflow {
 namespace {
@@ -149,7 +150,7 @@ TEST(Review, FewerMicrobatchesThanFourPerStageIsANoteWhileTheBubbleIsSmall) {
 }
 
 TEST(Review, ZeroTwoWithAPipelineIsTheReadersRefusalAsAnErrorFinding) {
-  const std::filesystem::path path = std::filesystem::temp_directory_path() / "review_test_zero2.json";
+  const std::filesystem::path path = std::filesystem::path(pipeflow::testing::make_temp_dir()) / "zero2.json";
   std::ofstream(path) << config_json(R"({"zero_optimization": {"stage": 2}, "data_parallel": 2})");
   const ReviewedConfig read = read_for_review(path, {});
   ASSERT_TRUE(read.refusal.has_value());
@@ -160,14 +161,12 @@ TEST(Review, ZeroTwoWithAPipelineIsTheReadersRefusalAsAnErrorFinding) {
   EXPECT_EQ(f.severity, Severity::kError);
   EXPECT_NE(f.finding.find("DeepSpeed's pipeline engine refuses it"), std::string::npos) << f.finding;
   EXPECT_NE(f.fix.find("zero_optimization.stage 1"), std::string::npos);
-  std::filesystem::remove(path);
 }
 
 TEST(Review, AnotherRefusalOfTheReaderIsThrown) {
-  const std::filesystem::path path = std::filesystem::temp_directory_path() / "review_test_bad.json";
+  const std::filesystem::path path = std::filesystem::path(pipeflow::testing::make_temp_dir()) / "bad.json";
   std::ofstream(path) << config_json(R"({"zero_optimization": {"stage": 2}, "pipeline": {"stages": 0}})");
   EXPECT_NE(error_of([&] { read_for_review(path, {}); }).find("pipeline.stages"), std::string::npos);
-  std::filesystem::remove(path);
 }
 
 TEST(Review, TensorParallelismPastANodeIsFound) {

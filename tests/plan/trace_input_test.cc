@@ -12,6 +12,7 @@
 #include "pipeflow/core/file.h"
 #include "pipeflow/plan/analyze.h"
 #include "pipeflow/plan/sweep.h"
+#include "../support/temp_dir.h"
 
 namespace pipeflow {
 namespace {
@@ -29,7 +30,7 @@ const nlohmann::json& truth_step(const nlohmann::json& t, int step) {
   throw std::runtime_error("no such step in truth.json");
 }
 
-class TorchTraceSample : public testing::TestWithParam<std::string> {};
+class TorchTraceSample : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TorchTraceSample, AnalyzeRecoversTheActionsTheStepTheBubbleAndTheSlowStage) {
   const nlohmann::json t = truth(GetParam());
@@ -67,7 +68,7 @@ TEST_P(TorchTraceSample, AnalyzeRecoversTheActionsTheStepTheBubbleAndTheSlowStag
   EXPECT_EQ(a.reading.step_spans_s.size(), 3u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Samples, TorchTraceSample, testing::Values("torch-1f1b", "torch-gpipe", "kineto-1f1b"));
+INSTANTIATE_TEST_SUITE_P(Samples, TorchTraceSample, ::testing::Values("torch-1f1b", "torch-gpipe", "kineto-1f1b"));
 
 TEST(TorchTraceSample, TheLegacyProfilersClocksAreAlignedToWhatTheRunMeasured) {
   // The legacy profiler counts from each process's own start: the ranks' clocks differ by the
@@ -118,10 +119,9 @@ TEST(TorchTraceSample, OneRanksTraceAloneIsNotAPipeline) {
 }
 
 TEST(TorchTraceSample, APipeflowTraceAndAPyTorchTraceTogetherAreRefused) {
-  const std::filesystem::path own = std::filesystem::temp_directory_path() / "pipeflow_trace_input_test.json";
+  const std::filesystem::path own = std::filesystem::path(pipeflow::testing::make_temp_dir()) / "own.json";
   write_file_atomic(own, R"({"traceEvents":[{"name":"0F0","ph":"X","tid":0,"ts":0,"dur":1}]})");
   EXPECT_THROW(load_trace_input({own, sample("torch-1f1b")}), Error);
-  std::filesystem::remove(own);
 }
 
 }  // namespace
@@ -144,7 +144,7 @@ TEST(TorchTraceSample, WithTheRunsConfigurationTheAdviceRebalancesTheSlowStage) 
 }
 
 TEST(TorchTraceSample, AConfigurationOfAnotherShapeIsRefusedNamingBoth) {
-  const std::filesystem::path config = std::filesystem::temp_directory_path() / "pipeflow_trace_input_4stage.json";
+  const std::filesystem::path config = std::filesystem::path(pipeflow::testing::make_temp_dir()) / "4stage.json";
   std::string text = read_file(sample("torch-pipeline.json"));
   text.replace(text.find("\"stages\": 2"), 11, "\"stages\": 4");
   text.replace(text.find("counts:3,5"), 10, "uniform");
@@ -159,7 +159,6 @@ TEST(TorchTraceSample, AConfigurationOfAnotherShapeIsRefusedNamingBoth) {
               std::string::npos)
         << error.what();
   }
-  std::filesystem::remove(config);
 }
 
 }  // namespace

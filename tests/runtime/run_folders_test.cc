@@ -21,16 +21,14 @@
 #include "pipeflow/runtime/progress.h"
 #include "pipeflow/runtime/trainer.h"
 #include "test_support.h"
+#include "../support/temp_dir.h"
 
 namespace pipeflow::runtime {
 namespace {
 
-std::filesystem::path temp_dir(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("pipeflow_folders_" + name + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+// (A test's folder, removed when the test program exits: after a failed
+// assertion too.)
+std::filesystem::path temp_dir() { return pipeflow::testing::make_temp_dir(); }
 
 // testing::tiny_settings for `steps` steps of 2 micro-batches, without validation.
 TrainSettings settings_in(const std::filesystem::path& dir, int steps) {
@@ -64,7 +62,7 @@ struct Quiet {
 // the ways on, and changes nothing; with overwrite it replaces them, the
 // earlier run's checkpoints included (a later resume would pick them up).
 TEST(RunFolders, AFreshRunIntoAnotherRunsFolderIsRefusedUnlessOverwrite) {
-  const auto dir = temp_dir("fresh");
+  const auto dir = temp_dir();
   Quiet quiet;
   TrainSettings first = settings_in(dir, 4);
   first.save_interval = 2;
@@ -92,14 +90,13 @@ TEST(RunFolders, AFreshRunIntoAnotherRunsFolderIsRefusedUnlessOverwrite) {
   EXPECT_FALSE(std::filesystem::exists(first.checkpoint_dir / "step_4.safetensors"));
   const std::string second_id = nlohmann::json::parse(read_file(second.out_dir / "run_id.json"))["run_id"];
   EXPECT_NE(second_id, first_id);
-  std::filesystem::remove_all(dir);
 }
 
 // A run resumed from one run's checkpoint into the out_dir of another is
 // refused (their metrics and checkpoints would mix); resumed into its own
 // out_dir it keeps its id.
 TEST(RunFolders, AResumeIntoAnotherRunsFolderIsRefusedAndIntoItsOwnKeepsItsId) {
-  const auto dir = temp_dir("resume");
+  const auto dir = temp_dir();
   Quiet quiet;
   ProgressPrinter progress = quiet.progress(4);
   TrainSettings a = settings_in(dir, 2);
@@ -131,13 +128,12 @@ TEST(RunFolders, AResumeIntoAnotherRunsFolderIsRefusedAndIntoItsOwnKeepsItsId) {
   train(own, progress);
   EXPECT_EQ(metric_steps(a.out_dir), (std::vector<int>{0, 1, 2, 3}));
   EXPECT_EQ(run_id_of(a.checkpoint_dir / "step_4.safetensors"), run_id_of(a.checkpoint_dir / "step_2.safetensors"));
-  std::filesystem::remove_all(dir);
 }
 
 // While a run holds its out_dir, another is refused at once, naming the
 // process (run_id.json) that holds it.
 TEST(RunFolders, TwoRunsNeverWriteOneFolderAtOnce) {
-  const auto dir = temp_dir("lock");
+  const auto dir = temp_dir();
   Quiet quiet;
   ProgressPrinter progress = quiet.progress(2);
   TrainSettings settings = settings_in(dir, 2);
@@ -153,7 +149,6 @@ TEST(RunFolders, TwoRunsNeverWriteOneFolderAtOnce) {
   settings.overwrite = true;  // the run_id.json written above
   train(settings, progress);
   EXPECT_TRUE(FolderLock::try_lock(settings.out_dir));  // released when the run ended
-  std::filesystem::remove_all(dir);
 }
 
 // checkpoint.keep ranks checkpoints by the steps they hold and deletes
@@ -162,7 +157,7 @@ TEST(RunFolders, TwoRunsNeverWriteOneFolderAtOnce) {
 // stay (by name, the stray and step_0009 were the newest, and everything
 // else went), and the run's newest `keep` stay with them.
 TEST(RunFolders, KeepDeletesOnlyThisRunsOlderCheckpoints) {
-  const auto dir = temp_dir("keep");
+  const auto dir = temp_dir();
   Quiet quiet;
   ProgressPrinter progress = quiet.progress(8);
   TrainSettings other = settings_in(dir, 3);
@@ -196,13 +191,12 @@ TEST(RunFolders, KeepDeletesOnlyThisRunsOlderCheckpoints) {
   EXPECT_EQ(read_file(folder / "step_10.safetensors"), "{}");
   // The stray was tried first and passed over for this run's step 6.
   EXPECT_EQ(metric_steps(settings.out_dir), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
-  std::filesystem::remove_all(dir);
 }
 
 // A resume ranks a folder's checkpoints by the steps they hold, not their
 // names: step_0009 holding 1 step is older than step_3.
 TEST(RunFolders, ResumeRanksCheckpointsByTheStepsTheyHold) {
-  const auto dir = temp_dir("rank");
+  const auto dir = temp_dir();
   Quiet quiet;
   ProgressPrinter progress = quiet.progress(4);
   TrainSettings settings = settings_in(dir, 3);
@@ -216,7 +210,6 @@ TEST(RunFolders, ResumeRanksCheckpointsByTheStepsTheyHold) {
   more.resume = settings.out_dir;
   train(more, progress);
   EXPECT_EQ(metric_steps(settings.out_dir), (std::vector<int>{0, 1, 2, 3}));
-  std::filesystem::remove_all(dir);
 }
 
 // The metrics of a checkpoint's steps reach the disk before the checkpoint
@@ -226,7 +219,7 @@ TEST(RunFolders, ResumeRanksCheckpointsByTheStepsTheyHold) {
 // step. Written the other way round, step_4 existed and steps 2 and 3 had no
 // line ([0, 1, 4, 5]).
 TEST(RunFolders, ACheckpointsMetricsAreOnDiskBeforeItIs) {
-  const auto dir = temp_dir("order");
+  const auto dir = temp_dir();
   Quiet quiet;
   ProgressPrinter progress = quiet.progress(6);
   TrainSettings settings = settings_in(dir, 6);
@@ -254,7 +247,6 @@ TEST(RunFolders, ACheckpointsMetricsAreOnDiskBeforeItIs) {
   resumed.resume = settings.out_dir;
   train(resumed, progress);
   EXPECT_EQ(metric_steps(settings.out_dir), (std::vector<int>{0, 1, 2, 3, 4, 5}));
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "pipeflow/sim/profile.h"
 #include "test_support.h"
 #include "train/skipped_steps.h"
+#include "../support/temp_dir.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -35,12 +36,9 @@ std::vector<std::filesystem::path> checkpoint_paths(const std::filesystem::path&
   return paths;
 }
 
-std::filesystem::path temp_dir(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("pipeflow_runtime_" + name + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+// (A test's folder, removed when the test program exits: after a failed
+// assertion too.)
+std::filesystem::path temp_dir() { return pipeflow::testing::make_temp_dir(); }
 
 // A few steps, validated and sampled only as much as a run must.
 TrainSettings short_settings(const std::filesystem::path& dir, int steps) {
@@ -52,7 +50,7 @@ TrainSettings short_settings(const std::filesystem::path& dir, int steps) {
 }
 
 TEST(Trainer, TrainsWritesMetricsReportTimelineAndWeights) {
-  const auto dir = temp_dir("train");
+  const auto dir = temp_dir();
   const TrainSettings settings = testing::tiny_settings(dir);
   std::FILE* log = std::tmpfile();
   ProgressPrinter progress(log, false, settings.steps, false);
@@ -104,14 +102,13 @@ TEST(Trainer, TrainsWritesMetricsReportTimelineAndWeights) {
   const auto weights = nn::SafetensorsFile::read(settings.out_dir / "weights.safetensors");
   EXPECT_EQ(nn::read_config(weights), testing::kTiny);
   std::fclose(log);
-  std::filesystem::remove_all(dir);
 }
 
 // Every other step measures the noise scale: metrics.jsonl has both squares
 // (the big one the step's grad_norm²) and B_simple from their moving
 // averages; the report says how it was measured.
 TEST(Trainer, LogsTheGradientNoiseScaleOnTheStepsThatMeasureIt) {
-  const auto dir = temp_dir("noise");
+  const auto dir = temp_dir();
   TrainSettings settings = short_settings(dir, 5);
   settings.engine.noise_scale_interval = 2;
   std::FILE* log = std::tmpfile();
@@ -150,11 +147,10 @@ TEST(Trainer, LogsTheGradientNoiseScaleOnTheStepsThatMeasureIt) {
       << report;
   EXPECT_NE(report.find("over 3 measured steps of this run"), std::string::npos) << report;
   std::fclose(log);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Trainer, EmulatedAndThreadedRunsTrainTheSameWeights) {
-  const auto dir = temp_dir("emulate");
+  const auto dir = temp_dir();
   TrainSettings settings = testing::tiny_settings(dir);
   settings.steps = 3;
   settings.sample_tokens = 1;
@@ -171,7 +167,6 @@ TEST(Trainer, EmulatedAndThreadedRunsTrainTheSameWeights) {
   EXPECT_NE(read_file(settings.out_dir / "report.md").find("## Emulated vs predicted"), std::string::npos);
   EXPECT_NE(read_file(settings.out_dir / "timeline.svg").find("emulated (one core per rank)"), std::string::npos);
   std::fclose(log);
-  std::filesystem::remove_all(dir);
 }
 
 // A run stopped after 3 of 6 steps and resumed from its checkpoint makes the
@@ -179,7 +174,7 @@ TEST(Trainer, EmulatedAndThreadedRunsTrainTheSameWeights) {
 // moments and step count); resumed under another layout, the same numbers
 // up to the rounding of another accumulation order.
 TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
-  const auto dir = temp_dir("resume");
+  const auto dir = temp_dir();
   TrainSettings settings = short_settings(dir, 6);
   settings.engine.lr_schedule = nn::LrSchedule::warmup_decay(0, 3e-3, {.steps = 3}, 6);
   std::FILE* log = std::tmpfile();
@@ -246,7 +241,6 @@ TEST(Trainer, ARunResumedFromItsCheckpointContinuesTheUninterruptedRun) {
   EXPECT_NE(testing::error_of([&] { train(other_layout, progress); }).find("neither the directory nor its checkpoints/ holds a step_N.safetensors"),
             std::string::npos);
   std::fclose(log);
-  std::filesystem::remove_all(dir);
 }
 
 // What a test's ProgressPrinter wrote to its temporary file.
@@ -280,7 +274,7 @@ void rewrite_tensor(const std::filesystem::path& from, const std::filesystem::pa
 // files, and a run resumed from its out_dir makes the uninterrupted run's
 // steps bit for bit.
 TEST(Trainer, AStopRequestEndsTheRunAfterItsStepAndTheResumedRunContinuesItBitForBit) {
-  const auto dir = temp_dir("stop");
+  const auto dir = temp_dir();
   TrainSettings settings = short_settings(dir, 4);
   std::FILE* log = std::tmpfile();
   ProgressPrinter progress(log, false, settings.steps, false);
@@ -308,7 +302,6 @@ TEST(Trainer, AStopRequestEndsTheRunAfterItsStepAndTheResumedRunContinuesItBitFo
   for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(rest.log[i].loss, straight.log[i + 1].loss);
   EXPECT_EQ(read_file(resumed.out_dir / "weights.safetensors"), read_file(settings.out_dir / "weights.safetensors"));
   std::fclose(log);
-  std::filesystem::remove_all(dir);
 }
 
 // A worker that throws in the middle of a step (rank 1, at its backward of
@@ -316,7 +309,7 @@ TEST(Trainer, AStopRequestEndsTheRunAfterItsStepAndTheResumedRunContinuesItBitFo
 // with that error, leaves no half-written file, and the last checkpoint
 // before it (step 2) resumes into the uninterrupted run's losses bit for bit.
 TEST(Trainer, AWorkerThrowingMidStepEndsTheRunAndTheLastGoodCheckpointResumesIt) {
-  const auto dir = temp_dir("throw");
+  const auto dir = temp_dir();
   TrainSettings settings = short_settings(dir, 4);
   settings.save_interval = 2;
   std::FILE* log = std::tmpfile();
@@ -357,7 +350,6 @@ TEST(Trainer, AWorkerThrowingMidStepEndsTheRunAndTheLastGoodCheckpointResumesIt)
   }
   EXPECT_EQ(expected_step, 4);
   std::fclose(log);
-  std::filesystem::remove_all(dir);
 }
 
 // numerics.max_skipped_steps counts non-finite steps in a row: a finite step
@@ -383,7 +375,7 @@ TEST(Trainer, AFiniteStepEndsAStreakOfSkippedStepsAndAnAbsorbedOverflowDoesNot) 
 // same tensors), are marked in metrics.jsonl, and the third in a row stops
 // the run naming the step and the tensor.
 TEST(Trainer, NonFiniteStepsAreSkippedAndTooManyInARowStopTheRun) {
-  const auto dir = temp_dir("nan");
+  const auto dir = temp_dir();
   TrainSettings settings = testing::tiny_settings(dir);
   settings.engine.optimizer = {.lr = 1e30};
   settings.engine.lr_schedule = nn::LrSchedule::constant(1e30);
@@ -411,7 +403,6 @@ TEST(Trainer, NonFiniteStepsAreSkippedAndTooManyInARowStopTheRun) {
     EXPECT_EQ(after_3.metadata("crc32." + name), after_1.metadata("crc32." + name)) << name;
   }
   std::fclose(log);
-  std::filesystem::remove_all(dir);
 }
 
 // A checkpoint cut short, with a flipped bit or holding NaN or a negative
@@ -419,7 +410,7 @@ TEST(Trainer, NonFiniteStepsAreSkippedAndTooManyInARowStopTheRun) {
 // falls back to the newest good one and says so; checkpoint.keep leaves the
 // newest K.
 TEST(Trainer, BadCheckpointsAreRefusedAndResumeFallsBackToTheNewestGoodOne) {
-  const auto dir = temp_dir("corrupt");
+  const auto dir = temp_dir();
   TrainSettings settings = short_settings(dir, 4);
   settings.save_interval = 1;
   settings.checkpoint_keep = 3;
@@ -470,7 +461,6 @@ TEST(Trainer, BadCheckpointsAreRefusedAndResumeFallsBackToTheNewestGoodOne) {
                 .find("nan.safetensors: tensor wte.weight holds nan at index 1: values must be finite"),
             std::string::npos);
   std::fclose(log);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Progress, PlainLinesOnALogAndOneRedrawnLineOnATerminal) {

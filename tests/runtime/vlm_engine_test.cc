@@ -13,12 +13,12 @@
 #include <utility>
 #include <vector>
 
-#include <unistd.h>
 
 #include "../support/error_of.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/nn/safetensors.h"
 #include "pipeflow/schedule/generators.h"
+#include "../support/temp_dir.h"
 
 namespace pipeflow::runtime {
 namespace {
@@ -147,8 +147,7 @@ TEST(VlmEngine, ACheckpointedRunResumesBitIdentical) {
   uninterrupted.init_parameters(11);
   for (int step = 0; step < kSteps; ++step) uninterrupted.step(step, data);
 
-  const std::filesystem::path file = std::filesystem::temp_directory_path() /
-                                    ("pipeflow_vlm_checkpoint_" + std::to_string(::getpid()) + ".safetensors");
+  const std::filesystem::path file = std::filesystem::path(pipeflow::testing::make_temp_dir()) / "checkpoint.safetensors";
   {
     VlmPipelineEngine first(training, make_1f1b(2, kMicrobatches), {0, 4, layers}, small_options());
     first.init_parameters(11);
@@ -166,7 +165,6 @@ TEST(VlmEngine, ACheckpointedRunResumesBitIdentical) {
   VlmPipelineEngine resumed(training, make_1f1b(2, kMicrobatches), {0, 4, layers}, small_options());
   resumed.init_parameters(12);
   ASSERT_EQ(resumed.load_checkpoint(nn::SafetensorsFile::read(file)), 2);
-  std::filesystem::remove(file);
   for (int step = 2; step < kSteps; ++step) resumed.step(step, data);
   EXPECT_EQ(all_tensors(resumed), all_tensors(uninterrupted));
 }
