@@ -26,9 +26,9 @@ for name, extra in [("neither", {"eval_interval": 0}), ("evaluation", {"eval_int
 PY
 declare -A seconds
 for name in neither evaluation checkpoint; do
-  start=$(date +%s.%N)
+  start=$EPOCHREALTIME
   train "$runs/$name.json" "$name" ""
-  seconds[$name]=$(echo "$(date +%s.%N) - $start" | bc)
+  seconds[$name]=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.3f", b - a }')
 done
 awk -v s="$steps" -v n="${seconds[neither]}" -v e="${seconds[evaluation]}" -v c="${seconds[checkpoint]}" 'BEGIN {
   printf "pipeflow train, make run'"'"'s model, %d steps: %.2f s with neither, %.2f s evaluating after every step, %.2f s checkpointing after every step\n", s, n, e, c

@@ -14,6 +14,9 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <new>
+#include <stdexcept>
 
 #include "pipeflow/core/error.h"
 #include "pipeflow/core/json.h"
@@ -150,46 +153,60 @@ bool writer_runs(long pid) {
 
 void require_regular_file(const std::filesystem::path& path) { refuse_non_file(path, false); }
 
-std::string read_file(const std::filesystem::path& path) {
-  require_regular_file(path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read {}: {}", path.string(), system_reason());
-  // One read into a string of the file's size (and a byte more, to meet its
-  // end), then on in chunks should the file have grown since: a stream
-  // copied into a string grew its buffer by doubling and copied it once
-  // more, three passes over a checkpoint and twice its size in fresh pages.
-  std::error_code unknown;
-  const std::uintmax_t expected = std::filesystem::file_size(path, unknown);
-  std::size_t chunk = unknown ? std::size_t{1} << 16 : static_cast<std::size_t>(expected) + 1;
+namespace {
+
+constexpr std::size_t kReadChunk = std::size_t{1} << 16;
+
+// `in` to its end, or to one byte past `limit` (the caller names a file
+// longer than its limit by that byte): `first` bytes in one read, then 64 KiB
+// at a time.
+std::string read_to_end(std::istream& in, std::size_t first, std::size_t limit, const std::filesystem::path& path) {
   std::string content;
   std::size_t size = 0;
-  while (in) {
-    content.resize(size + chunk);
+  std::size_t chunk = first;
+  while (in && size <= limit) {
+    chunk = std::min(chunk, limit + 1 - size);
+    try {
+      content.resize(size + chunk);
+    } catch (const std::bad_alloc&) {
+      fail("cannot read {}: its {} bytes do not fit in this process's memory", path.string(), size + chunk);
+    } catch (const std::length_error&) {
+      fail("cannot read {}: its {} bytes do not fit in this process's memory", path.string(), size + chunk);
+    }
     in.read(content.data() + size, static_cast<std::streamsize>(chunk));
     size += static_cast<std::size_t>(in.gcount());
-    chunk = std::size_t{1} << 16;
+    chunk = kReadChunk;
   }
   if (in.bad()) fail("cannot read {}: {}", path.string(), system_reason());
   content.resize(size);
   return content;
 }
 
+}  // namespace
+
+std::string read_file(const std::filesystem::path& path) {
+  require_regular_file(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read {}: {}", path.string(), system_reason());
+  // The file's size and one byte more in one read (the extra byte meets the
+  // end, so the loop stops there): a checkpoint is read straight into its
+  // string. A file that tells no size (/proc's say 0) or grew meanwhile is
+  // read on in chunks. (resize still zeroes the string before the read.)
+  constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max() - 1;
+  std::error_code unknown;
+  const std::uintmax_t expected = std::filesystem::file_size(path, unknown);
+  const std::size_t first = unknown || expected >= kNoLimit ? kReadChunk : static_cast<std::size_t>(expected) + 1;
+  return read_to_end(in, first, kNoLimit, path);
+}
+
 std::string read_file(const std::filesystem::path& path, std::size_t max_bytes, std::string_view kind) {
   refuse_non_file(path, true);  // a device is read up to the limit
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read {}: {}", path.string(), system_reason());
-  std::string content;
-  constexpr std::size_t kChunk = std::size_t{1} << 16;
-  while (in && content.size() <= max_bytes) {
-    const std::size_t size = content.size();
-    content.resize(size + std::min(kChunk, max_bytes + 1 - size));
-    in.read(content.data() + size, static_cast<std::streamsize>(content.size() - size));
-    content.resize(size + static_cast<std::size_t>(in.gcount()));
-  }
+  std::string content = read_to_end(in, kReadChunk, max_bytes, path);
   if (content.size() > max_bytes) {
     fail("{}: more than {} bytes, the limit for a {}: is it the right file?", path.string(), max_bytes, kind);
   }
-  if (in.bad()) fail("cannot read {}: {}", path.string(), system_reason());
   return content;
 }
 
@@ -203,15 +220,14 @@ std::string read_file_inflated(const std::filesystem::path& path, std::size_t ma
   std::string content;
   stream.next_in = reinterpret_cast<Bytef*>(packed.data());
   stream.avail_in = static_cast<uInt>(packed.size());
-  constexpr std::size_t kChunk = std::size_t{1} << 16;
   int status = Z_OK;
   while (status != Z_STREAM_END && content.size() <= max_bytes) {
     const std::size_t size = content.size();
-    content.resize(size + kChunk);
+    content.resize(size + kReadChunk);
     stream.next_out = reinterpret_cast<Bytef*>(content.data() + size);
-    stream.avail_out = static_cast<uInt>(kChunk);
+    stream.avail_out = static_cast<uInt>(kReadChunk);
     status = inflate(&stream, Z_NO_FLUSH);
-    content.resize(size + kChunk - stream.avail_out);
+    content.resize(size + kReadChunk - stream.avail_out);
     if (status == Z_STREAM_END && stream.avail_in > 0) {  // gzip members one after another
       status = inflateReset(&stream);
       continue;

@@ -52,9 +52,10 @@ TEST(File, AtomicWriteReplacesContentAndLeavesNoTemporary) {
   EXPECT_EQ(entries_in(dir), 1u);
 }
 
-// read_file sizes its string from the file's length and reads on past it:
-// every byte comes back, NULs included, at sizes around its 64 KiB chunk;
-// and a file whose length the system gives as 0 (/proc's) is read whole.
+// read_file reads a file's length and a byte more at once: every byte comes
+// back, NULs included, at sizes around the readers' 64 KiB chunk; the bounded
+// reader, 64 KiB at a time, gives the same bytes (the loop that also reads
+// on a file whose length the system gives as 0, /proc's, read whole here).
 TEST(File, ReadFileReturnsEveryByteAtAnySize) {
   const std::filesystem::path dir = testing::make_temp_dir();
   for (const std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{65535}, std::size_t{65536},
@@ -67,6 +68,7 @@ TEST(File, ReadFileReturnsEveryByteAtAnySize) {
     }
     write_file_atomic(dir / "bytes", bytes);
     EXPECT_EQ(read_file(dir / "bytes"), bytes) << size << " bytes";
+    EXPECT_EQ(read_file(dir / "bytes", size, "test file"), bytes) << size << " bytes, bounded";
   }
   ASSERT_EQ(std::filesystem::file_size("/proc/self/status"), 0u);
   const std::string status = read_file("/proc/self/status");

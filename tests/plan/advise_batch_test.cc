@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <string>
 
-
 #include "pipeflow/core/file.h"
 
 #include "../support/error_of.h"

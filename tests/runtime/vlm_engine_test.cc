@@ -13,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-
 #include "../support/error_of.h"
 #include "pipeflow/core/error.h"
 #include "pipeflow/nn/safetensors.h"
