@@ -94,76 +94,88 @@ int main(int argc, char** argv) {
     std::perror("bench_checkpoint_io: mkdtemp in /tmp");
     return 1;
   }
-  const std::filesystem::path folder = pattern;
-  const std::filesystem::path file = folder / "model.safetensors";
+  // The folder and its file go however the program ends: returned, failed
+  // or stopped by an error.
+  struct RemovedAtExit {
+    std::filesystem::path folder;
+    ~RemovedAtExit() {
+      std::error_code ignored;
+      std::filesystem::remove_all(folder, ignored);
+    }
+  } const temporary{pattern};
+  const std::filesystem::path file = temporary.folder / "model.safetensors";
   constexpr int kTensorFloats = 64 * 1024;  // 256 KiB
-  for (const int mib : sizes) {
-    const int tensors = mib * 4;
-    const std::size_t bytes = static_cast<std::size_t>(tensors) * kTensorFloats * sizeof(float);
-    std::vector<float> values(static_cast<std::size_t>(tensors) * kTensorFloats);
-    for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1009) * 0.001f - 0.5f;
-    pipeflow::nn::SafetensorsWriter writer;
-    for (int t = 0; t < tensors; ++t) {
-      writer.add("layer." + std::to_string(t) + ".weight",
-                 std::span<const float>(values).subspan(static_cast<std::size_t>(t) * kTensorFloats, kTensorFloats),
-                 pipeflow::Shape({256, 256}));
-    }
-    std::vector<float> copy(values.size());
-    std::memcpy(copy.data(), values.data(), bytes);  // (its pages touched before timing)
-    Rates memcpy_rates, fresh_rates, serialize_rates, parse_rates, write_rates, read_rates;
-    std::string text;
-    std::optional<pipeflow::nn::SafetensorsFile> parsed;
-    // (What a round frees, the last string or parsed file, is freed before
-    // the clock starts or after it stops: only the path is timed.)
-    const auto release = [&] {
-      text.clear();
-      text.shrink_to_fit();
-      parsed.reset();
-    };
-    for (int r = 0; r < rounds; ++r) {
-      time_round(memcpy_rates, bytes, [&] { std::memcpy(copy.data(), values.data(), bytes); });
-      release();
-      time_round(fresh_rates, bytes, [&] {  // allocated as serialize allocates its result
-        text.reserve(bytes);
-        text.append(reinterpret_cast<const char*>(values.data()), bytes);
-      });
-      release();
-      time_round(serialize_rates, bytes, [&] { text = writer.serialize(); });
-      time_round(parse_rates, bytes, [&] {
-        parsed.emplace(pipeflow::nn::SafetensorsFile::parse(std::move(text), "the serialized bytes"));
-      });
-      release();
-      time_round(write_rates, bytes, [&] { writer.write(file); });
-      time_round(read_rates, bytes, [&] { parsed.emplace(pipeflow::nn::SafetensorsFile::read(file)); });
-      // Every tensor read back as written, or no rates are printed.
-      std::vector<float> read_back(kTensorFloats);
+  try {
+    for (const int mib : sizes) {
+      const int tensors = mib * 4;
+      const std::size_t bytes = static_cast<std::size_t>(tensors) * kTensorFloats * sizeof(float);
+      std::vector<float> values(static_cast<std::size_t>(tensors) * kTensorFloats);
+      for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1009) * 0.001f - 0.5f;
+      pipeflow::nn::SafetensorsWriter writer;
       for (int t = 0; t < tensors; ++t) {
-        const std::string name = "layer." + std::to_string(t) + ".weight";
-        parsed->read_floats(name, pipeflow::Shape({256, 256}), read_back);
-        if (std::memcmp(read_back.data(), values.data() + static_cast<std::size_t>(t) * kTensorFloats,
-                        kTensorFloats * sizeof(float)) != 0) {
-          std::fprintf(stderr, "bench_checkpoint_io: %s read back from %s differs from what was written\n",
-                       name.c_str(), file.c_str());
-          return 1;
-        }
+        writer.add("layer." + std::to_string(t) + ".weight",
+                   std::span<const float>(values).subspan(static_cast<std::size_t>(t) * kTensorFloats, kTensorFloats),
+                   pipeflow::Shape({256, 256}));
       }
-      release();
+      std::vector<float> copy(values.size());
+      std::memcpy(copy.data(), values.data(), bytes);  // (its pages touched before timing)
+      Rates memcpy_rates, fresh_rates, serialize_rates, parse_rates, write_rates, read_rates;
+      std::string text;
+      std::optional<pipeflow::nn::SafetensorsFile> parsed;
+      // (What a round frees, the last string or parsed file, is freed before
+      // the clock starts or after it stops: only the path is timed.)
+      const auto release = [&] {
+        text.clear();
+        text.shrink_to_fit();
+        parsed.reset();
+      };
+      for (int r = 0; r < rounds; ++r) {
+        time_round(memcpy_rates, bytes, [&] { std::memcpy(copy.data(), values.data(), bytes); });
+        release();
+        time_round(fresh_rates, bytes, [&] {  // allocated as serialize allocates its result
+          text.reserve(bytes);
+          text.append(reinterpret_cast<const char*>(values.data()), bytes);
+        });
+        release();
+        time_round(serialize_rates, bytes, [&] { text = writer.serialize(); });
+        time_round(parse_rates, bytes, [&] {
+          parsed.emplace(pipeflow::nn::SafetensorsFile::parse(std::move(text), "the serialized bytes"));
+        });
+        release();
+        std::filesystem::remove(file);  // (the last round's file freed before the clock starts)
+        time_round(write_rates, bytes, [&] { writer.write(file); });
+        time_round(read_rates, bytes, [&] { parsed.emplace(pipeflow::nn::SafetensorsFile::read(file)); });
+        // Every tensor read back as written, or no rates are printed.
+        std::vector<float> read_back(kTensorFloats);
+        for (int t = 0; t < tensors; ++t) {
+          const std::string name = "layer." + std::to_string(t) + ".weight";
+          parsed->read_floats(name, pipeflow::Shape({256, 256}), read_back);
+          if (std::memcmp(read_back.data(), values.data() + static_cast<std::size_t>(t) * kTensorFloats,
+                          kTensorFloats * sizeof(float)) != 0) {
+            std::fprintf(stderr, "bench_checkpoint_io: %s read back from %s differs from what was written\n",
+                         name.c_str(), file.c_str());
+            return 1;
+          }
+        }
+        release();
+      }
+      if (std::memcmp(copy.data(), values.data(), bytes) != 0) {
+        std::fprintf(stderr, "bench_checkpoint_io: memcpy's copy differs from its source\n");
+        return 1;
+      }
+      std::printf("%d MiB in %d tensors of 256 KiB, %d round%s:\n", mib, tensors, rounds, rounds == 1 ? "" : "s");
+      const double m = memcpy_rates.median();
+      const double f = fresh_rates.median();
+      print("memcpy (baseline)", memcpy_rates, m, f);
+      print("copy into a new string (baseline)", fresh_rates, m, f);
+      print("serialize (CRC-32s into the header)", serialize_rates, m, f);
+      print("parse (CRC-32s checked)", parse_rates, m, f);
+      print("write (header, tensors, fsync)", write_rates, m, f);
+      print("read (file into a new string, parse)", read_rates, m, f);
     }
-    if (std::memcmp(copy.data(), values.data(), bytes) != 0) {
-      std::fprintf(stderr, "bench_checkpoint_io: memcpy's copy differs from its source\n");
-      return 1;
-    }
-    std::printf("%d MiB in %d tensors of 256 KiB, %d round%s:\n", mib, tensors, rounds, rounds == 1 ? "" : "s");
-    const double m = memcpy_rates.median();
-    const double f = fresh_rates.median();
-    print("memcpy (baseline)", memcpy_rates, m, f);
-    print("copy into a new string (baseline)", fresh_rates, m, f);
-    print("serialize (CRC-32s into the header)", serialize_rates, m, f);
-    print("parse (CRC-32s checked)", parse_rates, m, f);
-    print("write (header, tensors, fsync)", write_rates, m, f);
-    print("read (file into a new string, parse)", read_rates, m, f);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "bench_checkpoint_io: %s\n", error.what());
+    return 1;
   }
-  std::error_code ignored;
-  std::filesystem::remove_all(folder, ignored);
   return 0;
 }

@@ -11,10 +11,14 @@ bench="$build_dir/bench/bench_checkpoint_io"
 pipeflow="$build_dir/pipeflow"
 need "$bench"
 need "$pipeflow"
+steps=${STEPS:-30}
+if ! [[ $steps =~ ^[0-9]+$ ]] || ((steps < 2)); then
+  echo "STEPS=$steps: must be a whole number of at least 2 (the last step evaluates in every run, so one step leaves no evaluation to count): try STEPS=30" >&2
+  exit 2
+fi
 load
 "$bench"
 load
-steps=${STEPS:-30}
 runs=$(mktemp -d /tmp/pipeflow-bench-checkpoint-XXXXXX)
 trap 'rm -rf "$runs"' EXIT
 python3 - "$runs" <<'PY'

@@ -164,14 +164,18 @@ std::string read_to_end(std::istream& in, std::size_t first, std::size_t limit, 
   std::string content;
   std::size_t size = 0;
   std::size_t chunk = first;
+  const auto too_large = [&] {
+    fail("cannot read {}: a string of {} bytes for it does not fit in this process's memory", path.string(),
+         size + chunk);
+  };
   while (in && size <= limit) {
-    chunk = std::min(chunk, limit + 1 - size);
+    if (limit - size < chunk) chunk = limit - size + 1;  // (never 0: a 0-byte read would leave `in` good)
     try {
       content.resize(size + chunk);
     } catch (const std::bad_alloc&) {
-      fail("cannot read {}: its {} bytes do not fit in this process's memory", path.string(), size + chunk);
+      too_large();
     } catch (const std::length_error&) {
-      fail("cannot read {}: its {} bytes do not fit in this process's memory", path.string(), size + chunk);
+      too_large();
     }
     in.read(content.data() + size, static_cast<std::streamsize>(chunk));
     size += static_cast<std::size_t>(in.gcount());

@@ -69,6 +69,12 @@ TEST(File, ReadFileReturnsEveryByteAtAnySize) {
     write_file_atomic(dir / "bytes", bytes);
     EXPECT_EQ(read_file(dir / "bytes"), bytes) << size << " bytes";
     EXPECT_EQ(read_file(dir / "bytes", size, "test file"), bytes) << size << " bytes, bounded";
+    if (size > 0) {
+      EXPECT_NE(error_of([&] { read_file(dir / "bytes", size - 1, "test file"); })
+                    .find("more than " + std::to_string(size - 1) + " bytes, the limit for a test file"),
+                std::string::npos)
+          << size << " bytes, one past the limit";
+    }
   }
   ASSERT_EQ(std::filesystem::file_size("/proc/self/status"), 0u);
   const std::string status = read_file("/proc/self/status");
